@@ -1,0 +1,85 @@
+"""Input checks shared by the numpy twins and the kernel launchers.
+
+Each raises ``ValueError`` naming the argument and what is wrong; nothing is clipped.
+Device arrays are checked for shape and dtype only (reading their values would copy
+them to the host); host arrays are also checked for their values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def is_host(a) -> bool:
+    return isinstance(a, np.ndarray)
+
+
+def check_array(name, a, ndim, dtypes, shape=None):
+    """Shape/dtype check that works for numpy and numba device arrays."""
+    if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+        raise ValueError(f"{name} must be an array, got {type(a).__name__}")
+    if len(a.shape) != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(a.shape)}")
+    if isinstance(dtypes, type) or isinstance(dtypes, np.dtype):
+        dtypes = (dtypes,)
+    if np.dtype(a.dtype) not in [np.dtype(d) for d in dtypes]:
+        names = " or ".join(np.dtype(d).name for d in dtypes)
+        raise ValueError(f"{name} must have dtype {names}, got {np.dtype(a.dtype).name}")
+    if shape is not None:
+        for axis, (got, want) in enumerate(zip(a.shape, shape)):
+            if want is not None and got != want:
+                raise ValueError(
+                    f"{name} has shape {tuple(a.shape)}; axis {axis} must be {want}"
+                )
+
+
+def check_int(name, value, lo=None, hi=None):
+    """An integer argument inside [lo, hi]."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if lo is not None and value < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise ValueError(f"{name} must be <= {hi}, got {value}")
+    return int(value)
+
+
+def check_logits_values(name, logits):
+    """Host logits: no NaN, no +inf, and every row has a finite entry."""
+    if not is_host(logits):
+        return
+    if np.isnan(logits).any():
+        raise ValueError(f"{name} contains NaN")
+    if np.isposinf(logits).any():
+        raise ValueError(f"{name} contains +inf")
+    if logits.size and not np.isfinite(logits).any(axis=-1).all():
+        raise ValueError(f"{name} has a row with no finite entry (all -inf)")
+
+
+def check_parents_values(parents):
+    """parents[0] == -1 and 0 <= parents[i] < i."""
+    if not is_host(parents):
+        return
+    if parents.shape[0] == 0 or parents[0] != -1:
+        raise ValueError("parents[0] must be -1 (node 0 is the root)")
+    idx = np.arange(parents.shape[0])
+    bad = (parents[1:] < 0) | (parents[1:] >= idx[1:])
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0]) + 1
+        raise ValueError(f"parents[{i}] = {parents[i]} must satisfy 0 <= parents[i] < {i}")
+
+
+def check_keep_values(keep, rows_after_start):
+    """keep[0] == 0, strictly increasing, and inside the rows after start."""
+    if not is_host(keep):
+        return
+    if keep.shape[0] == 0:
+        raise ValueError("keep must hold at least the root (keep[0] = 0)")
+    if keep[0] != 0:
+        raise ValueError(f"keep[0] must be 0 (the root), got {keep[0]}")
+    if (np.diff(keep) <= 0).any():
+        raise ValueError("keep must be strictly increasing")
+    if keep[-1] >= rows_after_start:
+        raise ValueError(
+            f"keep[-1] = {keep[-1]} points past the array: only {rows_after_start} rows after start"
+        )

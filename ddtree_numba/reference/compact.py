@@ -1,0 +1,51 @@
+"""KV-cache compaction after acceptance (DESIGN.md section 1, step 7).
+
+Shapes: S cache rows, W row width, n accepted nodes.
+
+The twin is the plain gather ``rows[start + i] = rows[start + keep[i]]``. Doing it in
+place with one thread per row races, because ``keep[i] >= i``: thread i reads row
+``start + keep[i]``, which thread ``keep[i]`` may already have overwritten.
+``naive_row_hazards`` lists those read/write pairs and ``naive_gather_in_order`` replays
+the per-row copies in any thread order, so a test or notebook can watch it go wrong.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._checks import check_array, check_int, check_keep_values
+
+
+def _check_compact_inputs(rows, start, keep):
+    check_array("rows", rows, 2, (np.float32, np.float16, np.uint16, np.int32))
+    start = check_int("start", start, 0, rows.shape[0])
+    check_array("keep", keep, 1, np.int32)
+    check_keep_values(keep, rows.shape[0] - start)
+    return start
+
+
+def compact_rows(rows: np.ndarray, start: int, keep: np.ndarray) -> None:
+    """In place: ``rows[start + i] = rows[start + keep[i]]`` for every i.
+
+    rows [S, W], start int, keep [n] int32 (keep[0] = 0, strictly increasing). Rows
+    before ``start`` and from ``start + n`` on are left as they were.
+    """
+    start = _check_compact_inputs(rows, start, keep)
+    rows[start:start + keep.shape[0]] = rows[start + keep]  # fancy index copies first
+
+
+def naive_row_hazards(keep: np.ndarray) -> list[tuple[int, int]]:
+    """Pairs (reader i, writer j) where thread i reads the row thread j writes (i != j)."""
+    return [(i, int(k)) for i, k in enumerate(keep) if k != i and k < len(keep)]
+
+
+def naive_gather_in_order(rows: np.ndarray, start: int, keep: np.ndarray, order) -> np.ndarray:
+    """One-thread-per-row in-place gather with the threads run one by one in ``order``.
+
+    Returns a new array; any order is a schedule a GPU may pick. Increasing order is safe
+    (each row is read before a later write can reach it); decreasing order is not.
+    """
+    out = rows.copy()
+    for i in order:
+        out[start + i] = out[start + keep[i]]
+    return out

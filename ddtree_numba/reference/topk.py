@@ -1,0 +1,32 @@
+"""Top-K log-probabilities per draft depth (DESIGN.md section 1, step 2).
+
+Shapes: L depths, V vocabulary, K kept tokens per depth.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._checks import check_array, check_int, check_logits_values
+
+
+def topk_logprobs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Log-softmax of each row and its ``k`` best tokens.
+
+    logits [L, V] float32 -> (lp [L, K] float32, ids [L, K] int32), sorted by descending
+    logit, ties to the lower token id. The log-sum-exp is accumulated in float64
+    (``lp = float32(float64(x) - lse)``), so the float32 result does not depend on the
+    order of the reduction: the kernel reproduces it bit for bit.
+    """
+    check_array("logits", logits, 2, np.float32)
+    L, V = logits.shape
+    k = check_int("k", k, 0, V)
+    check_logits_values("logits", logits)
+    x = logits.astype(np.float64)                                   # [L, V]
+    m = x.max(axis=1, keepdims=True) if V else np.zeros((L, 1))     # [L, 1]
+    lse = m + np.log(np.exp(x - m).sum(axis=1, keepdims=True))      # [L, 1]
+    # stable sort on the negated logit: equal logits keep ascending token order
+    order = np.argsort(-logits, axis=1, kind="stable")[:, :k]       # [L, K]
+    ids = order.astype(np.int32)
+    lp = (np.take_along_axis(x, order, axis=1) - lse).astype(np.float32)
+    return lp, ids

@@ -1,0 +1,54 @@
+"""The draft tree that DDTree builds, verifies and walks (DESIGN.md section 1).
+
+Shape vocabulary: N tree nodes besides the root, L draft depths.
+Node 0 is the root (the bonus token, already decided); nodes 1..N are numbered in
+best-first pop order, so ``parents[i] < i`` for every i >= 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=False)
+class Tree:
+    """A best-first draft tree.
+
+    tokens  [N]   int32    token id of node i is ``tokens[i - 1]`` (the root's token is the bonus)
+    depths  [N]   int32    depth of node i is ``depths[i - 1]`` (1..L; the root has depth 0)
+    parents [N+1] int32    ``parents[0] = -1``; ``0 <= parents[i] < i`` otherwise
+    ranks   [N]   int32    rank of node i among its depth's top-K tokens (0 = the drafter's best)
+    scores  [N]   float64  sum of the path's log-probs, accumulated in path order
+    """
+
+    tokens: np.ndarray
+    depths: np.ndarray
+    parents: np.ndarray
+    ranks: np.ndarray
+    scores: np.ndarray
+
+    @property
+    def num_nodes(self) -> int:
+        """N, the number of drafted nodes (the root not counted)."""
+        return int(self.tokens.shape[0])
+
+    def path(self, node: int) -> list[int]:
+        """Node ids from the root (0) down to ``node``."""
+        out = []
+        while node >= 0:
+            out.append(int(node))
+            node = int(self.parents[node])
+        return out[::-1]
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Tree):
+            return NotImplemented
+        return all(
+            np.array_equal(getattr(self, f), getattr(other, f))
+            for f in ("tokens", "depths", "parents", "ranks", "scores")
+        )
+
+    def __repr__(self) -> str:
+        return f"Tree(N={self.num_nodes}, max_depth={int(self.depths.max(initial=0))})"
