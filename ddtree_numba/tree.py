@@ -42,6 +42,32 @@ class Tree:
             node = int(self.parents[node])
         return out[::-1]
 
+    def format(self, labels=None, accepted=None, root_label="<root>") -> str:
+        """The tree as indented text, one node a line; nodes on the accepted path get a ``*``.
+
+        ``labels`` maps a token id to a string (default: the id); ``accepted`` is ``keep``.
+        """
+        label = labels or str
+        kids = [[] for _ in range(self.num_nodes + 1)]
+        for i in range(1, self.num_nodes + 1):
+            kids[int(self.parents[i])].append(i)
+        marked = set() if accepted is None else {int(a) for a in accepted}
+        lines = []
+
+        def walk(node, prefix, last):
+            text = root_label if node == 0 else (
+                f"{label(int(self.tokens[node - 1]))}  (node {node}, rank {int(self.ranks[node - 1])}, "
+                f"score {self.scores[node - 1]:.3f})")
+            star = " *" if node in marked else ""
+            branch = "" if node == 0 else ("`-- " if last else "|-- ")
+            lines.append(prefix + branch + text + star)
+            child_prefix = prefix + ("" if node == 0 else ("    " if last else "|   "))
+            for k, c in enumerate(kids[node]):
+                walk(c, child_prefix, k == len(kids[node]) - 1)
+
+        walk(0, "", True)
+        return "\n".join(lines)
+
     def __eq__(self, other) -> bool:
         if not isinstance(other, Tree):
             return NotImplemented

@@ -1,0 +1,12 @@
+"""numba.cuda kernels, one module per stage, same function names as ``reference``.
+
+Every launcher accepts numpy or numba device arrays, validates its arguments
+(``ValueError`` naming the problem), returns numpy results for numpy inputs, and takes
+``out=`` (preallocated device outputs, filled without a host sync) and ``stream=``.
+"""
+
+from .topk import topk_logprobs
+from .tree_build import TreeBuffers, build_tree
+from .visibility import visibility, visibility_bits
+from .accept import follow_tree, sample_post
+from .compact import compact_rows

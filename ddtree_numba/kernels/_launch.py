@@ -1,0 +1,29 @@
+"""Launch helpers shared by the kernel modules: host/device conversion and block sizes."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+
+def is_device(a) -> bool:
+    """True for a numba device array (or the simulator's stand-in)."""
+    return not isinstance(a, np.ndarray) and hasattr(a, "copy_to_host")
+
+
+def to_device(a, stream=0):
+    """A device view of ``a``: device arrays pass through, numpy arrays are copied over."""
+    if is_device(a):
+        return a
+    return cuda.to_device(np.ascontiguousarray(a), stream=stream)
+
+
+def check_threads(threads: int, lo: int = 1, hi: int = 1024) -> int:
+    """Threads per block: a power of two in [lo, hi] (tree reductions halve it)."""
+    if not isinstance(threads, (int, np.integer)) or threads < lo or threads > hi or threads & (threads - 1):
+        raise ValueError(f"threads must be a power of two in [{lo}, {hi}], got {threads!r}")
+    return int(threads)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)

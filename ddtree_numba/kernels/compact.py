@@ -1,0 +1,106 @@
+"""KV-cache compaction on the GPU; twin: ``reference.compact.compact_rows``.
+
+Shapes: S cache rows, W row width, n accepted nodes.
+
+``rows[start + i] = rows[start + keep[i]]`` with ``keep[i] >= i``. One thread per row in
+place races (thread i reads row ``keep[i]`` while thread ``keep[i]`` writes it), so two
+safe schemes:
+
+- ``columns``: one thread per column walks the rows in increasing i. Row ``start+keep[i]``
+  is read at step i, and the only writes before it went to rows ``start+i' < start+i <=
+  start+keep[i]``, so nothing it reads was overwritten. One launch, no scratch.
+- ``scratch``: gather every kept row into a scratch buffer, then copy back (two launches:
+  the launch boundary is the grid-wide barrier the in-place gather lacks).
+
+``start`` and ``n`` travel in a small device array ``start_n = (start, n)`` so a captured
+CUDA graph can replay the compaction for any round.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from .._checks import check_array
+from ..reference.compact import _check_compact_inputs
+from ._launch import ceil_div, is_device, to_device
+
+THREADS = 128
+BLOCK_2D = (4, 64)
+METHODS = ("columns", "scratch")
+
+
+@cuda.jit
+def _compact_rows_columns_kernel(rows, start_n, keep):
+    c = cuda.grid(1)
+    if c < rows.shape[1]:
+        start = start_n[0]
+        for i in range(1, start_n[1]):  # increasing i: every read precedes the writes that reach it
+            src = keep[i]
+            if src != i:
+                rows[start + i, c] = rows[start + src, c]
+
+
+@cuda.jit
+def _compact_rows_gather_kernel(rows, start_n, keep, scratch):
+    i, c = cuda.grid(2)
+    if i < start_n[1] and c < rows.shape[1]:
+        scratch[i, c] = rows[start_n[0] + keep[i], c]
+
+
+@cuda.jit
+def _compact_rows_copy_back_kernel(rows, start_n, scratch):
+    i, c = cuda.grid(2)
+    if i < start_n[1] and c < rows.shape[1]:
+        rows[start_n[0] + i, c] = scratch[i, c]
+
+
+@cuda.jit
+def _compact_rows_naive_kernel(rows, start_n, keep):
+    """UNSAFE, kept to demonstrate the hazard: one thread per (row, column), in place."""
+    i, c = cuda.grid(2)
+    if i < start_n[1] and c < rows.shape[1]:
+        rows[start_n[0] + i, c] = rows[start_n[0] + keep[i], c]
+
+
+def _enqueue_compaction(rows, start_n, keep, n_max, method="columns", scratch=None, stream=0):
+    """Enqueue a compaction of device ``rows`` with device ``start_n`` and ``keep``; no checks.
+
+    ``n_max`` bounds ``n`` (it sizes the grid of the scratch scheme).
+    """
+    W = rows.shape[1]
+    if method == "columns":
+        _compact_rows_columns_kernel[ceil_div(W, THREADS), THREADS, stream](rows, start_n, keep)
+    elif method == "scratch":
+        grid = (ceil_div(n_max, BLOCK_2D[0]), ceil_div(W, BLOCK_2D[1]))
+        _compact_rows_gather_kernel[grid, BLOCK_2D, stream](rows, start_n, keep, scratch)
+        _compact_rows_copy_back_kernel[grid, BLOCK_2D, stream](rows, start_n, scratch)
+    else:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+
+
+def compact_rows(rows, start, keep, *, method="columns", scratch=None, stream=0):
+    """In place ``rows[start + i] = rows[start + keep[i]]``, race-free, on the GPU.
+
+    rows [S, W] (numpy: copied over and back; device: updated in place), start int,
+    keep [n] int32 (keep[0] = 0, strictly increasing). ``method`` is ``"columns"`` or
+    ``"scratch"``; the scratch scheme takes an optional ``scratch`` device array [>= n, W].
+    """
+    start = _check_compact_inputs(rows, start, keep)
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    n = keep.shape[0]
+    if method == "scratch":
+        if scratch is None:
+            scratch = cuda.device_array((n, rows.shape[1]), rows.dtype, stream=stream)
+        check_array("scratch", scratch, 2, rows.dtype)
+        if scratch.shape[0] < n or scratch.shape[1] != rows.shape[1]:
+            raise ValueError(f"scratch has shape {tuple(scratch.shape)}; need at least ({n}, {rows.shape[1]})")
+    d_rows = to_device(rows, stream)
+    start_n = to_device(np.array([start, n], np.int32), stream)
+    if n and rows.shape[1]:
+        _enqueue_compaction(d_rows, start_n, to_device(keep, stream), n, method, scratch, stream)
+    if not is_device(rows):
+        d_rows.copy_to_host(rows, stream=stream)
+        if stream:
+            stream.synchronize()

@@ -1,0 +1,83 @@
+"""Compile every kernel in ddtree_numba.kernels to PTX for compute capability 9.0 (the H200).
+
+The CUDA simulator does no type checking, so this is what catches a kernel that runs in
+the simulator but cannot compile for a GPU. Run in a process *without*
+NUMBA_ENABLE_CUDASIM (tests/test_kernel_registry.py does that). Every kernel found must
+have a signature here: a new kernel without one fails, so none is skipped silently.
+"""
+
+import importlib
+import pkgutil
+import sys
+
+from numba import cuda
+from numba.cuda import dispatcher as numba_cuda_dispatcher
+
+import ddtree_numba.kernels as kernels_pkg
+
+F32_2, U32_2, I32_2 = "float32[:, ::1]", "uint32[:, ::1]", "int32[:, ::1]"
+I32_1, F64_1, I16 = "int32[::1]", "float64[::1]", "int16"
+
+SIGNATURES = {
+    "topk._topk_logprobs_kernel": [f"void({F32_2}, {U32_2}, int64, {F32_2}, {I32_2})"],
+    "tree_build._build_tree_kernel": [
+        f"void({F32_2}, {I32_2}, int64, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {F64_1}, {I32_1})"],
+    "visibility._visibility_kernel": [f"void({I32_1}, boolean[:, ::1])"],
+    "visibility._visibility_bits_kernel": [f"void({I32_1}, {U32_2})"],
+    "accept._sample_post_kernel": [f"void({F32_2}, float64, uint64, {I32_1})"],
+    "accept._follow_tree_kernel": [f"void({I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1})"],
+    "compact._compact_rows_columns_kernel": [
+        f"void({t}[:, ::1], {I32_1}, {I32_1})" for t in ("float32", "uint16")],
+    "compact._compact_rows_gather_kernel": [
+        f"void({t}[:, ::1], {I32_1}, {I32_1}, {t}[:, ::1])" for t in ("float32", "uint16")],
+    "compact._compact_rows_copy_back_kernel": [
+        f"void({t}[:, ::1], {I32_1}, {t}[:, ::1])" for t in ("float32", "uint16")],
+    "compact._compact_rows_naive_kernel": [f"void(float32[:, ::1], {I32_1}, {I32_1})"],
+}
+
+
+def find_kernels():
+    """(qualified name, python function) for every ``_*_kernel`` in the kernels package."""
+    found = {}
+    for info in pkgutil.iter_modules(kernels_pkg.__path__):
+        if info.name.startswith("_"):
+            continue
+        mod = importlib.import_module(f"ddtree_numba.kernels.{info.name}")
+        for name, obj in vars(mod).items():
+            if not (name.startswith("_") and name.endswith("_kernel")):
+                continue
+            if hasattr(obj, "cache_info"):  # a factory keyed by threads per block
+                obj = obj(getattr(mod, "THREADS"))
+            found[f"{info.name}.{name}"] = obj.py_func
+    return found
+
+
+class _H200:
+    compute_capability = (9, 0)
+
+
+def main():
+    # A kernel that calls a device function compiles it for the *current* device's compute
+    # capability; there is none on a CPU-only machine, so name the H200's.
+    numba_cuda_dispatcher.get_current_device = lambda: _H200()
+    found = find_kernels()
+    missing = sorted(set(found) - set(SIGNATURES))
+    stale = sorted(set(SIGNATURES) - set(found))
+    failed = []
+    for name in sorted(found):
+        for sig in SIGNATURES.get(name, []):
+            try:
+                cuda.compile_ptx(found[name], sig, cc=(9, 0))
+                print(f"ok   {name} {sig}")
+            except Exception as exc:  # report every failure, not just the first
+                failed.append(name)
+                print(f"FAIL {name} {sig}\n{type(exc).__name__}: {exc}")
+    for name in missing:
+        print(f"FAIL {name}: no signature in tests/compile_ptx.py")
+    for name in stale:
+        print(f"FAIL {name}: listed but not found")
+    sys.exit(1 if failed or missing or stale else 0)
+
+
+if __name__ == "__main__":
+    main()

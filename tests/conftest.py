@@ -1,0 +1,42 @@
+"""Shared test setup: kernels run in numba's CUDA simulator unless a real GPU is present."""
+
+import os
+
+import numpy as np
+import pytest
+
+SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+
+
+def _real_gpu() -> bool:
+    if SIMULATOR:
+        return False
+    try:
+        from numba import cuda
+        return cuda.is_available()
+    except Exception:
+        return False
+
+
+REAL_GPU = _real_gpu()
+# Under the simulator every thread is a Python thread: tiny blocks keep it fast and still
+# exercise the strided and multi-level reduction paths. On a GPU, use the real sizes.
+THREADS = 8 if not REAL_GPU else 128
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a real CUDA GPU (not the simulator)")
+    skip_kernels = pytest.mark.skip(reason="no CUDA GPU and NUMBA_ENABLE_CUDASIM is not set")
+    for item in items:
+        if "gpu" in item.keywords and not REAL_GPU:
+            item.add_marker(skip_gpu)
+        if "kernels" in item.keywords and not (REAL_GPU or SIMULATOR):
+            item.add_marker(skip_kernels)
+
+
+@pytest.fixture
+def rng(request):
+    """A generator seeded from the test's name: fresh per test, reproducible per run."""
+    seed = abs(hash(request.node.nodeid)) % 2**32 if os.environ.get("DDTREE_FRESH") else \
+        sum(map(ord, request.node.nodeid))
+    return np.random.default_rng(seed)

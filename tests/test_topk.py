@@ -1,0 +1,84 @@
+"""topk_logprobs: the twin against an independent check, the kernel against the twin."""
+
+import numpy as np
+import pytest
+from scipy.special import log_softmax
+
+from conftest import THREADS
+from ddtree_numba import kernels as kn
+from ddtree_numba import reference as ref
+
+
+def _logits(rng, L, V, kind):
+    if kind == "normal":
+        # peaked rows with a few runner-ups, so the top of the distribution is not flat
+        x = rng.standard_normal((L, V)) * 2.0
+        x[np.arange(L), rng.integers(0, V, L)] += 8.0
+    elif kind == "ties":  # integer logits: many exact ties, broken by the lower id
+        x = rng.integers(-3, 3, (L, V))
+    elif kind == "near_ties":  # neighbours one float32 ulp apart
+        base = np.float32(rng.standard_normal())
+        x = np.nextafter(np.full((L, V), base, np.float32), np.float32(np.inf))
+        x[:, ::2] = base
+        x[:, ::5] = np.nextafter(base, np.float32(-np.inf))
+    elif kind == "masked":  # -inf entries, signed zeros
+        x = rng.standard_normal((L, V))
+        x[rng.random((L, V)) < 0.3] = -np.inf
+        x[:, 0] = 0.0
+        x[:, 1] = -0.0
+    return np.asarray(x, np.float32)
+
+
+def test_twin_matches_scipy_and_a_plain_sort(rng):
+    x = _logits(rng, 4, 300, "ties")
+    lp, ids = ref.topk_logprobs(x, 17)
+    for d in range(4):
+        want = sorted(range(300), key=lambda v: (-x[d, v], v))[:17]
+        assert ids[d].tolist() == want
+    np.testing.assert_allclose(lp, np.take_along_axis(log_softmax(x.astype(np.float64), axis=1), ids, 1),
+                               rtol=0, atol=1e-6)
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("kind", ["normal", "ties", "near_ties", "masked"])
+def test_kernel_matches_twin_bit_for_bit(rng, kind):
+    for _ in range(2):
+        L = int(rng.integers(1, 4))
+        V = int(rng.integers(5, 200))  # ragged: rarely a multiple of the block
+        k = int(rng.integers(1, min(V, 40) + 1))
+        x = _logits(rng, L, V, kind)
+        lp, ids = kn.topk_logprobs(x, k, threads=THREADS)
+        lp_ref, ids_ref = ref.topk_logprobs(x, k)
+        np.testing.assert_array_equal(ids, ids_ref)
+        np.testing.assert_array_equal(lp.view(np.uint32), lp_ref.view(np.uint32))
+
+
+@pytest.mark.kernels
+def test_kernel_k_equals_v_and_device_arrays(rng):
+    from numba import cuda
+    x = _logits(rng, 2, 33, "ties")
+    d_lp, d_ids = kn.topk_logprobs(cuda.to_device(x), 33, threads=4)
+    lp_ref, ids_ref = ref.topk_logprobs(x, 33)
+    np.testing.assert_array_equal(d_ids.copy_to_host(), ids_ref)
+    np.testing.assert_array_equal(d_lp.copy_to_host(), lp_ref)
+
+
+@pytest.mark.parametrize("fn", [ref.topk_logprobs, kn.topk_logprobs])
+def test_bad_input_is_refused(fn):
+    x = np.zeros((2, 5), np.float32)
+    with pytest.raises(ValueError, match="k must be <= 5"):
+        fn(x, 6)
+    with pytest.raises(ValueError, match="k must be >= 0"):
+        fn(x, -1)
+    with pytest.raises(ValueError, match="float32"):
+        fn(x.astype(np.float64), 2)
+    with pytest.raises(ValueError, match="2-D"):
+        fn(x[0], 2)
+    bad = x.copy()
+    bad[1, 3] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        fn(bad, 2)
+    bad[1] = -np.inf
+    bad[1, 3] = -np.inf
+    with pytest.raises(ValueError, match="no finite entry"):
+        fn(bad, 2)

@@ -1,0 +1,106 @@
+"""build_tree: the twin against brute-force enumeration and invariants, the kernel bit for bit."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import THREADS
+from ddtree_numba import kernels as kn
+from ddtree_numba import reference as ref
+
+
+def _draft(rng, L, V, k, kind="normal"):
+    if kind == "ties":
+        x = rng.integers(-2, 2, (L, V)).astype(np.float32)
+    else:
+        x = (rng.standard_normal((L, V)) * rng.uniform(0.5, 4.0)).astype(np.float32)
+    return ref.topk_logprobs(x, k)
+
+
+def _rank_path(tree, node):
+    return tuple(int(tree.ranks[i - 1]) for i in tree.path(node)[1:])
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties"])
+@pytest.mark.parametrize("L,V,budget", [(1, 5, 3), (3, 4, 30), (3, 3, 39), (4, 3, 200), (2, 6, 0)])
+def test_twin_is_exactly_the_budget_best_paths_in_order(rng, kind, L, V, budget):
+    lp, ids = _draft(rng, L, V, min(budget, V) or 1, kind)
+    tree = ref.build_tree(lp, ids, budget)
+    want = ref.enumerate_paths(lp)[:budget]
+    assert tree.num_nodes == len(want)
+    for node, (score, path) in enumerate(want, start=1):
+        assert _rank_path(tree, node) == path
+        assert tree.scores[node - 1] == score
+        assert tree.tokens[node - 1] == ids[len(path) - 1, path[-1]]
+
+
+def check_invariants(tree, lp, ids):
+    n = tree.num_nodes
+    p = tree.parents
+    assert p.shape == (n + 1,) and p[0] == -1
+    assert (p[1:] < np.arange(1, n + 1)).all() and (p[1:] >= 0).all()
+    parent_depth = np.concatenate([[0], tree.depths])[p[1:]]
+    assert (tree.depths == parent_depth + 1).all()
+    for parent in range(n + 1):
+        kids = np.flatnonzero(p[1:] == parent)
+        toks = tree.tokens[kids]
+        assert len(set(toks.tolist())) == len(toks), "siblings hold distinct tokens"
+        # siblings are a prefix of the ranks 0, 1, 2, .. (best-first never skips a rank)
+        assert sorted(tree.ranks[kids].tolist()) == list(range(len(kids)))
+    assert (np.diff(tree.scores) <= 0).all(), "pop order is score order"
+
+
+@settings(max_examples=60, deadline=None)
+@given(L=st.integers(1, 5), V=st.integers(1, 12), budget=st.integers(0, 80),
+       seed=st.integers(0, 2**32 - 1), ties=st.booleans())
+def test_twin_invariants(L, V, budget, seed, ties):
+    rng = np.random.default_rng(seed)
+    lp, ids = _draft(rng, L, V, min(budget, V), "ties" if ties else "normal")
+    tree = ref.build_tree(lp, ids, budget)
+    assert tree.num_nodes == min(budget, sum(min(budget, V) ** d for d in range(1, L + 1)))
+    check_invariants(tree, lp, ids)
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("kind", ["normal", "ties"])
+def test_kernel_matches_twin_bit_for_bit(rng, kind):
+    for L, V, budget in [(int(rng.integers(1, 6)), int(rng.integers(2, 30)), int(rng.integers(1, 40))),
+                         (3, 2, 20), (1, 7, 3)]:
+        lp, ids = _draft(rng, L, V, min(budget, V), kind)
+        got = kn.build_tree(lp, ids, budget, threads=THREADS)
+        want = ref.build_tree(lp, ids, budget)
+        assert got == want, (L, V, budget)
+        check_invariants(got, lp, ids)
+
+
+@pytest.mark.kernels
+def test_kernel_into_device_buffers(rng):
+    lp, ids = _draft(rng, 3, 10, 10)
+    bufs = kn.TreeBuffers.allocate(16)
+    assert kn.build_tree(lp, ids, 12, out=bufs, threads=4) is bufs
+    assert bufs.to_tree() == ref.build_tree(lp, ids, 12)
+
+
+@pytest.mark.parametrize("fn", [ref.build_tree, kn.build_tree])
+def test_bad_input_is_refused(rng, fn):
+    lp, ids = _draft(rng, 2, 6, 4)
+    with pytest.raises(ValueError, match="budget must be >= 0"):
+        fn(lp, ids, -1)
+    with pytest.raises(ValueError, match="ids has shape"):
+        fn(lp, ids[:, :3], 4)
+    with pytest.raises(ValueError, match="int32"):
+        fn(lp, ids.astype(np.int64), 4)
+    with pytest.raises(ValueError, match="descending"):
+        fn(lp[:, ::-1].copy(), ids, 4)
+    with pytest.raises(ValueError, match="<= 0"):
+        fn(-lp, ids, 4)
+
+
+def test_kernel_limits_are_refused(rng):
+    lp, ids = _draft(rng, 2, 6, 4)
+    with pytest.raises(ValueError, match="MAX_BUDGET"):
+        kn.build_tree(lp, ids, 1025)
+    lp33, ids33 = _draft(rng, 33, 3, 2)
+    with pytest.raises(ValueError, match="MAX_DEPTH"):
+        kn.build_tree(lp33, ids33, 4)
