@@ -1,0 +1,247 @@
+"""Reading HF safetensors checkpoints into float32 numpy arrays, by their on-disk names.
+
+A safetensors file is an 8-byte little-endian header length, a JSON header mapping each tensor
+name to ``{dtype, shape, data_offsets}``, then the raw bytes. The header is parsed here and each
+tensor read with ``numpy.memmap``, because numpy has no bfloat16 or float8 dtype: bf16 words are
+widened to float32 (the bf16 bits are the top half of a float32), and float8 e4m3 weights are
+decoded through a 256-entry table and multiplied by their ``weight_scale_inv`` block scales
+(DeepSeek-V3 / Kimi-K2 ship 128 x 128 blocks). See docs/MODEL.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+import numpy as np
+
+from .config import ModelConfig
+
+_PLAIN = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I64": np.int64,
+          "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+_RAW = {"BF16": np.uint16, "F8_E4M3": np.uint8}
+_FLOATS = ("F32", "F16", "F64", "BF16", "F8_E4M3")
+
+
+def bf16_to_float32(words: np.ndarray) -> np.ndarray:
+    """Raw bfloat16 words (uint16) -> float32, exactly (bf16 is a truncated float32)."""
+    return (words.astype(np.uint32) << 16).view(np.float32)
+
+
+def _e4m3_table() -> np.ndarray:
+    """float32 value of every float8 e4m3fn byte: 1 sign, 4 exponent (bias 7), 3 mantissa bits,
+    no infinities, 0x7f / 0xff are NaN."""
+    b = np.arange(256, dtype=np.uint32)
+    sign = np.where(b & 0x80, -1.0, 1.0)
+    exp = (b >> 3) & 0xF
+    man = (b & 0x7).astype(np.float64)
+    normal = (1.0 + man / 8.0) * np.exp2(exp.astype(np.float64) - 7.0)
+    subnormal = (man / 8.0) * 2.0 ** -6
+    v = sign * np.where(exp == 0, subnormal, normal)
+    v[(b & 0x7F) == 0x7F] = np.nan
+    return v.astype(np.float32)
+
+
+E4M3_TABLE = _e4m3_table()
+
+
+def e4m3_to_float32(raw: np.ndarray) -> np.ndarray:
+    """Raw float8 e4m3fn bytes (uint8) -> float32."""
+    return E4M3_TABLE[raw]
+
+
+def dequant_fp8_block(raw: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int]) -> np.ndarray:
+    """``w[i, j] = e4m3(raw[i, j]) * scale_inv[i // bo, j // bi]`` for block (bo, bi).
+
+    raw [O, I] uint8, scale_inv [ceil(O / bo), ceil(I / bi)] float32 -> [O, I] float32. The
+    last block row / column may be ragged.
+    """
+    bo, bi = block
+    o, i = raw.shape
+    want = (-(-o // bo), -(-i // bi))
+    if scale_inv.shape != want:
+        raise ValueError(f"weight_scale_inv has shape {scale_inv.shape}; a [{o}, {i}] weight in "
+                         f"{bo}x{bi} blocks needs {want}")
+    scale = np.repeat(np.repeat(scale_inv.astype(np.float32), bo, axis=0), bi, axis=1)[:o, :i]
+    return e4m3_to_float32(raw) * scale                                # [O, I]
+
+
+def read_header(path: str) -> tuple[dict, int]:
+    """(header dict without ``__metadata__``, byte offset where the data starts)."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise ValueError(f"{path} is not a safetensors file (shorter than 8 bytes)")
+        (n,) = struct.unpack("<Q", head)
+        size = os.path.getsize(path)
+        if n > size - 8:
+            raise ValueError(f"{path} is not a safetensors file (header length {n} > file size)")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path} has a corrupt safetensors header: {err}") from None
+    header.pop("__metadata__", None)
+    return header, 8 + n
+
+
+class SafetensorsIndex:
+    """Where each tensor lives, over one file or the shards listed in
+    ``model.safetensors.index.json``; reads one tensor at a time."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        index = os.path.join(directory, "model.safetensors.index.json")
+        if os.path.exists(index):
+            with open(index) as f:
+                weight_map = json.load(f).get("weight_map", {})
+            files = sorted(set(weight_map.values()))
+        else:
+            files = sorted(n for n in os.listdir(directory) if n.endswith(".safetensors"))
+        if not files:
+            raise ValueError(f"no .safetensors files in {directory}")
+        self.entries: dict[str, tuple[str, dict, int]] = {}
+        for name in files:
+            path = os.path.join(directory, name)
+            if not os.path.exists(path):
+                raise ValueError(f"shard {name} listed in model.safetensors.index.json is missing")
+            header, offset = read_header(path)
+            for tensor, entry in header.items():
+                self.entries[tensor] = (path, entry, offset)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.entries
+
+    def nbytes(self, name: str) -> int:
+        start, end = self.entries[name][1]["data_offsets"]
+        return end - start
+
+    def raw(self, name: str) -> tuple[np.ndarray, str]:
+        """The stored array (bf16 as uint16, fp8 as uint8) and its safetensors dtype string."""
+        if name not in self.entries:
+            raise ValueError(f"checkpoint is missing tensor {name}")
+        path, entry, offset = self.entries[name]
+        dtype = entry["dtype"]
+        np_dtype = _PLAIN.get(dtype) or _RAW.get(dtype)
+        if np_dtype is None:
+            raise ValueError(f"tensor {name} has dtype {dtype}, which this loader cannot read")
+        shape = tuple(entry["shape"])
+        start, end = entry["data_offsets"]
+        count = int(np.prod(shape, dtype=np.int64))
+        if end - start != count * np.dtype(np_dtype).itemsize:
+            raise ValueError(f"tensor {name}: {end - start} bytes do not hold {dtype} {list(shape)}")
+        if count == 0:
+            return np.zeros(shape, dtype=np_dtype), dtype
+        mm = np.memmap(path, dtype=np_dtype, mode="r", offset=offset + start, shape=(count,))
+        return np.array(mm).reshape(shape), dtype
+
+    def float32(self, name: str, block: tuple[int, int]) -> np.ndarray:
+        """The tensor as float32: f16 / bf16 widened, fp8 dequantized with ``name + '_scale_inv'``."""
+        raw, dtype = self.raw(name)
+        if dtype not in _FLOATS:
+            raise ValueError(f"tensor {name} has dtype {dtype}; weights must be floating point")
+        if dtype == "BF16":
+            return bf16_to_float32(raw)
+        if dtype == "F8_E4M3":
+            scale_name = name + "_scale_inv"
+            if scale_name not in self:
+                raise ValueError(f"fp8 tensor {name} has no block scales {scale_name}")
+            if raw.ndim != 2:
+                raise ValueError(f"fp8 tensor {name} must be 2-D, got shape {raw.shape}")
+            scale = self.float32(scale_name, block)
+            try:
+                return dequant_fp8_block(raw, scale, block)
+            except ValueError as err:
+                raise ValueError(f"{scale_name}: {err}") from None
+        return raw.astype(np.float32, copy=False)
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the forward reads, by its HF name, with the shape the config implies."""
+    m, h, c, r = cfg.hidden_size, cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    qk, dv = cfg.qk_head_dim, cfg.v_head_dim
+    shapes = {"model.embed_tokens.weight": (cfg.vocab_size, m), "model.norm.weight": (m,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, m)
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (m,)
+        shapes[p + "post_attention_layernorm.weight"] = (m,)
+        a = p + "self_attn."
+        if cfg.q_lora_rank is None:
+            shapes[a + "q_proj.weight"] = (h * qk, m)
+        else:
+            shapes[a + "q_a_proj.weight"] = (cfg.q_lora_rank, m)
+            shapes[a + "q_a_layernorm.weight"] = (cfg.q_lora_rank,)
+            shapes[a + "q_b_proj.weight"] = (h * qk, cfg.q_lora_rank)
+        shapes[a + "kv_a_proj_with_mqa.weight"] = (c + r, m)
+        shapes[a + "kv_a_layernorm.weight"] = (c,)
+        shapes[a + "kv_b_proj.weight"] = (h * (cfg.qk_nope_head_dim + dv), c)
+        shapes[a + "o_proj.weight"] = (m, h * dv)
+        f = p + "mlp."
+        if cfg.is_moe_layer(i):
+            e, inter = cfg.n_routed_experts, cfg.moe_intermediate_size
+            shapes[f + "gate.weight"] = (e, m)
+            if cfg.topk_method == "noaux_tc":
+                shapes[f + "gate.e_score_correction_bias"] = (e,)
+            for j in range(e):
+                shapes[f + f"experts.{j}.gate_proj.weight"] = (inter, m)
+                shapes[f + f"experts.{j}.up_proj.weight"] = (inter, m)
+                shapes[f + f"experts.{j}.down_proj.weight"] = (m, inter)
+            if cfg.n_shared_experts:
+                s = inter * cfg.n_shared_experts
+                shapes[f + "shared_experts.gate_proj.weight"] = (s, m)
+                shapes[f + "shared_experts.up_proj.weight"] = (s, m)
+                shapes[f + "shared_experts.down_proj.weight"] = (m, s)
+        else:
+            shapes[f + "gate_proj.weight"] = (cfg.intermediate_size, m)
+            shapes[f + "up_proj.weight"] = (cfg.intermediate_size, m)
+            shapes[f + "down_proj.weight"] = (m, cfg.intermediate_size)
+    return shapes
+
+
+# Checkpoints bigger than this show a progress bar while loading.
+PROGRESS_BYTES = 256 << 20
+
+
+def load_weights(path: str | os.PathLike, cfg: ModelConfig | None = None,
+                 progress: bool | None = None) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+    """Read config.json and every tensor the forward needs, as float32, keyed by HF name.
+
+    Tensors of layers past ``num_hidden_layers`` (the MTP layer) and anything else the forward
+    does not read are skipped. A missing tensor or a shape the config disagrees with raises
+    ``ValueError`` naming the tensor. ``progress`` None shows a bar above PROGRESS_BYTES.
+    """
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise ValueError(f"checkpoint path {path} is not a directory")
+    cfg = cfg or ModelConfig.from_json(path)
+    index = SafetensorsIndex(path)
+    shapes = expected_shapes(cfg)
+    missing = [n for n in shapes if n not in index]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ValueError(f"checkpoint is missing tensor {missing[0]}{more}")
+    for name, shape in shapes.items():
+        got = tuple(index.entries[name][1]["shape"])
+        if got != shape:
+            raise ValueError(f"tensor {name} has shape {list(got)}; the config implies {list(shape)}")
+    total = sum(index.nbytes(n) for n in shapes)
+    if progress is None:
+        progress = total > PROGRESS_BYTES
+    names = list(shapes)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"loading {os.path.basename(path)}")
+    block = cfg.weight_block_size or (128, 128)
+    weights = {}
+    try:
+        for name in names:
+            weights[name] = index.float32(name, block)
+            if bar is not None:
+                bar.update(index.nbytes(name))
+    finally:
+        if bar is not None:
+            bar.close()
+    return cfg, weights

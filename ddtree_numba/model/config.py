@@ -1,0 +1,361 @@
+"""The target model's configuration: the HF ``config.json`` keys of DeepSeek-V3 / V2 / Kimi-K2.
+
+Field names are the keys as they appear in ``config.json``. ``ModelConfig.from_dict`` reads both
+rope spellings (released checkpoints: ``rope_theta`` + ``rope_scaling``; transformers >= 5:
+``rope_parameters``), fills absent keys with the default of the model's own HF implementation
+(``model_type`` picks the family), ignores keys the engine does not use, and raises ``ValueError``
+for a value the engine cannot run. See docs/MODEL.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+
+TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+SCORING_FUNCS = ("softmax", "sigmoid")
+ROPE_TYPES = ("default", "yarn")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """YaRN settings (``rope_scaling`` / ``rope_parameters`` with ``type: yarn``).
+
+    ``attention_factor`` None means derive it from ``factor``, ``mscale`` and ``mscale_all_dim``
+    as transformers does; ``truncate`` rounds the correction range outwards (HF default).
+    """
+
+    rope_type: str
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None
+    truncate: bool = True
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One frozen record per checkpoint; every field is the ``config.json`` key of that name."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    moe_intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    n_routed_experts: int
+    n_shared_experts: int
+    num_experts_per_tok: int
+    n_group: int
+    topk_group: int
+    topk_method: str
+    scoring_func: str
+    norm_topk_prob: bool
+    routed_scaling_factor: float
+    first_k_dense_replace: int
+    moe_layer_freq: int
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    rope_interleave: bool
+    max_position_embeddings: int
+    rope_theta: float
+    rope_scaling: RopeScaling | None
+    weight_block_size: tuple[int, int] | None = None   # from quantization_config (fp8 checkpoints)
+
+    # -- derived sizes ---------------------------------------------------------------------
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """MoE from ``first_k_dense_replace`` on, every ``moe_layer_freq``-th layer (dense otherwise)."""
+        return layer >= self.first_k_dense_replace and layer % self.moe_layer_freq == 0
+
+    # -- construction ----------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        """Parse a ``config.json`` dict; see the module docstring."""
+        if not isinstance(d, dict):
+            raise ValueError(f"config must be a dict, got {type(d).__name__}")
+        model_type = d.get("model_type", "deepseek_v3")
+        if model_type not in _FAMILY_DEFAULTS:
+            raise ValueError(
+                f"model_type {model_type!r} is not supported; expected one of "
+                f"{sorted(_FAMILY_DEFAULTS)} (the DeepSeek-V2 / V3 / Kimi-K2 MLA + MoE family)"
+            )
+        defaults = _FAMILY_DEFAULTS[model_type]
+        _refuse_unsupported(d)
+
+        def get(key):
+            value = d.get(key)
+            return defaults[key] if value is None else value
+
+        rope_theta, rope_scaling = _parse_rope(d, defaults)
+        kwargs = {f.name: None for f in dataclasses.fields(cls)}
+        for key in kwargs:
+            if key in ("model_type", "rope_theta", "rope_scaling", "weight_block_size", "q_lora_rank"):
+                continue
+            kwargs[key] = get(key)
+        kwargs.update(
+            model_type=model_type,
+            q_lora_rank=d.get("q_lora_rank", defaults["q_lora_rank"]),
+            rope_theta=float(rope_theta),
+            rope_scaling=rope_scaling,
+            weight_block_size=_parse_quantization(d.get("quantization_config")),
+        )
+        cfg = cls(**_coerce(kwargs))
+        cfg.validate()
+        return cfg
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> "ModelConfig":
+        """Read ``config.json`` (or the ``config.json`` inside a checkpoint directory)."""
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        if not os.path.exists(path):
+            raise ValueError(f"no config.json at {path}")
+        with open(path) as f:
+            return cls.from_dict(json.load(f))
+
+    def to_dict(self) -> dict:
+        """The config in the released-checkpoint spelling (``rope_theta`` + ``rope_scaling``)."""
+        d = dataclasses.asdict(self)
+        rs = d.pop("rope_scaling")
+        if rs is not None:
+            rs = {k: v for k, v in rs.items() if v is not None}
+            rs["type"] = rs.pop("rope_type")
+        d["rope_scaling"] = rs
+        wbs = d.pop("weight_block_size")
+        if wbs is not None:
+            d["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
+                                        "activation_scheme": "dynamic",
+                                        "weight_block_size": list(wbs)}
+        return d
+
+    def replace(self, **changes) -> "ModelConfig":
+        cfg = dataclasses.replace(self, **changes)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` for a value the engine cannot run, saying which and why."""
+        positive = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                    "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                    "max_position_embeddings", "moe_layer_freq"]
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.q_lora_rank is not None and self.q_lora_rank <= 0:
+            raise ValueError(f"q_lora_rank must be positive or null, got {self.q_lora_rank}")
+        if self.qk_rope_head_dim % 2:
+            raise ValueError(f"qk_rope_head_dim must be even (rope rotates pairs), got {self.qk_rope_head_dim}")
+        if self.rms_norm_eps < 0:
+            raise ValueError(f"rms_norm_eps must be >= 0, got {self.rms_norm_eps}")
+        if self.rope_theta <= 0:
+            raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
+        if self.first_k_dense_replace < 0:
+            raise ValueError(f"first_k_dense_replace must be >= 0, got {self.first_k_dense_replace}")
+        if self.first_k_dense_replace > 0 and self.intermediate_size <= 0:
+            raise ValueError("intermediate_size must be positive when there are dense layers")
+        if self.topk_method not in TOPK_METHODS:
+            raise ValueError(f"topk_method {self.topk_method!r} is not one of {TOPK_METHODS}")
+        if self.scoring_func not in SCORING_FUNCS:
+            raise ValueError(f"scoring_func {self.scoring_func!r} is not one of {SCORING_FUNCS}")
+        if self.weight_block_size is not None and min(self.weight_block_size) <= 0:
+            raise ValueError(f"weight_block_size must be positive, got {self.weight_block_size}")
+        if any(self.is_moe_layer(i) for i in range(self.num_hidden_layers)):
+            self._validate_moe()
+        rs = self.rope_scaling
+        if rs is not None:
+            if rs.rope_type not in ROPE_TYPES:
+                raise ValueError(f"rope type {rs.rope_type!r} is not one of {ROPE_TYPES}")
+            if rs.factor <= 0:
+                raise ValueError(f"rope_scaling factor must be positive, got {rs.factor}")
+            if rs.original_max_position_embeddings <= 0:
+                raise ValueError("rope_scaling original_max_position_embeddings must be positive")
+
+    def _validate_moe(self):
+        e, g = self.n_routed_experts, self.n_group
+        for name in ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_group",
+                     "topk_group"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive in a model with MoE layers, got {getattr(self, name)}")
+        if self.n_shared_experts < 0:
+            raise ValueError(f"n_shared_experts must be >= 0, got {self.n_shared_experts}")
+        if self.num_experts_per_tok > e:
+            raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} exceeds n_routed_experts={e}")
+        if self.topk_method != "greedy":
+            if e % g:
+                raise ValueError(f"n_routed_experts={e} must divide into n_group={g} equal groups")
+            if self.topk_group > g:
+                raise ValueError(f"topk_group={self.topk_group} exceeds n_group={g}")
+            if self.num_experts_per_tok > self.topk_group * (e // g):
+                raise ValueError(
+                    f"num_experts_per_tok={self.num_experts_per_tok} exceeds the "
+                    f"{self.topk_group * (e // g)} experts in topk_group={self.topk_group} groups"
+                )
+            if self.topk_method == "noaux_tc" and e // g < 2:
+                raise ValueError("noaux_tc scores a group by its two best experts: needs >= 2 experts per group")
+
+    @classmethod
+    def tiny(cls, **changes) -> "ModelConfig":
+        """A two-layer DeepSeek-V3-shaped preset for tests (dense layer 0, MoE layer 1)."""
+        base = dict(
+            model_type="deepseek_v3", vocab_size=64, hidden_size=32, intermediate_size=48,
+            moe_intermediate_size=8, num_hidden_layers=2, num_attention_heads=4, q_lora_rank=24,
+            kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+            n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=4, topk_group=2,
+            topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True,
+            routed_scaling_factor=2.5, first_k_dense_replace=1, moe_layer_freq=1,
+            rms_norm_eps=1e-6, tie_word_embeddings=False, rope_interleave=True,
+            max_position_embeddings=256, rope_theta=10000.0, rope_scaling=None,
+        )
+        base.update(changes)
+        cfg = cls(**base)
+        cfg.validate()
+        return cfg
+
+
+# Defaults of each family's own HF implementation. deepseek_v3 (and kimi_k2, which ships with the
+# DeepSeek-V3 code): sigmoid scores + e_score_correction_bias, noaux_tc group routing, normalised
+# top-k weights. deepseek_v2: softmax scores, greedy top-k, no normalisation.
+_V3 = dict(
+    vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+    num_hidden_layers=61, num_attention_heads=128, q_lora_rank=1536, kv_lora_rank=512,
+    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=256,
+    n_shared_experts=1, num_experts_per_tok=8, n_group=8, topk_group=4, topk_method="noaux_tc",
+    scoring_func="sigmoid", norm_topk_prob=True, routed_scaling_factor=2.5,
+    first_k_dense_replace=3, moe_layer_freq=1, rms_norm_eps=1e-6, tie_word_embeddings=False,
+    rope_interleave=True, max_position_embeddings=4096, rope_theta=10000.0,
+)
+_V2 = dict(
+    vocab_size=102400, hidden_size=4096, intermediate_size=11008, moe_intermediate_size=1407,
+    num_hidden_layers=32, num_attention_heads=32, q_lora_rank=1536, kv_lora_rank=512,
+    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=64,
+    n_shared_experts=2, num_experts_per_tok=6, n_group=1, topk_group=1, topk_method="greedy",
+    scoring_func="softmax", norm_topk_prob=False, routed_scaling_factor=1.0,
+    first_k_dense_replace=0, moe_layer_freq=1, rms_norm_eps=1e-6, tie_word_embeddings=False,
+    rope_interleave=True, max_position_embeddings=2048, rope_theta=10000.0,
+)
+_FAMILY_DEFAULTS = {"deepseek_v3": _V3, "kimi_k2": _V3, "deepseek_v2": _V2}
+
+_INT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
+               "num_hidden_layers", "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim",
+               "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "n_shared_experts",
+               "num_experts_per_tok", "n_group", "topk_group", "first_k_dense_replace",
+               "moe_layer_freq", "max_position_embeddings")
+
+
+def _coerce(kwargs):
+    for key in _INT_FIELDS:
+        v = kwargs[key]
+        if isinstance(v, bool) or not isinstance(v, int):
+            if isinstance(v, float) and v.is_integer():
+                v = int(v)
+            else:
+                raise ValueError(f"{key} must be an integer, got {v!r}")
+        kwargs[key] = v
+    if kwargs["q_lora_rank"] is not None and not isinstance(kwargs["q_lora_rank"], int):
+        raise ValueError(f"q_lora_rank must be an integer or null, got {kwargs['q_lora_rank']!r}")
+    for key in ("norm_topk_prob", "tie_word_embeddings", "rope_interleave"):
+        if not isinstance(kwargs[key], bool):
+            raise ValueError(f"{key} must be true or false, got {kwargs[key]!r}")
+    for key in ("routed_scaling_factor", "rms_norm_eps"):
+        if isinstance(kwargs[key], bool) or not isinstance(kwargs[key], (int, float)):
+            raise ValueError(f"{key} must be a number, got {kwargs[key]!r}")
+        kwargs[key] = float(kwargs[key])
+    return kwargs
+
+
+def _refuse_unsupported(d):
+    """Keys whose value changes the computation in a way this engine does not implement."""
+    act = d.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"hidden_act {act!r} is not supported: the experts and MLPs are SwiGLU (silu)")
+    if d.get("attention_bias"):
+        raise ValueError("attention_bias=true is not supported: DeepSeek MLA projections carry no bias")
+    if d.get("mlp_bias"):
+        raise ValueError("mlp_bias=true is not supported: DeepSeek MLPs carry no bias")
+    heads, kv_heads = d.get("num_attention_heads"), d.get("num_key_value_heads")
+    if kv_heads is not None and heads is not None and kv_heads != heads:
+        raise ValueError(
+            f"num_key_value_heads={kv_heads} differs from num_attention_heads={heads}: MLA expands "
+            "one latent into every head, so grouped KV heads have no meaning here"
+        )
+    if d.get("model_type") == "deepseek_v2" and d.get("norm_topk_prob") and \
+            d.get("routed_scaling_factor", 1.0) != 1.0:
+        raise ValueError(
+            "deepseek_v2 with norm_topk_prob=true and routed_scaling_factor != 1 is ambiguous: "
+            "DeepSeek-V2's code skips the scaling when it normalises, transformers never normalises"
+        )
+
+
+def _parse_rope(d, defaults):
+    """(rope_theta, RopeScaling | None) from either spelling."""
+    params = d.get("rope_parameters")
+    scaling = d.get("rope_scaling")
+    theta = d.get("rope_theta")
+    if isinstance(params, dict) and params:
+        if any(isinstance(v, dict) for v in params.values()):
+            raise ValueError("per-layer-type rope_parameters are not supported (one rope for all layers)")
+        theta = params.get("rope_theta", theta)
+        rope = params
+    else:
+        rope = scaling
+    if theta is None:
+        theta = defaults["rope_theta"]
+    if not rope:
+        return theta, None
+    if not isinstance(rope, dict):
+        raise ValueError(f"rope settings must be a dict, got {rope!r}")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"rope type {rope_type!r} is not supported; expected one of {ROPE_TYPES}")
+    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError("partial_rotary_factor != 1 is not supported: MLA rotates the whole rope dim")
+    if rope_type == "default":
+        return theta, None
+    max_pos = d.get("max_position_embeddings", defaults["max_position_embeddings"])
+    orig = rope.get("original_max_position_embeddings", max_pos)
+    factor = rope.get("factor")
+    if factor is None:
+        factor = max_pos / orig          # as transformers: the ratio of context lengths
+    return theta, RopeScaling(
+        rope_type=rope_type,
+        factor=float(factor),
+        original_max_position_embeddings=int(orig),
+        beta_fast=float(rope.get("beta_fast") or 32.0),
+        beta_slow=float(rope.get("beta_slow") or 1.0),
+        mscale=None if rope.get("mscale") is None else float(rope["mscale"]),
+        mscale_all_dim=None if rope.get("mscale_all_dim") is None else float(rope["mscale_all_dim"]),
+        attention_factor=None if rope.get("attention_factor") is None else float(rope["attention_factor"]),
+        truncate=bool(rope.get("truncate", True)),
+    )
+
+
+def _parse_quantization(q):
+    """weight_block_size for fp8 e4m3 block-scaled checkpoints; None when unquantised."""
+    if not q:
+        return None
+    method = q.get("quant_method")
+    if method != "fp8":
+        raise ValueError(f"quantization_config quant_method {method!r} is not supported (only fp8 block scales)")
+    fmt = q.get("fmt", "e4m3")
+    if fmt != "e4m3":
+        raise ValueError(f"quantization_config fmt {fmt!r} is not supported (only e4m3)")
+    block = q.get("weight_block_size", [128, 128])
+    if not (isinstance(block, (list, tuple)) and len(block) == 2):
+        raise ValueError(f"quantization_config weight_block_size must be two integers, got {block!r}")
+    return (int(block[0]), int(block[1]))

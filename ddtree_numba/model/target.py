@@ -1,0 +1,243 @@
+"""The target model: ``load_target`` and the numpy reference forward over an MLA latent cache.
+
+Shapes: T new tokens, S cache rows after the forward, M hidden size, H heads, C
+``kv_lora_rank``, R ``qk_rope_head_dim``, D ``qk_nope_head_dim``, Dv ``v_head_dim``, E experts,
+K experts per token, V vocab, Y requested hidden layers.
+
+The forward is DeepSeek-V3's decoder (HF ``DeepseekV3ForCausalLM`` / ``DeepseekV2ForCausalLM``),
+stage by stage through ``ddtree_numba.reference``, attention in the weight-absorbed MLA form.
+DESIGN.md section 3 is the API; docs/MODEL.md walks through the model.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._checks import check_array, check_int
+from ..reference.embedding import embedding, lm_head
+from ..reference.linear import linear
+from ..reference.mla import mla_attention_absorbed, mla_kv_latent, mla_mask
+from ..reference.moe import moe_experts, moe_route, swiglu_mlp
+from ..reference.rms_norm import rms_norm
+from ..reference.rope import rope, rope_cos_sin, rope_inv_freq, softmax_scale, yarn_attention_factor, yarn_inv_freq
+from .cache import MLACache
+from .checkpoint import load_weights
+from .config import ModelConfig
+
+BACKENDS = ("numpy", "cuda")
+
+
+class BackendUnavailable(NotImplementedError, ValueError):
+    """A backend this build does not provide yet (catchable as either base)."""
+
+
+@dataclass(frozen=True)
+class ForwardOutput:
+    """logits [T, V] float32; hidden [T, Y, M] float32, the outputs of the requested decoder
+    layers (layer id i = HF ``hidden_states[i + 1]``, before the final norm)."""
+
+    logits: np.ndarray
+    hidden: np.ndarray
+
+
+@dataclass(frozen=True)
+class RopeTables:
+    """inv_freq [R/2] float64, attention_factor (cos/sin scale), scale (softmax scale)."""
+
+    inv_freq: np.ndarray
+    attention_factor: float
+    scale: float
+
+
+def rope_tables(cfg: ModelConfig) -> RopeTables:
+    """The rope frequencies and the two YaRN magnitude corrections a config implies."""
+    rs, dim = cfg.rope_scaling, cfg.qk_rope_head_dim
+    if rs is None:
+        return RopeTables(rope_inv_freq(dim, cfg.rope_theta), 1.0, softmax_scale(cfg.qk_head_dim))
+    inv = yarn_inv_freq(dim, cfg.rope_theta, rs.factor, rs.original_max_position_embeddings,
+                        rs.beta_fast, rs.beta_slow, rs.truncate)
+    return RopeTables(inv, yarn_attention_factor(rs.factor, rs.mscale, rs.mscale_all_dim, rs.attention_factor),
+                      softmax_scale(cfg.qk_head_dim, rs.factor, rs.mscale_all_dim))
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer's float32 weights, HF layout ([out, in]); unused ones are None."""
+
+    input_layernorm: np.ndarray          # [M]
+    post_attention_layernorm: np.ndarray  # [M]
+    q_proj: np.ndarray | None            # [H * (D + R), M] when q_lora_rank is null
+    q_a_proj: np.ndarray | None          # [Q, M]
+    q_a_layernorm: np.ndarray | None     # [Q]
+    q_b_proj: np.ndarray | None          # [H * (D + R), Q]
+    kv_a_proj_with_mqa: np.ndarray       # [C + R, M]
+    kv_a_layernorm: np.ndarray           # [C]
+    kv_b_proj: np.ndarray                # [H * (D + Dv), C]
+    o_proj: np.ndarray                   # [M, H * Dv]
+    mlp_gate_proj: np.ndarray | None = None      # [I, M] dense layers
+    mlp_up_proj: np.ndarray | None = None        # [I, M]
+    mlp_down_proj: np.ndarray | None = None      # [M, I]
+    gate: np.ndarray | None = None               # [E, M] MoE layers
+    e_score_correction_bias: np.ndarray | None = None  # [E] noaux_tc
+    experts_gate_proj: np.ndarray | None = None  # [E, Ie, M]
+    experts_up_proj: np.ndarray | None = None    # [E, Ie, M]
+    experts_down_proj: np.ndarray | None = None  # [E, M, Ie]
+    shared_gate_proj: np.ndarray | None = None   # [Ie * n_shared, M]
+    shared_up_proj: np.ndarray | None = None
+    shared_down_proj: np.ndarray | None = None   # [M, Ie * n_shared]
+
+
+def _layer_weights(cfg: ModelConfig, w: dict, i: int) -> LayerWeights:
+    p, a, f = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+    lw = LayerWeights(
+        input_layernorm=w[p + "input_layernorm.weight"],
+        post_attention_layernorm=w[p + "post_attention_layernorm.weight"],
+        q_proj=w.get(a + "q_proj.weight") if cfg.q_lora_rank is None else None,
+        q_a_proj=w.get(a + "q_a_proj.weight") if cfg.q_lora_rank is not None else None,
+        q_a_layernorm=w.get(a + "q_a_layernorm.weight") if cfg.q_lora_rank is not None else None,
+        q_b_proj=w.get(a + "q_b_proj.weight") if cfg.q_lora_rank is not None else None,
+        kv_a_proj_with_mqa=w[a + "kv_a_proj_with_mqa.weight"],
+        kv_a_layernorm=w[a + "kv_a_layernorm.weight"],
+        kv_b_proj=w[a + "kv_b_proj.weight"],
+        o_proj=w[a + "o_proj.weight"],
+    )
+    if not cfg.is_moe_layer(i):
+        lw.mlp_gate_proj, lw.mlp_up_proj, lw.mlp_down_proj = (
+            w[f + "gate_proj.weight"], w[f + "up_proj.weight"], w[f + "down_proj.weight"])
+        return lw
+    e = range(cfg.n_routed_experts)
+    lw.gate = w[f + "gate.weight"]
+    lw.e_score_correction_bias = w.get(f + "gate.e_score_correction_bias")
+    lw.experts_gate_proj = np.stack([w.pop(f + f"experts.{j}.gate_proj.weight") for j in e])  # [E, Ie, M]
+    lw.experts_up_proj = np.stack([w.pop(f + f"experts.{j}.up_proj.weight") for j in e])      # [E, Ie, M]
+    lw.experts_down_proj = np.stack([w.pop(f + f"experts.{j}.down_proj.weight") for j in e])  # [E, M, Ie]
+    if cfg.n_shared_experts:
+        lw.shared_gate_proj = w[f + "shared_experts.gate_proj.weight"]
+        lw.shared_up_proj = w[f + "shared_experts.up_proj.weight"]
+        lw.shared_down_proj = w[f + "shared_experts.down_proj.weight"]
+    return lw
+
+
+class Target:
+    """A loaded target model on the numpy backend. ``forward`` appends to an ``MLACache``."""
+
+    backend = "numpy"
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, np.ndarray]):
+        self.config = cfg
+        weights = dict(weights)
+        self.embed_tokens = weights["model.embed_tokens.weight"]                 # [V, M]
+        self.norm = weights["model.norm.weight"]                                 # [M]
+        self.lm_head = self.embed_tokens if cfg.tie_word_embeddings else weights["lm_head.weight"]  # [V, M]
+        self.layers = [_layer_weights(cfg, weights, i) for i in range(cfg.num_hidden_layers)]
+        self.rope = rope_tables(cfg)
+
+    def new_cache(self, max_tokens: int) -> MLACache:
+        """An empty latent cache with room for ``max_tokens`` rows per layer."""
+        return MLACache(self.config, max_tokens)
+
+    # -- the forward -----------------------------------------------------------------------
+    def _check_inputs(self, ids, positions, cache, parents, hidden_layer_ids):
+        cfg = self.config
+        check_array("ids", ids, 1, (np.int32, np.int64))
+        check_array("positions", positions, 1, (np.int32, np.int64))
+        t = ids.shape[0]
+        if t == 0:
+            raise ValueError("ids is empty: forward needs at least one token")
+        if positions.shape[0] != t:
+            raise ValueError(f"positions has {positions.shape[0]} entries but ids has {t}")
+        if ids.min() < 0 or ids.max() >= cfg.vocab_size:
+            bad = int(ids[(ids < 0) | (ids >= cfg.vocab_size)][0])
+            raise ValueError(f"token id {bad} is out of range [0, {cfg.vocab_size})")
+        if positions.min() < 0:
+            raise ValueError(f"positions must be >= 0, got {int(positions.min())}")
+        if not isinstance(cache, MLACache):
+            raise ValueError(f"cache must be an MLACache from new_cache(), got {type(cache).__name__}")
+        if cache.c_kv.shape[0] != cfg.num_hidden_layers or cache.c_kv.shape[2] != cfg.kv_lora_rank \
+                or cache.k_pe.shape[2] != cfg.qk_rope_head_dim:
+            raise ValueError("cache was made for a different model config")
+        if parents is not None:
+            check_array("parents", parents, 1, np.int32, shape=(t,))
+        ids_out = []
+        for i in hidden_layer_ids:
+            ids_out.append(check_int("hidden_layer_ids entry", i, 0, cfg.num_hidden_layers - 1))
+        cache.reserve(t)
+        return ids_out
+
+    def forward(self, ids: np.ndarray, positions: np.ndarray, cache: MLACache,
+                parents: np.ndarray | None = None, hidden_layer_ids=()) -> ForwardOutput:
+        """Run ``ids`` at ``positions`` after the cached rows and append their latent rows.
+
+        ids [T] int32/int64, positions [T] int32/int64, parents [T] int32 or None (causal);
+        with parents, token i sees every cached row and the new rows ``visibility(parents)``
+        allows. -> ForwardOutput(logits [T, V], hidden [T, Y, M]).
+        """
+        cfg = self.config
+        layers_out = self._check_inputs(ids, positions, cache, parents, hidden_layer_ids)
+        t, h = ids.shape[0], cfg.num_attention_heads
+        d, r, dv = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        s0 = cache.reserve(t)
+        s1 = s0 + t
+        mask = mla_mask(s0, t, parents)                                       # [T, S]
+        cos, sin = rope_cos_sin(positions, self.rope.inv_freq, self.rope.attention_factor)  # [T, R/2]
+
+        x = embedding(ids, self.embed_tokens)                                 # [T, M]
+        hidden = {}
+        for i, lw in enumerate(self.layers):
+            # attention
+            a = rms_norm(x, lw.input_layernorm, cfg.rms_norm_eps)             # [T, M]
+            if cfg.q_lora_rank is None:
+                q = linear(a, lw.q_proj)                                      # [T, H * (D + R)]
+            else:
+                q = linear(rms_norm(linear(a, lw.q_a_proj), lw.q_a_layernorm, cfg.rms_norm_eps), lw.q_b_proj)
+            q = q.reshape(t, h, d + r)                                        # [T, H, D + R]
+            q_nope, q_pe = q[:, :, :d], rope(q[:, :, d:], cos, sin, cfg.rope_interleave)  # [T, H, D], [T, H, R]
+            c_kv, k_pe = mla_kv_latent(a, lw.kv_a_proj_with_mqa, lw.kv_a_layernorm, cfg.rms_norm_eps)  # [T, C], [T, R]
+            cache.c_kv[i, s0:s1] = c_kv
+            cache.k_pe[i, s0:s1] = rope(k_pe, cos, sin, cfg.rope_interleave)
+            o = mla_attention_absorbed(q_nope, q_pe, cache.c_kv[i, :s1], cache.k_pe[i, :s1],
+                                       lw.kv_b_proj, mask, self.rope.scale)   # [T, H, Dv]
+            x = x + linear(o.reshape(t, h * dv), lw.o_proj)                   # [T, M]
+            # feed-forward
+            m = rms_norm(x, lw.post_attention_layernorm, cfg.rms_norm_eps)    # [T, M]
+            if lw.gate is None:
+                x = x + swiglu_mlp(m, lw.mlp_gate_proj, lw.mlp_up_proj, lw.mlp_down_proj)
+            else:
+                topk_ids, topk_w = moe_route(
+                    m, lw.gate, lw.e_score_correction_bias, cfg.scoring_func, cfg.topk_method,
+                    cfg.n_group, cfg.topk_group, cfg.num_experts_per_tok, cfg.norm_topk_prob,
+                    cfg.routed_scaling_factor)                                # [T, K], [T, K]
+                y = moe_experts(m, topk_ids, topk_w, lw.experts_gate_proj, lw.experts_up_proj,
+                                lw.experts_down_proj)                         # [T, M]
+                if lw.shared_gate_proj is not None:
+                    y = y + swiglu_mlp(m, lw.shared_gate_proj, lw.shared_up_proj, lw.shared_down_proj)
+                x = x + y
+            if i in layers_out:
+                hidden[i] = x.copy()
+        cache.length = s1
+        logits = lm_head(rms_norm(x, self.norm, cfg.rms_norm_eps), self.lm_head)  # [T, V]
+        if layers_out:
+            hid = np.stack([hidden[i] for i in layers_out], axis=1)          # [T, Y, M]
+        else:
+            hid = np.zeros((t, 0, cfg.hidden_size), dtype=np.float32)
+        return ForwardOutput(logits=logits, hidden=hid)
+
+
+def load_target(path: str | os.PathLike, backend: str = "numpy", progress: bool | None = None) -> Target:
+    """Load an HF-format DeepSeek-V3 / V2 / Kimi-K2 checkpoint directory (config.json + safetensors).
+
+    backend "numpy" runs the reference forward. The "cuda" backend arrives with the GPU-forward
+    issue; asking for it now raises instead of silently running numpy.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "cuda":
+        raise BackendUnavailable(
+            "backend='cuda' is not implemented yet: the CUDA target forward arrives with the "
+            "GPU-forward issue; use backend='numpy'"
+        )
+    cfg, weights = load_weights(path, progress=progress)
+    return Target(cfg, weights)

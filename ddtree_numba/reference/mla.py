@@ -1,0 +1,97 @@
+"""Multi-head latent attention (DeepSeek-V2 paper, arXiv:2405.04434, section 2.1) in its two forms.
+
+Shapes: T new tokens, S key rows (cached + new), H heads, C ``kv_lora_rank``, R
+``qk_rope_head_dim``, D ``qk_nope_head_dim``, Dv ``v_head_dim``, M hidden size.
+
+Every token writes one latent row ``c_kv [C]`` (RMS-normed) and one shared rope key ``k_pe [R]``
+(rotated) to the cache; nothing per head. ``kv_b_proj.weight`` viewed as ``[H, D + Dv, C]`` holds
+``W_uk [H, D, C]`` (latent -> per-head nope key) and ``W_uv [H, Dv, C]`` (latent -> per-head value).
+
+Naive:     k[s,h] = (W_uk[h] c_kv[s], k_pe[s]),  v[s,h] = W_uv[h] c_kv[s],  ordinary attention.
+Absorbed:  q_nope[t,h] . (W_uk[h] c_kv[s]) = (W_uk[h]^T q_nope[t,h]) . c_kv[s], so map the query
+           into the latent space once and attend over the cached c_kv directly; the weighted sum
+           of latents goes through W_uv[h] afterwards. Same numbers, no per-head K or V.
+See docs/MODEL.md for the algebra.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .rms_norm import rms_norm
+from .visibility import visibility
+
+
+def mla_kv_latent(x: np.ndarray, kv_a_weight: np.ndarray, kv_a_norm_weight: np.ndarray, eps: float):
+    """The per-token cache row before rope: ``kv_a_proj_with_mqa`` split into the normed latent and
+    the (not yet rotated) rope key.
+
+    x [T, M] float32, kv_a_weight [C + R, M], kv_a_norm_weight [C] -> c_kv [T, C] float32,
+    k_pe [T, R] float32.
+    """
+    c = kv_a_norm_weight.shape[0]
+    kv = np.matmul(x, kv_a_weight.T, dtype=np.float32)               # [T, C + R]
+    c_kv = rms_norm(kv[:, :c], kv_a_norm_weight, eps)                 # [T, C]
+    k_pe = np.ascontiguousarray(kv[:, c:])                            # [T, R]
+    return c_kv, k_pe
+
+
+def mla_mask(n_cached: int, n_new: int, parents: np.ndarray | None = None) -> np.ndarray:
+    """Which key rows each new token sees: every cached row, plus causal (``parents`` None) or
+    ``visibility(parents)`` among the new rows (DESIGN.md section 1, step 4).
+
+    -> mask [T, S] bool with T = n_new, S = n_cached + n_new.
+    """
+    mask = np.ones((n_new, n_cached + n_new), dtype=bool)             # [T, S]
+    if parents is None:
+        mask[:, n_cached:] = np.tril(np.ones((n_new, n_new), dtype=bool))
+    else:
+        mask[:, n_cached:] = visibility(parents)                      # [T, T]
+    return mask
+
+
+def _masked_softmax(scores: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis of scores [T, H, S] where mask [T, S] is true (float32)."""
+    scores = np.where(mask[:, None, :], scores, np.float32(-np.inf))  # [T, H, S]
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    p = np.exp(scores, dtype=np.float32)
+    return p / p.sum(axis=-1, keepdims=True, dtype=np.float32)        # [T, H, S]
+
+
+def split_kv_b(kv_b_weight: np.ndarray, num_heads: int, nope_dim: int):
+    """``kv_b_proj.weight [H * (D + Dv), C]`` -> W_uk [H, D, C], W_uv [H, Dv, C] (views)."""
+    w = kv_b_weight.reshape(num_heads, -1, kv_b_weight.shape[-1])     # [H, D + Dv, C]
+    return w[:, :nope_dim, :], w[:, nope_dim:, :]
+
+
+def mla_attention_naive(q_nope, q_pe, c_kv, k_pe, kv_b_weight, mask, scale):
+    """MLA with the latents expanded into per-head keys and values, as in the paper.
+
+    q_nope [T, H, D], q_pe [T, H, R] (rotated), c_kv [S, C], k_pe [S, R] (rotated),
+    kv_b_weight [H * (D + Dv), C], mask [T, S] bool, scale float -> out [T, H, Dv] float32.
+    """
+    t, h, d = q_nope.shape
+    w_uk, w_uv = split_kv_b(kv_b_weight, h, d)                       # [H, D, C], [H, Dv, C]
+    k_nope = np.einsum("hdc,sc->shd", w_uk, c_kv, dtype=np.float32)   # [S, H, D]
+    v = np.einsum("hvc,sc->shv", w_uv, c_kv, dtype=np.float32)        # [S, H, Dv]
+    scores = (np.einsum("thd,shd->ths", q_nope, k_nope, dtype=np.float32)
+              + np.einsum("thr,sr->ths", q_pe, k_pe, dtype=np.float32)) * np.float32(scale)  # [T, H, S]
+    p = _masked_softmax(scores, mask)                                 # [T, H, S]
+    return np.einsum("ths,shv->thv", p, v, dtype=np.float32)          # [T, H, Dv]
+
+
+def mla_attention_absorbed(q_nope, q_pe, c_kv, k_pe, kv_b_weight, mask, scale):
+    """MLA over the cached latents directly: queries absorbed into the latent space through
+    W_uk, output taken out of it through W_uv. Same arguments and result as the naive form.
+
+    q_nope [T, H, D], q_pe [T, H, R], c_kv [S, C], k_pe [S, R], kv_b_weight [H * (D + Dv), C],
+    mask [T, S] bool, scale float -> out [T, H, Dv] float32.
+    """
+    t, h, d = q_nope.shape
+    w_uk, w_uv = split_kv_b(kv_b_weight, h, d)                       # [H, D, C], [H, Dv, C]
+    q_lat = np.einsum("thd,hdc->thc", q_nope, w_uk, dtype=np.float32) # [T, H, C]
+    scores = (np.einsum("thc,sc->ths", q_lat, c_kv, dtype=np.float32)
+              + np.einsum("thr,sr->ths", q_pe, k_pe, dtype=np.float32)) * np.float32(scale)  # [T, H, S]
+    p = _masked_softmax(scores, mask)                                 # [T, H, S]
+    o_lat = np.einsum("ths,sc->thc", p, c_kv, dtype=np.float32)       # [T, H, C]
+    return np.einsum("thc,hvc->thv", o_lat, w_uv, dtype=np.float32)   # [T, H, Dv]

@@ -1,0 +1,92 @@
+"""Mixture-of-experts: routing for every ``scoring_func`` x ``topk_method``, SwiGLU experts,
+shared experts and the dense MLP of the first ``first_k_dense_replace`` layers.
+
+Shapes: T tokens, M hidden size, E routed experts, G groups (``n_group``), K experts per token
+(``num_experts_per_tok``), I expert intermediate size.
+
+Routing (docs/MODEL.md; DeepSeek-V3 ``inference/model.py`` Gate, transformers' routers):
+  scores  = softmax(logits) or sigmoid(logits)                        [T, E]
+  choice  = scores + e_score_correction_bias   (noaux_tc only)        [T, E]
+  greedy:               top-K of choice
+  group_limited_greedy: keep the topk_group groups with the largest max(choice), then top-K
+  noaux_tc:             keep the topk_group groups with the largest sum of their two best
+                        choice values, then top-K
+  weights = scores at the chosen experts (the bias only chooses), divided by their sum if
+            norm_topk_prob, then times routed_scaling_factor.
+Ties go to the lower expert / group id (a stable sort), so routing is deterministic.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _top(values: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest per row, best first, ties to the lower index. [T, X] -> [T, k]."""
+    return np.argsort(-values, axis=-1, kind="stable")[:, :k]
+
+
+def moe_route(x, gate_weight, e_score_correction_bias, scoring_func, topk_method, n_group,
+              topk_group, top_k, norm_topk_prob, routed_scaling_factor):
+    """Pick each token's experts and their weights.
+
+    x [T, M] float32, gate_weight [E, M] float32, e_score_correction_bias [E] float32 or None
+    (used by noaux_tc only) -> topk_ids [T, K] int32 (best first), topk_weights [T, K] float32.
+    """
+    logits = np.matmul(x, gate_weight.T, dtype=np.float32)            # [T, E]
+    if scoring_func == "softmax":
+        z = np.exp(logits - logits.max(axis=-1, keepdims=True), dtype=np.float32)
+        scores = z / z.sum(axis=-1, keepdims=True, dtype=np.float32)  # [T, E]
+    elif scoring_func == "sigmoid":
+        scores = (np.float32(1) / (np.float32(1) + np.exp(-logits))).astype(np.float32)  # [T, E]
+    else:
+        raise ValueError(f"scoring_func {scoring_func!r} is not softmax or sigmoid")
+
+    t, e = scores.shape
+    choice = scores
+    if topk_method == "noaux_tc":
+        if e_score_correction_bias is None:
+            raise ValueError("noaux_tc routing needs e_score_correction_bias")
+        choice = scores + e_score_correction_bias.astype(np.float32)[None, :]  # [T, E]
+    if topk_method in ("group_limited_greedy", "noaux_tc"):
+        grouped = choice.reshape(t, n_group, e // n_group)             # [T, G, E/G]
+        if topk_method == "group_limited_greedy":
+            group_scores = grouped.max(axis=-1)                        # [T, G]
+        else:
+            group_scores = -np.sort(-grouped, axis=-1)[:, :, :2].sum(axis=-1)  # [T, G]
+        keep = np.zeros((t, n_group), dtype=bool)
+        np.put_along_axis(keep, _top(group_scores, topk_group), True, axis=-1)
+        choice = np.where(np.repeat(keep, e // n_group, axis=-1), choice, -np.inf)  # [T, E]
+    elif topk_method != "greedy":
+        raise ValueError(f"topk_method {topk_method!r} is not greedy, group_limited_greedy or noaux_tc")
+
+    ids = _top(choice, top_k).astype(np.int32)                         # [T, K]
+    weights = np.take_along_axis(scores, ids, axis=-1)                 # [T, K]
+    if norm_topk_prob:
+        weights = weights / (weights.sum(axis=-1, keepdims=True, dtype=np.float32) + np.float32(1e-20))
+    return ids, (weights * np.float32(routed_scaling_factor)).astype(np.float32)
+
+
+def swiglu_mlp(x, gate_weight, up_weight, down_weight):
+    """``down(silu(gate(x)) * up(x))``: the dense MLP, a shared expert block, or one routed expert.
+
+    x [T, M] float32, gate_weight / up_weight [I, M], down_weight [M, I] -> [T, M] float32.
+    """
+    g = np.matmul(x, gate_weight.T, dtype=np.float32)                 # [T, I]
+    u = np.matmul(x, up_weight.T, dtype=np.float32)                   # [T, I]
+    a = g / (np.float32(1) + np.exp(-g)) * u                           # [T, I] silu(g) * u
+    return np.matmul(a, down_weight.T, dtype=np.float32)              # [T, M]
+
+
+def moe_experts(x, topk_ids, topk_weights, gate_weights, up_weights, down_weights):
+    """Weighted sum of each token's routed experts, summed in increasing expert id.
+
+    x [T, M] float32, topk_ids [T, K] int32, topk_weights [T, K] float32, gate_weights /
+    up_weights [E, I, M], down_weights [E, M, I] -> [T, M] float32.
+    """
+    out = np.zeros_like(x, dtype=np.float32)                           # [T, M]
+    for e in np.unique(topk_ids):
+        rows, slot = np.nonzero(topk_ids == e)                         # tokens routed to e
+        y = swiglu_mlp(x[rows], gate_weights[e], up_weights[e], down_weights[e])  # [n, M]
+        out[rows] += y * topk_weights[rows, slot][:, None]
+    return out
