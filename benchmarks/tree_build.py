@@ -1,0 +1,120 @@
+"""GPU tree build (and top-K) for budgets 16..1024 against the numpy twin and a plain heapq build.
+
+Usage (on a GPU machine): python benchmarks/tree_build.py [--quick]
+Prints a table and appends it to docs/PERFORMANCE.md.
+
+Columns: GPU device time (CUDA events, median) for build alone and top-K + build;
+host wall time per call of the GPU pair (launch overhead included, no host copies);
+the numpy twin; a plain-Python heapq build over the top-K table as the published DDTree
+code runs it on the CPU; the peer's top-K (torch.topk + log_softmax on the same GPU).
+The floor of top-K + build is reading the logits once: L*V*4 bytes / 4.2 TB/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import COPY_BW, append_rows, time_gpu, time_host  # noqa: E402
+
+
+def heapq_build(lp: np.ndarray, ids: np.ndarray, budget: int):
+    """The CPU build the published DDTree code runs: heapq over (-score, rank path)."""
+    L, K = lp.shape
+    lp = lp.tolist()
+    heap = [(-lp[0][0], (0,), 0)]
+    parents, tokens = [-1], []
+    while heap and len(tokens) < budget:
+        neg, path, parent = heapq.heappop(heap)
+        d, r = len(path), path[-1]
+        node = len(tokens) + 1
+        tokens.append(int(ids[d - 1, r]))
+        parents.append(parent)
+        if r + 1 < K:
+            heapq.heappush(heap, (neg + lp[d - 1][r] - lp[d - 1][r + 1], path[:-1] + (r + 1,), parent))
+        if d < L:
+            heapq.heappush(heap, (neg - lp[d][0], path + (0,), node))
+    return tokens, parents
+
+
+def drafter_logits(rng, L, V):
+    x = rng.standard_normal((L, V)).astype(np.float32) * 2.0
+    for d in range(L):
+        x[d, rng.choice(V, 8, replace=False)] += np.linspace(9, 4, 8, dtype=np.float32)
+    return x
+
+
+def main():
+    from numba import cuda
+    from ddtree_numba import kernels as kn
+    from ddtree_numba import reference as ref
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-append", action="store_true")
+    args = ap.parse_args()
+    budgets = [16, 64, 256, 1024] if args.quick else [16, 32, 64, 128, 256, 512, 1024]
+    L = 15
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    rng = np.random.default_rng(0)
+    stream = cuda.stream()
+    rows = []
+    for V in (32000, 163840):
+        logits = drafter_logits(rng, L, V)
+        d_logits = cuda.to_device(logits, stream=stream)
+        for budget in budgets:
+            k = min(budget, V)
+            lp_d = cuda.device_array((L, k), np.float32, stream=stream)
+            ids_d = cuda.device_array((L, k), np.int32, stream=stream)
+            bufs = kn.TreeBuffers.allocate(budget, stream)
+            kn.topk_logprobs(d_logits, k, out=(lp_d, ids_d), stream=stream)
+            kn.build_tree(lp_d, ids_d, budget, out=bufs, stream=stream)
+            stream.synchronize()
+            lp, ids = ref.topk_logprobs(logits, k)
+            assert bufs.to_tree() == ref.build_tree(lp, ids, budget), "GPU tree differs from the twin"
+
+            def both():
+                kn.topk_logprobs(d_logits, k, out=(lp_d, ids_d), stream=stream)
+                kn.build_tree(lp_d, ids_d, budget, out=bufs, stream=stream)
+
+            t_topk = time_gpu(lambda: kn.topk_logprobs(d_logits, k, out=(lp_d, ids_d), stream=stream), stream)
+            t_build = time_gpu(lambda: kn.build_tree(lp_d, ids_d, budget, out=bufs, stream=stream), stream)
+            t_both = time_gpu(both, stream)
+            t_host = time_host(lambda: (both(), stream.synchronize()))
+            t_twin = time_host(lambda: ref.build_tree(lp, ids, budget), reps=5)
+            t_twin_topk = time_host(lambda: ref.topk_logprobs(logits, k), reps=3)
+            t_heapq = time_host(lambda: heapq_build(lp, ids, budget), reps=5)
+            t_peer = "n/a"
+            if torch is not None and torch.cuda.is_available():
+                tl = torch.from_numpy(logits).cuda()
+
+                def peer():
+                    torch.topk(torch.log_softmax(tl.float(), -1), k, dim=-1)
+                torch.cuda.synchronize()
+                t_peer = f"{time_host(lambda: (peer(), torch.cuda.synchronize())):.1f}"
+            floor = L * V * 4 / COPY_BW * 1e6
+            rows.append([V, budget, f"{t_topk:.1f}", f"{t_build:.1f}", f"{t_both:.1f}", f"{floor:.2f}",
+                         f"{t_host:.1f}", t_peer, f"{t_twin_topk:.0f}", f"{t_twin:.0f}", f"{t_heapq:.0f}"])
+            print(rows[-1], flush=True)
+    header = ["V", "budget", "GPU top-K µs", "GPU build µs", "GPU top-K+build µs", "floor µs",
+              "host wall top-K+build µs", "peer torch top-K µs", "numpy top-K µs", "numpy build µs",
+              "heapq build µs"]
+    note = (f"L = {L} depths. GPU columns: CUDA-event device time, median of 50. Host wall: per call "
+            "with launch overhead and a stream sync. Peer: torch.log_softmax + torch.topk on the same GPU "
+            "(wall, synced). numpy/heapq: CPU of the GPU machine.")
+    if args.no_append:
+        print(header, rows)
+    else:
+        append_rows("Tree build (benchmarks/tree_build.py)", header, rows, note)
+
+
+if __name__ == "__main__":
+    main()
