@@ -11,3 +11,5 @@ from .tree import Tree
 
 __version__ = "0.1.0"
 __all__ = ["Tree", "reference", "__version__"]
+from .model import ModelConfig, load_target
+__all__ += ["ModelConfig", "load_target"]

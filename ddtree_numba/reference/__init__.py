@@ -5,3 +5,9 @@ from .tree_build import build_tree, enumerate_paths
 from .visibility import visibility, visibility_bits
 from .accept import follow_tree, sample_post
 from .compact import compact_rows, naive_gather_in_order, naive_row_hazards
+from .embedding import embedding, lm_head
+from .linear import linear
+from .rms_norm import rms_norm
+from .rope import rope, rope_cos_sin, rope_inv_freq, yarn_inv_freq, yarn_get_mscale, yarn_attention_factor, softmax_scale
+from .mla import mla_kv_latent, mla_mask, mla_attention_naive, mla_attention_absorbed, split_kv_b
+from .moe import moe_route, moe_experts, swiglu_mlp
