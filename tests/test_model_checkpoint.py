@@ -1,0 +1,205 @@
+"""Checkpoint loading: the safetensors reader, bf16 widening, fp8 block dequantization against
+hand-computed values, shards, the ignored MTP layer, and every way a checkpoint can be wrong."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+import ddtree_numba as dd
+from ddtree_numba.model.checkpoint import (
+    SafetensorsIndex, bf16_to_float32, dequant_fp8_block, e4m3_to_float32, load_weights, read_header)
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+
+
+def test_bf16_words_widen_exactly():
+    words = np.array([0x3F80, 0xC000, 0x3FC0, 0x0000, 0x8000, 0x7F80, 0xFF80, 0x4049, 0x0001], np.uint16)
+    want = [1.0, -2.0, 1.5, 0.0, -0.0, np.inf, -np.inf, 3.140625, 2.0 ** -133]
+    got = bf16_to_float32(words)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, np.array(want, np.float32))
+    assert np.signbit(got[4])
+
+
+def test_e4m3_bytes_decode_by_hand():
+    # sign | exponent (4 bits, bias 7) | mantissa (3 bits); no infinities; 0x7f / 0xff are NaN
+    cases = {0x00: 0.0, 0x38: 1.0, 0x40: 2.0, 0xB8: -1.0, 0x3C: 1.5, 0x30: 0.5, 0x7E: 448.0,
+             0xFE: -448.0, 0x08: 2.0 ** -6, 0x01: 2.0 ** -9, 0x07: 7 * 2.0 ** -9, 0x77: 240.0}
+    raw = np.array(list(cases), np.uint8)
+    np.testing.assert_array_equal(e4m3_to_float32(raw), np.array(list(cases.values()), np.float32))
+    assert np.isnan(e4m3_to_float32(np.array([0x7F, 0xFF], np.uint8))).all()
+
+
+def test_fp8_block_dequant_with_128x128_blocks_and_ragged_edges():
+    raw = np.full((130, 260), 0x38, np.uint8)                  # every weight 1.0 before scaling
+    raw[128, 200] = 0x3C                                        # 1.5
+    raw[3, 257] = 0xC0                                          # -2.0
+    scale = np.array([[1, 2, 3], [4, 5, 6]], np.float32)       # [ceil(130/128), ceil(260/128)]
+    w = dequant_fp8_block(raw, scale, (128, 128))
+    assert w.shape == (130, 260) and w.dtype == np.float32
+    assert w[0, 0] == 1 and w[127, 127] == 1 and w[0, 128] == 2 and w[127, 255] == 2
+    assert w[0, 256] == 3 and w[129, 259] == 6 and w[128, 0] == 4 and w[129, 130] == 5
+    assert w[128, 200] == 1.5 * 5 and w[3, 257] == -2.0 * 3
+    with pytest.raises(ValueError, match="needs"):
+        dequant_fp8_block(raw, scale[:, :2], (128, 128))
+
+
+def test_reader_agrees_with_the_safetensors_package(tmp_path):
+    rng = np.random.default_rng(0)
+    tensors = {"a": rng.standard_normal((3, 5)).astype(np.float32),
+               "b": rng.standard_normal((7,)).astype(np.float16),
+               "c": np.arange(6, dtype=np.int64).reshape(2, 3)}
+    save_file(tensors, str(tmp_path / "x.safetensors"), metadata={"format": "np"})
+    index = SafetensorsIndex(str(tmp_path))
+    for name, t in tensors.items():
+        got, _ = index.raw(name)
+        np.testing.assert_array_equal(got, t)
+        assert got.dtype == t.dtype
+    header, offset = read_header(str(tmp_path / "x.safetensors"))
+    assert set(header) == set(tensors) and offset > 8
+
+
+def test_bf16_checkpoint_loads_the_stored_words(tmp_path):
+    """A bf16 golden: every weight is exactly representable in bf16 after loading."""
+    _, w = load_weights(os.path.join(DATA, "v3_bf16_tied"))
+    x = w["model.layers.0.self_attn.kv_b_proj.weight"]
+    assert x.dtype == np.float32
+    assert (x.view(np.uint32) & 0xFFFF == 0).all()
+
+
+def test_fp8_golden_matches_a_hand_dequantization():
+    path = os.path.join(DATA, "kimi_fp8")
+    index = SafetensorsIndex(path)
+    name = "model.layers.1.self_attn.q_b_proj.weight"           # [64, 24] in 16 x 16 blocks
+    raw, dtype = index.raw(name)
+    scale, _ = index.raw(name + "_scale_inv")
+    assert dtype == "F8_E4M3" and raw.shape == (64, 24) and scale.shape == (4, 2)
+    _, w = load_weights(path)
+    for i, j in [(0, 0), (15, 15), (16, 0), (63, 23), (40, 17)]:
+        assert w[name][i, j] == e4m3_to_float32(raw[i:i + 1, j])[0] * scale[i // 16, j // 16]
+
+
+def test_sharded_checkpoint_with_an_mtp_layer_loads_without_it():
+    path = os.path.join(DATA, "v3_released")
+    index = SafetensorsIndex(path)
+    cfg, w = load_weights(path)
+    assert any(n.startswith(f"model.layers.{cfg.num_hidden_layers}.") for n in index.entries)
+    assert not any(n.startswith(f"model.layers.{cfg.num_hidden_layers}.") for n in w)
+    assert len({index.entries[n][0] for n in index.entries}) == 2
+
+
+def test_progress_bar(capsys):
+    load_weights(os.path.join(DATA, "v3_noaux_tc"), progress=True)
+    assert "loading v3_noaux_tc" in capsys.readouterr().err
+
+
+# -- broken checkpoints -------------------------------------------------------------------------
+
+def _rewrite(src, dst, edit_tensors=None, edit_config=None):
+    """Copy a golden single-file checkpoint, editing its (float32) tensors or config."""
+    os.makedirs(dst, exist_ok=True)
+    with open(os.path.join(src, "config.json")) as f:
+        config = json.load(f)
+    if edit_config:
+        edit_config(config)
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(config, f)
+    index = SafetensorsIndex(src)
+    raw = {n: index.raw(n) for n in index.entries}
+    tensors = {n: r[0] for n, r in raw.items()}
+    if edit_tensors:
+        edit_tensors(tensors)
+    out = os.path.join(dst, "model.safetensors")
+    save_file(tensors, out)
+    # safetensors.numpy writes bf16 / fp8 words as U16 / U8: put the stored dtype back
+    for name in tensors:
+        if raw.get(name, (None, ""))[1] in ("BF16", "F8_E4M3"):
+            _set_dtype(out, name, raw[name][1])
+    return dst
+
+
+SRC = os.path.join(DATA, "v3_noaux_tc")
+
+
+def test_missing_tensor_is_named(tmp_path):
+    path = _rewrite(SRC, tmp_path / "ck", lambda t: t.pop("model.layers.2.mlp.experts.5.up_proj.weight"))
+    with pytest.raises(ValueError, match=r"missing tensor model\.layers\.2\.mlp\.experts\.5\.up_proj\.weight"):
+        dd.load_target(path)
+
+
+def test_missing_router_bias_is_named(tmp_path):
+    path = _rewrite(SRC, tmp_path / "ck", lambda t: t.pop("model.layers.1.mlp.gate.e_score_correction_bias"))
+    with pytest.raises(ValueError, match="e_score_correction_bias"):
+        dd.load_target(path)
+
+
+def test_shape_mismatch_is_named(tmp_path):
+    def cut(t):
+        t["model.layers.1.self_attn.kv_b_proj.weight"] = t["model.layers.1.self_attn.kv_b_proj.weight"][:-1]
+    path = _rewrite(SRC, tmp_path / "ck", cut)
+    with pytest.raises(ValueError, match=r"kv_b_proj\.weight has shape \[63, 16\]"):
+        dd.load_target(path)
+
+
+def test_config_disagreeing_with_the_tensors_is_named(tmp_path):
+    path = _rewrite(SRC, tmp_path / "ck", edit_config=lambda c: c.update(kv_lora_rank=12))
+    with pytest.raises(ValueError, match="kv_a_proj_with_mqa.weight has shape"):
+        dd.load_target(path)
+
+
+def test_fp8_weight_without_scales(tmp_path):
+    src = os.path.join(DATA, "kimi_fp8")
+    path = _rewrite(src, tmp_path / "ck", lambda t: t.pop("model.layers.0.self_attn.o_proj.weight_scale_inv"))
+    with pytest.raises(ValueError, match=r"o_proj\.weight has no block scales"):
+        dd.load_target(path)
+
+
+def _set_dtype(path, name, dtype):
+    header, offset = read_header(path)
+    data = open(path, "rb").read()[offset:]
+    header[name]["dtype"] = dtype
+    text = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text + data)
+
+
+def test_non_float_weight_and_unknown_dtype(tmp_path):
+    path = _rewrite(SRC, tmp_path / "ck")
+    p = os.path.join(path, "model.safetensors")
+    _set_dtype(p, "model.norm.weight", "I32")
+    with pytest.raises(ValueError, match=r"model\.norm\.weight has dtype I32"):
+        dd.load_target(path)
+    _set_dtype(p, "model.norm.weight", "F8_E5M2")
+    with pytest.raises(ValueError, match=r"model\.norm\.weight has dtype F8_E5M2"):
+        dd.load_target(path)
+
+
+def test_missing_shard_and_missing_files(tmp_path):
+    dst = tmp_path / "ck"
+    shutil.copytree(os.path.join(DATA, "v3_released"), dst)
+    os.remove(dst / "model-00002-of-00002.safetensors")
+    with pytest.raises(ValueError, match="shard model-00002-of-00002.safetensors"):
+        dd.load_target(dst)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    shutil.copy(os.path.join(SRC, "config.json"), empty)
+    with pytest.raises(ValueError, match="no .safetensors"):
+        dd.load_target(empty)
+    with pytest.raises(ValueError, match="not a directory"):
+        dd.load_target(tmp_path / "nowhere")
+
+
+def test_corrupt_file(tmp_path):
+    d = tmp_path / "ck"
+    d.mkdir()
+    shutil.copy(os.path.join(SRC, "config.json"), d)
+    (d / "model.safetensors").write_bytes(b"\xff" * 4)
+    with pytest.raises(ValueError, match="not a safetensors file"):
+        dd.load_target(d)
+    (d / "model.safetensors").write_bytes((5).to_bytes(8, "little") + b"{nope")
+    with pytest.raises(ValueError, match="corrupt safetensors header"):
+        dd.load_target(d)

@@ -1,0 +1,127 @@
+"""ModelConfig: both rope spellings, family defaults (those of HF's own implementations),
+unknown keys, and every value the engine refuses."""
+
+import json
+import os
+
+import pytest
+
+from ddtree_numba import ModelConfig
+from ddtree_numba.model.config import RopeScaling
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+
+YARN = {"factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1,
+        "mscale": 1.0, "mscale_all_dim": 1.0}
+
+
+def _small(**extra):
+    d = dict(model_type="deepseek_v3", vocab_size=96, hidden_size=32, num_attention_heads=4,
+             num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_nope_head_dim=8,
+             qk_rope_head_dim=8, v_head_dim=8, moe_intermediate_size=8, n_routed_experts=8,
+             num_experts_per_tok=2, n_group=4, topk_group=2, num_hidden_layers=2,
+             max_position_embeddings=163840, first_k_dense_replace=1, intermediate_size=40)
+    d.update(extra)
+    return d
+
+
+def test_released_and_new_rope_spellings_parse_to_the_same_config():
+    released = ModelConfig.from_dict(_small(rope_theta=10000, rope_scaling={"type": "yarn", **YARN}))
+    new = ModelConfig.from_dict(_small(rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, **YARN}))
+    also = ModelConfig.from_dict(_small(rope_theta=10000, rope_scaling={"rope_type": "yarn", **YARN}))
+    assert released == new == also
+    assert released.rope_theta == 10000.0
+    assert released.rope_scaling == RopeScaling("yarn", 40.0, 4096, 32.0, 1.0, 1.0, 1.0)
+
+
+def test_default_rope_in_either_spelling_means_no_scaling():
+    a = ModelConfig.from_dict(_small(rope_theta=50000.0, rope_scaling=None))
+    b = ModelConfig.from_dict(_small(rope_parameters={"rope_type": "default", "rope_theta": 50000.0}))
+    c = ModelConfig.from_dict(_small())
+    assert a == b and a.rope_scaling is None and a.rope_theta == 50000.0
+    assert c.rope_theta == 10000.0
+
+
+def test_yarn_without_factor_uses_the_context_ratio_as_transformers_does():
+    cfg = ModelConfig.from_dict(_small(max_position_embeddings=8192, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "original_max_position_embeddings": 2048}))
+    assert cfg.rope_scaling.factor == 4.0
+    assert cfg.rope_scaling.beta_fast == 32.0 and cfg.rope_scaling.beta_slow == 1.0
+
+
+def test_family_defaults_are_those_of_the_hf_implementations():
+    v3 = ModelConfig.from_dict({"model_type": "deepseek_v3"})
+    assert (v3.scoring_func, v3.topk_method, v3.norm_topk_prob) == ("sigmoid", "noaux_tc", True)
+    assert (v3.hidden_size, v3.num_hidden_layers, v3.n_routed_experts, v3.n_group, v3.topk_group) == (7168, 61, 256, 8, 4)
+    assert (v3.q_lora_rank, v3.kv_lora_rank, v3.routed_scaling_factor, v3.first_k_dense_replace) == (1536, 512, 2.5, 3)
+    assert v3.rope_interleave is True and v3.tie_word_embeddings is False
+    kimi = ModelConfig.from_dict({"model_type": "kimi_k2"})
+    assert (kimi.scoring_func, kimi.topk_method) == ("sigmoid", "noaux_tc")
+    v2 = ModelConfig.from_dict({"model_type": "deepseek_v2"})
+    assert (v2.scoring_func, v2.topk_method, v2.norm_topk_prob) == ("softmax", "greedy", False)
+    assert (v2.routed_scaling_factor, v2.first_k_dense_replace, v2.n_shared_experts) == (1.0, 0, 2)
+    assert (v2.hidden_size, v2.num_hidden_layers, v2.moe_intermediate_size) == (4096, 32, 1407)
+
+
+def test_null_q_lora_rank_and_unknown_keys():
+    cfg = ModelConfig.from_dict(_small(q_lora_rank=None, aux_loss_alpha=0.001, ep_size=8, seq_aux=True,
+                                       num_nextn_predict_layers=1, auto_map={"x": "y"}, head_dim=8))
+    assert cfg.q_lora_rank is None
+    assert cfg.qk_head_dim == 16
+
+
+def test_the_golden_configs_parse():
+    v3 = ModelConfig.from_json(os.path.join(DATA, "v3_released"))
+    assert v3.rope_scaling.rope_type == "yarn" and v3.rope_interleave is True
+    kimi = ModelConfig.from_json(os.path.join(DATA, "kimi_fp8", "config.json"))
+    assert kimi.model_type == "kimi_k2" and kimi.weight_block_size == (16, 16)
+    v2 = ModelConfig.from_json(os.path.join(DATA, "v2_group_yarn"))
+    assert (v2.scoring_func, v2.topk_method) == ("softmax", "group_limited_greedy")
+
+
+def test_to_dict_round_trips_and_tiny_is_valid():
+    for cfg in (ModelConfig.tiny(), ModelConfig.from_json(os.path.join(DATA, "kimi_fp8"))):
+        again = ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+        assert again == cfg
+    with pytest.raises(Exception):
+        ModelConfig.tiny().hidden_size = 3                 # frozen
+
+
+def test_moe_layers_follow_first_k_dense_replace_and_moe_layer_freq():
+    cfg = ModelConfig.from_dict(_small(num_hidden_layers=6, first_k_dense_replace=1, moe_layer_freq=2,
+                                       intermediate_size=40))
+    assert [cfg.is_moe_layer(i) for i in range(6)] == [False, False, True, False, True, False]
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"model_type": "llama"}, "model_type"),
+    ({"topk_method": "top_p"}, "topk_method"),
+    ({"scoring_func": "tanh"}, "scoring_func"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"attention_bias": True}, "attention_bias"),
+    ({"num_key_value_heads": 2}, "num_key_value_heads"),
+    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope type"),
+    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4}}, "rope type"),
+    ({"rope_parameters": {"full_attention": {"rope_type": "default"}}}, "per-layer"),
+    ({"qk_rope_head_dim": 7}, "qk_rope_head_dim"),
+    ({"n_group": 3}, "n_group"),
+    ({"topk_group": 5}, "topk_group"),
+    ({"num_experts_per_tok": 5}, "num_experts_per_tok"),
+    ({"num_experts_per_tok": 9, "topk_method": "greedy"}, "num_experts_per_tok"),
+    ({"n_group": 8, "topk_group": 4}, "two best"),
+    ({"vocab_size": "96"}, "vocab_size"),
+    ({"vocab_size": 0}, "vocab_size"),
+    ({"norm_topk_prob": "yes"}, "norm_topk_prob"),
+    ({"rms_norm_eps": -1.0}, "rms_norm_eps"),
+    ({"quantization_config": {"quant_method": "gptq"}}, "quant_method"),
+    ({"quantization_config": {"quant_method": "fp8", "fmt": "e5m2"}}, "fmt"),
+    ({"model_type": "deepseek_v2", "norm_topk_prob": True, "routed_scaling_factor": 16.0}, "ambiguous"),
+])
+def test_values_the_engine_cannot_run_raise_value_error_naming_them(change, words):
+    with pytest.raises(ValueError, match=words):
+        ModelConfig.from_dict(_small(**change))
+
+
+def test_missing_config_json(tmp_path):
+    with pytest.raises(ValueError, match="config.json"):
+        ModelConfig.from_json(tmp_path)
