@@ -10,7 +10,8 @@ Each case directory holds:
   config.json             as a checkpoint ships it (HF >= 5 spelling, or the released one)
   model*.safetensors      HF tensor names as on disk (per-expert names), in the case's dtype
   expected.npz            ids [T], positions [T], logits [T, V] f32, hidden [T, L, M] f32
-                          (hidden[:, i] = output of decoder layer i, HF hidden_states[i + 1])
+                          (hidden[:, i] = output of decoder layer i, before the final norm,
+                          taken with a forward hook on each decoder layer)
   tree.npz                prefix_ids [P], prefix_positions [P], tree_ids [N], parents [N],
                           tree_positions [N], logits [N, V], hidden [N, L, M]: row i is the
                           last row of a causal HF forward over prefix + root-to-node-i path.

@@ -37,7 +37,9 @@ class BackendUnavailable(NotImplementedError, ValueError):
 @dataclass(frozen=True)
 class ForwardOutput:
     """logits [T, V] float32; hidden [T, Y, M] float32, the outputs of the requested decoder
-    layers (layer id i = HF ``hidden_states[i + 1]``, before the final norm)."""
+    layers, in the order requested. Layer id i is the residual stream after decoder layer i,
+    before the final norm: HF ``hidden_states[i + 1]`` for every layer but the last (transformers
+    puts the final-normed state in its last entry)."""
 
     logits: np.ndarray
     hidden: np.ndarray
