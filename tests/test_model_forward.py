@@ -48,6 +48,8 @@ def _all_layers(target):
 def test_causal_forward_matches_hf(case):
     name, target, exp, _ = case
     cache = target.new_cache(32)
+    cache.c_kv[:] = np.nan                            # poisoned: only rows written are read
+    cache.k_pe[:] = np.nan
     out = target.forward(exp["ids"], exp["positions"], cache, hidden_layer_ids=_all_layers(target))
     assert out.logits.dtype == np.float32 and out.hidden.dtype == np.float32
     assert_close(out.logits, exp["logits"], RTOL, f"{name} logits")
@@ -104,6 +106,8 @@ def test_compacted_cache_continues_like_the_accepted_path(case):
     cache.compact(start, keep)
     assert len(cache) == start + len(keep)
     cache.truncate(start + len(keep) - 1)             # drop the leaf, then recompute it
+    cache.c_kv[:, len(cache):] = np.nan               # the stale tree rows must not be read
+    cache.k_pe[:, len(cache):] = np.nan
     out = target.forward(tree["tree_ids"][leaf:leaf + 1], tree["tree_positions"][leaf:leaf + 1], cache)
     assert_close(out.logits[0], tree["logits"][leaf], RTOL, f"{name} after compaction")
 
