@@ -129,3 +129,27 @@ def test_truncate_then_recompute_gives_the_same_logits(target):
     cache.truncate(3)
     b = target.forward(_ids(5)[3:], np.arange(3, 5), cache)
     np.testing.assert_allclose(b.logits, a.logits[3:], rtol=0, atol=1e-5 * np.abs(a.logits).max())
+
+
+def test_random_target_runs_trees_like_paths():
+    """On a random (non-golden) model too, a tree node's logits are those of its path."""
+    from ddtree_numba.model import random_target
+    t = random_target(dd.ModelConfig.tiny(num_hidden_layers=3, first_k_dense_replace=1), seed=3)
+    rng = np.random.default_rng(0)
+    prefix = rng.integers(0, 64, 4).astype(np.int32)
+    parents = np.array([-1, 0, 0, 1, 2, 3, 3], np.int32)
+    depth = np.zeros(7, np.int32)
+    for i in range(1, 7):
+        depth[i] = depth[parents[i]] + 1
+    toks = rng.integers(0, 64, 7).astype(np.int32)
+    cache = t.new_cache(16)
+    t.forward(prefix, np.arange(4), cache)
+    tree = t.forward(toks, 4 + depth, cache, parents=parents).logits
+    for i in range(7):
+        path = [i]
+        while parents[path[-1]] >= 0:
+            path.append(int(parents[path[-1]]))
+        path = path[::-1]
+        ids = np.concatenate([prefix, toks[path]])
+        ref = t.forward(ids, np.arange(len(ids)), t.new_cache(16)).logits[-1]
+        np.testing.assert_allclose(tree[i], ref, rtol=0, atol=1e-5 * np.abs(ref).max())

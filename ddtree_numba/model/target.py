@@ -24,7 +24,7 @@ from ..reference.moe import moe_experts, moe_route, swiglu_mlp
 from ..reference.rms_norm import rms_norm
 from ..reference.rope import rope, rope_cos_sin, rope_inv_freq, softmax_scale, yarn_attention_factor, yarn_inv_freq
 from .cache import MLACache
-from .checkpoint import load_weights
+from .checkpoint import expected_shapes, load_weights
 from .config import ModelConfig
 
 BACKENDS = ("numpy", "cuda")
@@ -242,4 +242,27 @@ def load_target(path: str | os.PathLike, backend: str = "numpy", progress: bool 
             "GPU-forward issue; use backend='numpy'"
         )
     cfg, weights = load_weights(path, progress=progress)
+    return Target(cfg, weights)
+
+
+def random_target(cfg: ModelConfig | None = None, seed: int = 0) -> Target:
+    """A target with random weights under HF names, no checkpoint needed (``ModelConfig.tiny()``
+    by default). The init is wide on purpose, as in tools/make_goldens.py: unit-gain
+    projections, router logits of order 3, norm weights in [0.5, 1.5], so that routing, norms
+    and rope all matter. For tests and notebooks of the decode loop."""
+    cfg = cfg or ModelConfig.tiny()
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, shape in expected_shapes(cfg).items():
+        if len(shape) == 1 and name.endswith("e_score_correction_bias"):
+            w = 0.2 * rng.standard_normal(shape)
+        elif len(shape) == 1:
+            w = rng.uniform(0.5, 1.5, shape)
+        elif name == "model.embed_tokens.weight":
+            w = rng.standard_normal(shape)
+        elif name.endswith("mlp.gate.weight"):
+            w = rng.standard_normal(shape) * (3.0 / np.sqrt(shape[1]))
+        else:
+            w = rng.standard_normal(shape) / np.sqrt(shape[1])
+        weights[name] = w.astype(np.float32)
     return Target(cfg, weights)
