@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import statistics
 import subprocess
 import time
@@ -14,6 +15,9 @@ FP32_RATE = 51e12    # FLOP/s, cuBLAS fp32 without TF32 on the H200
 
 
 def commit() -> str:
+    """The commit measured: $DDTREE_COMMIT (the GPU machine's copy has no .git), else git."""
+    if os.environ.get("DDTREE_COMMIT"):
+        return os.environ["DDTREE_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                              cwd=PERF.parent)

@@ -49,6 +49,29 @@ def drafter_logits(rng, L, V):
     return x
 
 
+def sweep_threads():
+    from numba import cuda
+    from ddtree_numba import kernels as kn
+    from ddtree_numba import reference as ref
+    rng = np.random.default_rng(0)
+    stream = cuda.stream()
+    logits = drafter_logits(rng, 15, 32000)
+    for budget in (64, 256, 1024):
+        lp, ids = ref.topk_logprobs(logits, budget)
+        lp_d, ids_d = cuda.to_device(lp), cuda.to_device(ids)
+        bufs = kn.TreeBuffers.allocate(budget, stream)
+        cells = []
+        for threads in (32, 64, 128, 256, 512, 1024):
+            t = time_gpu(lambda: kn.build_tree(lp_d, ids_d, budget, out=bufs, stream=stream,
+                                               threads=threads), stream, reps=20)
+            cells.append(f"T={threads}: {t:.0f} µs")
+        for threads in (64, 256, 1024):
+            t = time_gpu(lambda: kn.topk_logprobs(cuda.to_device(logits), budget, out=(lp_d, ids_d),
+                                                  stream=stream, threads=threads), stream, reps=10)
+            cells.append(f"topk T={threads}: {t:.0f} µs")
+        print(f"budget {budget}: " + ", ".join(cells), flush=True)
+
+
 def main():
     from numba import cuda
     from ddtree_numba import kernels as kn
@@ -57,7 +80,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-append", action="store_true")
+    ap.add_argument("--sweep-threads", action="store_true", help="build time vs threads per block")
     args = ap.parse_args()
+    if args.sweep_threads:
+        return sweep_threads()
     budgets = [16, 64, 256, 1024] if args.quick else [16, 32, 64, 128, 256, 512, 1024]
     L = 15
     try:

@@ -18,13 +18,14 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, float32, float64, int32, uint32, uint64
+from numba import config, cuda, float32, float64, int32, uint32, uint64
 
 from .._checks import check_array, check_int, check_logits_values
 from ._launch import check_threads, is_device, to_device
 
 MAX_K = 1024       # shared-memory sort buffer; the tree build takes budgets up to 1024 too
-THREADS = 256      # threads per block on a GPU; tests pass smaller values
+THREADS = 1024     # threads per block on a GPU (one block per depth); tests pass smaller values
+SHUFFLES = not config.ENABLE_CUDASIM
 _SIGN = 0x80000000
 _LOW32 = 0xFFFFFFFF
 
@@ -40,6 +41,19 @@ def _composite_key(bits, v):
     else:
         okey = u | uint32(_SIGN)
     return (uint64(okey) << uint64(32)) | uint64(uint32(_LOW32) - uint32(v))
+
+
+@cuda.jit(device=True)
+def _hist_add(hist, b):
+    """hist[b] += 1. On a GPU the lanes of a warp that share a bucket add once together:
+    early digits put most of a row in a few buckets, and same-address shared atomics from
+    one warp serialise. (The simulator has no match_any_sync: plain atomics there.)"""
+    if SHUFFLES:
+        peers = cuda.match_any_sync(cuda.activemask(), b)
+        if peers & ((uint32(1) << uint32(cuda.laneid)) - uint32(1)) == 0:  # lowest lane of its group
+            cuda.atomic.add(hist, b, cuda.popc(peers))
+    else:
+        cuda.atomic.add(hist, b, 1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -106,7 +120,7 @@ def _topk_logprobs_kernel(threads):
             for v in range(t, V, T):
                 key = _composite_key(bits[row, v], v)
                 if key & mask == desired:
-                    cuda.atomic.add(hist, int32((key >> uint64(shift)) & uint64(255)), 1)
+                    _hist_add(hist, int32((key >> uint64(shift)) & uint64(255)))
             cuda.syncthreads()  # histogram complete
             # suffix[b] = number of candidates in buckets >= b: 16 chunk sums, a serial
             # suffix over the chunks, then a serial suffix inside each chunk (3 barriers)

@@ -7,9 +7,12 @@ unordered array of candidate paths, each stored as (parent node, rank, score): a
 depth is its parent's depth + 1, and its ranks are recovered by walking parents. Each
 pop is a block-wide arg-max over the frontier under the twin's total order (score
 descending, then rank path ascending; ``_path_less`` walks the two paths up to their
-common ancestor only when scores tie exactly). Thread 0 then records the node and
-replaces the popped slot with its first child and appends its next sibling. Every step
-matches the twin's float64 arithmetic, so the trees are bit-identical.
+common ancestor only when scores tie exactly): a strided scan per thread, warp shuffles,
+then thread 0 over the warps' winners (a shared-memory tree in the simulator, which has
+no shuffles). Thread 0 then records the node, replaces the popped slot with its first
+child and appends its next sibling; the ranks of lp that fit are copied to shared memory
+first, so a pop touches no global memory. Two barriers a pop. Every step matches the
+twin's float64 arithmetic, so the trees are bit-identical.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
-from numba import cuda, float64, int16, int32
+from numba import config, cuda, float32, float64, int16, int32
 
 from ..reference.tree_build import _check_build_inputs
 from ..tree import Tree
@@ -27,6 +30,9 @@ from ._launch import check_threads, is_device, to_device
 MAX_BUDGET = 1024
 MAX_DEPTH = 32
 THREADS = 128
+LP_CACHE = 5120    # float32 entries of lp kept in shared memory (static shared stays < 48 KiB)
+# Warp shuffles on a GPU; the CUDA simulator has none, so it runs the shared-memory tree.
+SHUFFLES = not config.ENABLE_CUDASIM
 
 
 @cuda.jit(device=True)
@@ -64,10 +70,20 @@ def _slot_better(a, b, f_score, f_parent, f_rank, n_parent, n_rank, n_depth):
     return _path_less(f_parent[a], f_rank[a], f_parent[b], f_rank[b], n_parent, n_rank, n_depth)
 
 
+@cuda.jit(device=True)
+def _lp_at(lp, lp_cache, ranks_cached, d, r):
+    """lp[d, r] as float64, from the shared-memory copy when it holds that rank."""
+    if r < ranks_cached:
+        return float64(lp_cache[d * ranks_cached + r])
+    return float64(lp[d, r])
+
+
 @functools.lru_cache(maxsize=None)
 def _build_tree_kernel(threads):
     T = threads
     NB = MAX_BUDGET + 1
+    WARPS = max(T // 32, 1)
+    shuffles = SHUFFLES and T >= 32
 
     @cuda.jit
     def kernel(lp, ids, budget, tokens, depths, parents, ranks, scores, n_nodes):
@@ -81,8 +97,12 @@ def _build_tree_kernel(threads):
         f_score = cuda.shared.array(NB, float64)   # frontier slot: candidate path's score
         f_parent = cuda.shared.array(NB, int16)    # its parent node
         f_rank = cuda.shared.array(NB, int16)      # its last rank
+        lp_cache = cuda.shared.array(LP_CACHE, float32)  # lp[d, r] for r < ranks_cached
         red = cuda.shared.array(T, int32)
         state = cuda.shared.array(2, int32)        # (frontier size, nodes popped)
+        ranks_cached = min(K, LP_CACHE // max(L, 1))
+        for i in range(t, L * ranks_cached, T):
+            lp_cache[i] = lp[i // ranks_cached, i % ranks_cached]
         if t == 0:
             n_score[0] = 0.0
             n_parent[0] = -1
@@ -95,7 +115,7 @@ def _build_tree_kernel(threads):
                 f_parent[0] = 0
                 f_rank[0] = 0
                 state[0] = 1
-        cuda.syncthreads()  # root and first candidate are in place
+        cuda.syncthreads()  # root, first candidate and the lp copy are in place
         while True:
             F = state[0]
             n = state[1]
@@ -105,19 +125,41 @@ def _build_tree_kernel(threads):
             for s in range(t, F, T):
                 if best < 0 or _slot_better(s, best, f_score, f_parent, f_rank, n_parent, n_rank, n_depth):
                     best = s
-            red[t] = best
-            cuda.syncthreads()  # every thread's local best is in
-            stride = T // 2
-            while stride > 0:
-                if t < stride:
-                    a = red[t]
-                    b = red[t + stride]
-                    if b >= 0 and (a < 0 or _slot_better(b, a, f_score, f_parent, f_rank, n_parent, n_rank, n_depth)):
-                        red[t] = b
-                cuda.syncthreads()  # this level of the arg-max tree is done
-                stride //= 2
+            if shuffles:
+                # arg-max inside each warp with shuffles, then thread 0 over the warps' winners
+                off = 16
+                while off > 0:
+                    other = cuda.shfl_xor_sync(0xFFFFFFFF, best, off)
+                    if other >= 0 and (best < 0 or _slot_better(other, best, f_score, f_parent, f_rank,
+                                                                 n_parent, n_rank, n_depth)):
+                        best = other
+                    off //= 2
+                if t % 32 == 0:
+                    red[t // 32] = best
+                cuda.syncthreads()  # every warp's winner is in
+                if t == 0:
+                    for w in range(1, WARPS):
+                        other = red[w]
+                        if other >= 0 and (best < 0 or _slot_better(other, best, f_score, f_parent, f_rank,
+                                                                     n_parent, n_rank, n_depth)):
+                            best = other
+            else:
+                # the simulator has no shuffles: a shared-memory tree
+                red[t] = best
+                cuda.syncthreads()  # every thread's local best is in
+                stride = T // 2
+                while stride > 0:
+                    if t < stride:
+                        a = red[t]
+                        b = red[t + stride]
+                        if b >= 0 and (a < 0 or _slot_better(b, a, f_score, f_parent, f_rank,
+                                                             n_parent, n_rank, n_depth)):
+                            red[t] = b
+                    cuda.syncthreads()  # this level of the arg-max tree is done
+                    stride //= 2
+                best = red[0]
             if t == 0:
-                s = red[0]
+                s = best
                 p = int32(f_parent[s])
                 r = int32(f_rank[s])
                 score = f_score[s]
@@ -130,12 +172,12 @@ def _build_tree_kernel(threads):
                 has_child = d < L
                 has_sibling = r + 1 < K
                 if has_child:  # the popped slot becomes the first child
-                    f_score[s] = score + float64(lp[d, 0])
+                    f_score[s] = score + _lp_at(lp, lp_cache, ranks_cached, d, 0)
                     f_parent[s] = node
                     f_rank[s] = 0
                 if has_sibling:  # the next sibling takes the popped slot or a new one
                     slot = F if has_child else s
-                    f_score[slot] = n_score[p] + float64(lp[d - 1, r + 1])
+                    f_score[slot] = n_score[p] + _lp_at(lp, lp_cache, ranks_cached, d - 1, r + 1)
                     f_parent[slot] = p
                     f_rank[slot] = r + 1
                     if has_child:
