@@ -65,8 +65,9 @@ def sweep_threads():
             t = time_gpu(lambda: kn.build_tree(lp_d, ids_d, budget, out=bufs, stream=stream,
                                                threads=threads), stream, reps=20)
             cells.append(f"T={threads}: {t:.0f} µs")
+        d_logits = cuda.to_device(logits)
         for threads in (64, 256, 1024):
-            t = time_gpu(lambda: kn.topk_logprobs(cuda.to_device(logits), budget, out=(lp_d, ids_d),
+            t = time_gpu(lambda: kn.topk_logprobs(d_logits, budget, out=(lp_d, ids_d),
                                                   stream=stream, threads=threads), stream, reps=10)
             cells.append(f"topk T={threads}: {t:.0f} µs")
         print(f"budget {budget}: " + ", ".join(cells), flush=True)
