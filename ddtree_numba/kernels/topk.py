@@ -44,15 +44,17 @@ def _composite_key(bits, v):
 
 
 @cuda.jit(device=True)
-def _hist_add(hist, b):
-    """hist[b] += 1. On a GPU the lanes of a warp that share a bucket add once together:
+def _hist_add(hist, b, counted):
+    """hist[b] += 1 where ``counted``. Called by every lane of a warp together (the loop
+    around it is warp-uniform). On a GPU the lanes that share a bucket add once together:
     early digits put most of a row in a few buckets, and same-address shared atomics from
-    one warp serialise. (The simulator has no match_any_sync: plain atomics there.)"""
+    one warp serialise. The simulator has no match_any_sync: plain atomics there."""
     if SHUFFLES:
-        peers = cuda.match_any_sync(cuda.activemask(), b)
-        if peers & ((uint32(1) << uint32(cuda.laneid)) - uint32(1)) == 0:  # lowest lane of its group
+        lane = cuda.laneid
+        peers = cuda.match_any_sync(0xFFFFFFFF, b if counted else 256 + lane)
+        if counted and peers & ((uint32(1) << uint32(lane)) - uint32(1)) == 0:  # lowest lane of its group
             cuda.atomic.add(hist, b, cuda.popc(peers))
-    else:
+    elif counted:
         cuda.atomic.add(hist, b, 1)
 
 
@@ -65,6 +67,7 @@ def _topk_logprobs_kernel(threads):
         row = cuda.blockIdx.x
         t = cuda.threadIdx.x
         V = logits.shape[1]
+        V_warps = (V + 31) // 32 * 32  # V rounded up to whole warps
         red_m = cuda.shared.array(T, float64)
         red_s = cuda.shared.array(T, float64)
         hist = cuda.shared.array(256, int32)
@@ -117,10 +120,10 @@ def _topk_logprobs_kernel(threads):
             desired = sel[0]
             mask = sel[1]
             need = state[0]  # read here: it is rewritten below, after several barriers
-            for v in range(t, V, T):
-                key = _composite_key(bits[row, v], v)
-                if key & mask == desired:
-                    _hist_add(hist, int32((key >> uint64(shift)) & uint64(255)))
+            for v in range(t, V_warps, T):  # warp-uniform trip count: _hist_add needs all lanes
+                key = _composite_key(bits[row, v], v) if v < V else uint64(0)
+                _hist_add(hist, int32((key >> uint64(shift)) & uint64(255)),
+                          v < V and key & mask == desired)
             cuda.syncthreads()  # histogram complete
             # suffix[b] = number of candidates in buckets >= b: 16 chunk sums, a serial
             # suffix over the chunks, then a serial suffix inside each chunk (3 barriers)
@@ -205,7 +208,7 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=THREADS):
         raise ValueError(f"k = {k} is more than the kernel's MAX_K = {MAX_K}")
     if V >= 2**31:
         raise ValueError(f"vocabulary of {V} does not fit int32 token ids")
-    check_threads(threads)
+    check_threads(threads, lo=32 if SHUFFLES else 1)  # warp-wide histogram on a GPU
     check_logits_values("logits", logits)
     host = not is_device(logits)
     d_logits = to_device(logits, stream)
