@@ -61,12 +61,12 @@ def sweep_threads():
         lp_d, ids_d = cuda.to_device(lp), cuda.to_device(ids)
         bufs = kn.TreeBuffers.allocate(budget, stream)
         cells = []
-        for threads in (32, 64, 128, 256, 512, 1024):
+        for threads in (32, 64, 128, 256, 512):
             t = time_gpu(lambda: kn.build_tree(lp_d, ids_d, budget, out=bufs, stream=stream,
                                                threads=threads), stream, reps=20)
             cells.append(f"T={threads}: {t:.0f} µs")
         d_logits = cuda.to_device(logits)
-        for threads in (64, 256, 1024):
+        for threads in (128, 256, 512):
             t = time_gpu(lambda: kn.topk_logprobs(d_logits, budget, out=(lp_d, ids_d),
                                                   stream=stream, threads=threads), stream, reps=10)
             cells.append(f"topk T={threads}: {t:.0f} µs")

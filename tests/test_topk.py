@@ -57,7 +57,7 @@ def test_kernel_matches_twin_bit_for_bit(rng, kind):
 def test_kernel_k_equals_v_and_device_arrays(rng):
     from numba import cuda
     x = _logits(rng, 2, 33, "ties")
-    d_lp, d_ids = kn.topk_logprobs(cuda.to_device(x), 33, threads=4)
+    d_lp, d_ids = kn.topk_logprobs(cuda.to_device(x), 33, threads=THREADS)
     lp_ref, ids_ref = ref.topk_logprobs(x, 33)
     np.testing.assert_array_equal(d_ids.copy_to_host(), ids_ref)
     np.testing.assert_array_equal(d_lp.copy_to_host(), lp_ref)
