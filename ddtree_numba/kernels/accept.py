@@ -21,7 +21,7 @@ THREADS = 256
 _NONE = 2**31 - 1
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, forceinline=True)
 def _splitmix64(x):
     x = x + uint64(0x9E3779B97F4A7C15)
     x = (x ^ (x >> uint64(30))) * uint64(0xBF58476D1CE4E5B9)

@@ -30,7 +30,7 @@ _SIGN = 0x80000000
 _LOW32 = 0xFFFFFFFF
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, forceinline=True)
 def _composite_key(bits, v):
     """Order-preserving uint64 key of (logit bits, token id): larger logit first, then lower id."""
     u = uint32(bits)
@@ -43,7 +43,7 @@ def _composite_key(bits, v):
     return (uint64(okey) << uint64(32)) | uint64(uint32(_LOW32) - uint32(v))
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, forceinline=True)
 def _hist_add(hist, b, counted):
     """hist[b] += 1 where ``counted``. Called by every lane of a warp together (the loop
     around it is warp-uniform). On a GPU the lanes that share a bucket add once together:

@@ -35,7 +35,7 @@ LP_CACHE = 5120    # float32 entries of lp kept in shared memory (static shared 
 SHUFFLES = not config.ENABLE_CUDASIM
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, forceinline=True)
 def _path_less(pa, ra, pb, rb, n_parent, n_rank, n_depth):
     """Is the path (ranks of pa's path, ra) lexicographically smaller than (.., pb, rb)?"""
     da = n_depth[pa] + 1
@@ -60,9 +60,9 @@ def _path_less(pa, ra, pb, rb, n_parent, n_rank, n_depth):
     return a_depth < b_depth  # one is a prefix of the other: the shorter comes first
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, forceinline=True)
 def _slot_better(a, b, f_score, f_parent, f_rank, n_parent, n_rank, n_depth):
-    """Does frontier slot a pop before slot b?"""
+    """Does frontier slot a pop before slot b? (Paths are walked only on an exact tie.)"""
     sa = f_score[a]
     sb = f_score[b]
     if sa != sb:
@@ -70,7 +70,7 @@ def _slot_better(a, b, f_score, f_parent, f_rank, n_parent, n_rank, n_depth):
     return _path_less(f_parent[a], f_rank[a], f_parent[b], f_rank[b], n_parent, n_rank, n_depth)
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, forceinline=True)
 def _lp_at(lp, lp_cache, ranks_cached, d, r):
     """lp[d, r] as float64, from the shared-memory copy when it holds that rank."""
     if r < ranks_cached:
