@@ -14,14 +14,14 @@ from numba import cuda, float64, int32, uint64
 from .._checks import check_array, check_int, check_logits_values
 from ..reference.accept import _check_follow_inputs
 from ..tree import Tree
-from ._launch import check_threads, is_device, to_device
+from ._launch import check_threads, device_function, is_device, to_device
 from .tree_build import TreeBuffers
 
 THREADS = 256
 _NONE = 2**31 - 1
 
 
-@cuda.jit(device=True, forceinline=True)
+@device_function
 def _splitmix64(x):
     x = x + uint64(0x9E3779B97F4A7C15)
     x = (x ^ (x >> uint64(30))) * uint64(0xBF58476D1CE4E5B9)

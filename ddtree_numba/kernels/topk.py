@@ -21,7 +21,7 @@ import numpy as np
 from numba import config, cuda, float32, float64, int32, uint32, uint64
 
 from .._checks import check_array, check_int, check_logits_values
-from ._launch import check_threads, is_device, to_device
+from ._launch import check_threads, device_function, is_device, to_device
 
 MAX_K = 1024       # shared-memory sort buffer; the tree build takes budgets up to 1024 too
 THREADS = 512      # threads per block on a GPU (one block per depth; 1024 runs out of registers)
@@ -30,7 +30,7 @@ _SIGN = 0x80000000
 _LOW32 = 0xFFFFFFFF
 
 
-@cuda.jit(device=True, forceinline=True)
+@device_function
 def _composite_key(bits, v):
     """Order-preserving uint64 key of (logit bits, token id): larger logit first, then lower id."""
     u = uint32(bits)
@@ -43,7 +43,7 @@ def _composite_key(bits, v):
     return (uint64(okey) << uint64(32)) | uint64(uint32(_LOW32) - uint32(v))
 
 
-@cuda.jit(device=True, forceinline=True)
+@device_function
 def _hist_add(hist, b, counted):
     """hist[b] += 1 where ``counted``. Called by every lane of a warp together (the loop
     around it is warp-uniform). On a GPU the lanes that share a bucket add once together:

@@ -25,7 +25,7 @@ from numba import config, cuda, float32, float64, int16, int32
 
 from ..reference.tree_build import _check_build_inputs
 from ..tree import Tree
-from ._launch import check_threads, is_device, to_device
+from ._launch import check_threads, device_function, is_device, to_device
 
 MAX_BUDGET = 1024
 MAX_DEPTH = 32
@@ -35,7 +35,7 @@ LP_CACHE = 5120    # float32 entries of lp kept in shared memory (static shared 
 SHUFFLES = not config.ENABLE_CUDASIM
 
 
-@cuda.jit(device=True, forceinline=True)
+@device_function
 def _path_less(pa, ra, pb, rb, n_parent, n_rank, n_depth):
     """Is the path (ranks of pa's path, ra) lexicographically smaller than (.., pb, rb)?"""
     da = n_depth[pa] + 1
@@ -60,7 +60,7 @@ def _path_less(pa, ra, pb, rb, n_parent, n_rank, n_depth):
     return a_depth < b_depth  # one is a prefix of the other: the shorter comes first
 
 
-@cuda.jit(device=True, forceinline=True)
+@device_function
 def _slot_better(a, b, f_score, f_parent, f_rank, n_parent, n_rank, n_depth):
     """Does frontier slot a pop before slot b? (Paths are walked only on an exact tie.)"""
     sa = f_score[a]
@@ -70,7 +70,7 @@ def _slot_better(a, b, f_score, f_parent, f_rank, n_parent, n_rank, n_depth):
     return _path_less(f_parent[a], f_rank[a], f_parent[b], f_rank[b], n_parent, n_rank, n_depth)
 
 
-@cuda.jit(device=True, forceinline=True)
+@device_function
 def _lp_at(lp, lp_cache, ranks_cached, d, r):
     """lp[d, r] as float64, from the shared-memory copy when it holds that rank."""
     if r < ranks_cached:
