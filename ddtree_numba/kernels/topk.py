@@ -18,14 +18,13 @@ import functools
 import math
 
 import numpy as np
-from numba import config, cuda, float32, float64, int32, uint32, uint64
+from numba import cuda, float32, float64, int32, uint32, uint64
 
 from .._checks import check_array, check_int, check_logits_values
 from ._launch import check_threads, device_function, is_device, to_device
 
 MAX_K = 1024       # shared-memory sort buffer; the tree build takes budgets up to 1024 too
-THREADS = 512      # threads per block on a GPU (one block per depth; 1024 runs out of registers)
-SHUFFLES = not config.ENABLE_CUDASIM
+THREADS = 256      # threads per block on a GPU (one block per depth; 1024 runs out of registers)
 _SIGN = 0x80000000
 _LOW32 = 0xFFFFFFFF
 
@@ -43,21 +42,6 @@ def _composite_key(bits, v):
     return (uint64(okey) << uint64(32)) | uint64(uint32(_LOW32) - uint32(v))
 
 
-@device_function
-def _hist_add(hist, b, counted):
-    """hist[b] += 1 where ``counted``. Called by every lane of a warp together (the loop
-    around it is warp-uniform). On a GPU the lanes that share a bucket add once together:
-    early digits put most of a row in a few buckets, and same-address shared atomics from
-    one warp serialise. The simulator has no match_any_sync: plain atomics there."""
-    if SHUFFLES:
-        lane = cuda.laneid
-        peers = cuda.match_any_sync(0xFFFFFFFF, b if counted else 256 + lane)
-        if counted and peers & ((uint32(1) << uint32(lane)) - uint32(1)) == 0:  # lowest lane of its group
-            cuda.atomic.add(hist, b, cuda.popc(peers))
-    elif counted:
-        cuda.atomic.add(hist, b, 1)
-
-
 @functools.lru_cache(maxsize=None)
 def _topk_logprobs_kernel(threads):
     T = threads
@@ -67,7 +51,6 @@ def _topk_logprobs_kernel(threads):
         row = cuda.blockIdx.x
         t = cuda.threadIdx.x
         V = logits.shape[1]
-        V_warps = (V + 31) // 32 * 32  # V rounded up to whole warps
         red_m = cuda.shared.array(T, float64)
         red_s = cuda.shared.array(T, float64)
         hist = cuda.shared.array(256, int32)
@@ -120,10 +103,12 @@ def _topk_logprobs_kernel(threads):
             desired = sel[0]
             mask = sel[1]
             need = state[0]  # read here: it is rewritten below, after several barriers
-            for v in range(t, V_warps, T):  # warp-uniform trip count: _hist_add needs all lanes
-                key = _composite_key(bits[row, v], v) if v < V else uint64(0)
-                _hist_add(hist, int32((key >> uint64(shift)) & uint64(255)),
-                          v < V and key & mask == desired)
+            for v in range(t, V, T):
+                key = _composite_key(bits[row, v], v)
+                if key & mask == desired:
+                    # plain shared atomics: warp-aggregating them with match_any_sync measured
+                    # slower on the H200 (docs/PERFORMANCE.md)
+                    cuda.atomic.add(hist, int32((key >> uint64(shift)) & uint64(255)), 1)
             cuda.syncthreads()  # histogram complete
             # suffix[b] = number of candidates in buckets >= b: 16 chunk sums, a serial
             # suffix over the chunks, then a serial suffix inside each chunk (3 barriers)
@@ -208,7 +193,7 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=THREADS):
         raise ValueError(f"k = {k} is more than the kernel's MAX_K = {MAX_K}")
     if V >= 2**31:
         raise ValueError(f"vocabulary of {V} does not fit int32 token ids")
-    check_threads(threads, lo=32 if SHUFFLES else 1)  # warp-wide histogram on a GPU
+    check_threads(threads)
     check_logits_values("logits", logits)
     host = not is_device(logits)
     d_logits = to_device(logits, stream)
