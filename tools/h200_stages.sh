@@ -2,6 +2,7 @@
 # Issue 2 on the H200: the test suite without the simulator, compute-sanitizer, the benchmark.
 # Run from the repo root on the GPU machine with .whl carried; logs go to $OUT.
 set -u
+export DDTREE_COMMIT=${DDTREE_COMMIT:-unknown}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
