@@ -30,7 +30,7 @@ from ._launch import check_threads, device_function, is_device, to_device
 MAX_BUDGET = 1024
 MAX_DEPTH = 32
 THREADS = 128
-LP_CACHE = 5120    # float32 entries of lp kept in shared memory (static shared stays < 48 KiB)
+LP_CACHE = 4096    # float32 entries of lp kept in shared memory (static shared stays < 48 KiB)
 # Warp shuffles on a GPU; the CUDA simulator has none, so it runs the shared-memory tree.
 SHUFFLES = not config.ENABLE_CUDASIM
 
@@ -61,12 +61,16 @@ def _path_less(pa, ra, pb, rb, n_parent, n_rank, n_depth):
 
 
 @device_function
-def _slot_better(a, b, f_score, f_parent, f_rank, n_parent, n_rank, n_depth):
-    """Does frontier slot a pop before slot b? (Paths are walked only on an exact tie.)"""
-    sa = f_score[a]
-    sb = f_score[b]
-    if sa != sb:
-        return sa > sb
+def _slot_better(sa, a, sb, b, f_parent, f_rank, n_parent, n_rank, n_depth):
+    """Does frontier slot a (score sa) pop before slot b (score sb)? b < 0 means none.
+
+    Scores travel in registers; the paths are walked only on an exact tie."""
+    if b < 0:
+        return a >= 0
+    if a < 0 or sa < sb:
+        return False
+    if sa > sb:
+        return True
     return _path_less(f_parent[a], f_rank[a], f_parent[b], f_rank[b], n_parent, n_rank, n_depth)
 
 
@@ -99,6 +103,7 @@ def _build_tree_kernel(threads):
         f_rank = cuda.shared.array(NB, int16)      # its last rank
         lp_cache = cuda.shared.array(LP_CACHE, float32)  # lp[d, r] for r < ranks_cached
         red = cuda.shared.array(T, int32)
+        red_score = cuda.shared.array(T, float64)
         state = cuda.shared.array(2, int32)        # (frontier size, nodes popped)
         ranks_cached = min(K, LP_CACHE // max(L, 1))
         for i in range(t, L * ranks_cached, T):
@@ -122,39 +127,45 @@ def _build_tree_kernel(threads):
             if F == 0 or n == budget:
                 break
             best = -1
+            best_score = 0.0
             for s in range(t, F, T):
-                if best < 0 or _slot_better(s, best, f_score, f_parent, f_rank, n_parent, n_rank, n_depth):
+                score = f_score[s]
+                if _slot_better(score, s, best_score, best, f_parent, f_rank, n_parent, n_rank, n_depth):
                     best = s
+                    best_score = score
             if shuffles:
                 # arg-max inside each warp with shuffles, then thread 0 over the warps' winners
                 off = 16
                 while off > 0:
                     other = cuda.shfl_xor_sync(0xFFFFFFFF, best, off)
-                    if other >= 0 and (best < 0 or _slot_better(other, best, f_score, f_parent, f_rank,
-                                                                 n_parent, n_rank, n_depth)):
+                    other_score = cuda.shfl_xor_sync(0xFFFFFFFF, best_score, off)
+                    if _slot_better(other_score, other, best_score, best, f_parent, f_rank,
+                                    n_parent, n_rank, n_depth):
                         best = other
+                        best_score = other_score
                     off //= 2
                 if t % 32 == 0:
                     red[t // 32] = best
+                    red_score[t // 32] = best_score
                 cuda.syncthreads()  # every warp's winner is in
                 if t == 0:
                     for w in range(1, WARPS):
-                        other = red[w]
-                        if other >= 0 and (best < 0 or _slot_better(other, best, f_score, f_parent, f_rank,
-                                                                     n_parent, n_rank, n_depth)):
-                            best = other
+                        if _slot_better(red_score[w], red[w], best_score, best, f_parent, f_rank,
+                                        n_parent, n_rank, n_depth):
+                            best = red[w]
+                            best_score = red_score[w]
             else:
                 # the simulator has no shuffles: a shared-memory tree
                 red[t] = best
+                red_score[t] = best_score
                 cuda.syncthreads()  # every thread's local best is in
                 stride = T // 2
                 while stride > 0:
                     if t < stride:
-                        a = red[t]
-                        b = red[t + stride]
-                        if b >= 0 and (a < 0 or _slot_better(b, a, f_score, f_parent, f_rank,
-                                                             n_parent, n_rank, n_depth)):
-                            red[t] = b
+                        if _slot_better(red_score[t + stride], red[t + stride], red_score[t], red[t],
+                                        f_parent, f_rank, n_parent, n_rank, n_depth):
+                            red[t] = red[t + stride]
+                            red_score[t] = red_score[t + stride]
                     cuda.syncthreads()  # this level of the arg-max tree is done
                     stride //= 2
                 best = red[0]
@@ -253,7 +264,7 @@ def build_tree(lp, ids, budget, *, out=None, stream=0, threads=THREADS):
         raise ValueError(f"{L} draft depths is more than the kernel's MAX_DEPTH = {MAX_DEPTH}")
     if K > MAX_BUDGET:
         raise ValueError(f"K = {K} ranks per depth is more than the kernel takes ({MAX_BUDGET})")
-    check_threads(threads)
+    check_threads(threads, hi=256)  # static shared memory: 48 KiB a block
     bufs = out if out is not None else TreeBuffers.allocate(budget, stream)
     if bufs.capacity < budget:
         raise ValueError(f"out holds {bufs.capacity} nodes; budget is {budget}")
