@@ -11,8 +11,8 @@ import math
 import numpy as np
 from numba import cuda, float64, int32, uint64
 
-from .._checks import check_array, check_int, check_logits_values
-from ..reference.accept import _check_follow_inputs
+from .._checks import check_array
+from ..reference.accept import _check_follow_inputs, _check_sample_inputs
 from ..tree import Tree
 from ._launch import check_threads, device_function, is_device, to_device
 from .tree_build import TreeBuffers
@@ -76,12 +76,7 @@ def sample_post(logits, temperature, seed, *, out=None, stream=0, threads=THREAD
 
     logits [N+1, V] float32 -> post [N+1] int32; the same draws as ``reference.sample_post``.
     """
-    check_array("logits", logits, 2, np.float32)
-    check_logits_values("logits", logits)
-    temperature = float(temperature)
-    if not temperature >= 0.0 or not math.isfinite(temperature):
-        raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
-    seed = check_int("seed", seed, 0, 2**64 - 1)
+    temperature, seed = _check_sample_inputs(logits, temperature, seed)
     check_threads(threads)
     n = logits.shape[0]
     if out is None:

@@ -37,6 +37,15 @@ def uniform_open(seed: int, row: np.ndarray, col: np.ndarray) -> np.ndarray:
     return ((h >> np.uint64(11)).astype(np.float64) + 0.5) * (1.0 / 9007199254740992.0)
 
 
+def _check_sample_inputs(logits, temperature, seed) -> tuple[float, int]:
+    check_array("logits", logits, 2, np.float32)
+    check_logits_values("logits", logits)
+    temperature = float(temperature)
+    if not temperature >= 0.0 or not np.isfinite(temperature):
+        raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
+    return temperature, check_int("seed", seed, 0, 2**64 - 1)
+
+
 def sample_post(logits: np.ndarray, temperature: float, seed: int) -> np.ndarray:
     """The target's token at every tree node: argmax at T = 0, else a seeded sample.
 
@@ -44,12 +53,7 @@ def sample_post(logits: np.ndarray, temperature: float, seed: int) -> np.ndarray
     ``argmax_v(logits[i, v] / T - log(-log(u(seed, i, v))))`` in float64; ties go to the
     lower token id in both cases.
     """
-    check_array("logits", logits, 2, np.float32)
-    check_logits_values("logits", logits)
-    temperature = float(temperature)
-    if not temperature >= 0.0 or not np.isfinite(temperature):
-        raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
-    seed = check_int("seed", seed, 0, 2**64 - 1)
+    temperature, seed = _check_sample_inputs(logits, temperature, seed)
     if temperature == 0.0:
         return logits.argmax(axis=1).astype(np.int32)
     n, v = logits.shape
