@@ -13,3 +13,6 @@ __version__ = "0.1.0"
 __all__ = ["Tree", "reference", "__version__"]
 from .model import ModelConfig, load_target
 __all__ += ["ModelConfig", "load_target"]
+from .model.drafter import load_drafter
+from .decode import generate
+__all__ += ["load_drafter", "generate"]
