@@ -1,0 +1,34 @@
+"""Grouped-query attention without a mask, as the DFlash drafter uses it: every block query
+sees every context key and the whole block (non-causal).
+
+Shapes: T queries, S keys, Hq query heads, Hkv key/value heads (Hq a multiple of Hkv),
+Dh head dim.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def gqa_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
+                  mask: np.ndarray | None = None) -> np.ndarray:
+    """``softmax(q k^T * scale) v`` per head; query head h reads key/value head ``h // (Hq / Hkv)``
+    (transformers' ``repeat_kv``). Scores and softmax in float32, max subtracted first.
+
+    q [T, Hq, Dh], k [S, Hkv, Dh], v [S, Hkv, Dh] float32, mask [T, S] bool or None (all visible)
+    -> [T, Hq, Dh] float32.
+    """
+    t, hq, dh = q.shape
+    s, hkv, _ = k.shape
+    if hq % hkv:
+        raise ValueError(f"{hq} query heads are not a multiple of {hkv} key/value heads")
+    g = hq // hkv
+    qg = q.reshape(t, hkv, g, dh)                                      # [T, Hkv, G, Dh]
+    scores = np.einsum("tkgd,skd->kgts", qg, k, dtype=np.float32) * np.float32(scale)  # [Hkv, G, T, S]
+    if mask is not None:
+        scores = np.where(mask[None, None], scores, np.float32(-np.inf))
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    p = np.exp(scores, dtype=np.float32)
+    p = p / p.sum(axis=-1, keepdims=True, dtype=np.float32)            # [Hkv, G, T, S]
+    o = np.einsum("kgts,skd->tkgd", p, v, dtype=np.float32)            # [T, Hkv, G, Dh]
+    return np.ascontiguousarray(o.reshape(t, hq, dh))                  # [T, Hq, Dh]
