@@ -185,3 +185,20 @@ def test_forward_input_checks(target):
     with pytest.raises(ValueError, match="bonus"):
         d.draft(np.zeros((1, 2, 32), np.float32), -1, cache)
     assert cache.length == 0
+
+
+def test_forward_matches_hf_qwen3_modules_golden(target):
+    """tools/make_drafter_goldens.py: DFlash built from transformers' Qwen3 modules (bf16
+    weights), two drafts sharing a DynamicCache cropped back to the context between them."""
+    path = os.path.join(DATA, "dflash_v3_noaux_tc")
+    g = np.load(os.path.join(path, "expected.npz"))
+    d = dd.load_drafter(path, target)
+    assert d.block_size == 6 and d.target_layer_ids == (0, 2) and d.mask_token_id == 95
+    split, feats = int(g["split"]), g["features"]
+    hid, drafts = d.new_cache(32), d.new_cache(32)
+    for call, (lo, hi) in enumerate([(0, split), (split, feats.shape[0])]):
+        block = g[f"block{call}"]
+        np.testing.assert_allclose(d.forward(feats[lo:hi], block, hid), g[f"hidden{call}"], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(d.draft(feats[lo:hi], int(block[0]), drafts), g[f"logits{call}"],
+                                   rtol=1e-4, atol=1e-4)
+    assert hid.length == drafts.length == feats.shape[0]

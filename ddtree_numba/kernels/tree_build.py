@@ -2,18 +2,17 @@
 
 Shapes: L depths (<= MAX_DEPTH), K ranks per depth, N nodes (<= budget <= MAX_BUDGET).
 
-One block runs the whole build in shared memory. The frontier (the heap of the twin) is
-kept *sorted*, best first, as candidate paths (parent node, rank, score): a path's depth
-is its parent's depth + 1, and its ranks are recovered by walking parents. The order is
-the twin's total order (score descending, then rank path ascending; ``_path_less`` walks
-two paths up to their common ancestor only when scores tie exactly). A pop is then:
-thread 0 takes the head, records the node and makes its first child and next sibling;
-every thread finds, among its strided entries, the one place where each new candidate
-stops being beaten (the frontier is sorted, so that place is unique); every thread
-copies its entries into the other half of a double buffer, shifted past the new ones.
-Three barriers and O(frontier / threads) work a pop, no reduction. The ranks of lp that
-fit are copied to shared memory first. Every step matches the twin's float64
-arithmetic, so the trees are bit-identical.
+One block runs the whole build in shared memory. The frontier (the heap of the twin) is an
+unordered array of candidate paths, each stored as (parent node, rank, score): a path's
+depth is its parent's depth + 1, and its ranks are recovered by walking parents. Each
+pop is a block-wide arg-max over the frontier under the twin's total order (score
+descending, then rank path ascending; ``_path_less`` walks the two paths up to their
+common ancestor only when scores tie exactly): a strided scan per thread, warp shuffles,
+then thread 0 over the warps' winners (a shared-memory tree in the simulator, which has
+no shuffles). Thread 0 then records the node, replaces the popped slot with its first
+child and appends its next sibling; the ranks of lp that fit are copied to shared memory
+first, so a pop touches no global memory. Two barriers a pop. Every step matches the
+twin's float64 arithmetic, so the trees are bit-identical.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
-from numba import cuda, float32, float64, int16, int32
+from numba import config, cuda, float32, float64, int16, int32
 
 from ..reference.tree_build import _check_build_inputs
 from ..tree import Tree
@@ -31,7 +30,9 @@ from ._launch import check_threads, device_function, to_device
 MAX_BUDGET = 1024
 MAX_DEPTH = 32
 THREADS = 128
-LP_CACHE = 2048    # float32 entries of lp kept in shared memory (static shared stays < 48 KiB)
+LP_CACHE = 4096    # float32 entries of lp kept in shared memory (static shared stays < 48 KiB)
+# Warp shuffles on a GPU; the CUDA simulator has none, so it runs the shared-memory tree.
+SHUFFLES = not config.ENABLE_CUDASIM
 
 
 @device_function
@@ -60,13 +61,17 @@ def _path_less(pa, ra, pb, rb, n_parent, n_rank, n_depth):
 
 
 @device_function
-def _key_better(sa, pa, ra, sb, pb, rb, n_parent, n_rank, n_depth):
-    """Does candidate (score sa, parent pa, rank ra) pop before (sb, pb, rb)?
+def _slot_better(sa, a, sb, b, f_parent, f_rank, n_parent, n_rank, n_depth):
+    """Does frontier slot a (score sa) pop before slot b (score sb)? b < 0 means none.
 
-    Scores decide; the rank paths are walked only on an exact tie."""
-    if sa != sb:
-        return sa > sb
-    return _path_less(pa, ra, pb, rb, n_parent, n_rank, n_depth)
+    Scores travel in registers; the paths are walked only on an exact tie."""
+    if b < 0:
+        return a >= 0
+    if a < 0 or sa < sb:
+        return False
+    if sa > sb:
+        return True
+    return _path_less(f_parent[a], f_rank[a], f_parent[b], f_rank[b], n_parent, n_rank, n_depth)
 
 
 @device_function
@@ -81,26 +86,25 @@ def _lp_at(lp, lp_cache, ranks_cached, d, r):
 def _build_tree_kernel(threads):
     T = threads
     NB = MAX_BUDGET + 1
-    NB2 = 2 * NB
+    WARPS = max(T // 32, 1)
+    shuffles = SHUFFLES and T >= 32
 
     @cuda.jit
     def kernel(lp, ids, budget, tokens, depths, parents, ranks, scores, n_nodes):
         t = cuda.threadIdx.x
         L = lp.shape[0]
         K = lp.shape[1]
-        n_score = cuda.shared.array(NB, float64)       # node i's path score (root: 0)
+        n_score = cuda.shared.array(NB, float64)   # node i's path score (root: 0)
         n_parent = cuda.shared.array(NB, int16)
         n_rank = cuda.shared.array(NB, int16)
         n_depth = cuda.shared.array(NB, int16)
-        # the frontier, sorted best first, double-buffered: entries [base, base + F)
-        f_score = cuda.shared.array(NB2, float64)   # candidate path's score
-        f_parent = cuda.shared.array(NB2, int16)    # its parent node
-        f_rank = cuda.shared.array(NB2, int16)      # its last rank
+        f_score = cuda.shared.array(NB, float64)   # frontier slot: candidate path's score
+        f_parent = cuda.shared.array(NB, int16)    # its parent node
+        f_rank = cuda.shared.array(NB, int16)      # its last rank
         lp_cache = cuda.shared.array(LP_CACHE, float32)  # lp[d, r] for r < ranks_cached
-        new_score = cuda.shared.array(2, float64)      # the popped node's child and sibling,
-        new_parent = cuda.shared.array(2, int32)       # better one first
-        new_rank = cuda.shared.array(2, int32)
-        state = cuda.shared.array(5, int32)  # (frontier size, nodes popped, new count, pos0, pos1)
+        red = cuda.shared.array(T, int32)
+        red_score = cuda.shared.array(T, float64)
+        state = cuda.shared.array(2, int32)        # (frontier size, nodes popped)
         ranks_cached = min(K, LP_CACHE // max(L, 1))
         for i in range(t, L * ranks_cached, T):
             lp_cache[i] = lp[i // ranks_cached, i % ranks_cached]
@@ -117,82 +121,86 @@ def _build_tree_kernel(threads):
                 f_rank[0] = 0
                 state[0] = 1
         cuda.syncthreads()  # root, first candidate and the lp copy are in place
-        src = 0
         while True:
             F = state[0]
             n = state[1]
             if F == 0 or n == budget:
                 break
-            dst = NB - src
-            # -- 1. thread 0 pops the head and makes its first child and next sibling
+            best = -1
+            best_score = 0.0
+            for s in range(t, F, T):
+                score = f_score[s]
+                if _slot_better(score, s, best_score, best, f_parent, f_rank, n_parent, n_rank, n_depth):
+                    best = s
+                    best_score = score
+            if shuffles:
+                # arg-max inside each warp with shuffles, then thread 0 over the warps' winners
+                off = 16
+                while off > 0:
+                    other = cuda.shfl_xor_sync(0xFFFFFFFF, best, off)
+                    other_score = cuda.shfl_xor_sync(0xFFFFFFFF, best_score, off)
+                    if _slot_better(other_score, other, best_score, best, f_parent, f_rank,
+                                    n_parent, n_rank, n_depth):
+                        best = other
+                        best_score = other_score
+                    off //= 2
+                if t % 32 == 0:
+                    red[t // 32] = best
+                    red_score[t // 32] = best_score
+                cuda.syncthreads()  # every warp's winner is in
+                if t == 0:
+                    for w in range(1, WARPS):
+                        if _slot_better(red_score[w], red[w], best_score, best, f_parent, f_rank,
+                                        n_parent, n_rank, n_depth):
+                            best = red[w]
+                            best_score = red_score[w]
+            else:
+                # the simulator has no shuffles: a shared-memory tree
+                red[t] = best
+                red_score[t] = best_score
+                cuda.syncthreads()  # every thread's local best is in
+                stride = T // 2
+                while stride > 0:
+                    if t < stride:
+                        if _slot_better(red_score[t + stride], red[t + stride], red_score[t], red[t],
+                                        f_parent, f_rank, n_parent, n_rank, n_depth):
+                            red[t] = red[t + stride]
+                            red_score[t] = red_score[t + stride]
+                    cuda.syncthreads()  # this level of the arg-max tree is done
+                    stride //= 2
+                best = red[0]
             if t == 0:
-                p = int32(f_parent[src])
-                r = int32(f_rank[src])
-                score = f_score[src]
+                s = best
+                p = int32(f_parent[s])
+                r = int32(f_rank[s])
+                score = f_score[s]
                 d = int32(n_depth[p]) + 1
                 node = n + 1
                 n_score[node] = score
                 n_parent[node] = p
                 n_rank[node] = r
                 n_depth[node] = d
-                m = 0
-                if d < L:
-                    new_score[0] = score + _lp_at(lp, lp_cache, ranks_cached, d, 0)
-                    new_parent[0] = node
-                    new_rank[0] = 0
-                    m = 1
-                if r + 1 < K:
-                    new_score[m] = n_score[p] + _lp_at(lp, lp_cache, ranks_cached, d - 1, r + 1)
-                    new_parent[m] = p
-                    new_rank[m] = r + 1
-                    m += 1
-                if m == 2 and _key_better(new_score[1], new_parent[1], new_rank[1], new_score[0],
-                                          new_parent[0], new_rank[0], n_parent, n_rank, n_depth):
-                    sc, pa, ra = new_score[0], new_parent[0], new_rank[0]
-                    new_score[0], new_parent[0], new_rank[0] = new_score[1], new_parent[1], new_rank[1]
-                    new_score[1], new_parent[1], new_rank[1] = sc, pa, ra
+                has_child = d < L
+                has_sibling = r + 1 < K
+                if has_child:  # the popped slot becomes the first child
+                    f_score[s] = score + _lp_at(lp, lp_cache, ranks_cached, d, 0)
+                    f_parent[s] = node
+                    f_rank[s] = 0
+                if has_sibling:  # the next sibling takes the popped slot or a new one
+                    slot = F if has_child else s
+                    f_score[slot] = n_score[p] + _lp_at(lp, lp_cache, ranks_cached, d - 1, r + 1)
+                    f_parent[slot] = p
+                    f_rank[slot] = r + 1
+                    if has_child:
+                        F += 1
+                if not has_child and not has_sibling:  # the last slot fills the hole
+                    F -= 1
+                    f_score[s] = f_score[F]
+                    f_parent[s] = f_parent[F]
+                    f_rank[s] = f_rank[F]
+                state[0] = F
                 state[1] = node
-                state[2] = m
-                state[3] = F  # default insertion points: after everything left
-                state[4] = F
-            cuda.syncthreads()  # the pop and the new candidates are published
-            # -- 2. where each new candidate goes: the first entry it beats (the rest is sorted)
-            m = state[2]
-            for j in range(m):
-                sk = new_score[j]
-                pk = new_parent[j]
-                rk = new_rank[j]
-                for i in range(1 + t, F, T):
-                    if not _key_better(f_score[src + i], f_parent[src + i], f_rank[src + i], sk, pk, rk,
-                                       n_parent, n_rank, n_depth):
-                        if i == 1 or _key_better(f_score[src + i - 1], f_parent[src + i - 1],
-                                                 f_rank[src + i - 1], sk, pk, rk, n_parent, n_rank, n_depth):
-                            state[3 + j] = i
-            cuda.syncthreads()  # insertion points are known
-            # -- 3. copy into the other buffer without the head and with the new entries in place
-            pos0 = state[3]
-            pos1 = state[4]
-            for i in range(1 + t, F, T):
-                k = dst + i - 1
-                if m >= 1 and i >= pos0:
-                    k += 1
-                if m == 2 and i >= pos1:
-                    k += 1
-                f_score[k] = f_score[src + i]
-                f_parent[k] = f_parent[src + i]
-                f_rank[k] = f_rank[src + i]
-            if t == 0:
-                if m >= 1:
-                    f_score[dst + pos0 - 1] = new_score[0]
-                    f_parent[dst + pos0 - 1] = new_parent[0]
-                    f_rank[dst + pos0 - 1] = new_rank[0]
-                if m == 2:
-                    f_score[dst + pos1] = new_score[1]
-                    f_parent[dst + pos1] = new_parent[1]
-                    f_rank[dst + pos1] = new_rank[1]
-                state[0] = F - 1 + m
-            src = dst
-            cuda.syncthreads()  # the new frontier is complete before the next pop reads it
+            cuda.syncthreads()  # the pop is recorded before anyone reads the frontier
         n = state[1]
         for i in range(t + 1, n + 1, T):
             d = int32(n_depth[i])
@@ -256,7 +264,7 @@ def build_tree(lp, ids, budget, *, out=None, stream=0, threads=THREADS):
         raise ValueError(f"{L} draft depths is more than the kernel's MAX_DEPTH = {MAX_DEPTH}")
     if K > MAX_BUDGET:
         raise ValueError(f"K = {K} ranks per depth is more than the kernel takes ({MAX_BUDGET})")
-    check_threads(threads)
+    check_threads(threads, hi=256)  # static shared memory: 48 KiB a block
     bufs = out if out is not None else TreeBuffers.allocate(budget, stream)
     if bufs.capacity < budget:
         raise ValueError(f"out holds {bufs.capacity} nodes; budget is {budget}")
