@@ -291,3 +291,15 @@ def test_a_wrong_acceptance_rule_fails_the_chi_square_test(tiny_vocab, monkeypat
     monkeypatch.setattr(decode, name, value)
     stat, threshold, _ = _chi_square(target, drafter, prompt, joint)
     assert stat > 2 * threshold, (stat, threshold)
+
+
+def test_the_golden_dflash_drafter_drives_all_methods_to_the_same_tokens():
+    target = dd.load_target(os.path.join(DATA, "v3_noaux_tc"))
+    drafter = dd.load_drafter(os.path.join(DATA, "dflash_v3_noaux_tc"), target)
+    prompt = _prompt(2, 96, n=9)
+    ar = dd.generate(target, None, prompt, 25, method="ar").tokens
+    for method in ("ddtree", "dflash"):
+        res = dd.generate(target, drafter, prompt, 25, method=method, budget=32)
+        np.testing.assert_array_equal(res.tokens, ar)
+        assert res.drafter_forwards == len(res.acceptance_lengths) > 0
+        assert res.tree_sizes.max() == (32 if method == "ddtree" else drafter.block_size - 1)
