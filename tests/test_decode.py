@@ -295,7 +295,7 @@ def test_a_wrong_acceptance_rule_fails_the_chi_square_test(tiny_vocab, monkeypat
 
 def test_the_golden_dflash_drafter_drives_all_methods_to_the_same_tokens():
     target = dd.load_target(os.path.join(DATA, "v3_noaux_tc"))
-    drafter = dd.load_drafter(os.path.join(DATA, "dflash_v3_noaux_tc"), target)
+    drafter = dd.load_drafter(os.path.join(DATA, "drafters", "dflash_v3_noaux_tc"), target)
     prompt = _prompt(2, 96, n=9)
     ar = dd.generate(target, None, prompt, 25, method="ar").tokens
     for method in ("ddtree", "dflash"):

@@ -190,7 +190,7 @@ def test_forward_input_checks(target):
 def test_forward_matches_hf_qwen3_modules_golden(target):
     """tools/make_drafter_goldens.py: DFlash built from transformers' Qwen3 modules (bf16
     weights), two drafts sharing a DynamicCache cropped back to the context between them."""
-    path = os.path.join(DATA, "dflash_v3_noaux_tc")
+    path = os.path.join(DATA, "drafters", "dflash_v3_noaux_tc")
     g = np.load(os.path.join(path, "expected.npz"))
     d = dd.load_drafter(path, target)
     assert d.block_size == 6 and d.target_layer_ids == (0, 2) and d.mask_token_id == 95
