@@ -3,16 +3,20 @@
     import ddtree_numba as dd
     from ddtree_numba import reference as ref, kernels as kn
 
-See DESIGN.md (docs/DESIGN.md in the repository) for the round and the public API.
+    target = dd.load_target(path, backend="numpy")
+    drafter = dd.load_drafter(drafter_path, target)
+    res = dd.generate(target, drafter, prompt_ids, max_new_tokens, method="ddtree", budget=64)
+
+The DDTree round and the public API are described in the project's design card; the README
+and docs/ (MODEL.md, DECODE.md, PERFORMANCE.md, NOTES.md) say what exists and what was measured.
+``kernels`` is imported on demand: it needs numba.cuda (a GPU, or NUMBA_ENABLE_CUDASIM=1).
 """
 
 from . import reference
+from .decode import generate
+from .model import ModelConfig, load_target
+from .model.drafter import load_drafter
 from .tree import Tree
 
 __version__ = "0.1.0"
-__all__ = ["Tree", "reference", "__version__"]
-from .model import ModelConfig, load_target
-__all__ += ["ModelConfig", "load_target"]
-from .model.drafter import load_drafter
-from .decode import generate
-__all__ += ["load_drafter", "generate"]
+__all__ = ["ModelConfig", "Tree", "generate", "load_drafter", "load_target", "reference", "__version__"]
