@@ -14,7 +14,7 @@ from numba import cuda, float64, int32, uint64
 from .._checks import check_array
 from ..reference.accept import _check_follow_inputs, _check_sample_inputs
 from ..tree import Tree
-from ._launch import check_threads, device_function, is_device, to_device
+from .._device import check_threads, device_function, is_device, to_device
 from .tree_build import TreeBuffers
 
 THREADS = 256

@@ -23,7 +23,7 @@ from numba import cuda
 
 from .._checks import check_array
 from ..reference.compact import _check_compact_inputs
-from ._launch import ceil_div, is_device, to_device
+from .._device import ceil_div, is_device, to_device
 
 THREADS = 128
 BLOCK_2D = (4, 64)

@@ -21,7 +21,7 @@ import numpy as np
 from numba import cuda, float32, float64, int32, uint32, uint64
 
 from .._checks import check_array, check_int, check_logits_values
-from ._launch import check_threads, device_function, is_device, to_device
+from .._device import check_threads, device_function, is_device, to_device
 
 MAX_K = 1024       # shared-memory sort buffer; the tree build takes budgets up to 1024 too
 THREADS = 256      # threads per block on a GPU (one block per depth; 1024 runs out of registers)

@@ -25,7 +25,7 @@ from numba import config, cuda, float32, float64, int16, int32
 
 from ..reference.tree_build import _check_build_inputs
 from ..tree import Tree
-from ._launch import check_threads, device_function, to_device
+from .._device import check_threads, device_function, to_device
 
 MAX_BUDGET = 1024
 MAX_DEPTH = 32

@@ -1,4 +1,4 @@
-"""Launch helpers shared by the kernel modules: host/device conversion and block sizes."""
+"""Device helpers shared by the kernel modules: host/device conversion, block sizes, inlining."""
 
 from __future__ import annotations
 
