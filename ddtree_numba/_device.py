@@ -39,3 +39,30 @@ def device_function(fn):
     if config.ENABLE_CUDASIM:
         return cuda.jit(device=True)(fn)
     return cuda.jit(device=True, forceinline=True)(fn)
+
+
+# -- float helpers shared by the model kernels --------------------------------------------------
+# The simulator runs kernels as Python, where libdevice and cuda.fma are stubs: give it numpy
+# stand-ins with the same meaning. Weights stored as bfloat16 travel as uint16 bit patterns
+# (numpy has no bfloat16); widening is a 16-bit shift into a float32's high half.
+if config.ENABLE_CUDASIM:
+    def fma(a, b, c):
+        """a * b + c rounded once (float64 holds the float32 product exactly)."""
+        return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
+
+    def bf16_to_f32(u):
+        """bfloat16 bits (uint16) -> float32."""
+        return np.array([np.uint32(u) << np.uint32(16)], np.uint32).view(np.float32)[0]
+else:
+    from numba import int32 as _int32, uint32 as _uint32
+    from numba.cuda import libdevice as _libdevice
+
+    @device_function
+    def fma(a, b, c):
+        """a * b + c rounded once (an explicit fma: the compiler may not choose)."""
+        return cuda.fma(a, b, c)
+
+    @device_function
+    def bf16_to_f32(u):
+        """bfloat16 bits (uint16) -> float32."""
+        return _libdevice.int_as_float(_int32(_uint32(u) << _uint32(16)))

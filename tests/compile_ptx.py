@@ -4,6 +4,9 @@ The CUDA simulator does no type checking, so this is what catches a kernel that 
 the simulator but cannot compile for a GPU. Run in a process *without*
 NUMBA_ENABLE_CUDASIM (tests/test_kernel_registry.py does that). Every kernel found must
 have a signature here: a new kernel without one fails, so none is skipped silently.
+
+A kernel made by a factory (``functools.lru_cache``) is built with the module's ``THREADS``,
+unless its entry lists ``(factory_args, signature)`` pairs, one per variant to compile.
 """
 
 import importlib
@@ -33,11 +36,19 @@ SIGNATURES = {
     "compact._compact_rows_copy_back_kernel": [
         f"void({t}[:, ::1], {I32_1}, {t}[:, ::1])" for t in ("float32", "uint16")],
     "compact._compact_rows_naive_kernel": [f"void(float32[:, ::1], {I32_1}, {I32_1})"],
+    # -- the forward (model) kernels --
+    "linear._gemm_kernel": [
+        ((kind, swiglu, acc, grouped, gather),
+         f"void({F32_2}, int64, {w}[:, :, ::1], {w}[:, :, ::1], {F32_2}, int64, {I32_1}, {I32_1}, {I32_1})")
+        for kind, w in (("f32", "float32"), ("f16", "float16"), ("bf16", "uint16"))
+        for swiglu, acc, grouped, gather in ((False, False, False, False), (False, True, False, False),
+                                             (True, False, False, False), (True, False, True, True),
+                                             (False, False, True, False))],
 }
 
 
 def find_kernels():
-    """(qualified name, python function) for every ``_*_kernel`` in the kernels package."""
+    """qualified name -> the kernel object (or its factory) for every ``_*_kernel``."""
     found = {}
     for info in pkgutil.iter_modules(kernels_pkg.__path__):
         if info.name.startswith("_"):
@@ -46,10 +57,18 @@ def find_kernels():
         for name, obj in vars(mod).items():
             if not (name.startswith("_") and name.endswith("_kernel")):
                 continue
-            if hasattr(obj, "cache_info"):  # a factory keyed by threads per block
-                obj = obj(getattr(mod, "THREADS"))
-            found[f"{info.name}.{name}"] = obj.py_func
+            found[f"{info.name}.{name}"] = (mod, obj)
     return found
+
+
+def variants(name, mod, obj):
+    """(python function, signature) pairs to compile for one kernel."""
+    for entry in SIGNATURES.get(name, []):
+        args, sig = entry if isinstance(entry, tuple) else (None, entry)
+        if hasattr(obj, "cache_info"):  # a factory: by its listed args, else by threads per block
+            yield obj(*args).py_func if args is not None else obj(getattr(mod, "THREADS")).py_func, sig
+        else:
+            yield obj.py_func, sig
 
 
 class _H200:
@@ -65,9 +84,9 @@ def main():
     stale = sorted(set(SIGNATURES) - set(found))
     failed = []
     for name in sorted(found):
-        for sig in SIGNATURES.get(name, []):
+        for fn, sig in variants(name, *found[name]):
             try:
-                cuda.compile_ptx(found[name], sig, cc=(9, 0))
+                cuda.compile_ptx(fn, sig, cc=(9, 0))
                 print(f"ok   {name} {sig}")
             except Exception as exc:  # report every failure, not just the first
                 failed.append(name)

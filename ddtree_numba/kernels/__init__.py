@@ -10,3 +10,4 @@ from .tree_build import TreeBuffers, build_tree
 from .visibility import visibility, visibility_bits
 from .accept import follow_tree, sample_post
 from .compact import compact_rows
+from .linear import linear
