@@ -42,11 +42,16 @@ def test_hidden_layer_ids_pick_layer_outputs(target):
     np.testing.assert_array_equal(b.hidden[:, 1], a.hidden[:, 0])
 
 
-def test_cuda_backend_says_it_is_not_there_yet():
-    with pytest.raises(NotImplementedError, match="GPU-forward issue"):
+def test_backend_and_weight_dtype_checks(monkeypatch):
+    from numba import config as numba_config
+    from numba import cuda
+    from ddtree_numba.model.target import BackendUnavailable
+    monkeypatch.setattr(numba_config, "ENABLE_CUDASIM", False)
+    monkeypatch.setattr(cuda, "is_available", lambda: False)
+    with pytest.raises(BackendUnavailable, match="needs a CUDA GPU"):
         dd.load_target(os.path.join(DATA, "v3_noaux_tc"), backend="cuda")
-    with pytest.raises(ValueError, match="GPU-forward issue"):
-        dd.load_target(os.path.join(DATA, "v3_noaux_tc"), backend="cuda")
+    with pytest.raises(ValueError, match="weight_dtype applies to backend='cuda' only"):
+        dd.load_target(os.path.join(DATA, "v3_noaux_tc"), weight_dtype="bfloat16")
     with pytest.raises(ValueError, match="backend must be one of"):
         dd.load_target(os.path.join(DATA, "v3_noaux_tc"), backend="tpu")
 

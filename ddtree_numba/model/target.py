@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import check_array, check_int
+from .._checks import check_array, check_int, check_parents_values
 from ..reference.embedding import embedding, lm_head
 from ..reference.linear import linear
 from ..reference.mla import mla_attention_absorbed, mla_kv_latent, mla_mask
@@ -31,7 +31,7 @@ BACKENDS = ("numpy", "cuda")
 
 
 class BackendUnavailable(NotImplementedError, ValueError):
-    """A backend this build does not provide yet (catchable as either base)."""
+    """A backend this machine cannot run: backend='cuda' with no CUDA GPU (and no simulator)."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,34 @@ def _layer_weights(cfg: ModelConfig, w: dict, i: int) -> LayerWeights:
     return lw
 
 
+def check_forward_inputs(cfg: ModelConfig, ids, positions, cache, parents, hidden_layer_ids) -> list[int]:
+    """Validate a forward's arguments (shared by both backends); returns the hidden layer ids.
+    ``cache`` is an ``MLACache`` or a ``DeviceMLACache``: both have c_kv / k_pe and reserve()."""
+    check_array("ids", ids, 1, (np.int32, np.int64))
+    check_array("positions", positions, 1, (np.int32, np.int64))
+    t = ids.shape[0]
+    if t == 0:
+        raise ValueError("ids is empty: forward needs at least one token")
+    if positions.shape[0] != t:
+        raise ValueError(f"positions has {positions.shape[0]} entries but ids has {t}")
+    if ids.min() < 0 or ids.max() >= cfg.vocab_size:
+        bad = int(ids[(ids < 0) | (ids >= cfg.vocab_size)][0])
+        raise ValueError(f"token id {bad} is out of range [0, {cfg.vocab_size})")
+    if positions.min() < 0:
+        raise ValueError(f"positions must be >= 0, got {int(positions.min())}")
+    if cache.c_kv.shape[0] != cfg.num_hidden_layers or cache.c_kv.shape[2] != cfg.kv_lora_rank \
+            or cache.k_pe.shape[2] != cfg.qk_rope_head_dim:
+        raise ValueError("cache was made for a different model config")
+    if parents is not None:
+        check_array("parents", parents, 1, np.int32, shape=(t,))
+        check_parents_values(parents)
+    ids_out = []
+    for i in hidden_layer_ids:
+        ids_out.append(check_int("hidden_layer_ids entry", i, 0, cfg.num_hidden_layers - 1))
+    cache.reserve(t)
+    return ids_out
+
+
 class Target:
     """A loaded target model on the numpy backend. ``forward`` appends to an ``MLACache``."""
 
@@ -143,31 +171,9 @@ class Target:
 
     # -- the forward -----------------------------------------------------------------------
     def _check_inputs(self, ids, positions, cache, parents, hidden_layer_ids):
-        cfg = self.config
-        check_array("ids", ids, 1, (np.int32, np.int64))
-        check_array("positions", positions, 1, (np.int32, np.int64))
-        t = ids.shape[0]
-        if t == 0:
-            raise ValueError("ids is empty: forward needs at least one token")
-        if positions.shape[0] != t:
-            raise ValueError(f"positions has {positions.shape[0]} entries but ids has {t}")
-        if ids.min() < 0 or ids.max() >= cfg.vocab_size:
-            bad = int(ids[(ids < 0) | (ids >= cfg.vocab_size)][0])
-            raise ValueError(f"token id {bad} is out of range [0, {cfg.vocab_size})")
-        if positions.min() < 0:
-            raise ValueError(f"positions must be >= 0, got {int(positions.min())}")
         if not isinstance(cache, MLACache):
             raise ValueError(f"cache must be an MLACache from new_cache(), got {type(cache).__name__}")
-        if cache.c_kv.shape[0] != cfg.num_hidden_layers or cache.c_kv.shape[2] != cfg.kv_lora_rank \
-                or cache.k_pe.shape[2] != cfg.qk_rope_head_dim:
-            raise ValueError("cache was made for a different model config")
-        if parents is not None:
-            check_array("parents", parents, 1, np.int32, shape=(t,))
-        ids_out = []
-        for i in hidden_layer_ids:
-            ids_out.append(check_int("hidden_layer_ids entry", i, 0, cfg.num_hidden_layers - 1))
-        cache.reserve(t)
-        return ids_out
+        return check_forward_inputs(self.config, ids, positions, cache, parents, hidden_layer_ids)
 
     def forward(self, ids: np.ndarray, positions: np.ndarray, cache: MLACache,
                 parents: np.ndarray | None = None, hidden_layer_ids=()) -> ForwardOutput:
@@ -228,21 +234,37 @@ class Target:
         return ForwardOutput(logits=logits, hidden=hid)
 
 
-def load_target(path: str | os.PathLike, backend: str = "numpy", progress: bool | None = None) -> Target:
+def load_target(path: str | os.PathLike, backend: str = "numpy", progress: bool | None = None,
+                weight_dtype: str | None = None):
     """Load an HF-format DeepSeek-V3 / V2 / Kimi-K2 checkpoint directory (config.json + safetensors).
 
-    backend "numpy" runs the reference forward. The "cuda" backend arrives with the GPU-forward
-    issue; asking for it now raises instead of silently running numpy.
+    backend "numpy" runs the reference forward (``Target``); "cuda" runs every stage as a
+    numba.cuda kernel (``model.cuda_target.CudaTarget``), with the same ``forward`` and the same
+    logits. ``weight_dtype`` (cuda only): how matrices are stored on the GPU, 'float32',
+    'float16' or 'bfloat16'; None keeps the checkpoint's own dtype when every matrix has it
+    (bf16 or fp16) and float32 otherwise, so nothing is rounded.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if weight_dtype is not None and backend != "cuda":
+        raise ValueError("weight_dtype applies to backend='cuda' only (numpy runs in float32)")
     if backend == "cuda":
-        raise BackendUnavailable(
-            "backend='cuda' is not implemented yet: the CUDA target forward arrives with the "
-            "GPU-forward issue; use backend='numpy'"
-        )
+        from numba import config as numba_config
+        from numba import cuda
+        if not (numba_config.ENABLE_CUDASIM or cuda.is_available()):
+            raise BackendUnavailable("backend='cuda' needs a CUDA GPU and none was found; use backend='numpy'")
     cfg, weights = load_weights(path, progress=progress)
-    return Target(cfg, weights)
+    host = Target(cfg, weights)
+    if backend == "numpy":
+        return host
+    from .checkpoint import SafetensorsIndex
+    from .cuda_target import CudaTarget, storage_dtype
+    if weight_dtype is None:
+        index = SafetensorsIndex(os.fspath(path))
+        stored = {index.entries[n][1]["dtype"] for n in expected_shapes(cfg)
+                  if len(index.entries[n][1]["shape"]) >= 2 and not n.endswith("mlp.gate.weight")}
+        weight_dtype = storage_dtype(stored)
+    return CudaTarget.from_host(host, weight_dtype)
 
 
 def random_target(cfg: ModelConfig | None = None, seed: int = 0) -> Target:
