@@ -1,14 +1,20 @@
-"""Command line: ``ddtree-numba demo``.
+"""Command line: ``ddtree-numba demo`` and ``ddtree-numba generate``.
 
 Until the trained demo pair exists, ``demo`` runs one DDTree round's tree stages on
 synthetic drafter logits: top-K, best-first build, visibility, a target that agrees with
 the drafter for a while, acceptance and cache compaction; it prints the tree and the
 accepted path and checks the chosen backend against the numpy twins.
+
+``generate`` loads a target (and a DFlash drafter, except for ``--method ar``), runs
+``ddtree_numba.generate`` with a progress bar on stderr, prints the generated ids and the
+result's summary, and with ``--json FILE`` writes every statistic of the run for plotting.
+Bad input exits with status 2 and a one-line message, no traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -81,6 +87,187 @@ def run_round_demo(backend: str, depths: int, vocab: int, budget: int, seed: int
     return 0 if ok else 1
 
 
+
+class _CliError(Exception):
+    """Bad input to a command: printed as one line, exit status 2."""
+
+
+def _parse_ids(what: str, words) -> list[int]:
+    """Token ids from ``words`` (argparse's list): ``1,2,3``, ``1 2 3``, or one file of ids
+    (separated by commas and/or whitespace, or a JSON list)."""
+    if len(words) == 1 and os.path.isfile(words[0]):
+        with open(words[0]) as f:
+            text = f.read()
+        if text.lstrip().startswith("["):
+            try:
+                items = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise _CliError(f"{what}: {words[0]} is not a JSON list of ids ({e})") from None
+            if not isinstance(items, list):
+                raise _CliError(f"{what}: {words[0]} is not a JSON list of ids")
+            items = [str(x) for x in items]
+        else:
+            items = text.replace(",", " ").split()
+        source = f" in {words[0]}"
+    else:
+        items = [t for w in words for t in w.replace(",", " ").split()]
+        source = ""
+    ids = []
+    for item in items:
+        try:
+            value = int(item, 10)
+        except ValueError:
+            nor = " (nor a file of ids)" if len(words) == 1 and not source else ""
+            raise _CliError(f"{what}: {item!r}{source} is not an integer token id{nor}") from None
+        if value < 0:
+            raise _CliError(f"{what}: {value}{source} is negative")
+        ids.append(value)
+    return ids
+
+
+def _load_pair(args, backend: str):
+    """(target, drafter or None, backend used, load seconds). ``backend`` "auto" takes cuda when
+    it is present and provided, else numpy; an explicit "cuda" that is not provided raises."""
+    from .model.drafter import load_drafter
+    from .model.target import BackendUnavailable, load_target
+
+    progress = False if args.no_progress else None
+    t0 = time.perf_counter()
+    chosen = _pick_backend(backend)
+    try:
+        try:
+            target = load_target(args.target, backend=chosen, progress=progress)
+        except BackendUnavailable as e:
+            if backend != "auto":
+                raise
+            print(f"note: {e}; falling back to numpy", file=sys.stderr)
+            chosen = "numpy"
+            target = load_target(args.target, backend=chosen, progress=progress)
+    except BackendUnavailable:
+        raise
+    except (ValueError, OSError) as e:
+        raise _CliError(f"--target {args.target}: {e}") from None
+    t_target = time.perf_counter() - t0
+    drafter = None
+    if args.method != "ar":
+        try:
+            try:
+                drafter = load_drafter(args.drafter, target)
+            except ValueError as e:
+                if not (backend == "auto" and chosen == "cuda"):
+                    raise
+                # auto picked cuda but the drafter cannot run there (yet): the pair goes to numpy;
+                # a drafter that is bad for any other reason fails again below, and says why
+                print(f"note: the drafter on cuda: {e}; running the pair on numpy", file=sys.stderr)
+                chosen = "numpy"
+                target = load_target(args.target, backend=chosen, progress=progress)
+                drafter = load_drafter(args.drafter, target)
+        except (ValueError, OSError) as e:      # a bad checkpoint, or one that does not fit the target
+            raise _CliError(f"--drafter {args.drafter} (for --target {args.target}): {e}") from None
+    return target, drafter, chosen, {"target": t_target, "drafter": time.perf_counter() - t0 - t_target}
+
+
+def _result_json(args, res, prompt, stops, backend, load_s) -> dict:
+    """Every statistic of ``res`` and the run's settings, as plain JSON types."""
+    n = int(res.tokens.shape[0])
+    return {
+        "method": res.method,
+        "backend": backend,
+        "target": os.path.abspath(args.target),
+        "drafter": os.path.abspath(args.drafter) if args.method != "ar" else None,
+        "budget": args.budget,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "seed": args.seed,
+        "stop_ids": sorted(stops),
+        "prompt_ids": prompt,
+        "prompt_len": res.prompt_len,
+        "tokens": res.tokens.tolist(),
+        "num_tokens": n,
+        "stopped": bool(res.stopped),
+        "rounds": int(res.acceptance_lengths.shape[0]),
+        "acceptance_lengths": res.acceptance_lengths.tolist(),
+        "accepted_depths": res.accepted_depths.tolist(),
+        "tree_sizes": res.tree_sizes.tolist(),
+        "target_forwards": int(res.target_forwards),
+        "drafter_forwards": int(res.drafter_forwards),
+        "mean_acceptance_length": res.mean_acceptance_length,
+        "forwards_saved": res.forwards_saved,
+        "tokens_per_forward": n / max(res.target_forwards, 1),
+        "stage_times_s": {k: float(v) for k, v in res.stage_times.items()},
+        "elapsed_s": float(res.elapsed_s),
+        "tokens_per_s": n / res.elapsed_s if res.elapsed_s > 0 else None,
+        "load_s": load_s,
+        "summary": res.summary(file=None),
+    }
+
+
+def run_generate(args) -> int:
+    from .decode import generate
+
+    if args.method != "ar" and args.drafter is None:
+        raise _CliError(f"--method {args.method} needs --drafter DIR (only --method ar runs without one)")
+    if not os.path.isdir(args.target):
+        raise _CliError(f"--target {args.target}: no such directory")
+    if args.method != "ar" and not os.path.isdir(args.drafter):
+        raise _CliError(f"--drafter {args.drafter}: no such directory")
+    for flag, value, low in (("--max-new-tokens", args.max_new_tokens, 0), ("--budget", args.budget, 1)):
+        if value < low:
+            raise _CliError(f"{flag} must be >= {low}, got {value}")
+    if args.method == "ar" and args.drafter is not None:
+        print("note: --method ar does not use the drafter; --drafter is ignored", file=sys.stderr)
+    prompt = _parse_ids("--prompt-ids", args.prompt_ids)
+    if not prompt:
+        raise _CliError("--prompt-ids: no ids given (generation needs at least one prompt token)")
+    stops = set(_parse_ids("--stop-ids", args.stop_ids or []))
+
+    target, drafter, backend, load_s = _load_pair(args, args.backend)
+    vocab = target.config.vocab_size
+    for what, ids in (("--prompt-ids", prompt), ("--stop-ids", sorted(stops))):
+        bad = [i for i in ids if i >= vocab]
+        if bad:
+            raise _CliError(f"{what}: token id {bad[0]} is out of the target's vocab [0, {vocab})")
+
+    from tqdm.auto import tqdm
+    with tqdm(total=args.max_new_tokens, unit="tok", desc=f"{args.method} ({backend})",
+              file=sys.stderr, disable=args.no_progress, leave=False) as bar:
+        def progress(n):
+            bar.update(n - bar.n)
+        res = generate(target, drafter, np.asarray(prompt, np.int32), args.max_new_tokens,
+                       method=args.method, budget=args.budget, temperature=args.temperature,
+                       seed=args.seed, stop_token_ids=sorted(stops), progress=progress)
+
+    print(f"prompt ({len(prompt)}): {','.join(map(str, prompt))}")
+    ended = f", ended at stop id {int(res.tokens[-1])}" if res.stopped else ""
+    print(f"generated ({res.tokens.shape[0]}{ended}): {','.join(map(str, res.tokens.tolist()))}")
+    res.summary(file=sys.stdout)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(_result_json(args, res, prompt, stops, backend, load_s), f, indent=1)
+            f.write("\n")
+        print(f"statistics written to {args.json}", file=sys.stderr)
+    return 0
+
+
+def _add_generate_parser(sub) -> None:
+    g = sub.add_parser("generate", help="generate with a target (and a DFlash drafter): ddtree, dflash or ar",
+                       description="Generate after --prompt-ids with ddtree, the dflash chain, or "
+                                   "autoregressive decoding; print the ids and a summary.")
+    g.add_argument("--target", required=True, metavar="DIR", help="HF-format target checkpoint directory")
+    g.add_argument("--drafter", metavar="DIR", help="DFlash drafter directory (not needed for --method ar)")
+    g.add_argument("--prompt-ids", required=True, nargs="+", metavar="IDS",
+                   help="prompt token ids: 1,2,3 or 1 2 3, or a file of ids (commas/whitespace or a JSON list)")
+    g.add_argument("--method", choices=["ddtree", "dflash", "ar"], default="ddtree")
+    g.add_argument("--budget", type=int, default=64, help="ddtree: tree nodes per round (default 64)")
+    g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
+    g.add_argument("--stop-ids", nargs="+", metavar="IDS", help="stop token ids (kept in the output)")
+    g.add_argument("--backend", choices=["auto", "numpy", "cuda"], default="auto",
+                   help="auto: cuda when a GPU is present and the cuda backend is provided, else numpy")
+    g.add_argument("--json", metavar="FILE", help="write every statistic of the run to FILE as JSON")
+    g.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="ddtree-numba", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -91,11 +278,25 @@ def main(argv=None) -> int:
     demo.add_argument("--vocab", type=int, default=1000)
     demo.add_argument("--budget", type=int, default=24)
     demo.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    _add_generate_parser(sub)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:                    # usage errors and --help: a status, not an exit
+        return e.code if isinstance(e.code, int) else 2
     if args.command == "demo":
         return run_round_demo(_pick_backend(args.backend), args.depths, args.vocab, args.budget, args.seed)
+    if args.command == "generate":
+        from .model.target import BackendUnavailable
+        try:
+            return run_generate(args)
+        except BackendUnavailable as e:
+            print(f"ddtree-numba generate: --backend {args.backend}: {e}", file=sys.stderr)
+            return 2
+        except (_CliError, ValueError, OSError) as e:
+            # bad input: the loaders and generate() raise ValueError naming the problem
+            print(f"ddtree-numba generate: error: {e}", file=sys.stderr)
+            return 2
     return 2
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -164,7 +164,7 @@ def _check_generate_inputs(target, drafter, prompt_ids, max_new_tokens, method, 
 
 def generate(target, drafter, prompt_ids, max_new_tokens: int, method: str = "ddtree",
              budget: int = 64, temperature: float = 0.0, seed: int = 0, stop_token_ids=(),
-             max_tokens: int | None = None, trace: bool = False) -> GenerationResult:
+             max_tokens: int | None = None, trace: bool = False, progress=None) -> GenerationResult:
     """Generate up to ``max_new_tokens`` after ``prompt_ids`` with ``method``.
 
     ``ddtree``: DESIGN.md section 1 with a tree of ``budget`` nodes; ``dflash``: the drafter's
@@ -174,7 +174,8 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, method: str = "dd
     Generation ends after exactly ``max_new_tokens`` tokens or at the first of
     ``stop_token_ids`` (kept, as autoregressive decoding would emit it). ``max_tokens``: cache
     rows (default: enough for the prompt, the new tokens and one tree); a prompt that does not
-    fit raises ``ValueError``.
+    fit raises ``ValueError``. ``progress``: a callable, called as ``progress(len(tokens so far))``
+    after each round and when the last token is out (a progress bar's hook).
     """
     prompt, n_new, budget, temperature, max_tokens = _check_generate_inputs(
         target, drafter, prompt_ids, max_new_tokens, method, budget, temperature, seed, max_tokens)
@@ -201,6 +202,8 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, method: str = "dd
             if len(out) + 1 >= n_new or bonus in stops:
                 out.append(bonus)
                 stopped = bonus in stops
+                if progress is not None:
+                    progress(len(out))
                 break
             r += 1
             free = tcache.capacity - start                                   # >= 2 here (see checks)
@@ -242,6 +245,8 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, method: str = "dd
                     break
                 if len(out) == n_new:
                     break
+            if progress is not None:
+                progress(len(out))
             if stopped or len(out) == n_new:
                 break
             bonus = new_bonus
