@@ -37,6 +37,18 @@ SIGNATURES = {
         f"void({t}[:, ::1], {I32_1}, {t}[:, ::1])" for t in ("float32", "uint16")],
     "compact._compact_rows_naive_kernel": [f"void(float32[:, ::1], {I32_1}, {I32_1})"],
     # -- the forward (model) kernels --
+    "rms_norm._rms_norm_kernel": [
+        f"void({F32_2}, float32[::1], float32, {F32_2}, {I32_1}, {I32_1}, boolean)"],
+    "rope._rope_cos_sin_kernel": [
+        f"void({p}[::1], {F64_1}, float64, {F32_2}, {F32_2})" for p in ("int32", "int64")],
+    "rope._rope_table_kernel": [f"void({F32_2}, {F32_2}, {F32_2}, boolean, {F32_2})"],
+    "rope._rope_kernel": [
+        f"void({F32_2}, int64, int64, {F32_2}, int64, int64, int64, int64, {I32_1}, {F64_1}, "
+        f"float64, boolean, {I32_1}, {I32_1}, boolean)"],
+    "embedding._embedding_kernel": [
+        ((kind,), f"void({ids}[::1], {w}[:, ::1], {F32_2}, {I32_1})")
+        for kind, w in (("f32", "float32"), ("f16", "float16"), ("bf16", "uint16"))
+        for ids in ("int32", "int64")],
     "linear._gemm_kernel": [
         ((kind, swiglu, acc, grouped, gather),
          f"void({F32_2}, int64, {w}[:, :, ::1], {w}[:, :, ::1], {F32_2}, int64, {I32_1}, {I32_1}, {I32_1})")
@@ -44,6 +56,12 @@ SIGNATURES = {
         for swiglu, acc, grouped, gather in ((False, False, False, False), (False, True, False, False),
                                              (True, False, False, False), (True, False, True, True),
                                              (False, False, True, False))],
+    "moe._route_kernel": [((128,), f"void({F32_2}, float32[::1], int64, int64, int64, int64, int64, int64, "
+                                   f"float32, {I32_1}, {I32_2}, {F32_2})")],
+    "moe._sort_kernel": [((512,), f"void({I32_2}, {F32_2}, {I32_1}, {U32_2}, {I32_2}, {I32_1}, {I32_1}, "
+                                  f"float32[::1], {I32_2})")],
+    "moe._combine_kernel": [((shared, residual), f"void({F32_2}, float32[::1], {I32_2}, {F32_2}, {F32_2}, {I32_1})")
+                            for shared in (False, True) for residual in (False, True)],
 }
 
 

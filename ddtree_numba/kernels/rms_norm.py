@@ -1,0 +1,106 @@
+"""RMSNorm on the GPU; twin: ``reference.rms_norm.rms_norm``.
+
+Shapes: R buffer rows (n = n_rows[0] of them live), M normalized features, Wx >= M columns of
+the input buffer, Wo >= M columns of the output buffer.
+
+One block per row. Thread t sums ``x[r, k]^2`` over k = t, t + T, ... with an fma chain in
+ascending k, then a shared-memory tree halves the T partials. The order depends only on T and
+M, never on the row count, so a row's norm is bit-identical alone or in a batch (DESIGN.md
+section 4). The twin (numpy's pairwise mean) sums in another order: equal within float32
+rounding, not bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import config, cuda, float32
+
+from .._checks import check_array
+from .._device import fma, is_device, to_device
+
+# Threads per block (a power of two: the tree halves it). 256 covers hidden 2048 in 8 loads a
+# thread; the simulator runs every thread as a Python thread, so it gets a small block.
+THREADS = 8 if config.ENABLE_CUDASIM else 256
+
+
+@functools.lru_cache(maxsize=None)
+def _rms_norm_kernel(threads):
+    T = threads
+
+    @cuda.jit
+    def kernel(x, weight, eps, out, n_rows, out_row0, use_row0):
+        r = cuda.blockIdx.x
+        if r >= n_rows[0]:
+            return  # the whole block leaves together: no thread is left at a barrier
+        t = cuda.threadIdx.x
+        M = weight.shape[0]
+        part = cuda.shared.array(T, float32)
+        acc = float32(0.0)
+        for k in range(t, M, T):
+            v = x[r, k]
+            acc = fma(v, v, acc)
+        part[t] = acc
+        cuda.syncthreads()  # every partial is in
+        stride = T // 2
+        while stride > 0:
+            if t < stride:
+                part[t] = part[t] + part[t + stride]
+            cuda.syncthreads()  # this level of the tree is done before the next reads it
+            stride //= 2
+        # the twin's order: var = sum / M, inv = 1 / sqrt(var + eps), out = w * (x * inv)
+        var = part[0] / float32(M)
+        # float32() keeps the simulator (where math.sqrt returns a Python float) in float32
+        inv = float32(float32(1.0) / float32(math.sqrt(var + eps)))
+        ro = r + (out_row0[0] if use_row0 else 0)
+        for k in range(t, M, T):
+            out[ro, k] = weight[k] * (x[r, k] * inv)
+
+    return kernel
+
+
+# -- enqueue API used by the GPU forward (device arrays only, no checks, no allocation) -------
+
+def _enqueue_rms_norm(x, weight, eps, out, n_rows, *, out_row0=None, stream=0):
+    """out[row0 + r, :M] = rms_norm(x[r, :M]) for r < n_rows[0], M = weight.shape[0].
+
+    x [R, Wx >= M] float32 (only the first M columns are read: e.g. the kv latent of a
+    [T, C + R] buffer), weight [M] float32, eps float, out [>= row0 + n, Wo >= M] float32 (columns
+    past M untouched), n_rows [>= 1] int32 device, out_row0 [>= 1] int32 device (row0 =
+    out_row0[0], e.g. the cache length) or None (row0 = 0). The grid is R blocks.
+    """
+    if x.shape[0] == 0:
+        return
+    use_row0 = out_row0 is not None
+    _rms_norm_kernel(THREADS)[x.shape[0], THREADS, stream](
+        x, weight, np.float32(eps), out, n_rows, out_row0 if use_row0 else n_rows, use_row0)
+
+
+# -- the public launcher ----------------------------------------------------------------------
+
+def rms_norm(x, weight, eps, *, out=None, stream=0):
+    """``weight * x / sqrt(mean(x^2) + eps)`` per row, on the GPU.
+
+    x [T, M] float32, weight [M] float32, eps float >= 0 -> [T, M] float32. numpy in, numpy
+    out; device arrays in, device array out (or ``out`` [T, M] float32, filled and returned).
+    """
+    check_array("x", x, 2, np.float32)
+    t, m = x.shape
+    check_array("weight", weight, 1, np.float32, shape=(m,))
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+    if out is None:
+        y = cuda.device_array((t, m), np.float32, stream=stream)
+    else:
+        check_array("out", out, 2, np.float32, shape=(t, m))
+        y = out
+    if t and m:
+        n_rows = to_device(np.array([t], np.int32), stream)
+        _enqueue_rms_norm(to_device(x, stream), to_device(weight, stream), float(eps), y, n_rows,
+                          stream=stream)
+    if out is None and not is_device(x):
+        return y.copy_to_host(stream=stream)
+    return y

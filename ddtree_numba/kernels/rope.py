@@ -1,0 +1,198 @@
+"""Rotary position embedding on the GPU; twins: ``reference.rope.rope_cos_sin`` and ``rope``.
+
+Shapes: T tokens (R buffer rows, n = n_rows[0] live), Rd rope dim, R2 = Rd / 2 frequencies,
+G groups (heads) per row.
+
+The frequencies themselves (default, YaRN) and the softmax scale are host-side float64 math
+(``reference.rope``); only the angles and the rotation run here. Angles follow the twin:
+``positions[t] * inv_freq[i]`` in float64, cos / sin in float64, times ``attention_factor``,
+rounded to float32 (``_cos_sin``, shared by every kernel below, so a rotation from positions
+equals ``rope(x, *rope_cos_sin(...))``). Each thread owns whole pairs, so rotating in place is
+safe, and every row is computed alone: the result does not depend on the row count.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import config, cuda, float32, float64
+
+from .._checks import check_array
+from .._device import ceil_div, device_function, is_device, to_device
+
+# Threads per block. A row of queries holds H * R2 pairs (16 * 32 = 512 for DeepSeek-V3); the
+# simulator runs every thread as a Python thread, so it gets a small block.
+THREADS = 8 if config.ENABLE_CUDASIM else 128
+MAX_PAIRS = 256            # rope dims up to 512 (cos / sin of one row staged in shared memory)
+
+
+@device_function
+def _cos_sin(pos, inv_freq_i, attention_factor):
+    """(cos, sin) of ``pos * inv_freq_i`` as the twin rounds them: float64, scaled, float32."""
+    angle = float64(pos) * inv_freq_i
+    return (float32(math.cos(angle) * attention_factor),
+            float32(math.sin(angle) * attention_factor))
+
+
+@device_function
+def _rotate(src, sr, sc, dst, dr, dc, i, r2, interleave, c, s):
+    """Rotate pair i of the rope vector at src[sr, sc:] into dst[dr, dc:] (the twin's formula)."""
+    if interleave:
+        ia = 2 * i
+        ib = ia + 1
+    else:
+        ia = i
+        ib = i + r2
+    a = src[sr, sc + ia]
+    b = src[sr, sc + ib]          # both read before either write: in place is safe
+    dst[dr, dc + ia] = a * c - b * s
+    dst[dr, dc + ib] = b * c + a * s
+
+
+@cuda.jit
+def _rope_cos_sin_kernel(positions, inv_freq, attention_factor, cos, sin):
+    j = cuda.grid(1)
+    r2 = inv_freq.shape[0]
+    if j < positions.shape[0] * r2:
+        t = j // r2
+        i = j - t * r2
+        c, s = _cos_sin(positions[t], inv_freq[i], attention_factor)
+        cos[t, i] = c
+        sin[t, i] = s
+
+
+@cuda.jit
+def _rope_table_kernel(x, cos, sin, interleave, out):
+    """x, out [T, G * Rd] (G rope vectors a row), cos / sin [T, R2]; one block per row."""
+    r = cuda.blockIdx.x
+    r2 = cos.shape[1]
+    rdim = 2 * r2
+    pairs = (x.shape[1] // rdim) * r2
+    for p in range(cuda.threadIdx.x, pairs, cuda.blockDim.x):
+        g = p // r2
+        i = p - g * r2
+        _rotate(x, r, g * rdim, out, r, g * rdim, i, r2, interleave, cos[r, i], sin[r, i])
+
+
+@cuda.jit
+def _rope_kernel(src, src_col0, src_gs, dst, dst_col0, dst_gs, groups, rdim, positions, inv_freq,
+                 attention_factor, interleave, n_rows, dst_row0, use_row0):
+    r = cuda.blockIdx.x
+    if r >= n_rows[0]:
+        return  # the whole block leaves together: no thread is left at the barrier
+    t = cuda.threadIdx.x
+    T = cuda.blockDim.x
+    r2 = rdim // 2
+    cs = cuda.shared.array(MAX_PAIRS, float32)
+    sn = cuda.shared.array(MAX_PAIRS, float32)
+    pos = positions[r]
+    for i in range(t, r2, T):  # the row's angles once, shared by every group (head)
+        c, s = _cos_sin(pos, inv_freq[i], attention_factor)
+        cs[i] = c
+        sn[i] = s
+    cuda.syncthreads()  # the row's cos / sin are staged
+    ro = r + (dst_row0[0] if use_row0 else 0)
+    for p in range(t, groups * r2, T):
+        g = p // r2
+        i = p - g * r2
+        _rotate(src, r, src_col0 + g * src_gs, dst, ro, dst_col0 + g * dst_gs, i, r2, interleave,
+                cs[i], sn[i])
+
+
+# -- enqueue API used by the GPU forward (device arrays only, no checks, no allocation) -------
+
+def _enqueue_rope(src, src_col0, src_gs, dst, dst_col0, dst_gs, groups, rdim, positions, inv_freq,
+                  attention_factor, interleave, n_rows, *, dst_row0=None, stream=0):
+    """Rotate rope vectors from a strided source into a strided destination.
+
+    For r < n = n_rows[0] and g < ``groups``: the ``rdim`` values
+    src[r, src_col0 + g*src_gs : ... + rdim] rotated by the angles positions[r] * inv_freq[i]
+    (pairs (2i, 2i+1) if ``interleave`` else (i, i + rdim/2)) are written to
+    dst[row0 + r, dst_col0 + g*dst_gs : ... + rdim], row0 = dst_row0[0] or 0.
+    src [R, Ws] float32, dst [>= row0 + n, Wd] float32, positions [>= n] int32, inv_freq
+    [rdim/2] float64 (rdim/2 <= MAX_PAIRS), n_rows / dst_row0 [>= 1] int32 device. src may be
+    dst when the source and destination positions coincide (in place). The grid is R blocks.
+    E.g. q_pe of every head: src q [T, H*(D+Rd)], col0 D, gs D+Rd -> dst [T, H*Rd], gs Rd;
+    k_pe: src kv [T, C+Rd], col0 C, groups 1 -> the cache rows, dst_row0 = cache length.
+    """
+    if src.shape[0] == 0:
+        return
+    use_row0 = dst_row0 is not None
+    _rope_kernel[src.shape[0], THREADS, stream](
+        src, int(src_col0), int(src_gs), dst, int(dst_col0), int(dst_gs), int(groups), int(rdim),
+        positions, inv_freq, float(attention_factor), bool(interleave), n_rows,
+        dst_row0 if use_row0 else n_rows, use_row0)
+
+
+# -- the public launchers -----------------------------------------------------------------------
+
+def _check_factor(name, value):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def rope_cos_sin(positions, inv_freq, attention_factor=1.0, *, out=None, stream=0):
+    """Per-token ``cos`` and ``sin`` of ``positions[t] * inv_freq[i]`` (float64), times
+    ``attention_factor``, rounded to float32; on the GPU.
+
+    positions [T] int32 / int64, inv_freq [R2] float64 (numpy float32 is widened) -> cos [T, R2]
+    float32, sin [T, R2] float32. ``out`` = (cos, sin) preallocated, filled and returned.
+    """
+    check_array("positions", positions, 1, (np.int32, np.int64))
+    check_array("inv_freq", inv_freq, 1, (np.float64,) if is_device(inv_freq) else (np.float64, np.float32))
+    if not is_device(inv_freq):
+        inv_freq = inv_freq.astype(np.float64, copy=False)
+    af = _check_factor("attention_factor", attention_factor)
+    t, r2 = positions.shape[0], inv_freq.shape[0]
+    if out is None:
+        cos = cuda.device_array((t, r2), np.float32, stream=stream)
+        sin = cuda.device_array((t, r2), np.float32, stream=stream)
+    else:
+        if not isinstance(out, tuple) or len(out) != 2:
+            raise ValueError("out must be a (cos, sin) pair of arrays")
+        cos, sin = out
+        check_array("out[0] (cos)", cos, 2, np.float32, shape=(t, r2))
+        check_array("out[1] (sin)", sin, 2, np.float32, shape=(t, r2))
+    if t and r2:
+        _rope_cos_sin_kernel[ceil_div(t * r2, THREADS), THREADS, stream](
+            to_device(positions, stream), to_device(inv_freq, stream), af, cos, sin)
+    if out is None and not is_device(positions):
+        return cos.copy_to_host(stream=stream), sin.copy_to_host(stream=stream)
+    return cos, sin
+
+
+def rope(x, cos, sin, interleave, *, out=None, stream=0):
+    """Rotate each pair of the last axis by its token's angle, keeping the layout; on the GPU.
+
+    x [T, ..., Rd] float32 (e.g. [T, H, Rd] queries or [T, Rd] keys), cos / sin [T, Rd/2]
+    float32 -> [T, ..., Rd] float32. ``interleave``: pairs (x[2i], x[2i+1]); else
+    (x[i], x[i + Rd/2]). ``out`` may be ``x`` (in place).
+    """
+    if not hasattr(x, "shape") or len(x.shape) < 2:
+        raise ValueError(f"x must be at least 2-D [T, ..., Rd], got shape {tuple(getattr(x, 'shape', ()))}")
+    check_array("x", x, len(x.shape), np.float32)
+    if not isinstance(interleave, (bool, np.bool_)):
+        raise ValueError(f"interleave must be a bool, got {interleave!r}")
+    shape = tuple(x.shape)          # (the simulator's shapes take no negative index)
+    t, rdim = shape[0], shape[-1]
+    if rdim % 2:
+        raise ValueError(f"the rope dim (last axis of x) must be even, got {rdim}")
+    check_array("cos", cos, 2, np.float32, shape=(t, rdim // 2))
+    check_array("sin", sin, 2, np.float32, shape=(t, rdim // 2))
+    if out is None:
+        y = cuda.device_array(shape, np.float32, stream=stream)
+    else:
+        check_array("out", out, len(shape), np.float32, shape=shape)
+        y = out
+    width = int(np.prod(shape[1:]))
+    if t and width:
+        d_x = to_device(x, stream)
+        _rope_table_kernel[t, THREADS, stream](
+            d_x.reshape(t, width), to_device(cos, stream), to_device(sin, stream), bool(interleave),
+            y.reshape(t, width))
+    if out is None and not is_device(x):
+        return y.copy_to_host(stream=stream)
+    return y

@@ -1,0 +1,239 @@
+"""RMSNorm, RoPE, embedding and lm_head kernels against their numpy twins, and the enqueue API the
+GPU forward calls (row offsets, column strides, live rows < buffer rows, in place)."""
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from ddtree_numba import kernels as kn
+from ddtree_numba import reference as ref
+from ddtree_numba.kernels.embedding import _enqueue_embedding
+from ddtree_numba.kernels.rms_norm import _enqueue_rms_norm
+from ddtree_numba.kernels.rope import _enqueue_rope
+
+pytestmark = pytest.mark.kernels
+
+POISON = np.float32(-12345.0)
+
+
+def assert_rel(got, want, tol=1e-5):
+    """max |got - want| <= tol * max |want| (a relative error over the whole array)."""
+    assert got.shape == want.shape and got.dtype == want.dtype
+    scale = max(float(np.abs(want).max(initial=0.0)), 1e-30)
+    err = float(np.abs(got.astype(np.float64) - want).max(initial=0.0))
+    assert err <= tol * scale, f"relative error {err / scale:.3g} > {tol}"
+
+
+def i32(*values):
+    return cuda.to_device(np.array(values, np.int32))
+
+
+def widen(w):
+    """The float32 values a kernel sees for stored weights (uint16 = bfloat16 bits)."""
+    if w.dtype == np.uint16:
+        return (w.astype(np.uint32) << 16).view(np.float32)
+    return w.astype(np.float32)
+
+
+def stored(rng, shape, kind):
+    w = rng.standard_normal(shape).astype(np.float32)
+    if kind == "f32":
+        return w
+    if kind == "f16":
+        return w.astype(np.float16)
+    return (w.view(np.uint32) >> 16).astype(np.uint16)        # bf16 by truncation
+
+
+def yarn():
+    inv = ref.yarn_inv_freq(12, 10000.0, 40.0, 4096, beta_fast=32.0, beta_slow=1.0)
+    return inv, ref.yarn_attention_factor(40.0, 1.0, 0.707)
+
+
+# -- RMSNorm --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("t, m", [(1, 5), (7, 33), (3, 100)])
+def test_rms_norm_matches_twin(rng, t, m):
+    x = (rng.standard_normal((t, m)) * rng.uniform(0.1, 10, (t, 1))).astype(np.float32)
+    w = rng.standard_normal(m).astype(np.float32)
+    got = kn.rms_norm(x, w, 1e-6)
+    assert isinstance(got, np.ndarray)
+    assert_rel(got, ref.rms_norm(x, w, 1e-6))
+    d = kn.rms_norm(cuda.to_device(x), cuda.to_device(w), 1e-6)       # device in, device out
+    assert not isinstance(d, np.ndarray)
+    np.testing.assert_array_equal(d.copy_to_host(), got)
+
+
+def test_rms_norm_enqueue_offsets_wide_input_and_live_rows(rng):
+    m, n, R = 10, 4, 6
+    x = rng.standard_normal((R, m + 3)).astype(np.float32)             # a [T, C+R]-style buffer
+    w = rng.standard_normal(m).astype(np.float32)
+    out0 = np.full((12, m + 2), POISON, np.float32)                    # wider than M, poisoned
+    d_out = cuda.to_device(out0)
+    _enqueue_rms_norm(cuda.to_device(x), cuda.to_device(w), 1e-5, d_out, i32(n), out_row0=i32(5))
+    got = d_out.copy_to_host()
+    want = out0.copy()
+    want[5:5 + n, :m] = ref.rms_norm(x[:n, :m], w, 1e-5)
+    assert_rel(got[5:5 + n, :m], want[5:5 + n, :m])
+    got[5:5 + n, :m] = want[5:5 + n, :m]
+    np.testing.assert_array_equal(got, want)                           # everything else untouched
+    # batch invariance: the same row alone, and without an offset, gives the same bits
+    d_one = cuda.to_device(np.full((R, m), POISON, np.float32))
+    _enqueue_rms_norm(cuda.to_device(x[2:]), cuda.to_device(w), 1e-5, d_one, i32(1))
+    np.testing.assert_array_equal(d_one.copy_to_host()[0], d_out.copy_to_host()[7, :m])
+
+
+# -- RoPE -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("freqs", ["default", "yarn"])
+def test_rope_cos_sin_matches_twin(rng, freqs):
+    inv, af = (ref.rope_inv_freq(12, 10000.0), 1.0) if freqs == "default" else yarn()
+    positions = rng.integers(0, 5000, 9).astype(np.int64)
+    cos, sin = kn.rope_cos_sin(positions, inv, af)
+    want_cos, want_sin = ref.rope_cos_sin(positions, inv, af)
+    assert_rel(cos, want_cos, 1e-6)
+    assert_rel(sin, want_sin, 1e-6)
+    c32, _ = kn.rope_cos_sin(positions.astype(np.int32), inv, af)
+    np.testing.assert_array_equal(c32, cos)
+
+
+@pytest.mark.parametrize("interleave", [True, False])
+@pytest.mark.parametrize("shape", [(5, 8), (3, 4, 12), (2, 3, 2, 6)])
+def test_rope_matches_twin(rng, interleave, shape):
+    x = rng.standard_normal(shape).astype(np.float32)
+    positions = rng.integers(0, 3000, shape[0])
+    inv, af = yarn()
+    inv = inv[: shape[-1] // 2] if shape[-1] // 2 <= inv.shape[0] else ref.rope_inv_freq(shape[-1], 10000.0)
+    cos, sin = ref.rope_cos_sin(positions, inv, af)
+    got = kn.rope(x, cos, sin, interleave)
+    want = ref.rope(x, cos, sin, interleave)
+    assert_rel(got, want)
+    assert not np.array_equal(got, x)
+    d_x = cuda.to_device(x)                                            # in place on the device
+    kn.rope(d_x, cuda.to_device(cos), cuda.to_device(sin), interleave, out=d_x)
+    np.testing.assert_array_equal(d_x.copy_to_host(), got)
+
+
+def test_rope_layouts_differ(rng):
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    cos, sin = ref.rope_cos_sin(np.arange(1, 4), ref.rope_inv_freq(8, 10000.0))
+    assert not np.allclose(kn.rope(x, cos, sin, True), kn.rope(x, cos, sin, False))
+
+
+@pytest.mark.parametrize("interleave", [True, False])
+def test_enqueue_rope_q_heads_into_contiguous_buffer(rng, interleave):
+    T, H, D, Rd, n = 5, 3, 3, 12, 4
+    q = rng.standard_normal((T, H * (D + Rd))).astype(np.float32)     # heads of [nope | rope]
+    positions = rng.integers(0, 4000, T).astype(np.int32)
+    inv, af = yarn()
+    dst0 = np.full((T + 2, H * Rd), POISON, np.float32)
+    d_dst = cuda.to_device(dst0)
+    _enqueue_rope(cuda.to_device(q), D, D + Rd, d_dst, 0, Rd, H, Rd, cuda.to_device(positions),
+                  cuda.to_device(inv), af, interleave, i32(n))
+    got = d_dst.copy_to_host()
+    cos, sin = ref.rope_cos_sin(positions[:n], inv, af)
+    want = ref.rope(q[:n].reshape(n, H, D + Rd)[:, :, D:], cos, sin, interleave).reshape(n, H * Rd)
+    assert_rel(got[:n], want)
+    np.testing.assert_array_equal(got[n:], dst0[n:])                   # rows past n untouched
+    # the same bits as the public rope on the kernel's own cos / sin
+    kc, ks = kn.rope_cos_sin(positions[:n], inv, af)
+    np.testing.assert_array_equal(
+        got[:n], kn.rope(np.ascontiguousarray(q[:n].reshape(n, H, D + Rd)[:, :, D:]), kc, ks,
+                         interleave).reshape(n, H * Rd))
+
+
+@pytest.mark.parametrize("interleave", [True, False])
+def test_enqueue_rope_k_pe_into_cache_rows(rng, interleave):
+    T, C, Rd, n, s0 = 6, 5, 8, 3, 4
+    kv = rng.standard_normal((T, C + Rd)).astype(np.float32)          # [c_kv | k_pe]
+    positions = (s0 + np.arange(T)).astype(np.int32)
+    inv = ref.rope_inv_freq(Rd, 10000.0)
+    cache0 = np.full((10, Rd), POISON, np.float32)
+    d_cache = cuda.to_device(cache0)
+    _enqueue_rope(cuda.to_device(kv), C, 0, d_cache, 0, 0, 1, Rd, cuda.to_device(positions),
+                  cuda.to_device(inv), 1.0, interleave, i32(n), dst_row0=i32(s0))
+    got = d_cache.copy_to_host()
+    cos, sin = ref.rope_cos_sin(positions[:n], inv)
+    assert_rel(got[s0:s0 + n], ref.rope(kv[:n, C:], cos, sin, interleave))
+    np.testing.assert_array_equal(got[:s0], cache0[:s0])
+    np.testing.assert_array_equal(got[s0 + n:], cache0[s0 + n:])
+
+
+@pytest.mark.parametrize("interleave", [True, False])
+def test_enqueue_rope_in_place(rng, interleave):
+    T, H, D, Rd, n = 4, 2, 2, 6, 3
+    q = rng.standard_normal((T, H * (D + Rd))).astype(np.float32)
+    positions = rng.integers(0, 100, T).astype(np.int32)
+    inv, af = yarn()
+    inv = inv[: Rd // 2]
+    d_q = cuda.to_device(q)
+    _enqueue_rope(d_q, D, D + Rd, d_q, D, D + Rd, H, Rd, cuda.to_device(positions),
+                  cuda.to_device(inv), af, interleave, i32(n))
+    got = d_q.copy_to_host().reshape(T, H, D + Rd)
+    q3 = q.reshape(T, H, D + Rd)
+    cos, sin = ref.rope_cos_sin(positions[:n], inv, af)
+    assert_rel(got[:n, :, D:], ref.rope(q3[:n, :, D:], cos, sin, interleave))
+    np.testing.assert_array_equal(got[:n, :, :D], q3[:n, :, :D])       # the nope part untouched
+    np.testing.assert_array_equal(got[n:], q3[n:])
+
+
+# -- embedding and lm_head --------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["f32", "f16", "bf16"])
+def test_embedding_matches_twin(rng, kind):
+    table = stored(rng, (11, 13), kind)
+    ids = rng.integers(0, 11, 7)
+    for ids_ in (ids.astype(np.int32), ids.astype(np.int64)):
+        got = kn.embedding(ids_, table)
+        np.testing.assert_array_equal(got, ref.embedding(ids_, widen(table)))
+    d = kn.embedding(cuda.to_device(ids.astype(np.int32)), cuda.to_device(table))
+    np.testing.assert_array_equal(d.copy_to_host(), got)
+
+
+@pytest.mark.parametrize("kind", ["f32", "bf16"])
+def test_enqueue_embedding_live_rows(rng, kind):
+    table = stored(rng, (9, 6), kind)
+    ids = np.array([3, 0, 8, 3, 5], np.int32)
+    out0 = np.full((7, 6), POISON, np.float32)
+    d_out = cuda.to_device(out0)
+    _enqueue_embedding(cuda.to_device(ids), cuda.to_device(table), d_out, i32(3))
+    got = d_out.copy_to_host()
+    np.testing.assert_array_equal(got[:3], widen(table)[ids[:3]])
+    np.testing.assert_array_equal(got[3:], out0[3:])
+    bad = cuda.to_device(np.full((1, 6), POISON, np.float32))         # a bad id on the device
+    _enqueue_embedding(cuda.to_device(np.array([9], np.int32)), cuda.to_device(table), bad, i32(1))
+    assert np.isnan(bad.copy_to_host()).all()
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16", "bf16"])
+def test_lm_head_matches_twin(rng, kind):
+    x = rng.standard_normal((5, 70)).astype(np.float32)               # K off the chunk size
+    w = stored(rng, (19, 70), kind)
+    got = kn.lm_head(x, w)
+    assert_rel(got, ref.lm_head(x, widen(w)))
+    np.testing.assert_array_equal(kn.lm_head(x[2:3], w), got[2:3])     # alone == in the batch
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+def test_bad_input_raises_value_errors(rng):
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    cos, sin = ref.rope_cos_sin(np.arange(3), ref.rope_inv_freq(8, 10000.0))
+    cases = [
+        (lambda: kn.rms_norm(x, np.ones(7, np.float32), 1e-6), "weight"),
+        (lambda: kn.rms_norm(x.astype(np.float64), np.ones(8, np.float32), 1e-6), "x"),
+        (lambda: kn.rms_norm(x, np.ones(8, np.float32), -1.0), "eps"),
+        (lambda: kn.rope(x[:, :7], cos, sin, True), "even"),
+        (lambda: kn.rope(x, cos[:2], sin, True), "cos"),
+        (lambda: kn.rope(x, cos, sin, 1), "interleave"),
+        (lambda: kn.rope(x[0], cos, sin, True), "2-D"),
+        (lambda: kn.rope_cos_sin(np.arange(3.0), np.ones(4)), "positions"),
+        (lambda: kn.rope_cos_sin(np.arange(3), np.ones(4), float("nan")), "attention_factor"),
+        (lambda: kn.embedding(np.array([0, 8]), np.ones((8, 4), np.float32)), "outside the vocabulary"),
+        (lambda: kn.embedding(np.array([-1]), np.ones((8, 4), np.float32)), "outside the vocabulary"),
+        (lambda: kn.embedding(np.array([0]), np.ones((8, 4), np.float64)), "table"),
+        (lambda: kn.lm_head(x, np.ones((5, 7), np.float32)), "input features"),
+        (lambda: kn.lm_head(x, np.ones((5, 8), np.int8)), "weights"),
+    ]
+    for call, words in cases:
+        with pytest.raises(ValueError, match=words):
+            call()
