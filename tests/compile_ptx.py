@@ -56,6 +56,12 @@ SIGNATURES = {
         for swiglu, acc, grouped, gather in ((False, False, False, False), (False, True, False, False),
                                              (True, False, False, False), (True, False, True, True),
                                              (False, False, True, False))],
+    "mla._mla_scores_kernel": [
+        (tiles[0], f"void({F32_2}, {F32_2}, {F32_2}, {F32_2}, {I32_1}, float32, {F32_2})")
+        for _, tiles in kernels_pkg.mla._GPU_TILES],
+    "mla._mla_softmax_kernel": [f"void({F32_2}, {U32_2}, {I32_1}, int64)"],
+    "mla._mla_pv_kernel": [
+        (tiles[1], f"void({F32_2}, {F32_2}, {I32_1}, {F32_2})") for _, tiles in kernels_pkg.mla._GPU_TILES],
 }
 
 

@@ -11,6 +11,7 @@ from .visibility import visibility, visibility_bits
 from .accept import follow_tree, sample_post
 from .compact import compact_rows
 from .linear import linear
+from .mla import mla_attention_absorbed
 from .rms_norm import rms_norm
 from .rope import rope, rope_cos_sin
 from .embedding import embedding, lm_head

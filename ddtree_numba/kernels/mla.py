@@ -1,0 +1,412 @@
+"""Tree-verify MLA attention on the GPU, weight-absorbed, over the latent cache; twin:
+``reference.mla.mla_attention_absorbed`` (docs/MODEL.md, "Absorbed form").
+
+Shapes: Tq query rows (the launch's maximum; t <= Tq of them live), H heads, C kv_lora_rank,
+R qk_rope_head_dim, D qk_nope_head_dim, Dv v_head_dim, S_cap cache rows, s0 rows cached
+before this step, W = ceil(Tq / 32) mask words per query.
+
+Query i < t sees key s iff s < s0, or s0 <= s < s0 + t and bit ``s - s0`` of its packed mask
+row ``vis_bits[i]`` is set (``visibility_bits``; causal is the chain tree).
+
+**Batch invariance, key by key.** A tree node must get the bits of the same token decoded
+alone, whose visible keys are the same values in the same order at other cache positions. So
+the arithmetic of a query row is a function of its visible-key sequence only:
+
+    score[s] = scale * (fma chain over d = 0 .. C+R-1 of [q_lat | q_pe] . [c_kv[s] | k_pe[s]])
+    m        = max of score over visible s                      (exact, order-free)
+    p[s]     = exp(score[s] - m)
+    l        = chain of adds of p[s] over visible s, ascending
+    o[c]     = fma chain of p[s] * c_kv[s, c] over visible s, ascending;   out = o / l
+
+Masked keys are skipped by a select, never added as a zero (``0 * v + acc`` can turn a -0
+accumulator into +0), and no partial sums of key tiles are ever combined: the online-softmax
+rescaling would make a row's bits depend on where its keys fall in the tiles.
+
+Three launches, scores kept in a global scratch (``MLAScratch``):
+
+1. ``_mla_scores_kernel``: a register-tiled GEMM of query rows (i, h) against key rows; a key
+   tile (all C + R columns, streamed in steps of ``bk``) sits in shared memory once per block
+   and serves every head and query of the block.
+2. ``_mla_softmax_kernel``: one block per query row (i, h): the max over visible keys, then
+   p in place of the score, -1 marking a masked key.
+3. ``_mla_pv_kernel``: a register-tiled GEMM of p against c_kv, each output a chain over the
+   keys in ascending order; every thread also carries the sum l of its rows (redundant across
+   the column threads, but it keeps l a chain with no extra pass and no extra launch).
+
+Tile shapes are chosen from the arrays' shapes (``_tiles``); they never change the bits.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import config, cuda, float32, uint32
+
+from .._checks import check_array
+from .._device import ceil_div, device_function, fma, is_device, to_device
+from ..reference.mla import split_kv_b
+from .linear import WEIGHT_DTYPES, _enqueue_linear_heads
+
+THREADS = 8 if config.ENABLE_CUDASIM else 128   # softmax kernel: threads per query row
+_MASKED = -1.0                                     # p of a key the query does not see
+
+# (bm, bn, bk, tm, tn): block tile rows x columns, reduction step, thread tile rows x columns.
+# Rows are query rows (i, h); columns are keys (scores) or latent channels (p @ c_kv).
+# The H200 picks by the launch's maximum row count Tq * H (``_tiles``): decode spreads a
+# handful of rows over many small blocks, verify tiles 8 x 8 per thread so the shared-memory
+# loads stay at a quarter of the FMAs. Design values, to be tuned on the H200.
+_GPU_TILES = (
+    (64, ((16, 16, 32, 1, 1), (16, 8, 32, 1, 1))),        # Tq*H <= 64: decode
+    (512, ((32, 64, 16, 2, 4), (32, 64, 16, 2, 4))),      # <= 512
+    (2048, ((64, 64, 16, 4, 4), (64, 64, 16, 4, 4))),     # <= 2048
+    (None, ((128, 128, 16, 8, 8), (128, 128, 16, 8, 8))),  # larger verify / prefill
+)
+# Under the simulator every thread is a Python thread and every block costs tens of ms: few
+# small blocks, ragged tiles (bk = 3 and 5 cross the C boundary and end off their multiples).
+_SIM_TILES = (
+    (8, ((2, 8, 4, 1, 2), (2, 4, 4, 1, 1))),
+    (None, ((4, 4, 3, 2, 2), (6, 4, 5, 3, 2))),
+)
+
+
+def _tiles(max_rows: int):
+    """(scores tiles, pv tiles) for a launch of at most ``max_rows`` = Tq * H query rows."""
+    for bound, tiles in (_SIM_TILES if config.ENABLE_CUDASIM else _GPU_TILES):
+        if bound is None or max_rows <= bound:
+            return tiles
+
+
+@device_function
+def _visible(vis_bits, i, s, s0):
+    """Does query i see key s? Cached rows always; new rows by bit s - s0 of its mask row."""
+    if s < s0:
+        return True
+    j = s - s0
+    return (vis_bits[i, j >> 5] >> uint32(j & 31)) & uint32(1) != uint32(0)
+
+
+@functools.lru_cache(maxsize=None)
+def _mla_scores_kernel(bm, bn, bk, tm, tn):
+    """scores[r, s] = scale * ([q_lat | q_pe][r] . [c_kv | k_pe][s]) for r = i*H + h < t*H and
+    s < s0 + t, one fma chain over d ascending. Block: (bn // tn, bm // tm) threads; grid:
+    (ceil(S_cap / bn), ceil(Tq*H / bm)). Thread (tx, ty) owns rows ty + (bm // tm) * m and keys
+    tx + (bn // tn) * j, so a warp reads consecutive shared words."""
+    TX, TY = bn // tn, bm // tm
+    NT = TX * TY
+    BM1, BN1 = bm + 1, bn + 1   # padded shared rows (shapes must be constants to the compiler)
+
+    @cuda.jit
+    def kernel(q_lat, q_pe, c_kv, k_pe, meta, scale, scores):
+        C, R = c_kv.shape[1], k_pe.shape[1]
+        D = C + R
+        H = q_lat.shape[1] // C
+        s_end = meta[0] + meta[1]
+        rows = meta[1] * H
+        r0 = cuda.blockIdx.y * bm
+        n0 = cuda.blockIdx.x * bn
+        if r0 >= rows or n0 >= s_end:  # the whole block leaves: no barrier is skipped
+            return
+        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+        tid = ty * TX + tx
+        a_sh = cuda.shared.array((bk, BM1), float32)   # [d, row]; +1: transposed stores spread over banks
+        b_sh = cuda.shared.array((bk, BN1), float32)   # [d, key]
+        acc = cuda.local.array((tm, tn), float32)
+        a = cuda.local.array(tm, float32)
+        b = cuda.local.array(tn, float32)
+        for m in range(tm):
+            for j in range(tn):
+                acc[m, j] = float32(0.0)
+        for d0 in range(0, D, bk):
+            for e in range(tid, bm * bk, NT):   # d fastest: coalesced reads of a query row
+                rr = e // bk
+                kk = e - rr * bk
+                r = r0 + rr
+                d = d0 + kk
+                v = float32(0.0)
+                if r < rows and d < D:
+                    i = r // H
+                    h = r - i * H
+                    if d < C:
+                        v = q_lat[i, h * C + d]
+                    else:
+                        v = q_pe[i, h * R + d - C]
+                a_sh[kk, rr] = v
+            for e in range(tid, bn * bk, NT):   # d fastest: coalesced reads of a latent row
+                nn = e // bk
+                kk = e - nn * bk
+                s = n0 + nn
+                d = d0 + kk
+                v = float32(0.0)
+                if s < s_end and d < D:
+                    if d < C:
+                        v = c_kv[s, d]
+                    else:
+                        v = k_pe[s, d - C]
+                b_sh[kk, nn] = v
+            cuda.syncthreads()  # both tiles are in
+            for k in range(min(bk, D - d0)):  # the chain stops at d = D - 1: no padded terms
+                for m in range(tm):
+                    a[m] = a_sh[k, ty + TY * m]
+                for j in range(tn):
+                    b[j] = b_sh[k, tx + TX * j]
+                for m in range(tm):
+                    for j in range(tn):
+                        acc[m, j] = fma(a[m], b[j], acc[m, j])
+            cuda.syncthreads()  # every thread is done with the tiles before the next load
+        for m in range(tm):
+            r = r0 + ty + TY * m
+            if r < rows:
+                for j in range(tn):
+                    s = n0 + tx + TX * j
+                    if s < s_end:
+                        scores[r, s] = acc[m, j] * scale
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def _mla_softmax_kernel(threads):
+    """In place over scores[r, :s0+t] for r = i*H + h < t*H: p = exp(score - max over visible
+    keys) where query i sees the key, _MASKED elsewhere. Grid: Tq*H blocks of ``threads``."""
+    T = threads
+
+    @cuda.jit
+    def kernel(scores, vis_bits, meta, n_heads):
+        r = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        s0 = meta[0]
+        s_end = s0 + meta[1]
+        if r >= meta[1] * n_heads:
+            return
+        i = r // n_heads
+        red = cuda.shared.array(T, float32)
+        m = float32(-math.inf)
+        for s in range(tid, s_end, T):
+            if _visible(vis_bits, i, s, s0):
+                m = max(m, scores[r, s])
+        red[tid] = m
+        cuda.syncthreads()  # every thread's partial max is in
+        stride = T // 2
+        while stride > 0:  # max is exact: any reduction order gives the same bits
+            if tid < stride:
+                red[tid] = max(red[tid], red[tid + stride])
+            cuda.syncthreads()  # this level is done
+            stride //= 2
+        m = red[0]
+        for s in range(tid, s_end, T):
+            if _visible(vis_bits, i, s, s0):
+                scores[r, s] = math.exp(scores[r, s] - m)
+            else:
+                scores[r, s] = float32(_MASKED)
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def _mla_pv_kernel(bm, bn, bk, tm, tn):
+    """out_lat[i, h*C + c] = (chain over visible s of p[r, s] * c_kv[s, c]) / l[r] for
+    r = i*H + h < t*H, with l[r] the chain sum of p[r, s] over visible s (p >= 0; _MASKED
+    marks the rest). Block: (bn // tn, bm // tm) threads; grid: (ceil(C / bn), ceil(Tq*H / bm))."""
+    TX, TY = bn // tn, bm // tm
+    NT = TX * TY
+    BM1 = bm + 1   # padded shared rows (shapes must be constants to the compiler)
+
+    @cuda.jit
+    def kernel(p, c_kv, meta, out_lat):
+        C = c_kv.shape[1]
+        H = out_lat.shape[1] // C
+        s_end = meta[0] + meta[1]
+        rows = meta[1] * H
+        r0 = cuda.blockIdx.y * bm
+        c0 = cuda.blockIdx.x * bn
+        if r0 >= rows:  # the whole block leaves: no barrier is skipped
+            return
+        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+        tid = ty * TX + tx
+        p_sh = cuda.shared.array((bk, BM1), float32)   # [key, row]; +1: transposed stores spread over banks
+        v_sh = cuda.shared.array((bk, bn), float32)       # [key, channel]
+        acc = cuda.local.array((tm, tn), float32)
+        l = cuda.local.array(tm, float32)
+        b = cuda.local.array(tn, float32)
+        for m in range(tm):
+            l[m] = float32(0.0)
+            for j in range(tn):
+                acc[m, j] = float32(0.0)
+        for sb in range(0, s_end, bk):
+            for e in range(tid, bm * bk, NT):   # key fastest: coalesced reads of a p row
+                rr = e // bk
+                kk = e - rr * bk
+                r = r0 + rr
+                s = sb + kk
+                v = float32(_MASKED)
+                if r < rows and s < s_end:
+                    v = p[r, s]
+                p_sh[kk, rr] = v
+            for e in range(tid, bk * bn, NT):   # channel fastest: coalesced reads of a latent row
+                kk = e // bn
+                cc = e - kk * bn
+                s = sb + kk
+                c = c0 + cc
+                v = float32(0.0)
+                if s < s_end and c < C:
+                    v = c_kv[s, c]
+                v_sh[kk, cc] = v
+            cuda.syncthreads()  # both tiles are in
+            for k in range(bk):  # ascending keys: the chains of the contract above
+                for j in range(tn):
+                    b[j] = v_sh[k, tx + TX * j]
+                for m in range(tm):
+                    pm = p_sh[k, ty + TY * m]
+                    if pm >= float32(0.0):  # a masked key is skipped, not added as zero
+                        l[m] = l[m] + pm
+                        for j in range(tn):
+                            acc[m, j] = fma(pm, b[j], acc[m, j])
+            cuda.syncthreads()  # every thread is done with the tiles before the next load
+        for m in range(tm):
+            r = r0 + ty + TY * m
+            if r < rows:
+                i = r // H
+                h = r - i * H
+                for j in range(tn):
+                    c = c0 + tx + TX * j
+                    if c < C:
+                        out_lat[i, h * C + c] = acc[m, j] / l[m]
+
+    return kernel
+
+
+class MLAScratch:
+    """Device scratch of the attention, preallocated once and shared by every layer.
+
+    ``scores`` [max_rows * heads, capacity] float32: row i*H + h holds query i's scores for
+    head h, then its p (the softmax numerators) in place. ``capacity`` >= the cache rows S_cap.
+    """
+
+    def __init__(self, max_rows: int, heads: int, capacity: int, stream=0):
+        self.scores = cuda.device_array((max(1, max_rows * heads), max(1, capacity)), np.float32,
+                                        stream=stream)                # [Tq * H, S_cap]
+
+
+# -- enqueue API used by the GPU forward (device arrays only, no checks, no allocation) -------
+
+def _enqueue_mla_attention(q_lat, q_pe, c_kv, k_pe, vis_bits, meta, scale, out_lat, scratch, *,
+                           stream=0, tiles=None):
+    """out_lat[i, h*C:(h+1)*C] = softmax_s(scale * (q_lat[i,h] . c_kv[s] + q_pe[i,h] . k_pe[s]))
+    @ c_kv over the keys query i sees, for i < t; rows i >= t are not written.
+
+    q_lat [Tq, H*C] f32 (queries through W_uk), q_pe [Tq, H*R] f32 (rotated), c_kv [S_cap, C]
+    f32, k_pe [S_cap, R] f32 (the new rows already written at s0 .. s0+t-1), vis_bits [Tq, W]
+    uint32, meta [2] int32 device = (s0, t), out_lat [Tq, H*C] f32, scratch ``MLAScratch`` with
+    at least Tq*H rows and S_cap columns. The grid is sized for Tq and S_cap. ``tiles``
+    overrides ``_tiles`` (tests).
+    """
+    tq, C = q_lat.shape[0], c_kv.shape[1]
+    H = q_lat.shape[1] // C
+    s_cap = c_kv.shape[0]
+    scores = scratch.scores
+    st, pt = tiles if tiles is not None else _tiles(tq * H)
+    scale = np.float32(scale)
+
+    bm, bn, bk, tm, tn = st
+    grid = (ceil_div(s_cap, bn), ceil_div(tq * H, bm))
+    _mla_scores_kernel(*st)[grid, (bn // tn, bm // tm), stream](
+        q_lat, q_pe, c_kv, k_pe, meta, scale, scores)
+
+    _mla_softmax_kernel(THREADS)[tq * H, THREADS, stream](scores, vis_bits, meta, H)
+
+    bm, bn, bk, tm, tn = pt
+    grid = (ceil_div(C, bn), ceil_div(tq * H, bm))
+    _mla_pv_kernel(*pt)[grid, (bn // tn, bm // tm), stream](scores, c_kv, meta, out_lat)
+
+
+# -- host helpers ---------------------------------------------------------------------------
+
+def _absorb_weights(kv_b_weight, num_heads: int, nope_dim: int):
+    """``kv_b_proj.weight [H*(D+Dv), C]`` (host) -> w_uk_t [H, C, D], w_uv [H, Dv, C], both
+    C-contiguous in the weight's dtype: the ``[Z, N, K]`` layouts ``_enqueue_linear_heads`` takes
+    for the query absorption (q_lat = q_nope @ W_uk) and the output (out = o_lat @ W_uv^T)."""
+    w_uk, w_uv = split_kv_b(np.asarray(kv_b_weight), num_heads, nope_dim)   # [H, D, C], [H, Dv, C]
+    return (np.ascontiguousarray(w_uk.transpose(0, 2, 1)),                   # [H, C, D]
+            np.ascontiguousarray(w_uv))                                      # [H, Dv, C]
+
+
+def _mask_to_bits(mask, n_new: int):
+    """Dense mask [T, S] bool -> (s0, bits [T, ceil(T/32)] uint32); ValueError if the mask is
+    not one the kernel can apply (every cached row visible, at least one key per query)."""
+    t, s = mask.shape
+    s0 = s - n_new
+    if not mask[:, :s0].all():
+        i = int(np.flatnonzero(~mask[:, :s0].all(axis=1))[0])
+        raise ValueError(f"mask: query {i} does not see every cached row (the first {s0} columns); "
+                         "the kernel shows every cached row to every query")
+    new = mask[:, s0:]                                                # [T, T]
+    if s0 == 0 and t and not new.any(axis=1).all():
+        i = int(np.flatnonzero(~new.any(axis=1))[0])
+        raise ValueError(f"mask: query {i} sees no key (its softmax is undefined)")
+    w = max(1, ceil_div(t, 32))
+    padded = np.zeros((t, 4 * w * 8), dtype=bool)
+    padded[:, :t] = new
+    bits = np.packbits(padded, axis=1, bitorder="little")             # [T, 4W] uint8
+    return s0, np.ascontiguousarray(bits).view("<u4").astype(np.uint32)  # [T, W]
+
+
+# -- the public launcher (twin: reference.mla.mla_attention_absorbed) ------------------------
+
+def mla_attention_absorbed(q_nope, q_pe, c_kv, k_pe, kv_b_weight, mask, scale, *, out=None,
+                           stream=0):
+    """MLA over the cached latents on the GPU: queries through W_uk, tree-verify attention over
+    (c_kv, k_pe), output through W_uv. Same arguments and result as the twin.
+
+    q_nope [T, H, D] f32, q_pe [T, H, R] f32 (rotated), c_kv [S, C] f32, k_pe [S, R] f32,
+    kv_b_weight [H*(D+Dv), C] f32 / f16 / uint16 (bfloat16 bits), mask [T, S] bool (its values
+    are read on the host: a device mask is copied back), scale float -> out [T, H, Dv] f32.
+    The mask must show every cached row (the first S - T) to every query; among the new rows it
+    may be any pattern (causal, a tree's visibility).
+    """
+    check_array("q_nope", q_nope, 3, np.float32)
+    t, h, d = q_nope.shape
+    check_array("q_pe", q_pe, 3, np.float32, shape=(t, h, None))
+    r = q_pe.shape[2]
+    check_array("c_kv", c_kv, 2, np.float32)
+    s, c = c_kv.shape
+    check_array("k_pe", k_pe, 2, np.float32, shape=(s, r))
+    check_array("kv_b_weight", kv_b_weight, 2, WEIGHT_DTYPES, shape=(None, c))
+    rows = kv_b_weight.shape[0]
+    if h == 0 or rows % h or rows // h <= d:
+        raise ValueError(f"kv_b_weight has {rows} rows; need H * (D + Dv) with H = {h}, D = {d}, Dv >= 1")
+    dv = rows // h - d
+    check_array("mask", mask, 2, np.bool_, shape=(t, s))
+    if s < t:
+        raise ValueError(f"c_kv has {s} rows, fewer than the {t} new tokens it must hold")
+    try:
+        scale = float(scale)
+    except (TypeError, ValueError):
+        raise ValueError(f"scale must be a number, got {scale!r}") from None
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    if out is not None:
+        check_array("out", out, 3, np.float32, shape=(t, h, dv))
+    if c == 0:
+        raise ValueError("c_kv has no latent channels (C = 0)")
+    s0, bits = _mask_to_bits(mask.copy_to_host() if is_device(mask) else mask, t)
+
+    y = out if out is not None else cuda.device_array((t, h, dv), np.float32, stream=stream)
+    if t:
+        host_w = kv_b_weight.copy_to_host() if is_device(kv_b_weight) else kv_b_weight
+        w_uk_t, w_uv = _absorb_weights(host_w, h, d)                 # [H, C, D], [H, Dv, C]
+        n_rows = to_device(np.array([t], np.int32), stream)
+        meta = to_device(np.array([s0, t], np.int32), stream)
+        q_lat = cuda.device_array((t, h * c), np.float32, stream=stream)   # [T, H*C]
+        o_lat = cuda.device_array((t, h * c), np.float32, stream=stream)   # [T, H*C]
+        _enqueue_linear_heads(to_device(q_nope, stream).reshape(t, h * d), d,
+                              to_device(w_uk_t, stream), q_lat, n_rows, stream=stream)
+        _enqueue_mla_attention(q_lat, to_device(q_pe, stream).reshape(t, h * r), to_device(c_kv, stream),
+                               to_device(k_pe, stream), to_device(bits, stream), meta, scale, o_lat,
+                               MLAScratch(t, h, s, stream), stream=stream)
+        _enqueue_linear_heads(o_lat, c, to_device(w_uv, stream), y.reshape(t, h * dv), n_rows,
+                              stream=stream)
+    if out is None and not is_device(q_nope):
+        return y.copy_to_host(stream=stream)
+    return y

@@ -1,0 +1,233 @@
+"""Tree-verify MLA attention (kernels/mla.py) against the twin, and bit for bit against itself:
+a tree node equals the same token decoded alone over its root-to-node path."""
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from ddtree_numba import kernels as kn
+from ddtree_numba import reference as ref
+from ddtree_numba.kernels.mla import MLAScratch, _SIM_TILES, _absorb_weights, _enqueue_mla_attention
+
+pytestmark = pytest.mark.kernels
+
+
+def rel_err(got, want):
+    assert np.isfinite(got).all(), "non-finite output"
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def random_parents(rng, n):
+    """A tree of n nodes, node 0 the root, parents[i] < i (deep and bushy mixed)."""
+    parents = np.full(n, -1, np.int32)
+    for i in range(1, n):
+        parents[i] = i - 1 if rng.random() < 0.4 else rng.integers(0, i)
+    return parents
+
+
+def tree_from_build(rng, n_nodes):
+    """The parents of a real DDTree build over random draft log-probs (N = n_nodes - 1)."""
+    lp, ids = ref.topk_logprobs(rng.standard_normal((4, 50)).astype(np.float32) * 2, 6)
+    return ref.build_tree(lp, ids, n_nodes - 1).parents
+
+
+def bf16_bits(a):
+    """float32 -> bfloat16 bits (uint16), round to nearest even."""
+    u = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def widen(w):
+    if w.dtype == np.uint16:
+        return (w.astype(np.uint32) << 16).view(np.float32)
+    return w.astype(np.float32)
+
+
+def inputs(rng, t, s0, h, d, r, c, dv, wdtype=np.float32):
+    s = s0 + t
+    q_nope = rng.standard_normal((t, h, d)).astype(np.float32)                 # [T, H, D]
+    q_pe = rng.standard_normal((t, h, r)).astype(np.float32)                   # [T, H, R]
+    c_kv = rng.standard_normal((s, c)).astype(np.float32)                      # [S, C]
+    k_pe = rng.standard_normal((s, r)).astype(np.float32)                      # [S, R]
+    k_pe[rng.integers(0, s)] *= 8                                              # an outlier key
+    w = (rng.standard_normal((h * (d + dv), c)) * 0.7).astype(np.float32)      # [H*(D+Dv), C]
+    if wdtype == np.uint16:
+        w = bf16_bits(w)
+    elif wdtype == np.float16:
+        w = w.astype(np.float16)
+    return q_nope, q_pe, c_kv, k_pe, w
+
+
+# (T, s0, H, D, R, C, Dv, tree): tree None = causal, "build" = a DDTree build, "random" = random parents
+CASES = [
+    (4, 0, 2, 3, 2, 5, 3, None),
+    (6, 7, 3, 4, 3, 7, 5, None),
+    (9, 5, 2, 5, 2, 6, 4, "build"),
+    (8, 0, 3, 3, 4, 9, 2, "random"),
+    (7, 11, 1, 2, 0, 5, 3, "random"),       # no rope part (R = 0)
+    (34, 1, 1, 2, 2, 3, 2, "random"),       # two mask words per query
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_matches_twin(rng, case):
+    t, s0, h, d, r, c, dv, tree = case
+    q_nope, q_pe, c_kv, k_pe, w = inputs(rng, t, s0, h, d, r, c, dv)
+    parents = None if tree is None else (tree_from_build(rng, t) if tree == "build" else random_parents(rng, t))
+    mask = ref.mla_mask(s0, t, parents)                                        # [T, S]
+    scale = 0.41
+    got = kn.mla_attention_absorbed(q_nope, q_pe, c_kv, k_pe, w, mask, scale)
+    want = ref.mla_attention_absorbed(q_nope, q_pe, c_kv, k_pe, w, mask, scale)
+    assert got.shape == want.shape == (t, h, dv) and got.dtype == np.float32
+    assert rel_err(got, want) <= 1e-5
+
+
+@pytest.mark.parametrize("wdtype", [np.float16, np.uint16])
+def test_half_weights_match_twin_on_widened_weights(rng, wdtype):
+    t, s0, h, d, r, c, dv = 5, 4, 2, 3, 2, 6, 4
+    q_nope, q_pe, c_kv, k_pe, w = inputs(rng, t, s0, h, d, r, c, dv, wdtype)
+    mask = ref.mla_mask(s0, t, random_parents(rng, t))
+    got = kn.mla_attention_absorbed(q_nope, q_pe, c_kv, k_pe, w, mask, 0.5)
+    want = ref.mla_attention_absorbed(q_nope, q_pe, c_kv, k_pe, widen(w), mask, 0.5)
+    assert rel_err(got, want) <= 1e-5
+    w_uk_t, w_uv = _absorb_weights(w, h, d)
+    assert w_uk_t.dtype == w_uv.dtype == w.dtype
+    assert w_uk_t.shape == (h, c, d) and w_uv.shape == (h, dv, c)
+    assert w_uk_t.flags.c_contiguous and w_uv.flags.c_contiguous
+
+
+def test_device_arrays_in_device_array_out(rng):
+    t, s0, h, d, r, c, dv = 3, 2, 2, 2, 2, 4, 3
+    q_nope, q_pe, c_kv, k_pe, w = inputs(rng, t, s0, h, d, r, c, dv)
+    mask = ref.mla_mask(s0, t)
+    out = cuda.to_device(np.full((t, h, dv), np.nan, np.float32))
+    res = kn.mla_attention_absorbed(*(cuda.to_device(a) for a in (q_nope, q_pe, c_kv, k_pe, w, mask)),
+                                    0.7, out=out)
+    assert res is out
+    want = ref.mla_attention_absorbed(q_nope, q_pe, c_kv, k_pe, w, mask, 0.7)
+    assert rel_err(out.copy_to_host(), want) <= 1e-5
+
+
+# -- the core enqueue: against float64 numpy, rows past t untouched, tile shapes ------------
+
+def core_inputs(rng, tq, s_cap, h, c, r):
+    q_lat = rng.standard_normal((tq, h * c)).astype(np.float32)                # [Tq, H*C]
+    q_pe = rng.standard_normal((tq, h * r)).astype(np.float32)                 # [Tq, H*R]
+    c_kv = rng.standard_normal((s_cap, c)).astype(np.float32)                  # [S_cap, C]
+    k_pe = rng.standard_normal((s_cap, r)).astype(np.float32)                  # [S_cap, R]
+    return q_lat, q_pe, c_kv, k_pe
+
+
+def run_core(q_lat, q_pe, c_kv, k_pe, bits, s0, t, scale, out=None, tiles=None):
+    tq, c = q_lat.shape[0], c_kv.shape[1]
+    h = q_lat.shape[1] // c
+    out_d = cuda.to_device(np.full((tq, h * c), np.nan, np.float32) if out is None else out)
+    scratch = MLAScratch(tq, h, c_kv.shape[0] + 3)   # wider than the cache: the row stride differs
+    _enqueue_mla_attention(cuda.to_device(q_lat), cuda.to_device(q_pe), cuda.to_device(c_kv),
+                           cuda.to_device(k_pe), cuda.to_device(bits),
+                           cuda.to_device(np.array([s0, t], np.int32)), scale, out_d, scratch, tiles=tiles)
+    return out_d.copy_to_host()
+
+
+def core_f64(q_lat, q_pe, c_kv, k_pe, vis, s0, t, scale):
+    """out_lat for the live rows in float64: vis [t, t] bool over the new rows."""
+    c, r = c_kv.shape[1], k_pe.shape[1]
+    h = q_lat.shape[1] // c
+    s = s0 + t
+    q = q_lat[:t].reshape(t, h, c).astype(np.float64)                          # [t, H, C]
+    qp = q_pe[:t].reshape(t, h, r).astype(np.float64)                          # [t, H, R]
+    sc = (np.einsum("thc,sc->ths", q, c_kv[:s]) + np.einsum("thr,sr->ths", qp, k_pe[:s])) * scale
+    mask = np.concatenate([np.ones((t, s0), bool), vis], axis=1)               # [t, S]
+    sc = np.where(mask[:, None, :], sc, -np.inf)
+    p = np.exp(sc - sc.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("ths,sc->thc", p, c_kv[:s]).reshape(t, h * c)             # [t, H*C]
+
+
+@pytest.mark.parametrize("tiles", [None, _SIM_TILES[0][1]])   # None: the batch tiles at 30 rows
+def test_core_matches_float64_and_leaves_rows_past_t_untouched(rng, tiles):
+    h, c, r, s0, t, tq = 3, 7, 3, 6, 7, 10                  # Tq = 10 rows allocated, t = 7 live
+    q_lat, q_pe, c_kv, k_pe = core_inputs(rng, tq, s0 + t + 4, h, c, r)   # 4 stale rows past the step
+    parents = random_parents(rng, t)
+    bits = np.zeros((tq, 1), np.uint32)
+    bits[:t] = ref.visibility_bits(parents)
+    bits[t:] = 0xFFFFFFFF                                   # garbage in the dead rows
+    scale = 1.7                                             # peaky: some visible p underflow
+    got = run_core(q_lat, q_pe, c_kv, k_pe, bits, s0, t, scale, tiles=tiles)
+    want = core_f64(q_lat, q_pe, c_kv, k_pe, ref.visibility(parents), s0, t, scale)
+    assert rel_err(got[:t], want) <= 1e-5
+    assert np.isnan(got[t:]).all()                          # rows i >= t never written
+
+
+def bits_of(a):
+    return a.view(np.uint32)
+
+
+@pytest.mark.parametrize("shape", ["build", "random", "chain"])
+def test_tree_node_is_bit_identical_to_the_token_decoded_alone(rng, shape):
+    """Node i of a tree vs the same query alone (Tq = 1, other tiles) over a cache holding the
+    prefix then its ancestors contiguously: the same key values in the same order at other
+    positions, so the same bits."""
+    h, c, r, s0, n = 2, 6, 3, 5, 10
+    parents = {"build": lambda: tree_from_build(rng, n), "random": lambda: random_parents(rng, n),
+               "chain": lambda: np.arange(-1, n - 1, dtype=np.int32)}[shape]()
+    q_lat, q_pe, c_kv, k_pe = core_inputs(rng, n, s0 + n + 1, h, c, r)
+    scale = 0.9
+    tree_out = run_core(q_lat, q_pe, c_kv, k_pe, ref.visibility_bits(parents), s0, n, scale)
+    vis = ref.visibility(parents)
+    scattered = 0
+    for i in range(n):
+        path = np.flatnonzero(vis[i])                                      # ancestors and i, ascending
+        scattered += int(path[-1] - path[0] + 1 != len(path))
+        s_ar = s0 + len(path) - 1                                          # cached rows before the token
+        ar_ckv = np.concatenate([c_kv[:s0], c_kv[s0 + path], np.full((1, c), 9.0, np.float32)])
+        ar_kpe = np.concatenate([k_pe[:s0], k_pe[s0 + path], np.full((1, r), 9.0, np.float32)])
+        for tiles in ((None, _SIM_TILES[1][1]) if i % 3 == 0 else (None,)):
+            alone = run_core(q_lat[i:i + 1], q_pe[i:i + 1], ar_ckv, ar_kpe, np.ones((1, 1), np.uint32),
+                             s_ar, 1, scale, tiles=tiles)
+            np.testing.assert_array_equal(bits_of(alone[0]), bits_of(tree_out[i]), err_msg=f"node {i}")
+    if shape != "chain":
+        assert scattered, "no node had scattered ancestors: the test would prove nothing"
+    want = core_f64(q_lat, q_pe, c_kv, k_pe, vis, s0, n, scale)
+    assert rel_err(tree_out, want) <= 1e-5
+
+
+def test_batch_row_is_bit_identical_alone_and_among_more_rows(rng):
+    """A causal batch of t tokens inside launches of Tq = t and Tq = 3t (other tiles)."""
+    h, c, r, s0, t = 3, 5, 2, 4, 6
+    q_lat, q_pe, c_kv, k_pe = core_inputs(rng, 3 * t, s0 + 3 * t, h, c, r)
+    causal = ref.visibility_bits(np.arange(-1, 3 * t - 1, dtype=np.int32))
+    small = run_core(q_lat[:t], q_pe[:t], c_kv, k_pe, causal[:t, :1], s0, t, 0.6)
+    big = run_core(q_lat, q_pe, c_kv, k_pe, causal, s0, t, 0.6)
+    np.testing.assert_array_equal(bits_of(small), bits_of(big[:t]))
+    assert np.isnan(big[t:]).all()
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+def test_bad_inputs_raise(rng):
+    t, s0, h, d, r, c, dv = 3, 2, 2, 2, 2, 4, 3
+    q_nope, q_pe, c_kv, k_pe, w = inputs(rng, t, s0, h, d, r, c, dv)
+    mask = ref.mla_mask(s0, t)
+    call = kn.mla_attention_absorbed
+
+    def raises(match, *args):
+        with pytest.raises(ValueError, match=match):
+            call(*args)
+
+    hidden = mask.copy()
+    hidden[1, 0] = False
+    raises("query 1 does not see every cached row", q_nope, q_pe, c_kv, k_pe, w, hidden, 0.5)
+    blind = ref.mla_mask(0, t)
+    blind[2] = False
+    raises("query 2 sees no key", q_nope, q_pe, c_kv[s0:], k_pe[s0:], w, blind, 0.5)
+    raises("mask must have dtype bool", q_nope, q_pe, c_kv, k_pe, w, mask.astype(np.float32), 0.5)
+    raises("mask has shape", q_nope, q_pe, c_kv, k_pe, w, mask[:, 1:], 0.5)
+    raises("k_pe has shape", q_nope, q_pe, c_kv, k_pe[:, :1], w, mask, 0.5)
+    raises("q_pe has shape", q_nope, q_pe[:2], c_kv, k_pe, w, mask, 0.5)
+    raises("kv_b_weight has 9 rows", q_nope, q_pe, c_kv, k_pe, w[:9], mask, 0.5)
+    raises("kv_b_weight must", q_nope, q_pe, c_kv, k_pe, w.astype(np.float64), mask, 0.5)
+    raises("q_nope must have dtype float32", q_nope.astype(np.float64), q_pe, c_kv, k_pe, w, mask, 0.5)
+    raises("fewer than the 3 new tokens", q_nope, q_pe, c_kv[:2], k_pe[:2], w, mask[:, :2], 0.5)
+    raises("scale must be finite", q_nope, q_pe, c_kv, k_pe, w, mask, float("nan"))
+    raises("scale must be a number", q_nope, q_pe, c_kv, k_pe, w, mask, "big")
