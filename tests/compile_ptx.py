@@ -56,6 +56,12 @@ SIGNATURES = {
         for swiglu, acc, grouped, gather in ((False, False, False, False), (False, True, False, False),
                                              (True, False, False, False), (True, False, True, True),
                                              (False, False, True, False))],
+    "moe._route_kernel": [((128,), f"void({F32_2}, float32[::1], int64, int64, int64, int64, int64, int64, "
+                                   f"float32, {I32_1}, {I32_2}, {F32_2})")],
+    "moe._sort_kernel": [((512,), f"void({I32_2}, {F32_2}, {I32_1}, {U32_2}, {I32_2}, {I32_1}, {I32_1}, "
+                                  f"float32[::1], {I32_2})")],
+    "moe._combine_kernel": [((shared, residual), f"void({F32_2}, float32[::1], {I32_2}, {F32_2}, {F32_2}, {I32_1})")
+                            for shared in (False, True) for residual in (False, True)],
     "mla._mla_scores_kernel": [
         (tiles[0], f"void({F32_2}, {F32_2}, {F32_2}, {F32_2}, {I32_1}, float32, {F32_2})")
         for _, tiles in kernels_pkg.mla._GPU_TILES],

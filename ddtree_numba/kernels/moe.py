@@ -1,0 +1,568 @@
+"""Mixture-of-experts on the GPU; twins: ``reference.moe.moe_route``, ``moe_experts``, ``swiglu_mlp``.
+
+Shapes: R rows (tokens; ``n_rows[0]`` of them live), M hidden size, E routed experts, G groups
+(``n_group``), K experts per token, I expert intermediate size, Is shared-expert intermediate
+size (I * n_shared_experts). A *slot* is one (token, expert) pair; there are n * K of them.
+
+One MoE block (``_enqueue_moe_block``), every step on the device, no host round trip:
+
+1. router GEMM ``logits = m @ gate.T`` (``linear._enqueue_linear``)                  [R, E]
+2. routing (``_route_kernel``, one block per row): softmax / sigmoid scores, + bias for
+   noaux_tc, group selection, top-K with ties to the lower id (a rank count: expert e is
+   the r-th pick iff exactly r experts beat it under (value desc, id asc)), weights
+   normalised and scaled exactly as the twin orders the float operations.
+3. counting sort (``_sort_kernel``, one block): a bitmap [E, ceil(R/32)] marks which tokens
+   chose each expert; per-expert popcounts give ``offsets [E+1]``; a slot's position is
+   offsets[e] + (tokens < r marked for e), so tokens ascend inside an expert and the
+   result is the same for any thread count or timing (the only atomics are bit ORs).
+4. grouped SwiGLU GEMM over the gathered token rows and grouped down GEMM
+   (``linear._enqueue_grouped``; grid z = expert, empty experts exit at once).
+5. shared experts through ``_enqueue_swiglu`` + ``_enqueue_linear``.
+6. combine (``_combine_kernel``): per token, out = 0; out = fma(y_e, w_e, out) over its
+   experts in ascending id (= ascending slot, since slots are sorted by expert); + shared;
+   x + that. The order is the twin's and never depends on the batch.
+
+Batch invariance: every step reduces in an order fixed by E, K, M, I and the compiled thread
+counts, never by the number of rows, so a row's output is bit-identical alone or in a batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numba import config, cuda, float32, int32, uint32
+
+from .._checks import check_array, check_int
+from .._device import ceil_div, device_function, fma, is_device, to_device
+from .linear import WEIGHT_DTYPES, _enqueue_grouped, _enqueue_linear, _enqueue_swiglu, _weight_kind
+
+SIM = config.ENABLE_CUDASIM
+# The simulator runs every thread as a Python thread: tiny blocks there, H200 sizes elsewhere.
+ROUTE_THREADS = 8 if SIM else 128     # one block per token row; E_MAX / threads experts each
+SORT_THREADS = 8 if SIM else 512      # the whole counting sort is one block
+COMBINE_THREADS = 16 if SIM else 128  # columns per block of the combine; grid y = rows
+E_MAX = 1024                          # routed experts the routing kernel holds in shared memory
+
+SCORING_FUNCS = ("softmax", "sigmoid")
+TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+
+if SIM:
+    def _expf(v):
+        """float32 exp (numpy: inf on overflow where math.exp raises)."""
+        with np.errstate(over="ignore"):
+            return np.float32(np.exp(np.float32(v)))
+else:
+    @device_function
+    def _expf(v):
+        """float32 exp (libdevice expf on a float32 argument)."""
+        return float32(math.exp(v))
+
+
+@dataclass(frozen=True)
+class MoERoute:
+    """The routing parameters of a MoE layer (the config keys of the same names)."""
+
+    scoring_func: str             # "softmax" | "sigmoid"
+    topk_method: str              # "greedy" | "group_limited_greedy" | "noaux_tc"
+    n_group: int                  # G (ignored by greedy)
+    topk_group: int               # groups kept (ignored by greedy)
+    top_k: int                    # K, num_experts_per_tok
+    norm_topk_prob: bool
+    routed_scaling_factor: float
+
+    def __post_init__(self):
+        if self.scoring_func not in SCORING_FUNCS:
+            raise ValueError(f"scoring_func {self.scoring_func!r} is not softmax or sigmoid")
+        if self.topk_method not in TOPK_METHODS:
+            raise ValueError(
+                f"topk_method {self.topk_method!r} is not greedy, group_limited_greedy or noaux_tc")
+        check_int("top_k", self.top_k, 1)
+        if self.topk_method != "greedy":
+            check_int("n_group", self.n_group, 1)
+            check_int("topk_group", self.topk_group, 1, self.n_group)
+        if not math.isfinite(float(self.routed_scaling_factor)):
+            raise ValueError(f"routed_scaling_factor must be finite, got {self.routed_scaling_factor}")
+
+    @classmethod
+    def from_config(cls, cfg) -> "MoERoute":
+        """From a ``model.config.ModelConfig``."""
+        return cls(cfg.scoring_func, cfg.topk_method, cfg.n_group, cfg.topk_group,
+                   cfg.num_experts_per_tok, bool(cfg.norm_topk_prob), float(cfg.routed_scaling_factor))
+
+    def check_experts(self, n_experts: int):
+        """ValueError unless these parameters fit ``n_experts`` routed experts."""
+        e = n_experts
+        if e < 1 or e > E_MAX:
+            raise ValueError(f"the routing kernel takes 1 to {E_MAX} experts, got {e}")
+        if self.top_k > e:
+            raise ValueError(f"top_k={self.top_k} exceeds the {e} experts")
+        if self.topk_method != "greedy":
+            if e % self.n_group:
+                raise ValueError(f"{e} experts do not divide into n_group={self.n_group} equal groups")
+            if self.topk_method == "noaux_tc" and e // self.n_group < 2:
+                raise ValueError("noaux_tc scores a group by its two best experts: needs >= 2 experts per group")
+
+    # kernel arguments: small ints, so one compiled kernel serves every layer
+    @property
+    def _scoring_code(self) -> int:
+        return SCORING_FUNCS.index(self.scoring_func)
+
+    @property
+    def _method_code(self) -> int:
+        return TOPK_METHODS.index(self.topk_method)
+
+
+class MoEBuffers:
+    """Every device buffer one MoE block needs, for up to ``max_rows`` tokens (allocated once;
+    layers of the same shape share one). ``shared_inter`` = Is (0: no shared experts)."""
+
+    def __init__(self, max_rows, n_experts, top_k, hidden, inter, shared_inter=0, *, stream=0):
+        R, E, K, M, I = (check_int(n, v, 1) for n, v in (
+            ("max_rows", max_rows), ("n_experts", n_experts), ("top_k", top_k), ("hidden", hidden),
+            ("inter", inter)))
+        Is = check_int("shared_inter", shared_inter, 0)
+        W = ceil_div(R, 32)
+
+        def arr(shape, dt):
+            return cuda.device_array(shape, dt, stream=stream)
+
+        self.max_rows, self.n_experts, self.top_k, self.hidden, self.inter = R, E, K, M, I
+        self.shared_inter = Is
+        self.logits = arr((R, E), np.float32)            # [R, E]    router logits
+        self.topk_ids = arr((R, K), np.int32)            # [R, K]    chosen experts, best first
+        self.topk_weights = arr((R, K), np.float32)      # [R, K]    their weights
+        self.bitmap = arr((E, W), np.uint32)             # [E, W]    bit r%32 of word r//32: token r chose e
+        self.word_prefix = arr((E, W), np.int32)         # [E, W]    tokens marked for e in words < w
+        self.offsets = arr(E + 1, np.int32)              # [E+1]     expert e's slots: offsets[e] .. offsets[e+1]
+        self.slot_token = arr(R * K, np.int32)           # [R*K]     slot -> token row
+        self.slot_weight = arr(R * K, np.float32)        # [R*K]     slot -> routing weight
+        self.token_slot = arr((R, K), np.int32)          # [R, K]    token -> its slots, ascending (= by expert id)
+        self.act = arr((R * K, I), np.float32)           # [R*K, I]  silu(gate) * up per slot
+        self.expert_out = arr((R * K, M), np.float32)    # [R*K, M]  down projection per slot (unweighted)
+        self.shared_act = arr((R, Is), np.float32) if Is else None   # [R, Is] shared SwiGLU activation
+        self.shared_out = arr((R, M), np.float32) if Is else None    # [R, M]  shared-expert output
+        self.zero_bias = cuda.to_device(np.zeros(E, np.float32), stream=stream)  # [E] stands in for no bias
+
+
+# -- kernels ------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _route_kernel(threads):
+    """One block per row r < n_rows[0]: logits [R, E] -> topk_ids [R, K], topk_weights [R, K].
+
+    scoring 0 softmax / 1 sigmoid; method 0 greedy / 1 group_limited_greedy / 2 noaux_tc.
+    """
+    T = threads
+
+    @cuda.jit
+    def kernel(logits, bias, scoring, method, n_group, topk_group, top_k, norm, scale, n_rows,
+               topk_ids, topk_weights):
+        r = cuda.blockIdx.x
+        if r >= n_rows[0]:  # the whole block leaves together, before any barrier
+            return
+        t = cuda.threadIdx.x
+        E = logits.shape[1]
+        score = cuda.shared.array(E_MAX, float32)   # [E] scores (the weights come from these)
+        choice = cuda.shared.array(E_MAX, float32)  # [E] what the top-K ranks (bias, group mask)
+        gscore = cuda.shared.array(E_MAX, float32)  # [G] group scores
+        gkeep = cuda.shared.array(E_MAX, int32)     # [G] 1: group kept
+        red = cuda.shared.array(T, float32)
+        neg_inf = float32(-math.inf)
+
+        if scoring == 0:
+            # softmax: max, then exp and a sum in a fixed order (strided per thread, then a tree)
+            mx = neg_inf
+            for e in range(t, E, T):
+                mx = max(mx, logits[r, e])
+            red[t] = mx
+            cuda.syncthreads()  # every partial max is in
+            s = T // 2
+            while s > 0:
+                if t < s:
+                    red[t] = max(red[t], red[t + s])
+                cuda.syncthreads()  # this level is done
+                s //= 2
+            mx = red[0]
+            cuda.syncthreads()  # everyone has the max before red is reused
+            acc = float32(0.0)
+            for e in range(t, E, T):
+                z = _expf(logits[r, e] - mx)
+                score[e] = z
+                acc = acc + z
+            red[t] = acc
+            cuda.syncthreads()  # every partial sum is in
+            s = T // 2
+            while s > 0:
+                if t < s:
+                    red[t] = red[t] + red[t + s]
+                cuda.syncthreads()
+                s //= 2
+            total = red[0]
+            for e in range(t, E, T):
+                score[e] = score[e] / total
+        else:
+            for e in range(t, E, T):
+                score[e] = float32(1.0) / (float32(1.0) + _expf(-logits[r, e]))
+        for e in range(t, E, T):
+            choice[e] = score[e] + bias[e] if method == 2 else score[e]
+        cuda.syncthreads()  # scores and choices complete
+
+        if method != 0:
+            gsize = E // n_group
+            for g in range(t, n_group, T):
+                b1 = neg_inf
+                b2 = neg_inf
+                for e in range(g * gsize, (g + 1) * gsize):
+                    v = choice[e]
+                    if v > b1:
+                        b2 = b1
+                        b1 = v
+                    elif v > b2:
+                        b2 = v
+                gscore[g] = b1 if (method == 1 or gsize == 1) else b1 + b2
+            cuda.syncthreads()  # every group score is in
+            for g in range(t, n_group, T):
+                v = gscore[g]
+                rank = 0
+                for h in range(n_group):
+                    o = gscore[h]
+                    if o > v or (o == v and h < g):
+                        rank += 1
+                gkeep[g] = 1 if rank < topk_group else 0
+            cuda.syncthreads()  # the kept groups are known
+            for e in range(t, E, T):
+                if gkeep[e // gsize] == 0:
+                    choice[e] = neg_inf
+            cuda.syncthreads()  # masked choices are in
+
+        # top-K: e's rank = #experts before it under (choice desc, id asc); stop counting at K
+        for e in range(t, E, T):
+            v = choice[e]
+            rank = 0
+            for f in range(E):
+                o = choice[f]
+                if o > v or (o == v and f < e):
+                    rank += 1
+                    if rank >= top_k:
+                        break
+            if rank < top_k:
+                topk_ids[r, rank] = e
+        cuda.syncthreads()  # the block's global writes of topk_ids are visible to thread 0
+
+        if t == 0:
+            denom = float32(1.0)
+            if norm != 0:
+                wsum = float32(0.0)
+                for k in range(top_k):
+                    wsum = wsum + score[topk_ids[r, k]]
+                denom = wsum + float32(1e-20)
+            for k in range(top_k):
+                w = score[topk_ids[r, k]]
+                if norm != 0:
+                    w = w / denom
+                topk_weights[r, k] = w * scale
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def _sort_kernel(threads):
+    """One block: group the n * K slots of rows r < n_rows[0] by expert (tokens ascending).
+
+    topk_ids [R, K] int32, topk_weights [R, K] f32 -> bitmap / word_prefix [E, W] (scratch),
+    offsets [E+1], slot_token [R*K], slot_weight [R*K], token_slot [R, K] (ascending).
+    """
+    T = threads
+
+    @cuda.jit
+    def kernel(topk_ids, topk_weights, n_rows, bitmap, word_prefix, offsets, slot_token,
+               slot_weight, token_slot):
+        t = cuda.threadIdx.x
+        n = n_rows[0]
+        K = topk_ids.shape[1]
+        E = bitmap.shape[0]
+        nw = (n + 31) // 32
+        tot = cuda.shared.array(T, int32)
+
+        for i in range(t, E * nw, T):  # clear the words live rows use
+            bitmap[i // nw, i % nw] = uint32(0)
+        cuda.syncthreads()  # cleared before anyone marks
+        for p in range(t, n * K, T):
+            rr = p // K
+            e = topk_ids[rr, p - rr * K]
+            cuda.atomic.or_(bitmap, (e, rr >> 5), uint32(1) << uint32(rr & 31))
+        cuda.syncthreads()  # every mark is in
+
+        # per-expert counts and word prefixes; thread t owns the experts [e0, e1)
+        chunk = (E + T - 1) // T
+        e0 = min(t * chunk, E)
+        e1 = min(e0 + chunk, E)
+        own = 0
+        for e in range(e0, e1):
+            c = 0
+            for w in range(nw):
+                word_prefix[e, w] = c
+                c += cuda.popc(bitmap[e, w])
+            offsets[e + 1] = c  # the count for now; the running offset below
+            own += c
+        tot[t] = own
+        cuda.syncthreads()  # every thread's total is in
+        s = 1
+        while s < T:  # inclusive scan of tot (Hillis-Steele)
+            v = tot[t - s] if t >= s else 0
+            cuda.syncthreads()  # all reads of this step before its writes
+            tot[t] += v
+            cuda.syncthreads()  # all writes before the next step's reads
+            s *= 2
+        base = tot[t] - own
+        if t == 0:
+            offsets[0] = 0
+        for e in range(e0, e1):
+            base += offsets[e + 1]
+            offsets[e + 1] = base
+        cuda.syncthreads()  # offsets and prefixes are visible to the block
+
+        for rr in range(t, n, T):  # one thread per token row
+            w = rr >> 5
+            below = (uint32(1) << uint32(rr & 31)) - uint32(1)
+            for k in range(K):
+                e = topk_ids[rr, k]
+                pos = offsets[e] + word_prefix[e, w] + cuda.popc(bitmap[e, w] & below)
+                slot_token[pos] = rr
+                slot_weight[pos] = topk_weights[rr, k]
+                i = k  # insert pos into the row's ascending list
+                while i > 0 and token_slot[rr, i - 1] > pos:
+                    token_slot[rr, i] = token_slot[rr, i - 1]
+                    i -= 1
+                token_slot[rr, i] = pos
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def _combine_kernel(has_shared: bool, residual: bool):
+    """For rows r < n_rows[0] and columns c: acc = 0; acc = fma(y[j, c], w[j], acc) for the
+    row's slots j ascending (= its experts by ascending id); [+ shared[r, c]];
+    out[r, c] = out[r, c] + acc (``residual``) or acc.
+    expert_out [R*K, M], slot_weight [R*K], token_slot [R, K], shared_out [R, M], out [R, M]."""
+
+    @cuda.jit
+    def kernel(expert_out, slot_weight, token_slot, shared_out, out, n_rows):
+        c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        r = cuda.blockIdx.y
+        if r >= n_rows[0] or c >= out.shape[1]:
+            return
+        acc = float32(0.0)
+        for k in range(token_slot.shape[1]):
+            j = token_slot[r, k]
+            acc = fma(expert_out[j, c], slot_weight[j], acc)
+        if has_shared:
+            acc = acc + shared_out[r, c]
+        if residual:
+            out[r, c] = out[r, c] + acc
+        else:
+            out[r, c] = acc
+
+    return kernel
+
+
+# -- enqueue API used by the GPU forward (device arrays only, no checks, no allocation) -------
+
+def _enqueue_moe_route(logits, bias, route, topk_ids, topk_weights, n_rows, *, stream=0):
+    """Route rows r < n_rows[0]: logits [R, E] f32, bias [E] f32 (read by noaux_tc only),
+    route ``MoERoute`` -> topk_ids [R, K] int32 (best first), topk_weights [R, K] f32."""
+    _route_kernel(ROUTE_THREADS)[logits.shape[0], ROUTE_THREADS, stream](
+        logits, bias, route._scoring_code, route._method_code, route.n_group, route.topk_group,
+        route.top_k, int(bool(route.norm_topk_prob)), np.float32(route.routed_scaling_factor),
+        n_rows, topk_ids, topk_weights)
+
+
+def _enqueue_moe_sort(topk_ids, topk_weights, bufs, n_rows, *, stream=0):
+    """Counting sort of rows r < n_rows[0] by expert into ``bufs`` (offsets, slot_token,
+    slot_weight, token_slot). topk_ids [R, K] int32 (distinct per row), topk_weights [R, K]."""
+    _sort_kernel(SORT_THREADS)[1, SORT_THREADS, stream](
+        topk_ids, topk_weights, n_rows, bufs.bitmap, bufs.word_prefix, bufs.offsets,
+        bufs.slot_token, bufs.slot_weight, bufs.token_slot)
+
+
+def _enqueue_moe_experts(x, experts_gate, experts_up, experts_down, bufs, *, stream=0):
+    """After ``_enqueue_moe_sort``: bufs.expert_out[j] = down_e(silu(gate_e(x[t])) * up_e(x[t]))
+    for every slot j = (token t, expert e). x [R, M] f32, experts_gate / up [E, I, M],
+    experts_down [E, M, I]."""
+    _enqueue_grouped(x, experts_gate, bufs.act, bufs.offsets, bufs.max_rows,
+                     row_index=bufs.slot_token, w_up=experts_up, stream=stream)
+    _enqueue_grouped(bufs.act, experts_down, bufs.expert_out, bufs.offsets, bufs.max_rows,
+                     stream=stream)
+
+
+def _enqueue_moe_combine(bufs, shared_out, out, n_rows, *, residual, stream=0):
+    """out[r] (+)= sum over r's experts ascending of w * expert_out [+ shared_out[r]], r < n_rows[0].
+    shared_out [R, M] f32 or None, out [R, M] f32."""
+    kernel = _combine_kernel(shared_out is not None, bool(residual))
+    grid = (ceil_div(out.shape[1], COMBINE_THREADS), bufs.max_rows)
+    kernel[grid, COMBINE_THREADS, stream](
+        bufs.expert_out, bufs.slot_weight, bufs.token_slot,
+        bufs.expert_out if shared_out is None else shared_out, out, n_rows)
+
+
+def _enqueue_swiglu_mlp(x, gate_w, up_w, down_w, act, out, n_rows, *, accumulate=False, stream=0):
+    """out[:n] (+)= down(silu(gate(x[:n])) * up(x[:n])) for n = n_rows[0] (the dense MLP; with
+    ``accumulate`` it is the residual add x + mlp(m)). x [R, M] f32, gate_w / up_w [I, M],
+    down_w [M, I], act [R, I] f32 scratch, out [R, M] f32."""
+    _enqueue_swiglu(x, gate_w, up_w, act, n_rows, stream=stream)
+    _enqueue_linear(act, down_w, out, n_rows, accumulate=accumulate, stream=stream)
+
+
+def _enqueue_moe_block(m, x, gate_w, bias, experts_gate, experts_up, experts_down, shared_gate,
+                       shared_up, shared_down, route, bufs, n_rows, *, stream=0):
+    """x[r] += routed(m[r]) + shared(m[r]) for r < n_rows[0] <= bufs.max_rows; 7 launches
+    (6 without shared experts). m / x [>= max_rows, M] f32 (m post-attention-normed, x the
+    residual stream), gate_w [E, M], bias [E] f32 or None, experts_gate / up [E, I, M],
+    experts_down [E, M, I], shared_* [Is, M] / [M, Is] or None (then ``bufs.shared_inter``
+    may be 0), route ``MoERoute``, bufs ``MoEBuffers``, n_rows [1] int32 device."""
+    _enqueue_linear(m, gate_w, bufs.logits, n_rows, stream=stream)
+    _enqueue_moe_route(bufs.logits, bufs.zero_bias if bias is None else bias, route,
+                       bufs.topk_ids, bufs.topk_weights, n_rows, stream=stream)
+    _enqueue_moe_sort(bufs.topk_ids, bufs.topk_weights, bufs, n_rows, stream=stream)
+    _enqueue_moe_experts(m, experts_gate, experts_up, experts_down, bufs, stream=stream)
+    shared_out = None
+    if shared_gate is not None:
+        _enqueue_swiglu_mlp(m, shared_gate, shared_up, shared_down, bufs.shared_act,
+                            bufs.shared_out, n_rows, stream=stream)
+        shared_out = bufs.shared_out
+    _enqueue_moe_combine(bufs, shared_out, x, n_rows, residual=True, stream=stream)
+
+
+# -- public launchers (twins in reference.moe) --------------------------------------------------
+
+def _check_weight(name, w, ndim, shape=None):
+    check_array(name, w, ndim, WEIGHT_DTYPES, shape=shape)
+    return _weight_kind(w)
+
+
+def _rows_device(n, stream):
+    return to_device(np.array([n], np.int32), stream)
+
+
+def moe_route(x, gate_weight, e_score_correction_bias, scoring_func, topk_method, n_group,
+              topk_group, top_k, norm_topk_prob, routed_scaling_factor, *, out=None, stream=0):
+    """Each token's experts and weights, on the GPU (router GEMM + one routing kernel).
+
+    x [T, M] float32, gate_weight [E, M] (float32 / float16 / uint16 bf16 bits),
+    e_score_correction_bias [E] float32 or None (noaux_tc needs it) -> topk_ids [T, K] int32
+    (best first, ties to the lower id), topk_weights [T, K] float32. ``out``: a pair of
+    device arrays ([T, K] int32, [T, K] float32) to fill; returned without a sync.
+    """
+    route = MoERoute(scoring_func, topk_method, n_group, topk_group, top_k, bool(norm_topk_prob),
+                     routed_scaling_factor)
+    check_array("x", x, 2, np.float32)
+    _check_weight("gate_weight", gate_weight, 2, shape=(None, x.shape[1]))
+    t, e = x.shape[0], gate_weight.shape[0]
+    route.check_experts(e)
+    if e_score_correction_bias is None:
+        if topk_method == "noaux_tc":
+            raise ValueError("noaux_tc routing needs e_score_correction_bias")
+    else:
+        check_array("e_score_correction_bias", e_score_correction_bias, 1, np.float32, shape=(e,))
+    if out is None:
+        ids = cuda.device_array((t, top_k), np.int32, stream=stream)
+        weights = cuda.device_array((t, top_k), np.float32, stream=stream)
+    else:
+        ids, weights = out
+        check_array("out[0]", ids, 2, np.int32, shape=(t, top_k))
+        check_array("out[1]", weights, 2, np.float32, shape=(t, top_k))
+    if t:
+        n_rows = _rows_device(t, stream)
+        logits = cuda.device_array((t, e), np.float32, stream=stream)
+        _enqueue_linear(to_device(x, stream), to_device(gate_weight, stream), logits, n_rows,
+                        stream=stream)
+        bias = (cuda.to_device(np.zeros(e, np.float32), stream=stream)
+                if e_score_correction_bias is None else to_device(e_score_correction_bias, stream))
+        _enqueue_moe_route(logits, bias, route, ids, weights, n_rows, stream=stream)
+    if out is not None:
+        return out
+    if not is_device(x):
+        return ids.copy_to_host(stream=stream), weights.copy_to_host(stream=stream)
+    return ids, weights
+
+
+def _check_mlp_weights(prefix, gate, up, down, ndim, m):
+    lead = (None,) * (ndim - 2)
+    kind = _check_weight(f"{prefix}gate", gate, ndim, shape=lead + (None, m))
+    _check_weight(f"{prefix}up", up, ndim, shape=tuple(gate.shape))
+    _check_weight(f"{prefix}down", down, ndim, shape=tuple(gate.shape[:-2]) + (m, gate.shape[-2]))
+    if np.dtype(up.dtype) != np.dtype(gate.dtype):
+        raise ValueError(f"{prefix}up has dtype {np.dtype(up.dtype).name} but {prefix}gate has "
+                         f"{np.dtype(gate.dtype).name}; the SwiGLU GEMM reads both as one kind")
+    return kind
+
+
+def swiglu_mlp(x, gate_weight, up_weight, down_weight, *, out=None, stream=0):
+    """``down(silu(gate(x)) * up(x))`` on the GPU (two launches).
+
+    x [T, M] float32, gate_weight / up_weight [I, M], down_weight [M, I] (float32 / float16 /
+    uint16 bf16 bits; gate and up of one dtype) -> [T, M] float32.
+    """
+    check_array("x", x, 2, np.float32)
+    t, m = x.shape
+    _check_mlp_weights("", gate_weight, up_weight, down_weight, 2, m)
+    if out is None:
+        y = cuda.device_array((t, m), np.float32, stream=stream)
+    else:
+        check_array("out", out, 2, np.float32, shape=(t, m))
+        y = out
+    if t and m:
+        act = cuda.device_array((t, gate_weight.shape[0]), np.float32, stream=stream)
+        _enqueue_swiglu_mlp(to_device(x, stream), to_device(gate_weight, stream),
+                            to_device(up_weight, stream), to_device(down_weight, stream), act, y,
+                            _rows_device(t, stream), stream=stream)
+    if out is None and not is_device(x):
+        return y.copy_to_host(stream=stream)
+    return y
+
+
+def moe_experts(x, topk_ids, topk_weights, gate_weights, up_weights, down_weights, *, out=None,
+                stream=0):
+    """Weighted sum of each token's routed experts, summed in increasing expert id, on the GPU
+    (counting sort, grouped SwiGLU and down GEMMs, combine).
+
+    x [T, M] float32, topk_ids [T, K] int32 (distinct per row, in [0, E)), topk_weights [T, K]
+    float32, gate_weights / up_weights [E, I, M], down_weights [E, M, I] -> [T, M] float32.
+    """
+    check_array("x", x, 2, np.float32)
+    t, m = x.shape
+    _check_mlp_weights("", gate_weights, up_weights, down_weights, 3, m)
+    e, i = gate_weights.shape[0], gate_weights.shape[1]
+    check_array("topk_ids", topk_ids, 2, np.int32, shape=(t, None))
+    k = topk_ids.shape[1]
+    check_array("topk_weights", topk_weights, 2, np.float32, shape=(t, k))
+    if isinstance(topk_ids, np.ndarray) and topk_ids.size:
+        if topk_ids.min() < 0 or topk_ids.max() >= e:
+            raise ValueError(f"topk_ids must lie in [0, {e}), got values in "
+                             f"[{topk_ids.min()}, {topk_ids.max()}]")
+        srt = np.sort(topk_ids, axis=1)
+        if (srt[:, 1:] == srt[:, :-1]).any():
+            raise ValueError("topk_ids repeats an expert within a row")
+    if out is None:
+        y = cuda.device_array((t, m), np.float32, stream=stream)
+    else:
+        check_array("out", out, 2, np.float32, shape=(t, m))
+        y = out
+    if t and m:
+        if k == 0:
+            y.copy_to_device(np.zeros((t, m), np.float32), stream=stream)  # the twin's zeros
+        else:
+            bufs = MoEBuffers(t, e, k, m, i, stream=stream)
+            n_rows = _rows_device(t, stream)
+            _enqueue_moe_sort(to_device(topk_ids, stream), to_device(topk_weights, stream), bufs,
+                              n_rows, stream=stream)
+            _enqueue_moe_experts(to_device(x, stream), to_device(gate_weights, stream),
+                                 to_device(up_weights, stream), to_device(down_weights, stream),
+                                 bufs, stream=stream)
+            _enqueue_moe_combine(bufs, None, y, n_rows, residual=False, stream=stream)
+    if out is None and not is_device(x):
+        return y.copy_to_host(stream=stream)
+    return y

@@ -1,0 +1,315 @@
+"""MoE kernels (routing, counting sort, grouped experts, shared experts, combine) vs their twins."""
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from ddtree_numba import kernels as kn
+from ddtree_numba import reference as ref
+from ddtree_numba.kernels.moe import (MoEBuffers, MoERoute, _enqueue_moe_block, _enqueue_moe_sort)
+
+pytestmark = pytest.mark.kernels
+
+METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+SCORINGS = ("softmax", "sigmoid")
+
+
+def _rel_err(got, want):
+    return float(np.abs(got.astype(np.float64) - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def _bf16(a):
+    """float32 -> bfloat16 bits (uint16), rounded to nearest even."""
+    u = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _widen_bf16(u):
+    return (u.astype(np.uint32) << 16).view(np.float32)
+
+
+def _routing_gaps(logits, bias, scoring, method, n_group):
+    """Per row: the smallest relative gap between choice values and between group scores
+    (float64) -- routing ids are exact only away from near-ties."""
+    l64 = logits.astype(np.float64)
+    if scoring == "softmax":
+        z = np.exp(l64 - l64.max(-1, keepdims=True))
+        s = z / z.sum(-1, keepdims=True)
+    else:
+        s = 1 / (1 + np.exp(-l64))
+    c = s + (bias if method == "noaux_tc" else 0)
+    def rel_gaps(v):
+        v = np.sort(v, -1)
+        return (np.diff(v, axis=-1) / np.abs(v[:, 1:]).clip(1e-30)).min(-1)
+
+    gaps = rel_gaps(c)
+    if method != "greedy" and n_group > 1:
+        g = c.reshape(len(c), n_group, -1)
+        gs = g.max(-1) if method == "group_limited_greedy" else np.sort(g, -1)[..., -2:].sum(-1)
+        gaps = np.minimum(gaps, rel_gaps(gs))
+    return gaps
+
+
+def _well_separated_inputs(rng, T, M, E, scoring, method, n_group, gap=1e-4):
+    """x [T, M], gate [E, M], bias [E] whose routing has no near-ties (rows redrawn until so)."""
+    gate = (rng.standard_normal((E, M)) / np.sqrt(M)).astype(np.float32)
+    bias = (rng.standard_normal(E) * 0.1).astype(np.float32)
+    x = (rng.standard_normal((T, M)) * 2).astype(np.float32)
+    for _ in range(200):
+        bad = _routing_gaps(ref.linear(x, gate), bias, scoring, method, n_group) < gap
+        if not bad.any():
+            return x, gate, bias
+        x[bad] = (rng.standard_normal((int(bad.sum()), M)) * 2).astype(np.float32)
+    raise AssertionError("could not draw well-separated routing inputs")
+
+
+@pytest.mark.parametrize("scoring", SCORINGS)
+@pytest.mark.parametrize("method", METHODS)
+def test_routing_matches_twin(rng, scoring, method):
+    T, M, E, G, TG, K = 9, 37, 16, 4, 2, 3
+    x, gate, bias = _well_separated_inputs(rng, T, M, E, scoring, method, G)
+    args = (bias, scoring, method, G, TG, K, True, 2.5)
+    ids, w = kn.moe_route(x, gate, *args)
+    ids_r, w_r = ref.moe_route(x, gate, *args)
+    np.testing.assert_array_equal(ids, ids_r)
+    assert _rel_err(w, w_r) <= 1e-5
+    # without normalisation, with a bf16 router
+    args = (bias, scoring, method, G, TG, K, False, 1.5)
+    gate16 = _bf16(gate)
+    ids, w = kn.moe_route(x, gate16, *args)
+    ids_r, w_r = ref.moe_route(x, _widen_bf16(gate16), *args)
+    np.testing.assert_array_equal(ids, ids_r)
+    assert _rel_err(w, w_r) <= 1e-5
+    # device arrays in, filled device outputs back
+    out = (cuda.to_device(np.full((T, K), -1, np.int32)), cuda.to_device(np.zeros((T, K), np.float32)))
+    got = kn.moe_route(cuda.to_device(x), cuda.to_device(gate16), cuda.to_device(bias), *args[1:], out=out)
+    assert got is out
+    np.testing.assert_array_equal(out[0].copy_to_host(), ids_r)
+
+
+def test_routing_with_more_experts_than_threads_and_one_group(rng):
+    T, M, E, K = 5, 20, 40, 6  # E > threads: strided loops in every phase
+    for scoring, method, G, TG in (("sigmoid", "noaux_tc", 1, 1), ("softmax", "greedy", 1, 1),
+                                   ("softmax", "group_limited_greedy", 8, 3)):
+        x, gate, bias = _well_separated_inputs(rng, T, M, E, scoring, method, G)
+        args = (bias, scoring, method, G, TG, K, True, 1.0)
+        ids, w = kn.moe_route(x, gate, *args)
+        ids_r, w_r = ref.moe_route(x, gate, *args)
+        np.testing.assert_array_equal(ids, ids_r)
+        assert _rel_err(w, w_r) <= 1e-5
+
+
+@pytest.mark.parametrize("scoring", SCORINGS)
+@pytest.mark.parametrize("method", METHODS)
+def test_exact_ties_go_to_the_lower_id(scoring, method):
+    E, G = 8, 4
+    gate = np.eye(E, dtype=np.float32)  # logits = x exactly, on both sides
+    x = np.array([[1, 3, 0, 3, 2, 3, 0, 1],     # experts 1, 3, 5 tie at the top
+                  [2, 2, 2, 2, 2, 2, 2, 2],     # everything ties
+                  [0, 5, 5, 0, 1, 1, 4, 4]],    # groups (1,2) and (6,7) tie on max and on sum
+                 np.float32)
+    bias = np.zeros(E, np.float32)
+    ids, w = kn.moe_route(x, gate, bias, scoring, method, G, 2, 2, False, 1.0)
+    ids_r, w_r = ref.moe_route(x, gate, bias, scoring, method, G, 2, 2, False, 1.0)
+    np.testing.assert_array_equal(ids, ids_r)
+    assert _rel_err(w, w_r) <= 1e-5
+    want = [[1, 3], [0, 1], [1, 2]]  # greedy and group_limited_greedy (groups 0, 1 win the ties)
+    if method == "noaux_tc":  # groups by their two best: row 0 keeps groups 2, 0; row 2 depends on scores
+        want = [[1, 5], [0, 1], [1, 6] if scoring == "sigmoid" else [1, 2]]
+    np.testing.assert_array_equal(ids, want)
+
+
+def test_group_ties_keep_the_lower_group():
+    E, G = 8, 4
+    gate = np.eye(E, dtype=np.float32)
+    # group maxima 3, 3, 3, 1: keep groups 0 and 1 of the tied three; expert 5 (group 2) loses
+    x = np.array([[3, 0, 0, 3, 3, 2, 1, 0]], np.float32)
+    ids, _ = kn.moe_route(x, gate, None, "sigmoid", "group_limited_greedy", G, 2, 3, False, 1.0)
+    np.testing.assert_array_equal(ids, [[0, 3, 1]])
+    np.testing.assert_array_equal(ids, ref.moe_route(x, gate, None, "sigmoid", "group_limited_greedy",
+                                                     G, 2, 3, False, 1.0)[0])
+
+
+def test_routing_rejects_bad_input(rng):
+    x = np.zeros((2, 4), np.float32)
+    gate = np.zeros((8, 4), np.float32)
+    with pytest.raises(ValueError, match="scoring_func"):
+        kn.moe_route(x, gate, None, "relu", "greedy", 1, 1, 2, False, 1.0)
+    with pytest.raises(ValueError, match="topk_method"):
+        kn.moe_route(x, gate, None, "softmax", "best", 1, 1, 2, False, 1.0)
+    with pytest.raises(ValueError, match="e_score_correction_bias"):
+        kn.moe_route(x, gate, None, "sigmoid", "noaux_tc", 2, 1, 2, False, 1.0)
+    with pytest.raises(ValueError, match="n_group"):
+        kn.moe_route(x, gate, None, "softmax", "group_limited_greedy", 3, 1, 2, False, 1.0)
+    with pytest.raises(ValueError, match="top_k"):
+        kn.moe_route(x, gate, None, "softmax", "greedy", 1, 1, 9, False, 1.0)
+    with pytest.raises(ValueError, match="gate_weight"):
+        kn.moe_route(x, np.zeros((8, 5), np.float32), None, "softmax", "greedy", 1, 1, 2, False, 1.0)
+    with pytest.raises(ValueError, match="x must have dtype float32"):
+        kn.moe_route(x.astype(np.float64), gate, None, "softmax", "greedy", 1, 1, 2, False, 1.0)
+
+
+def _distinct_ids(rng, T, E, K):
+    return np.stack([rng.choice(E, K, replace=False) for _ in range(T)]).astype(np.int32)
+
+
+@pytest.mark.parametrize("n", [0, 1, 13, 37])
+def test_counting_sort_invariants(rng, n):
+    R, E, K = 37, 6, 3  # R > 32: more than one bitmap word
+    # experts 0..4 only (expert 5 stays empty); expert 4 in every third row (a crowded one)
+    ids = np.stack([np.append(rng.choice(4, K - 1, replace=False), 4) if r % 3 == 0
+                    else rng.choice(5, K, replace=False) for r in range(R)]).astype(np.int32)
+    w = rng.standard_normal((R, K)).astype(np.float32)
+    bufs = MoEBuffers(R, E, K, 4, 4)
+    bufs.token_slot.copy_to_device(np.full((R, K), -1, np.int32))
+    _enqueue_moe_sort(cuda.to_device(ids), cuda.to_device(w), bufs, cuda.to_device(np.array([n], np.int32)))
+    off = bufs.offsets.copy_to_host()
+    st = bufs.slot_token.copy_to_host()[: n * K]
+    sw = bufs.slot_weight.copy_to_host()[: n * K]
+    ts = bufs.token_slot.copy_to_host()
+    live = ids[:n]
+    np.testing.assert_array_equal(off, np.concatenate([[0], np.cumsum(np.bincount(live.ravel(), minlength=E))]))
+    for e in range(E):
+        toks = st[off[e]:off[e + 1]]
+        np.testing.assert_array_equal(toks, np.flatnonzero((live == e).any(1)))  # tokens ascending
+    for r in range(n):
+        slots = ts[r]
+        assert (np.diff(slots) > 0).all()                     # ascending slot = ascending expert
+        np.testing.assert_array_equal(st[slots], r)
+        experts = np.searchsorted(off, slots, side="right") - 1
+        np.testing.assert_array_equal(experts, np.sort(live[r]))
+        np.testing.assert_array_equal(sw[slots], w[r][np.argsort(live[r])])
+    assert (ts[n:] == -1).all()                                # rows past n untouched
+
+
+def _expert_weights(rng, E, I, M, dtype=np.float32):
+    g = (rng.standard_normal((E, I, M)) / np.sqrt(M)).astype(np.float32)
+    u = (rng.standard_normal((E, I, M)) / np.sqrt(M)).astype(np.float32)
+    d = (rng.standard_normal((E, M, I)) / np.sqrt(I)).astype(np.float32)
+    if dtype == "bf16":
+        return tuple(_bf16(a) for a in (g, u, d))
+    return tuple(a.astype(dtype) for a in (g, u, d))
+
+
+def _widen(a):
+    return _widen_bf16(a) if a.dtype == np.uint16 else a.astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, "bf16"])
+def test_moe_experts_and_swiglu_mlp_match_twins(rng, dtype):
+    T, M, E, I, K = 5, 66, 4, 9, 2  # M > 64: two reduction chunks in the gate/up GEMM
+    x = rng.standard_normal((T, M)).astype(np.float32)
+    ids = _distinct_ids(rng, T, E, K)
+    w = rng.uniform(0.1, 1, (T, K)).astype(np.float32)
+    g, u, d = _expert_weights(rng, E, I, M, dtype)
+    want = ref.moe_experts(x, ids, w, _widen(g), _widen(u), _widen(d))
+    got = kn.moe_experts(x, ids, w, g, u, d)
+    assert _rel_err(got, want) <= 1e-5
+    got2 = kn.swiglu_mlp(x, g[1], u[1], d[1])
+    assert _rel_err(got2, ref.swiglu_mlp(x, _widen(g[1]), _widen(u[1]), _widen(d[1]))) <= 1e-5
+
+
+def test_moe_experts_with_no_rows_or_no_experts_per_token(rng):
+    g, u, d = _expert_weights(rng, 3, 4, 5)
+    assert kn.moe_experts(np.zeros((0, 5), np.float32), np.zeros((0, 2), np.int32),
+                          np.zeros((0, 2), np.float32), g, u, d).shape == (0, 5)
+    x = rng.standard_normal((2, 5)).astype(np.float32)
+    got = kn.moe_experts(x, np.zeros((2, 0), np.int32), np.zeros((2, 0), np.float32), g, u, d)
+    np.testing.assert_array_equal(got, ref.moe_experts(x, np.zeros((2, 0), np.int32),
+                                                       np.zeros((2, 0), np.float32), g, u, d))
+
+
+def test_moe_experts_rejects_bad_input(rng):
+    x = np.zeros((3, 4), np.float32)
+    g, u, d = _expert_weights(rng, 4, 5, 4)
+    w = np.ones((3, 2), np.float32)
+    with pytest.raises(ValueError, match="repeats"):
+        kn.moe_experts(x, np.array([[0, 1], [2, 2], [1, 3]], np.int32), w, g, u, d)
+    with pytest.raises(ValueError, match="topk_ids must lie"):
+        kn.moe_experts(x, np.array([[0, 1], [2, 4], [1, 3]], np.int32), w, g, u, d)
+    with pytest.raises(ValueError, match="down"):
+        kn.moe_experts(x, np.zeros((3, 2), np.int32), w, g, u, d[:, :, :3])
+    with pytest.raises(ValueError, match="up has dtype"):
+        kn.moe_experts(x, np.array([[0, 1]] * 3, np.int32), w, g, u.astype(np.float16), d)
+
+
+def _block_case(rng, R, n, dtype="bf16", shared=True):
+    M, E, I, Is, K, G = 24, 8, 12, 20, 3, 4
+    route = MoERoute("sigmoid", "noaux_tc", G, 2, K, True, 2.5)
+    m, gate, bias = _well_separated_inputs(rng, R, M, E, route.scoring_func, route.topk_method, G)
+    m[n:] = np.nan  # rows past n must not be read into anything that is written
+    x = rng.standard_normal((R, M)).astype(np.float32)
+    x[n:] = np.nan
+    g, u, d = _expert_weights(rng, E, I, M, dtype)
+    sh = _expert_weights(rng, 1, Is, M, dtype) if shared else None
+    sh = tuple(a[0] for a in sh) if shared else (None, None, None)
+    bufs = MoEBuffers(R, E, K, M, I, Is if shared else 0)
+    return route, m, x, gate, bias, (g, u, d), sh, bufs
+
+
+def _run_block(route, m, x, gate, bias, experts, sh, bufs, n):
+    dx = cuda.to_device(x)
+    dev = [None if a is None else cuda.to_device(a) for a in (m, gate, bias, *experts, *sh)]
+    _enqueue_moe_block(dev[0], dx, *dev[1:], route, bufs, cuda.to_device(np.array([n], np.int32)))
+    return dx.copy_to_host()
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_moe_block_matches_twin_composition_and_leaves_other_rows(rng, shared):
+    R, n = 11, 9
+    route, m, x, gate, bias, (g, u, d), sh, bufs = _block_case(rng, R, n, "bf16", shared)
+    got = _run_block(route, m, x, gate, bias, (g, u, d), sh, bufs, n)
+    ids, w = ref.moe_route(m[:n], gate, bias, "sigmoid", "noaux_tc", 4, 2, 3, True, 2.5)
+    y = ref.moe_experts(m[:n], ids, w, _widen(g), _widen(u), _widen(d))
+    if shared:
+        y = y + ref.swiglu_mlp(m[:n], *(_widen(a) for a in sh))
+    want = x[:n] + y
+    assert _rel_err(got[:n], want) <= 1e-5
+    np.testing.assert_array_equal(got[n:].view(np.uint32), x[n:].view(np.uint32))  # untouched
+    # the routing the block used is the twin's
+    np.testing.assert_array_equal(bufs.topk_ids.copy_to_host()[:n], ids)
+
+
+def test_moe_block_row_alone_equals_row_in_batch_bit_for_bit(rng):
+    R, r = 8, 5
+    route, m, x, gate, bias, experts, sh, bufs = _block_case(rng, R, R, np.float32)
+    batch = _run_block(route, m, x, gate, bias, experts, sh, bufs, R)
+    small = MoEBuffers(1, *[getattr(bufs, f) for f in ("n_experts", "top_k", "hidden", "inter",
+                                                      "shared_inter")])
+    alone = _run_block(route, m[r:r + 1], x[r:r + 1], gate, bias, experts, sh, small, 1)
+    np.testing.assert_array_equal(alone[0].view(np.uint32), batch[r].view(np.uint32))
+    # elsewhere in the batch (rows reversed) with fewer live rows: row r sits at R - 1 - r = 2
+    part = _run_block(route, m[::-1].copy(), x[::-1].copy(), gate, bias, experts, sh, bufs, R - 2)
+    np.testing.assert_array_equal(part[R - 1 - r].view(np.uint32), batch[r].view(np.uint32))
+
+
+def test_moe_route_config_checks():
+    with pytest.raises(ValueError, match="topk_group"):
+        MoERoute("softmax", "group_limited_greedy", 2, 3, 2, False, 1.0)
+    with pytest.raises(ValueError, match="two best"):
+        MoERoute("sigmoid", "noaux_tc", 4, 2, 2, True, 1.0).check_experts(4)
+    with pytest.raises(ValueError, match="experts"):
+        MoERoute("sigmoid", "greedy", 1, 1, 2, True, 1.0).check_experts(5000)
+
+
+def test_combine_sums_experts_in_ascending_id_whatever_the_pick_order():
+    """Values chosen so that float32 addition order shows: 1 + 1e8 - 1e8 = 0 in ascending id,
+    but 1 in the best-first order below."""
+    from ddtree_numba.kernels.moe import _enqueue_moe_combine
+    R, E, K, M = 3, 5, 3, 2
+    ids = np.array([[3, 4, 0], [4, 1, 3], [2, 0, 1]], np.int32)       # best first, not by id
+    val = np.array([1.0, 1.0, 3.0, 1e8, -1e8], np.float32)              # expert e outputs val[e]
+    bufs = MoEBuffers(R, E, K, M, 4)
+    n_rows = cuda.to_device(np.array([R], np.int32))
+    _enqueue_moe_sort(cuda.to_device(ids), cuda.to_device(np.ones((R, K), np.float32)), bufs, n_rows)
+    off = bufs.offsets.copy_to_host()
+    slot_expert = np.searchsorted(off, np.arange(R * K), side="right") - 1
+    bufs.expert_out.copy_to_device(np.repeat(val[slot_expert][:, None], M, 1).astype(np.float32))
+    out = cuda.to_device(np.full((R, M), np.nan, np.float32))
+    _enqueue_moe_combine(bufs, None, out, n_rows, residual=False)
+    want = np.zeros(R, np.float32)
+    for r in range(R):
+        for e in np.sort(ids[r]):
+            want[r] = np.float32(want[r] + val[e])
+    np.testing.assert_array_equal(out.copy_to_host(), np.repeat(want[:, None], M, 1))
+    assert want[0] == 0  # ascending: 1 + 1e8 - 1e8 -> 0; best first (1e8 - 1e8 + 1) would give 1
