@@ -1,0 +1,268 @@
+"""One tree-verify target forward on the GPU at the Moonlight-16B-A3B shape, eager and graph.
+
+Usage (on a GPU machine): python benchmarks/verify_forward.py [--nodes 1 16 64 256] [--layers 27]
+    [--prefix 1024] [--no-append] [--peer]
+
+Moonlight-16B-A3B is a real DeepSeek-V3-architecture checkpoint: 27 layers, hidden 2048, 16 heads,
+no q_lora, kv_lora 512, nope/rope/v 128/64/128, 64 routed experts (top-6, sigmoid + noaux_tc,
+scaling 2.446) with 2 shared, expert width 1408, a dense first layer of width 11264, vocab 163840.
+Weights are random bf16 made on the GPU (no checkpoint needed); the latent cache holds a random
+``--prefix``-row prefix; the new tokens form a random tree (attention cost is that of its depth).
+
+Per node count: ms eager (every kernel launched from Python) and ms graph (one CUDA-graph replay),
+the bytes the forward must move and its FLOPs, the floor max(bytes / 4.2 TB/s, FLOPs / 51 TFLOP/s),
+and the peer: HF transformers DeepseekV3ForCausalLM in bf16 on the same GPU and shape, as measured
+in shared/GPU.md (``--peer`` measures it again here). Then a per-kernel breakdown of one MoE layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import COPY_BW, FP32_RATE, append_rows  # noqa: E402
+
+MOONLIGHT = dict(
+    model_type="deepseek_v3", vocab_size=163840, hidden_size=2048, intermediate_size=11264,
+    moe_intermediate_size=1408, num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16,
+    q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+    n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=6, n_group=1, topk_group=1,
+    topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True, routed_scaling_factor=2.446,
+    first_k_dense_replace=1, rms_norm_eps=1e-5, rope_theta=50000.0, max_position_embeddings=8192,
+    tie_word_embeddings=False, rope_interleave=True,
+)
+PEER_MS = {1: 72.0, 16: 87.0, 64: 47.0, 256: 49.0}   # shared/GPU.md, HF bf16 on this H200 kind
+
+
+def random_weights_kernel():
+    from numba import cuda, uint16, uint32, uint64
+
+    @cuda.jit
+    def fill(out, seed, scale):
+        """out (uint16 bf16 bits, flat) <- uniform(-scale, scale) from a counter hash."""
+        i = cuda.grid(1)
+        if i < out.shape[0]:
+            x = uint64(i) * uint64(0x9E3779B97F4A7C15) + uint64(seed)
+            x = (x ^ (x >> uint64(30))) * uint64(0xBF58476D1CE4E5B9)
+            x = (x ^ (x >> uint64(27))) * uint64(0x94D049BB133111EB)
+            x = x ^ (x >> uint64(31))
+            u = float(x >> uint64(40)) * (1.0 / 16777216.0) * 2.0 - 1.0     # [-1, 1)
+            f = np.float32(u * scale)
+            out[i] = uint16(uint32(cuda.libdevice.float_as_int(f)) >> uint32(16))
+    return fill
+
+
+class RandomBF16:
+    """Random bf16 matrices made on the GPU, each with unit-gain scale sqrt(3 / fan_in)."""
+
+    def __init__(self):
+        self.fill = random_weights_kernel()
+        self.seed = 1
+
+    def __call__(self, *shape):
+        from numba import cuda
+        a = cuda.device_array(int(np.prod(shape)), np.uint16)
+        self.seed += 1
+        self.fill[(a.shape[0] + 255) // 256, 256](a, np.uint64(self.seed * 7919), math.sqrt(3.0 / shape[-1]))
+        return a.reshape(*shape)
+
+
+def build_target(cfg):
+    """A CudaTarget with random bf16 matrices (float32 norms, router and bias)."""
+    from numba import cuda
+    from ddtree_numba.model.cuda_target import CudaTarget, DeviceLayer
+    from ddtree_numba.model.target import rope_tables
+    from ddtree_numba.kernels.mla import _absorb_weights  # noqa: F401  (layout documented there)
+    rng = np.random.default_rng(0)
+    mat = RandomBF16()
+    M, H, C, R = cfg.hidden_size, cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    D, Dv, E, Ie = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.n_routed_experts, cfg.moe_intermediate_size
+    f32 = lambda a: cuda.to_device(np.ascontiguousarray(a, np.float32))  # noqa: E731
+    layers = []
+    for i in range(cfg.num_hidden_layers):
+        lw = DeviceLayer(
+            input_layernorm=f32(rng.uniform(0.5, 1.5, M)), post_attention_layernorm=f32(rng.uniform(0.5, 1.5, M)),
+            q_proj=mat(H * (D + R), M), q_a_proj=None, q_a_layernorm=None, q_b_proj=None,
+            kv_a_proj_with_mqa=mat(C + R, M), kv_a_layernorm=f32(rng.uniform(0.5, 1.5, C)),
+            w_uk_t=mat(H, C, D), w_uv=mat(H, Dv, C), o_proj=mat(M, H * Dv))
+        if cfg.is_moe_layer(i):
+            lw.gate = f32(rng.standard_normal((E, M)) * (3.0 / math.sqrt(M)))
+            lw.e_score_correction_bias = f32(0.1 * rng.standard_normal(E))
+            lw.experts_gate_proj, lw.experts_up_proj = mat(E, Ie, M), mat(E, Ie, M)
+            lw.experts_down_proj = mat(E, M, Ie)
+            Is = Ie * cfg.n_shared_experts
+            lw.shared_gate_proj, lw.shared_up_proj, lw.shared_down_proj = mat(Is, M), mat(Is, M), mat(M, Is)
+        else:
+            I = cfg.intermediate_size
+            lw.mlp_gate_proj, lw.mlp_up_proj, lw.mlp_down_proj = mat(I, M), mat(I, M), mat(M, I)
+        layers.append(lw)
+    embed, head = mat(cfg.vocab_size, M), mat(cfg.vocab_size, M)
+    return CudaTarget(cfg, embed, f32(rng.uniform(0.5, 1.5, M)), head, layers, rope_tables(cfg))
+
+
+def random_tree(rng, n):
+    """parents [n] of a random tree over n nodes (node 0 the root), and its depths."""
+    parents = np.full(n, -1, np.int32)
+    depth = np.zeros(n, np.int32)
+    for i in range(1, n):
+        parents[i] = rng.integers(max(0, i - 8), i)        # bushy but deep-ish, like a DDTree
+        depth[i] = depth[parents[i]] + 1
+    return parents, depth
+
+
+def cost_model(cfg, t, s):
+    """(bytes, FLOPs) one forward of t new tokens over s cache rows must move / do, bf16 weights."""
+    M, H, C, R = cfg.hidden_size, cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    D, Dv, E, K, Ie = (cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.n_routed_experts,
+                       cfg.num_experts_per_tok, cfg.moe_intermediate_size)
+    attn = H * (D + R) * M + (C + R) * M + H * C * D + H * Dv * C + M * H * Dv   # weights per layer
+    touched = E * (1.0 - (1.0 - K / E) ** t)                    # distinct experts hit, uniform routing
+    shared = 3 * Ie * cfg.n_shared_experts * M
+    n_moe = sum(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
+    n_dense = cfg.num_hidden_layers - n_moe
+    dense = 3 * cfg.intermediate_size * M
+    weight_elems = (cfg.num_hidden_layers * attn + n_dense * dense
+                    + n_moe * (touched * 3 * Ie * M + shared) + cfg.vocab_size * M)
+    bytes_ = 2 * weight_elems + n_moe * E * M * 4 + cfg.num_hidden_layers * s * (C + R) * 4
+    per_token = (cfg.num_hidden_layers * attn + n_dense * dense + n_moe * (K * 3 * Ie * M + shared + E * M)
+                 + cfg.vocab_size * M)
+    flops = 2 * t * per_token + cfg.num_hidden_layers * t * H * s * 2 * (C + R + C)
+    return bytes_, flops
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", type=int, nargs="+", default=[1, 16, 64, 256])
+    ap.add_argument("--layers", type=int, default=27)
+    ap.add_argument("--prefix", type=int, default=1024)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--no-append", action="store_true")
+    ap.add_argument("--peer", action="store_true", help="measure the HF peer here too (slow)")
+    args = ap.parse_args()
+
+    from numba import cuda
+    from ddtree_numba.model.config import ModelConfig
+    from _common import time_gpu
+
+    cfg = ModelConfig.from_dict(dict(MOONLIGHT, num_hidden_layers=args.layers))
+    target = build_target(cfg)
+    rng = np.random.default_rng(0)
+    cap = args.prefix + max(args.nodes)
+    cache = target.new_cache(cap)
+    fill = random_weights_kernel()  # noqa: F841  (cache rows: plain normals from the host are fine)
+    for layer in range(cfg.num_hidden_layers):
+        cache.c_kv[layer].copy_to_device(rng.standard_normal((cap, cfg.kv_lora_rank)).astype(np.float32))
+        cache.k_pe[layer].copy_to_device(rng.standard_normal((cap, cfg.qk_rope_head_dim)).astype(np.float32))
+    cache.length = args.prefix
+    stream = cuda.stream()
+
+    rows, breakdown = [], {}
+    for t in args.nodes:
+        ws = target.workspace(t)
+        parents, depth = random_tree(rng, t)
+        chain = np.arange(-1, ws.rows - 1, dtype=np.int32)
+        chain[:t] = parents
+        ids = np.zeros(ws.rows, np.int32)
+        ids[:t] = rng.integers(0, cfg.vocab_size, t)
+        pos = np.zeros(ws.rows, np.int32)
+        pos[:t] = args.prefix + depth
+        ws.ids.copy_to_device(ids)
+        ws.positions.copy_to_device(pos)
+        ws.parents.copy_to_device(chain)
+        ws.meta.copy_to_device(np.array([args.prefix, t], np.int32))
+        eager_us = time_gpu(lambda: target.forward_device(ws, cache, (), graph=False, stream=stream),
+                            stream, reps=args.reps, warmup=2)
+        graph_us = time_gpu(lambda: target.forward_device(ws, cache, (), graph=True, stream=stream),
+                            stream, reps=args.reps, warmup=2)
+        logits = ws.logits[:t].copy_to_host()
+        assert np.isfinite(logits).all(), "non-finite logits"
+        b, f = cost_model(cfg, t, args.prefix + t)
+        floor_ms = max(b / COPY_BW, f / FP32_RATE) * 1e3
+        peer = PEER_MS.get(t)
+        rows.append([t, f"{eager_us / 1e3:.2f}", f"{graph_us / 1e3:.2f}", f"{b / 1e9:.2f} GB",
+                     f"{f / 1e12:.3f} TFLOP", f"{floor_ms:.2f}", f"{graph_us / 1e3 / floor_ms:.2f}x",
+                     f"{peer:.0f}" if peer else "-",
+                     f"{peer / (graph_us / 1e3):.2f}x" if peer else "-"])
+        breakdown[t] = layer_breakdown(target, ws, cache, stream)
+
+    note = (f"Moonlight-16B-A3B shape, {cfg.num_hidden_layers} layers, random bf16 weights, "
+            f"{args.prefix}-row latent prefix, a random tree of the given node count. Floor = "
+            "max(bytes / 4.2 TB/s, FLOPs / 51 TFLOP/s); bytes count every weight read once (routed "
+            "experts: the expected number touched under uniform routing) and the f32 latent cache; "
+            "peer = HF DeepseekV3ForCausalLM bf16 on the same GPU (shared/GPU.md).")
+    header = ["nodes", "eager ms", "graph ms", "bytes", "FLOPs", "floor ms", "graph / floor",
+              "peer ms", "peer / graph"]
+    if args.no_append:
+        print(note)
+        print(header)
+        for r in rows:
+            print(r)
+    else:
+        append_rows("Verify forward, Moonlight-16B-A3B shape (benchmarks/verify_forward.py)", header, rows, note)
+    names = list(next(iter(breakdown.values())))
+    brows = [[n] + [f"{breakdown[t][n]:.1f}" for t in args.nodes] for n in names]
+    bhead = ["kernel (one MoE layer), µs"] + [f"{t} nodes" for t in args.nodes]
+    if args.no_append:
+        print(bhead)
+        for r in brows:
+            print(r)
+    else:
+        append_rows("Verify forward, per-kernel time of one MoE layer (eager, CUDA events)", bhead, brows)
+    if args.peer:
+        measure_peer(cfg, args)
+
+
+def layer_breakdown(target, ws, cache, stream, reps=5):
+    """Median µs per stage of layer 1 (an MoE layer), timed with events between the enqueues."""
+    from numba import cuda
+    samples = {}
+    for _ in range(reps):
+        marks = []
+
+        def mark(name):
+            ev = cuda.event()
+            ev.record(stream)
+            marks.append((name, ev))
+
+        mark("start")
+        target._enqueue_layer(ws, cache, 1, target.layers[1], stream, mark=mark)
+        marks[-1][1].synchronize()
+        for (_, a), (name, b) in zip(marks[:-1], marks[1:]):
+            samples.setdefault(name, []).append(cuda.event_elapsed_time(a, b) * 1e3)
+    return {k: float(np.median(v)) for k, v in samples.items()}
+
+
+def measure_peer(cfg, args):
+    """HF transformers' DeepseekV3ForCausalLM, bf16, same shape, random weights, sdpa."""
+    import time
+    import torch
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+    hf = DeepseekV3Config(**{k: v for k, v in MOONLIGHT.items() if k != "model_type"},
+                          torch_dtype="bfloat16")
+    hf.num_hidden_layers = args.layers
+    with torch.device("cuda"):
+        model = DeepseekV3ForCausalLM(hf).to(torch.bfloat16).eval()
+    for t in args.nodes:
+        ids = torch.randint(0, cfg.vocab_size, (1, args.prefix), device="cuda")
+        with torch.no_grad():
+            out = model(ids, use_cache=True)
+            past = out.past_key_values
+            new = torch.randint(0, cfg.vocab_size, (1, t), device="cuda")
+            times = []
+            for _ in range(5):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                model(new, past_key_values=past, use_cache=True)
+                torch.cuda.synchronize()
+                times.append((time.perf_counter() - t0) * 1e3)
+                past.crop(args.prefix)
+        print(f"peer HF bf16, {t} new tokens over {args.prefix}: {np.median(times):.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

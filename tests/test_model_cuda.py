@@ -1,0 +1,180 @@
+"""The cuda-backend target forward: HF goldens, the numpy twin, batch invariance, graph == eager.
+
+In CI this runs in the CUDA simulator on the tiny golden checkpoints; on a GPU the same tests run
+on the hardware (plus the graph tests). The goldens come from tools/make_goldens.py (HF
+transformers' own DeepseekV3 / V2 modules), as for the numpy backend in test_model_forward.py.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+import ddtree_numba as dd
+from ddtree_numba.model.compare import assert_close
+from ddtree_numba.model.cuda_target import CudaTarget, DeviceMLACache, to_bf16_bits
+
+from conftest import REAL_GPU
+
+pytestmark = pytest.mark.kernels
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+RTOL = 1e-4
+# The simulator runs every GPU thread in Python: three goldens cover what the others do
+# (q_lora and not, both rope layouts, YaRN, dense-first and all-MoE, sigmoid / noaux_tc and
+# softmax / group-limited routing, bf16 and fp8 storage). On a GPU, all of them.
+ALL = sorted(d for d in os.listdir(DATA) if os.path.exists(os.path.join(DATA, d, "expected.npz")))
+CASES = ALL if REAL_GPU else ["v3_noaux_tc", "v3_neox_yarn_nolora", "v3_released"]
+# Causal attention makes the goldens' first T logits those of the first T tokens alone: the
+# simulator runs a prefix of them (every block barrier costs it milliseconds).
+T = None if REAL_GPU else 8
+
+
+@pytest.fixture(scope="module", params=CASES)
+def case(request):
+    path = os.path.join(DATA, request.param)
+    target = dd.load_target(path, backend="cuda")
+    return (request.param, target, np.load(os.path.join(path, "expected.npz")),
+            np.load(os.path.join(path, "tree.npz")))
+
+
+def _all_layers(target):
+    return tuple(range(target.config.num_hidden_layers))
+
+
+def test_load_target_cuda_keeps_the_checkpoint_dtype():
+    t = dd.load_target(os.path.join(DATA, "v3_released"), backend="cuda")   # a bf16 checkpoint
+    assert isinstance(t, CudaTarget) and t.backend == "cuda"
+    assert t.layers[0].o_proj.dtype == np.uint16 and t.layers[0].input_layernorm.dtype == np.float32
+    t = dd.load_target(os.path.join(DATA, "v3_noaux_tc"), backend="cuda")   # float32
+    assert t.layers[0].o_proj.dtype == np.float32
+    with pytest.raises(ValueError, match="weight_dtype must be one of"):
+        dd.load_target(os.path.join(DATA, "v3_noaux_tc"), backend="cuda", weight_dtype="int8")
+
+
+def test_causal_forward_matches_hf(case):
+    name, target, exp, _ = case
+    exp = {k: exp[k][:T] for k in exp}
+    cache = target.new_cache(32)
+    cache.fill(np.nan)                                 # poisoned: only rows written are read
+    out = target.forward(exp["ids"], exp["positions"], cache, hidden_layer_ids=_all_layers(target))
+    assert out.logits.dtype == np.float32 and out.hidden.dtype == np.float32
+    assert_close(out.logits, exp["logits"], RTOL, f"{name} cuda logits")
+    assert_close(out.hidden, exp["hidden"], RTOL, f"{name} cuda hidden")
+    assert (out.logits.argmax(-1) == exp["logits"].argmax(-1)).all()
+    assert len(cache) == len(exp["ids"])
+
+
+def test_chunked_forward_through_the_cache_matches_hf(case):
+    name, target, exp, _ = case
+    exp = {k: exp[k][:T] for k in exp}
+    cache = target.new_cache(len(exp["ids"]))          # exactly full at the end
+    bounds = [0, 3, 4, len(exp["ids"])]
+    logits = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        logits.append(target.forward(exp["ids"][a:b], exp["positions"][a:b], cache).logits)
+    assert_close(np.concatenate(logits), exp["logits"], RTOL, f"{name} cuda chunked logits")
+    assert cache.free == 0
+
+
+def _path(parents, i):
+    path = []
+    while i >= 0:
+        path.append(i)
+        i = parents[i]
+    return path[::-1]
+
+
+def test_tree_forward_matches_hf_and_compaction_continues_the_path(case):
+    name, target, _, tree = case
+    parents = tree["parents"]
+    cache = target.new_cache(32)
+    cache.fill(np.nan)
+    start = len(tree["prefix_ids"])
+    target.forward(tree["prefix_ids"], tree["prefix_positions"], cache)
+    out = target.forward(tree["tree_ids"], tree["tree_positions"], cache, parents=parents,
+                         hidden_layer_ids=_all_layers(target))
+    assert_close(out.logits, tree["logits"], RTOL, f"{name} cuda tree logits")
+    assert_close(out.hidden, tree["hidden"], RTOL, f"{name} cuda tree hidden")
+    # keep the deepest root-to-leaf path, then feed the leaf again over the compacted cache
+    leaf = int(np.argmax([len(_path(parents, i)) for i in range(len(parents))]))
+    keep = np.array(_path(parents, leaf), dtype=np.int32)
+    cache.compact(start, keep)
+    assert len(cache) == start + len(keep)
+    cache.truncate(start + len(keep) - 1)
+    again = target.forward(tree["tree_ids"][leaf:leaf + 1], tree["tree_positions"][leaf:leaf + 1], cache)
+    assert_close(again.logits[0], tree["logits"][leaf], RTOL, f"{name} cuda after compaction")
+
+
+def test_matches_the_numpy_twin_on_bf16_rounded_weights():
+    """weight_dtype='bfloat16' stores every matrix in bf16: the numpy forward on the same
+    rounded weights is the twin."""
+    path = os.path.join(DATA, "v3_noaux_tc")
+    host = dd.load_target(path)
+    for lw in host.layers:                              # round the host copy the same way
+        for k, v in vars(lw).items():
+            if v is not None and v.ndim >= 2 and k != "gate":
+                setattr(lw, k, (to_bf16_bits(v).astype(np.uint32) << 16).view(np.float32))
+    for k in ("embed_tokens", "lm_head"):
+        setattr(host, k, (to_bf16_bits(getattr(host, k)).astype(np.uint32) << 16).view(np.float32))
+    gpu = dd.load_target(path, backend="cuda", weight_dtype="bfloat16")
+    exp = np.load(os.path.join(path, "expected.npz"))
+    ids, pos = exp["ids"][:T], exp["positions"][:T]
+    want = host.forward(ids, pos, host.new_cache(16)).logits
+    got = gpu.forward(ids, pos, gpu.new_cache(16)).logits
+    assert_close(got, want, 1e-5, "bf16 cuda vs numpy twin")
+
+
+def test_logits_are_batch_invariant_alone_in_a_batch_and_as_a_tree_node():
+    """DESIGN.md section 4: a token's logits are the same *bits* decoded alone (one token per
+    forward), inside a causal batch, and as a node of a tree whose ancestors are its path."""
+    path = os.path.join(DATA, "v3_noaux_tc")
+    target = dd.load_target(path, backend="cuda")
+    tree = np.load(os.path.join(path, "tree.npz"))
+    prefix, parents = tree["prefix_ids"], tree["parents"]
+    p = len(prefix)
+    # as tree nodes
+    cache = target.new_cache(32)
+    target.forward(prefix, np.arange(p), cache)
+    tree_logits = target.forward(tree["tree_ids"], tree["tree_positions"], cache, parents=parents).logits
+    leaf = int(np.argmax([len(_path(parents, i)) for i in range(len(parents))]))
+    nodes = _path(parents, leaf)
+    ids = np.concatenate([prefix, tree["tree_ids"][nodes]]).astype(np.int32)
+    # alone: the prefix as one batch, then the path one token per forward
+    cache = target.new_cache(32)
+    target.forward(prefix, np.arange(p), cache)
+    alone = [target.forward(ids[j:j + 1], np.array([j]), cache).logits[0] for j in range(p, len(ids))]
+    # in a batch: prefix and path in one causal forward
+    batch = target.forward(ids, np.arange(len(ids)), target.new_cache(32)).logits[p:]
+    for k, node in enumerate(nodes):
+        np.testing.assert_array_equal(alone[k], batch[k], err_msg=f"path token {k}: alone vs batch")
+        np.testing.assert_array_equal(alone[k], tree_logits[node], err_msg=f"node {node}: alone vs tree")
+
+
+@pytest.mark.gpu
+def test_graph_replay_equals_eager():
+    path = os.path.join(DATA, "v3_noaux_tc")
+    target = dd.load_target(path, backend="cuda")
+    tree = np.load(os.path.join(path, "tree.npz"))
+    outs = []
+    for graph in (False, True, True):                  # capture, then replay an existing graph
+        cache = target.new_cache(32)
+        target.forward(tree["prefix_ids"], tree["prefix_positions"], cache, graph=graph)
+        outs.append(target.forward(tree["tree_ids"], tree["tree_positions"], cache,
+                                   parents=tree["parents"], hidden_layer_ids=(0,), graph=graph))
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o.logits, outs[0].logits)
+        np.testing.assert_array_equal(o.hidden, outs[0].hidden)
+
+
+def test_bad_inputs_name_the_problem():
+    target = dd.load_target(os.path.join(DATA, "v3_noaux_tc"), backend="cuda")
+    with pytest.raises(ValueError, match="DeviceMLACache"):
+        target.forward(np.array([1], np.int32), np.array([0]), dd.load_target(
+            os.path.join(DATA, "v3_noaux_tc")).new_cache(4))
+    cache = target.new_cache(2)
+    with pytest.raises(ValueError, match="cache overflow"):
+        target.forward(np.array([1, 2, 3], np.int32), np.arange(3), cache)
+    with pytest.raises(ValueError, match="out of range"):
+        target.forward(np.array([1, 999], np.int32), np.arange(2), cache)
+    assert isinstance(cache, DeviceMLACache) and len(cache) == 0
