@@ -65,9 +65,12 @@ _GPU_TILES = (
 )
 # Under the simulator every thread is a Python thread and every block costs tens of ms: few
 # small blocks, ragged tiles (bk = 3 and 5 cross the C boundary and end off their multiples).
+# Whole forwards (tests/test_model_cuda.py) launch many rows: there, fewer and larger blocks with
+# a long reduction step, because each block barrier costs the simulator milliseconds.
 _SIM_TILES = (
     (8, ((2, 8, 4, 1, 2), (2, 4, 4, 1, 1))),
-    (None, ((4, 4, 3, 2, 2), (6, 4, 5, 3, 2))),
+    (32, ((4, 4, 3, 2, 2), (6, 4, 5, 3, 2))),
+    (None, ((32, 32, 32, 8, 8), (32, 16, 32, 8, 8))),
 )
 
 
