@@ -18,22 +18,52 @@ no bfloat16), and widened to float32 in registers. Activations are float32.
 
 Lower-level ``_enqueue_*`` functions take device arrays only, allocate nothing and read the live
 row count from a device array, so a captured CUDA graph can replay them for any row count.
+
+**Two kernels, one set of bits.** Which one runs is chosen from the row count at enqueue time
+(``_choose``); both follow the contract, so the choice never changes a bit.
+
+- ``_tiled_kernel`` (many rows): a block owns a BM x BN output tile, each thread TM x TN of it
+  and every chunk of its outputs in order (the running sum and the chunk's fma chain both live
+  in registers). k advances in BK-wide tiles staged in shared memory (weights widened to f32
+  when staged, since every staged weight feeds BM/TM threads), double-buffered, the next tile's
+  global loads in flight while the current one is computed; every KC/BK tiles the chunk partial
+  is flushed into the running sum.
+- ``_skinny_kernel`` (1..32 rows, decode and verify): one tile of RB rows is too little work
+  per weight to keep the GPU busy by output tiles alone, so the chunks of the reduction are
+  spread over the NW warps of a block: warp w computes chunk partials g*NW + w for the block's
+  RB x BN tile, stages them in shared memory, and after each round of NW chunks the block adds
+  them into running sums in ascending chunk order. Each warp stages its own weight sub-tiles
+  narrow (as stored) in shared memory; lanes widen them in registers (a staged weight feeds
+  only RB/TM lanes).
+
+Weights whose rows are 8-byte aligned (K * itemsize % 8 == 0, as in every real checkpoint)
+are loaded as uint64 words (4 bf16/f16 or 2 f32 per load); otherwise element by element.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections import namedtuple
 
 import numpy as np
-from numba import cuda, float32
+from numba import config, cuda, float32, int32, int64, uint16, uint32, uint64
+from numba.core.types import float16
 
 from .._checks import check_array
 from .._device import bf16_to_f32, ceil_div, device_function, fma, is_device, to_device
 
 KC = 64                    # reduction chunk of the contract above (fixed forever: changing it changes bits)
 WEIGHT_DTYPES = (np.float32, np.float16, np.uint16)   # uint16 = bfloat16 bits
-BLOCK = (32, 4)            # (threads along n, threads along rows)
+_SIM = bool(config.ENABLE_CUDASIM)
+_SMEM_MAX = 48 * 1024      # static shared memory per block
+
+# Tile shapes. Skinny: RB rows x BN staged weight rows per warp, lanes LR x LC with LR = RB/TM,
+# LC = 32/LR, BN = LC*TN; NW warps per block, SK k per staged sub-tile (KC % SK == 0).
+# Tiled: BM x BN per block, TM x TN per thread, BK k per staged tile (KC % BK == 0).
+# MB: blocks per SM to budget registers for (launch bounds; 0 leaves it to ptxas).
+_Skinny = namedtuple("_Skinny", "RB TM TN NW SK GL MB")
+_Tiled = namedtuple("_Tiled", "BM BN TM TN BK MB")
 
 
 def _weight_kind(w) -> str:
@@ -48,6 +78,11 @@ def _weight_kind(w) -> str:
     raise ValueError(f"weights must be float32, float16 or bfloat16 bits (uint16), got {dt}")
 
 
+_ELEM = {"f32": float32, "f16": float16, "bf16": uint16}    # storage type of one weight
+_PER_WORD = {"f32": 2, "f16": 4, "bf16": 4}                 # weights per uint64 word
+
+
+# -- widening ---------------------------------------------------------------------------------
 @device_function
 def _widen_f32(w):
     return w
@@ -60,14 +95,327 @@ def _widen_f16(w):
 
 _WIDEN = {"f32": _widen_f32, "f16": _widen_f16, "bf16": bf16_to_f32}
 
+# Element e of a uint64 word of packed weights (little endian: element 0 in the low bits), and
+# the two float32 halves of a word. The simulator has no libdevice bit casts: numpy views.
+if _SIM:
+    def _bits_f32(b):
+        return np.array([b], np.uint32).view(np.float32)[0]
+
+    def _word_f32(u, e):
+        return _bits_f32((int(u) >> (32 * e)) & 0xFFFFFFFF)
+
+    def _word_bf16(u, e):
+        return _bits_f32(((int(u) >> (16 * e)) & 0xFFFF) << 16)
+
+    def _word_f16(u, e):
+        return np.float32(np.array([(int(u) >> (16 * e)) & 0xFFFF], np.uint16).view(np.float16)[0])
+
+    def _lo_f32(u):
+        return _word_f32(u, 0)
+
+    def _hi_f32(u):
+        return _word_f32(u, 1)
+else:
+    from numba.cuda import libdevice as _libdevice
+
+    @device_function
+    def _lo_f32(u):
+        return _libdevice.int_as_float(int32(uint32(u)))
+
+    @device_function
+    def _hi_f32(u):
+        return _libdevice.int_as_float(int32(uint32(u >> uint64(32))))
+
+    @device_function
+    def _word_f32(u, e):
+        if e == 0:
+            return _lo_f32(u)
+        return _hi_f32(u)
+
+    @device_function
+    def _word_bf16(u, e):
+        if e == 0:
+            b = uint32(u) << uint32(16)
+        elif e == 1:
+            b = uint32(u) & uint32(0xFFFF0000)
+        elif e == 2:
+            b = uint32(u >> uint64(32)) << uint32(16)
+        else:
+            b = uint32(u >> uint64(32)) & uint32(0xFFFF0000)
+        return _libdevice.int_as_float(int32(b))
+
+    @device_function
+    def _f16_bits_to_f32(h):
+        """IEEE half bits (uint32 holding 16 bits) -> float32, exact (subnormals, inf, nan)."""
+        s = (h & uint32(0x8000)) << uint32(16)
+        ex = (h >> uint32(10)) & uint32(0x1F)
+        m = h & uint32(0x3FF)
+        if ex == uint32(0x1F):
+            b = s | uint32(0x7F800000) | (m << uint32(13))
+        elif ex != uint32(0):
+            b = s | ((ex + uint32(112)) << uint32(23)) | (m << uint32(13))
+        else:
+            v = float32(m) * float32(5.9604644775390625e-08)     # m * 2**-24, exact
+            return -v if s != uint32(0) else v
+        return _libdevice.int_as_float(int32(b))
+
+    @device_function
+    def _word_f16(u, e):
+        return _f16_bits_to_f32(uint32(u >> uint64(16 * e)) & uint32(0xFFFF))
+
+_WORD = {"f32": _word_f32, "f16": _word_f16, "bf16": _word_bf16}
+
+
+if _SIM:
+    def _nonneg(i):
+        return i
+else:
+    @device_function
+    def _nonneg(i):
+        """i (an int32 known >= 0, e.g. a thread index) as int64 through a zero extension, so
+        the compiler drops the sign fix-ups of floor division and negative-index wraparound from
+        every index built on it (they cost registers once hoisted)."""
+        return int64(uint32(i))
+
 
 @device_function
 def _exp(v):
     return math.exp(v)
 
 
+def _jit(threads, min_blocks):
+    """cuda.jit, with launch bounds that cap registers so ``min_blocks`` blocks fit an SM."""
+    if _SIM or not min_blocks:
+        return cuda.jit
+    return cuda.jit(launch_bounds=(threads, min_blocks))
+
+
+if _SIM:
+    # The simulator has no syncwarp; every warp sync below is reached by the whole block.
+    @device_function
+    def _sync_warp():
+        cuda.syncthreads()
+else:
+    @device_function
+    def _sync_warp():
+        cuda.syncwarp()
+
+
+# -- the skinny kernel: chunks spread over warps --------------------------------------------
+def _skinny_shape(cfg, swiglu):
+    """(LR, LC, BN, BNO, NG): lane grid of a group, staged weight rows, output columns per
+    block, lane groups per block."""
+    lr = cfg.RB // cfg.TM
+    lc = cfg.GL // lr
+    bn = lc * cfg.TN
+    return lr, lc, bn, bn // 2 if swiglu else bn, cfg.NW * 32 // cfg.GL
+
+
+def _skinny_xs(rb):
+    """Row stride of the staged x sub-tile [SK][XS]: even for 8-byte pair loads, 2 mod 4 so a
+    warp storing 32 consecutive k of one row hits 16+ banks."""
+    if rb == 1:
+        return 2
+    return rb if rb % 4 == 2 else rb + 2
+
+
+def _skinny_smem(cfg, swiglu, kind):
+    _, _, bn, _, ng = _skinny_shape(cfg, swiglu)
+    isz = 4 if kind == "f32" else 2
+    e = _PER_WORD[kind]
+    return ng * (bn * (cfg.SK + e) * isz + cfg.SK * _skinny_xs(cfg.RB) * 4 + cfg.RB * bn * 4)
+
+
 @functools.lru_cache(maxsize=None)
-def _gemm_kernel(kind: str, swiglu: bool, accumulate: bool, grouped: bool, gather: bool):
+def _skinny_kernel(kind, swiglu, accumulate, grouped, gather, vec, RB, TM, TN, NW, SK, GL, MB=0):
+    """Rows-few projection; same arguments and semantics as ``_tiled_kernel``.
+
+    Block (32*NW threads, NG = 32*NW/GL groups of GL lanes) = BNO output columns (z,
+    blockIdx.x) x row tiles of RB rows (blockIdx.y, grid-strided). Group g owns chunks
+    round*NG + g; lane (lr, lc) owns rows lr*TM + i and staged weight rows lc + j*LC of the
+    group's chunk partial. Staged rows [0, BNO) are w (gate), [BNO, BN) w_up.
+    """
+    LR, LC, BN, BNO, NG = _skinny_shape(_Skinny(RB, TM, TN, NW, SK, GL, MB), swiglu)
+    E = _PER_WORD[kind]
+    SKW = SK // E                 # words per staged weight row
+    assert LR * LC == GL and KC % SK == 0 and (not swiglu or TN % 2 == 0)
+    assert (BN * SKW) % GL == 0 and (BN * SK) % GL == 0 and (RB * SK) % min(GL, SK) == 0
+    SKE = SK + E                  # staged row length in elements: one pad word (bank spread)
+    XS = _skinny_xs(RB)
+    PAIRS = TM % 2 == 0           # x read from shared memory two rows at a time
+    SUB = KC // SK
+    NT = 32 * NW
+    TMN = TM * TN
+    WCOLS = SKW if vec else SK    # loads per staged weight row
+    NWL = BN * WCOLS // GL        # weight loads per lane per sub-tile
+    NXL = ceil_div(RB * SK, GL)   # x loads per lane per sub-tile (the last may be partial)
+    OWN = ceil_div(RB * BNO, NT)  # outputs whose running sums a thread owns
+    ELEM = _ELEM[kind]
+    PW_T = uint64 if vec else ELEM
+    word = _WORD[kind]
+    # A tile of ROWS x COLS loaded by GL lanes, load t of lane l: (row, col) =
+    #   COLS >= GL: ((t*GL) // COLS, l + (t*GL) % COLS)       COLS < GL: (l // COLS + t*GL/COLS, l % COLS)
+    # so every row and column offset is a per-lane base plus a constant (no per-t registers).
+    WWIDE, XWIDE = WCOLS >= GL, SK >= GL
+
+    @_jit(NT, MB)
+    def kernel(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index):
+        tid = _nonneg(cuda.threadIdx.x)
+        grp = tid // GL
+        lane = tid % GL
+        lr = lane // LC
+        lc = lane % LC
+        wr0 = 0 if WWIDE else lane // WCOLS       # weight load: first row, column
+        wc0 = lane if WWIDE else lane % WCOLS
+        xr0 = 0 if XWIDE else lane // SK          # x load: first row, column
+        xc0 = lane if XWIDE else lane % SK
+        z = _nonneg(cuda.blockIdx.z)
+        col0 = _nonneg(cuda.blockIdx.x) * BNO
+        N = w.shape[1]
+        K = w.shape[2]
+        C = (K + KC - 1) // KC
+        steps = ((C + NG - 1) // NG) * SUB            # same for every group: syncs stay uniform
+        if grouped:
+            start = offsets[z]
+            end = offsets[z + 1]
+        else:
+            start = 0
+            end = n_rows[0]
+        xc = z * x_gs
+        oc = z * o_gs + col0
+        if vec:                       # a constant: numba prunes the other branch
+            wv = w.view(np.uint64)
+            wuv = w_up.view(np.uint64)
+        else:
+            wv = w
+            wuv = w_up
+        sw = cuda.shared.array((NG, BN, SKE), ELEM)
+        swv = sw.view(np.uint64)                      # [NG, BN, SKW + 1] words
+        sx = cuda.shared.array((NG, SK, XS), float32)
+        sxv = sx.view(np.uint64)                      # [NG, SK, XS // 2] row pairs
+        pbuf = cuda.shared.array((NG, RB, BN), float32)
+        pw = cuda.local.array(NWL, PW_T)
+        px = cuda.local.array(NXL, float32)
+        acc = cuda.local.array(TMN, float32)
+        xa = cuda.local.array(TM, float32)
+        ww = cuda.local.array(TN, uint64)
+        ys = cuda.local.array(OWN, float32)
+        yu = cuda.local.array(OWN, float32)
+        for tile0 in range(start + cuda.blockIdx.y * RB, end, cuda.gridDim.y * RB):
+            for q in range(OWN):
+                ys[q] = float32(0.0)
+                yu[q] = float32(0.0)
+            for q in range(TMN):
+                acc[q] = float32(0.0)
+            for s in range(-1, steps):
+                if s >= 0:
+                    # stage sub-tile s (loaded into registers during step s - 1)
+                    _sync_warp()                      # the group is done reading sub-tile s - 1
+                    for t in range(NWL):
+                        r = (t * GL) // WCOLS if WWIDE else wr0 + t * (GL // WCOLS)
+                        cc = wc0 + (t * GL) % WCOLS if WWIDE else wc0
+                        if vec:
+                            swv[grp, r, cc] = pw[t]
+                        else:
+                            sw[grp, r, cc] = pw[t]
+                    for t in range(NXL):
+                        r = (t * GL) // SK if XWIDE else xr0 + t * (GL // SK)
+                        cc = xc0 + (t * GL) % SK if XWIDE else xc0
+                        if r < RB:
+                            sx[grp, cc, r] = px[t]
+                    _sync_warp()
+                if s + 1 < steps:
+                    # global loads of sub-tile s + 1: in flight while sub-tile s is computed
+                    g = (s + 1) // SUB
+                    k0 = (g * NG + grp) * KC + ((s + 1) - g * SUB) * SK
+                    for t in range(NWL):
+                        r = (t * GL) // WCOLS if WWIDE else wr0 + t * (GL // WCOLS)
+                        cc = wc0 + (t * GL) % WCOLS if WWIDE else wc0
+                        up = swiglu and r >= BNO
+                        n = col0 + r - BNO if up else col0 + r
+                        if vec:
+                            val = uint64(0)
+                            if n < N and k0 + cc * E < K:
+                                if up:
+                                    val = wuv[z, n, k0 // E + cc]
+                                else:
+                                    val = wv[z, n, k0 // E + cc]
+                            pw[t] = val
+                        else:
+                            ev = ELEM(0)
+                            if n < N and k0 + cc < K:
+                                if up:
+                                    ev = w_up[z, n, k0 + cc]
+                                else:
+                                    ev = w[z, n, k0 + cc]
+                            pw[t] = ev
+                    for t in range(NXL):
+                        r = (t * GL) // SK if XWIDE else xr0 + t * (GL // SK)
+                        cc = xc0 + (t * GL) % SK if XWIDE else xc0
+                        j = tile0 + r
+                        xv = float32(0.0)
+                        if r < RB and j < end and k0 + cc < K:
+                            rx = row_index[j] if gather else j
+                            xv = x[rx, xc + k0 + cc]
+                        px[t] = xv
+                if s >= 0:
+                    # the fma chains of this sub-tile, ascending k (zero padding leaves them exact)
+                    for kw in range(SKW):
+                        for jj in range(TN):
+                            ww[jj] = swv[grp, lc + jj * LC, kw]
+                        for e in range(E):
+                            kk = kw * E + e
+                            if PAIRS:
+                                for p in range(TM // 2):
+                                    u = sxv[grp, kk, (lr * TM) // 2 + p]
+                                    xa[2 * p] = _lo_f32(u)
+                                    xa[2 * p + 1] = _hi_f32(u)
+                            else:
+                                for i in range(TM):
+                                    xa[i] = sx[grp, kk, lr * TM + i]
+                            for jj in range(TN):
+                                wb = word(ww[jj], e)
+                                for i in range(TM):
+                                    acc[i * TN + jj] = fma(xa[i], wb, acc[i * TN + jj])
+                    g = s // SUB
+                    if s - g * SUB == SUB - 1:
+                        # chunk g*NG + grp is complete: hand its partial to the owners
+                        for i in range(TM):
+                            for jj in range(TN):
+                                pbuf[grp, lr * TM + i, lc + jj * LC] = acc[i * TN + jj]
+                                acc[i * TN + jj] = float32(0.0)
+                        cuda.syncthreads()
+                        live = min(NG, C - g * NG)
+                        for q in range(OWN):
+                            item = tid + q * NT
+                            if item < RB * BNO:
+                                r = item // BNO
+                                o = item - r * BNO
+                                for v in range(live):             # ascending chunk order
+                                    ys[q] = ys[q] + pbuf[v, r, o]
+                                    if swiglu:
+                                        yu[q] = yu[q] + pbuf[v, r, o + BNO]
+                        cuda.syncthreads()
+            for q in range(OWN):
+                item = tid + q * NT
+                r = item // BNO
+                o = item - r * BNO
+                j = tile0 + r
+                if item < RB * BNO and j < end and col0 + o < N:
+                    yv = ys[q]
+                    if swiglu:
+                        yv = yv / (float32(1.0) + _exp(-yv)) * yu[q]
+                    if accumulate:
+                        out[j, oc + o] = out[j, oc + o] + yv
+                    else:
+                        out[j, oc + o] = yv
+
+    return kernel
+
+
+# -- the tiled kernel: output tiles, every chunk in one thread ----------------------------------
+@functools.lru_cache(maxsize=None)
+def _tiled_kernel(kind, swiglu, accumulate, grouped, gather, vec, BM, BN, TM, TN, BK, MB=0):
     """The generic projection, group z = blockIdx.z:
 
         out[j, zo*o_gs + n] (+)= sum_k x[rx, zx*x_gs + k] * w[z, n, k]     (zx = zo = z, or 0
@@ -75,57 +423,258 @@ def _gemm_kernel(kind: str, swiglu: bool, accumulate: bool, grouped: bool, gathe
     Rows of group z: without ``grouped``, j in [0, n_rows[0]) with x row rx = j; with
     ``grouped``, j in [offsets[z], offsets[z+1]) with rx = ``row_index[j]`` (``gather``) or j.
     ``swiglu``: out = silu(x . w) * (x . w_up), both chains under the contract.
-    """
-    widen = _WIDEN[kind]
 
-    @cuda.jit
+    Block (BM/TM * BN/TN threads) = a BN-wide column block (blockIdx.x; BN/2 outputs with
+    ``swiglu``, gate and up rows interleaved) x row tiles of BM (blockIdx.y, grid-strided).
+    Thread (tr, tc) owns rows tr*TM + i and staged columns 2*(tc + p*LC) + {0, 1}.
+    """
+    LR, LC = BM // TM, BN // TN
+    NT = LR * LC
+    assert TM % 2 == 0 and TN % 2 == 0 and KC % BK == 0
+    BNO = BN // 2 if swiglu else BN
+    E = _PER_WORD[kind]
+    BKW = BK // E
+    WS, XS = BN + 2, BM + 2       # shared row strides (+2: conflict-free transposing stores)
+    TPC = KC // BK                # k tiles per chunk
+    TMN, TH = TM * TN, TN // 2
+    WCOLS = BKW if vec else BK    # loads per staged weight row
+    assert NT % WCOLS == 0 and NT % BK == 0 and (BN * WCOLS) % NT == 0 and (BM * BK) % NT == 0
+    NWL = BN * WCOLS // NT        # weight loads per thread per k tile: rows wr0 + q*WSTEP
+    NXL = BM * BK // NT           # x loads per thread per k tile: rows xr0 + q*XSTEP
+    WSTEP, XSTEP = NT // WCOLS, NT // BK
+    ELEM = _ELEM[kind]
+    PW_T = uint64 if vec else ELEM
+    widen = _WIDEN[kind]
+    word = _WORD[kind]
+
+    @_jit(NT, MB)
     def kernel(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index):
-        n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        local = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
-        z = cuda.blockIdx.z
-        N, K = w.shape[1], w.shape[2]
+        tid = _nonneg(cuda.threadIdx.x)
+        tr = tid // LC
+        tc = tid % LC
+        wr0, wc0 = tid // WCOLS, tid % WCOLS
+        xr0, xc0 = tid // BK, tid % BK
+        z = _nonneg(cuda.blockIdx.z)
+        col0 = _nonneg(cuda.blockIdx.x) * BNO
+        N = w.shape[1]
+        K = w.shape[2]
+        nt = (K + BK - 1) // BK
         if grouped:
-            j = offsets[z] + local
-            if j >= offsets[z + 1]:
-                return
+            start = offsets[z]
+            end = offsets[z + 1]
         else:
-            j = local
-            if j >= n_rows[0]:
-                return
-        if n >= N:
-            return
-        rx = row_index[j] if gather else j
+            start = 0
+            end = n_rows[0]
         xc = z * x_gs
-        oc = z * o_gs + n
-        y = float32(0.0)
-        y_up = float32(0.0)
-        for k0 in range(0, K, KC):
-            acc = float32(0.0)
-            acc_up = float32(0.0)
-            for k in range(k0, min(k0 + KC, K)):
-                xv = x[rx, xc + k]
-                acc = fma(xv, widen(w[z, n, k]), acc)
-                if swiglu:
-                    acc_up = fma(xv, widen(w_up[z, n, k]), acc_up)
-            y = y + acc
-            if swiglu:
-                y_up = y_up + acc_up
-        if swiglu:
-            y = y / (float32(1.0) + _exp(-y)) * y_up
-        if accumulate:
-            out[j, oc] = out[j, oc] + y
+        oc = z * o_gs + col0
+        if vec:                       # a constant: numba prunes the other branch
+            wv = w.view(np.uint64)
+            wuv = w_up.view(np.uint64)
         else:
-            out[j, oc] = y
+            wv = w
+            wuv = w_up
+        sw = cuda.shared.array((2, BK, WS), float32)
+        sx = cuda.shared.array((2, BK, XS), float32)
+        swv = sw.view(np.uint64)      # [2, BK, WS // 2] column pairs
+        sxv = sx.view(np.uint64)      # [2, BK, XS // 2] row pairs
+        pw = cuda.local.array(NWL, PW_T)
+        px = cuda.local.array(NXL, float32)
+        acc = cuda.local.array(TMN, float32)
+        y = cuda.local.array(TMN, float32)
+        xa = cuda.local.array(TM, float32)
+        wb = cuda.local.array(TN, float32)
+        for tile0 in range(start + cuda.blockIdx.y * BM, end, cuda.gridDim.y * BM):
+            for q in range(TMN):
+                acc[q] = float32(0.0)
+                y[q] = float32(0.0)
+            for t in range(-1, nt):
+                buf = t % 2
+                if t >= 0:
+                    # stage k tile t, widened (its buffer was last read two tiles ago, before
+                    # the previous barrier)
+                    for q in range(NWL):
+                        r = wr0 + q * WSTEP
+                        if vec:
+                            for e in range(E):
+                                sw[buf, wc0 * E + e, r] = word(pw[q], e)
+                        else:
+                            sw[buf, wc0, r] = widen(pw[q])
+                    for q in range(NXL):
+                        sx[buf, xc0, xr0 + q * XSTEP] = px[q]
+                    cuda.syncthreads()
+                if t + 1 < nt:
+                    k0 = (t + 1) * BK
+                    for q in range(NWL):
+                        r = wr0 + q * WSTEP
+                        up = swiglu and r % 2 == 1
+                        n = col0 + r // 2 if swiglu else col0 + r
+                        if vec:
+                            val = uint64(0)
+                            if n < N and k0 + wc0 * E < K:
+                                if up:
+                                    val = wuv[z, n, k0 // E + wc0]
+                                else:
+                                    val = wv[z, n, k0 // E + wc0]
+                            pw[q] = val
+                        else:
+                            ev = ELEM(0)
+                            if n < N and k0 + wc0 < K:
+                                if up:
+                                    ev = w_up[z, n, k0 + wc0]
+                                else:
+                                    ev = w[z, n, k0 + wc0]
+                            pw[q] = ev
+                    for q in range(NXL):
+                        j = tile0 + xr0 + q * XSTEP
+                        xv = float32(0.0)
+                        if j < end and k0 + xc0 < K:
+                            rx = row_index[j] if gather else j
+                            xv = x[rx, xc + k0 + xc0]
+                        px[q] = xv
+                if t >= 0:
+                    for kk in range(BK):
+                        for p in range(TM // 2):
+                            u = sxv[buf, kk, (tr * TM) // 2 + p]
+                            xa[2 * p] = _lo_f32(u)
+                            xa[2 * p + 1] = _hi_f32(u)
+                        for p in range(TH):
+                            u = swv[buf, kk, tc + p * LC]
+                            wb[2 * p] = _lo_f32(u)
+                            wb[2 * p + 1] = _hi_f32(u)
+                        for i in range(TM):
+                            for jj in range(TN):
+                                acc[i * TN + jj] = fma(xa[i], wb[jj], acc[i * TN + jj])
+                    if (t + 1) % TPC == 0 or t + 1 == nt:
+                        # a chunk ends here: flush its partial into the running sum
+                        for q in range(TMN):
+                            y[q] = y[q] + acc[q]
+                            acc[q] = float32(0.0)
+            cuda.syncthreads()        # the next row tile restages buffer 0
+            for i in range(TM):
+                j = tile0 + tr * TM + i
+                if j < end:
+                    for p in range(TH):
+                        o = tc + p * LC
+                        if swiglu:
+                            if col0 + o < N:
+                                yv = y[i * TN + 2 * p]
+                                yv = yv / (float32(1.0) + _exp(-yv)) * y[i * TN + 2 * p + 1]
+                                if accumulate:
+                                    out[j, oc + o] = out[j, oc + o] + yv
+                                else:
+                                    out[j, oc + o] = yv
+                        else:
+                            for e in range(2):
+                                o2 = 2 * o + e
+                                if col0 + o2 < N:
+                                    if accumulate:
+                                        out[j, oc + o2] = out[j, oc + o2] + y[i * TN + 2 * p + e]
+                                    else:
+                                        out[j, oc + o2] = y[i * TN + 2 * p + e]
 
     return kernel
 
 
-def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index, max_rows, accumulate, stream):
+# -- choosing a kernel ----------------------------------------------------------------------
+if _SIM:
+    # Tiny tiles: the simulator runs every thread as a Python thread. They still cover several
+    # row and column tiles, several chunks and sub-tiles, lane groups of 8..32, and both kernels.
+    _SKINNY_TILE = {1: (1, 1), 2: (2, 1), 4: (2, 2), 8: (4, 2), 16: (4, 4), 32: (8, 4)}
+    _SKINNY_SK = 16
+    _SKINNY_NW = (2,)
+    _TILED = {"small": _Tiled(8, 8, 2, 2, 16, 0), "large": _Tiled(8, 16, 2, 4, 16, 0)}
+    _SKINNY_MAX = 4            # more rows than this run the tiled kernel
+    _TILED_SMALL_MAX = 8
+    _BLOCKS_WANTED = 3         # narrower lane groups until a launch has this many column blocks
+else:
+    # RB -> (TM, TN): lanes LR = RB/TM along rows, LC = GL/LR along staged weight rows.
+    _SKINNY_TILE = {1: (1, 1), 2: (2, 1), 4: (4, 1), 8: (4, 2), 16: (4, 4), 32: (8, 4)}
+    _SKINNY_SK = 32
+    _SKINNY_NW = (16, 12, 8, 6, 4, 2, 1)
+    _TILED = {"small": _Tiled(64, 64, 8, 8, 16, 0), "large": _Tiled(128, 128, 8, 8, 16, 0)}
+    _SKINNY_MAX = 16
+    _TILED_SMALL_MAX = 64
+    _BLOCKS_WANTED = 264       # two blocks per SM of the H200
+
+
+def _skinny_valid(cfg, kind, swiglu) -> bool:
+    lr = cfg.RB // cfg.TM
+    if lr * cfg.TM != cfg.RB or cfg.GL % lr or cfg.GL > 32 or (swiglu and cfg.TN % 2):
+        return False
+    _, _, bn, _, _ = _skinny_shape(cfg, swiglu)
+    skw = cfg.SK // _PER_WORD[kind]
+    return (KC % cfg.SK == 0 and (bn * skw) % cfg.GL == 0 and (bn * cfg.SK) % cfg.GL == 0
+            and _skinny_smem(cfg, swiglu, kind) <= _SMEM_MAX)
+
+
+def _skinny_config(rb, kind, swiglu, n_cols=None, gl=None, nw=None, sk=None, mb=None):
+    """The skinny tile for RB = rb rows: lane tile from the table; the widest lane group that
+    still gives ``n_cols`` output columns _BLOCKS_WANTED column blocks (a group owns whole
+    chunks, so narrower groups mean more, narrower column blocks); the most warps that fit."""
+    tm, tn = _SKINNY_TILE[rb]
+    if swiglu and tn % 2:
+        tn += 1
+    sk = sk or _SKINNY_SK
+    found = None
+    for g in ((gl,) if gl else (32, 16, 8)):
+        for w in ((nw,) if nw else _SKINNY_NW):
+            blocks = mb if mb is not None else (2 if w * 32 >= 256 and tm * tn <= 4 else 0)
+            cfg = _Skinny(rb, tm, tn, w, sk, g, blocks)
+            if _skinny_valid(cfg, kind, swiglu):
+                found = cfg
+                if n_cols is None or ceil_div(n_cols, _skinny_shape(cfg, swiglu)[3]) >= _BLOCKS_WANTED:
+                    return cfg
+                break
+    if found is None:
+        raise ValueError(f"no skinny tile for {rb} rows of {kind} weights")
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def _choose(max_rows, n_cols, kind, swiglu, grouped):
+    """The tile for a launch whose groups hold at most ``max_rows`` rows of ``n_cols`` outputs."""
+    if max_rows <= _SKINNY_MAX:
+        rb = 1
+        while rb < max_rows:
+            rb *= 2
+        # grouped launches have a column block per group: wide lane groups
+        return _skinny_config(rb, kind, swiglu, None if grouped else n_cols)
+    if max_rows <= _TILED_SMALL_MAX:
+        return _TILED["small"]
+    return _TILED["large"]
+
+
+def _vec_ok(w) -> bool:
+    """uint64 weight loads: every row of w [Z, N, K] starts 8-byte aligned."""
+    if w.shape[2] == 0 or (w.shape[2] * np.dtype(w.dtype).itemsize) % 8:
+        return False
+    if _SIM:
+        return True
+    return w.__cuda_array_interface__["data"][0] % 8 == 0
+
+
+def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index, max_rows, accumulate, stream,
+            cfg=None):
     grouped, gather = offsets is not None, row_index is not None
-    kernel = _gemm_kernel(_weight_kind(w), w_up is not None, accumulate, grouped, gather)
-    grid = (ceil_div(w.shape[1], BLOCK[0]), max(1, ceil_div(max_rows, BLOCK[1])), w.shape[0])
+    kind = _weight_kind(w)
+    swiglu = w_up is not None
+    vec = _vec_ok(w) and (not swiglu or _vec_ok(w_up))
+    Z, N = w.shape[0], w.shape[1]
+    if cfg is None:
+        cfg = _choose(max_rows, N, kind, swiglu, grouped)
+    if isinstance(cfg, _Skinny):
+        kernel = _skinny_kernel(kind, swiglu, accumulate, grouped, gather, vec, *cfg)
+        bno = _skinny_shape(cfg, swiglu)[3]
+        rows, block = cfg.RB, 32 * cfg.NW
+    else:
+        kernel = _tiled_kernel(kind, swiglu, accumulate, grouped, gather, vec, *cfg)
+        bno = cfg.BN // 2 if swiglu else cfg.BN
+        rows, block = cfg.BM, (cfg.BM // cfg.TM) * (cfg.BN // cfg.TN)
+    grid = (ceil_div(N, bno), max(1, ceil_div(max_rows, rows)), Z)
+    if grid[0] == 0 or Z == 0:
+        return
     idx = n_rows if n_rows is not None else offsets   # stands in for the unused int32 arrays
-    kernel[grid, BLOCK, stream](x, x_gs, w, w if w_up is None else w_up, out, o_gs,
+    kernel[grid, block, stream](x, x_gs, w, w if w_up is None else w_up, out, o_gs,
                                 idx if n_rows is None else n_rows,
                                 idx if offsets is None else offsets,
                                 idx if row_index is None else row_index)
@@ -160,7 +709,8 @@ def _enqueue_grouped(x, w, out, offsets, max_rows, *, row_index=None, w_up=None,
     """Grouped (expert) projection: for group z, rows j in [offsets[z], offsets[z+1]):
     out[j] = f(x[row_index[j] if row_index is not None else j] @ w[z].T), f = identity, or
     SwiGLU with ``w_up``. x [Rx, K] f32, w / w_up [Z, N, K], out [Ro, N] f32, offsets [Z+1]
-    int32, row_index [Ro] int32; ``max_rows`` bounds the rows of one group (sizes the grid)."""
+    int32, row_index [Ro] int32; ``max_rows`` bounds the rows of one group (sizes the grid and
+    picks the kernel: pass the tightest bound known)."""
     _launch(x, 0, w, w_up, out, 0, None, offsets, row_index, max_rows, False, stream)
 
 
