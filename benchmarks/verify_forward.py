@@ -65,9 +65,13 @@ class RandomBF16:
         self.seed = 1
 
     def __call__(self, *shape):
-        from numba import cuda
-        a = cuda.device_array(int(np.prod(shape)), np.uint16)
+        from numba import config, cuda
         self.seed += 1
+        if config.ENABLE_CUDASIM:          # a dry run of the script (libdevice is a stub there)
+            from ddtree_numba.model.cuda_target import to_bf16_bits
+            rng = np.random.default_rng(self.seed)
+            return cuda.to_device(to_bf16_bits(rng.uniform(-1, 1, shape) * math.sqrt(3.0 / shape[-1])))
+        a = cuda.device_array(int(np.prod(shape)), np.uint16)
         self.fill[(a.shape[0] + 255) // 256, 256](a, np.uint64(self.seed * 7919), math.sqrt(3.0 / shape[-1]))
         return a.reshape(*shape)
 
@@ -143,13 +147,24 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--no-append", action="store_true")
     ap.add_argument("--peer", action="store_true", help="measure the HF peer here too (slow)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="a tiny config of the same architecture (checks the script, e.g. in the simulator)")
     args = ap.parse_args()
 
+    from numba import config as numba_config
     from numba import cuda
     from ddtree_numba.model.config import ModelConfig
-    from _common import time_gpu
+    from _common import time_gpu, time_host
+    sim = numba_config.ENABLE_CUDASIM
+    if sim:   # no events or graphs in the simulator: a dry run checks the script only
+        time_gpu = lambda fn, stream, reps, warmup: time_host(fn, reps=1, warmup=0)  # noqa: E731
 
-    cfg = ModelConfig.from_dict(dict(MOONLIGHT, num_hidden_layers=args.layers))
+    shape = dict(MOONLIGHT, num_hidden_layers=args.layers)
+    if args.dry_run:
+        shape.update(vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=8,
+                     num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+                     v_head_dim=8, n_routed_experts=8, num_experts_per_tok=2)
+    cfg = ModelConfig.from_dict(shape)
     target = build_target(cfg)
     rng = np.random.default_rng(0)
     cap = args.prefix + max(args.nodes)
@@ -177,8 +192,9 @@ def main():
         ws.meta.copy_to_device(np.array([args.prefix, t], np.int32))
         eager_us = time_gpu(lambda: target.forward_device(ws, cache, (), graph=False, stream=stream),
                             stream, reps=args.reps, warmup=2)
-        graph_us = time_gpu(lambda: target.forward_device(ws, cache, (), graph=True, stream=stream),
-                            stream, reps=args.reps, warmup=2)
+        graph_us = eager_us if sim else time_gpu(
+            lambda: target.forward_device(ws, cache, (), graph=True, stream=stream), stream,
+            reps=args.reps, warmup=2)
         logits = ws.logits[:t].copy_to_host()
         assert np.isfinite(logits).all(), "non-finite logits"
         b, f = cost_model(cfg, t, args.prefix + t)
@@ -188,7 +204,7 @@ def main():
                      f"{f / 1e12:.3f} TFLOP", f"{floor_ms:.2f}", f"{graph_us / 1e3 / floor_ms:.2f}x",
                      f"{peer:.0f}" if peer else "-",
                      f"{peer / (graph_us / 1e3):.2f}x" if peer else "-"])
-        breakdown[t] = layer_breakdown(target, ws, cache, stream)
+        breakdown[t] = {"(simulator)": 0.0} if sim else layer_breakdown(target, ws, cache, stream)
 
     note = (f"Moonlight-16B-A3B shape, {cfg.num_hidden_layers} layers, random bf16 weights, "
             f"{args.prefix}-row latent prefix, a random tree of the given node count. Floor = "

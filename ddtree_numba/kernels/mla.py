@@ -69,7 +69,7 @@ _GPU_TILES = (
 # a long reduction step, because each block barrier costs the simulator milliseconds.
 _SIM_TILES = (
     (8, ((2, 8, 4, 1, 2), (2, 4, 4, 1, 1))),
-    (32, ((4, 4, 3, 2, 2), (6, 4, 5, 3, 2))),
+    (16, ((4, 4, 3, 2, 2), (6, 4, 5, 3, 2))),
     (None, ((32, 32, 32, 8, 8), (32, 16, 32, 8, 8))),
 )
 

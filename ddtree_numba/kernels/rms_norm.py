@@ -22,8 +22,9 @@ from .._checks import check_array
 from .._device import fma, is_device, to_device
 
 # Threads per block (a power of two: the tree halves it). 256 covers hidden 2048 in 8 loads a
-# thread; the simulator runs every thread as a Python thread, so it gets a small block.
-THREADS = 8 if config.ENABLE_CUDASIM else 256
+# thread; the simulator runs every thread as a Python thread and every barrier costs it
+# milliseconds, so it gets two threads (one level of the tree).
+THREADS = 2 if config.ENABLE_CUDASIM else 256
 
 
 @functools.lru_cache(maxsize=None)
