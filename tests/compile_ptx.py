@@ -76,6 +76,16 @@ SIGNATURES = {
     "mla._mla_softmax_kernel": [f"void({F32_2}, {U32_2}, {I32_1}, int64)"],
     "mla._mla_pv_kernel": [
         (tiles[1], f"void({F32_2}, {F32_2}, {I32_1}, {F32_2})") for _, tiles in kernels_pkg.mla._GPU_TILES],
+    "gqa._gqa_split_kernel": [
+        ((dh, *kernels_pkg.gqa._gpu_tiles(dh), blk, msk),
+         f"void({F32_2}, {F32_2}, {F32_2}, {F32_2}, {F32_2}, boolean[:, ::1], {I32_1}, float32, "
+         f"float32[:, :, ::1], float32[:, :, ::1])")
+        for dh in (64, 128, 256) for blk, msk in ((True, False), (False, False), (False, True))],
+    "gqa._gqa_combine_kernel": [
+        f"void(float32[:, :, ::1], float32[:, :, ::1], {I32_1}, int64, boolean, {F32_2})"],
+    "gqa._draft_meta_kernel": [
+        f"void({I32_1}, {I32_1}, {I32_1}, int64, int64, int64, int64, int64, boolean, {I32_1}, "
+        f"{I32_1}, {I32_1}, {I32_1})"],
 }
 
 

@@ -12,6 +12,7 @@ from .accept import follow_tree, sample_post
 from .compact import compact_rows
 from .linear import linear
 from .mla import mla_attention_absorbed
+from .gqa import gqa_attention
 from .moe import MoEBuffers, MoERoute, moe_experts, moe_route, swiglu_mlp
 from .rms_norm import rms_norm
 from .rope import rope, rope_cos_sin

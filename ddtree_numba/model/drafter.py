@@ -258,13 +258,16 @@ def load_drafter(path: str | os.PathLike, target) -> Drafter:
     """Load a DFlash drafter directory (config.json + safetensors) for ``target``.
 
     Tensor names as published (``layers.{i}.self_attn.q_proj.weight``, ``fc.weight``, ...); a
-    ``model.`` prefix is accepted too. The drafter runs on the target's backend (numpy for now).
+    ``model.`` prefix is accepted too. The drafter runs on the target's backend: a ``Drafter``
+    (numpy) for a numpy target, a ``model.cuda_drafter.CudaDrafter`` for a cuda one, whose
+    matrices keep the checkpoint's dtype when every matrix is bf16 (or every one fp16) and are
+    float32 otherwise (``cuda_target.storage_dtype``, the target's rule).
     """
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise ValueError(f"drafter path {path} is not a directory")
-    if target.backend != "numpy":
-        raise ValueError(f"the drafter has a numpy forward only; the target's backend is {target.backend!r}")
+    if target.backend not in ("numpy", "cuda"):
+        raise ValueError(f"the drafter runs on the numpy or cuda backend; the target's is {target.backend!r}")
     with open(os.path.join(path, "config.json")) as f:
         cfg = DrafterConfig.from_dict(json.load(f))
     index = SafetensorsIndex(path)
@@ -274,6 +277,12 @@ def load_drafter(path: str | os.PathLike, target) -> Drafter:
         if stored not in index:
             raise ValueError(f"drafter checkpoint is missing tensor {name}")
         weights[name] = index.float32(stored, (128, 128))
+    if target.backend == "cuda":
+        from .cuda_drafter import CudaDrafter
+        from .cuda_target import storage_dtype
+        stored = {index.entries[n if n in index else "model." + n][1]["dtype"]
+                  for n, shape in drafter_shapes(cfg).items() if len(shape) >= 2}
+        return CudaDrafter(cfg, weights, target, weight_dtype=storage_dtype(stored))
     return Drafter(cfg, weights, target)
 
 
@@ -283,7 +292,7 @@ def random_drafter(target, num_hidden_layers: int = 1, block_size: int = 8,
                    mask_token_id: int | None = None, seed: int = 0) -> Drafter:
     """A drafter with random weights for ``target`` (tests, notebooks). Unit-gain projections and
     norm weights in [0.5, 1.5]; by default it reads the target's first and last layers and uses
-    the last token id as MASK."""
+    the last token id as MASK. A cuda target gets a ``CudaDrafter`` (float32 matrices)."""
     tc = target.config
     if target_layer_ids is None:
         target_layer_ids = tuple(sorted({0, tc.num_hidden_layers - 1}))
@@ -301,4 +310,7 @@ def random_drafter(target, num_hidden_layers: int = 1, block_size: int = 8,
             weights[name] = rng.uniform(0.5, 1.5, shape).astype(np.float32)
         else:
             weights[name] = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+    if target.backend == "cuda":
+        from .cuda_drafter import CudaDrafter
+        return CudaDrafter(cfg, weights, target)
     return Drafter(cfg, weights, target)

@@ -1,0 +1,424 @@
+"""Grouped-query attention on the GPU, as the DFlash drafter uses it; twin:
+``reference.gqa.gqa_attention``.
+
+Shapes: T queries (Tq the buffer's rows, t of them live), Hq query heads, Hkv key/value heads,
+G = Hq / Hkv heads per group, Dh head dim, S_cap context rows of the drafter cache (s live),
+B block rows (the block's own keys: one per query).
+
+The drafter's block queries attend, without a mask, to the context keys (rows [0, s) of the
+cache) and then to the block's own keys: key j of the sequence is context row j for j < s and
+block row j - s after it. Query row (i, h) reads key/value head g = h // G.
+
+**Reduction order.** The keys are cut at fixed positions: splits of ``SPLIT`` keys, each cut
+into tiles of ``KT`` keys (``_tiles``; constants, never chosen from the row count). One block
+owns one split, one group and RM of its (query, head) rows; per tile it
+
+1. stages the tile's keys in shared memory (once for the RM rows: every head of the group and
+   every query of the block reads them), computes the scores as fma chains over d ascending,
+   times ``scale``;
+2. takes the tile's row max m_t, the running max m' = max(m, m_t), and p = exp(score - m');
+3. rescales its running sum and output by exp(m - m') and adds the tile's keys in ascending
+   order: l = l + p, o = fma(p, v, o) (the values staged over the keys' buffer).
+
+A second launch (``_gqa_combine_kernel``) merges the splits of a row in ascending order:
+M = max m_c, l = chain of l_c * exp(m_c - M), o = chain of o_c * exp(m_c - M), out = o / l.
+A row's arithmetic is a function of its query and the key sequence only: its bits do not
+depend on how many rows share the launch or where the row sits (DESIGN.md section 4). The
+twin normalizes p before p @ v and sums in numpy's order: equal within float32 rounding.
+
+Sizes are read from a device ``meta`` = (s, t) so a captured CUDA graph replays the launch for
+any context length; the grid is sized from the arrays' shapes (the maxima).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import namedtuple
+
+import numpy as np
+from numba import config, cuda, float32
+
+from .._checks import check_array
+from .._device import ceil_div, fma, is_device, to_device
+
+_SIM = bool(config.ENABLE_CUDASIM)
+THREADS = 8 if _SIM else 128          # combine and meta kernels: threads per block
+_SMEM_MAX = 48 * 1024                 # static shared memory per block
+
+# RM (query rows, head-major within a query) x KT keys per tile; TM x TN scores per thread;
+# NT threads; TX2 lanes along Dh in p @ v (each thread TM2 = RM / (NT / TX2) rows x
+# ceil(Dh / TX2) dims of the output); SPLIT keys per block (a multiple of KT).
+_Tiles = namedtuple("_Tiles", "RM KT TM TN NT TX2 SPLIT")
+
+
+def _gpu_tiles(dh: int) -> _Tiles:
+    """H200 tiles: 128 threads, 32 rows x 32 keys (16 x 16 past Dh 128, to stay under 48 KiB:
+    Q [Dh, RM] and K / V [Dh, KT] staged), splits of 128 keys (B = 16, Hq = 32, Hkv = 8 and
+    4096 context rows: 16 row blocks x 33 splits, about four waves of 132 SMs)."""
+    if dh <= 128:
+        return _Tiles(32, 32, 2, 4, 128, 32, 128)
+    return _Tiles(16, 16, 1, 2, 128, 32, 128)
+
+
+# The simulator runs every thread as a Python thread: 8 threads, 4 rows x 4 keys, splits of
+# 8 keys, so tiny shapes still cross row blocks, tiles, splits and partial tiles.
+_SIM_TILES = _Tiles(4, 4, 1, 2, 8, 4, 8)
+
+
+def _tiles(dh: int) -> _Tiles:
+    return _SIM_TILES if _SIM else _gpu_tiles(dh)
+
+
+def _smem_floats(dh, cfg) -> int:
+    tpr = cfg.NT // cfg.RM
+    return dh * (cfg.RM + 1) + max(dh * (cfg.KT + 1), cfg.KT * dh) + cfg.RM * (cfg.KT + 1) \
+        + cfg.RM * tpr + 3 * cfg.RM
+
+
+@functools.lru_cache(maxsize=None)
+def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask):
+    """Partial attention of one split (blockIdx.x), one key/value group g (blockIdx.y) and
+    query rows rr in [RM * blockIdx.z, ...) of the group's t * G rows (rr = i * G + (h - g*G)).
+
+    Writes, for row = i * Hq + h: o_part[split, row, :] (unnormalized output),
+    ml_part[split, row] = (running max, running sum). Keys: context rows [0, s) of
+    k_ctx / v_ctx [S_cap, Hkv*Dh], then (``has_blk``) the t block rows of k_blk / v_blk
+    [Tq, Hkv*Dh]. ``has_mask``: key j is seen by query i only where mask[i, j].
+    """
+    TX, TY = KT // TN, RM // TM
+    TY2 = NT // TX2
+    TM2, TN2 = RM // TY2, ceil_div(DH, TX2)
+    TPR = NT // RM                       # threads sharing a row in the softmax step
+    assert TX * TY == NT and TX * TN == KT and TY * TM == RM
+    assert NT % TX2 == 0 and TY2 * TM2 == RM and NT % RM == 0 and SPLIT % KT == 0
+    QS, KS, PS = RM + 1, KT + 1, KT + 1  # padded shared strides: transposed stores spread over banks
+    KV = max(DH * KS, KT * DH)           # the keys [d, key], then the values [key, d], of a tile
+    # array sizes as constants (the compiler takes no expression for a shape)
+    N_SQ, N_SP, N_PART, N_SM = DH * QS, RM * PS, RM * TPR, 2 * RM
+    N_ACC, N_O = TM * TN, TM2 * TN2
+    NEG = -math.inf
+
+    @cuda.jit
+    def kernel(q, k_ctx, v_ctx, k_blk, v_blk, mask, meta, scale, o_part, ml_part):
+        s = meta[0]
+        t = meta[1]
+        n_keys = s + t if has_blk else s
+        Hq = q.shape[1] // DH
+        G = Hq // (k_ctx.shape[1] // DH)
+        rows = t * G
+        g = cuda.blockIdx.y
+        r0 = cuda.blockIdx.z * RM
+        key_lo = cuda.blockIdx.x * SPLIT
+        if key_lo >= n_keys or r0 >= rows:
+            return  # the whole block leaves together: no thread is left at a barrier
+        key_hi = min(key_lo + SPLIT, n_keys)
+        tid = cuda.threadIdx.x
+        tx, ty = tid % TX, tid // TX         # scores: keys tx + TX*j, rows ty + TY*m
+        tx2, ty2 = tid % TX2, tid // TX2     # p @ v: dims tx2 + TX2*j, rows ty2 + TY2*m
+        prow, ppart = tid // TPR, tid % TPR  # softmax: row prow, keys ppart + TPR*u
+        sq = cuda.shared.array(N_SQ, float32)      # [d, row] queries of the block's rows
+        skv = cuda.shared.array(KV, float32)          # [d, key] keys, then [key, d] values
+        sp = cuda.shared.array(N_SP, float32)      # [row, key] scores, then p
+        spart = cuda.shared.array(N_PART, float32)  # [row, part] partial maxima of a tile
+        salpha = cuda.shared.array(RM, float32)       # [row] rescale of the running sums
+        sm = cuda.shared.array(N_SM, float32)       # [2, row] running max, double-buffered
+        acc = cuda.local.array(N_ACC, float32)
+        a = cuda.local.array(TM, float32)
+        b = cuda.local.array(TN, float32)
+        o = cuda.local.array(N_O, float32)
+        lsum = cuda.local.array(TM2, float32)
+        vb = cuda.local.array(TN2, float32)
+        for e in range(tid, RM * DH, NT):    # d fastest: coalesced reads of a query row
+            rr = e // DH
+            d = e - rr * DH
+            r = r0 + rr
+            val = float32(0.0)
+            if r < rows:
+                i = r // G
+                val = q[i, (g * G + r - i * G) * DH + d]
+            sq[d * QS + rr] = val
+        for rr in range(tid, RM, NT):
+            sm[rr] = float32(NEG)
+        for m in range(TM2):
+            lsum[m] = float32(0.0)
+            for j in range(TN2):
+                o[m * TN2 + j] = float32(0.0)
+        cur = 0
+        for key0 in range(key_lo, key_hi, KT):
+            nk = min(KT, key_hi - key0)
+            for e in range(tid, KT * DH, NT):    # d fastest: coalesced reads of a key row
+                kk = e // DH
+                d = e - kk * DH
+                j = key0 + kk
+                val = float32(0.0)
+                if kk < nk:
+                    if j < s:
+                        val = k_ctx[j, g * DH + d]
+                    else:
+                        val = k_blk[j - s, g * DH + d]
+                skv[d * KS + kk] = val
+            cuda.syncthreads()  # the keys (and, the first time, the queries) are staged
+            for u in range(TM * TN):
+                acc[u] = float32(0.0)
+            for d in range(DH):                  # one fma chain per score, d ascending
+                for m in range(TM):
+                    a[m] = sq[d * QS + ty + TY * m]
+                for j in range(TN):
+                    b[j] = skv[d * KS + tx + TX * j]
+                for m in range(TM):
+                    for j in range(TN):
+                        acc[m * TN + j] = fma(a[m], b[j], acc[m * TN + j])
+            for m in range(TM):
+                rr = ty + TY * m
+                for j in range(TN):
+                    kk = tx + TX * j
+                    sc = acc[m * TN + j] * scale
+                    if kk >= nk:
+                        sc = float32(NEG)
+                    elif has_mask:
+                        r = r0 + rr
+                        if r < rows and not mask[r // G, key0 + kk]:
+                            sc = float32(NEG)
+                    sp[rr * PS + kk] = sc
+            cuda.syncthreads()  # the scores are in; the keys are no longer read
+            for e in range(tid, KT * DH, NT):    # the values over the keys' buffer
+                kk = e // DH
+                d = e - kk * DH
+                j = key0 + kk
+                val = float32(0.0)
+                if kk < nk:
+                    if j < s:
+                        val = v_ctx[j, g * DH + d]
+                    else:
+                        val = v_blk[j - s, g * DH + d]
+                skv[kk * DH + d] = val
+            pm = float32(NEG)
+            for kk in range(ppart, KT, TPR):
+                pm = max(pm, sp[prow * PS + kk])
+            spart[prow * TPR + ppart] = pm
+            cuda.syncthreads()  # the partial maxima and the values are in
+            mt = float32(NEG)
+            for u in range(TPR):                 # max is exact: any order gives the same bits
+                mt = max(mt, spart[prow * TPR + u])
+            m_old = sm[cur * RM + prow]
+            m_new = max(m_old, mt)
+            if m_new == float32(NEG):            # nothing seen yet by this row (masks only)
+                alpha = float32(1.0)
+                for kk in range(ppart, KT, TPR):
+                    sp[prow * PS + kk] = float32(0.0)
+            else:
+                alpha = float32(math.exp(m_old - m_new))   # 0 on the row's first keys
+                for kk in range(ppart, KT, TPR):
+                    sp[prow * PS + kk] = float32(math.exp(sp[prow * PS + kk] - m_new))
+            if ppart == 0:
+                salpha[prow] = alpha
+                sm[(1 - cur) * RM + prow] = m_new
+            cuda.syncthreads()  # p, the rescales and the new maxima are in
+            for m in range(TM2):
+                al = salpha[ty2 + TY2 * m]
+                lsum[m] = lsum[m] * al
+                for j in range(TN2):
+                    o[m * TN2 + j] = o[m * TN2 + j] * al
+            for kk in range(nk):                 # ascending keys; padded keys never enter
+                for j in range(TN2):
+                    d = tx2 + TX2 * j
+                    vb[j] = skv[kk * DH + d] if d < DH else float32(0.0)
+                for m in range(TM2):
+                    pv = sp[(ty2 + TY2 * m) * PS + kk]
+                    lsum[m] = lsum[m] + pv
+                    for j in range(TN2):
+                        o[m * TN2 + j] = fma(pv, vb[j], o[m * TN2 + j])
+            cuda.syncthreads()  # every thread is done with p and the values of this tile
+            cur = 1 - cur
+        split = cuda.blockIdx.x
+        for m in range(TM2):
+            rr = ty2 + TY2 * m
+            r = r0 + rr
+            if r < rows:
+                i = r // G
+                row = i * Hq + g * G + r - i * G
+                for j in range(TN2):
+                    d = tx2 + TX2 * j
+                    if d < DH:
+                        o_part[split, row, d] = o[m * TN2 + j]
+                if tx2 == 0:
+                    ml_part[split, row, 0] = sm[cur * RM + rr]
+                    ml_part[split, row, 1] = lsum[m]
+
+    return kernel
+
+
+@cuda.jit
+def _gqa_combine_kernel(o_part, ml_part, meta, split, has_blk, out):
+    """out[i, h*Dh + d] = (chain over splits c of o_c * exp(m_c - M)) / (chain of l_c * exp(m_c - M))
+    for query i < t, M the max of m_c; one thread per output element, splits ascending."""
+    idx = cuda.grid(1)
+    DH = o_part.shape[2]
+    if idx >= o_part.shape[1] * DH:
+        return
+    row = idx // DH
+    d = idx - row * DH
+    Hq = out.shape[1] // DH
+    i = row // Hq
+    t = meta[1]
+    if i >= t:
+        return
+    n_keys = meta[0] + t if has_blk else meta[0]
+    n_split = (n_keys + split - 1) // split
+    big = float32(-math.inf)
+    for c in range(n_split):
+        big = max(big, ml_part[c, row, 0])
+    if big == float32(-math.inf):                          # the row sees no key: NaN, as the twin
+        out[i, (row - i * Hq) * DH + d] = float32(math.nan)
+        return
+    lsum = float32(0.0)
+    acc = float32(0.0)
+    for c in range(n_split):
+        w = float32(math.exp(ml_part[c, row, 0] - big))   # 1 for a single split: exact
+        lsum = fma(ml_part[c, row, 1], w, lsum)
+        acc = fma(o_part[c, row, d], w, acc)
+    out[i, (row - i * Hq) * DH + d] = acc / lsum
+
+
+@cuda.jit
+def _draft_meta_kernel(status, n_in, bonus, capacity, n_cap, n_q_heads, n_kv_heads, mask_id,
+                       write_block, ids, pos_ctx, pos_blk, meta):
+    """The drafter's per-draft sizes, from device values only (a captured graph replays it).
+
+    status [2] int32 = (cache length s0, overflow flag), n_in [1] int32 = n new context rows
+    (0 <= n <= n_cap, s0 + n <= capacity, else n is taken as 0 and status[1] set to 1), bonus
+    [1] int32. Writes pos_ctx [n_cap] = s0 + r, pos_blk [B] = s0 + n + j, ids [B] =
+    (bonus, mask_id, ...) if ``write_block``, meta [8] = (s0, n, s0 + n, B, n*Hkv, B*Hkv,
+    B*Hq, B - 1) and advances status[0] to s0 + n. One block.
+    """
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    s0 = status[0]
+    n = n_in[0]
+    ok = n >= 0 and n <= n_cap and s0 + n <= capacity
+    if not ok:
+        n = 0
+    nb = ids.shape[0]
+    for r in range(tid, n_cap, nt):
+        pos_ctx[r] = s0 + r
+    for j in range(tid, nb, nt):
+        pos_blk[j] = s0 + n + j
+        if write_block:
+            ids[j] = bonus[0] if j == 0 else mask_id
+    cuda.syncthreads()  # every thread has read status[0] before it moves
+    if tid == 0:
+        meta[0] = s0
+        meta[1] = n
+        meta[2] = s0 + n
+        meta[3] = nb
+        meta[4] = n * n_kv_heads
+        meta[5] = nb * n_kv_heads
+        meta[6] = nb * n_q_heads
+        meta[7] = nb - 1
+        status[0] = s0 + n
+        if not ok:
+            status[1] = 1
+
+
+class GQAScratch:
+    """Device scratch of the split partials, preallocated once and shared by every layer.
+
+    o [splits, Tq*Hq, Dh] float32 (unnormalized outputs), ml [splits, Tq*Hq, 2] float32
+    (running max, running sum), for queries up to ``max_rows`` and keys up to ``max_keys``
+    (context capacity plus block rows); ``mask`` a [1, 1] bool placeholder for unmasked launches.
+    """
+
+    def __init__(self, max_rows: int, heads: int, head_dim: int, max_keys: int, stream=0):
+        splits = max(1, ceil_div(max_keys, _tiles(head_dim).SPLIT))
+        rows = max(1, max_rows * heads)
+        self.max_keys = max_keys
+        self.o = cuda.device_array((splits, rows, head_dim), np.float32, stream=stream)
+        self.ml = cuda.device_array((splits, rows, 2), np.float32, stream=stream)
+        self.mask = cuda.to_device(np.ones((1, 1), np.bool_), stream=stream)
+
+
+# -- enqueue API used by the drafter (device arrays only, no checks, no allocation) ----------
+
+def _enqueue_gqa_attention(q, k_ctx, v_ctx, k_blk, v_blk, meta, scale, out, scratch, *, mask=None,
+                           stream=0):
+    """out[i, h*Dh:(h+1)*Dh] = softmax_j(scale * q[i, h] . key_j) @ value_j for i < t, over the
+    keys j: context rows [0, s) of k_ctx / v_ctx, then block rows [0, t) of k_blk / v_blk
+    (none when k_blk is None); group h // (Hq / Hkv). Rows i >= t of out are not written.
+
+    q [Tq, Hq*Dh] f32, k_ctx / v_ctx [S_cap, Hkv*Dh] f32, k_blk / v_blk [Tq, Hkv*Dh] f32 or
+    None, meta [>= 2] int32 device = (s, t), scale float, out [Tq, Hq*Dh] f32, scratch a
+    ``GQAScratch`` for >= Tq rows and >= S_cap + Tq keys (S_cap without block keys), mask
+    [>= t, >= s (+ t)] bool device or None (all keys seen). The grid is sized for Tq, S_cap.
+    """
+    tq = q.shape[0]
+    dh = scratch.o.shape[2]
+    hq, hkv = q.shape[1] // dh, k_ctx.shape[1] // dh
+    g = hq // hkv
+    has_blk = k_blk is not None
+    cfg = _tiles(dh)
+    max_keys = k_ctx.shape[0] + (tq if has_blk else 0)
+    if tq == 0 or max_keys == 0:
+        return
+    kernel = _gqa_split_kernel(dh, *cfg, has_blk, mask is not None)
+    grid = (ceil_div(max_keys, cfg.SPLIT), hkv, ceil_div(tq * g, cfg.RM))
+    kernel[grid, cfg.NT, stream](
+        q, k_ctx, v_ctx, k_blk if has_blk else k_ctx, v_blk if has_blk else v_ctx,
+        scratch.mask if mask is None else mask, meta, np.float32(scale), scratch.o, scratch.ml)
+    _gqa_combine_kernel[ceil_div(tq * hq * dh, THREADS), THREADS, stream](
+        scratch.o, scratch.ml, meta, cfg.SPLIT, has_blk, out)
+
+
+def _enqueue_draft_meta(status, n_in, bonus, capacity, n_cap, n_q_heads, n_kv_heads, mask_id,
+                        ids, pos_ctx, pos_blk, meta, *, write_block=True, stream=0):
+    """One launch of ``_draft_meta_kernel`` (see there)."""
+    _draft_meta_kernel[1, THREADS, stream](
+        status, n_in, bonus, int(capacity), int(n_cap), int(n_q_heads), int(n_kv_heads),
+        int(mask_id), bool(write_block), ids, pos_ctx, pos_blk, meta)
+
+
+# -- the public launcher (twin: reference.gqa.gqa_attention) ---------------------------------
+
+def gqa_attention(q, k, v, scale, mask=None, *, out=None, stream=0):
+    """``softmax(q k^T * scale) v`` per head on the GPU; query head h reads key/value head
+    ``h // (Hq / Hkv)``.
+
+    q [T, Hq, Dh], k [S, Hkv, Dh], v [S, Hkv, Dh] float32, scale float, mask [T, S] bool or None
+    (all visible) -> [T, Hq, Dh] float32. numpy in, numpy out; device arrays in, device out.
+    A row that sees no key gives NaN, as the twin does.
+    """
+    check_array("q", q, 3, np.float32)
+    check_array("k", k, 3, np.float32)
+    t, hq, dh = q.shape
+    s, hkv = k.shape[0], k.shape[1]
+    check_array("k", k, 3, np.float32, shape=(None, None, dh))
+    check_array("v", v, 3, np.float32, shape=tuple(k.shape))
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"{hq} query heads are not a multiple of {hkv} key/value heads")
+    if s == 0:
+        raise ValueError("k and v hold no keys (S = 0)")
+    if dh == 0:
+        raise ValueError("the head dim (last axis of q) is 0")
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number, got {scale!r}")
+    if mask is not None:
+        check_array("mask", mask, 2, np.bool_, shape=(t, s))
+    if 4 * _smem_floats(dh, _tiles(dh)) > _SMEM_MAX:
+        raise ValueError(f"head dim {dh} is too large for the kernel's shared-memory tiles")
+    if out is None:
+        y = cuda.device_array((t, hq, dh), np.float32, stream=stream)
+    else:
+        check_array("out", out, 3, np.float32, shape=(t, hq, dh))
+        y = out
+    if t and hq:
+        meta = to_device(np.array([s, t], np.int32), stream)
+        d_k = to_device(k, stream).reshape(s, hkv * dh)
+        d_v = to_device(v, stream).reshape(s, hkv * dh)
+        _enqueue_gqa_attention(
+            to_device(q, stream).reshape(t, hq * dh), d_k, d_v, None, None, meta, float(scale),
+            y.reshape(t, hq * dh), GQAScratch(t, hq, dh, s, stream=stream),
+            mask=None if mask is None else to_device(mask, stream), stream=stream)
+    if out is None and not is_device(q):
+        return y.copy_to_host(stream=stream)
+    return y

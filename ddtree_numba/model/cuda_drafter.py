@@ -1,0 +1,404 @@
+"""The DFlash drafter on the GPU: device weights, a device context cache, preallocated draft
+buffers, and a device-level draft for the GPU-resident decode loop. Twin: ``model.drafter.Drafter``
+(same API, same results within float32 rounding).
+
+Shapes: n new context rows (at most Nf, the rows of the features buffer), S_cap cache capacity,
+B block rows, M hidden size, Y target layers read, Hq / Hkv query / key-value heads, Dh head
+dim, I MLP width, V vocab (the target's), L drafter layers.
+
+Every stage is a kernel of ``ddtree_numba.kernels`` enqueued through its private ``_enqueue_*``
+function (GEMMs under the reduction contract of ``kernels.linear``, RMSNorm, NeoX RoPE, the
+embedding gather, GQA attention); q_norm / k_norm are per-head norms over a [rows * heads, Dh]
+view of the projection. Sizes that change between drafts (cache length s0, new context rows
+n, the bonus token) are read on the device: ``_draft_meta_kernel`` turns them into positions,
+block ids and the live row counts of ``Workspace.meta`` at the start of every draft, and
+advances the cache length, so a draft allocates nothing, syncs nothing, and can be captured
+once as a CUDA graph and replayed.
+
+**Weights.** Matrices are stored as the drafter checkpoint stores them when every matrix has
+one 16-bit dtype (bf16 or fp16; ``load_drafter``), else float32, and widened to float32 in
+registers; norms are float32. The embedding and lm_head are the target's device arrays
+(any weight dtype). The context cache holds float32 keys (after rope) and values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import config as numba_config
+from numba import cuda
+
+from .._checks import check_array, check_int
+from .._device import ceil_div, is_device
+from ..kernels.compact import BLOCK_2D, _compact_rows_copy_back_kernel
+from ..kernels.embedding import _enqueue_embedding
+from ..kernels.gqa import GQAScratch, _enqueue_draft_meta, _enqueue_gqa_attention
+from ..kernels.linear import _enqueue_linear, _enqueue_swiglu
+from ..kernels.rms_norm import _enqueue_rms_norm
+from ..kernels.rope import _enqueue_rope
+from .drafter import Drafter, DrafterConfig
+
+WEIGHT_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+
+
+def _narrow(a: np.ndarray, dtype) -> np.ndarray:
+    from .cuda_target import to_bf16_bits
+    if dtype == np.uint16:
+        return to_bf16_bits(a)
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+@dataclass
+class DeviceDrafterLayer:
+    """One drafter layer's device weights: matrices [out, in] in the storage dtype, norms f32."""
+
+    input_layernorm: object             # [M] f32
+    post_attention_layernorm: object    # [M] f32
+    q_proj: object                      # [Hq*Dh, M]
+    k_proj: object                      # [Hkv*Dh, M]
+    v_proj: object                      # [Hkv*Dh, M]
+    o_proj: object                      # [M, Hq*Dh]
+    q_norm: object                      # [Dh] f32
+    k_norm: object                      # [Dh] f32
+    gate_proj: object                   # [I, M]
+    up_proj: object                     # [I, M]
+    down_proj: object                   # [M, I]
+
+
+class DeviceDrafterCache:
+    """The drafter's context cache on the device: per layer, the rotated keys and the values of
+    every context row; rows ``[0, length)`` are live.
+
+    k, v [L, S_cap, Hkv*Dh] float32; ``status`` [2] int32 device = (length, overflow flag). The
+    length lives on the device because a device draft advances it by a device count n;
+    ``length`` reads it back (a sync), ``truncate`` writes it.
+    """
+
+    def __init__(self, cfg: DrafterConfig, capacity: int):
+        capacity = check_int("max_tokens", capacity, 1)
+        self.capacity = capacity
+        width = cfg.num_key_value_heads * cfg.head_dim
+        self.k = cuda.device_array((cfg.num_hidden_layers, capacity, width), np.float32)  # [L, S, Hkv*Dh]
+        self.v = cuda.device_array((cfg.num_hidden_layers, capacity, width), np.float32)  # [L, S, Hkv*Dh]
+        self.status = cuda.to_device(np.zeros(2, np.int32))                              # (length, overflow)
+
+    @property
+    def length(self) -> int:
+        return int(self.status.copy_to_host()[0])
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def overflowed(self) -> bool:
+        """True once a device draft asked for more context rows than fit (they were dropped)."""
+        return bool(self.status.copy_to_host()[1])
+
+    def truncate(self, length: int) -> None:
+        length = check_int("length", length, 0, self.length)
+        self.status[0:1].copy_to_device(np.array([length], np.int32))
+
+    def reset(self) -> None:
+        self.status.copy_to_device(np.zeros(2, np.int32))
+
+
+@dataclass
+class DrafterWorkspace:
+    """Every device buffer one draft needs, for up to ``rows`` new context rows and ``block``
+    block rows; a draft allocates nothing.
+
+    ``meta`` (written on the device by ``_draft_meta_kernel``) = (s0, n, s0 + n, B, n*Hkv,
+    B*Hkv, B*Hq, B - 1): its one-element slices are the live row counts of the kernels.
+    """
+
+    rows: int
+    block: int
+    meta: object                # [8] int32
+    n_in: object                # [1] int32 n, written by the host API
+    bonus_in: object            # [1] int32 bonus, written by the host API
+    ids: object                 # [B] int32 block token ids
+    pos_ctx: object             # [Nf] int32 context positions s0 + r
+    pos_blk: object             # [B] int32 block positions s0 + n + j
+    feat: object                # [Nf, Y*M] features of the host API (the device API reads the caller's)
+    ctx_raw: object             # [Nf, M] fc(features)
+    ctx: object                 # [Nf, M] hidden_norm(fc(features))
+    ck: object                  # [Nf, Hkv*Dh] context keys before rope (normed in place)
+    cv: object                  # [Nf, Hkv*Dh] context values, copied into the cache
+    x: object                   # [B, M] residual stream
+    h: object                   # [B, M] normed input of attention / MLP; the final hidden at the end
+    q: object                   # [B, Hq*Dh] queries (normed and rotated in place)
+    kb: object                  # [B, Hkv*Dh] block keys (normed and rotated in place)
+    vb: object                  # [B, Hkv*Dh] block values
+    o: object                   # [B, Hq*Dh] attention output
+    act: object                 # [B, I] SwiGLU activation
+    logits: object              # [B-1, V] logits of the positions after the bonus
+    scratch: object = None      # GQAScratch for B queries and S_cap + B keys (shared, sized by the cache)
+    graphs: dict = field(default_factory=dict)   # (features, n, bonus, cache) ids -> CUDA graph exec
+
+    def __post_init__(self):
+        self.n_ctx = self.meta[1:2]           # n
+        self.s0 = self.meta[0:1]              # cache rows before this draft (where rows go)
+        self.start_n = self.meta[0:2]         # (s0, n): appends the values (compaction's copy-back)
+        self.att_meta = self.meta[2:4]        # (s0 + n, B): the attention's (s, t)
+        self.n_blk = self.meta[3:4]           # B
+        self.n_ctx_heads = self.meta[4:5]     # n * Hkv
+        self.n_blk_kv_heads = self.meta[5:6]  # B * Hkv
+        self.n_blk_q_heads = self.meta[6:7]   # B * Hq
+        self.n_logits = self.meta[7:8]        # B - 1
+        self.h_tail = self.h[1:]              # [B-1, M] the positions after the bonus
+
+
+def new_drafter_workspace(cfg: DrafterConfig, vocab: int, rows: int, block: int) -> DrafterWorkspace:
+    M, Dh = cfg.hidden_size, cfg.head_dim
+    Hq, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    Y = len(cfg.target_layer_ids)
+    f32 = lambda *shape: cuda.device_array(shape, np.float32)  # noqa: E731
+    i32 = lambda n: cuda.to_device(np.zeros(n, np.int32))      # noqa: E731
+    return DrafterWorkspace(
+        rows=rows, block=block, meta=i32(8), n_in=i32(1), bonus_in=i32(1), ids=i32(block),
+        pos_ctx=i32(rows), pos_blk=i32(block), feat=f32(rows, Y * M), ctx_raw=f32(rows, M),
+        ctx=f32(rows, M), ck=f32(rows, Hkv * Dh), cv=f32(rows, Hkv * Dh), x=f32(block, M),
+        h=f32(block, M), q=f32(block, Hq * Dh), kb=f32(block, Hkv * Dh), vb=f32(block, Hkv * Dh),
+        o=f32(block, Hq * Dh), act=f32(block, cfg.intermediate_size),
+        logits=f32(max(1, block - 1), vocab))
+
+
+class CudaDrafter:
+    """A DFlash drafter whose forward runs on the GPU, bound to a ``CudaTarget`` (whose device
+    embedding and lm_head it uses). ``forward`` / ``draft`` have the numpy ``Drafter``'s
+    arguments and results (numpy out); ``draft_device`` keeps everything on the device."""
+
+    backend = "cuda"
+
+    def __init__(self, cfg: DrafterConfig, weights: dict[str, np.ndarray], target,
+                 weight_dtype: str = "float32"):
+        if getattr(target, "backend", None) != "cuda":
+            raise ValueError(f"CudaDrafter needs a cuda-backend target, got backend "
+                             f"{getattr(target, 'backend', None)!r}")
+        if weight_dtype not in WEIGHT_DTYPES:
+            raise ValueError(f"weight_dtype must be one of {sorted(WEIGHT_DTYPES)}, got {weight_dtype!r}")
+        host = Drafter(cfg, weights, target)     # the twin's checks (shapes, target fit); float32 views
+        dt = WEIGHT_DTYPES[weight_dtype]
+        mat = lambda name: cuda.to_device(_narrow(host.w[name], dt))                   # noqa: E731
+        vec = lambda name: cuda.to_device(np.ascontiguousarray(host.w[name], np.float32))  # noqa: E731
+        self.config = cfg
+        self.target = target
+        self.weight_dtype = weight_dtype
+        self.fc = mat("fc.weight")                        # [M, Y*M]
+        self.hidden_norm = vec("hidden_norm.weight")      # [M] f32
+        self.norm = vec("norm.weight")                    # [M] f32
+        self.layers = []
+        for i in range(cfg.num_hidden_layers):
+            p, a = f"layers.{i}.", f"layers.{i}.self_attn."
+            self.layers.append(DeviceDrafterLayer(
+                input_layernorm=vec(p + "input_layernorm.weight"),
+                post_attention_layernorm=vec(p + "post_attention_layernorm.weight"),
+                q_proj=mat(a + "q_proj.weight"), k_proj=mat(a + "k_proj.weight"),
+                v_proj=mat(a + "v_proj.weight"), o_proj=mat(a + "o_proj.weight"),
+                q_norm=vec(a + "q_norm.weight"), k_norm=vec(a + "k_norm.weight"),
+                gate_proj=mat(p + "mlp.gate_proj.weight"), up_proj=mat(p + "mlp.up_proj.weight"),
+                down_proj=mat(p + "mlp.down_proj.weight")))
+        self.inv_freq = cuda.to_device(np.ascontiguousarray(host.inv_freq, np.float64))   # [Dh/2]
+        self._workspaces: dict[tuple[int, int], DrafterWorkspace] = {}
+        self._scratch: dict[int, GQAScratch] = {}         # block rows -> attention scratch
+
+    block_size = property(lambda self: self.config.block_size)
+    target_layer_ids = property(lambda self: self.config.target_layer_ids)
+    mask_token_id = property(lambda self: self.config.mask_token_id)
+
+    def new_cache(self, max_tokens: int) -> DeviceDrafterCache:
+        """An empty device context cache with room for ``max_tokens`` context rows."""
+        return DeviceDrafterCache(self.config, max_tokens)
+
+    def workspace(self, rows: int, block: int | None = None) -> DrafterWorkspace:
+        """The preallocated buffers for drafts of up to ``rows`` new context rows (rounded up to
+        a power of two, at least 8) and ``block`` block rows (the block size by default), made
+        on first use and kept."""
+        block = self.block_size if block is None else int(block)
+        size = max(8, 1 << max(0, int(rows) - 1).bit_length())
+        key = (size, block)
+        if key not in self._workspaces:
+            self._workspaces[key] = new_drafter_workspace(self.config, self.target.config.vocab_size,
+                                                          size, block)
+        return self._workspaces[key]
+
+    # -- host API (the twin's) ---------------------------------------------------------------
+    def _check_host_inputs(self, features, block_ids, cache):
+        cfg = self.config
+        y, m = len(cfg.target_layer_ids), cfg.hidden_size
+        check_array("features", features, 3, np.float32, shape=(None, y, m))
+        check_array("block_ids", block_ids, 1, (np.int32, np.int64))
+        if not isinstance(cache, DeviceDrafterCache):
+            raise ValueError(f"cache must be a DeviceDrafterCache from new_cache(), got {type(cache).__name__}")
+        if is_device(features) or is_device(block_ids):
+            raise ValueError("forward / draft take numpy features and ids; use draft_device for device arrays")
+        vocab = self.target.config.vocab_size
+        if block_ids.shape[0] == 0:
+            raise ValueError("block_ids is empty")
+        if block_ids.min() < 0 or block_ids.max() >= vocab:
+            raise ValueError(f"block token id out of range [0, {vocab})")
+        s0, n = cache.length, features.shape[0]
+        if s0 + n > cache.capacity:
+            raise ValueError(f"drafter cache overflow: {s0} rows + {n} new exceeds capacity {cache.capacity}")
+
+    def _load_features(self, ws: DrafterWorkspace, features: np.ndarray, stream) -> None:
+        n = features.shape[0]
+        if n:
+            ws.feat[:n].copy_to_device(np.ascontiguousarray(features.reshape(n, -1)), stream=stream)
+        ws.n_in.copy_to_device(np.array([n], np.int32), stream=stream)
+
+    def forward(self, features: np.ndarray, block_ids: np.ndarray, cache: DeviceDrafterCache,
+                stream=0) -> np.ndarray:
+        """Append ``features``' context rows to the cache, then run the block over it.
+
+        features [n, Y, M] float32 numpy (n may be 0), block_ids [B'] int (any B' >= 1) ->
+        final-normed hidden [B', M] float32 numpy, as ``Drafter.forward``.
+        """
+        self._check_host_inputs(features, block_ids, cache)
+        ws = self.workspace(features.shape[0], block_ids.shape[0])
+        self._load_features(ws, features, stream)
+        ws.ids.copy_to_device(block_ids.astype(np.int32), stream=stream)
+        self._enqueue_draft(ws, ws.feat, ws.n_in, ws.n_in, cache, write_block=False, logits=False,
+                            stream=stream)
+        return ws.h.copy_to_host(stream=stream)
+
+    def draft(self, features: np.ndarray, bonus: int, cache: DeviceDrafterCache, stream=0) -> np.ndarray:
+        """One DFlash draft: append the context rows, run ``[bonus, MASK x (B-1)]`` after them.
+
+        features [n, Y, M] float32 numpy, bonus in [0, V) -> logits [B-1, V] float32 numpy.
+        """
+        bonus = check_int("bonus", bonus, 0, self.target.config.vocab_size - 1)
+        self._check_host_inputs(features, np.array([bonus]), cache)
+        ws = self.workspace(features.shape[0])
+        self._load_features(ws, features, stream)
+        ws.bonus_in.copy_to_device(np.array([bonus], np.int32), stream=stream)
+        self._enqueue_draft(ws, ws.feat, ws.n_in, ws.bonus_in, cache, stream=stream)
+        return ws.logits.copy_to_host(stream=stream)
+
+    # -- device API (the GPU-resident decode loop) ---------------------------------------------
+    def draft_device(self, features, n, bonus, cache: DeviceDrafterCache, *, graph: bool = False,
+                     stream=0):
+        """Enqueue one draft from device inputs; returns the device logits [B-1, V] float32.
+
+        features [Nf, Y*M] float32 device (rows [0, n) are the new context rows: the target's
+        hidden states at ``target_layer_ids`` of the newly committed tokens, concatenated in
+        that order), n [>= 1] int32 device (n = n[0], 0 <= n <= Nf), bonus [>= 1] int32 device
+        (the block's first token, bonus[0] in [0, V)), cache from ``new_cache``. The cache length
+        advances by n on the device; n past Nf or past the cache's capacity appends nothing and
+        sets ``cache.overflowed``. The logits are a workspace buffer, overwritten by the next
+        draft that uses the same workspace (same Nf rounded up to a power of two). No host sync,
+        no allocation once ``prepare(Nf, cache)`` (or a first draft) has made the workspace and
+        the attention scratch, so the call can be captured in a larger CUDA graph. ``graph``:
+        replay a CUDA graph of this draft captured on the first call with these same arrays (a
+        real GPU only); same bits.
+        """
+        y, m = len(self.config.target_layer_ids), self.config.hidden_size
+        check_array("features", features, 2, np.float32, shape=(None, y * m))
+        check_array("n", n, 1, np.int32)
+        check_array("bonus", bonus, 1, np.int32)
+        if not (is_device(features) and is_device(n) and is_device(bonus)):
+            raise ValueError("draft_device takes device arrays (features, n, bonus)")
+        if not isinstance(cache, DeviceDrafterCache):
+            raise ValueError(f"cache must be a DeviceDrafterCache from new_cache(), got {type(cache).__name__}")
+        ws = self.workspace(features.shape[0])
+        self._prepare(ws, cache)
+        if not graph:
+            self._enqueue_draft(ws, features, n, bonus, cache, stream=stream)
+            return ws.logits
+        if numba_config.ENABLE_CUDASIM:
+            raise ValueError("graph=True needs a real GPU: the CUDA simulator cannot capture graphs")
+        from .cuda_target import _capture, _replay
+        key = (id(features), id(n), id(bonus), id(cache))
+        entry = ws.graphs.get(key)
+        if entry is None:
+            saved = cuda.device_array(2, np.int32)
+            calls = []
+
+            def enqueue(s):
+                # _capture runs the draft once uncaptured (compiling every kernel) before it
+                # captures it: that run must leave the cache length where it found it
+                first = not calls
+                calls.append(s)
+                if first:
+                    saved.copy_to_device(cache.status, stream=s)
+                self._enqueue_draft(ws, features, n, bonus, cache, stream=s)
+                if first:
+                    cache.status.copy_to_device(saved, stream=s)
+
+            exe = _capture(enqueue)
+            # the graph holds raw pointers: keep the arrays alive as long as it is replayed
+            entry = ws.graphs[key] = (exe, (features, n, bonus, cache))
+        _replay(entry[0], stream)
+        return ws.logits
+
+    def prepare(self, rows: int, cache: DeviceDrafterCache) -> DrafterWorkspace:
+        """Allocate now what drafts of up to ``rows`` context rows into ``cache`` need (the
+        workspace and the attention scratch), e.g. before capturing ``draft_device`` inside a
+        larger CUDA graph of the decode loop; returns the workspace."""
+        ws = self.workspace(rows)
+        self._prepare(ws, cache)
+        return ws
+
+    def _prepare(self, ws: DrafterWorkspace, cache: DeviceDrafterCache) -> None:
+        """Point ``ws`` at the attention scratch for its block size, made (or grown) to hold
+        the keys of ``cache``; one scratch serves every workspace of that block size."""
+        keys = cache.capacity + ws.block
+        scratch = self._scratch.get(ws.block)
+        if scratch is None or scratch.max_keys < keys:
+            scratch = self._scratch[ws.block] = GQAScratch(
+                ws.block, self.config.num_attention_heads, self.config.head_dim, keys)
+        if ws.scratch is not scratch:
+            ws.scratch = scratch
+            ws.graphs.clear()                                  # they point at the old scratch
+
+    def _enqueue_draft(self, ws: DrafterWorkspace, features, n, bonus, cache: DeviceDrafterCache, *,
+                       write_block: bool = True, logits: bool = True, stream=0) -> None:
+        """Enqueue the whole draft: sizes, context rows into the cache, the block's layers, the
+        final norm (``ws.h``) and, with ``logits``, lm_head over rows 1.. (``ws.logits``)."""
+        cfg, target = self.config, self.target
+        Hq, Hkv, Dh, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
+        self._prepare(ws, cache)
+        nf = features.shape[0]
+        _enqueue_draft_meta(cache.status, n, bonus, cache.capacity, nf, Hq, Hkv, cfg.mask_token_id,
+                            ws.ids, ws.pos_ctx, ws.pos_blk, ws.meta, write_block=write_block,
+                            stream=stream)
+        # context features: hidden_norm(fc(features))                              [n, M]
+        _enqueue_linear(features, self.fc, ws.ctx_raw, ws.n_ctx, stream=stream)
+        _enqueue_rms_norm(ws.ctx_raw, self.hidden_norm, eps, ws.ctx, ws.n_ctx, stream=stream)
+        _enqueue_embedding(ws.ids, target.embed_tokens, ws.x, ws.n_blk, stream=stream)   # [B, M]
+        ck_heads = ws.ck.reshape(ws.rows * Hkv, Dh)                    # per-head views for the norms
+        q_heads = ws.q.reshape(ws.block * Hq, Dh)
+        kb_heads = ws.kb.reshape(ws.block * Hkv, Dh)
+        scale = float(Dh) ** -0.5
+        append_grid = (ceil_div(ws.rows, BLOCK_2D[0]), ceil_div(Hkv * Dh, BLOCK_2D[1]))
+        for i, lw in enumerate(self.layers):
+            k_cache, v_cache = cache.k[i], cache.v[i]                  # [S_cap, Hkv*Dh]
+            # the context rows' keys (k_norm, rope at s0 + r, straight into the cache) and values
+            _enqueue_linear(ws.ctx, lw.k_proj, ws.ck, ws.n_ctx, stream=stream)
+            _enqueue_rms_norm(ck_heads, lw.k_norm, eps, ck_heads, ws.n_ctx_heads, stream=stream)
+            _enqueue_rope(ws.ck, 0, Dh, k_cache, 0, Dh, Hkv, Dh, ws.pos_ctx, self.inv_freq, 1.0, False,
+                          ws.n_ctx, dst_row0=ws.s0, stream=stream)
+            _enqueue_linear(ws.ctx, lw.v_proj, ws.cv, ws.n_ctx, stream=stream)
+            _compact_rows_copy_back_kernel[append_grid, BLOCK_2D, stream](v_cache, ws.start_n, ws.cv)
+            # the block: queries, keys and values at positions s0 + n + j (never cached)
+            _enqueue_rms_norm(ws.x, lw.input_layernorm, eps, ws.h, ws.n_blk, stream=stream)
+            _enqueue_linear(ws.h, lw.q_proj, ws.q, ws.n_blk, stream=stream)
+            _enqueue_rms_norm(q_heads, lw.q_norm, eps, q_heads, ws.n_blk_q_heads, stream=stream)
+            _enqueue_rope(ws.q, 0, Dh, ws.q, 0, Dh, Hq, Dh, ws.pos_blk, self.inv_freq, 1.0, False,
+                          ws.n_blk, stream=stream)
+            _enqueue_linear(ws.h, lw.k_proj, ws.kb, ws.n_blk, stream=stream)
+            _enqueue_rms_norm(kb_heads, lw.k_norm, eps, kb_heads, ws.n_blk_kv_heads, stream=stream)
+            _enqueue_rope(ws.kb, 0, Dh, ws.kb, 0, Dh, Hkv, Dh, ws.pos_blk, self.inv_freq, 1.0, False,
+                          ws.n_blk, stream=stream)
+            _enqueue_linear(ws.h, lw.v_proj, ws.vb, ws.n_blk, stream=stream)
+            # non-causal attention over the context rows then the block, o_proj into the residual
+            _enqueue_gqa_attention(ws.q, k_cache, v_cache, ws.kb, ws.vb, ws.att_meta, scale, ws.o,
+                                   ws.scratch, stream=stream)
+            _enqueue_linear(ws.o, lw.o_proj, ws.x, ws.n_blk, accumulate=True, stream=stream)
+            _enqueue_rms_norm(ws.x, lw.post_attention_layernorm, eps, ws.h, ws.n_blk, stream=stream)
+            _enqueue_swiglu(ws.h, lw.gate_proj, lw.up_proj, ws.act, ws.n_blk, stream=stream)
+            _enqueue_linear(ws.act, lw.down_proj, ws.x, ws.n_blk, accumulate=True, stream=stream)
+        _enqueue_rms_norm(ws.x, self.norm, eps, ws.h, ws.n_blk, stream=stream)
+        if logits and ws.block > 1:
+            _enqueue_linear(ws.h_tail, target.lm_head, ws.logits, ws.n_logits, stream=stream)

@@ -1,0 +1,136 @@
+"""The DFlash drafter on the GPU (``CudaDrafter``) against its numpy twin (``Drafter``) and the
+HF Qwen3 golden, and its device API (device features / n / bonus, device cache length)."""
+
+import os
+
+import numpy as np
+import pytest
+from numba import cuda
+
+import ddtree_numba as dd
+from ddtree_numba.model.cuda_drafter import CudaDrafter, DeviceDrafterCache
+from ddtree_numba.model.drafter import Drafter, random_drafter
+
+pytestmark = pytest.mark.kernels
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+GOLDEN = os.path.join(DATA, "drafters", "dflash_v3_noaux_tc")
+
+
+def assert_rel(got, want, tol, what):
+    """max |got - want| <= tol * max |want| (a relative error over the whole array)."""
+    assert got.shape == want.shape and got.dtype == np.float32, what
+    scale = max(float(np.abs(want).max()), 1e-30)
+    err = float(np.abs(got.astype(np.float64) - want).max())
+    assert err <= tol * scale, f"{what}: relative error {err / scale:.3g} > {tol}"
+
+
+@pytest.fixture(scope="module")
+def targets():
+    path = os.path.join(DATA, "v3_noaux_tc")
+    return dd.load_target(path), dd.load_target(path, backend="cuda")
+
+
+def test_golden_two_drafts_match_the_twin_and_hf(targets):
+    """tests/data/drafters: two drafts with the context growing between them (bf16 drafter
+    weights kept as bf16 on the device); logits against the numpy twin and the HF goldens, the
+    final hidden against the goldens."""
+    host_t, dev_t = targets
+    g = np.load(os.path.join(GOLDEN, "expected.npz"))
+    host, dev = dd.load_drafter(GOLDEN, host_t), dd.load_drafter(GOLDEN, dev_t)
+    assert isinstance(host, Drafter) and isinstance(dev, CudaDrafter)
+    assert dev.weight_dtype == "bfloat16" and dev.layers[0].q_proj.dtype == np.uint16
+    assert (dev.block_size, dev.target_layer_ids, dev.mask_token_id) == (6, (0, 2), 95)
+    split, feats = int(g["split"]), g["features"]
+    hc, dc = host.new_cache(32), dev.new_cache(32)
+    for call, (lo, hi) in enumerate([(0, split), (split, feats.shape[0])]):
+        bonus = int(g[f"block{call}"][0])
+        assert (g[f"block{call}"][1:] == dev.mask_token_id).all()
+        want = host.draft(feats[lo:hi], bonus, hc)
+        got = dev.draft(feats[lo:hi], bonus, dc)
+        assert isinstance(got, np.ndarray)
+        assert_rel(got, want, 1e-4, f"draft {call} vs twin")
+        assert_rel(got, g[f"logits{call}"], 1e-4, f"draft {call} vs HF")
+        hidden = dev.workspace(hi - lo).h.copy_to_host()                  # the final-normed block
+        np.testing.assert_allclose(hidden, g[f"hidden{call}"], rtol=1e-4, atol=1e-5)
+        assert dc.length == hc.length == hi
+    assert not dc.overflowed
+
+
+def test_draft_device_matches_twin_and_advances_the_device_length():
+    """A bf16 target (device embedding and lm_head as bf16 bits), a GQA drafter: draft_device
+    from a padded device feature buffer (rows past n poisoned) gives the twin's logits; n and
+    the bonus are read on the device, the cache grows on the device. (The overflow path of the
+    sizes kernel: tests/test_gqa_kernel.py.)"""
+    path = os.path.join(DATA, "v3_released")
+    host_t, dev_t = dd.load_target(path), dd.load_target(path, backend="cuda")
+    assert dev_t.lm_head.dtype == np.uint16
+    kw = dict(num_hidden_layers=1, block_size=4, num_attention_heads=6, num_key_value_heads=2,
+              head_dim=4, intermediate_size=24, seed=7)
+    host, dev = random_drafter(host_t, **kw), random_drafter(dev_t, **kw)
+    assert isinstance(dev, CudaDrafter)
+    rng = np.random.default_rng(1)
+    y, m = len(dev.target_layer_ids), dev.config.hidden_size
+    feats = rng.standard_normal((9, y, m)).astype(np.float32)
+    buf = np.full((8, y * m), np.nan, np.float32)                         # the decode loop's buffer
+    d_buf, d_n, d_bonus = cuda.to_device(buf), cuda.to_device(np.zeros(1, np.int32)), \
+        cuda.to_device(np.zeros(1, np.int32))
+    hc, dc = host.new_cache(16), dev.new_cache(16)
+    ws = dev.prepare(8, dc)                                               # buffers made up front
+    for lo, hi, bonus in [(0, 6, 3), (6, 9, 50)]:
+        d_buf[:hi - lo].copy_to_device(feats[lo:hi].reshape(hi - lo, -1))
+        d_n.copy_to_device(np.array([hi - lo], np.int32))
+        d_bonus.copy_to_device(np.array([bonus], np.int32))
+        logits = dev.draft_device(d_buf, d_n, d_bonus, dc)
+        assert logits is ws.logits and logits.shape == (3, 96)             # nothing allocated
+        got = logits.copy_to_host()
+        assert_rel(got, host.draft(feats[lo:hi], bonus, hc), 1e-4, "draft_device vs twin")
+        assert dc.length == hi and not dc.overflowed
+
+
+def test_forward_any_block_matches_twin_and_truncate(targets):
+    host_t, dev_t = targets
+    kw = dict(num_hidden_layers=1, block_size=5, num_attention_heads=4, num_key_value_heads=4,
+              head_dim=6, intermediate_size=20, target_layer_ids=(1,), seed=3)
+    host, dev = random_drafter(host_t, **kw), random_drafter(dev_t, **kw)
+    rng = np.random.default_rng(2)
+    feats = rng.standard_normal((5, 1, 32)).astype(np.float32)
+    hc, dc = host.new_cache(8), dev.new_cache(8)
+    ids = np.array([7, 95, 3])                                            # a block of 3, not B
+    assert_rel(dev.forward(feats, ids, dc), host.forward(feats, ids, hc), 1e-4, "forward")
+    dc.truncate(2)
+    hc.truncate(2)
+    assert dc.length == 2
+    ids = np.array([1])
+    assert_rel(dev.forward(feats[:0], ids, dc), host.forward(feats[:0], ids, hc), 1e-4,
+               "forward after truncate, no new rows")
+    with pytest.raises(ValueError, match="length must be <= 2"):
+        dc.truncate(3)
+
+
+def test_input_checks(targets):
+    _, dev_t = targets
+    d = random_drafter(dev_t)
+    cache = d.new_cache(4)
+    assert isinstance(cache, DeviceDrafterCache) and cache.capacity == 4
+    with pytest.raises(ValueError, match="features"):
+        d.forward(np.zeros((2, 1, 32), np.float32), np.array([1]), cache)
+    with pytest.raises(ValueError, match="block token id out of range"):
+        d.forward(np.zeros((2, 2, 32), np.float32), np.array([96]), cache)
+    with pytest.raises(ValueError, match="drafter cache overflow"):
+        d.forward(np.zeros((5, 2, 32), np.float32), np.array([1]), cache)
+    with pytest.raises(ValueError, match="bonus"):
+        d.draft(np.zeros((1, 2, 32), np.float32), -1, cache)
+    with pytest.raises(ValueError, match="cache must be a DeviceDrafterCache"):
+        d.draft(np.zeros((1, 2, 32), np.float32), 1, random_drafter(targets[0]).new_cache(4))
+    n = cuda.to_device(np.ones(1, np.int32))
+    with pytest.raises(ValueError, match="features"):
+        d.draft_device(cuda.to_device(np.zeros((2, 32), np.float32)), n, n, cache)
+    with pytest.raises(ValueError, match="device arrays"):
+        d.draft_device(np.zeros((2, 64), np.float32), n, n, cache)
+    with pytest.raises(ValueError, match="n must have dtype int32"):
+        d.draft_device(cuda.to_device(np.zeros((2, 64), np.float32)),
+                       cuda.to_device(np.ones(1, np.int64)), n, cache)
+    with pytest.raises(ValueError, match="cuda-backend target"):
+        CudaDrafter(d.config, {}, targets[0])
+    assert cache.length == 0
