@@ -234,11 +234,23 @@ def main():
 
 
 def layer_breakdown(target, ws, cache, stream, reps=5):
-    """Median µs per stage of layer 1 (an MoE layer), timed with events between the enqueues."""
+    """Median µs per stage of layer 1 (an MoE layer), timed with events between the enqueues.
+
+    A spin kernel first holds the stream for 20 ms, so every launch of the layer is queued
+    before the GPU reaches it: the events then measure device time, not Python launch time."""
     from numba import cuda
+
+    @cuda.jit
+    def spin(n):
+        if cuda.threadIdx.x == 0:
+            for _ in range(n):
+                cuda.nanosleep(1000)
+
     samples = {}
     for _ in range(reps):
         marks = []
+        stream.synchronize()
+        spin[1, 32, stream](20000)
 
         def mark(name):
             ev = cuda.event()

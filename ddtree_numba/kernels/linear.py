@@ -654,14 +654,14 @@ def _vec_ok(w) -> bool:
 
 
 def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index, max_rows, accumulate, stream,
-            cfg=None):
+            cfg=None, tile_rows=None):
     grouped, gather = offsets is not None, row_index is not None
     kind = _weight_kind(w)
     swiglu = w_up is not None
     vec = _vec_ok(w) and (not swiglu or _vec_ok(w_up))
     Z, N = w.shape[0], w.shape[1]
     if cfg is None:
-        cfg = _choose(max_rows, N, kind, swiglu, grouped)
+        cfg = _choose(min(max_rows, tile_rows or max_rows), N, kind, swiglu, grouped)
     if isinstance(cfg, _Skinny):
         kernel = _skinny_kernel(kind, swiglu, accumulate, grouped, gather, vec, *cfg)
         bno = _skinny_shape(cfg, swiglu)[3]
@@ -705,13 +705,17 @@ def _enqueue_swiglu(x, w_gate, w_up, out, n_rows, *, stream=0):
             n_rows, None, None, x.shape[0], False, stream)
 
 
-def _enqueue_grouped(x, w, out, offsets, max_rows, *, row_index=None, w_up=None, stream=0):
+def _enqueue_grouped(x, w, out, offsets, max_rows, *, row_index=None, w_up=None, tile_rows=None,
+                     stream=0):
     """Grouped (expert) projection: for group z, rows j in [offsets[z], offsets[z+1]):
     out[j] = f(x[row_index[j] if row_index is not None else j] @ w[z].T), f = identity, or
     SwiGLU with ``w_up``. x [Rx, K] f32, w / w_up [Z, N, K], out [Ro, N] f32, offsets [Z+1]
-    int32, row_index [Ro] int32; ``max_rows`` bounds the rows of one group (sizes the grid and
-    picks the kernel: pass the tightest bound known)."""
-    _launch(x, 0, w, w_up, out, 0, None, offsets, row_index, max_rows, False, stream)
+    int32, row_index [Ro] int32; ``max_rows`` bounds the rows of one group (sizes the grid).
+    ``tile_rows``: the rows a group typically holds, which picks the tile (default max_rows):
+    experts of a verify batch hold T*K/E rows on average, and a tile sized for the worst case T
+    would compute mostly padding. The bits do not depend on the tile (the contract)."""
+    _launch(x, 0, w, w_up, out, 0, None, offsets, row_index, max_rows, False, stream,
+            tile_rows=tile_rows)
 
 
 # -- the public launcher (twin: reference.linear.linear) -------------------------------------

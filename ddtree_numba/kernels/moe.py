@@ -392,10 +392,12 @@ def _enqueue_moe_experts(x, experts_gate, experts_up, experts_down, bufs, *, str
     """After ``_enqueue_moe_sort``: bufs.expert_out[j] = down_e(silu(gate_e(x[t])) * up_e(x[t]))
     for every slot j = (token t, expert e). x [R, M] f32, experts_gate / up [E, I, M],
     experts_down [E, M, I]."""
+    # tiles sized for an expert's typical share (twice the balanced T*K/E), the grid for all T
+    typical = 2 * ceil_div(bufs.max_rows * bufs.top_k, bufs.n_experts)
     _enqueue_grouped(x, experts_gate, bufs.act, bufs.offsets, bufs.max_rows,
-                     row_index=bufs.slot_token, w_up=experts_up, stream=stream)
+                     row_index=bufs.slot_token, w_up=experts_up, tile_rows=typical, stream=stream)
     _enqueue_grouped(bufs.act, experts_down, bufs.expert_out, bufs.offsets, bufs.max_rows,
-                     stream=stream)
+                     tile_rows=typical, stream=stream)
 
 
 def _enqueue_moe_combine(bufs, shared_out, out, n_rows, *, residual, stream=0):

@@ -305,8 +305,8 @@ class CudaTarget:
 
     def workspace(self, rows: int) -> Workspace:
         """The preallocated buffers for forwards of up to ``rows`` tokens (rounded up to a power
-        of two, at least 8), made on first use and kept."""
-        size = max(8, 1 << (int(rows) - 1).bit_length())
+        of two), made on first use and kept. Kernels pick their tiles by these row counts."""
+        size = 1 << (int(rows) - 1).bit_length()
         if size not in self._workspaces:
             self._workspaces[size] = new_workspace(self.config, size)
         return self._workspaces[size]
