@@ -378,7 +378,7 @@ def small_kind_checks(gpu, L, rng):
             w = (rng.standard_normal((N, K)) * 0.05).astype(dt)
             o = gpu.empty((R, N))
             L._enqueue_linear(gpu.put(x), gpu.put(w), o, gpu.put(np.array([R], np.int32)), stream=gpu.stream)
-            cfg = L._choose(R, N, kind, False, False)
+            cfg = L._choose(R, N, K, kind, False, False)
             ok &= compare(f"{kind} R={R} K={K} {type(cfg).__name__}",
                           (o.copy_to_host(), contract(x, w.astype(np.float32)), True))
     return ok
@@ -393,25 +393,27 @@ def cfg_name(cfg):
 
 def sweep_cfgs(L, c):
     """Alternative tiles for one case (tuning runs)."""
-    R, mr, sw = c["R"], c["max_rows"], c["swiglu"]
-    S, T = L._Skinny, L._Tiled
+    mr, sw, K = c["max_rows"], c["swiglu"], c["K"]
+    T = L._Tiled
+    nch = -(-K // 64)
+    cur = L._choose(mr, c["n_cols"], K, "bf16", sw, c["grouped"])
     alts = []
-    if mr <= 16:
+    if isinstance(cur, L._Skinny) and mr <= 16:
         rb = 1
         while rb < mr:
             rb *= 2
-        base = L._skinny_config(rb, "bf16", sw, None if c["grouped"] else c["n_cols"])
-        alts.append(base._replace(MB=0 if base.MB else 2))
-        other = 32 if base.GL != 32 else 16
-        alts.append(L._skinny_config(rb, "bf16", sw, gl=other))
+        if rb <= 2:
+            alts.append(cur._replace(SK=64, NW=max(1, cur.NW // 2)))
+        alts.append(cur._replace(MB=0) if cur.MB else cur._replace(MB=max(1, 16 // cur.NW)))
+        for gl in (32, 16):
+            if gl != cur.GL:
+                alts.append(L._skinny_config(rb, "bf16", sw, gl=gl, n_chunks=nch))
         if rb >= 8:
             alts.append(L._TILED["small"])
     else:
-        alts += [L._TILED["small"], L._TILED["large"], T(64, 128, 8, 8, 16, 0),
-                 L._skinny_config(16, "bf16", sw, gl=32)]
-        cur = L._choose(mr, c["n_cols"], "bf16", sw, c["grouped"])
-        alts = [a for a in alts if a != cur]
-    return alts
+        alts += [L._TILED["small"], L._TILED["mid"], L._TILED["large"],
+                 L._skinny_config(16, "bf16", sw, gl=32, n_chunks=nch), T(128, 64, 8, 8, 16, 0)]
+    return [a for a in alts if a != cur]
 
 
 def main():
@@ -442,7 +444,7 @@ def main():
     peer_cache = {}
     for R in rows:
         for c in cases(gpu, L, W, X, dX, R, rng):
-            cfg = L._choose(c["max_rows"], c["n_cols"], "bf16", c["swiglu"], c["grouped"])
+            cfg = L._choose(c["max_rows"], c["n_cols"], c["K"], "bf16", c["swiglu"], c["grouped"])
             t0 = time.time()
             c["fn"]()
             gpu.stream.synchronize()

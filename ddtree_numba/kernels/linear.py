@@ -221,9 +221,7 @@ def _skinny_xs(rb):
 
 def _skinny_smem(cfg, swiglu, kind):
     _, _, bn, _, ng = _skinny_shape(cfg, swiglu)
-    isz = 4 if kind == "f32" else 2
-    e = _PER_WORD[kind]
-    return ng * (bn * (cfg.SK + e) * isz + cfg.SK * _skinny_xs(cfg.RB) * 4 + cfg.RB * bn * 4)
+    return ng * 4 * (cfg.SK * (bn + 2) + cfg.SK * _skinny_xs(cfg.RB) + cfg.RB * bn)
 
 
 @functools.lru_cache(maxsize=None)
@@ -232,17 +230,19 @@ def _skinny_kernel(kind, swiglu, accumulate, grouped, gather, vec, RB, TM, TN, N
 
     Block (32*NW threads, NG = 32*NW/GL groups of GL lanes) = BNO output columns (z,
     blockIdx.x) x row tiles of RB rows (blockIdx.y, grid-strided). Group g owns chunks
-    round*NG + g; lane (lr, lc) owns rows lr*TM + i and staged weight rows lc + j*LC of the
-    group's chunk partial. Staged rows [0, BNO) are w (gate), [BNO, BN) w_up.
+    round*NG + g. Lane (lr, lc) owns rows lr*TM + i and staged columns lc (TN = 1) or
+    2*(lc + p*LC) + {0, 1} of its group's chunk partial; with ``swiglu`` staged column s is
+    gate (s even) or up (s odd) of output s // 2.
     """
     LR, LC, BN, BNO, NG = _skinny_shape(_Skinny(RB, TM, TN, NW, SK, GL, MB), swiglu)
     E = _PER_WORD[kind]
     SKW = SK // E                 # words per staged weight row
-    assert LR * LC == GL and KC % SK == 0 and (not swiglu or TN % 2 == 0)
+    assert LR * LC == GL and KC % SK == 0 and (TN == 1 or TN % 2 == 0) and (not swiglu or TN % 2 == 0)
     assert (BN * SKW) % GL == 0 and (BN * SK) % GL == 0 and (RB * SK) % min(GL, SK) == 0
-    SKE = SK + E                  # staged row length in elements: one pad word (bank spread)
+    WS = BN + 2                   # staged weight row stride (+2: conflict-free transposing stores)
     XS = _skinny_xs(RB)
     PAIRS = TM % 2 == 0           # x read from shared memory two rows at a time
+    WPAIRS = TN % 2 == 0          # weights two columns at a time
     SUB = KC // SK
     NT = 32 * NW
     TMN = TM * TN
@@ -252,6 +252,7 @@ def _skinny_kernel(kind, swiglu, accumulate, grouped, gather, vec, RB, TM, TN, N
     OWN = ceil_div(RB * BNO, NT)  # outputs whose running sums a thread owns
     ELEM = _ELEM[kind]
     PW_T = uint64 if vec else ELEM
+    widen = _WIDEN[kind]
     word = _WORD[kind]
     # A tile of ROWS x COLS loaded by GL lanes, load t of lane l: (row, col) =
     #   COLS >= GL: ((t*GL) // COLS, l + (t*GL) % COLS)       COLS < GL: (l // COLS + t*GL/COLS, l % COLS)
@@ -289,16 +290,16 @@ def _skinny_kernel(kind, swiglu, accumulate, grouped, gather, vec, RB, TM, TN, N
         else:
             wv = w
             wuv = w_up
-        sw = cuda.shared.array((NG, BN, SKE), ELEM)
-        swv = sw.view(np.uint64)                      # [NG, BN, SKW + 1] words
+        sw = cuda.shared.array((NG, SK, WS), float32)     # weights widened, k-major
+        swv = sw.view(np.uint64)                          # [NG, SK, WS // 2] column pairs
         sx = cuda.shared.array((NG, SK, XS), float32)
-        sxv = sx.view(np.uint64)                      # [NG, SK, XS // 2] row pairs
+        sxv = sx.view(np.uint64)                          # [NG, SK, XS // 2] row pairs
         pbuf = cuda.shared.array((NG, RB, BN), float32)
         pw = cuda.local.array(NWL, PW_T)
         px = cuda.local.array(NXL, float32)
         acc = cuda.local.array(TMN, float32)
         xa = cuda.local.array(TM, float32)
-        ww = cuda.local.array(TN, uint64)
+        wb = cuda.local.array(TN, float32)
         ys = cuda.local.array(OWN, float32)
         yu = cuda.local.array(OWN, float32)
         for tile0 in range(start + cuda.blockIdx.y * RB, end, cuda.gridDim.y * RB):
@@ -309,15 +310,16 @@ def _skinny_kernel(kind, swiglu, accumulate, grouped, gather, vec, RB, TM, TN, N
                 acc[q] = float32(0.0)
             for s in range(-1, steps):
                 if s >= 0:
-                    # stage sub-tile s (loaded into registers during step s - 1)
+                    # stage sub-tile s (loaded into registers during step s - 1), widened
                     _sync_warp()                      # the group is done reading sub-tile s - 1
                     for t in range(NWL):
                         r = (t * GL) // WCOLS if WWIDE else wr0 + t * (GL // WCOLS)
                         cc = wc0 + (t * GL) % WCOLS if WWIDE else wc0
                         if vec:
-                            swv[grp, r, cc] = pw[t]
+                            for e in range(E):
+                                sw[grp, cc * E + e, r] = word(pw[t], e)
                         else:
-                            sw[grp, r, cc] = pw[t]
+                            sw[grp, cc, r] = widen(pw[t])
                     for t in range(NXL):
                         r = (t * GL) // SK if XWIDE else xr0 + t * (GL // SK)
                         cc = xc0 + (t * GL) % SK if XWIDE else xc0
@@ -331,23 +333,19 @@ def _skinny_kernel(kind, swiglu, accumulate, grouped, gather, vec, RB, TM, TN, N
                     for t in range(NWL):
                         r = (t * GL) // WCOLS if WWIDE else wr0 + t * (GL // WCOLS)
                         cc = wc0 + (t * GL) % WCOLS if WWIDE else wc0
-                        up = swiglu and r >= BNO
-                        n = col0 + r - BNO if up else col0 + r
-                        if vec:
+                        up = swiglu and r % 2 == 1
+                        n = col0 + r // 2 if swiglu else col0 + r
+                        if vec:                       # one address: the matrix is a select
+                            src = wuv if up else wv
                             val = uint64(0)
                             if n < N and k0 + cc * E < K:
-                                if up:
-                                    val = wuv[z, n, k0 // E + cc]
-                                else:
-                                    val = wv[z, n, k0 // E + cc]
+                                val = src[z, n, k0 // E + cc]
                             pw[t] = val
                         else:
+                            srce = w_up if up else w
                             ev = ELEM(0)
                             if n < N and k0 + cc < K:
-                                if up:
-                                    ev = w_up[z, n, k0 + cc]
-                                else:
-                                    ev = w[z, n, k0 + cc]
+                                ev = srce[z, n, k0 + cc]
                             pw[t] = ev
                     for t in range(NXL):
                         r = (t * GL) // SK if XWIDE else xr0 + t * (GL // SK)
@@ -360,29 +358,32 @@ def _skinny_kernel(kind, swiglu, accumulate, grouped, gather, vec, RB, TM, TN, N
                         px[t] = xv
                 if s >= 0:
                     # the fma chains of this sub-tile, ascending k (zero padding leaves them exact)
-                    for kw in range(SKW):
-                        for jj in range(TN):
-                            ww[jj] = swv[grp, lc + jj * LC, kw]
-                        for e in range(E):
-                            kk = kw * E + e
-                            if PAIRS:
-                                for p in range(TM // 2):
-                                    u = sxv[grp, kk, (lr * TM) // 2 + p]
-                                    xa[2 * p] = _lo_f32(u)
-                                    xa[2 * p + 1] = _hi_f32(u)
-                            else:
-                                for i in range(TM):
-                                    xa[i] = sx[grp, kk, lr * TM + i]
+                    for kk in range(SK):
+                        if PAIRS:
+                            for p in range(TM // 2):
+                                u = sxv[grp, kk, (lr * TM) // 2 + p]
+                                xa[2 * p] = _lo_f32(u)
+                                xa[2 * p + 1] = _hi_f32(u)
+                        else:
+                            for i in range(TM):
+                                xa[i] = sx[grp, kk, lr * TM + i]
+                        if WPAIRS:
+                            for p in range(TN // 2):
+                                u = swv[grp, kk, lc + p * LC]
+                                wb[2 * p] = _lo_f32(u)
+                                wb[2 * p + 1] = _hi_f32(u)
+                        else:
+                            wb[0] = sw[grp, kk, lc]
+                        for i in range(TM):
                             for jj in range(TN):
-                                wb = word(ww[jj], e)
-                                for i in range(TM):
-                                    acc[i * TN + jj] = fma(xa[i], wb, acc[i * TN + jj])
+                                acc[i * TN + jj] = fma(xa[i], wb[jj], acc[i * TN + jj])
                     g = s // SUB
                     if s - g * SUB == SUB - 1:
                         # chunk g*NG + grp is complete: hand its partial to the owners
                         for i in range(TM):
                             for jj in range(TN):
-                                pbuf[grp, lr * TM + i, lc + jj * LC] = acc[i * TN + jj]
+                                sc = 2 * (lc + (jj // 2) * LC) + jj % 2 if WPAIRS else lc
+                                pbuf[grp, lr * TM + i, sc] = acc[i * TN + jj]
                                 acc[i * TN + jj] = float32(0.0)
                         cuda.syncthreads()
                         live = min(NG, C - g * NG)
@@ -392,9 +393,11 @@ def _skinny_kernel(kind, swiglu, accumulate, grouped, gather, vec, RB, TM, TN, N
                                 r = item // BNO
                                 o = item - r * BNO
                                 for v in range(live):             # ascending chunk order
-                                    ys[q] = ys[q] + pbuf[v, r, o]
                                     if swiglu:
-                                        yu[q] = yu[q] + pbuf[v, r, o + BNO]
+                                        ys[q] = ys[q] + pbuf[v, r, 2 * o]
+                                        yu[q] = yu[q] + pbuf[v, r, 2 * o + 1]
+                                    else:
+                                        ys[q] = ys[q] + pbuf[v, r, o]
                         cuda.syncthreads()
             for q in range(OWN):
                 item = tid + q * NT
@@ -508,21 +511,17 @@ def _tiled_kernel(kind, swiglu, accumulate, grouped, gather, vec, BM, BN, TM, TN
                         r = wr0 + q * WSTEP
                         up = swiglu and r % 2 == 1
                         n = col0 + r // 2 if swiglu else col0 + r
-                        if vec:
+                        if vec:                       # one address: the matrix is a select
+                            src = wuv if up else wv
                             val = uint64(0)
                             if n < N and k0 + wc0 * E < K:
-                                if up:
-                                    val = wuv[z, n, k0 // E + wc0]
-                                else:
-                                    val = wv[z, n, k0 // E + wc0]
+                                val = src[z, n, k0 // E + wc0]
                             pw[q] = val
                         else:
+                            srce = w_up if up else w
                             ev = ELEM(0)
                             if n < N and k0 + wc0 < K:
-                                if up:
-                                    ev = w_up[z, n, k0 + wc0]
-                                else:
-                                    ev = w[z, n, k0 + wc0]
+                                ev = srce[z, n, k0 + wc0]
                             pw[q] = ev
                     for q in range(NXL):
                         j = tile0 + xr0 + q * XSTEP
@@ -580,45 +579,55 @@ if _SIM:
     # Tiny tiles: the simulator runs every thread as a Python thread. They still cover several
     # row and column tiles, several chunks and sub-tiles, lane groups of 8..32, and both kernels.
     _SKINNY_TILE = {1: (1, 1), 2: (2, 1), 4: (2, 2), 8: (4, 2), 16: (4, 4), 32: (8, 4)}
-    _SKINNY_SK = 16
+    _SKINNY_SK = {1: 16, 2: 16, 4: 16, 8: 16, 16: 16, 32: 16}
     _SKINNY_NW = (2,)
-    _TILED = {"small": _Tiled(8, 8, 2, 2, 16, 0), "large": _Tiled(8, 16, 2, 4, 16, 0)}
-    _SKINNY_MAX = 4            # more rows than this run the tiled kernel
-    _TILED_SMALL_MAX = 8
+    _TILED = {"small": _Tiled(8, 8, 2, 2, 16, 0), "mid": _Tiled(8, 16, 2, 4, 16, 0),
+              "large": _Tiled(16, 16, 4, 4, 16, 0)}
+    _SKINNY_MAX = 4            # more rows than this: the tiled kernel, or skinny row tiles of
+    _SKINNY_TILE_ROWS = 4      # this many when the tiled grid would have fewer than
+    _TILED_BLOCKS = 3          # this many blocks
     _BLOCKS_WANTED = 3         # narrower lane groups until a launch has this many column blocks
 else:
     # RB -> (TM, TN): lanes LR = RB/TM along rows, LC = GL/LR along staged weight rows.
     _SKINNY_TILE = {1: (1, 1), 2: (2, 1), 4: (4, 1), 8: (4, 2), 16: (4, 4), 32: (8, 4)}
-    _SKINNY_SK = 32
+    _SKINNY_SK = {1: 32, 2: 32, 4: 32, 8: 32, 16: 32, 32: 32}
     _SKINNY_NW = (16, 12, 8, 6, 4, 2, 1)
-    _TILED = {"small": _Tiled(64, 64, 8, 8, 16, 0), "large": _Tiled(128, 128, 8, 8, 16, 0)}
+    _TILED = {"small": _Tiled(64, 64, 8, 8, 16, 0), "mid": _Tiled(64, 128, 8, 8, 16, 0),
+              "large": _Tiled(128, 128, 8, 8, 16, 0)}
     _SKINNY_MAX = 16
-    _TILED_SMALL_MAX = 64
-    _BLOCKS_WANTED = 264       # two blocks per SM of the H200
+    _SKINNY_TILE_ROWS = 16
+    _TILED_BLOCKS = 132        # one block per SM of the H200
+    _BLOCKS_WANTED = 264       # two blocks per SM
 
 
 def _skinny_valid(cfg, kind, swiglu) -> bool:
     lr = cfg.RB // cfg.TM
-    if lr * cfg.TM != cfg.RB or cfg.GL % lr or cfg.GL > 32 or (swiglu and cfg.TN % 2):
+    if lr * cfg.TM != cfg.RB or cfg.GL % lr or cfg.GL > 32 or (cfg.TN > 1 and cfg.TN % 2) \
+            or (swiglu and cfg.TN % 2):
         return False
     _, _, bn, _, _ = _skinny_shape(cfg, swiglu)
     skw = cfg.SK // _PER_WORD[kind]
     return (KC % cfg.SK == 0 and (bn * skw) % cfg.GL == 0 and (bn * cfg.SK) % cfg.GL == 0
-            and _skinny_smem(cfg, swiglu, kind) <= _SMEM_MAX)
+            and (cfg.RB * cfg.SK) % min(cfg.GL, cfg.SK) == 0 and _skinny_smem(cfg, swiglu, kind) <= _SMEM_MAX)
 
 
-def _skinny_config(rb, kind, swiglu, n_cols=None, gl=None, nw=None, sk=None, mb=None):
+def _skinny_config(rb, kind, swiglu, n_cols=None, gl=None, nw=None, sk=None, mb=None, n_chunks=None):
     """The skinny tile for RB = rb rows: lane tile from the table; the widest lane group that
     still gives ``n_cols`` output columns _BLOCKS_WANTED column blocks (a group owns whole
-    chunks, so narrower groups mean more, narrower column blocks); the most warps that fit."""
+    chunks, so narrower groups mean more, narrower column blocks; not below 16 lanes from 8
+    rows on); the most warps that fit shared memory without more groups than ``n_chunks``."""
     tm, tn = _SKINNY_TILE[rb]
     if swiglu and tn % 2:
         tn += 1
-    sk = sk or _SKINNY_SK
+    sk = sk or _SKINNY_SK[rb]
     found = None
-    for g in ((gl,) if gl else (32, 16, 8)):
-        for w in ((nw,) if nw else _SKINNY_NW):
-            blocks = mb if mb is not None else (2 if w * 32 >= 256 and tm * tn <= 4 else 0)
+    for g in ((gl,) if gl else (32, 16) if rb >= 8 else (32, 16, 8)):
+        warps = (nw,) if nw else _SKINNY_NW
+        if nw is None and n_chunks is not None:    # no more groups than chunks
+            warps = [w for w in warps if w <= max(1, ceil_div(n_chunks * g, 32))] or [min(warps)]
+        for w in warps:
+            # few outputs a lane (memory-bound tiles): budget registers for 16 warps an SM
+            blocks = mb if mb is not None else (max(1, 16 // w) if tm * tn <= 4 else 0)
             cfg = _Skinny(rb, tm, tn, w, sk, g, blocks)
             if _skinny_valid(cfg, kind, swiglu):
                 found = cfg
@@ -631,17 +640,25 @@ def _skinny_config(rb, kind, swiglu, n_cols=None, gl=None, nw=None, sk=None, mb=
 
 
 @functools.lru_cache(maxsize=None)
-def _choose(max_rows, n_cols, kind, swiglu, grouped):
-    """The tile for a launch whose groups hold at most ``max_rows`` rows of ``n_cols`` outputs."""
+def _choose(max_rows, n_cols, n_k, kind, swiglu, grouped):
+    """The tile for a launch whose groups hold at most ``max_rows`` rows of ``n_cols`` outputs
+    over ``n_k`` inputs. Few rows: the skinny kernel. More: the tiled kernel, unless its grid
+    would leave SMs idle (few columns), then skinny row tiles."""
+    n_chunks = max(1, ceil_div(n_k, KC))
     if max_rows <= _SKINNY_MAX:
         rb = 1
         while rb < max_rows:
             rb *= 2
         # grouped launches have a column block per group: wide lane groups
-        return _skinny_config(rb, kind, swiglu, None if grouped else n_cols)
-    if max_rows <= _TILED_SMALL_MAX:
-        return _TILED["small"]
-    return _TILED["large"]
+        return _skinny_config(rb, kind, swiglu, None if grouped else n_cols, n_chunks=n_chunks)
+    mid = _TILED["mid"]
+    blocks = ceil_div(n_cols, mid.BN // 2 if swiglu else mid.BN) * ceil_div(max_rows, mid.BM)
+    if not grouped and blocks < _TILED_BLOCKS:
+        return _skinny_config(_SKINNY_TILE_ROWS, kind, swiglu, n_chunks=n_chunks)
+    large = _TILED["large"]
+    if ceil_div(n_cols, large.BN // 2 if swiglu else large.BN) * ceil_div(max_rows, large.BM) >= 2 * _TILED_BLOCKS:
+        return large
+    return mid
 
 
 def _vec_ok(w) -> bool:
@@ -661,7 +678,7 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index, max_rows, a
     vec = _vec_ok(w) and (not swiglu or _vec_ok(w_up))
     Z, N = w.shape[0], w.shape[1]
     if cfg is None:
-        cfg = _choose(min(max_rows, tile_rows or max_rows), N, kind, swiglu, grouped)
+        cfg = _choose(min(max_rows, tile_rows or max_rows), N, w.shape[2], kind, swiglu, grouped)
     if isinstance(cfg, _Skinny):
         kernel = _skinny_kernel(kind, swiglu, accumulate, grouped, gather, vec, *cfg)
         bno = _skinny_shape(cfg, swiglu)[3]
