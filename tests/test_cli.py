@@ -10,6 +10,7 @@ import pytest
 
 import ddtree_numba as dd
 import ddtree_numba.cli as cli
+import ddtree_numba.model.drafter as drafter_mod
 import ddtree_numba.model.target as target_mod
 from ddtree_numba.decode import STAGES
 
@@ -203,7 +204,7 @@ def test_auto_backend_falls_back_and_cuda_just_works(capsys, monkeypatch, ar_tok
     rc, out, err = _run(capsys, "--backend", "auto")
     assert rc == 0 and "falling back to numpy" in err and _generated(out) == ar_tokens
 
-    class NotNumpy:                  # a cuda target the numpy drafter refuses, forwarding the rest
+    class NotNumpy:                  # a cuda target the drafter refuses, forwarding the rest
         backend = "cuda"
 
         def __init__(self, t):
@@ -212,6 +213,14 @@ def test_auto_backend_falls_back_and_cuda_just_works(capsys, monkeypatch, ar_tok
         def __getattr__(self, name):
             return getattr(self.t, name)
 
+    real_drafter = drafter_mod.load_drafter
+
+    def refusing_drafter(path, target):
+        if isinstance(target, NotNumpy):
+            raise ValueError("this drafter cannot run on that target")
+        return real_drafter(path, target)
+
+    monkeypatch.setattr(drafter_mod, "load_drafter", refusing_drafter)
     monkeypatch.setattr(target_mod, "load_target", _fake_load_target(real, NotNumpy))
     # auto: the target loads on cuda, the drafter cannot follow -> the pair runs on numpy
     path = tmp_path / "s.json"
