@@ -219,9 +219,20 @@ def _skinny_xs(rb):
     return rb if rb % 4 == 2 else rb + 2
 
 
+def _skinny_narrow(cfg):
+    """Stage weights as stored (widened by the lane that reads them) when one lane reads each
+    staged weight (LR == 1, memory-bound tiles): half the shared memory, twice the groups.
+    Otherwise widen them once when staged, k-major, so the fma loop loads column pairs."""
+    return cfg.RB == cfg.TM
+
+
 def _skinny_smem(cfg, swiglu, kind):
     _, _, bn, _, ng = _skinny_shape(cfg, swiglu)
-    return ng * 4 * (cfg.SK * (bn + 2) + cfg.SK * _skinny_xs(cfg.RB) + cfg.RB * bn)
+    xs = cfg.SK * _skinny_xs(cfg.RB) * 4 + cfg.RB * bn * 4
+    if _skinny_narrow(cfg):
+        isz = 4 if kind == "f32" else 2
+        return ng * (bn * (cfg.SK + _PER_WORD[kind]) * isz + xs)
+    return ng * (cfg.SK * (bn + 2) * 4 + xs)
 
 
 @functools.lru_cache(maxsize=None)
@@ -230,19 +241,22 @@ def _skinny_kernel(kind, swiglu, accumulate, grouped, gather, vec, RB, TM, TN, N
 
     Block (32*NW threads, NG = 32*NW/GL groups of GL lanes) = BNO output columns (z,
     blockIdx.x) x row tiles of RB rows (blockIdx.y, grid-strided). Group g owns chunks
-    round*NG + g. Lane (lr, lc) owns rows lr*TM + i and staged columns lc (TN = 1) or
-    2*(lc + p*LC) + {0, 1} of its group's chunk partial; with ``swiglu`` staged column s is
-    gate (s even) or up (s odd) of output s // 2.
+    round*NG + g. Lane (lr, lc) owns rows lr*TM + i of its group's chunk partial and staged
+    columns: narrow staging (``_skinny_narrow``), lc + j*LC, with ``swiglu`` columns [0, BNO)
+    gate and [BNO, BN) up; widened staging, lc (TN = 1) or 2*(lc + p*LC) + {0, 1}, with
+    ``swiglu`` column s gate (s even) or up (s odd) of output s // 2.
     """
     LR, LC, BN, BNO, NG = _skinny_shape(_Skinny(RB, TM, TN, NW, SK, GL, MB), swiglu)
     E = _PER_WORD[kind]
     SKW = SK // E                 # words per staged weight row
+    NARROW = _skinny_narrow(_Skinny(RB, TM, TN, NW, SK, GL, MB))
     assert LR * LC == GL and KC % SK == 0 and (TN == 1 or TN % 2 == 0) and (not swiglu or TN % 2 == 0)
     assert (BN * SKW) % GL == 0 and (BN * SK) % GL == 0 and (RB * SK) % min(GL, SK) == 0
-    WS = BN + 2                   # staged weight row stride (+2: conflict-free transposing stores)
+    WS = BN + 2                   # widened: staged k row stride (+2: conflict-free transposing stores)
+    SKE = SK + E                  # narrow: staged weight row length, one pad word (bank spread)
+    WPAIRS = TN % 2 == 0 and not NARROW   # widened weights read two columns at a time
     XS = _skinny_xs(RB)
     PAIRS = TM % 2 == 0           # x read from shared memory two rows at a time
-    WPAIRS = TN % 2 == 0          # weights two columns at a time
     SUB = KC // SK
     NT = 32 * NW
     TMN = TM * TN
@@ -290,8 +304,12 @@ def _skinny_kernel(kind, swiglu, accumulate, grouped, gather, vec, RB, TM, TN, N
         else:
             wv = w
             wuv = w_up
-        sw = cuda.shared.array((NG, SK, WS), float32)     # weights widened, k-major
-        swv = sw.view(np.uint64)                          # [NG, SK, WS // 2] column pairs
+        if NARROW:                    # a constant: numba prunes the other branch
+            sw = cuda.shared.array((NG, BN, SKE), ELEM)   # weights as stored, row-major
+            swv = sw.view(np.uint64)                      # [NG, BN, SKW + 1] words
+        else:
+            sw = cuda.shared.array((NG, SK, WS), float32) # weights widened, k-major
+            swv = sw.view(np.uint64)                      # [NG, SK, WS // 2] column pairs
         sx = cuda.shared.array((NG, SK, XS), float32)
         sxv = sx.view(np.uint64)                          # [NG, SK, XS // 2] row pairs
         pbuf = cuda.shared.array((NG, RB, BN), float32)
@@ -300,6 +318,7 @@ def _skinny_kernel(kind, swiglu, accumulate, grouped, gather, vec, RB, TM, TN, N
         acc = cuda.local.array(TMN, float32)
         xa = cuda.local.array(TM, float32)
         wb = cuda.local.array(TN, float32)
+        ww = cuda.local.array(TN, uint64)
         ys = cuda.local.array(OWN, float32)
         yu = cuda.local.array(OWN, float32)
         for tile0 in range(start + cuda.blockIdx.y * RB, end, cuda.gridDim.y * RB):
@@ -315,7 +334,12 @@ def _skinny_kernel(kind, swiglu, accumulate, grouped, gather, vec, RB, TM, TN, N
                     for t in range(NWL):
                         r = (t * GL) // WCOLS if WWIDE else wr0 + t * (GL // WCOLS)
                         cc = wc0 + (t * GL) % WCOLS if WWIDE else wc0
-                        if vec:
+                        if NARROW:
+                            if vec:
+                                swv[grp, r, cc] = pw[t]
+                            else:
+                                sw[grp, r, cc] = pw[t]
+                        elif vec:
                             for e in range(E):
                                 sw[grp, cc * E + e, r] = word(pw[t], e)
                         else:
@@ -333,8 +357,12 @@ def _skinny_kernel(kind, swiglu, accumulate, grouped, gather, vec, RB, TM, TN, N
                     for t in range(NWL):
                         r = (t * GL) // WCOLS if WWIDE else wr0 + t * (GL // WCOLS)
                         cc = wc0 + (t * GL) % WCOLS if WWIDE else wc0
-                        up = swiglu and r % 2 == 1
-                        n = col0 + r // 2 if swiglu else col0 + r
+                        if NARROW:
+                            up = swiglu and r >= BNO
+                            n = col0 + r - BNO if up else col0 + r
+                        else:
+                            up = swiglu and r % 2 == 1
+                            n = col0 + r // 2 if swiglu else col0 + r
                         if vec:                       # one address: the matrix is a select
                             src = wuv if up else wv
                             val = uint64(0)
@@ -356,8 +384,26 @@ def _skinny_kernel(kind, swiglu, accumulate, grouped, gather, vec, RB, TM, TN, N
                             rx = row_index[j] if gather else j
                             xv = x[rx, xc + k0 + cc]
                         px[t] = xv
-                if s >= 0:
+                if s >= 0 and NARROW:
                     # the fma chains of this sub-tile, ascending k (zero padding leaves them exact)
+                    for kw in range(SKW):
+                        for jj in range(TN):
+                            ww[jj] = swv[grp, lc + jj * LC, kw]
+                        for e in range(E):
+                            kk = kw * E + e
+                            if PAIRS:
+                                for p in range(TM // 2):
+                                    u = sxv[grp, kk, (lr * TM) // 2 + p]
+                                    xa[2 * p] = _lo_f32(u)
+                                    xa[2 * p + 1] = _hi_f32(u)
+                            else:
+                                for i in range(TM):
+                                    xa[i] = sx[grp, kk, lr * TM + i]
+                            for jj in range(TN):
+                                wn = word(ww[jj], e)
+                                for i in range(TM):
+                                    acc[i * TN + jj] = fma(xa[i], wn, acc[i * TN + jj])
+                if s >= 0 and not NARROW:
                     for kk in range(SK):
                         if PAIRS:
                             for p in range(TM // 2):
@@ -377,12 +423,13 @@ def _skinny_kernel(kind, swiglu, accumulate, grouped, gather, vec, RB, TM, TN, N
                         for i in range(TM):
                             for jj in range(TN):
                                 acc[i * TN + jj] = fma(xa[i], wb[jj], acc[i * TN + jj])
+                if s >= 0:
                     g = s // SUB
                     if s - g * SUB == SUB - 1:
                         # chunk g*NG + grp is complete: hand its partial to the owners
                         for i in range(TM):
                             for jj in range(TN):
-                                sc = 2 * (lc + (jj // 2) * LC) + jj % 2 if WPAIRS else lc
+                                sc = 2 * (lc + (jj // 2) * LC) + jj % 2 if WPAIRS else lc + jj * LC
                                 pbuf[grp, lr * TM + i, sc] = acc[i * TN + jj]
                                 acc[i * TN + jj] = float32(0.0)
                         cuda.syncthreads()
@@ -393,7 +440,10 @@ def _skinny_kernel(kind, swiglu, accumulate, grouped, gather, vec, RB, TM, TN, N
                                 r = item // BNO
                                 o = item - r * BNO
                                 for v in range(live):             # ascending chunk order
-                                    if swiglu:
+                                    if swiglu and NARROW:
+                                        ys[q] = ys[q] + pbuf[v, r, o]
+                                        yu[q] = yu[q] + pbuf[v, r, o + BNO]
+                                    elif swiglu:
                                         ys[q] = ys[q] + pbuf[v, r, 2 * o]
                                         yu[q] = yu[q] + pbuf[v, r, 2 * o + 1]
                                     else:
@@ -626,8 +676,8 @@ def _skinny_config(rb, kind, swiglu, n_cols=None, gl=None, nw=None, sk=None, mb=
         if nw is None and n_chunks is not None:    # no more groups than chunks
             warps = [w for w in warps if w <= max(1, ceil_div(n_chunks * g, 32))] or [min(warps)]
         for w in warps:
-            # few outputs a lane (memory-bound tiles): budget registers for 16 warps an SM
-            blocks = mb if mb is not None else (max(1, 16 // w) if tm * tn <= 4 else 0)
+            # narrow (memory-bound) tiles of 8+ warps: registers for two blocks an SM
+            blocks = mb if mb is not None else (2 if w * 32 >= 256 and rb == tm else 0)
             cfg = _Skinny(rb, tm, tn, w, sk, g, blocks)
             if _skinny_valid(cfg, kind, swiglu):
                 found = cfg
@@ -651,13 +701,11 @@ def _choose(max_rows, n_cols, n_k, kind, swiglu, grouped):
             rb *= 2
         # grouped launches have a column block per group: wide lane groups
         return _skinny_config(rb, kind, swiglu, None if grouped else n_cols, n_chunks=n_chunks)
+    # (measured on the H200: 64x128 beats 128x128 and 64x64 from 64 to 256 rows)
     mid = _TILED["mid"]
     blocks = ceil_div(n_cols, mid.BN // 2 if swiglu else mid.BN) * ceil_div(max_rows, mid.BM)
     if not grouped and blocks < _TILED_BLOCKS:
         return _skinny_config(_SKINNY_TILE_ROWS, kind, swiglu, n_chunks=n_chunks)
-    large = _TILED["large"]
-    if ceil_div(n_cols, large.BN // 2 if swiglu else large.BN) * ceil_div(max_rows, large.BM) >= 2 * _TILED_BLOCKS:
-        return large
     return mid
 
 
