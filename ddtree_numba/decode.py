@@ -164,7 +164,8 @@ def _check_generate_inputs(target, drafter, prompt_ids, max_new_tokens, method, 
 
 def generate(target, drafter, prompt_ids, max_new_tokens: int, method: str = "ddtree",
              budget: int = 64, temperature: float = 0.0, seed: int = 0, stop_token_ids=(),
-             max_tokens: int | None = None, trace: bool = False, progress=None) -> GenerationResult:
+             max_tokens: int | None = None, trace: bool = False, progress=None,
+             graph: bool = False) -> GenerationResult:
     """Generate up to ``max_new_tokens`` after ``prompt_ids`` with ``method``.
 
     ``ddtree``: DESIGN.md section 1 with a tree of ``budget`` nodes; ``dflash``: the drafter's
@@ -176,10 +177,26 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, method: str = "dd
     rows (default: enough for the prompt, the new tokens and one tree); a prompt that does not
     fit raises ``ValueError``. ``progress``: a callable, called as ``progress(len(tokens so far))``
     after each round and when the last token is out (a progress bar's hook).
+
+    On the cuda backend with a device drafter (``CudaDrafter``; none for ``ar``) every round
+    stays on the GPU (``decode_cuda``): the host reads back only the accepted tokens, and
+    ``stage_times`` are CUDA-event times; ``graph=True`` replays the target's and drafter's
+    forwards as CUDA graphs. ``trace=True`` (host trees per round) uses the host loop.
     """
     prompt, n_new, budget, temperature, max_tokens = _check_generate_inputs(
         target, drafter, prompt_ids, max_new_tokens, method, budget, temperature, seed, max_tokens)
     stops = {int(s) for s in stop_token_ids}
+    from .decode_cuda import device_rounds_supported, generate_device
+    if n_new > 0 and not trace and device_rounds_supported(target, drafter, method):
+        t_start = time.perf_counter()
+        d = generate_device(target, drafter, prompt, n_new, method, budget, temperature, seed, stops,
+                            max_tokens, progress, graph=graph)
+        acc = np.asarray(d["acc"], np.int32)
+        return GenerationResult(
+            method=method, prompt_len=int(prompt.shape[0]), tokens=np.asarray(d["tokens"], np.int32),
+            acceptance_lengths=acc, accepted_depths=acc - 1, tree_sizes=np.asarray(d["sizes"], np.int32),
+            target_forwards=d["forwards"], drafter_forwards=d["draft_calls"],
+            stage_times=d["stage_times"], elapsed_s=time.perf_counter() - t_start, stopped=d["stopped"])
     timer = _StageTimer()
     t_start = time.perf_counter()
     layers = () if method == "ar" else tuple(drafter.target_layer_ids)

@@ -36,6 +36,13 @@ SIGNATURES = {
     "compact._compact_rows_copy_back_kernel": [
         f"void({t}[:, ::1], {I32_1}, {t}[:, ::1])" for t in ("float32", "uint16")],
     "compact._compact_rows_naive_kernel": [f"void(float32[:, ::1], {I32_1}, {I32_1})"],
+    # -- the GPU-resident round's glue (kernels/_round.py) --
+    "_round._verify_inputs_kernel": [
+        f"void({I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, int64, {I32_1}, {I32_1}, {I32_1}, {I32_1})"],
+    "_round._after_accept_kernel": [
+        f"void({I32_1}, {I32_1}, {I32_1}, {I32_1}, int64, {I32_1}, {I32_1}, {I32_1}, {I32_1})"],
+    "_round._gather_features_kernel": [
+        f"void(float32[:, :, ::1], {I32_1}, {I32_1}, {I32_1}, {F32_2})"],
     # -- the forward (model) kernels --
     "rms_norm._rms_norm_kernel": [
         f"void({F32_2}, float32[::1], float32, {F32_2}, {I32_1}, {I32_1}, boolean)"],
@@ -92,9 +99,7 @@ SIGNATURES = {
 def find_kernels():
     """qualified name -> the kernel object (or its factory) for every ``_*_kernel``."""
     found = {}
-    for info in pkgutil.iter_modules(kernels_pkg.__path__):
-        if info.name.startswith("_"):
-            continue
+    for info in pkgutil.iter_modules(kernels_pkg.__path__):   # private modules too (_round)
         mod = importlib.import_module(f"ddtree_numba.kernels.{info.name}")
         for name, obj in vars(mod).items():
             if not (name.startswith("_") and name.endswith("_kernel")):

@@ -1,6 +1,6 @@
 """generate() on the cuda backend: greedy DDTree and the DFlash chain equal greedy autoregressive
 decoding token for token, with the cuda target (and the cuda DFlash drafter), and equal the numpy
-backend's tokens.
+backend's tokens; with a device drafter every round stays on the GPU (decode_cuda).
 
 The simulator runs a few rounds of one golden checkpoint; on a GPU the same checks run on every
 golden checkpoint with longer generations.
@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 import pytest
+from numba import cuda
 
 import ddtree_numba as dd
 from ddtree_numba.model.cuda_drafter import CudaDrafter
@@ -28,6 +29,7 @@ N_NEW = 40 if REAL_GPU else 4
 METHODS = [("ddtree", 8), ("dflash", 0)] if REAL_GPU else [("ddtree", 8)]
 
 
+@pytest.mark.gpu   # the simulator runs the GPU-resident loop below; this is the host loop on cuda
 @pytest.mark.parametrize("name", CHECKPOINTS)
 def test_greedy_ddtree_on_cuda_equals_autoregressive_on_both_backends(name):
     path = os.path.join(DATA, name)
@@ -59,3 +61,42 @@ def test_the_golden_drafter_runs_on_cuda_and_drives_ddtree_to_the_ar_tokens():
     res = dd.generate(gpu, drafter, prompt, N_NEW, method="ddtree", budget=8)
     np.testing.assert_array_equal(res.tokens, ar)
     assert res.drafter_forwards == len(res.acceptance_lengths) > 0
+
+
+class DeviceOracle(NoisyOracle):
+    """The noisy oracle behind ``draft_device``, so the GPU-resident loop runs with controlled
+    acceptance: it reads the device features and bonus back (tests only) and returns device
+    logits. Its cache length lives on the host, advanced by the device count n."""
+
+    def draft_device(self, features, n, bonus, cache, *, graph=False, stream=0):
+        stream.synchronize()
+        k = int(n.copy_to_host()[0])
+        y = len(self.target_layer_ids)
+        feats = features[:k].copy_to_host().reshape(k, y, -1)
+        logits = self.draft(feats, int(bonus.copy_to_host()[0]), cache)
+        return cuda.to_device(logits, stream=stream)
+
+
+def test_the_gpu_resident_round_equals_autoregressive_and_accepts_many_tokens():
+    """Every round on the GPU (draft -> top-K -> build -> verify -> accept -> compaction ->
+    drafter features); the host reads back only the accepted tokens."""
+    from ddtree_numba import decode_cuda
+    path = os.path.join(DATA, "v3_noaux_tc")
+    host, gpu = dd.load_target(path), dd.load_target(path, backend="cuda")
+    prompt = _prompt(1, host.config.vocab_size, n=5)
+    n_new = 40 if REAL_GPU else 6
+    want = dd.generate(host, None, prompt, n_new, method="ar").tokens
+    seq = np.concatenate([prompt, want]).astype(np.int32)
+    feats = host.forward(seq, np.arange(len(seq), dtype=np.int32), host.new_cache(len(seq)),
+                         hidden_layer_ids=(0, 1)).hidden
+    oracle = DeviceOracle(seq, feats, host.config.vocab_size, 0.9, seed=5)
+    assert decode_cuda.device_rounds_supported(gpu, oracle, "ddtree")
+    res = dd.generate(gpu, oracle, prompt, n_new, method="ddtree", budget=8)
+    np.testing.assert_array_equal(res.tokens, want)
+    assert res.acceptance_lengths.max() >= 3, res.acceptance_lengths   # multi-token rounds
+    assert res.target_forwards == 1 + len(res.acceptance_lengths) < n_new
+    assert res.stage_times["verify"] > 0 and res.stage_times["draft"] > 0
+    if REAL_GPU:
+        for method in ("ar", "dflash"):
+            o = DeviceOracle(seq, feats, host.config.vocab_size, 0.9, seed=6)
+            np.testing.assert_array_equal(dd.generate(gpu, o, prompt, n_new, method=method).tokens, want)

@@ -186,12 +186,14 @@ class DeviceMLACache:
         self.enqueue_compact(stream)
         self.length = start + n
 
-    def enqueue_compact(self, stream=0, n_max=None) -> None:
-        """Compact every layer with (start, n) and keep already in ``_start_n`` / ``_keep``."""
+    def enqueue_compact(self, stream=0, n_max=None, keep=None) -> None:
+        """Compact every layer with (start, n) already in ``_start_n`` on the device and ``keep``
+        (default ``_keep``) a device int32 array; ``length`` is the caller's to update."""
+        keep = self._keep if keep is None else keep
         for layer in range(self.c_kv.shape[0]):
-            _enqueue_compaction(self.c_kv[layer], self._start_n, self._keep, n_max or self.capacity,
+            _enqueue_compaction(self.c_kv[layer], self._start_n, keep, n_max or self.capacity,
                                 stream=stream)
-            _enqueue_compaction(self.k_pe[layer], self._start_n, self._keep, n_max or self.capacity,
+            _enqueue_compaction(self.k_pe[layer], self._start_n, keep, n_max or self.capacity,
                                 stream=stream)
 
 
