@@ -9,7 +9,8 @@ Two drafters on the golden tiny target (tests/data/v3_noaux_tc, 3 layers, vocab 
   syncs to the host (a test adapter), so its draft time is not a GPU figure.
 - ``dflash``: the golden DFlash drafter (random weights: it accepts almost nothing), a real
   device draft: its stage times are those of the GPU-resident round.
-Per-stage times are CUDA-event times summed over the run, divided by the rounds. Until the
+Each budget is warmed up first (numba compiles a kernel at its first shape). Per-stage times are
+CUDA-event times summed over the run, divided by the rounds. Until the
 trained demo pair (issue 6) exists, acceptance from real drafters cannot be measured here.
 """
 
@@ -47,6 +48,10 @@ def main():
     seq = np.concatenate([prompt, want]).astype(np.int32)
     feats = host.forward(seq, np.arange(len(seq), dtype=np.int32), host.new_cache(len(seq)),
                          hidden_layer_ids=(0, 1)).hidden
+    def warm(d, method, b=8):   # compile every kernel shape of this budget before timing it
+        dd.generate(gpu, d, prompt, 6, method=method, budget=b)
+
+    warm(None, "ar")
     ar = dd.generate(gpu, None, prompt, args.new, method="ar")
     assert (ar.tokens == want).all()
     rows = [["ar", "-", "1.00", f"{ar.tokens.size / ar.target_forwards:.2f}",
@@ -57,6 +62,8 @@ def main():
     for name in ("oracle", "dflash"):
         for b in args.budgets:
             d = DeviceOracle(seq, feats, 96, 0.8, seed=b, block_size=16) if name == "oracle" else drafter
+            warm(DeviceOracle(seq, feats, 96, 0.8, seed=b, block_size=16) if name == "oracle" else drafter,
+                 "ddtree", b)
             res = dd.generate(gpu, d, prompt, args.new, method="ddtree", budget=b)
             assert (res.tokens == want).all(), f"{name} budget {b}: tokens differ from ar"
             r = max(len(res.acceptance_lengths), 1)
