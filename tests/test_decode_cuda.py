@@ -20,6 +20,16 @@ from test_decode import NoisyOracle, _prompt
 
 pytestmark = pytest.mark.kernels
 
+
+@pytest.fixture(autouse=True)
+def _one_small_gemm_tile_in_the_simulator(monkeypatch):
+    """Simulator only: every GEMM of these whole forwards takes one 16-thread tile (same bits by
+    the reduction contract; tests/test_linear_kernel.py holds every tile to it)."""
+    if not REAL_GPU:
+        import importlib
+        lin = importlib.import_module("ddtree_numba.kernels.linear")
+        monkeypatch.setattr(lin, "_SIM_FORWARD_TILE", lin._TILED["small"])
+
 DATA = os.path.join(os.path.dirname(__file__), "data")
 CHECKPOINTS = ["v3_noaux_tc", "v2_greedy_f16", "kimi_fp8", "v3_bf16_tied", "v3_neox_yarn_nolora"] \
     if REAL_GPU else ["v3_noaux_tc"]

@@ -18,6 +18,16 @@ from conftest import REAL_GPU
 
 pytestmark = pytest.mark.kernels
 
+
+@pytest.fixture(autouse=True)
+def _one_small_gemm_tile_in_the_simulator(monkeypatch):
+    """Simulator only: every GEMM of these whole forwards takes one 16-thread tile (same bits by
+    the reduction contract; tests/test_linear_kernel.py holds every tile to it)."""
+    if not REAL_GPU:
+        import importlib
+        lin = importlib.import_module("ddtree_numba.kernels.linear")
+        monkeypatch.setattr(lin, "_SIM_FORWARD_TILE", lin._TILED["small"])
+
 DATA = os.path.join(os.path.dirname(__file__), "data")
 RTOL = 1e-4
 # The simulator runs every GPU thread in Python: three goldens cover what the others do

@@ -709,6 +709,12 @@ def _choose(max_rows, n_cols, n_k, kind, swiglu, grouped):
     return mid
 
 
+# Whole-forward tests under the simulator set this to one small tiled tile (``_TILED["small"]``,
+# 16 threads) for every launch: the same bits by the contract, a quarter of the simulated threads
+# of a skinny block. None: choose by rows (``_choose``), as always on a GPU.
+_SIM_FORWARD_TILE = None
+
+
 def _vec_ok(w) -> bool:
     """uint64 weight loads: every row of w [Z, N, K] starts 8-byte aligned."""
     if w.shape[2] == 0 or (w.shape[2] * np.dtype(w.dtype).itemsize) % 8:
@@ -725,6 +731,8 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index, max_rows, a
     swiglu = w_up is not None
     vec = _vec_ok(w) and (not swiglu or _vec_ok(w_up))
     Z, N = w.shape[0], w.shape[1]
+    if cfg is None and _SIM and _SIM_FORWARD_TILE is not None:
+        cfg = _SIM_FORWARD_TILE
     if cfg is None:
         cfg = _choose(min(max_rows, tile_rows or max_rows), N, w.shape[2], kind, swiglu, grouped)
     if isinstance(cfg, _Skinny):
