@@ -14,9 +14,10 @@ and docs/ (MODEL.md, DECODE.md, PERFORMANCE.md, NOTES.md) say what exists and wh
 
 from . import reference
 from .decode import generate
+from .demo import demo_pair
 from .model import ModelConfig, load_target
 from .model.drafter import load_drafter
 from .tree import Tree
 
 __version__ = "0.1.0"
-__all__ = ["ModelConfig", "Tree", "generate", "load_drafter", "load_target", "reference", "__version__"]
+__all__ = ["ModelConfig", "Tree", "demo_pair", "generate", "load_drafter", "load_target", "reference", "__version__"]
