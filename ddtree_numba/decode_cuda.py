@@ -54,8 +54,7 @@ class _EventTimer:
 
 def device_rounds_supported(target, drafter, method) -> bool:
     """The GPU-resident loop runs a cuda target with a device drafter (or none, for ``ar``)."""
-    return getattr(target, "backend", None) == "cuda" and (
-        method == "ar" or hasattr(drafter, "draft_device"))
+    return hasattr(target, "forward_device") and (method == "ar" or hasattr(drafter, "draft_device"))
 
 
 def generate_device(target, drafter, prompt, n_new, method, budget, temperature, seed, stops,
