@@ -9,6 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
+
 PERF = Path(__file__).resolve().parents[1] / "docs" / "PERFORMANCE.md"
 COPY_BW = 4.2e12     # bytes/s, device copy (read + write) measured on the H200 (shared/GPU.md)
 FP32_RATE = 51e12    # FLOP/s, cuBLAS fp32 without TF32 on the H200
@@ -47,6 +49,35 @@ def time_gpu(fn, stream, reps=50, warmup=5) -> float:
         end.synchronize()
         times.append(cuda.event_elapsed_time(start, end) * 1e3)
     return statistics.median(times)
+
+
+_FILL = []
+
+
+def random_bf16(shape, scale, seed, stream=0):
+    """A device uint16 array of bfloat16 bits, uniform(-scale, scale) from a counter hash of the
+    index and ``seed``: random weights made on the GPU, no host copy (benchmarks only)."""
+    from numba import cuda
+    if not _FILL:
+        from numba import float32, uint16, uint32, uint64
+        from numba.cuda import libdevice
+
+        @cuda.jit
+        def fill(out, seed, scale):
+            i = cuda.grid(1)
+            if i < out.shape[0]:
+                h = uint64(i) * uint64(0x9E3779B97F4A7C15) + uint64(seed)
+                h = (h ^ (h >> uint64(30))) * uint64(0xBF58476D1CE4E5B9)
+                h = (h ^ (h >> uint64(27))) * uint64(0x94D049BB133111EB)
+                h = h ^ (h >> uint64(31))
+                u = float32(uint32(h >> uint64(40))) * float32(1.0 / 16777216.0)
+                v = (float32(2.0) * u - float32(1.0)) * scale
+                out[i] = uint16(libdevice.float_as_int(v) >> 16)
+        _FILL.append(fill)
+    n = int(np.prod(shape))
+    a = cuda.device_array(n, np.uint16, stream=stream)
+    _FILL[0][(n + 255) // 256, 256, stream](a, np.uint64(seed), np.float32(scale))
+    return a.reshape(shape)
 
 
 def time_host(fn, reps=20, warmup=2) -> float:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import math
 import statistics
 import sys
 import time
@@ -32,7 +31,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import COPY_BW, FP32_RATE, append_rows  # noqa: E402
+from _common import COPY_BW, FP32_RATE, append_rows, random_bf16  # noqa: E402
+from ddtree_numba.model.checkpoint import bf16_to_float32  # noqa: E402
 
 REPS = 10                 # launches per captured graph
 T0 = time.time()
@@ -67,44 +67,17 @@ def silu_mul(g, u):
     return (g / (np.float32(1) + np.exp(-g.astype(np.float64)).astype(np.float32))) * u
 
 
-def bf16_to_f32(b):
-    return (np.asarray(b).astype(np.uint32) << 16).view(np.float32)
-
-
 # -- GPU helpers -----------------------------------------------------------------------------
-def make_fill():
-    from numba import cuda, float32, uint16, uint32, uint64
-    from numba.cuda import libdevice
-
-    @cuda.jit
-    def fill(out, seed, scale):
-        """out (flat uint16) = bfloat16 bits of uniform(-scale, scale), a hash of the index."""
-        i = cuda.grid(1)
-        if i < out.shape[0]:
-            h = uint64(i) * uint64(0x9E3779B97F4A7C15) + uint64(seed)
-            h = (h ^ (h >> uint64(30))) * uint64(0xBF58476D1CE4E5B9)
-            h = (h ^ (h >> uint64(27))) * uint64(0x94D049BB133111EB)
-            h = h ^ (h >> uint64(31))
-            u = float32(uint32(h >> uint64(40))) * float32(1.0 / 16777216.0)
-            v = (float32(2.0) * u - float32(1.0)) * scale
-            out[i] = uint16(libdevice.float_as_int(v) >> 16)
-    return fill
-
-
 class Gpu:
     def __init__(self):
         from numba import cuda
         self.cuda = cuda
         self.stream = cuda.stream()
-        self.fill = make_fill()
         self.seed = 1
 
     def bf16(self, shape, scale):
-        n = int(np.prod(shape))
-        a = self.cuda.device_array(n, np.uint16, stream=self.stream)
-        self.fill[(n + 255) // 256, 256, self.stream](a, self.seed, np.float32(scale))
         self.seed += 1
-        return a.reshape(shape)
+        return random_bf16(shape, scale, self.seed - 1, self.stream)
 
     def put(self, a):
         return self.cuda.to_device(np.ascontiguousarray(a), stream=self.stream)
@@ -324,17 +297,17 @@ def check_case(c, rng, ncols=24):
     N, K = c["N"], c["K"]
     cols = np.sort(rng.choice(N, min(ncols, N), replace=False))
     if c["variant"] in ("linear", "linear+acc"):
-        w = bf16_to_f32(c["w"].copy_to_host()[cols])
+        w = bf16_to_float32(c["w"].copy_to_host()[cols])
         want = contract(c["x"], w)
         return got[:, cols], want, True     # (accumulate: checked after one launch into zeros)
     if c["variant"] == "heads":
         z = int(rng.integers(HEADS))
-        w = bf16_to_f32(c["w"].copy_to_host()[z][cols])
+        w = bf16_to_float32(c["w"].copy_to_host()[z][cols])
         want = contract(c["x"][:, z * NOPE:(z + 1) * NOPE], w)
         return got[:, z * KV + cols], want, True
     if c["variant"] == "swiglu":
-        g = contract(c["x"], bf16_to_f32(c["w"].copy_to_host()[cols]))
-        u = contract(c["x"], bf16_to_f32(c["w_up"].copy_to_host()[cols]))
+        g = contract(c["x"], bf16_to_float32(c["w"].copy_to_host()[cols]))
+        u = contract(c["x"], bf16_to_float32(c["w_up"].copy_to_host()[cols]))
         return got[:, cols], silu_mul(g, u), False
     # grouped: a few slots
     offsets = c["offsets"]
@@ -345,9 +318,9 @@ def check_case(c, rng, ncols=24):
     for j in slots:
         z = int(np.searchsorted(offsets, j, side="right") - 1)
         xrow = c["x"][c["slot_token"][j] if c["slot_token"] is not None else j][None]
-        y = contract(xrow, bf16_to_f32(wall[z][cols]))
+        y = contract(xrow, bf16_to_float32(wall[z][cols]))
         if c["swiglu"]:
-            y = silu_mul(y, contract(xrow, bf16_to_f32(wup[z][cols])))
+            y = silu_mul(y, contract(xrow, bf16_to_float32(wup[z][cols])))
         g_rows.append(got[j, cols])
         w_rows.append(y[0])
     return np.array(g_rows), np.array(w_rows), not c["swiglu"]

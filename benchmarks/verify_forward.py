@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import COPY_BW, FP32_RATE, append_rows  # noqa: E402
+from _common import COPY_BW, FP32_RATE, append_rows, random_bf16  # noqa: E402
 
 MOONLIGHT = dict(
     model_type="deepseek_v3", vocab_size=163840, hidden_size=2048, intermediate_size=11264,
@@ -39,29 +39,10 @@ MOONLIGHT = dict(
 PEER_MS = {1: 72.0, 16: 87.0, 64: 47.0, 256: 49.0}   # shared/GPU.md, HF bf16 on this H200 kind
 
 
-def random_weights_kernel():
-    from numba import cuda, uint16, uint32, uint64
-
-    @cuda.jit
-    def fill(out, seed, scale):
-        """out (uint16 bf16 bits, flat) <- uniform(-scale, scale) from a counter hash."""
-        i = cuda.grid(1)
-        if i < out.shape[0]:
-            x = uint64(i) * uint64(0x9E3779B97F4A7C15) + uint64(seed)
-            x = (x ^ (x >> uint64(30))) * uint64(0xBF58476D1CE4E5B9)
-            x = (x ^ (x >> uint64(27))) * uint64(0x94D049BB133111EB)
-            x = x ^ (x >> uint64(31))
-            u = float(x >> uint64(40)) * (1.0 / 16777216.0) * 2.0 - 1.0     # [-1, 1)
-            f = np.float32(u * scale)
-            out[i] = uint16(uint32(cuda.libdevice.float_as_int(f)) >> uint32(16))
-    return fill
-
-
 class RandomBF16:
     """Random bf16 matrices made on the GPU, each with unit-gain scale sqrt(3 / fan_in)."""
 
     def __init__(self):
-        self.fill = random_weights_kernel()
         self.seed = 1
 
     def __call__(self, *shape):
@@ -71,9 +52,7 @@ class RandomBF16:
             from ddtree_numba.model.cuda_target import to_bf16_bits
             rng = np.random.default_rng(self.seed)
             return cuda.to_device(to_bf16_bits(rng.uniform(-1, 1, shape) * math.sqrt(3.0 / shape[-1])))
-        a = cuda.device_array(int(np.prod(shape)), np.uint16)
-        self.fill[(a.shape[0] + 255) // 256, 256](a, np.uint64(self.seed * 7919), math.sqrt(3.0 / shape[-1]))
-        return a.reshape(*shape)
+        return random_bf16(shape, math.sqrt(3.0 / shape[-1]), self.seed * 7919)
 
 
 def build_target(cfg):
@@ -81,7 +60,6 @@ def build_target(cfg):
     from numba import cuda
     from ddtree_numba.model.cuda_target import CudaTarget, DeviceLayer
     from ddtree_numba.model.target import rope_tables
-    from ddtree_numba.kernels.mla import _absorb_weights  # noqa: F401  (layout documented there)
     rng = np.random.default_rng(0)
     mat = RandomBF16()
     M, H, C, R = cfg.hidden_size, cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
@@ -169,7 +147,6 @@ def main():
     rng = np.random.default_rng(0)
     cap = args.prefix + max(args.nodes)
     cache = target.new_cache(cap)
-    fill = random_weights_kernel()  # noqa: F841  (cache rows: plain normals from the host are fine)
     for layer in range(cfg.num_hidden_layers):
         cache.c_kv[layer].copy_to_device(rng.standard_normal((cap, cfg.kv_lora_rank)).astype(np.float32))
         cache.k_pe[layer].copy_to_device(rng.standard_normal((cap, cfg.qk_rope_head_dim)).astype(np.float32))
