@@ -119,6 +119,18 @@ class _StageTimer:
         self.times[stage] += time.perf_counter() - t0
 
 
+def commit_tokens(out: list, tokens, stops, n_new: int) -> bool:
+    """Append a round's tokens to ``out`` up to and including the first stop token, and no
+    further than ``n_new`` tokens in all; True when a stop token ended generation."""
+    for tok in tokens:
+        out.append(tok)
+        if tok in stops:
+            return True
+        if len(out) == n_new:
+            return False
+    return False
+
+
 def round_seed(seed: int, r: int) -> int:
     """The sampling seed of round r (0 = the prefill): splitmix64 of (seed, r), so rounds draw
     independent tokens and ``sample_post``'s draws stay a pure function of (seed, round, node, token)."""
@@ -255,13 +267,8 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, method: str = "dd
             if trace:
                 traces.append(RoundTrace(start, bonus, tree, post, keep))
             start += len(keep)
-            for tok in [bonus] + [int(tree.tokens[j - 1]) for j in keep[1:]]:
-                out.append(tok)
-                if tok in stops:
-                    stopped = True
-                    break
-                if len(out) == n_new:
-                    break
+            stopped = commit_tokens(out, [bonus] + [int(tree.tokens[j - 1]) for j in keep[1:]],
+                                    stops, n_new)
             if progress is not None:
                 progress(len(out))
             if stopped or len(out) == n_new:

@@ -61,7 +61,7 @@ def generate_device(target, drafter, prompt, n_new, method, budget, temperature,
                     max_tokens, progress, graph=False):
     """The body of ``decode.generate`` for ``device_rounds_supported`` pairs; returns the
     fields of ``GenerationResult`` as a dict."""
-    from .decode import STAGES, round_seed
+    from .decode import STAGES, commit_tokens, round_seed
     stream = cuda.stream()
     timer = _EventTimer(stream, STAGES)
     cfg = target.config
@@ -93,9 +93,10 @@ def generate_device(target, drafter, prompt, n_new, method, budget, temperature,
         lp = cuda.device_array((L, K), np.float32, stream=stream)
         ids = cuda.device_array((L, K), np.int32, stream=stream)
 
-    def gather(hidden, n_rows, rows):
+    def gather(hidden, rows_keep, n_rows, rows):
+        """features[j] = the drafter's layers of hidden row rows_keep[j], j < n_rows[0]."""
         grid = (rows, ceil_div(features.shape[1], THREADS))
-        _gather_features_kernel[grid, (1, THREADS), stream](hidden, layer_ids, keep, n_rows, features)
+        _gather_features_kernel[grid, (1, THREADS), stream](hidden, layer_ids, rows_keep, n_rows, features)
 
     out, acc, sizes = [], [], []
     forwards = draft_calls = 0
@@ -111,9 +112,7 @@ def generate_device(target, drafter, prompt, n_new, method, budget, temperature,
     if method != "ar":
         prefill_keep = cuda.to_device(np.arange(p, dtype=np.int32), stream=stream)
         n_ctx.copy_to_device(np.array([p], np.int32), stream=stream)
-        grid = (p, ceil_div(features.shape[1], THREADS))
-        _gather_features_kernel[grid, (1, THREADS), stream](wp.hidden, layer_ids, prefill_keep, n_ctx,
-                                                            features)
+        gather(wp.hidden, prefill_keep, n_ctx, p)
     timer.mark("prefill")
     bonus_h = int(bonus.copy_to_host(stream=stream)[0])
     timer.collect()
@@ -153,7 +152,7 @@ def generate_device(target, drafter, prompt, n_new, method, budget, temperature,
         timer.mark("accept")
         tcache.enqueue_compact(stream, n_max=tbufs.capacity + 1, keep=keep)
         if method != "ar":
-            gather(ws.hidden, n_ctx, tbufs.capacity + 1)
+            gather(ws.hidden, keep, n_ctx, tbufs.capacity + 1)
         timer.mark("compact")
         rep = report.copy_to_host(stream=stream)                   # the round's one sync
         timer.collect()
@@ -162,13 +161,7 @@ def generate_device(target, drafter, prompt, n_new, method, budget, temperature,
         sizes.append(n_tree)
         start += n
         tcache.length = start
-        for tok in [bonus_h] + [int(x) for x in rep[3:2 + n]]:
-            out.append(tok)
-            if tok in stops:
-                stopped = True
-                break
-            if len(out) == n_new:
-                break
+        stopped = commit_tokens(out, [bonus_h] + [int(x) for x in rep[3:2 + n]], stops, n_new)
         if progress is not None:
             progress(len(out))
         if stopped or len(out) == n_new:
