@@ -116,3 +116,29 @@ def test_demo_pair_names_the_training_command_when_missing(tmp_path, monkeypatch
     (tmp_path / "half" / "target" / "config.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match="drafter/config.json"):
         demo.demo_pair(tmp_path / "half")
+
+
+def test_two_stage_run_writes_the_same_pair(smoke, tmp_path):
+    """--stage target then --stage drafter (for machines that cap one command's time) gives the
+    one-run pair bit for bit: the drafter stage reads the target back as stored."""
+    _needs_training_stack()
+    out, meta, _ = smoke
+    for stage in ("target", "drafter"):
+        proc = subprocess.run([sys.executable, SCRIPT, "--smoke", "--device", "cpu", "--out", str(tmp_path),
+                               "--stage", stage], capture_output=True, text=True, timeout=600, cwd=ROOT)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        if stage == "target":
+            assert (tmp_path / "target_stage.json").is_file() and not (tmp_path / "drafter").exists()
+    assert not (tmp_path / "target_stage.json").exists()        # folded into demo.json
+    for sub in ("target", "drafter"):
+        assert (tmp_path / sub / "model.safetensors").read_bytes() == (out / sub / "model.safetensors").read_bytes()
+    staged = json.loads((tmp_path / "demo.json").read_text())
+    assert staged["check"]["passed"] and "--stage target, then" in staged["repeat_command"]
+    assert staged["eval"]["target_heldout_loss"] == meta["eval"]["target_heldout_loss"]
+
+
+def test_drafter_stage_without_a_target_stage_says_so(tmp_path):
+    _needs_training_stack()
+    proc = subprocess.run([sys.executable, SCRIPT, "--smoke", "--device", "cpu", "--out", str(tmp_path),
+                           "--stage", "drafter"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode != 0 and "--stage target" in proc.stderr
