@@ -125,6 +125,9 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--no-append", action="store_true")
     ap.add_argument("--peer", action="store_true", help="measure the HF peer here too (slow)")
+    ap.add_argument("--json", metavar="FILE",
+                    help="also write {label, nodes, ms (graph), eager_ms, ...} for `ddtree-numba plot --verify-bench`")
+    ap.add_argument("--no-breakdown", action="store_true", help="skip the per-kernel breakdown of one layer")
     ap.add_argument("--dry-run", action="store_true",
                     help="a tiny config of the same architecture (checks the script, e.g. in the simulator)")
     args = ap.parse_args()
@@ -153,7 +156,7 @@ def main():
     cache.length = args.prefix
     stream = cuda.stream()
 
-    rows, breakdown = [], {}
+    rows, breakdown, times = [], {}, []
     for t in args.nodes:
         ws = target.workspace(t)
         parents, depth = random_tree(rng, t)
@@ -172,6 +175,7 @@ def main():
         graph_us = eager_us if sim else time_gpu(
             lambda: target.forward_device(ws, cache, (), graph=True, stream=stream), stream,
             reps=args.reps, warmup=2)
+        times.append((t, eager_us / 1e3, graph_us / 1e3))
         logits = ws.logits[:t].copy_to_host()
         assert np.isfinite(logits).all(), "non-finite logits"
         b, f = cost_model(cfg, t, args.prefix + t)
@@ -181,7 +185,8 @@ def main():
                      f"{f / 1e12:.3f} TFLOP", f"{floor_ms:.2f}", f"{graph_us / 1e3 / floor_ms:.2f}x",
                      f"{peer:.0f}" if peer else "-",
                      f"{peer / (graph_us / 1e3):.2f}x" if peer else "-"])
-        breakdown[t] = {"(simulator)": 0.0} if sim else layer_breakdown(target, ws, cache, stream)
+        if not args.no_breakdown:
+            breakdown[t] = {"(simulator)": 0.0} if sim else layer_breakdown(target, ws, cache, stream)
 
     note = (f"Moonlight-16B-A3B shape, {cfg.num_hidden_layers} layers, random bf16 weights, "
             f"{args.prefix}-row latent prefix, a random tree of the given node count. Floor = "
@@ -197,6 +202,20 @@ def main():
             print(r)
     else:
         append_rows("Verify forward, Moonlight-16B-A3B shape (benchmarks/verify_forward.py)", header, rows, note)
+    if args.json:
+        import datetime
+        import json
+        import subprocess
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        name = "simulator" if sim else cuda.get_current_device().name
+        with open(args.json, "w") as f:
+            json.dump(dict(label=f"Moonlight-16B-A3B shape ({cfg.num_hidden_layers} layers)",
+                           device=name.decode() if isinstance(name, bytes) else str(name), commit=commit,
+                           date=datetime.date.today().isoformat(), prefix=args.prefix,
+                           nodes=[t for t, _, _ in times], ms=[g for _, _, g in times],
+                           eager_ms=[e for _, e, _ in times], note=note), f, indent=1)
+    if not breakdown:
+        return
     names = list(next(iter(breakdown.values())))
     brows = [[n] + [f"{breakdown[t][n]:.1f}" for t in args.nodes] for n in names]
     bhead = ["kernel (one MoE layer), µs"] + [f"{t} nodes" for t in args.nodes]

@@ -1,9 +1,18 @@
-"""Command line: ``ddtree-numba demo`` and ``ddtree-numba generate``.
+"""Command line: ``ddtree-numba demo | generate | sweep | plot | round``.
 
-Until the trained demo pair exists, ``demo`` runs one DDTree round's tree stages on
-synthetic drafter logits: top-K, best-first build, visibility, a target that agrees with
-the drafter for a while, acceptance and cache compaction; it prints the tree and the
-accepted path and checks the chosen backend against the numpy twins.
+``demo`` loads the trained demo pair (``ddtree_numba.demo_pair()``), generates from held-out code
+prompts with ``ddtree`` and ``ar`` on the best backend present, prints the text with the drafted
+tokens the target accepted marked, and the mean acceptance length, target forwards saved and wall
+time of each method.
+
+``sweep`` decodes prompts with ar, the DFlash chain and ddtree at every budget
+(``ddtree_numba.stats.acceptance_sweep``), prints the table and writes the statistics JSON;
+``plot`` turns that JSON into the PNG figures and their captions (``ddtree_numba.plots``).
+
+``round`` runs one DDTree round's tree stages on synthetic drafter logits: top-K, best-first
+build, visibility, a target that agrees with the drafter for a while, acceptance and cache
+compaction; it prints the tree and the accepted path and checks the chosen backend against the
+numpy twins.
 
 ``generate`` loads a target (and a DFlash drafter, except for ``--method ar``), runs
 ``ddtree_numba.generate`` with a progress bar on stderr, prints the generated ids and the
@@ -268,35 +277,225 @@ def _add_generate_parser(sub) -> None:
     g.add_argument("--json", metavar="FILE", help="write every statistic of the run to FILE as JSON")
     g.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
 
+def _demo_backend(requested: str):
+    """(target, drafter, backend, note) for the demo pair on ``requested`` (auto: cuda on a GPU)."""
+    from .demo import demo_pair
+    from .model.drafter import load_drafter
+    from .model.target import load_target
+
+    target_dir, drafter_dir = demo_pair()
+    chosen = _pick_backend(requested)
+    if chosen == "cuda":
+        from numba import cuda
+        name = cuda.get_current_device().name
+        note = f"cuda ({name.decode() if isinstance(name, bytes) else name})"
+    elif requested == "auto" and os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+        note = "numpy (no CUDA GPU found)"
+    else:
+        note = "numpy"
+    target = load_target(target_dir, backend=chosen, progress=False)
+    return target, load_drafter(drafter_dir, target), chosen, note
+
+
+def run_demo(args) -> int:
+    from tqdm.auto import tqdm
+
+    from .decode import generate
+    from .demo import byte_text, demo_metadata, marked_text
+
+    meta = demo_metadata()
+    prompts = meta["prompts"][:args.prompts]
+    if args.prompts < 1:
+        raise _CliError(f"--prompts must be >= 1, got {args.prompts}")
+    if args.max_new_tokens < 1:
+        raise _CliError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    budget = args.budget if args.budget is not None else meta.get("acceptance", {}).get("demo_budget", 64)
+    if budget < 1:
+        raise _CliError(f"--budget must be >= 1, got {budget}")
+    t0 = time.perf_counter()
+    target, drafter, backend, note = _demo_backend(args.backend)
+    colour = {"always": True, "never": False}.get(args.colour, sys.stdout.isatty())
+    print(f"ddtree-numba demo: the trained demo pair ({meta['target']['params'] / 1e6:.1f} M-parameter byte-level "
+          f"DeepSeek-V3-architecture target, {meta['drafter']['params'] / 1e6:.1f} M DFlash drafter), "
+          f"backend {note}, loaded in {time.perf_counter() - t0:.1f} s")
+    print(f"{len(prompts)} prompts from modules held out of training, {args.max_new_tokens} greedy tokens each; "
+          f"ddtree budget {budget}. Drafted tokens the target accepted are "
+          + ("on green." if colour else "between \u00ab and \u00bb.") + "\n")
+    totals = {m: dict(tokens=0, forwards=0, rounds=0, accepted=0, seconds=0.0) for m in ("ddtree", "ar")}
+    with tqdm(total=2 * len(prompts), unit="run", desc=f"demo ({backend})", file=sys.stderr,
+              disable=args.no_progress, leave=False) as bar:
+        for k, p in enumerate(prompts):
+            ids = np.asarray(p["ids"], np.int32)
+            res = {}
+            for method in ("ddtree", "ar"):
+                res[method] = generate(target, drafter if method == "ddtree" else None, ids, args.max_new_tokens,
+                                       method=method, budget=budget)
+                t = totals[method]
+                t["tokens"] += int(res[method].tokens.shape[0])
+                t["forwards"] += res[method].target_forwards
+                t["rounds"] += int(res[method].acceptance_lengths.shape[0])
+                t["accepted"] += int(res[method].acceptance_lengths.sum())
+                t["seconds"] += res[method].elapsed_s
+                bar.update(1)
+            tree, ar = res["ddtree"], res["ar"]
+            same = np.array_equal(tree.tokens, ar.tokens)
+            tail = byte_text(ids).rsplit("\n", 4)[-4:]
+            bar.clear()
+            print(f"--- prompt {k + 1}: {p.get('module', '?')} (last lines of {len(ids)} bytes) ---")
+            print("\n".join(tail), end="")
+            print(marked_text(tree.tokens.tolist(), tree.acceptance_lengths.tolist(), colour))
+            print(f"--- ddtree: {tree.tokens.shape[0]} tokens in {tree.target_forwards} target forwards, mean "
+                  f"acceptance length {tree.mean_acceptance_length:.2f}, {tree.elapsed_s:.2f} s; ar: "
+                  f"{ar.target_forwards} forwards, {ar.elapsed_s:.2f} s; tokens equal: {'yes' if same else 'NO'}\n")
+            if not same:
+                print("ddtree-numba demo: ddtree's tokens differ from greedy ar's; this is a bug", file=sys.stderr)
+                return 1
+    print(f"{'method':<8}{'tokens':>8}{'target forwards':>17}{'forwards saved':>16}{'mean acceptance':>17}{'wall s':>9}")
+    for method, t in totals.items():
+        mean = t["accepted"] / max(t["rounds"], 1)
+        print(f"{method:<8}{t['tokens']:>8}{t['forwards']:>17}{t['tokens'] - t['forwards']:>16}{mean:>17.2f}"
+              f"{t['seconds']:>9.2f}")
+    d, a = totals["ddtree"], totals["ar"]
+    print(f"\nddtree (budget {budget}) used {d['forwards']} target forwards where ar used {a['forwards']} "
+          f"({a['forwards'] / max(d['forwards'], 1):.2f}x fewer), on backend {backend}. Acceptance across budgets: "
+          f"`ddtree-numba sweep` and `ddtree-numba plot`; figures/README.md.")
+    return 0
+
+
+def _pair_paths(args):
+    """--target/--drafter, defaulting to the demo pair."""
+    if args.target is None and args.drafter is None:
+        from .demo import demo_pair
+        return demo_pair()
+    if args.target is None or args.drafter is None:
+        raise _CliError("give both --target and --drafter, or neither (the demo pair)")
+    return args.target, args.drafter
+
+
+def run_sweep(args) -> int:
+    from .stats import acceptance_sweep, format_table
+
+    target_dir, drafter_dir = _pair_paths(args)
+    if args.max_new_tokens < 1:
+        raise _CliError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if any(b < 1 for b in args.budgets):
+        raise _CliError(f"--budgets must all be >= 1, got {args.budgets}")
+    if args.prompt_ids:
+        prompts = [{"ids": _parse_ids("--prompt-ids", args.prompt_ids), "module": None}]
+    else:
+        from .demo import DEMO_DIR, demo_metadata
+        if os.path.abspath(target_dir) != os.path.join(DEMO_DIR, "target"):
+            raise _CliError("--prompt-ids is needed with a --target other than the demo pair's")
+        prompts = demo_metadata()["prompts"]
+    if args.prompts is not None:
+        if args.prompts < 1:
+            raise _CliError(f"--prompts must be >= 1, got {args.prompts}")
+        prompts = prompts[:args.prompts]
+    ns = argparse.Namespace(target=target_dir, drafter=drafter_dir, method="ddtree", no_progress=True)
+    target, drafter, backend, _ = _load_pair(ns, args.backend)
+    stats = acceptance_sweep(target, drafter, prompts, args.max_new_tokens, args.budgets,
+                             graph=args.graph, progress=False if args.no_progress else None,
+                             info=dict(target=os.path.abspath(target_dir), drafter=os.path.abspath(drafter_dir),
+                                       command="ddtree-numba " + " ".join(args.argv)))
+    print(format_table(stats))
+    with open(args.out, "w") as f:
+        json.dump(stats, f, indent=1)
+        f.write("\n")
+    print(f"statistics written to {args.out} ({stats['seconds']:.0f} s, backend {backend})", file=sys.stderr)
+    return 0 if all(r["equals_ar"] for r in stats["runs"]) else 1
+
+
+def run_plot(args) -> int:
+    from .plots import write_figures
+
+    def read(path, what):
+        if path is None:
+            return None
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise _CliError(f"{what} {path}: {e}") from None
+
+    stats = read(args.stats, "STATS")
+    for key in ("runs", "budgets", "prompts"):
+        if key not in stats:
+            raise _CliError(f"STATS {args.stats}: not a sweep's statistics (no {key!r}; make it with `ddtree-numba sweep`)")
+    written = write_figures(stats, args.out, cost_stats=read(args.cost, "--cost"),
+                            verify_bench=read(args.verify_bench, "--verify-bench"),
+                            command="ddtree-numba " + " ".join(args.argv))
+    for name, _ in written:
+        print(os.path.join(args.out, name))
+    print(f"captions in {os.path.join(args.out, 'README.md')}", file=sys.stderr)
+    return 0
+
+
+def _add_pair_commands(sub) -> None:
+    d = sub.add_parser("demo", help="the trained demo pair: ddtree vs ar on held-out code, accepted spans marked",
+                       description="Generate from held-out code prompts with the trained demo pair, ddtree and "
+                                   "ar, and show the text with the accepted drafted spans marked.")
+    d.add_argument("--backend", choices=["auto", "numpy", "cuda"], default="auto",
+                   help="auto: cuda when a GPU is present, else numpy")
+    d.add_argument("--prompts", type=int, default=3, help="held-out prompts to run (default 3)")
+    d.add_argument("--max-new-tokens", type=int, default=96)
+    d.add_argument("--budget", type=int, default=None, help="ddtree budget (default: demo.json's demo_budget)")
+    d.add_argument("--colour", "--color", choices=["auto", "always", "never"], default="auto",
+                   help="mark accepted spans in colour (auto: when stdout is a terminal)")
+    d.add_argument("--no-progress", action="store_true")
+    s = sub.add_parser("sweep", help="acceptance statistics: ar, the DFlash chain and ddtree at every budget",
+                       description="Decode prompts (default: the demo pair's held-out prompts) greedily with ar, "
+                                   "the DFlash chain and ddtree at each budget; print the table and write the JSON.")
+    s.add_argument("--out", required=True, metavar="FILE", help="statistics JSON to write")
+    s.add_argument("--target", metavar="DIR", help="target checkpoint (default: the demo pair)")
+    s.add_argument("--drafter", metavar="DIR", help="DFlash drafter (default: the demo pair)")
+    s.add_argument("--prompt-ids", nargs="+", metavar="IDS", help="one prompt (default: the demo prompts)")
+    s.add_argument("--prompts", type=int, default=None, help="use only the first N demo prompts")
+    s.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512, 1024])
+    s.add_argument("--max-new-tokens", type=int, default=128)
+    s.add_argument("--backend", choices=["auto", "numpy", "cuda"], default="auto")
+    s.add_argument("--graph", action="store_true", help="cuda: replay the forwards as CUDA graphs")
+    s.add_argument("--no-progress", action="store_true")
+    p = sub.add_parser("plot", help="figures from a sweep's statistics JSON",
+                       description="Write the acceptance figures (PNG) and their captions (README.md).")
+    p.add_argument("stats", metavar="STATS", help="statistics JSON from `ddtree-numba sweep`")
+    p.add_argument("--out", default="figures", metavar="DIR", help="output directory (default figures/)")
+    p.add_argument("--cost", metavar="FILE", help="a sweep run on the GPU: the verify-time and tokens/s figure")
+    p.add_argument("--verify-bench", metavar="FILE",
+                   help="verify-forward times of a larger target (benchmarks/verify_forward.py --json)")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="ddtree-numba", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="one DDTree round's tree stages on synthetic drafter logits")
-    demo.add_argument("--backend", choices=["auto", "numpy", "cuda"], default="auto",
-                      help="auto: cuda when a real GPU is present, else numpy")
-    demo.add_argument("--depths", type=int, default=6)
-    demo.add_argument("--vocab", type=int, default=1000)
-    demo.add_argument("--budget", type=int, default=24)
-    demo.add_argument("--seed", type=int, default=0)
+    _add_pair_commands(sub)
+    rnd = sub.add_parser("round", help="one DDTree round's tree stages on synthetic drafter logits")
+    rnd.add_argument("--backend", choices=["auto", "numpy", "cuda"], default="auto",
+                     help="auto: cuda when a real GPU is present, else numpy")
+    rnd.add_argument("--depths", type=int, default=6)
+    rnd.add_argument("--vocab", type=int, default=1000)
+    rnd.add_argument("--budget", type=int, default=24)
+    rnd.add_argument("--seed", type=int, default=0)
     _add_generate_parser(sub)
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:                    # usage errors and --help: a status, not an exit
         return e.code if isinstance(e.code, int) else 2
-    if args.command == "demo":
+    args.argv = argv
+    if args.command == "round":
         return run_round_demo(_pick_backend(args.backend), args.depths, args.vocab, args.budget, args.seed)
-    if args.command == "generate":
-        from .model.target import BackendUnavailable
-        try:
-            return run_generate(args)
-        except BackendUnavailable as e:
-            print(f"ddtree-numba generate: --backend {args.backend}: {e}", file=sys.stderr)
-            return 2
-        except (_CliError, ValueError, OSError) as e:
-            # bad input: the loaders and generate() raise ValueError naming the problem
-            print(f"ddtree-numba generate: error: {e}", file=sys.stderr)
-            return 2
-    return 2
+    run = {"generate": run_generate, "demo": run_demo, "sweep": run_sweep, "plot": run_plot}[args.command]
+    from .model.target import BackendUnavailable
+    try:
+        return run(args)
+    except BackendUnavailable as e:
+        print(f"ddtree-numba {args.command}: --backend {args.backend}: {e}", file=sys.stderr)
+        return 2
+    except (_CliError, ValueError, OSError) as e:
+        # bad input: the loaders and generate() raise ValueError naming the problem
+        print(f"ddtree-numba {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
 
 if __name__ == "__main__":
     sys.exit(main())

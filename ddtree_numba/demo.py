@@ -53,3 +53,55 @@ def demo_metadata(directory: str | os.PathLike | None = None) -> dict:
         raise FileNotFoundError(f"no demo.json in {directory}; retrain with `{TRAIN_COMMAND}`")
     with open(path) as f:
         return json.load(f)
+
+
+SPECIAL_TEXT = {256: "<BOS>", 257: "<EOS>", 258: "<PAD>", 259: "<MASK>"}
+
+
+def byte_text(ids) -> str:
+    """Byte-level token ids as text: ids 0-255 are UTF-8 bytes (undecodable ones shown as
+    ``\\xNN``), the special ids above them by name."""
+    out, run = [], bytearray()
+    for t in (int(i) for i in ids):
+        if t < 256:
+            run.append(t)
+            continue
+        out.append(run.decode("utf-8", errors="backslashreplace"))
+        run = bytearray()
+        out.append(SPECIAL_TEXT.get(t, f"<{t}>"))
+    out.append(run.decode("utf-8", errors="backslashreplace"))
+    return "".join(out)
+
+
+def accepted_spans(tokens, acceptance_lengths) -> list[tuple[int, int, bool]]:
+    """Split generated tokens by where they came from: [(start, stop, drafted)].
+
+    The generated tokens are b1 D1 b2 D2 ... bR DR b(R+1): round r verifies the tree rooted at
+    its bonus token b_r (decided by the previous forward; b1 by the prefill) and accepts the
+    drafted tokens D_r (acceptance_lengths[r] - 1 of them), and its forward decides the next
+    bonus. ``drafted`` marks the D spans, the tokens the drafter got right; a stop token or
+    ``max_new_tokens`` may cut the last span short. Empty spans are left out.
+    """
+    n = len(tokens)
+    spans, i = [], 0
+    for acc in acceptance_lengths:
+        for length, drafted in ((1, False), (int(acc) - 1, True)):
+            j = min(i + length, n)
+            if j > i:
+                spans.append((i, j, drafted))
+            i = j
+    if i < n:
+        spans.append((i, n, False))
+    return spans
+
+
+def marked_text(tokens, acceptance_lengths, colour: bool) -> str:
+    """The generated text with the drafted-and-accepted spans marked: a green background with
+    ``colour`` (ANSI), else between ``\u00ab`` and ``\u00bb``."""
+    parts = []
+    for i, j, drafted in accepted_spans(tokens, acceptance_lengths):
+        text = byte_text(tokens[i:j])
+        if drafted:
+            text = f"\x1b[30;42m{text}\x1b[0m" if colour else f"\u00ab{text}\u00bb"
+        parts.append(text)
+    return "".join(parts)

@@ -194,3 +194,260 @@ def show_topk(lp, ids, ax=None, labels=None):
     ax.set_title("top-K log-probs per depth")
     ax.figure.colorbar(im, ax=ax, label="log p", fraction=0.03, pad=0.02)
     return ax
+
+
+# ----------------------------------------------------------------------------------------------
+# acceptance statistics (the JSON of ``ddtree_numba.stats.acceptance_sweep``)
+# ----------------------------------------------------------------------------------------------
+CHAIN_COLOUR = "#3c6e9f"    # the DFlash chain
+TREE_COLOUR = ACCEPT_COLOUR  # DDTree
+SPECIAL_NAMES = {256: "<BOS>", 257: "<EOS>", 258: "<PAD>", 259: "<MASK>"}
+
+
+def byte_label(token: int) -> str:
+    """A short printable label for a byte-level token (the demo pair's vocabulary): the character,
+    with space, newline and tab drawn as visible marks; special ids by name; others in hex."""
+    token = int(token)
+    if token in SPECIAL_NAMES:
+        return SPECIAL_NAMES[token]
+    if token == 32:
+        return "\u2423"          # open box
+    if token == 10:
+        return "\u23ce"          # return symbol
+    if token == 9:
+        return "\u21e5"          # tab arrow
+    if 33 <= token < 127:
+        return chr(token)
+    return f"x{token:02x}"
+
+
+def plot_acceptance_vs_budget(stats: dict, ax=None):
+    """Mean acceptance length (tokens per verify round, bonus included) against the tree budget:
+    DDTree per budget with the per-prompt range as a band, the DFlash chain as a dashed line."""
+    from .stats import summary_rows
+
+    rows = summary_rows(stats)
+    tree = [r for r in rows if r["method"] == "ddtree"]
+    chain = [r for r in rows if r["method"] == "dflash"]
+    if not tree:
+        raise ValueError("the statistics hold no ddtree runs")
+    ax = _new_axes(ax, (6.0, 4.0))
+    b = np.array([r["budget"] for r in tree])
+    ax.fill_between(b, [r["prompt_min"] for r in tree], [r["prompt_max"] for r in tree], color=TREE_COLOUR,
+                    alpha=0.15, lw=0, label="DDTree, per-prompt range")
+    ax.plot(b, [r["mean_acceptance"] for r in tree], "o-", color=TREE_COLOUR, lw=2, label="DDTree", gid="ddtree")
+    for r in tree:
+        ax.annotate(f"{r['mean_acceptance']:.2f}", (r["budget"], r["mean_acceptance"]), xytext=(0, 7),
+                    textcoords="offset points", ha="center", fontsize=8, color=TREE_COLOUR)
+    if chain:
+        c = chain[0]
+        ax.axhline(c["mean_acceptance"], color=CHAIN_COLOUR, ls="--", lw=1.5, gid="dflash",
+                   label=f"DFlash chain ({c['mean_acceptance']:.2f})")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(b)
+    ax.set_xticklabels([str(int(v)) for v in b])
+    ax.set_xlabel("tree budget (drafted nodes verified per round)")
+    ax.set_ylabel("mean acceptance length (tokens / round)")
+    ax.set_ylim(bottom=1.0)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("acceptance length vs tree budget")
+    return ax
+
+
+def plot_depth_acceptance(stats: dict, ax=None, budgets=None, conditional: bool = False):
+    """Per drafted depth d, the fraction of rounds that accepted at least d drafted tokens
+    (``conditional=True``: the rate at depth d given d-1), for the DFlash chain and DDTree at
+    ``budgets`` (default: three spread over the sweep)."""
+    from .stats import depth_survival
+
+    ax = _new_axes(ax, (6.0, 4.0))
+    all_b = list(stats["budgets"])
+    budgets = list(budgets) if budgets is not None else sorted({all_b[0], all_b[len(all_b) // 2], all_b[-1]})
+    missing = [b for b in budgets if b not in all_b]
+    if missing:
+        raise ValueError(f"budgets {missing} are not in the sweep ({all_b})")
+    curves = [("DFlash chain", "dflash", None, CHAIN_COLOUR, "--")]
+    shades = np.linspace(0.45, 1.0, len(budgets))
+    import matplotlib.colors as mcolors
+    base = np.array(mcolors.to_rgb(TREE_COLOUR))
+    curves += [(f"DDTree {b}", "ddtree", b, tuple(1 - s * (1 - base)), "-") for b, s in zip(budgets, shades)]
+    for label, method, budget, colour, ls in curves:
+        if not any(r["method"] == method for r in stats["runs"]):
+            continue
+        d, reached, cond = depth_survival(stats, method, budget)
+        ax.plot(d, cond if conditional else reached, ls, marker="o", ms=3, color=colour, label=label, gid=method)
+    ax.set_xlabel("drafted depth d")
+    ax.set_ylabel("P(depth d accepted | d-1 accepted)" if conditional else "rounds accepting >= d drafted tokens")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("per-depth acceptance" + (" (conditional)" if conditional else ""))
+    return ax
+
+
+def plot_acceptance_histogram(stats: dict, budget: int | None = None, ax=None):
+    """Distribution of acceptance lengths per round: DDTree at ``budget`` (default: the best
+    budget of the sweep) beside the DFlash chain."""
+    from .stats import acceptance_histogram, best_row
+
+    budget = budget if budget is not None else best_row(stats)["budget"]
+    if budget not in stats["budgets"]:
+        raise ValueError(f"budget {budget} is not in the sweep ({stats['budgets']})")
+    ax = _new_axes(ax, (6.0, 4.0))
+    width = 0.4
+    for off, label, method, b, colour in ((-width / 2, "DFlash chain", "dflash", None, CHAIN_COLOUR),
+                                          (width / 2, f"DDTree {budget}", "ddtree", budget, TREE_COLOUR)):
+        if not any(r["method"] == method for r in stats["runs"]):
+            continue
+        x, frac = acceptance_histogram(stats, method, b)
+        ax.bar(x + off, frac, width=width, color=colour, label=label, gid=method)
+    ax.set_xlabel("acceptance length (tokens committed per target forward)")
+    ax.set_ylabel("fraction of rounds")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    ax.set_title("acceptance lengths per round")
+    return ax
+
+
+def example_tree(example: dict, max_nodes: int | None = 24) -> tuple[Tree, list[int]]:
+    """(Tree, accepted path) of one traced round from ``stats["examples"]``, cut to its first
+    ``max_nodes`` nodes in pop order plus the accepted path (None: the whole tree). Pop order is
+    best-first, so every kept node's parent is kept; node ids are renumbered in that order."""
+    parents = np.asarray(example["parents"], np.int64)
+    keep = [int(k) for k in example["keep"]]
+    n = parents.shape[0] - 1
+    chosen = set(range(n + 1)) if max_nodes is None else set(range(min(n, max_nodes) + 1)) | set(keep)
+    order = sorted(chosen)
+    new_id = {old: i for i, old in enumerate(order)}
+    sel = np.array(order[1:], np.int64) - 1                                  # node i -> array index i-1
+    tree = Tree(tokens=np.asarray(example["tokens"], np.int32)[sel],
+                depths=np.asarray(example["depths"], np.int32)[sel],
+                parents=np.array([-1] + [new_id[int(parents[o])] for o in order[1:]], np.int32),
+                ranks=np.asarray(example["ranks"], np.int32)[sel],
+                scores=np.asarray(example["scores"], np.float64)[sel])
+    return tree, [new_id[k] for k in keep]
+
+
+def plot_example_tree(example: dict, ax=None, max_nodes: int | None = 24, labels=byte_label):
+    """One traced DDTree round: the draft tree (first ``max_nodes`` nodes in pop order plus the
+    accepted path) with the accepted path highlighted; the root shows the round's bonus token."""
+    tree, keep = example_tree(example, max_nodes)
+    ax = draw_tree(tree, accepted=keep, ax=ax, labels=labels, root_label=labels(example["bonus"]))
+    shown = "" if tree.num_nodes == len(example["tokens"]) else f" (first {tree.num_nodes} shown)"
+    ax.set_title(f"round {example['round']}, budget {example['budget']}: {len(example['tokens'])} nodes{shown}, "
+                 f"accepted {len(keep) - 1} drafted + bonus")
+    return ax
+
+
+def plot_cost_vs_budget(stats: dict, verify_bench: dict | None = None, axes=None):
+    """The cost side of the budget: verify time per round and tokens/s against the budget.
+
+    stats         a sweep run on the GPU (``backend == "cuda"``): the demo pair's measured verify
+                  time per round and end-to-end tokens/s at each budget
+    verify_bench  optional ``{"label": str, "nodes": [..], "ms": [..]}`` verify-forward times of a
+                  larger target (``benchmarks/verify_forward.py --json``); its tokens/s is
+                  projected as the demo pair's mean acceptance length at that budget over (its
+                  verify time + the demo pair's other per-round stages), marked "projected"
+    axes          two Axes (verify time, tokens/s); new ones when None. Returns them.
+    """
+    from .stats import summary_rows
+
+    rows = [r for r in summary_rows(stats) if r["method"] == "ddtree"]
+    if not rows:
+        raise ValueError("the statistics hold no ddtree runs")
+    if axes is None:
+        import matplotlib.pyplot as plt
+        axes = plt.subplots(1, 2, figsize=(11.0, 4.0))[1]
+    ax_t, ax_s = axes
+    b = np.array([r["budget"] for r in rows])
+    dev = stats.get("device", stats.get("backend", ""))
+    ax_t.plot(b, [r["verify_ms"] for r in rows], "o-", color=TREE_COLOUR, label=f"demo pair ({dev})", gid="verify")
+    ax_s.plot(b, [r["tokens_per_s"] for r in rows], "o-", color=TREE_COLOUR, label="demo pair, measured",
+              gid="tokens-per-s")
+    ar = [r for r in summary_rows(stats) if r["method"] == "ar"]
+    if ar:
+        ax_s.axhline(ar[0]["tokens_per_s"], color="#777777", ls=":", label="demo pair, ar")
+    if verify_bench is not None:
+        nodes, ms = np.asarray(verify_bench["nodes"]), np.asarray(verify_bench["ms"], np.float64)
+        ax_t.plot(nodes, ms, "s-", color=CHAIN_COLOUR, label=verify_bench.get("label", "benchmark"), gid="bench")
+        by_budget = {r["budget"]: r for r in rows}
+        pts = [(n, by_budget[n]["mean_acceptance"] / (1e-3 * (t + by_budget[n]["round_ms"] - by_budget[n]["verify_ms"])))
+               for n, t in zip(nodes, ms) if n in by_budget]
+        if pts:
+            x, y = zip(*pts)
+            ax_s.plot(x, y, "s--", color=CHAIN_COLOUR, label=f"{verify_bench.get('label', 'benchmark')}, projected",
+                      gid="projected")
+    for ax in (ax_t, ax_s):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(b)
+        ax.set_xticklabels([str(int(v)) for v in b])
+        ax.set_xlabel("tree budget")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    ax_t.set_yscale("log")
+    ax_t.set_ylabel("verify forward per round (ms)")
+    ax_t.set_title("verify cost vs budget")
+    ax_s.set_ylabel("generated tokens / s")
+    ax_s.set_title("throughput vs budget")
+    return axes
+
+
+def write_figures(stats: dict, out_dir, cost_stats: dict | None = None, verify_bench: dict | None = None,
+                  command: str | None = None, dpi: int = 120) -> list[tuple[str, str]]:
+    """Write every acceptance figure as PNG into ``out_dir``, with a ``README.md`` that gives each
+    figure's caption and the command that made it. ``cost_stats``: a GPU sweep for the cost
+    figure (and ``verify_bench`` for the larger target's curve); without it that figure is left
+    out. Returns [(file name, caption)]."""
+    import os
+
+    from matplotlib.figure import Figure        # no pyplot: no GUI backend, no global figure state
+
+    from .stats import best_row, summary_rows
+
+    os.makedirs(out_dir, exist_ok=True)
+    best = best_row(stats)
+    chain = [r for r in summary_rows(stats) if r["method"] == "dflash"]
+    where = (f"{len(stats['prompts'])} held-out prompts x {stats['max_new_tokens']} greedy tokens, "
+             f"{stats['backend']} backend ({stats['device']}, {stats['date']})")
+    chain_text = f" ({chain[0]['mean_acceptance']:.2f})" if chain else ""
+    written = []
+
+    def save(name, draw, size, caption):
+        fig = Figure(figsize=size)
+        draw(fig)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, name), dpi=dpi)
+        written.append((name, caption))
+
+    save("acceptance_vs_budget.png", lambda f: plot_acceptance_vs_budget(stats, f.add_subplot()), (6.4, 4.2),
+         f"Mean acceptance length (tokens per target forward, bonus included) against the tree budget, DDTree "
+         f"against the DFlash chain{chain_text}; the band "
+         f"is the per-prompt range. Best: {best['mean_acceptance']:.2f} at budget {best['budget']}. {where}.")
+    save("depth_acceptance.png", lambda f: plot_depth_acceptance(stats, f.add_subplot()), (6.4, 4.2),
+         f"Fraction of rounds that accepted at least d drafted tokens, per depth d. {where}.")
+    save("acceptance_histogram.png", lambda f: plot_acceptance_histogram(stats, best["budget"], f.add_subplot()),
+         (6.4, 4.2), f"Acceptance lengths per round at budget {best['budget']} and for the DFlash chain. {where}.")
+    for k, ex in enumerate(stats.get("examples", [])[:2]):
+        save(f"example_tree_{k + 1}.png", lambda f, ex=ex: plot_example_tree(ex, f.add_subplot()), (12.0, 7.0),
+             f"Round {ex['round']} of the first prompt at budget {ex['budget']}: the draft tree's first nodes in "
+             f"pop order (node ids above the boxes) and the accepted path in red; byte tokens drawn as "
+             f"characters (\u2423 space, \u23ce newline).")
+    if cost_stats is not None:
+        label = verify_bench.get("label", "benchmark") if verify_bench else None
+        save("cost_vs_budget.png",
+             lambda f: plot_cost_vs_budget(cost_stats, verify_bench, (f.add_subplot(1, 2, 1), f.add_subplot(1, 2, 2))),
+             (11.5, 4.2),
+             f"Left: verify forward per round against the budget, the demo pair on "
+             f"{cost_stats['device']} ({cost_stats['date']})" + (f" and {label}" if label else "") + ". "
+             f"Right: generated tokens/s, the demo pair measured end to end (every round on the GPU, eager "
+             f"launches)" + (f"; for {label}, projected as the demo pair's acceptance length over that "
+                             f"verify time plus the demo pair's other stages" if label else "") + ".")
+    lines = ["# Figures", ""]
+    if command:
+        lines += [f"Made by `{command}`.", ""]
+    for name, caption in written:
+        lines += [f"## {name}", "", f"![{name}]({name})", "", caption, ""]
+    with open(os.path.join(out_dir, "README.md"), "w") as f:
+        f.write("\n".join(lines))
+    return written

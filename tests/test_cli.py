@@ -236,8 +236,8 @@ def test_auto_backend_falls_back_and_cuda_just_works(capsys, monkeypatch, ar_tok
     assert "--drafter" in err
 
 
-def test_demo_still_runs(capsys):
-    assert cli.main(["demo", "--backend", "numpy", "--vocab", "200"]) == 0
+def test_round_still_runs(capsys):
+    assert cli.main(["round", "--backend", "numpy", "--vocab", "200"]) == 0
     assert "match the numpy twins" in capsys.readouterr().out
 
 

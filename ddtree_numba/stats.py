@@ -1,0 +1,232 @@
+"""Acceptance statistics: a budget sweep of DDTree against the DFlash chain, kept as plain JSON.
+
+``acceptance_sweep`` decodes every prompt greedily with ``ar`` (the reference tokens), the DFlash
+chain (``dflash``) and ``ddtree`` at each budget, checks that every method's tokens equal ``ar``'s
+(greedy speculative decoding is exact), and records each run's per-round statistics plus a few
+traced rounds (tree + accepted path) for drawing. ``ddtree-numba sweep`` writes the result to a
+file; ``ddtree-numba plot`` and ``ddtree_numba.plots`` read it back. The derived tables
+(``summary_rows``, ``depth_survival``, ``acceptance_histogram``) are plain numpy, so a notebook
+can recompute every figure from the JSON.
+
+Vocabulary used throughout (per verify round):
+  acceptance length   tokens committed by one target forward, the round's bonus (root) included:
+                      1 + drafted tokens accepted (``GenerationResult.acceptance_lengths``)
+  accepted depth      drafted tokens accepted = acceptance length - 1
+  tokens per forward  generated tokens / target forwards, the prefill included (what a user
+                      gets; slightly below the mean acceptance length on short runs)
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import time
+
+import numpy as np
+
+from .decode import generate
+
+SCHEMA = 1
+DEFAULT_BUDGETS = (16, 32, 64, 128, 256, 512, 1024)
+
+
+def _run_record(res, method, budget, prompt_index, equals_ar) -> dict:
+    n = int(res.tokens.shape[0])
+    return dict(
+        method=method, budget=budget, prompt=prompt_index, num_tokens=n,
+        acceptance_lengths=res.acceptance_lengths.astype(int).tolist(),
+        tree_sizes=res.tree_sizes.astype(int).tolist(),
+        target_forwards=int(res.target_forwards), drafter_forwards=int(res.drafter_forwards),
+        elapsed_s=float(res.elapsed_s), stage_times_s={k: float(v) for k, v in res.stage_times.items()},
+        equals_ar=bool(equals_ar))
+
+
+def _example_records(res, budget, prompt_index, rounds) -> list[dict]:
+    out = []
+    for r, tr in enumerate(res.traces or ()):
+        if r >= rounds:
+            break
+        t = tr.tree
+        out.append(dict(budget=budget, prompt=prompt_index, round=r + 1, start=int(tr.start), bonus=int(tr.bonus),
+                        tokens=t.tokens.astype(int).tolist(), depths=t.depths.astype(int).tolist(),
+                        parents=t.parents.astype(int).tolist(), ranks=t.ranks.astype(int).tolist(),
+                        scores=[float(s) for s in t.scores], post=np.asarray(tr.post).astype(int).tolist(),
+                        keep=np.asarray(tr.keep).astype(int).tolist()))
+    return out
+
+
+def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budgets=DEFAULT_BUDGETS,
+                     example_budget: int | None = 64, example_rounds: int = 4, stop_token_ids=(),
+                     graph: bool = False, progress: bool | None = None, info: dict | None = None) -> dict:
+    """Greedy ``ar``, ``dflash`` and ``ddtree`` at every budget on every prompt.
+
+    prompts           list of 1-D int sequences (token ids), or of dicts with ``"ids"`` (and
+                      optionally ``"module"``), as ``demo_metadata()["prompts"]`` holds them
+    budgets           ddtree node budgets, each >= 1 (ascending order is kept as given)
+    example_budget    also trace the first prompt at this budget (host loop) and keep its first
+                      ``example_rounds`` rounds (tree, target choices, accepted path); None: none
+    progress          a tqdm bar over the runs (None: only when stderr is a terminal)
+    info              extra keys for the JSON's header (say, which checkpoints)
+
+    Returns a JSON-ready dict: ``runs`` (one record per method x budget x prompt, the per-round
+    ``acceptance_lengths`` and ``tree_sizes``, forwards, stage times, ``equals_ar``), ``examples``
+    and the header (backend, device, budgets, prompts, tokens). Raises ``ValueError`` on an empty
+    prompt list or a bad budget; an ``equals_ar`` False is recorded, not raised (see ``check``).
+    """
+    budgets = [int(b) for b in budgets]
+    if not budgets or any(b < 1 for b in budgets):
+        raise ValueError(f"budgets must be a non-empty list of integers >= 1, got {budgets}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    items = [p if isinstance(p, dict) else {"ids": p} for p in prompts]
+    if not items:
+        raise ValueError("acceptance_sweep needs at least one prompt")
+    ids = [np.asarray(p["ids"], np.int32) for p in items]
+    for i, p in enumerate(ids):
+        if p.ndim != 1 or p.size == 0:
+            raise ValueError(f"prompt {i} must be a non-empty 1-D sequence of token ids, got shape {p.shape}")
+
+    from tqdm.auto import tqdm
+    plan = [("ar", None), ("dflash", None)] + [("ddtree", b) for b in budgets]
+    total = len(plan) * len(ids) + (1 if example_budget else 0)
+    runs, examples = [], []
+    t0 = time.perf_counter()
+    with tqdm(total=total, unit="run", desc="sweep", disable=progress is False, leave=False) as bar:
+        for i, p in enumerate(ids):
+            ar_tokens = None
+            for method, budget in plan:
+                bar.set_postfix_str(f"prompt {i} {method}{'' if budget is None else f' {budget}'}")
+                res = generate(target, None if method == "ar" else drafter, p, max_new_tokens, method=method,
+                               budget=budget or 1, stop_token_ids=stop_token_ids, graph=graph)
+                if method == "ar":
+                    ar_tokens = res.tokens
+                runs.append(_run_record(res, method, budget, i, np.array_equal(res.tokens, ar_tokens)))
+                bar.update(1)
+        if example_budget:
+            res = generate(target, drafter, ids[0], max_new_tokens, method="ddtree", budget=example_budget,
+                           stop_token_ids=stop_token_ids, trace=True)
+            examples = _example_records(res, example_budget, 0, example_rounds)
+            bar.update(1)
+    header = dict(
+        schema=SCHEMA, date=datetime.date.today().isoformat(), backend=getattr(target, "backend", "numpy"),
+        device=_device_name(target), python=platform.python_version(), max_new_tokens=int(max_new_tokens),
+        budgets=budgets, vocab_size=int(target.config.vocab_size),
+        block_size=int(getattr(drafter, "block_size", 0)),
+        prompts=[dict(module=p.get("module"), num_ids=int(len(q))) for p, q in zip(items, ids)],
+        seconds=round(time.perf_counter() - t0, 1))
+    header.update(info or {})
+    return dict(header, runs=runs, examples=examples)
+
+
+def _device_name(target) -> str:
+    if getattr(target, "backend", "numpy") == "cuda":
+        try:
+            from numba import cuda
+            name = cuda.get_current_device().name
+            return name.decode() if isinstance(name, bytes) else str(name)
+        except Exception:                                      # noqa: BLE001 (a label only)
+            return "cuda"
+    return f"cpu ({platform.machine()})"
+
+
+def check(stats: dict) -> None:
+    """Raise ``ValueError`` naming the runs whose tokens differ from ``ar``'s (greedy exactness)."""
+    bad = [f"{r['method']}{'' if r['budget'] is None else ' ' + str(r['budget'])} on prompt {r['prompt']}"
+           for r in stats["runs"] if not r["equals_ar"]]
+    if bad:
+        raise ValueError("tokens differ from greedy ar for: " + ", ".join(bad))
+
+
+def _runs(stats, method, budget=None):
+    return [r for r in stats["runs"] if r["method"] == method and (budget is None or r["budget"] == budget)]
+
+
+def _configs(stats):
+    """(label, method, budget) for every configuration in the sweep: dflash, then ddtree by budget."""
+    out = [("DFlash chain", "dflash", None)] if _runs(stats, "dflash") else []
+    return out + [(f"DDTree {b}", "ddtree", b) for b in stats["budgets"]]
+
+
+def pooled_lengths(stats: dict, method: str, budget: int | None = None) -> np.ndarray:
+    """Acceptance lengths of every round of every prompt for one configuration, [R] int."""
+    runs = _runs(stats, method, budget)
+    return np.asarray([a for r in runs for a in r["acceptance_lengths"]], np.int64)
+
+
+def summary_rows(stats: dict) -> list[dict]:
+    """One row per configuration (ar, dflash, ddtree at each budget):
+
+    mean_acceptance     mean acceptance length over all rounds of all prompts (bonus included)
+    prompt_min/max      the lowest and highest per-prompt mean acceptance length
+    tokens_per_forward  generated tokens / target forwards (prefill included), all prompts pooled
+    forwards, tokens    totals; rounds: verify rounds
+    verify_ms           mean verify time per round (the backend's stage timer)
+    round_ms            mean time per round of all stages but the prefill
+    tokens_per_s        generated tokens / elapsed wall clock, all prompts pooled
+    all_equal_ar        every run's tokens equal greedy ar's
+    """
+    rows = []
+    for label, method, budget in [("AR", "ar", None)] + _configs(stats):
+        runs = _runs(stats, method, budget)
+        if not runs:
+            continue
+        lengths = pooled_lengths(stats, method, budget)
+        per_prompt = [np.mean(r["acceptance_lengths"]) for r in runs if r["acceptance_lengths"]]
+        rounds = int(lengths.size)
+        stage = {k: sum(r["stage_times_s"].get(k, 0.0) for r in runs) for k in runs[0]["stage_times_s"]}
+        tokens = sum(r["num_tokens"] for r in runs)
+        forwards = sum(r["target_forwards"] for r in runs)
+        elapsed = sum(r["elapsed_s"] for r in runs)
+        rows.append(dict(
+            label=label, method=method, budget=budget, prompts=len(runs), rounds=rounds, tokens=tokens,
+            forwards=forwards, mean_acceptance=float(lengths.mean()) if rounds else 0.0,
+            prompt_min=float(min(per_prompt)) if per_prompt else 0.0,
+            prompt_max=float(max(per_prompt)) if per_prompt else 0.0,
+            tokens_per_forward=tokens / max(forwards, 1),
+            verify_ms=1e3 * stage.get("verify", 0.0) / max(rounds, 1),
+            round_ms=1e3 * sum(v for k, v in stage.items() if k != "prefill") / max(rounds, 1),
+            tokens_per_s=tokens / elapsed if elapsed > 0 else 0.0,
+            all_equal_ar=all(r["equals_ar"] for r in runs)))
+    return rows
+
+
+def best_row(stats: dict) -> dict:
+    """The ddtree row with the highest mean acceptance length (the smallest budget on a tie)."""
+    rows = [r for r in summary_rows(stats) if r["method"] == "ddtree"]
+    if not rows:
+        raise ValueError("the statistics hold no ddtree runs")
+    return max(rows, key=lambda r: (round(r["mean_acceptance"], 9), -r["budget"]))
+
+
+def depth_survival(stats: dict, method: str, budget: int | None = None, depths: int | None = None):
+    """Per drafted depth d = 1..D: the fraction of rounds that accepted at least d drafted tokens
+    (``reached`` [D]) and the rate at depth d given depth d-1 was accepted (``conditional`` [D],
+    NaN where no round reached d-1)."""
+    acc = pooled_lengths(stats, method, budget) - 1                     # accepted depths [R]
+    depths = depths or max(int(stats.get("block_size", 0)) - 1, int(acc.max(initial=0)), 1)
+    d = np.arange(1, depths + 1)
+    reached = np.array([(acc >= k).mean() if acc.size else 0.0 for k in d])
+    prev = np.concatenate([[1.0], reached[:-1]])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        conditional = np.where(prev > 0, reached / np.where(prev > 0, prev, 1.0), np.nan)
+    return d, reached, conditional
+
+
+def acceptance_histogram(stats: dict, method: str, budget: int | None = None, max_length: int | None = None):
+    """(lengths [1..Lmax], fraction of rounds with each acceptance length)."""
+    lengths = pooled_lengths(stats, method, budget)
+    top = max_length or max(int(stats.get("block_size", 0)), int(lengths.max(initial=1)))
+    edges = np.arange(1, top + 1)
+    counts = np.array([(lengths == k).sum() for k in edges], np.float64)
+    return edges, counts / max(lengths.size, 1)
+
+
+def format_table(stats: dict) -> str:
+    """A plain-text table of ``summary_rows``."""
+    head = f"{'config':<14}{'rounds':>7}{'mean acc':>10}{'min-max prompt':>16}{'tok/fwd':>9}{'verify ms':>11}{'tok/s':>9}  ==ar"
+    lines = [head, "-" * len(head)]
+    for r in summary_rows(stats):
+        lines.append(f"{r['label']:<14}{r['rounds']:>7}{r['mean_acceptance']:>10.2f}"
+                     f"{r['prompt_min']:>8.2f}-{r['prompt_max']:<7.2f}{r['tokens_per_forward']:>9.2f}"
+                     f"{r['verify_ms']:>11.2f}{r['tokens_per_s']:>9.1f}  {'yes' if r['all_equal_ar'] else 'NO'}")
+    return "\n".join(lines)

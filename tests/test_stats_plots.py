@@ -1,0 +1,216 @@
+"""ddtree_numba.stats (the acceptance sweep and its tables), the acceptance plots, the demo's
+span marking, and ``ddtree-numba sweep / plot / demo`` on a small pair.
+
+Checks are independent of the code under test: the sweep's tables against sums over the raw
+per-round records, per-depth survival and histograms against brute-force counts, the marked
+spans against the traced trees' accepted paths, and the pruned example tree against the full
+tree's paths."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import ddtree_numba as dd
+import ddtree_numba.cli as cli
+import ddtree_numba.demo as demo
+from ddtree_numba import plots, stats
+from test_decode import NoisyOracle, _greedy, _prompt
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+TARGET = os.path.join(DATA, "v3_noaux_tc")
+DRAFTER = os.path.join(DATA, "drafters", "dflash_v3_noaux_tc")
+N_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def oracle_pair():
+    target = dd.load_target(TARGET)
+    prompt = _prompt(0, target.config.vocab_size)
+    _, seq, feats = _greedy(target, prompt, N_NEW + 20)
+    drafter = NoisyOracle(seq, feats, target.config.vocab_size, p=0.7, seed=5, block_size=8)
+    return target, drafter, prompt
+
+
+@pytest.fixture(scope="module")
+def sweep(oracle_pair):
+    target, drafter, prompt = oracle_pair
+    return stats.acceptance_sweep(target, drafter, [{"ids": prompt, "module": "m"}], N_NEW, budgets=(2, 8, 32),
+                                  example_budget=8, example_rounds=3, progress=False)
+
+
+def test_the_sweep_is_exact_and_its_table_is_the_sum_of_its_rounds(sweep):
+    assert sweep["budgets"] == [2, 8, 32] and sweep["block_size"] == 8 and sweep["schema"] == stats.SCHEMA
+    assert {(r["method"], r["budget"]) for r in sweep["runs"]} == {("ar", None), ("dflash", None),
+                                                                    ("ddtree", 2), ("ddtree", 8), ("ddtree", 32)}
+    stats.check(sweep)                                          # every method's tokens == ar's
+    for row in stats.summary_rows(sweep):
+        runs = [r for r in sweep["runs"] if r["method"] == row["method"] and r["budget"] == row["budget"]]
+        acc = [a for r in runs for a in r["acceptance_lengths"]]
+        assert row["rounds"] == len(acc)
+        assert row["mean_acceptance"] == pytest.approx(sum(acc) / len(acc))
+        assert row["tokens_per_forward"] == pytest.approx(sum(r["num_tokens"] for r in runs)
+                                                          / sum(r["target_forwards"] for r in runs))
+        # every token is the prefill's or a round's: forwards = rounds + 1 per prompt
+        assert sum(r["target_forwards"] for r in runs) == len(acc) + len(runs)
+        if row["method"] == "ddtree":
+            assert max(r for run in runs for r in run["tree_sizes"]) <= row["budget"]
+            assert max(acc) <= min(row["budget"], 7) + 1        # depth is capped by the block (L = 7)
+    rows = {r["label"]: r for r in stats.summary_rows(sweep)}
+    assert rows["AR"]["mean_acceptance"] == 1.0
+    assert rows["DDTree 32"]["mean_acceptance"] > 2.0           # the oracle is right 70% at rank 0
+    best = stats.best_row(sweep)
+    assert best["mean_acceptance"] == max(r["mean_acceptance"] for r in rows.values() if r["method"] == "ddtree")
+
+
+def test_check_names_a_run_that_is_not_exact(sweep):
+    bad = json.loads(json.dumps(sweep))
+    bad["runs"][3]["equals_ar"] = False
+    with pytest.raises(ValueError, match=f"ddtree {bad['runs'][3]['budget']} on prompt 0"):
+        stats.check(bad)
+
+
+def _fake(lengths):
+    return dict(budgets=[4], block_size=6, runs=[dict(method="ddtree", budget=4, acceptance_lengths=lengths)])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_depth_survival_and_histogram_against_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 7, 50).tolist()
+    s = _fake(lengths)
+    d, reached, cond = stats.depth_survival(s, "ddtree", 4)
+    assert d.tolist() == [1, 2, 3, 4, 5]
+    for k in d:
+        n_reached = sum(1 for a in lengths if a - 1 >= k)
+        n_prev = sum(1 for a in lengths if a - 1 >= k - 1)
+        assert reached[k - 1] == pytest.approx(n_reached / len(lengths))
+        assert cond[k - 1] == pytest.approx(n_reached / n_prev) if n_prev else np.isnan(cond[k - 1])
+    x, frac = stats.acceptance_histogram(s, "ddtree", 4)
+    assert x.tolist() == [1, 2, 3, 4, 5, 6] and frac.sum() == pytest.approx(1.0)
+    assert [frac[k - 1] * len(lengths) for k in x] == pytest.approx([lengths.count(k) for k in x])
+
+
+def test_bad_sweep_inputs_raise(oracle_pair):
+    target, drafter, prompt = oracle_pair
+    for kwargs, msg in ((dict(budgets=()), "budgets"), (dict(budgets=(0,)), "budgets"),
+                        (dict(max_new_tokens=0), "max_new_tokens")):
+        with pytest.raises(ValueError, match=msg):
+            stats.acceptance_sweep(target, drafter, [prompt], **{"max_new_tokens": 4, **kwargs})
+    with pytest.raises(ValueError, match="at least one prompt"):
+        stats.acceptance_sweep(target, drafter, [], 4)
+    with pytest.raises(ValueError, match="prompt 1"):
+        stats.acceptance_sweep(target, drafter, [prompt, []], 4)
+
+
+def test_marked_spans_are_the_traced_accepted_paths(oracle_pair):
+    target, drafter, prompt = oracle_pair
+    res = dd.generate(target, drafter, prompt, N_NEW, method="ddtree", budget=16, trace=True)
+    spans = demo.accepted_spans(res.tokens.tolist(), res.acceptance_lengths.tolist())
+    assert spans[0][0] == 0 and spans[-1][1] == len(res.tokens)
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))         # contiguous, in order
+    drafted = [res.tokens[i:j].tolist() for i, j, hot in spans if hot]
+    # each round's accepted drafted tokens, from its traced tree, in round order (empty ones dropped)
+    from_trees = [[int(tr.tree.tokens[k - 1]) for k in tr.keep[1:]] for tr in res.traces]
+    assert drafted == [t for t in from_trees if t][:len(drafted)]
+    assert sum(j - i for i, j, hot in spans if hot) <= int(res.accepted_depths.sum())
+    text = demo.marked_text(res.tokens.tolist(), res.acceptance_lengths.tolist(), colour=False)
+    assert text.count("\u00ab") == len(drafted)
+    assert "\x1b[" in demo.marked_text(res.tokens.tolist(), res.acceptance_lengths.tolist(), colour=True)
+
+
+def test_byte_text():
+    assert demo.byte_text(list(b"def f():\n") + [257]) == "def f():\n<EOS>"
+    assert demo.byte_text([0xE2, 0x82, 0xAC, 0xFF]) == "\u20ac\\xff"
+    assert plots.byte_label(32) == "\u2423" and plots.byte_label(65) == "A" and plots.byte_label(259) == "<MASK>"
+
+
+@pytest.mark.parametrize("max_nodes", [3, 8, None])
+def test_example_tree_keeps_paths_and_the_accepted_path(sweep, max_nodes):
+    for ex in sweep["examples"]:
+        tree, keep = plots.example_tree(ex, max_nodes)
+        n = tree.num_nodes
+        assert all(0 <= tree.parents[i] < i for i in range(1, n + 1))
+        full_tokens, full_parents = ex["tokens"], ex["parents"]
+
+        def path_tokens(node, toks, parents):
+            out = []
+            while node > 0:
+                out.append(toks[node - 1])
+                node = parents[node]
+            return out[::-1]
+        assert [path_tokens(k, tree.tokens.tolist(), tree.parents.tolist()) for k in keep] == \
+               [path_tokens(k, full_tokens, full_parents) for k in ex["keep"]]
+        assert n == (len(full_tokens) if max_nodes is None else len(set(range(min(len(full_tokens), max_nodes) + 1))
+                                                                    | set(ex["keep"])) - 1)
+
+
+def test_plots_draw_the_tables(sweep, tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    ax = plots.plot_acceptance_vs_budget(sweep)
+    line = [ln for ln in ax.get_lines() if ln.get_gid() == "ddtree"][0]
+    rows = [r for r in stats.summary_rows(sweep) if r["method"] == "ddtree"]
+    assert line.get_ydata().tolist() == pytest.approx([r["mean_acceptance"] for r in rows])
+    ax = plots.plot_depth_acceptance(sweep, budgets=[8])
+    assert {ln.get_gid() for ln in ax.get_lines()} == {"ddtree", "dflash"}
+    with pytest.raises(ValueError, match="not in the sweep"):
+        plots.plot_depth_acceptance(sweep, budgets=[5])
+    written = plots.write_figures(sweep, tmp_path / "fig", cost_stats=sweep,
+                                  verify_bench=dict(label="big", nodes=[2, 8], ms=[10.0, 12.0]), command="x y")
+    names = [n for n, _ in written]
+    assert names[:3] == ["acceptance_vs_budget.png", "depth_acceptance.png", "acceptance_histogram.png"]
+    assert "cost_vs_budget.png" in names and "example_tree_1.png" in names
+    readme = (tmp_path / "fig" / "README.md").read_text()
+    assert "Made by `x y`" in readme and all(f"![{n}]({n})" in readme for n in names)
+    for n in names:
+        assert (tmp_path / "fig" / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def golden_demo_dir(tmp_path, monkeypatch):
+    """A stand-in demo directory: the golden target and DFlash drafter with a demo.json."""
+    d = tmp_path / "demo"
+    shutil.copytree(TARGET, d / "target")
+    shutil.copytree(DRAFTER, d / "drafter")
+    prompts = [dict(module=f"mod{i}.py", ids=_prompt(i, 96, n=9).tolist()) for i in range(2)]
+    (d / "demo.json").write_text(json.dumps(dict(prompts=prompts, target=dict(params=1), drafter=dict(params=1))))
+    monkeypatch.setattr(demo, "DEMO_DIR", str(d))
+    return d
+
+
+def test_cli_demo_sweep_plot(golden_demo_dir, tmp_path, capsys):
+    assert cli.main(["demo", "--backend", "numpy", "--max-new-tokens", "8", "--prompts", "2", "--budget", "4",
+                     "--no-progress", "--colour", "never"]) == 0
+    out = capsys.readouterr().out
+    assert "backend numpy" in out and "mod1.py" in out and "tokens equal: yes" in out
+    assert "forwards saved" in out and "mean acceptance" in out
+    path = tmp_path / "s.json"
+    assert cli.main(["sweep", "--out", str(path), "--budgets", "2", "4", "--max-new-tokens", "6",
+                     "--backend", "numpy", "--no-progress"]) == 0
+    s = json.loads(path.read_text())
+    assert s["budgets"] == [2, 4] and len(s["prompts"]) == 2 and s["command"].startswith("ddtree-numba sweep")
+    assert "DDTree 4" in capsys.readouterr().out
+    assert cli.main(["plot", str(path), "--out", str(tmp_path / "figs")]) == 0
+    assert (tmp_path / "figs" / "acceptance_vs_budget.png").is_file()
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["demo", "--prompts", "0"], "--prompts must be >= 1"),
+    (["demo", "--budget", "0", "--backend", "numpy"], "--budget must be >= 1"),
+    (["sweep", "--out", "x.json", "--budgets", "0"], "--budgets must all be >= 1"),
+    (["sweep", "--out", "x.json", "--target", TARGET], "both --target and --drafter"),
+    (["sweep", "--out", "x.json", "--target", TARGET, "--drafter", DRAFTER], "--prompt-ids is needed"),
+    (["plot", "/nonexistent.json"], "STATS /nonexistent.json"),
+])
+def test_cli_bad_input_exits_2(golden_demo_dir, capsys, argv, msg):
+    assert cli.main(argv) == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_cli_demo_without_the_pair_names_the_training_command(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(demo, "DEMO_DIR", str(tmp_path / "none"))
+    assert cli.main(["demo", "--backend", "numpy"]) == 2
+    assert "tools/train_demo.py" in capsys.readouterr().err
