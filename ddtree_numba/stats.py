@@ -57,7 +57,8 @@ def _example_records(res, budget, prompt_index, rounds) -> list[dict]:
 
 def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budgets=DEFAULT_BUDGETS,
                      example_budget: int | None = 64, example_rounds: int = 4, stop_token_ids=(),
-                     graph: bool = False, progress: bool | None = None, info: dict | None = None) -> dict:
+                     graph: bool = False, progress: bool | None = None, info: dict | None = None,
+                     warmup: bool | None = None) -> dict:
     """Greedy ``ar``, ``dflash`` and ``ddtree`` at every budget on every prompt.
 
     prompts           list of 1-D int sequences (token ids), or of dicts with ``"ids"`` (and
@@ -66,6 +67,8 @@ def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budget
     example_budget    also trace the first prompt at this budget (host loop) and keep its first
                       ``example_rounds`` rounds (tree, target choices, accepted path); None: none
     progress          a tqdm bar over the runs (None: only when stderr is a terminal)
+    warmup            first decode a few tokens of the first prompt with every configuration, so
+                      the timed runs do not include kernel compilation (None: on the cuda backend)
     info              extra keys for the JSON's header (say, which checkpoints)
 
     Returns a JSON-ready dict: ``runs`` (one record per method x budget x prompt, the per-round
@@ -90,6 +93,10 @@ def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budget
     plan = [("ar", None), ("dflash", None)] + [("ddtree", b) for b in budgets]
     total = len(plan) * len(ids) + (1 if example_budget else 0)
     runs, examples = [], []
+    if warmup if warmup is not None else getattr(target, "backend", "numpy") == "cuda":
+        for method, budget in plan:
+            generate(target, None if method == "ar" else drafter, ids[0], min(8, max_new_tokens), method=method,
+                     budget=budget or 1, graph=graph)
     t0 = time.perf_counter()
     with tqdm(total=total, unit="run", desc="sweep", disable=progress is False, leave=False) as bar:
         for i, p in enumerate(ids):
