@@ -92,10 +92,13 @@ def time_host(fn, reps=20, warmup=2) -> float:
     return statistics.median(times)
 
 
-def append_rows(title: str, header: list[str], rows: list[list], note: str = "") -> None:
-    """Append a dated table to docs/PERFORMANCE.md and print it."""
-    stamp = datetime.date.today().isoformat()
-    lines = [f"\n### {title} — {stamp}, {device_name()}, commit {commit()}\n"]
+def append_rows(title: str, header: list[str], rows: list[list], note: str = "", device: str | None = None,
+                commit_id: str | None = None, date: str | None = None) -> None:
+    """Append a dated table to docs/PERFORMANCE.md and print it. ``device``, ``commit_id`` and
+    ``date`` default to this machine's GPU, the checkout's commit and today (give them when
+    tabling a measurement made elsewhere)."""
+    stamp = date or datetime.date.today().isoformat()
+    lines = [f"\n### {title} — {stamp}, {device or device_name()}, commit {commit_id or commit()}\n"]
     if note:
         lines.append(note + "\n")
     lines.append("| " + " | ".join(header) + " |")

@@ -205,12 +205,11 @@ def main():
     if args.json:
         import datetime
         import json
-        import subprocess
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        from _common import commit
         name = "simulator" if sim else cuda.get_current_device().name
         with open(args.json, "w") as f:
             json.dump(dict(label=f"Moonlight-16B-A3B shape ({cfg.num_hidden_layers} layers)",
-                           device=name.decode() if isinstance(name, bytes) else str(name), commit=commit,
+                           device=name.decode() if isinstance(name, bytes) else str(name), commit=commit(),
                            date=datetime.date.today().isoformat(), prefix=args.prefix,
                            nodes=[t for t, _, _ in times], ms=[g for _, _, g in times],
                            eager_ms=[e for _, e, _ in times], note=note), f, indent=1)

@@ -446,6 +446,14 @@ def write_figures(stats: dict, out_dir, cost_stats: dict | None = None, verify_b
     lines = ["# Figures", ""]
     if command:
         lines += [f"Made by `{command}`.", ""]
+    made = [("acceptance statistics", stats), ("GPU sweep", cost_stats)]
+    lines += [f"The {what}: `{s['command']}` ({s['backend']} backend, {s['device']}, {s['date']})."
+              for what, s in made if s is not None and s.get("command")]
+    if verify_bench is not None:
+        lines.append(f"The larger target's verify times: `benchmarks/verify_forward.py --json` "
+                     f"({verify_bench.get('device', '?')}, commit {verify_bench.get('commit', '?')}, "
+                     f"{verify_bench.get('date', '?')}).")
+    lines.append("")
     for name, caption in written:
         lines += [f"## {name}", "", f"![{name}]({name})", "", caption, ""]
     with open(os.path.join(out_dir, "README.md"), "w") as f:

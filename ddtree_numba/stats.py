@@ -89,7 +89,7 @@ def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budget
         if p.ndim != 1 or p.size == 0:
             raise ValueError(f"prompt {i} must be a non-empty 1-D sequence of token ids, got shape {p.shape}")
 
-    from tqdm.auto import tqdm
+    from tqdm import tqdm        # the plain bar: tqdm.auto warns in notebooks without ipywidgets
     plan = [("ar", None), ("dflash", None)] + [("ddtree", b) for b in budgets]
     total = len(plan) * len(ids) + (1 if example_budget else 0)
     runs, examples = [], []

@@ -275,3 +275,57 @@ assert not np.array_equal(decreasing, compacted)
 # and another's is lost. The kernels avoid this by gathering into scratch and copying back, or
 # by giving threads columns instead of rows and walking the rows in increasing `i`
 # (`ddtree_numba.kernels.compact_rows`).
+
+# %% [markdown]
+# ## 8 · The same build on a real drafter's distributions
+#
+# Everything above used made-up logits. The trained demo pair (`dd.demo_pair()`: a byte-level
+# DeepSeek-V3-architecture target trained on the Python standard library, and its DFlash drafter,
+# block size 16) gives real ones. We prefill a held-out module's text, let the drafter propose
+# its 15 distributions in one pass, and build a 40-node tree. Tokens are bytes (`␣` is a space,
+# `⏎` a newline).
+
+# %%
+from ddtree_numba.demo import byte_text, demo_metadata
+from ddtree_numba.plots import byte_label
+
+target_dir, drafter_dir = dd.demo_pair()
+target = dd.load_target(target_dir, progress=False)                  # numpy backend
+drafter = dd.load_drafter(drafter_dir, target)
+prompt = np.asarray(demo_metadata()["prompts"][3]["ids"][:141], np.int32)   # gzip.py, held out
+print(repr(byte_text(prompt[-60:])))
+
+cache = target.new_cache(256)
+pre = target.forward(prompt, np.arange(len(prompt), dtype=np.int32), cache,
+                     hidden_layer_ids=drafter.target_layer_ids)      # hidden [P, 3, M]
+bonus = int(pre.logits[-1].argmax())
+real_logits = drafter.draft(pre.hidden, bonus, drafter.new_cache(256))   # [15, V]
+real_lp, real_ids = ref.topk_logprobs(real_logits, 8)                # [15, 8]
+print("drafter's top-1 probability per depth:", np.round(np.exp(real_lp[:, 0]), 2))
+show_topk(real_lp[:6], real_ids[:6], labels=byte_label)
+plt.gcf().set_size_inches(11, 4)
+plt.show()
+
+# %% [markdown]
+# The first depths are near certain; further out the drafter hedges between a few bytes. The
+# best-first build spends its budget accordingly: a single spine where the drafter is sure,
+# branches where it is not. The target then verifies the tree in one forward and walks it.
+
+# %%
+real_lp, real_ids = ref.topk_logprobs(real_logits, 40)
+real_tree = ref.build_tree(real_lp, real_ids, 40)
+verify = target.forward(np.concatenate([[bonus], real_tree.tokens]).astype(np.int32),
+                        len(prompt) + np.concatenate([[0], real_tree.depths]).astype(np.int32),
+                        cache, parents=real_tree.parents)            # logits [41, V]
+real_keep, next_bonus = ref.follow_tree(real_tree, ref.sample_post(verify.logits, 0.0, seed=0))
+accepted = [bonus] + [int(real_tree.tokens[k - 1]) for k in real_keep[1:]]
+print(f"{real_tree}: nodes per depth {np.bincount(real_tree.depths)[1:]}")
+print(f"accepted path {real_keep.tolist()}, ranks {[int(real_tree.ranks[k - 1]) for k in real_keep[1:]]}: "
+      f"{byte_text(accepted)!r}, then the bonus {byte_label(next_bonus)!r}")
+ax = draw_tree(real_tree, accepted=real_keep, labels=byte_label, root_label=byte_label(bonus))
+ax.figure.set_size_inches(13, 9)
+plt.show()
+
+# the accepted tokens are the target's own greedy continuation
+ar = dd.generate(target, None, prompt, len(accepted) + 1, method="ar").tokens.tolist()
+assert ar == accepted + [next_bonus]

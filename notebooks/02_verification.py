@@ -14,9 +14,10 @@
 # %% [markdown]
 # # 02 · Verifying a draft tree with one target forward
 #
-# DESIGN.md section 1, steps 4–6, on a real DeepSeek-V3-architecture checkpoint: the golden
-# `tests/data/v3_noaux_tc` (MLA with a q latent, a dense first layer, then `noaux_tc` MoE
-# layers; HF-checked logits) on the numpy backend, so everything runs on the CPU.
+# DESIGN.md section 1, steps 4–6, on the trained demo pair (`dd.demo_pair()`): a byte-level
+# DeepSeek-V3-architecture target (MLA with a q latent, a dense first layer, then sigmoid /
+# `noaux_tc` MoE layers with a shared expert) trained on the Python standard library, and its
+# DFlash drafter; on the numpy backend, so everything runs on the CPU. Tokens are bytes.
 #
 # | step | what we look at | code |
 # |---|---|---|
@@ -28,22 +29,19 @@
 # | — | node i's verify logits == a causal forward over its root-to-node path | `Target.forward` |
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import numpy as np
 
 import ddtree_numba as dd
 from ddtree_numba import reference as ref
-from ddtree_numba.plots import draw_tree, show_visibility, tree_layout
+from ddtree_numba.demo import byte_text, demo_metadata
+from ddtree_numba.plots import byte_label, draw_tree, show_visibility, tree_layout
 
 np.set_printoptions(linewidth=110, precision=4, suppress=True)
 
-# the goldens live in the repository's tests/data (run the notebook from a clone)
-DATA = next(p for p in (Path(dd.__file__).resolve().parents[1] / "tests" / "data",
-                        Path("../tests/data").resolve()) if p.is_dir())
-target = dd.load_target(DATA / "v3_noaux_tc", backend="numpy", progress=False)
-drafter = dd.load_drafter(DATA / "drafters" / "dflash_v3_noaux_tc", target)
+target_dir, drafter_dir = dd.demo_pair()
+target = dd.load_target(target_dir, backend="numpy", progress=False)
+drafter = dd.load_drafter(drafter_dir, target)
 cfg = target.config
 print(f"target: {cfg.num_hidden_layers} layers, H={cfg.num_attention_heads} heads, "
       f"C={cfg.kv_lora_rank} (kv_lora_rank), R={cfg.qk_rope_head_dim}, D={cfg.qk_nope_head_dim}, "
@@ -53,57 +51,37 @@ print(f"drafter: block size B={drafter.block_size}, reads target layers {drafter
 # %% [markdown]
 # ## 1 · Prefill, draft, build the tree
 #
-# Prefill a 7-token prompt (the first tokens of the golden's own test sequence); the target's
-# argmax after it is the bonus token `b`, node 0 of the tree. The drafter then runs once on
-# `[b, MASK x 5]` over the prompt's hidden features and gives logits for `L = 5` depths.
-#
-# The golden drafter has random weights: its distributions are nearly flat (max p ≈ 0.1), so
-# the target would accept nothing from it. To have a path worth walking we make a stand-in for a
-# trained drafter: its logits ×3, with the target's own greedy continuation planted at ranks
-# `0, 1, 0, 0, 0` (so the accepted path leaves the first branch at depth 2). The greedy
-# continuation comes from plain autoregressive decoding, one forward per token.
+# Prefill 32 bytes from a module held out of training (`gzip.py`), cut in the middle of a line;
+# the target's argmax after them is the bonus token `b`, node 0 of the tree. The drafter then runs once on
+# `[b, MASK x 15]` over the prompt's hidden features and gives logits for `L = 15` depths; the
+# best-first build keeps the `BUDGET` most likely paths.
 
 # %%
-PROMPT = np.array([45, 49, 72, 91, 3, 13, 79], np.int32)
+held_out = demo_metadata()["prompts"][3]                             # from gzip.py
+PROMPT = np.asarray(held_out["ids"][114 - 32:114], np.int32)
 P = len(PROMPT)
 BUDGET = 20
-tok = str                                                            # token id -> label
+tok = byte_label                                                     # token id -> label
+print(repr(byte_text(PROMPT)))
 
 cache = target.new_cache(64)
 pre = target.forward(PROMPT, np.arange(P, dtype=np.int32), cache,
-                     hidden_layer_ids=drafter.target_layer_ids)      # logits [P, V], hidden [P, 2, M]
+                     hidden_layer_ids=drafter.target_layer_ids)      # logits [P, V], hidden [P, 3, M]
 b = int(pre.logits[-1].argmax())
-draft_logits = drafter.draft(pre.hidden, b, drafter.new_cache(64))   # [L, V]
-L = draft_logits.shape[0]
+logits = drafter.draft(pre.hidden, b, drafter.new_cache(64))         # [L, V]
+L = logits.shape[0]
 
-# the target's greedy continuation after b (autoregressive, for the planted drafter only)
-ar_cache = target.new_cache(64)
-target.forward(PROMPT, np.arange(P, dtype=np.int32), ar_cache)
-greedy = [b]
-for d in range(L):
-    out = target.forward(np.array([greedy[-1]], np.int32), np.array([P + d], np.int32), ar_cache)
-    greedy.append(int(out.logits[0].argmax()))
-print("bonus b =", b, " greedy continuation:", greedy[1:])
+# the target's greedy continuation after b (autoregressive), to check the walk against below
+greedy = [b] + dd.generate(target, None, np.append(PROMPT, b), L + 1, method="ar").tokens.tolist()
+print("bonus b =", repr(tok(b)), " greedy continuation:", repr(byte_text(greedy[1:])))
 
-
-def plant(logits, tokens, ranks, sharpen):
-    """logits * sharpen, then token tokens[d] moved to rank ranks[d] at depth d."""
-    out = sharpen * logits                                           # [L, V]
-    for d, (t, r) in enumerate(zip(tokens, ranks)):
-        others = np.sort(np.delete(out[d], t))[::-1]
-        out[d, t] = others[0] + 0.5 if r == 0 else 0.5 * (others[r - 1] + others[r])
-    return out
-
-
-p_max = np.exp(draft_logits - draft_logits.max(1, keepdims=True))
-p_max = (p_max / p_max.sum(1, keepdims=True)).max(1)
-print("golden drafter's max p per depth:", p_max)
-logits = plant(draft_logits, greedy[1:], (0, 1, 0, 0, 0), sharpen=3.0)        # [L, V]
 lp, ids = ref.topk_logprobs(logits, min(BUDGET, cfg.vocab_size))    # [L, K]
 tree = ref.build_tree(lp, ids, BUDGET)
 N = tree.num_nodes
 print(tree, "depths per level:", np.bincount(tree.depths)[1:])
-draw_tree(tree, labels=tok, root_label=f"b={b}")
+print("drafter's top-1 p per depth:", np.round(np.exp(lp[:, 0]), 2))
+draw_tree(tree, labels=tok, root_label=f"b={tok(b)}")
+plt.gcf().set_size_inches(12, 6)
 plt.show()
 
 # %% [markdown]
@@ -182,9 +160,9 @@ im = ax.imshow(np.ma.masked_invalid(masked), cmap="coolwarm", aspect="auto",
 ax.imshow(np.where(mask, np.nan, 1.0), cmap="Greys", vmin=0, vmax=3, aspect="auto",
           interpolation="nearest")                                   # masked cells in grey
 ax.axvline(P - 0.5, color="black", lw=1.5)
-ax.set_xticks(range(S), [f"p{s}" for s in range(P)] + [str(j) for j in range(N + 1)], fontsize=7)
+ax.set_xticks(range(S), [tok(t) for t in PROMPT] + [str(j) for j in range(N + 1)], fontsize=7)
 ax.set_yticks(range(N + 1), [str(i) for i in range(N + 1)], fontsize=7)
-ax.set_xlabel("key row: prompt p0..p6 | tree node j")
+ax.set_xlabel("key row: prompt bytes | tree node j")
 ax.set_ylabel("query: tree node i")
 ax.set_title(f"layer {LAYER}, head {HEAD}: absorbed-MLA scores (grey = masked, -inf)")
 fig.colorbar(im, ax=ax, label="score", fraction=0.03, pad=0.02)
@@ -231,22 +209,22 @@ print("node  token  parent  post  child holding post")
 for i in range(N + 1):
     kids = [j for j in range(1, N + 1) if tree.parents[j] == i]
     hit = [j for j in kids if tree.tokens[j - 1] == post[i]]
-    print(f"{i:4d}  {ids_tree[i]:5d}  {tree.parents[i]:6d}  {post[i]:4d}  "
+    print(f"{i:4d}  {tok(ids_tree[i]):>5s}  {tree.parents[i]:6d}  {tok(post[i]):>4s}  "
           f"{('node ' + str(hit[0])) if hit else '-':>8s}{'   <- on the path' if i in keep else ''}")
-print("keep:", keep, " emitted:", [b] + [int(tree.tokens[j - 1]) for j in keep[1:]],
-      " new bonus:", bonus)
+print("keep:", keep, " emitted:", repr(byte_text([b] + [int(tree.tokens[j - 1]) for j in keep[1:]])),
+      " new bonus:", repr(tok(bonus)))
 assert [b] + [int(tree.tokens[j - 1]) for j in keep[1:]] + [bonus] == greedy[:len(keep) + 1]
 
-fig, ax = plt.subplots(figsize=(10, 6))
-draw_tree(tree, accepted=keep, ax=ax, labels=tok, root_label=f"b={b}")
+fig, ax = plt.subplots(figsize=(12, 6))
+draw_tree(tree, accepted=keep, ax=ax, labels=tok, root_label=f"b={tok(b)}")
 xy = tree_layout(tree)
 for i in range(N + 1):
     has = any(tree.parents[j] == i and tree.tokens[j - 1] == post[i] for j in range(1, N + 1))
-    ax.annotate(f"post {post[i]}", xy[i], xytext=(15, 4), textcoords="offset points", fontsize=7,
+    ax.annotate(f"post {tok(post[i])}", xy[i], xytext=(15, 4), textcoords="offset points", fontsize=7,
                 color="#2a9d3a" if has else "#888888", fontweight="bold" if has else "normal",
                 zorder=4, bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.8))
 ax.set_title(f"accepted path {keep.tolist()}: b and {len(keep) - 1} drafted tokens emitted, "
-             f"next bonus {bonus}")
+             f"next bonus {tok(bonus)!r}")
 plt.show()
 
 # %% [markdown]

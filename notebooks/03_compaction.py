@@ -295,10 +295,10 @@ else:
 # ## 5 · Compacting a real MLA latent cache
 #
 # Now the rows are what they are in the model: per layer, one latent `c_kv [C]` and one rope
-# key `k_pe [R]` per token (`MLACache`, docs/MODEL.md). We verify a draft tree on the golden
-# DeepSeek-V3-architecture checkpoint `tests/data/v3_noaux_tc` with the numpy backend, as in
-# notebook 02 (the same stand-in drafter: the golden drafter's logits ×3 with the target's
-# greedy continuation planted at ranks 0, 1, 0, 0, 0), then:
+# key `k_pe [R]` per token (`MLACache`, docs/MODEL.md). We verify a draft tree of the trained
+# demo pair (`dd.demo_pair()`, numpy backend, as in notebook 02) after 32 bytes of a module held
+# out of training, `importlib/resources/simple.py`, cut mid-line where the accepted path skips
+# a node (so the naive gather has a hazard), then:
 #
 # * `cache.compact(start, keep)` (that is `ref.compact_rows` on every layer's `c_kv` and
 #   `k_pe`) must leave exactly the rows a causal forward over prompt + path would have written;
@@ -307,11 +307,12 @@ else:
 # * the naive gather in decreasing thread order, on the same cache, must not.
 
 # %%
-DATA = next(p for p in (Path(dd.__file__).resolve().parents[1] / "tests" / "data",
-                        Path("../tests/data").resolve()) if p.is_dir())
-target = dd.load_target(DATA / "v3_noaux_tc", backend="numpy", progress=False)
-drafter = dd.load_drafter(DATA / "drafters" / "dflash_v3_noaux_tc", target)
-PROMPT = np.array([45, 49, 72, 91, 3, 13, 79], np.int32)
+from ddtree_numba.demo import byte_text, demo_metadata
+
+target_dir, drafter_dir = dd.demo_pair()
+target = dd.load_target(target_dir, backend="numpy", progress=False)
+drafter = dd.load_drafter(drafter_dir, target)
+PROMPT = np.asarray(demo_metadata()["prompts"][1]["ids"][105 - 32:105], np.int32)
 P = len(PROMPT)
 
 
@@ -321,32 +322,20 @@ def prefill(hidden=()):
     return cache, out
 
 
-def plant(logits, tokens, ranks, sharpen):
-    """logits * sharpen, then token tokens[d] moved to rank ranks[d] at depth d."""
-    out = sharpen * logits                                           # [L, V]
-    for d, (t, r) in enumerate(zip(tokens, ranks)):
-        others = np.sort(np.delete(out[d], t))[::-1]
-        out[d, t] = others[0] + 0.5 if r == 0 else 0.5 * (others[r - 1] + others[r])
-    return out
-
-
 cache, pre = prefill(drafter.target_layer_ids)
 b = int(pre.logits[-1].argmax())
 draft_logits = drafter.draft(pre.hidden, b, drafter.new_cache(64))   # [L, V]
-ar_cache, _ = prefill()
-greedy = [b]
-for d in range(draft_logits.shape[0]):
-    out = target.forward(np.array([greedy[-1]], np.int32), np.array([P + d], np.int32), ar_cache)
-    greedy.append(int(out.logits[0].argmax()))
-lp, ids = ref.topk_logprobs(plant(draft_logits, greedy[1:], (0, 1, 0, 0, 0), 3.0), 20)
+lp, ids = ref.topk_logprobs(draft_logits, 20)                        # [L, K]
 mtree = ref.build_tree(lp, ids, 20)
 ids_tree = np.concatenate([[b], mtree.tokens]).astype(np.int32)      # [N+1]
 pos_tree = (P + np.concatenate([[0], mtree.depths])).astype(np.int32)
 verify = target.forward(ids_tree, pos_tree, cache, parents=mtree.parents)   # logits [N+1, V]
 mkeep, bonus = ref.follow_tree(mtree, ref.sample_post(verify.logits, 0.0, seed=0))
 mn = len(mkeep)
+print(repr(byte_text(PROMPT)), "->", repr(byte_text(ids_tree[mkeep])))
 print(f"verified {mtree.num_nodes + 1} nodes; cache rows {len(cache)}; keep {mkeep}; "
       f"hazards {ref.naive_row_hazards(mkeep)}")
+assert ref.naive_row_hazards(mkeep), "this cut was chosen for its hazard"
 
 # what a causal forward over prompt + the accepted path writes to its cache
 path_cache, _ = prefill()

@@ -142,3 +142,67 @@ def test_drafter_stage_without_a_target_stage_says_so(tmp_path):
     proc = subprocess.run([sys.executable, SCRIPT, "--smoke", "--device", "cpu", "--out", str(tmp_path),
                            "--stage", "drafter"], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode != 0 and "--stage target" in proc.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# the shipped pair (ddtree_numba/data/demo) and the committed statistics (figures/)
+# ----------------------------------------------------------------------------------------------
+FIGURES = os.path.join(ROOT, "figures")
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    meta = demo.demo_metadata()
+    t_dir, d_dir = dd.demo_pair()
+    target = dd.load_target(t_dir, progress=False)
+    return meta, target, dd.load_drafter(d_dir, target)
+
+
+def test_the_shipped_pair_is_what_the_card_says(shipped):
+    meta, target, drafter = shipped
+    cfg = target.config
+    assert cfg.model_type == "deepseek_v3" and cfg.vocab_size == 264 and cfg.kv_lora_rank > 0
+    assert cfg.first_k_dense_replace == 1 and cfg.scoring_func == "sigmoid" and cfg.topk_method == "noaux_tc"
+    assert cfg.n_shared_experts >= 1 and cfg.n_routed_experts > cfg.num_experts_per_tok
+    assert drafter.block_size == 16 and drafter.mask_token_id == MASK
+    assert 1e6 < meta["target"]["params"] < 3e7
+    assert sum(meta["bytes"].values()) <= 30_000_000
+    for sub in ("target", "drafter"):
+        index = SafetensorsIndex(os.path.join(demo.DEMO_DIR, sub))
+        assert {e["dtype"] for _, e, _ in index.entries.values()} <= {"BF16", "F32"}
+    held = set(meta["data"]["heldout_modules"])
+    assert len(meta["prompts"]) >= 3 and all(p["module"] in held for p in meta["prompts"])
+    assert meta["check"]["passed"]
+    card = open(os.path.join(demo.DEMO_DIR, "MODEL_CARD.md")).read()
+    assert f"{meta['eval']['target_heldout_loss']:.4f}" in card and "| ddtree | 1024 |" in card
+
+
+def test_the_shipped_pair_decodes_exactly_and_accepts(shipped):
+    """Real weights, real acceptance: greedy ddtree == ar on a held-out prompt, with several
+    drafted tokens accepted per round (random weights give about 1)."""
+    meta, target, drafter = shipped
+    prompt = np.asarray(meta["prompts"][2]["ids"], np.int32)
+    ar = dd.generate(target, None, prompt, 32, method="ar")
+    tree = dd.generate(target, drafter, prompt, 32, method="ddtree", budget=32)
+    np.testing.assert_array_equal(tree.tokens, ar.tokens)
+    assert tree.mean_acceptance_length >= 2.5, tree.summary(file=None)
+
+
+def test_the_committed_statistics_hold_the_claims():
+    """figures/data/sweep_numpy.json: every run exact; DDTree beats the chain at every budget and
+    reaches >= 3 tokens per target forward; figures/README.md captions every committed PNG."""
+    from ddtree_numba import stats
+    with open(os.path.join(FIGURES, "data", "sweep_numpy.json")) as f:
+        s = json.load(f)
+    stats.check(s)
+    assert s["budgets"] == [16, 32, 64, 128, 256, 512, 1024] and len(s["prompts"]) >= 8
+    rows = stats.summary_rows(s)
+    chain = next(r for r in rows if r["method"] == "dflash")
+    tree = [r for r in rows if r["method"] == "ddtree"]
+    assert all(r["mean_acceptance"] > chain["mean_acceptance"] for r in tree)
+    assert stats.best_row(s)["tokens_per_forward"] >= 3.0
+    assert demo.demo_metadata()["acceptance"]["best_budget"] == stats.best_row(s)["budget"]
+    pngs = sorted(f for f in os.listdir(FIGURES) if f.endswith(".png"))
+    readme = open(os.path.join(FIGURES, "README.md")).read()
+    assert len(pngs) >= 5 and all(f"![{p}]({p})" in readme for p in pngs)
+    assert "ddtree-numba plot" in readme

@@ -769,7 +769,8 @@ def model_card(meta):
         "",
         "## Acceptance",
         "",
-        "To be filled in by the demo run (`ddtree-numba demo`) on the held-out prompts in `demo.json`.",
+        "To be filled in by `python tools/record_acceptance.py STATS.json` from a `ddtree-numba sweep` of the pair "
+        "on the held-out prompts in `demo.json`.",
         "",
         f"Size: target {meta['bytes']['target'] / 1e6:.2f} MB, drafter {meta['bytes']['drafter'] / 1e6:.2f} MB.",
         "",
