@@ -93,12 +93,15 @@ def time_host(fn, reps=20, warmup=2) -> float:
 
 
 def append_rows(title: str, header: list[str], rows: list[list], note: str = "", device: str | None = None,
-                commit_id: str | None = None, date: str | None = None) -> None:
-    """Append a dated table to docs/PERFORMANCE.md and print it. ``device``, ``commit_id`` and
-    ``date`` default to this machine's GPU, the checkout's commit and today (give them when
-    tabling a measurement made elsewhere)."""
-    stamp = date or datetime.date.today().isoformat()
-    lines = [f"\n### {title} — {stamp}, {device or device_name()}, commit {commit_id or commit()}\n"]
+                commit_id: str | None = None, date: str | None = None, append: bool = True) -> None:
+    """Append a dated table to docs/PERFORMANCE.md and print it (``append=False``: print only,
+    undated). ``device``, ``commit_id`` and ``date`` default to this machine's GPU, the
+    checkout's commit and today (give them when tabling a measurement made elsewhere)."""
+    if append:
+        stamp = date or datetime.date.today().isoformat()
+        lines = [f"\n### {title} — {stamp}, {device or device_name()}, commit {commit_id or commit()}\n"]
+    else:
+        lines = [f"\n### {title}\n"]
     if note:
         lines.append(note + "\n")
     lines.append("| " + " | ".join(header) + " |")
@@ -107,5 +110,6 @@ def append_rows(title: str, header: list[str], rows: list[list], note: str = "",
         lines.append("| " + " | ".join(str(c) for c in r) + " |")
     text = "\n".join(lines) + "\n"
     print(text)
-    with PERF.open("a") as f:
-        f.write(text)
+    if append:
+        with PERF.open("a") as f:
+            f.write(text)

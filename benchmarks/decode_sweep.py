@@ -77,10 +77,8 @@ def main():
               "draft ms", "top-K ms", "build ms", "accept ms", "compact ms", "tokens/s"]
     note = (f"GPU-resident loop (decode_cuda), golden tiny target v3_noaux_tc, {args.new} new tokens, "
             "greedy, eager launches; per-round CUDA-event times; every run's tokens equal ar's.")
-    if args.no_append:
-        print(note, header, *rows, sep="\n")
-    else:
-        append_rows("DDTree loop on the GPU, budget sweep (benchmarks/decode_sweep.py)", header, rows, note)
+    append_rows("DDTree loop on the GPU, budget sweep (benchmarks/decode_sweep.py)", header, rows, note,
+                append=not args.no_append)
 
 
 if __name__ == "__main__":

@@ -67,17 +67,11 @@ def main():
             f"{len(stats['prompts'])} held-out prompts x {stats['max_new_tokens']} greedy tokens, every round "
             "on the GPU, eager launches, warmed up; per-round CUDA-event means. Floor: the target's weight "
             "bytes over 4.2 TB/s. No peer (HF) was measured for this tiny model.")
-    if args.no_append:
-        print(note)
-        print(header)
-        for r in rows:
-            print(r)
-    else:
-        title = "Demo pair, DDTree budget sweep on the GPU (benchmarks/demo_pair.py)"
-        if args.from_json:
-            title += f", tabled from {args.from_json}"
-        kw = dict(device=args.device or stats["device"], commit_id=args.commit, date=stats["date"]) if args.from_json else {}
-        append_rows(title, header, rows, note, **kw)
+    title = "Demo pair, DDTree budget sweep on the GPU (benchmarks/demo_pair.py)"
+    if args.from_json:
+        title += f", tabled from {args.from_json}"
+    kw = dict(device=args.device or stats["device"], commit_id=args.commit, date=stats["date"]) if args.from_json else {}
+    append_rows(title, header, rows, note, append=not args.no_append, **kw)
 
 
 if __name__ == "__main__":

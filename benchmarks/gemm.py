@@ -473,12 +473,7 @@ def main():
             "picks 6 distinct experts of 64 at random; the tile is picked from the largest group. "
             f"Checks on the GPU: {'all passed' if ok else 'SOME FAILED'} (sampled columns bit-exact "
             "against the contract with a true fma; row 0 identical for every row count).")
-    if args.no_append:
-        print(header)
-        for r in table:
-            print(" | ".join(str(v) for v in r))
-    else:
-        append_rows("GEMM (benchmarks/gemm.py)", header, table, note)
+    append_rows("GEMM (benchmarks/gemm.py)", header, table, note, append=not args.no_append)
     return 0 if ok else 1
 
 

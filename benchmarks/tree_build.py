@@ -137,10 +137,7 @@ def main():
     note = (f"L = {L} depths. GPU columns: CUDA-event device time, median of 50. Host wall: per call "
             "with launch overhead and a stream sync. Peer: torch.log_softmax + torch.topk on the same GPU "
             "(wall, synced). numpy/heapq: CPU of the GPU machine.")
-    if args.no_append:
-        print(header, rows)
-    else:
-        append_rows("Tree build (benchmarks/tree_build.py)", header, rows, note)
+    append_rows("Tree build (benchmarks/tree_build.py)", header, rows, note, append=not args.no_append)
 
 
 if __name__ == "__main__":

@@ -195,13 +195,8 @@ def main():
             "peer = HF DeepseekV3ForCausalLM bf16 on the same GPU (shared/GPU.md).")
     header = ["nodes", "eager ms", "graph ms", "bytes", "FLOPs", "floor ms", "graph / floor",
               "peer ms", "peer / graph"]
-    if args.no_append:
-        print(note)
-        print(header)
-        for r in rows:
-            print(r)
-    else:
-        append_rows("Verify forward, Moonlight-16B-A3B shape (benchmarks/verify_forward.py)", header, rows, note)
+    append_rows("Verify forward, Moonlight-16B-A3B shape (benchmarks/verify_forward.py)", header, rows, note,
+                append=not args.no_append)
     if args.json:
         import datetime
         import json
@@ -218,12 +213,8 @@ def main():
     names = list(next(iter(breakdown.values())))
     brows = [[n] + [f"{breakdown[t][n]:.1f}" for t in args.nodes] for n in names]
     bhead = ["kernel (one MoE layer), µs"] + [f"{t} nodes" for t in args.nodes]
-    if args.no_append:
-        print(bhead)
-        for r in brows:
-            print(r)
-    else:
-        append_rows("Verify forward, per-kernel time of one MoE layer (eager, CUDA events)", bhead, brows)
+    append_rows("Verify forward, per-kernel time of one MoE layer (eager, CUDA events)", bhead, brows,
+                append=not args.no_append)
     if args.peer:
         measure_peer(cfg, args)
 
