@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from numba import config, cuda
+
+# Several stages launch few blocks on purpose (one block builds the tree, one walks it, decode
+# attention at one node); numba would warn about "low occupancy" at each of their launches. The
+# user's own NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS setting wins.
+if "NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS" not in os.environ:
+    config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
+    try:                                   # numba-cuda >= 0.2x reads its own copy of the setting
+        from numba.cuda.core import config as _cuda_config
+        _cuda_config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
+    except ImportError:
+        pass
 
 
 def is_device(a) -> bool:
