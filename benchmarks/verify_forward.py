@@ -9,6 +9,8 @@ scaling 2.446) with 2 shared, expert width 1408, a dense first layer of width 11
 Weights are random bf16 made on the GPU (no checkpoint needed); the latent cache holds a random
 ``--prefix``-row prefix; the new tokens form a random tree (attention cost is that of its depth).
 
+``--nodes`` counts the rows verified, the root included: a DDTree round of budget B verifies B + 1.
+
 Per node count: ms eager (every kernel launched from Python) and ms graph (one CUDA-graph replay),
 the bytes the forward must move and its FLOPs, the floor max(bytes / 4.2 TB/s, FLOPs / 51 TFLOP/s),
 and the peer: HF transformers DeepseekV3ForCausalLM in bf16 on the same GPU and shape, as measured

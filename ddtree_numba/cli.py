@@ -285,6 +285,7 @@ def _demo_backend(requested: str):
 
     target_dir, drafter_dir = demo_pair()
     chosen = _pick_backend(requested)
+    target = load_target(target_dir, backend=chosen, progress=False)   # no GPU: BackendUnavailable
     if chosen == "cuda":
         from numba import cuda
         name = cuda.get_current_device().name
@@ -293,7 +294,6 @@ def _demo_backend(requested: str):
         note = "numpy (no CUDA GPU found)"
     else:
         note = "numpy"
-    target = load_target(target_dir, backend=chosen, progress=False)
     return target, load_drafter(drafter_dir, target), chosen, note
 
 
@@ -388,6 +388,11 @@ def run_sweep(args) -> int:
     from .stats import acceptance_sweep, format_table
 
     target_dir, drafter_dir = _pair_paths(args)
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK) or os.path.isdir(args.out):
+        raise _CliError(f"--out {args.out}: cannot write a file there (checked before the sweep starts)")
+    if len(set(args.budgets)) != len(args.budgets):
+        raise _CliError(f"--budgets must be distinct, got {args.budgets}")
     if args.max_new_tokens < 1:
         raise _CliError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if any(b < 1 for b in args.budgets):
@@ -429,12 +434,17 @@ def run_plot(args) -> int:
         except (OSError, json.JSONDecodeError) as e:
             raise _CliError(f"{what} {path}: {e}") from None
 
-    stats = read(args.stats, "STATS")
-    for key in ("runs", "budgets", "prompts"):
-        if key not in stats:
-            raise _CliError(f"STATS {args.stats}: not a sweep's statistics (no {key!r}; make it with `ddtree-numba sweep`)")
-    written = write_figures(stats, args.out, cost_stats=read(args.cost, "--cost"),
-                            verify_bench=read(args.verify_bench, "--verify-bench"),
+    from .plots import check_stats
+    stats = check_stats(read(args.stats, "STATS"), f"STATS {args.stats}")
+    if args.verify_bench and not args.cost:
+        raise _CliError("--verify-bench is drawn in the cost figure: give --cost (a sweep run with --backend cuda) too")
+    cost = read(args.cost, "--cost")
+    if cost is not None:
+        check_stats(cost, f"--cost {args.cost}")
+    bench = read(args.verify_bench, "--verify-bench")
+    if bench is not None and not isinstance(bench, dict):
+        raise _CliError(f"--verify-bench {args.verify_bench}: not a JSON object of nodes and ms")
+    written = write_figures(stats, args.out, cost_stats=cost, verify_bench=bench,
                             command="ddtree-numba " + " ".join(args.argv))
     for name, _ in written:
         print(os.path.join(args.out, name))

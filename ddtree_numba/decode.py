@@ -53,10 +53,13 @@ class GenerationResult:
 
     tokens              [n] int32   generated tokens (prompt excluded), cut at max_new_tokens or
                                     just after the first stop token
-    acceptance_lengths  [R] int32   per verify round, tokens committed by that one target forward,
-                                    *bonus included*: the round's root (the bonus token decided by
-                                    the previous forward) plus the drafted tokens accepted after it
-                                    (= len(keep); 1 for ``ar``)
+    acceptance_lengths  [R] int32   per verify round, the tokens that round's target forward
+                                    accepted, *bonus included*: the round's root (the bonus token
+                                    decided by the previous forward) plus the drafted tokens accepted
+                                    after it (= len(keep); 1 for ``ar``). A last round cut short by
+                                    max_new_tokens or a stop token still counts every token it
+                                    accepted, so sum(acceptance_lengths) may exceed len(tokens);
+                                    len(tokens) / target_forwards is the output-side measure
     accepted_depths     [R] int32   drafted tokens accepted per round (acceptance length - 1)
     tree_sizes          [R] int32   drafted nodes verified per round (root not counted)
     target_forwards     int         target forwards, the prefill included

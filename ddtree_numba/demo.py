@@ -13,6 +13,7 @@ Token ids 0-255 are bytes; ``demo_metadata()["specials"]`` names the ids above t
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 
@@ -58,19 +59,30 @@ def demo_metadata(directory: str | os.PathLike | None = None) -> dict:
 SPECIAL_TEXT = {256: "<BOS>", 257: "<EOS>", 258: "<PAD>", 259: "<MASK>"}
 
 
+class _ByteDecoder:
+    """Byte-level ids to text in pieces: a UTF-8 character split between two pieces comes out
+    whole in the later one; specials by name; undecodable bytes as ``\\xNN``."""
+
+    def __init__(self):
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="backslashreplace")
+
+    def __call__(self, ids, final: bool = False) -> str:
+        out, run = [], bytearray()
+        for t in (int(i) for i in ids):
+            if t < 256:
+                run.append(t)
+                continue
+            out.append(self._utf8.decode(bytes(run), final=True))
+            run = bytearray()
+            out.append(SPECIAL_TEXT.get(t, f"<{t}>"))
+        out.append(self._utf8.decode(bytes(run), final=final))
+        return "".join(out)
+
+
 def byte_text(ids) -> str:
     """Byte-level token ids as text: ids 0-255 are UTF-8 bytes (undecodable ones shown as
     ``\\xNN``), the special ids above them by name."""
-    out, run = [], bytearray()
-    for t in (int(i) for i in ids):
-        if t < 256:
-            run.append(t)
-            continue
-        out.append(run.decode("utf-8", errors="backslashreplace"))
-        run = bytearray()
-        out.append(SPECIAL_TEXT.get(t, f"<{t}>"))
-    out.append(run.decode("utf-8", errors="backslashreplace"))
-    return "".join(out)
+    return _ByteDecoder()(ids, final=True)
 
 
 def accepted_spans(tokens, acceptance_lengths) -> list[tuple[int, int, bool]]:
@@ -98,10 +110,11 @@ def accepted_spans(tokens, acceptance_lengths) -> list[tuple[int, int, bool]]:
 def marked_text(tokens, acceptance_lengths, colour: bool) -> str:
     """The generated text with the drafted-and-accepted spans marked: a green background with
     ``colour`` (ANSI), else between ``\u00ab`` and ``\u00bb``."""
-    parts = []
-    for i, j, drafted in accepted_spans(tokens, acceptance_lengths):
-        text = byte_text(tokens[i:j])
-        if drafted:
+    parts, decode = [], _ByteDecoder()
+    spans = accepted_spans(tokens, acceptance_lengths)
+    for k, (i, j, drafted) in enumerate(spans):
+        text = decode(tokens[i:j], final=k == len(spans) - 1)
+        if drafted and text:
             text = f"\x1b[30;42m{text}\x1b[0m" if colour else f"\u00ab{text}\u00bb"
         parts.append(text)
     return "".join(parts)

@@ -247,7 +247,7 @@ def plot_acceptance_vs_budget(stats: dict, ax=None):
     ax.set_xticks(b)
     ax.set_xticklabels([str(int(v)) for v in b])
     ax.set_xlabel("tree budget (drafted nodes verified per round)")
-    ax.set_ylabel("mean acceptance length (tokens / round)")
+    ax.set_ylabel("mean acceptance length (tokens / verify round)")
     ax.set_ylim(bottom=1.0)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
@@ -302,7 +302,7 @@ def plot_acceptance_histogram(stats: dict, budget: int | None = None, ax=None):
             continue
         x, frac = acceptance_histogram(stats, method, b)
         ax.bar(x + off, frac, width=width, color=colour, label=label, gid=method)
-    ax.set_xlabel("acceptance length (tokens committed per target forward)")
+    ax.set_xlabel("acceptance length (tokens accepted per verify round, bonus included)")
     ax.set_ylabel("fraction of rounds")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, axis="y")
@@ -340,15 +340,43 @@ def plot_example_tree(example: dict, ax=None, max_nodes: int | None = 24, labels
     return ax
 
 
+def projected_tokens_per_s(stats: dict, verify_bench: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(budgets [P], projected tokens/s [P]) of a larger target from its verify-forward times
+    (``verify_bench``: ``nodes`` = rows verified, root included, so budget = nodes - 1; ``ms`` per
+    forward) and a sweep's ddtree rows: mean acceptance length / (verify ms + the sweep's other
+    per-round ms), the sweep's figures interpolated in log2(budget), held constant outside."""
+    from .stats import summary_rows
+
+    rows = [r for r in summary_rows(stats) if r["method"] == "ddtree"]
+    try:
+        nodes = np.asarray(verify_bench["nodes"], np.float64)
+        ms = np.asarray(verify_bench["ms"], np.float64)
+    except (KeyError, TypeError, ValueError):
+        raise ValueError("verify_bench needs 'nodes' and 'ms' lists (benchmarks/verify_forward.py --json)") from None
+    if nodes.ndim != 1 or nodes.shape != ms.shape or nodes.size == 0 or (nodes < 2).any():
+        raise ValueError(f"verify_bench: 'nodes' (each >= 2) and 'ms' must be equal-length lists, "
+                         f"got {nodes.tolist()} and {ms.tolist()}")
+    if not rows:
+        raise ValueError("the statistics hold no ddtree runs")
+    budgets = nodes - 1
+    lb = np.log2([r["budget"] for r in rows])
+    acc = np.interp(np.log2(budgets), lb, [r["mean_acceptance"] for r in rows])
+    other = np.interp(np.log2(budgets), lb, [r["round_ms"] - r["verify_ms"] for r in rows])
+    return budgets, acc / (1e-3 * (ms + other))
+
+
 def plot_cost_vs_budget(stats: dict, verify_bench: dict | None = None, axes=None):
     """The cost side of the budget: verify time per round and tokens/s against the budget.
 
     stats         a sweep run on the GPU (``backend == "cuda"``): the demo pair's measured verify
                   time per round and end-to-end tokens/s at each budget
     verify_bench  optional ``{"label": str, "nodes": [..], "ms": [..]}`` verify-forward times of a
-                  larger target (``benchmarks/verify_forward.py --json``); its tokens/s is
-                  projected as the demo pair's mean acceptance length at that budget over (its
-                  verify time + the demo pair's other per-round stages), marked "projected"
+                  larger target (``benchmarks/verify_forward.py --json``; ``nodes`` counts the rows
+                  verified, the root included, so R rows are a tree of budget R - 1 and are drawn
+                  there). Its tokens/s is projected as the demo pair's mean acceptance length at
+                  that budget over (its verify time + the demo pair's other per-round stages), both
+                  interpolated in log budget between the sweep's budgets (and held at the end
+                  values outside them); marked "projected"
     axes          two Axes (verify time, tokens/s); new ones when None. Returns them.
     """
     from .stats import summary_rows
@@ -369,15 +397,11 @@ def plot_cost_vs_budget(stats: dict, verify_bench: dict | None = None, axes=None
     if ar:
         ax_s.axhline(ar[0]["tokens_per_s"], color="#777777", ls=":", label="demo pair, ar")
     if verify_bench is not None:
-        nodes, ms = np.asarray(verify_bench["nodes"]), np.asarray(verify_bench["ms"], np.float64)
-        ax_t.plot(nodes, ms, "s-", color=CHAIN_COLOUR, label=verify_bench.get("label", "benchmark"), gid="bench")
-        by_budget = {r["budget"]: r for r in rows}
-        pts = [(n, by_budget[n]["mean_acceptance"] / (1e-3 * (t + by_budget[n]["round_ms"] - by_budget[n]["verify_ms"])))
-               for n, t in zip(nodes, ms) if n in by_budget]
-        if pts:
-            x, y = zip(*pts)
-            ax_s.plot(x, y, "s--", color=CHAIN_COLOUR, label=f"{verify_bench.get('label', 'benchmark')}, projected",
-                      gid="projected")
+        x, y = projected_tokens_per_s(stats, verify_bench)
+        ms = np.asarray(verify_bench["ms"], np.float64)
+        label = verify_bench.get("label", "benchmark")
+        ax_t.plot(x, ms, "s-", color=CHAIN_COLOUR, label=label, gid="bench")
+        ax_s.plot(x, y, "s--", color=CHAIN_COLOUR, label=f"{label}, projected", gid="projected")
     for ax in (ax_t, ax_s):
         ax.set_xscale("log", base=2)
         ax.set_xticks(b)
@@ -393,6 +417,29 @@ def plot_cost_vs_budget(stats: dict, verify_bench: dict | None = None, axes=None
     return axes
 
 
+def _prompts_text(stats) -> str:
+    """'8 held-out prompts x 128 greedy tokens' (held out: every prompt names its module)."""
+    held = all(p.get("module") for p in stats["prompts"])
+    return f"{len(stats['prompts'])} {'held-out ' if held else ''}prompts x {stats['max_new_tokens']} greedy tokens"
+
+
+def check_stats(stats, what: str = "statistics") -> dict:
+    """``stats`` if it is a sweep's statistics (the keys the tables and figures read), else a
+    ``ValueError`` naming what is missing."""
+    if not isinstance(stats, dict):
+        raise ValueError(f"{what}: not a sweep's statistics (a JSON object), got {type(stats).__name__}")
+    missing = [k for k in ("runs", "budgets", "prompts", "backend", "device", "date", "max_new_tokens")
+               if k not in stats]
+    if missing:
+        raise ValueError(f"{what}: not a sweep's statistics (no {', '.join(missing)}; make it with `ddtree-numba sweep`)")
+    for r in stats["runs"]:
+        absent = [k for k in ("method", "budget", "prompt", "acceptance_lengths", "num_tokens", "target_forwards",
+                              "stage_times_s", "elapsed_s", "equals_ar") if k not in r]
+        if absent:
+            raise ValueError(f"{what}: a run record lacks {', '.join(absent)}")
+    return stats
+
+
 def write_figures(stats: dict, out_dir, cost_stats: dict | None = None, verify_bench: dict | None = None,
                   command: str | None = None, dpi: int = 120) -> list[tuple[str, str]]:
     """Write every acceptance figure as PNG into ``out_dir``, with a ``README.md`` that gives each
@@ -405,11 +452,19 @@ def write_figures(stats: dict, out_dir, cost_stats: dict | None = None, verify_b
 
     from .stats import best_row, summary_rows
 
+    check_stats(stats)
+    if cost_stats is not None:
+        check_stats(cost_stats, "cost statistics")
+        if cost_stats["backend"] != "cuda":
+            raise ValueError(f"the cost figure needs a sweep run on the GPU (backend cuda), got {cost_stats['backend']}")
+    if verify_bench is not None:
+        if cost_stats is None:
+            raise ValueError("verify_bench is drawn in the cost figure: give the GPU sweep (cost_stats) too")
+        projected_tokens_per_s(cost_stats, verify_bench)          # its ValueError names a bad file
     os.makedirs(out_dir, exist_ok=True)
     best = best_row(stats)
     chain = [r for r in summary_rows(stats) if r["method"] == "dflash"]
-    where = (f"{len(stats['prompts'])} held-out prompts x {stats['max_new_tokens']} greedy tokens, "
-             f"{stats['backend']} backend ({stats['device']}, {stats['date']})")
+    where = f"{_prompts_text(stats)}, {stats['backend']} backend ({stats['device']}, {stats['date']})"
     chain_text = f" ({chain[0]['mean_acceptance']:.2f})" if chain else ""
     written = []
 
@@ -421,7 +476,7 @@ def write_figures(stats: dict, out_dir, cost_stats: dict | None = None, verify_b
         written.append((name, caption))
 
     save("acceptance_vs_budget.png", lambda f: plot_acceptance_vs_budget(stats, f.add_subplot()), (6.4, 4.2),
-         f"Mean acceptance length (tokens per target forward, bonus included) against the tree budget, DDTree "
+         f"Mean acceptance length (tokens accepted per verify round, bonus included) against the tree budget, DDTree "
          f"against the DFlash chain{chain_text}; the band "
          f"is the per-prompt range. Best: {best['mean_acceptance']:.2f} at budget {best['budget']}. {where}.")
     save("depth_acceptance.png", lambda f: plot_depth_acceptance(stats, f.add_subplot()), (6.4, 4.2),
@@ -440,9 +495,12 @@ def write_figures(stats: dict, out_dir, cost_stats: dict | None = None, verify_b
              (11.5, 4.2),
              f"Left: verify forward per round against the budget, the demo pair on "
              f"{cost_stats['device']} ({cost_stats['date']})" + (f" and {label}" if label else "") + ". "
-             f"Right: generated tokens/s, the demo pair measured end to end (every round on the GPU, eager "
-             f"launches)" + (f"; for {label}, projected as the demo pair's acceptance length over that "
-                             f"verify time plus the demo pair's other stages" if label else "") + ".")
+             f"Right: generated tokens/s, the demo pair measured end to end (every round on the GPU, "
+             f"{'CUDA-graph' if cost_stats.get('graph') else 'eager'} launches)"
+             + (f"; for {label}, projected as the demo pair's acceptance length over that verify time plus the "
+                f"demo pair's other stages (its R verified rows are a tree of budget R - 1; the demo pair's "
+                f"figures are interpolated in log budget, held at budget {cost_stats['budgets'][0]}'s below it)"
+                if label else "") + ".")
     lines = ["# Figures", ""]
     if command:
         lines += [f"Made by `{command}`.", ""]

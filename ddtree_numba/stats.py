@@ -9,8 +9,9 @@ file; ``ddtree-numba plot`` and ``ddtree_numba.plots`` read it back. The derived
 can recompute every figure from the JSON.
 
 Vocabulary used throughout (per verify round):
-  acceptance length   tokens committed by one target forward, the round's bonus (root) included:
-                      1 + drafted tokens accepted (``GenerationResult.acceptance_lengths``)
+  acceptance length   tokens accepted by one verify forward, the round's bonus (root) included:
+                      1 + drafted tokens accepted (``GenerationResult.acceptance_lengths``; a last
+                      round cut by max_new_tokens still counts all it accepted)
   accepted depth      drafted tokens accepted = acceptance length - 1
   tokens per forward  generated tokens / target forwards, the prefill included (what a user
                       gets; slightly below the mean acceptance length on short runs)
@@ -63,7 +64,7 @@ def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budget
 
     prompts           list of 1-D int sequences (token ids), or of dicts with ``"ids"`` (and
                       optionally ``"module"``), as ``demo_metadata()["prompts"]`` holds them
-    budgets           ddtree node budgets, each >= 1 (ascending order is kept as given)
+    budgets           ddtree node budgets, distinct integers >= 1 (recorded in ascending order)
     example_budget    also trace the first prompt at this budget (host loop) and keep its first
                       ``example_rounds`` rounds (tree, target choices, accepted path); None: none
     progress          a tqdm bar over the runs (None: only when stderr is a terminal)
@@ -76,18 +77,25 @@ def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budget
     and the header (backend, device, budgets, prompts, tokens). Raises ``ValueError`` on an empty
     prompt list or a bad budget; an ``equals_ar`` False is recorded, not raised (see ``check``).
     """
-    budgets = [int(b) for b in budgets]
-    if not budgets or any(b < 1 for b in budgets):
+    budgets = list(budgets)
+    if not budgets or any(not isinstance(b, (int, np.integer)) or b < 1 for b in budgets):
         raise ValueError(f"budgets must be a non-empty list of integers >= 1, got {budgets}")
+    if len(set(budgets)) != len(budgets):
+        raise ValueError(f"budgets must be distinct, got {budgets}")
+    budgets = sorted(int(b) for b in budgets)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     items = [p if isinstance(p, dict) else {"ids": p} for p in prompts]
     if not items:
         raise ValueError("acceptance_sweep needs at least one prompt")
-    ids = [np.asarray(p["ids"], np.int32) for p in items]
-    for i, p in enumerate(ids):
-        if p.ndim != 1 or p.size == 0:
-            raise ValueError(f"prompt {i} must be a non-empty 1-D sequence of token ids, got shape {p.shape}")
+    ids = []
+    for i, p in enumerate(items):
+        raw = np.asarray(p["ids"])
+        if raw.ndim != 1 or raw.size == 0:
+            raise ValueError(f"prompt {i} must be a non-empty 1-D sequence of token ids, got shape {raw.shape}")
+        if not np.issubdtype(raw.dtype, np.integer):
+            raise ValueError(f"prompt {i} holds non-integer token ids ({raw.dtype})")
+        ids.append(raw.astype(np.int32))
 
     from tqdm import tqdm        # the plain bar: tqdm.auto warns in notebooks without ipywidgets
     plan = [("ar", None), ("dflash", None)] + [("ddtree", b) for b in budgets]
@@ -98,7 +106,9 @@ def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budget
             generate(target, None if method == "ar" else drafter, ids[0], min(8, max_new_tokens), method=method,
                      budget=budget or 1, graph=graph)
     t0 = time.perf_counter()
-    with tqdm(total=total, unit="run", desc="sweep", disable=progress is False, leave=False) as bar:
+    # tqdm's disable=None: a bar only when stderr is a terminal
+    with tqdm(total=total, unit="run", desc="sweep", disable=None if progress is None else not progress,
+              leave=False) as bar:
         for i, p in enumerate(ids):
             ar_tokens = None
             for method, budget in plan:
@@ -117,7 +127,7 @@ def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budget
     header = dict(
         schema=SCHEMA, date=datetime.date.today().isoformat(), backend=getattr(target, "backend", "numpy"),
         device=_device_name(target), python=platform.python_version(), max_new_tokens=int(max_new_tokens),
-        budgets=budgets, vocab_size=int(target.config.vocab_size),
+        budgets=budgets, graph=bool(graph), vocab_size=int(target.config.vocab_size),
         block_size=int(getattr(drafter, "block_size", 0)),
         prompts=[dict(module=p.get("module"), num_ids=int(len(q))) for p, q in zip(items, ids)],
         seconds=round(time.perf_counter() - t0, 1))
@@ -155,7 +165,10 @@ def _configs(stats):
 
 
 def pooled_lengths(stats: dict, method: str, budget: int | None = None) -> np.ndarray:
-    """Acceptance lengths of every round of every prompt for one configuration, [R] int."""
+    """Acceptance lengths of every round of every prompt for one configuration, [R] int.
+    ``method`` "ddtree" needs its ``budget`` (one of ``stats["budgets"]``)."""
+    if method == "ddtree" and budget not in stats["budgets"]:
+        raise ValueError(f"ddtree needs one of the sweep's budgets {stats['budgets']}, got {budget}")
     runs = _runs(stats, method, budget)
     return np.asarray([a for r in runs for a in r["acceptance_lengths"]], np.int64)
 

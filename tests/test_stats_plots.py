@@ -99,6 +99,10 @@ def test_bad_sweep_inputs_raise(oracle_pair):
                         (dict(max_new_tokens=0), "max_new_tokens")):
         with pytest.raises(ValueError, match=msg):
             stats.acceptance_sweep(target, drafter, [prompt], **{"max_new_tokens": 4, **kwargs})
+    with pytest.raises(ValueError, match="distinct"):
+        stats.acceptance_sweep(target, drafter, [prompt], 4, budgets=(8, 8))
+    with pytest.raises(ValueError, match="non-integer"):
+        stats.acceptance_sweep(target, drafter, [[1.7, 2.0]], 4)
     with pytest.raises(ValueError, match="at least one prompt"):
         stats.acceptance_sweep(target, drafter, [], 4)
     with pytest.raises(ValueError, match="prompt 1"):
@@ -112,10 +116,15 @@ def test_marked_spans_are_the_traced_accepted_paths(oracle_pair):
     assert spans[0][0] == 0 and spans[-1][1] == len(res.tokens)
     assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))         # contiguous, in order
     drafted = [res.tokens[i:j].tolist() for i, j, hot in spans if hot]
-    # each round's accepted drafted tokens, from its traced tree, in round order (empty ones dropped)
-    from_trees = [[int(tr.tree.tokens[k - 1]) for k in tr.keep[1:]] for tr in res.traces]
-    assert drafted == [t for t in from_trees if t][:len(drafted)]
-    assert sum(j - i for i, j, hot in spans if hot) <= int(res.accepted_depths.sum())
+    # each round's accepted drafted tokens, from its traced tree, in round order (empty ones dropped);
+    # only the last round may be cut short by max_new_tokens
+    from_trees = [t for t in ([int(tr.tree.tokens[k - 1]) for k in tr.keep[1:]] for tr in res.traces) if t]
+    assert len(drafted) == len(from_trees) and drafted[:-1] == from_trees[:-1]
+    assert 0 < len(drafted[-1]) <= len(from_trees[-1]) and drafted[-1] == from_trees[-1][:len(drafted[-1])]
+    # the plain spans are the bonus tokens: one per round, plus the last forward's bonus
+    bonuses = [res.tokens[i:j].tolist() for i, j, hot in spans if not hot]
+    assert all(len(b) == 1 for b in bonuses) and [b[0] for b in bonuses[:len(res.traces)]] == \
+        [int(tr.bonus) for tr in res.traces][:len(bonuses)]
     text = demo.marked_text(res.tokens.tolist(), res.acceptance_lengths.tolist(), colour=False)
     assert text.count("\u00ab") == len(drafted)
     assert "\x1b[" in demo.marked_text(res.tokens.tolist(), res.acceptance_lengths.tolist(), colour=True)
@@ -147,6 +156,27 @@ def test_example_tree_keeps_paths_and_the_accepted_path(sweep, max_nodes):
                                                                     | set(ex["keep"])) - 1)
 
 
+def test_projected_tokens_per_s_against_hand_arithmetic(sweep):
+    """R verified rows are a budget R-1 tree; the sweep's acceptance and other-stage time are
+    interpolated in log2(budget) and held constant outside the sweep's budgets."""
+    rows = {r["budget"]: r for r in stats.summary_rows(sweep) if r["method"] == "ddtree"}    # 2, 8, 32
+    bench = dict(nodes=[3, 5, 9, 100], ms=[10.0, 20.0, 30.0, 40.0])
+    x, y = plots.projected_tokens_per_s(sweep, bench)
+    assert x.tolist() == [2, 4, 8, 99]
+
+    def other(b):
+        return rows[b]["round_ms"] - rows[b]["verify_ms"]
+    acc4 = (rows[2]["mean_acceptance"] + rows[8]["mean_acceptance"]) / 2      # log2: 4 is halfway
+    oth4 = (other(2) + other(8)) / 2
+    want = [rows[2]["mean_acceptance"] / (1e-3 * (10.0 + other(2))), acc4 / (1e-3 * (20.0 + oth4)),
+            rows[8]["mean_acceptance"] / (1e-3 * (30.0 + other(8))),
+            rows[32]["mean_acceptance"] / (1e-3 * (40.0 + other(32)))]
+    assert y.tolist() == pytest.approx(want)
+    for bad in (dict(nodes=[3]), dict(nodes=[1], ms=[2.0]), dict(nodes=[3, 4], ms=[1.0])):
+        with pytest.raises(ValueError, match="verify_bench"):
+            plots.projected_tokens_per_s(sweep, bad)
+
+
 def test_plots_draw_the_tables(sweep, tmp_path):
     import matplotlib
     matplotlib.use("Agg")
@@ -158,8 +188,9 @@ def test_plots_draw_the_tables(sweep, tmp_path):
     assert {ln.get_gid() for ln in ax.get_lines()} == {"ddtree", "dflash"}
     with pytest.raises(ValueError, match="not in the sweep"):
         plots.plot_depth_acceptance(sweep, budgets=[5])
-    written = plots.write_figures(sweep, tmp_path / "fig", cost_stats=sweep,
-                                  verify_bench=dict(label="big", nodes=[2, 8], ms=[10.0, 12.0]), command="x y")
+    gpu = dict(sweep, backend="cuda")
+    written = plots.write_figures(sweep, tmp_path / "fig", cost_stats=gpu,
+                                  verify_bench=dict(label="big", nodes=[3, 9], ms=[10.0, 12.0]), command="x y")
     names = [n for n, _ in written]
     assert names[:3] == ["acceptance_vs_budget.png", "depth_acceptance.png", "acceptance_histogram.png"]
     assert "cost_vs_budget.png" in names and "example_tree_1.png" in names
@@ -167,6 +198,12 @@ def test_plots_draw_the_tables(sweep, tmp_path):
     assert "Made by `x y`" in readme and all(f"![{n}]({n})" in readme for n in names)
     for n in names:
         assert (tmp_path / "fig" / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="backend cuda"):
+        plots.write_figures(sweep, tmp_path / "fig2", cost_stats=sweep)
+    with pytest.raises(ValueError, match="give the GPU sweep"):
+        plots.write_figures(sweep, tmp_path / "fig2", verify_bench=dict(nodes=[3], ms=[1.0]))
+    with pytest.raises(ValueError, match="no device"):
+        plots.write_figures({k: v for k, v in sweep.items() if k != "device"}, tmp_path / "fig2")
 
 
 @pytest.fixture
@@ -204,13 +241,41 @@ def test_cli_demo_sweep_plot(golden_demo_dir, tmp_path, capsys):
     (["sweep", "--out", "x.json", "--target", TARGET], "both --target and --drafter"),
     (["sweep", "--out", "x.json", "--target", TARGET, "--drafter", DRAFTER], "--prompt-ids is needed"),
     (["plot", "/nonexistent.json"], "STATS /nonexistent.json"),
+    (["sweep", "--out", "/nonexistent/dir/x.json"], "cannot write a file there"),
+    (["sweep", "--out", "x.json", "--budgets", "8", "8"], "--budgets must be distinct"),
 ])
 def test_cli_bad_input_exits_2(golden_demo_dir, capsys, argv, msg):
     assert cli.main(argv) == 2
     assert msg in capsys.readouterr().err
 
 
+def test_cli_plot_rejects_malformed_inputs(sweep, tmp_path, capsys):
+    good = tmp_path / "s.json"
+    good.write_text(json.dumps(sweep))
+    cases = [("[1, 2]", [], "not a sweep's statistics"),
+             (json.dumps({k: v for k, v in sweep.items() if k != "date"}), [], "no date"),
+             (json.dumps(sweep), ["--verify-bench", str(good)], "give --cost"),
+             (json.dumps(sweep), ["--cost", str(good)], "backend cuda")]
+    for text, extra, msg in cases:
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        assert cli.main(["plot", str(bad), "--out", str(tmp_path / "f"), *extra]) == 2
+        assert msg in capsys.readouterr().err
+
+
+def test_depth_tables_need_a_budget_for_ddtree(sweep):
+    with pytest.raises(ValueError, match="ddtree needs one of the sweep's budgets"):
+        stats.depth_survival(sweep, "ddtree")
+
+
 def test_cli_demo_without_the_pair_names_the_training_command(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(demo, "DEMO_DIR", str(tmp_path / "none"))
     assert cli.main(["demo", "--backend", "numpy"]) == 2
     assert "tools/train_demo.py" in capsys.readouterr().err
+
+
+def test_a_character_split_between_spans_prints_whole():
+    ids = list("a\u20acb".encode())                     # the euro sign is 3 bytes: split over spans
+    assert demo.marked_text(ids, [2, 2], colour=False) == "a\u00ab\u20ac\u00bbb"
+    assert demo.marked_text(ids, [2, 2], colour=False).replace("\u00ab", "").replace("\u00bb", "") == \
+        demo.byte_text(ids)

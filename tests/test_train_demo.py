@@ -137,6 +137,16 @@ def test_two_stage_run_writes_the_same_pair(smoke, tmp_path):
     assert staged["eval"]["target_heldout_loss"] == meta["eval"]["target_heldout_loss"]
 
 
+def test_drafter_stage_refuses_other_data_flags(smoke, tmp_path):
+    """The drafter stage's held-out split and dtype must be the target stage's."""
+    _needs_training_stack()
+    run = [sys.executable, SCRIPT, "--smoke", "--device", "cpu", "--out", str(tmp_path), "--no-check"]
+    assert subprocess.run(run + ["--stage", "target"], capture_output=True, timeout=600, cwd=ROOT).returncode == 0
+    proc = subprocess.run(run + ["--stage", "drafter", "--heldout-mod", "8"], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT)
+    assert proc.returncode != 0 and "heldout_mod=16 there, 8 here" in proc.stderr
+
+
 def test_drafter_stage_without_a_target_stage_says_so(tmp_path):
     _needs_training_stack()
     proc = subprocess.run([sys.executable, SCRIPT, "--smoke", "--device", "cpu", "--out", str(tmp_path),
@@ -206,3 +216,17 @@ def test_the_committed_statistics_hold_the_claims():
     readme = open(os.path.join(FIGURES, "README.md")).read()
     assert len(pngs) >= 5 and all(f"![{p}]({p})" in readme for p in pngs)
     assert "ddtree-numba plot" in readme
+
+
+def test_the_readme_table_is_the_committed_sweep():
+    """README's acceptance table gives the numbers of figures/data/sweep_numpy.json."""
+    from ddtree_numba import stats
+    with open(os.path.join(FIGURES, "data", "sweep_numpy.json")) as f:
+        rows = stats.summary_rows(json.load(f))
+    chain = next(r for r in rows if r["method"] == "dflash")
+    tree = [r for r in rows if r["method"] == "ddtree"]
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    for label, key in (("mean acceptance length", "mean_acceptance"), ("tokens per target forward", "tokens_per_forward")):
+        line = next(ln for ln in readme.splitlines() if ln.startswith(f"| {label} |"))
+        cells = [c.strip().strip("*") for c in line.strip("|").split("|")[1:]]
+        assert cells == [f"{r[key]:.2f}" for r in [chain] + tree], label

@@ -57,7 +57,8 @@ def main(argv=None):
     ap.add_argument("stats", help="statistics JSON of `ddtree-numba sweep` on the demo pair")
     ap.add_argument("--cost", help="the same sweep on a GPU (verify time, tokens/s)")
     ap.add_argument("--demo-budget", type=int, default=None,
-                    help="default budget of `ddtree-numba demo` (default: the best budget)")
+                    help="default budget of `ddtree-numba demo` on numpy (default: the one recorded, else 64; "
+                         "keep the CPU demo under a minute)")
     ap.add_argument("--dir", default=DEMO_DIR, help="the demo pair's directory")
     args = ap.parse_args(argv)
     with open(args.stats) as f:
@@ -68,16 +69,21 @@ def main(argv=None):
         with open(args.cost) as f:
             cost = json.load(f)
         check(cost)
+    # a sweep records its target's absolute path (of the machine it ran on): compare the tail
+    pair_tail = os.path.join(*os.path.abspath(args.dir).split(os.sep)[-3:], "target")
+    for name, s in (("STATS", stats), ("--cost", cost)):
+        if s is not None and not os.path.normpath(s.get("target", "")).endswith(pair_tail):
+            raise SystemExit(f"{name} is a sweep of {s.get('target')!r}, not of the demo pair in {args.dir}")
     rows, best = summary_rows(stats), best_row(stats)
-    demo_budget = args.demo_budget or best["budget"]
+    meta_path, card_path = os.path.join(args.dir, "demo.json"), os.path.join(args.dir, "MODEL_CARD.md")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    demo_budget = args.demo_budget or meta.get("acceptance", {}).get("demo_budget", 64)
     cost_best = None
     if cost:                     # on the GPU the demo takes the budget of the most tokens/s
         cost_best = max((r for r in summary_rows(cost) if r["method"] == "ddtree"), key=lambda r: r["tokens_per_s"])
     if demo_budget < 1:
         raise SystemExit(f"--demo-budget must be >= 1, got {demo_budget}")
-    meta_path, card_path = os.path.join(args.dir, "demo.json"), os.path.join(args.dir, "MODEL_CARD.md")
-    with open(meta_path) as f:
-        meta = json.load(f)
     source = os.path.relpath(os.path.abspath(args.stats), ROOT)
     meta["acceptance"] = dict(source=source, command=stats["command"], backend=stats["backend"], date=stats["date"],
                               best_budget=best["budget"], best_mean_acceptance=round(best["mean_acceptance"], 3),

@@ -686,6 +686,11 @@ def count_params(module):
     return sum(p.numel() for p in module.parameters())
 
 
+def _code_spans(commands):
+    """'cmd1, then cmd2' (a two-stage run) as two code spans, each one pasteable."""
+    return ", then ".join(f"`{c}`" for c in commands.split(", then "))
+
+
 def model_card(meta):
     tm, dm = meta["target"], meta["drafter"]
     data = meta["data"]
@@ -696,9 +701,9 @@ def model_card(meta):
     lines = [
         "# The demo pair: a byte-level DeepSeek-V3-architecture target and its DFlash drafter",
         "",
-        f"Made by `{meta['command']}` ({meta['date']}, {meta['device']}, torch {meta['torch']}, "
+        f"Made by {_code_spans(meta['command'])} ({meta['date']}, {meta['device']}, torch {meta['torch']}, "
         f"transformers {meta['transformers']}, seed {meta['seed']}, {meta['total_seconds']:.0f} s in all). "
-        f"Repeat it with `{meta['repeat_command']}`.",
+        f"Repeat it with {_code_spans(meta['repeat_command'])}.",
         "",
         "## Data",
         "",
@@ -745,7 +750,9 @@ def model_card(meta):
         f"Final training loss (mean of the last {dr['final_loss_steps']} steps) {dr['final_loss']:.4f}.",
         f"Held out ({meta['pool']['heldout']} greedy continuations of held-out prefixes, {ev['drafter']['anchors']} anchors): "
         f"loss {ev['drafter']['loss']:.4f}; top-1 accuracy by depth {ev['drafter']['top1_by_depth']}; "
-        f"DFlash chain acceptance length (1 + leading correct drafts) {ev['drafter']['chain_acceptance']}.",
+        f"DFlash chain acceptance length (1 + leading correct drafts) {ev['drafter']['chain_acceptance']}, "
+        "averaged over random anchors in those continuations: a training metric, not comparable with the "
+        "per-round acceptance of decoding below.",
         "",
         "## Check",
         "",
@@ -863,9 +870,16 @@ def target_stage(args, p, device, dtype, budget_s, argv):
                   smoke=args.smoke, export_dtype=args.dtype, data=data_info, prompts=prompts,
                   experts_implementation=experts_impl, training=t_stats, heldout_loss=heldout_loss,
                   params=count_params(target), config=tc, seconds=round(time.perf_counter() - t0, 1),
+                  stage_flags=_stage_flags(args),
                   repeat=" ".join(["python tools/train_demo.py", f"--device {args.device}", f"--seed {args.seed}",
                                    f"--target-steps {t_stats['steps']}"] + _repeat_flags(args)))
     return target, (train, held), record
+
+
+def _stage_flags(args):
+    """The flags both stages must share: they decide the data split, the target and its dtype."""
+    return dict(smoke=args.smoke, seed=args.seed, heldout_mod=args.heldout_mod, no_tests=args.no_tests,
+                dtype=args.dtype)
 
 
 def load_stage_target(out, args, device):
@@ -876,9 +890,12 @@ def load_stage_target(out, args, device):
         raise SystemExit(f"--stage drafter needs the output of --stage target in {out} ({STAGE_FILE} and target/)")
     with open(path) as f:
         record = json.load(f)
-    if record["smoke"] != args.smoke or record["seed"] != args.seed:
-        raise SystemExit(f"{path} was made with smoke={record['smoke']} seed={record['seed']}; "
-                         f"this run has smoke={args.smoke} seed={args.seed}")
+    want, have = record.get("stage_flags", {}), _stage_flags(args)
+    differ = {k: (want.get(k), v) for k, v in have.items() if want.get(k) != v}
+    if differ:
+        raise SystemExit(f"{path} was made with other flags than this run: "
+                         + ", ".join(f"{k}={a!r} there, {b!r} here" for k, (a, b) in differ.items())
+                         + "; give --stage drafter the target stage's --seed/--smoke/--heldout-mod/--no-tests/--dtype")
     train, held, _, _, data_info = collect_corpus(args.heldout_mod, not args.no_tests)
     if data_info["corpus_sha256"] != record["data"]["corpus_sha256"]:
         raise SystemExit(f"the corpus here (Python {data_info['python_version']}) is not the one the target was "
