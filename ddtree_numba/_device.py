@@ -7,6 +7,8 @@ import os
 import numpy as np
 from numba import config, cuda
 
+from ._checks import check_array
+
 # Several stages launch few blocks on purpose (one block builds the tree, one walks it, decode
 # attention at one node); numba would warn about "low occupancy" at each of their launches. The
 # user's own NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS setting wins.
@@ -29,6 +31,29 @@ def to_device(a, stream=0):
     if is_device(a):
         return a
     return cuda.to_device(np.ascontiguousarray(a), stream=stream)
+
+
+def float32_out(out, shape, stream=0):
+    """A launcher's output array: ``out`` (checked to be float32 of ``shape``), or a new device
+    array of that shape when ``out`` is None."""
+    if out is None:
+        return cuda.device_array(shape, np.float32, stream=stream)
+    check_array("out", out, len(shape), np.float32, shape=shape)
+    return out
+
+
+def launcher_result(y, out, first_input, stream=0):
+    """What a launcher returns: numpy in, numpy out (a host copy of ``y`` when no ``out`` was
+    given and ``first_input`` is a host array); otherwise the device array ``y``."""
+    if out is None and not is_device(first_input):
+        return y.copy_to_host(stream=stream)
+    return y
+
+
+def rows_device(n: int, stream=0):
+    """int32[1] on the device holding a row count (kernels read the sizes that change between
+    calls from the device, so graph replays can follow them)."""
+    return to_device(np.array([n], np.int32), stream)
 
 
 def check_threads(threads: int, lo: int = 1, hi: int = 1024) -> int:

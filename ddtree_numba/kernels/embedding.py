@@ -18,7 +18,7 @@ import numpy as np
 from numba import config, cuda
 
 from .._checks import check_array
-from .._device import is_device, to_device
+from .._device import float32_out, is_device, launcher_result, rows_device, to_device
 from .linear import _WIDEN, _enqueue_linear, _weight_kind
 
 # Threads per block (one block per row; hidden 2048 = 8 columns a thread). The simulator runs
@@ -82,17 +82,11 @@ def embedding(ids, table, *, out=None, stream=0):
             raise ValueError(f"ids holds {bad}, outside the vocabulary [0, {v})")
         ids = ids.astype(np.int32, copy=False)
     t = ids.shape[0]
-    if out is None:
-        y = cuda.device_array((t, m), np.float32, stream=stream)
-    else:
-        check_array("out", out, 2, np.float32, shape=(t, m))
-        y = out
+    y = float32_out(out, (t, m), stream)
     if t and m:
-        n_rows = to_device(np.array([t], np.int32), stream)
+        n_rows = rows_device(t, stream)
         _enqueue_embedding(to_device(ids, stream), to_device(table, stream), y, n_rows, stream=stream)
-    if out is None and not is_device(ids):
-        return y.copy_to_host(stream=stream)
-    return y
+    return launcher_result(y, out, ids, stream)
 
 
 def lm_head(x, weight, *, out=None, stream=0):
@@ -109,14 +103,8 @@ def lm_head(x, weight, *, out=None, stream=0):
     if weight.shape[1] != m:
         raise ValueError(f"weight has {weight.shape[1]} input features but x has {m}")
     v = weight.shape[0]
-    if out is None:
-        y = cuda.device_array((t, v), np.float32, stream=stream)
-    else:
-        check_array("out", out, 2, np.float32, shape=(t, v))
-        y = out
+    y = float32_out(out, (t, v), stream)
     if t and v:
-        n_rows = to_device(np.array([t], np.int32), stream)
+        n_rows = rows_device(t, stream)
         _enqueue_linear(to_device(x, stream), to_device(weight, stream), y, n_rows, stream=stream)
-    if out is None and not is_device(x):
-        return y.copy_to_host(stream=stream)
-    return y
+    return launcher_result(y, out, x, stream)

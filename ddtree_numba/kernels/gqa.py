@@ -40,7 +40,7 @@ import numpy as np
 from numba import config, cuda, float32
 
 from .._checks import check_array
-from .._device import ceil_div, fma, is_device, to_device
+from .._device import ceil_div, float32_out, fma, launcher_result, to_device
 
 _SIM = bool(config.ENABLE_CUDASIM)
 THREADS = 8 if _SIM else 128          # combine and meta kernels: threads per block
@@ -406,11 +406,7 @@ def gqa_attention(q, k, v, scale, mask=None, *, out=None, stream=0):
         check_array("mask", mask, 2, np.bool_, shape=(t, s))
     if 4 * _smem_floats(dh, _tiles(dh)) > _SMEM_MAX:
         raise ValueError(f"head dim {dh} is too large for the kernel's shared-memory tiles")
-    if out is None:
-        y = cuda.device_array((t, hq, dh), np.float32, stream=stream)
-    else:
-        check_array("out", out, 3, np.float32, shape=(t, hq, dh))
-        y = out
+    y = float32_out(out, (t, hq, dh), stream)
     if t and hq:
         meta = to_device(np.array([s, t], np.int32), stream)
         d_k = to_device(k, stream).reshape(s, hkv * dh)
@@ -419,6 +415,4 @@ def gqa_attention(q, k, v, scale, mask=None, *, out=None, stream=0):
             to_device(q, stream).reshape(t, hq * dh), d_k, d_v, None, None, meta, float(scale),
             y.reshape(t, hq * dh), GQAScratch(t, hq, dh, s, stream=stream),
             mask=None if mask is None else to_device(mask, stream), stream=stream)
-    if out is None and not is_device(q):
-        return y.copy_to_host(stream=stream)
-    return y
+    return launcher_result(y, out, q, stream)

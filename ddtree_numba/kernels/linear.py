@@ -51,7 +51,8 @@ from numba import config, cuda, float32, int32, int64, uint16, uint32, uint64
 from numba.core.types import float16
 
 from .._checks import check_array
-from .._device import bf16_to_f32, ceil_div, device_function, fma, is_device, to_device
+from .._device import (bf16_to_f32, ceil_div, device_function, float32_out,
+                       fma, launcher_result, rows_device, to_device)
 
 KC = 64                    # reduction chunk of the contract above (fixed forever: changing it changes bits)
 WEIGHT_DTYPES = (np.float32, np.float16, np.uint16)   # uint16 = bfloat16 bits
@@ -806,14 +807,8 @@ def linear(x, weight, *, out=None, stream=0):
     if weight.shape[1] != k:
         raise ValueError(f"weight has {weight.shape[1]} input features but x has {k}")
     n = weight.shape[0]
-    if out is None:
-        y = cuda.device_array((t, n), np.float32, stream=stream)
-    else:
-        check_array("out", out, 2, np.float32, shape=(t, n))
-        y = out
+    y = float32_out(out, (t, n), stream)
     if t and n:
-        n_rows = to_device(np.array([t], np.int32), stream)
+        n_rows = rows_device(t, stream)
         _enqueue_linear(to_device(x, stream), to_device(weight, stream), y, n_rows, stream=stream)
-    if out is None and not is_device(x):
-        return y.copy_to_host(stream=stream)
-    return y
+    return launcher_result(y, out, x, stream)

@@ -45,7 +45,8 @@ import numpy as np
 from numba import config, cuda, float32, uint32
 
 from .._checks import check_array
-from .._device import ceil_div, device_function, fma, is_device, to_device
+from .._device import (ceil_div, device_function, float32_out, fma,
+                       is_device, launcher_result, rows_device, to_device)
 from ..reference.mla import split_kv_b
 from .linear import WEIGHT_DTYPES, _enqueue_linear_heads
 
@@ -389,17 +390,15 @@ def mla_attention_absorbed(q_nope, q_pe, c_kv, k_pe, kv_b_weight, mask, scale, *
         raise ValueError(f"scale must be a number, got {scale!r}") from None
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
-    if out is not None:
-        check_array("out", out, 3, np.float32, shape=(t, h, dv))
     if c == 0:
         raise ValueError("c_kv has no latent channels (C = 0)")
     s0, bits = _mask_to_bits(mask.copy_to_host() if is_device(mask) else mask, t)
 
-    y = out if out is not None else cuda.device_array((t, h, dv), np.float32, stream=stream)
+    y = float32_out(out, (t, h, dv), stream)
     if t:
         host_w = kv_b_weight.copy_to_host() if is_device(kv_b_weight) else kv_b_weight
         w_uk_t, w_uv = _absorb_weights(host_w, h, d)                 # [H, C, D], [H, Dv, C]
-        n_rows = to_device(np.array([t], np.int32), stream)
+        n_rows = rows_device(t, stream)
         meta = to_device(np.array([s0, t], np.int32), stream)
         q_lat = cuda.device_array((t, h * c), np.float32, stream=stream)   # [T, H*C]
         o_lat = cuda.device_array((t, h * c), np.float32, stream=stream)   # [T, H*C]
@@ -410,6 +409,4 @@ def mla_attention_absorbed(q_nope, q_pe, c_kv, k_pe, kv_b_weight, mask, scale, *
                                MLAScratch(t, h, s, stream), stream=stream)
         _enqueue_linear_heads(o_lat, c, to_device(w_uv, stream), y.reshape(t, h * dv), n_rows,
                               stream=stream)
-    if out is None and not is_device(q_nope):
-        return y.copy_to_host(stream=stream)
-    return y
+    return launcher_result(y, out, q_nope, stream)

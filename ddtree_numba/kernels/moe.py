@@ -36,7 +36,8 @@ import numpy as np
 from numba import config, cuda, float32, int32, uint32
 
 from .._checks import check_array, check_int
-from .._device import ceil_div, device_function, fma, is_device, to_device
+from .._device import (ceil_div, device_function, float32_out, fma,
+                       is_device, launcher_result, rows_device, to_device)
 from .linear import WEIGHT_DTYPES, _enqueue_grouped, _enqueue_linear, _enqueue_swiglu, _weight_kind
 
 SIM = config.ENABLE_CUDASIM
@@ -445,10 +446,6 @@ def _check_weight(name, w, ndim, shape=None):
     return _weight_kind(w)
 
 
-def _rows_device(n, stream):
-    return to_device(np.array([n], np.int32), stream)
-
-
 def moe_route(x, gate_weight, e_score_correction_bias, scoring_func, topk_method, n_group,
               topk_group, top_k, norm_topk_prob, routed_scaling_factor, *, out=None, stream=0):
     """Each token's experts and weights, on the GPU (router GEMM + one routing kernel).
@@ -477,7 +474,7 @@ def moe_route(x, gate_weight, e_score_correction_bias, scoring_func, topk_method
         check_array("out[0]", ids, 2, np.int32, shape=(t, top_k))
         check_array("out[1]", weights, 2, np.float32, shape=(t, top_k))
     if t:
-        n_rows = _rows_device(t, stream)
+        n_rows = rows_device(t, stream)
         logits = cuda.device_array((t, e), np.float32, stream=stream)
         _enqueue_linear(to_device(x, stream), to_device(gate_weight, stream), logits, n_rows,
                         stream=stream)
@@ -511,19 +508,13 @@ def swiglu_mlp(x, gate_weight, up_weight, down_weight, *, out=None, stream=0):
     check_array("x", x, 2, np.float32)
     t, m = x.shape
     _check_mlp_weights("", gate_weight, up_weight, down_weight, 2, m)
-    if out is None:
-        y = cuda.device_array((t, m), np.float32, stream=stream)
-    else:
-        check_array("out", out, 2, np.float32, shape=(t, m))
-        y = out
+    y = float32_out(out, (t, m), stream)
     if t and m:
         act = cuda.device_array((t, gate_weight.shape[0]), np.float32, stream=stream)
         _enqueue_swiglu_mlp(to_device(x, stream), to_device(gate_weight, stream),
                             to_device(up_weight, stream), to_device(down_weight, stream), act, y,
-                            _rows_device(t, stream), stream=stream)
-    if out is None and not is_device(x):
-        return y.copy_to_host(stream=stream)
-    return y
+                            rows_device(t, stream), stream=stream)
+    return launcher_result(y, out, x, stream)
 
 
 def moe_experts(x, topk_ids, topk_weights, gate_weights, up_weights, down_weights, *, out=None,
@@ -548,23 +539,17 @@ def moe_experts(x, topk_ids, topk_weights, gate_weights, up_weights, down_weight
         srt = np.sort(topk_ids, axis=1)
         if (srt[:, 1:] == srt[:, :-1]).any():
             raise ValueError("topk_ids repeats an expert within a row")
-    if out is None:
-        y = cuda.device_array((t, m), np.float32, stream=stream)
-    else:
-        check_array("out", out, 2, np.float32, shape=(t, m))
-        y = out
+    y = float32_out(out, (t, m), stream)
     if t and m:
         if k == 0:
             y.copy_to_device(np.zeros((t, m), np.float32), stream=stream)  # the twin's zeros
         else:
             bufs = MoEBuffers(t, e, k, m, i, stream=stream)
-            n_rows = _rows_device(t, stream)
+            n_rows = rows_device(t, stream)
             _enqueue_moe_sort(to_device(topk_ids, stream), to_device(topk_weights, stream), bufs,
                               n_rows, stream=stream)
             _enqueue_moe_experts(to_device(x, stream), to_device(gate_weights, stream),
                                  to_device(up_weights, stream), to_device(down_weights, stream),
                                  bufs, stream=stream)
             _enqueue_moe_combine(bufs, None, y, n_rows, residual=False, stream=stream)
-    if out is None and not is_device(x):
-        return y.copy_to_host(stream=stream)
-    return y
+    return launcher_result(y, out, x, stream)

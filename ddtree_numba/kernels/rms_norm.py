@@ -19,7 +19,7 @@ import numpy as np
 from numba import config, cuda, float32
 
 from .._checks import check_array
-from .._device import fma, is_device, to_device
+from .._device import float32_out, fma, launcher_result, rows_device, to_device
 
 # Threads per block (a power of two: the tree halves it). 256 covers hidden 2048 in 8 loads a
 # thread; the simulator runs every thread as a Python thread and every barrier costs it
@@ -93,15 +93,9 @@ def rms_norm(x, weight, eps, *, out=None, stream=0):
     if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.integer, np.floating)) \
             or not math.isfinite(eps) or eps < 0:
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
-    if out is None:
-        y = cuda.device_array((t, m), np.float32, stream=stream)
-    else:
-        check_array("out", out, 2, np.float32, shape=(t, m))
-        y = out
+    y = float32_out(out, (t, m), stream)
     if t and m:
-        n_rows = to_device(np.array([t], np.int32), stream)
+        n_rows = rows_device(t, stream)
         _enqueue_rms_norm(to_device(x, stream), to_device(weight, stream), float(eps), y, n_rows,
                           stream=stream)
-    if out is None and not is_device(x):
-        return y.copy_to_host(stream=stream)
-    return y
+    return launcher_result(y, out, x, stream)

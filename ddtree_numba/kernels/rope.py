@@ -19,7 +19,7 @@ import numpy as np
 from numba import config, cuda, float32, float64
 
 from .._checks import check_array
-from .._device import ceil_div, device_function, is_device, to_device
+from .._device import ceil_div, device_function, float32_out, is_device, launcher_result, to_device
 
 # Threads per block. A row of queries holds H * R2 pairs (16 * 32 = 512 for DeepSeek-V3); the
 # simulator runs every thread as a Python thread, so it gets a small block.
@@ -182,17 +182,11 @@ def rope(x, cos, sin, interleave, *, out=None, stream=0):
         raise ValueError(f"the rope dim (last axis of x) must be even, got {rdim}")
     check_array("cos", cos, 2, np.float32, shape=(t, rdim // 2))
     check_array("sin", sin, 2, np.float32, shape=(t, rdim // 2))
-    if out is None:
-        y = cuda.device_array(shape, np.float32, stream=stream)
-    else:
-        check_array("out", out, len(shape), np.float32, shape=shape)
-        y = out
+    y = float32_out(out, shape, stream)
     width = int(np.prod(shape[1:]))
     if t and width:
         d_x = to_device(x, stream)
         _rope_table_kernel[t, THREADS, stream](
             d_x.reshape(t, width), to_device(cos, stream), to_device(sin, stream), bool(interleave),
             y.reshape(t, width))
-    if out is None and not is_device(x):
-        return y.copy_to_host(stream=stream)
-    return y
+    return launcher_result(y, out, x, stream)
