@@ -17,7 +17,6 @@ trained demo pair (issue 6) exists, acceptance from real drafters cannot be meas
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 

@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import COPY_BW, FP32_RATE, append_rows, random_bf16  # noqa: E402
+from _common import COPY_BW, FP32_RATE, append_rows, random_bf16, time_gpu  # noqa: E402
 from ddtree_numba.model.checkpoint import bf16_to_float32  # noqa: E402
 
 REPS = 10                 # launches per captured graph
@@ -119,18 +119,7 @@ def graph_time(fn, stream, reps=REPS, replays=10):
         def run():
             for _ in range(reps):
                 fn()
-    from numba import cuda
-    run()
-    stream.synchronize()
-    times = []
-    for _ in range(replays):
-        a, b = cuda.event(), cuda.event()
-        a.record(stream)
-        run()
-        b.record(stream)
-        b.synchronize()
-        times.append(cuda.event_elapsed_time(a, b) * 1e3 / reps)
-    return statistics.median(times)
+    return time_gpu(run, stream, reps=replays, warmup=1) / reps      # median of replays, per call
 
 
 def torch_time(fn, reps=REPS, replays=10):
@@ -193,7 +182,6 @@ class Case:
 
 
 def build(gpu, L, rng, rows_max):
-    cuda = gpu.cuda
     st = gpu.stream
     W = {}
     log("generating weights")
@@ -294,7 +282,7 @@ def cases(gpu, L, W, X, dX, R, rng):
 def check_case(c, rng, ncols=24):
     """Sampled output columns (and rows) against the emulated contract."""
     got = c["out"].copy_to_host()
-    N, K = c["N"], c["K"]
+    N = c["N"]
     cols = np.sort(rng.choice(N, min(ncols, N), replace=False))
     if c["variant"] in ("linear", "linear+acc"):
         w = bf16_to_float32(c["w"].copy_to_host()[cols])
@@ -397,7 +385,6 @@ def main():
     ap.add_argument("--budget", type=float, default=200.0, help="seconds; the sweep stops past it")
     ap.add_argument("--no-peer", action="store_true")
     args = ap.parse_args()
-    from numba import cuda
     L = importlib.import_module("ddtree_numba.kernels.linear")
     rows = [int(r) for r in args.rows.split(",")]
     rng = np.random.default_rng(0)
@@ -406,7 +393,6 @@ def main():
     if not args.no_peer:
         try:
             import torch
-            import torch.nn.functional as F
             assert torch.cuda.is_available()
         except Exception as exc:  # noqa: BLE001
             log(f"no torch peer: {exc!r}")
