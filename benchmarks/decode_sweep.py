@@ -74,7 +74,7 @@ def main():
                          f"{res.tokens.size / res.elapsed_s:.0f}"])
     header = ["drafter", "budget", "mean acceptance", "tokens / target forward", "verify ms",
               "draft ms", "top-K ms", "build ms", "accept ms", "compact ms", "tokens/s"]
-    note = (f"GPU-resident loop (decode_cuda), golden tiny target v3_noaux_tc, {args.new} new tokens, "
+    note = (f"GPU-resident loop (decode.device), golden tiny target v3_noaux_tc, {args.new} new tokens, "
             "greedy, eager launches; per-round CUDA-event times; every run's tokens equal ar's.")
     append_rows("DDTree loop on the GPU, budget sweep (benchmarks/decode_sweep.py)", header, rows, note,
                 append=not args.no_append)

@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import COPY_BW, FP32_RATE, append_rows, random_bf16, time_gpu  # noqa: E402
-from ddtree_numba.model.checkpoint import bf16_to_float32  # noqa: E402
+from ddtree_numba.dtypes import bf16_to_float32  # noqa: E402
 
 REPS = 10                 # launches per captured graph
 T0 = time.time()
@@ -338,7 +338,7 @@ def small_kind_checks(gpu, L, rng):
             x = rng.standard_normal((R, K)).astype(np.float32)
             w = (rng.standard_normal((N, K)) * 0.05).astype(dt)
             o = gpu.empty((R, N))
-            L._enqueue_linear(gpu.put(x), gpu.put(w), o, gpu.put(np.array([R], np.int32)), stream=gpu.stream)
+            L.enqueue_linear(gpu.put(x), gpu.put(w), o, gpu.put(np.array([R], np.int32)), stream=gpu.stream)
             cfg = L._choose(R, N, K, kind, False, False)
             ok &= compare(f"{kind} R={R} K={K} {type(cfg).__name__}",
                           (o.copy_to_host(), contract(x, w.astype(np.float32)), True))
@@ -370,9 +370,9 @@ def sweep_cfgs(L, c):
             if gl != cur.GL:
                 alts.append(L._skinny_config(rb, "bf16", sw, gl=gl, n_chunks=nch))
         if rb >= 8:
-            alts.append(L._TILED["small"])
+            alts.append(L.TILED["small"])
     else:
-        alts += [L._TILED["small"], L._TILED["mid"], L._TILED["large"],
+        alts += [L.TILED["small"], L.TILED["mid"], L.TILED["large"],
                  L._skinny_config(16, "bf16", sw, gl=32, n_chunks=nch), T(128, 64, 8, 8, 16, 0)]
     return [a for a in alts if a != cur]
 

@@ -51,7 +51,7 @@ class RandomBF16:
         from numba import config, cuda
         self.seed += 1
         if config.ENABLE_CUDASIM:          # a dry run of the script (libdevice is a stub there)
-            from ddtree_numba.model.cuda_target import to_bf16_bits
+            from ddtree_numba.dtypes import to_bf16_bits
             rng = np.random.default_rng(self.seed)
             return cuda.to_device(to_bf16_bits(rng.uniform(-1, 1, shape) * math.sqrt(3.0 / shape[-1])))
         return random_bf16(shape, math.sqrt(3.0 / shape[-1]), self.seed * 7919)
@@ -246,7 +246,9 @@ def layer_breakdown(target, ws, cache, stream, reps=5):
             marks.append((name, ev))
 
         mark("start")
-        target._enqueue_layer(ws, cache, 1, target.layers[1], stream, mark=mark)
+        for name, enqueue in target.layer_stages(ws, cache, 1):
+            enqueue(stream)
+            mark(name)
         marks[-1][1].synchronize()
         for (_, a), (name, b) in zip(marks[:-1], marks[1:]):
             samples.setdefault(name, []).append(cuda.event_elapsed_time(a, b) * 1e3)

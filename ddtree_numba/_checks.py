@@ -2,12 +2,15 @@
 
 Each raises ``ValueError`` naming the argument and what is wrong; nothing is clipped.
 Device arrays are checked for shape and dtype only (reading their values would copy
-them to the host); host arrays are also checked for their values.
+them to the host); host arrays are also checked for their values. A stage whose twin and
+launcher take the same arguments has one ``check_<stage>_inputs`` here, called by both.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from .tree import Tree
 
 
 def is_host(a) -> bool:
@@ -83,3 +86,58 @@ def check_keep_values(keep, rows_after_start):
         raise ValueError(
             f"keep[-1] = {keep[-1]} points past the array: only {rows_after_start} rows after start"
         )
+
+
+# -- the inputs of the DDTree stages, shared by each twin and its kernel launcher ---------------
+
+def check_build_inputs(lp, ids, budget) -> int:
+    """``build_tree``'s inputs: lp [L, K] float32 (host rows <= 0, descending), ids [L, K] int32,
+    budget >= 0; returns the budget."""
+    check_array("lp", lp, 2, np.float32)
+    check_array("ids", ids, 2, np.int32, shape=lp.shape)
+    budget = check_int("budget", budget, 0)
+    if is_host(lp) and np.isnan(lp).any():
+        raise ValueError("lp contains NaN")
+    if is_host(lp) and (lp > 0).any():
+        raise ValueError("lp must be log-probabilities (<= 0)")
+    if is_host(lp) and lp.shape[1] > 1 and (np.diff(lp, axis=1) > 0).any():
+        raise ValueError("lp rows must be sorted in descending order (as topk_logprobs returns)")
+    return budget
+
+
+def check_sample_inputs(logits, temperature, seed) -> tuple[float, int]:
+    """``sample_post``'s inputs: logits [N+1, V] float32 (host: no NaN / +inf, a finite entry per
+    row), temperature finite >= 0, seed in [0, 2**64); returns (temperature, seed)."""
+    check_array("logits", logits, 2, np.float32)
+    check_logits_values("logits", logits)
+    temperature = float(temperature)
+    if not temperature >= 0.0 or not np.isfinite(temperature):
+        raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
+    return temperature, check_int("seed", seed, 0, 2**64 - 1)
+
+
+def check_follow_inputs(tree: Tree, post) -> None:
+    """``follow_tree``'s inputs: a ``Tree`` with consistent arrays, post [N+1] int32 (host: >= 0)."""
+    if not isinstance(tree, Tree):
+        raise ValueError(f"tree must be a Tree, got {type(tree).__name__}")
+    n = tree.num_nodes
+    check_array("tree.parents", tree.parents, 1, np.int32, shape=(n + 1,))
+    check_array("tree.tokens", tree.tokens, 1, np.int32, shape=(n,))
+    check_parents_values(tree.parents)
+    check_array("post", post, 1, np.int32)
+    if post.shape[0] < n + 1:
+        raise ValueError(f"post has {post.shape[0]} entries; the tree has {n + 1} nodes")
+    if post.shape[0] > n + 1:
+        raise ValueError(f"post has {post.shape[0]} entries, more than the tree's {n + 1} nodes")
+    if is_host(post) and (post < 0).any():
+        raise ValueError("post holds a negative token id")
+
+
+def check_compact_inputs(rows, start, keep) -> int:
+    """``compact_rows``'s inputs: rows [S, W], 0 <= start <= S, keep [n] int32 (keep[0] = 0,
+    strictly increasing, inside the rows after start); returns start."""
+    check_array("rows", rows, 2, (np.float32, np.float16, np.uint16, np.int32))
+    start = check_int("start", start, 0, rows.shape[0])
+    check_array("keep", keep, 1, np.int32)
+    check_keep_values(keep, rows.shape[0] - start)
+    return start

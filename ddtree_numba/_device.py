@@ -79,28 +79,52 @@ def device_function(fn):
     return cuda.jit(device=True, forceinline=True)(fn)
 
 
-# -- float helpers shared by the model kernels --------------------------------------------------
-# The simulator runs kernels as Python, where libdevice and cuda.fma are stubs: give it numpy
-# stand-ins with the same meaning. Weights stored as bfloat16 travel as uint16 bit patterns
-# (numpy has no bfloat16); widening is a 16-bit shift into a float32's high half.
+# -- the fused multiply-add every reduction contract is written in --------------------------------
+# The simulator runs kernels as Python, where cuda.fma is a stub: a numpy stand-in with the same
+# meaning. (Widening stored weights: kernels/_widen.py.)
 if config.ENABLE_CUDASIM:
     def fma(a, b, c):
         """a * b + c rounded once (float64 holds the float32 product exactly)."""
         return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
-
-    def bf16_to_f32(u):
-        """bfloat16 bits (uint16) -> float32."""
-        return np.array([np.uint32(u) << np.uint32(16)], np.uint32).view(np.float32)[0]
 else:
-    from numba import int32 as _int32, uint32 as _uint32
-    from numba.cuda import libdevice as _libdevice
-
     @device_function
     def fma(a, b, c):
         """a * b + c rounded once (an explicit fma: the compiler may not choose)."""
         return cuda.fma(a, b, c)
 
-    @device_function
-    def bf16_to_f32(u):
-        """bfloat16 bits (uint16) -> float32."""
-        return _libdevice.int_as_float(_int32(_uint32(u) << _uint32(16)))
+
+# -- CUDA graphs: numba launches on a stream under capture are recorded, not run ------------------
+
+def _check_cuda(result):
+    """The value of a ``cuda.bindings.runtime`` call, or a RuntimeError naming its error code."""
+    err = result[0] if isinstance(result, tuple) else result
+    if int(err) != 0:
+        raise RuntimeError(f"CUDA runtime error {err}")
+    return result[1] if isinstance(result, tuple) and len(result) == 2 else result
+
+
+def _stream_handle(stream) -> int:
+    if stream == 0:
+        return 0
+    return stream.handle.value if hasattr(stream.handle, "value") else int(stream.handle)
+
+
+def capture_graph(enqueue):
+    """Capture ``enqueue(stream)`` into an instantiated CUDA graph and return it. ``enqueue`` runs
+    once uncaptured first (compiling and loading every kernel outside the capture), then once
+    under capture on a fresh stream. A real GPU only."""
+    from cuda.bindings import runtime as rt
+    stream = cuda.stream()
+    handle = _stream_handle(stream)
+    enqueue(stream)                 # warm-up: compile and load every kernel outside the capture
+    stream.synchronize()
+    _check_cuda(rt.cudaStreamBeginCapture(handle, rt.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed))
+    enqueue(stream)
+    graph = _check_cuda(rt.cudaStreamEndCapture(handle))
+    return _check_cuda(rt.cudaGraphInstantiate(graph, 0))
+
+
+def replay_graph(exe, stream=0) -> None:
+    """Launch an instantiated graph (``capture_graph``) on ``stream``."""
+    from cuda.bindings import runtime as rt
+    _check_cuda(rt.cudaGraphLaunch(exe, _stream_handle(stream)))

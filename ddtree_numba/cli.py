@@ -17,7 +17,9 @@ numpy twins.
 ``generate`` loads a target (and a DFlash drafter, except for ``--method ar``), runs
 ``ddtree_numba.generate`` with a progress bar on stderr, prints the generated ids and the
 result's summary, and with ``--json FILE`` writes every statistic of the run for plotting.
-Bad input exits with status 2 and a one-line message, no traceback.
+Bad input exits with status 2 and a one-line message, no traceback. This module parses and
+formats only: the work is ``demo``'s, ``stats``'s, ``plots``'s and ``model.loader``'s (which also
+chooses the backend).
 """
 
 from __future__ import annotations
@@ -31,70 +33,25 @@ import time
 import numpy as np
 
 
-def _pick_backend(requested: str) -> str:
-    if requested != "auto":
-        return requested
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-        return "numpy"  # the simulator is for tests: the twins give the same answer, fast
-    from numba import cuda
-    return "cuda" if cuda.is_available() else "numpy"
-
-
-def synthetic_drafter_logits(rng, depths: int, vocab: int) -> np.ndarray:
-    """[L, V] float32 logits that look like a confident drafter: one favourite, a few runner-ups."""
-    logits = rng.standard_normal((depths, vocab)).astype(np.float32)
-    for d in range(depths):
-        top = rng.choice(vocab, 4, replace=False)
-        logits[d, top] += np.array([7.0, 5.5, 5.0, 3.0], np.float32) * (1.0 - 0.05 * d)
-    return logits
-
-
-def run_round_demo(backend: str, depths: int, vocab: int, budget: int, seed: int) -> int:
-    from . import reference as ref
-    stages = ref
-    if backend == "cuda":
-        from . import kernels as stages
-    rng = np.random.default_rng(seed)
-    logits = synthetic_drafter_logits(rng, depths, vocab)                    # [L, V]
-    t0 = time.perf_counter()
-    lp, ids = stages.topk_logprobs(logits, min(budget, vocab))               # [L, K]
-    tree = stages.build_tree(lp, ids, budget)
-    vis = stages.visibility(tree.parents)                                    # [N+1, N+1]
-    # a target that takes the drafter's path through rank 0, then rank 1, then disagrees
-    post = rng.integers(0, vocab, tree.num_nodes + 1).astype(np.int32)       # [N+1]
-    node = 0
-    for want_rank in [0, 1, 0, 0]:
-        kids = [j for j in range(1, tree.num_nodes + 1)
-                if tree.parents[j] == node and tree.ranks[j - 1] == want_rank]
-        if not kids:
-            break
-        post[node] = tree.tokens[kids[0] - 1]
-        node = kids[0]
-    keep, bonus = stages.follow_tree(tree, post)
-    start = 10
-    cache = np.arange(start + tree.num_nodes + 1, dtype=np.float32)[:, None].repeat(4, 1)  # [S, W]
-    stages.compact_rows(cache, start, keep)
-    elapsed = time.perf_counter() - t0
-
-    print(f"backend: {backend}   depths L={depths}  vocab V={vocab}  budget={budget}  seed={seed}")
+def print_round(rnd, args) -> int:
+    """``ddtree-numba round``: a ``demo.SyntheticRound`` as text; 0 when it matched the twins."""
+    lp, ids, tree, keep, start = rnd.lp, rnd.ids, rnd.tree, rnd.keep, rnd.start
+    depths = lp.shape[0]
+    print(f"backend: {rnd.backend}   depths L={depths}  vocab V={args.vocab}  budget={args.budget}  seed={args.seed}")
     print(f"\ntop-K log-probs per depth (first 4 of K={lp.shape[1]}):")
     for d in range(depths):
         row = "  ".join(f"{int(ids[d, r]):>5d}:{lp[d, r]:6.2f}" for r in range(min(4, lp.shape[1])))
         print(f"  depth {d + 1:2d}  {row}")
     print(f"\ntree: {tree.num_nodes} nodes, max depth {int(tree.depths.max(initial=0))}; "
-          f"visibility {vis.shape}, {int(vis.sum())} visible pairs")
+          f"visibility {rnd.vis.shape}, {int(rnd.vis.sum())} visible pairs")
     print(tree.format(root_label="<bonus b>", accepted=keep))
     print(f"\naccepted path (node ids): {keep.tolist()}  -> tokens "
-          f"{[int(tree.tokens[k - 1]) for k in keep[1:]]}, new bonus {bonus}")
+          f"{[int(tree.tokens[k - 1]) for k in keep[1:]]}, new bonus {rnd.bonus}")
     print(f"cache rows {start}..{start + len(keep) - 1} after compaction: "
-          f"{cache[start:start + len(keep), 0].astype(int).tolist()} (were rows start + keep)")
-
-    # hold the chosen backend to the numpy twins
-    ok = (ref.build_tree(*ref.topk_logprobs(logits, min(budget, vocab)), budget) == tree
-          and ref.follow_tree(tree, post)[0].tolist() == keep.tolist())
-    print(f"\n{backend} stages {'match' if ok else 'DO NOT MATCH'} the numpy twins; {elapsed * 1e3:.1f} ms")
-    return 0 if ok else 1
-
+          f"{rnd.rows[start:start + len(keep), 0].astype(int).tolist()} (were rows start + keep)")
+    print(f"\n{rnd.backend} stages {'match' if rnd.matches_twins else 'DO NOT MATCH'} the numpy twins; "
+          f"{rnd.seconds * 1e3:.1f} ms")
+    return 0 if rnd.matches_twins else 1
 
 
 class _CliError(Exception):
@@ -134,46 +91,18 @@ def _parse_ids(what: str, words) -> list[int]:
     return ids
 
 
-def _load_pair(args, backend: str):
-    """(target, drafter or None, backend used, load seconds). ``backend`` "auto" takes cuda when
-    it is present and provided, else numpy; an explicit "cuda" that is not provided raises."""
-    from .model.drafter import load_drafter
-    from .model.target import BackendUnavailable, load_target
-
-    progress = False if args.no_progress else None
-    t0 = time.perf_counter()
-    chosen = _pick_backend(backend)
+def _load_pair(target_dir, drafter_dir, backend: str, no_progress: bool):
+    """``model.loader.load_pair`` with its errors as the flags that named the checkpoints; a note
+    on stderr when ``auto`` fell back to numpy."""
+    from .model.loader import PairLoadError, load_pair
     try:
-        try:
-            target = load_target(args.target, backend=chosen, progress=progress)
-        except BackendUnavailable as e:
-            if backend != "auto":
-                raise
-            print(f"note: {e}; falling back to numpy", file=sys.stderr)
-            chosen = "numpy"
-            target = load_target(args.target, backend=chosen, progress=progress)
-    except BackendUnavailable:
-        raise
-    except (ValueError, OSError) as e:
-        raise _CliError(f"--target {args.target}: {e}") from None
-    t_target = time.perf_counter() - t0
-    drafter = None
-    if args.method != "ar":
-        try:
-            try:
-                drafter = load_drafter(args.drafter, target)
-            except ValueError as e:
-                if not (backend == "auto" and chosen == "cuda"):
-                    raise
-                # auto picked cuda but the drafter cannot run there (yet): the pair goes to numpy;
-                # a drafter that is bad for any other reason fails again below, and says why
-                print(f"note: the drafter on cuda: {e}; running the pair on numpy", file=sys.stderr)
-                chosen = "numpy"
-                target = load_target(args.target, backend=chosen, progress=progress)
-                drafter = load_drafter(args.drafter, target)
-        except (ValueError, OSError) as e:      # a bad checkpoint, or one that does not fit the target
-            raise _CliError(f"--drafter {args.drafter} (for --target {args.target}): {e}") from None
-    return target, drafter, chosen, {"target": t_target, "drafter": time.perf_counter() - t0 - t_target}
+        pair = load_pair(target_dir, drafter_dir, backend=backend, progress=False if no_progress else None)
+    except PairLoadError as e:
+        where = f"--target {e.path}" if e.role == "target" else f"--drafter {e.path} (for --target {target_dir})"
+        raise _CliError(f"{where}: {e}") from None
+    if pair.fell_back:
+        print(f"note: {pair.reason.removeprefix('auto: ')}", file=sys.stderr)
+    return pair
 
 
 def _result_json(args, res, prompt, stops, backend, load_s) -> dict:
@@ -230,7 +159,9 @@ def run_generate(args) -> int:
         raise _CliError("--prompt-ids: no ids given (generation needs at least one prompt token)")
     stops = set(_parse_ids("--stop-ids", args.stop_ids or []))
 
-    target, drafter, backend, load_s = _load_pair(args, args.backend)
+    pair = _load_pair(args.target, None if args.method == "ar" else args.drafter, args.backend, args.no_progress)
+    target, drafter, backend = pair.target, pair.drafter, pair.backend
+    load_s = {"target": pair.target_s, "drafter": pair.drafter_s}
     vocab = target.config.vocab_size
     for what, ids in (("--prompt-ids", prompt), ("--stop-ids", sorted(stops))):
         bad = [i for i in ids if i >= vocab]
@@ -277,31 +208,11 @@ def _add_generate_parser(sub) -> None:
     g.add_argument("--json", metavar="FILE", help="write every statistic of the run to FILE as JSON")
     g.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
 
-def _demo_backend(requested: str):
-    """(target, drafter, backend, note) for the demo pair on ``requested`` (auto: cuda on a GPU)."""
-    from .demo import demo_pair
-    from .model.drafter import load_drafter
-    from .model.target import load_target
-
-    target_dir, drafter_dir = demo_pair()
-    chosen = _pick_backend(requested)
-    target = load_target(target_dir, backend=chosen, progress=False)   # no GPU: BackendUnavailable
-    if chosen == "cuda":
-        from numba import cuda
-        name = cuda.get_current_device().name
-        note = f"cuda ({name.decode() if isinstance(name, bytes) else name})"
-    elif requested == "auto" and os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
-        note = "numpy (no CUDA GPU found)"
-    else:
-        note = "numpy"
-    return target, load_drafter(drafter_dir, target), chosen, note
-
-
 def run_demo(args) -> int:
     from tqdm.auto import tqdm
 
-    from .decode import generate
-    from .demo import byte_text, demo_metadata, marked_text
+    from .demo import (DEMO_METHODS, MethodTotals, byte_text, demo_budget, demo_metadata, demo_pair, marked_text,
+                       run_demo_prompts, warm_up)
 
     meta = demo_metadata()
     prompts = meta["prompts"][:args.prompts]
@@ -312,9 +223,11 @@ def run_demo(args) -> int:
     if args.budget is not None and args.budget < 1:
         raise _CliError(f"--budget must be >= 1, got {args.budget}")
     t0 = time.perf_counter()
-    target, drafter, backend, note = _demo_backend(args.backend)
-    acc = meta.get("acceptance", {})
-    budget = args.budget or acc.get(f"demo_budget_{backend}", acc.get("demo_budget", 64))
+    pair = _load_pair(*demo_pair(), args.backend, no_progress=True)
+    target, drafter, backend = pair.target, pair.drafter, pair.backend
+    note = f"{backend} ({pair.device})" if backend == "cuda" else (
+        f"numpy ({pair.reason.removeprefix('auto: ')})" if args.backend == "auto" else "numpy")
+    budget = args.budget or demo_budget(meta, backend)
     colour = {"always": True, "never": False}.get(args.colour, sys.stdout.isatty())
     print(f"ddtree-numba demo: the trained demo pair ({meta['target']['params'] / 1e6:.1f} M-parameter byte-level "
           f"DeepSeek-V3-architecture target, {meta['drafter']['params'] / 1e6:.1f} M DFlash drafter), "
@@ -323,55 +236,49 @@ def run_demo(args) -> int:
           f"ddtree budget {budget}. Drafted tokens the target accepted are "
           + ("on green." if colour else "between \u00ab and \u00bb.") + "\n")
     if backend == "cuda":        # compile every kernel first, so the wall times below are the decode's
-        t0 = time.perf_counter()
-        warm = np.asarray(prompts[0]["ids"], np.int32)
-        generate(target, drafter, warm, 8, method="ddtree", budget=budget)
-        generate(target, None, warm, 8, method="ar")
-        print(f"(kernels compiled and warmed up in {time.perf_counter() - t0:.1f} s; not counted below)\n")
-    totals = {m: dict(tokens=0, forwards=0, rounds=0, accepted=0, seconds=0.0) for m in ("ddtree", "ar")}
-    with tqdm(total=2 * len(prompts), unit="run", desc=f"demo ({backend})", file=sys.stderr,
+        seconds = warm_up(target, drafter, prompts[0]["ids"], budget)
+        print(f"(kernels compiled and warmed up in {seconds:.1f} s; not counted below)\n")
+    totals = {m: MethodTotals() for m in DEMO_METHODS}
+    with tqdm(total=len(DEMO_METHODS) * len(prompts), unit="run", desc=f"demo ({backend})", file=sys.stderr,
               disable=args.no_progress, leave=False) as bar:
-        for k, p in enumerate(prompts):
-            ids = np.asarray(p["ids"], np.int32)
-            res = {}
-            for method in ("ddtree", "ar"):
-                res[method] = generate(target, drafter if method == "ddtree" else None, ids, args.max_new_tokens,
-                                       method=method, budget=budget)
-                t = totals[method]
-                t["tokens"] += int(res[method].tokens.shape[0])
-                t["forwards"] += res[method].target_forwards
-                t["rounds"] += int(res[method].acceptance_lengths.shape[0])
-                t["accepted"] += int(res[method].acceptance_lengths.sum())
-                t["seconds"] += res[method].elapsed_s
-                bar.update(1)
-            tree, ar = res["ddtree"], res["ar"]
-            same = np.array_equal(tree.tokens, ar.tokens)
-            tail = byte_text(ids).rsplit("\n", 4)[-4:]
+        runs = run_demo_prompts(target, drafter, prompts, args.max_new_tokens, budget, on_run=lambda: bar.update(1))
+        for run in runs:
+            for method, res in run.results.items():
+                totals[method].add(res)
+            tree, ar = run.results["ddtree"], run.results["ar"]
+            tail = byte_text(run.ids).rsplit("\n", 4)[-4:]
             bar.clear()
-            print(f"--- prompt {k + 1}: {p.get('module', '?')} (last lines of {len(ids)} bytes) ---")
+            print(f"--- prompt {run.index + 1}: {run.module or '?'} (last lines of {len(run.ids)} bytes) ---")
             print("\n".join(tail), end="")
             print(marked_text(tree.tokens.tolist(), tree.acceptance_lengths.tolist(), colour))
             print(f"--- ddtree: {tree.tokens.shape[0]} tokens in {tree.target_forwards} target forwards, mean "
                   f"acceptance length {tree.mean_acceptance_length:.2f}, {tree.elapsed_s:.2f} s; ar: "
-                  f"{ar.target_forwards} forwards, {ar.elapsed_s:.2f} s; tokens equal: {'yes' if same else 'NO'}\n")
-            if not same:
+                  f"{ar.target_forwards} forwards, {ar.elapsed_s:.2f} s; tokens equal: "
+                  f"{'yes' if run.same_tokens else 'NO'}\n")
+            if not run.same_tokens:
                 print("ddtree-numba demo: ddtree's tokens differ from greedy ar's; this is a bug", file=sys.stderr)
                 return 1
     print(f"{'method':<8}{'tokens':>8}{'target forwards':>17}{'forwards saved':>16}{'mean acceptance':>17}{'wall s':>9}")
     for method, t in totals.items():
-        mean = t["accepted"] / max(t["rounds"], 1)
-        print(f"{method:<8}{t['tokens']:>8}{t['forwards']:>17}{t['tokens'] - t['forwards']:>16}{mean:>17.2f}"
-              f"{t['seconds']:>9.2f}")
+        print(f"{method:<8}{t.tokens:>8}{t.forwards:>17}{t.tokens - t.forwards:>16}{t.mean_acceptance:>17.2f}"
+              f"{t.seconds:>9.2f}")
     d, a = totals["ddtree"], totals["ar"]
-    print(f"\nddtree (budget {budget}) used {d['forwards']} target forwards where ar used {a['forwards']} "
-          f"({a['forwards'] / max(d['forwards'], 1):.2f}x fewer), on backend {backend}. Acceptance across budgets: "
+    print(f"\nddtree (budget {budget}) used {d.forwards} target forwards where ar used {a.forwards} "
+          f"({a.forwards / max(d.forwards, 1):.2f}x fewer), on backend {backend}. Acceptance across budgets: "
           f"`ddtree-numba sweep` and `ddtree-numba plot`; figures/README.md.")
-    if backend == "numpy" and d["seconds"] > a["seconds"]:
+    if backend == "numpy" and d.seconds > a.seconds:
         print("On the numpy backend a verify forward over N tree nodes costs many single-token forwards' worth of "
               "arithmetic (the CPU is compute-bound), so fewer forwards do not mean less wall time here. On a GPU a small "
               "model's forward costs nearly the same for 1 or 1024 rows, and the saved forwards are saved time "
               "(figures/cost_vs_budget.png).")
     return 0
+
+
+def run_round(args) -> int:
+    from .demo import synthetic_round
+    from .model.loader import resolve_backend
+    return print_round(synthetic_round(resolve_backend(args.backend).backend, args.depths, args.vocab, args.budget,
+                                       args.seed), args)
 
 
 def _pair_paths(args):
@@ -408,8 +315,8 @@ def run_sweep(args) -> int:
         if args.prompts < 1:
             raise _CliError(f"--prompts must be >= 1, got {args.prompts}")
         prompts = prompts[:args.prompts]
-    ns = argparse.Namespace(target=target_dir, drafter=drafter_dir, method="ddtree", no_progress=True)
-    target, drafter, backend, _ = _load_pair(ns, args.backend)
+    pair = _load_pair(target_dir, drafter_dir, args.backend, no_progress=True)
+    target, drafter, backend = pair.target, pair.drafter, pair.backend
     stats = acceptance_sweep(target, drafter, prompts, args.max_new_tokens, args.budgets,
                              graph=args.graph, progress=False if args.no_progress else None,
                              info=dict(target=os.path.abspath(target_dir), drafter=os.path.abspath(drafter_dir),
@@ -434,7 +341,7 @@ def run_plot(args) -> int:
         except (OSError, json.JSONDecodeError) as e:
             raise _CliError(f"{what} {path}: {e}") from None
 
-    from .plots import check_stats
+    from .stats import check_stats
     stats = check_stats(read(args.stats, "STATS"), f"STATS {args.stats}")
     if args.verify_bench and not args.cost:
         raise _CliError("--verify-bench is drawn in the cost figure: give --cost (a sweep run with --backend cuda) too")
@@ -505,10 +412,9 @@ def main(argv=None) -> int:
     except SystemExit as e:                    # usage errors and --help: a status, not an exit
         return e.code if isinstance(e.code, int) else 2
     args.argv = argv
-    if args.command == "round":
-        return run_round_demo(_pick_backend(args.backend), args.depths, args.vocab, args.budget, args.seed)
-    run = {"generate": run_generate, "demo": run_demo, "sweep": run_sweep, "plot": run_plot}[args.command]
-    from .model.target import BackendUnavailable
+    run = {"generate": run_generate, "demo": run_demo, "sweep": run_sweep, "plot": run_plot,
+           "round": run_round}[args.command]
+    from .model.loader import BackendUnavailable
     try:
         return run(args)
     except BackendUnavailable as e:

@@ -16,6 +16,10 @@ from __future__ import annotations
 import codecs
 import json
 import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
 
 DEMO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "demo")
 TRAIN_COMMAND = "python tools/train_demo.py --device cuda"
@@ -118,3 +122,142 @@ def marked_text(tokens, acceptance_lengths, colour: bool) -> str:
             text = f"\x1b[30;42m{text}\x1b[0m" if colour else f"\u00ab{text}\u00bb"
         parts.append(text)
     return "".join(parts)
+
+
+# -- the demo run (``ddtree-numba demo``) ------------------------------------------------------------
+
+DEMO_METHODS = ("ddtree", "ar")
+
+
+def demo_budget(meta: dict, backend: str) -> int:
+    """The ddtree budget the demo runs at on ``backend``: the one ``demo.json`` records for it (the
+    most tokens/s on the GPU), else its default (64)."""
+    acc = meta.get("acceptance", {})
+    return int(acc.get(f"demo_budget_{backend}", acc.get("demo_budget", 64)))
+
+
+@dataclass(frozen=True)
+class PromptRun:
+    """One demo prompt decoded both ways: ``ids`` [P] the prompt, ``results`` by method."""
+
+    index: int
+    module: str | None
+    ids: np.ndarray
+    results: dict
+
+    @property
+    def same_tokens(self) -> bool:
+        """Greedy ddtree gave exactly greedy ar's tokens (it must: docs/DESIGN.md §4)."""
+        return bool(np.array_equal(self.results["ddtree"].tokens, self.results["ar"].tokens))
+
+
+@dataclass
+class MethodTotals:
+    """One method's sums over the demo prompts."""
+
+    tokens: int = 0
+    forwards: int = 0
+    rounds: int = 0
+    accepted: int = 0
+    seconds: float = 0.0
+
+    def add(self, res) -> None:
+        self.tokens += int(res.tokens.shape[0])
+        self.forwards += res.target_forwards
+        self.rounds += int(res.acceptance_lengths.shape[0])
+        self.accepted += int(res.acceptance_lengths.sum())
+        self.seconds += res.elapsed_s
+
+    @property
+    def mean_acceptance(self) -> float:
+        return self.accepted / max(self.rounds, 1)
+
+
+def warm_up(target, drafter, ids, budget: int) -> float:
+    """Decode a few tokens with every method the demo times, so kernel compilation stays out of
+    the timed runs (it matters on cuda); returns the seconds it took."""
+    from .decode import generate
+    t0 = time.perf_counter()
+    generate(target, drafter, np.asarray(ids, np.int32), 8, method="ddtree", budget=budget)
+    generate(target, None, np.asarray(ids, np.int32), 8, method="ar")
+    return time.perf_counter() - t0
+
+
+def run_demo_prompts(target, drafter, prompts, max_new_tokens: int, budget: int, on_run=None):
+    """Yield a ``PromptRun`` per prompt (dicts with ``ids`` and ``module``, as ``demo_metadata()``
+    holds them): greedy ddtree at ``budget`` and greedy ar. ``on_run()`` is called after each
+    method's run (a progress bar's hook)."""
+    from .decode import generate
+    for k, p in enumerate(prompts):
+        ids = np.asarray(p["ids"], np.int32)
+        results = {}
+        for method in DEMO_METHODS:
+            results[method] = generate(target, drafter if method == "ddtree" else None, ids, max_new_tokens,
+                                       method=method, budget=budget)
+            if on_run is not None:
+                on_run()
+        yield PromptRun(k, p.get("module"), ids, results)
+
+
+# -- one synthetic round (``ddtree-numba round``) --------------------------------------------------
+
+def synthetic_drafter_logits(rng, depths: int, vocab: int) -> np.ndarray:
+    """[L, V] float32 logits that look like a confident drafter: one favourite, a few runner-ups."""
+    logits = rng.standard_normal((depths, vocab)).astype(np.float32)
+    for d in range(depths):
+        top = rng.choice(vocab, 4, replace=False)
+        logits[d, top] += np.array([7.0, 5.5, 5.0, 3.0], np.float32) * (1.0 - 0.05 * d)
+    return logits
+
+
+@dataclass(frozen=True, eq=False)
+class SyntheticRound:
+    """One DDTree round's tree stages on synthetic drafter logits, and whether the backend that ran
+    them matched the numpy twins. Shapes: L depths, K ranks, N tree nodes, n accepted, W = 4."""
+
+    backend: str
+    lp: np.ndarray          # [L, K] top-K log-probs
+    ids: np.ndarray         # [L, K] their token ids
+    tree: object            # Tree with N nodes
+    vis: np.ndarray         # [N+1, N+1] visibility
+    post: np.ndarray        # [N+1] the target's token at every node
+    keep: np.ndarray        # [n] accepted node ids
+    bonus: int              # the next bonus token
+    start: int              # cache rows before the tree
+    rows: np.ndarray        # [start + N + 1, W] a toy cache after compaction (row s held s before)
+    seconds: float
+    matches_twins: bool
+
+
+def synthetic_round(backend: str, depths: int, vocab: int, budget: int, seed: int) -> SyntheticRound:
+    """Top-K, best-first build, visibility, a target that agrees with the drafter for a while,
+    acceptance and cache compaction, on ``backend``'s stage functions ('numpy': the twins; 'cuda':
+    the kernels), held to the numpy twins."""
+    from . import reference as ref
+    stages = ref
+    if backend == "cuda":
+        from . import kernels as stages
+    rng = np.random.default_rng(seed)
+    logits = synthetic_drafter_logits(rng, depths, vocab)                    # [L, V]
+    t0 = time.perf_counter()
+    lp, ids = stages.topk_logprobs(logits, min(budget, vocab))               # [L, K]
+    tree = stages.build_tree(lp, ids, budget)
+    vis = stages.visibility(tree.parents)                                    # [N+1, N+1]
+    # a target that takes the drafter's path through rank 0, then rank 1, then disagrees
+    post = rng.integers(0, vocab, tree.num_nodes + 1).astype(np.int32)       # [N+1]
+    node = 0
+    for want_rank in [0, 1, 0, 0]:
+        kids = [j for j in range(1, tree.num_nodes + 1)
+                if tree.parents[j] == node and tree.ranks[j - 1] == want_rank]
+        if not kids:
+            break
+        post[node] = tree.tokens[kids[0] - 1]
+        node = kids[0]
+    keep, bonus = stages.follow_tree(tree, post)
+    start = 10
+    rows = np.arange(start + tree.num_nodes + 1, dtype=np.float32)[:, None].repeat(4, 1)  # [S, W]
+    stages.compact_rows(rows, start, keep)
+    seconds = time.perf_counter() - t0
+    ok = (ref.build_tree(*ref.topk_logprobs(logits, min(budget, vocab)), budget) == tree
+          and ref.follow_tree(tree, post)[0].tolist() == keep.tolist())
+    return SyntheticRound(backend, lp, ids, tree, vis, post, keep, bonus, start, rows, seconds, ok)

@@ -1,17 +1,20 @@
-"""Matplotlib pictures of the DDTree stages, for notebooks and ``figures/`` (DESIGN.md section 1).
+"""Matplotlib pictures of the DDTree stages, for notebooks and ``figures/`` (docs/DESIGN.md §1).
+Drawing only: the tables and checks behind the acceptance figures are ``stats``'s.
 
 Shapes: N tree nodes besides the root, L draft depths, K ranks per depth, n accepted nodes.
 
-Only numpy and matplotlib; matplotlib is imported inside the functions, so importing the
-package does not pull it in. Every helper draws into ``ax`` (a new figure when it is None)
-and returns the Axes. Artists carry a ``gid`` (``"node"``, ``"node-id"``, ``"edge"``,
-``"accepted-row"``, ``"topk-cell"``) so tests and callers can find them.
+matplotlib is imported inside the functions, so importing the package does not pull it in.
+Every helper draws into ``ax`` (a new figure when it is None) and returns the Axes. Artists carry
+a ``gid`` (``"node"``, ``"node-id"``, ``"edge"``, ``"accepted-row"``, ``"topk-cell"``) so tests and
+callers can find them.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .stats import (acceptance_histogram, best_row, check_stats, depth_survival, projected_tokens_per_s,
+                    summary_rows)
 from .tree import Tree
 
 ACCEPT_COLOUR = "#d1495b"   # the accepted path: strong, readable on white and on the mask
@@ -224,7 +227,6 @@ def byte_label(token: int) -> str:
 def plot_acceptance_vs_budget(stats: dict, ax=None):
     """Mean acceptance length (tokens per verify round, bonus included) against the tree budget:
     DDTree per budget with the per-prompt range as a band, the DFlash chain as a dashed line."""
-    from .stats import summary_rows
 
     rows = summary_rows(stats)
     tree = [r for r in rows if r["method"] == "ddtree"]
@@ -259,7 +261,6 @@ def plot_depth_acceptance(stats: dict, ax=None, budgets=None, conditional: bool 
     """Per drafted depth d, the fraction of rounds that accepted at least d drafted tokens
     (``conditional=True``: the rate at depth d given d-1), for the DFlash chain and DDTree at
     ``budgets`` (default: three spread over the sweep)."""
-    from .stats import depth_survival
 
     ax = _new_axes(ax, (6.0, 4.0))
     all_b = list(stats["budgets"])
@@ -289,7 +290,6 @@ def plot_depth_acceptance(stats: dict, ax=None, budgets=None, conditional: bool 
 def plot_acceptance_histogram(stats: dict, budget: int | None = None, ax=None):
     """Distribution of acceptance lengths per round: DDTree at ``budget`` (default: the best
     budget of the sweep) beside the DFlash chain."""
-    from .stats import acceptance_histogram, best_row
 
     budget = budget if budget is not None else best_row(stats)["budget"]
     if budget not in stats["budgets"]:
@@ -340,31 +340,6 @@ def plot_example_tree(example: dict, ax=None, max_nodes: int | None = 24, labels
     return ax
 
 
-def projected_tokens_per_s(stats: dict, verify_bench: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(budgets [P], projected tokens/s [P]) of a larger target from its verify-forward times
-    (``verify_bench``: ``nodes`` = rows verified, root included, so budget = nodes - 1; ``ms`` per
-    forward) and a sweep's ddtree rows: mean acceptance length / (verify ms + the sweep's other
-    per-round ms), the sweep's figures interpolated in log2(budget), held constant outside."""
-    from .stats import summary_rows
-
-    rows = [r for r in summary_rows(stats) if r["method"] == "ddtree"]
-    try:
-        nodes = np.asarray(verify_bench["nodes"], np.float64)
-        ms = np.asarray(verify_bench["ms"], np.float64)
-    except (KeyError, TypeError, ValueError):
-        raise ValueError("verify_bench needs 'nodes' and 'ms' lists (benchmarks/verify_forward.py --json)") from None
-    if nodes.ndim != 1 or nodes.shape != ms.shape or nodes.size == 0 or (nodes < 2).any():
-        raise ValueError(f"verify_bench: 'nodes' (each >= 2) and 'ms' must be equal-length lists, "
-                         f"got {nodes.tolist()} and {ms.tolist()}")
-    if not rows:
-        raise ValueError("the statistics hold no ddtree runs")
-    budgets = nodes - 1
-    lb = np.log2([r["budget"] for r in rows])
-    acc = np.interp(np.log2(budgets), lb, [r["mean_acceptance"] for r in rows])
-    other = np.interp(np.log2(budgets), lb, [r["round_ms"] - r["verify_ms"] for r in rows])
-    return budgets, acc / (1e-3 * (ms + other))
-
-
 def plot_cost_vs_budget(stats: dict, verify_bench: dict | None = None, axes=None):
     """The cost side of the budget: verify time per round and tokens/s against the budget.
 
@@ -379,8 +354,6 @@ def plot_cost_vs_budget(stats: dict, verify_bench: dict | None = None, axes=None
                   values outside them); marked "projected"
     axes          two Axes (verify time, tokens/s); new ones when None. Returns them.
     """
-    from .stats import summary_rows
-
     rows = [r for r in summary_rows(stats) if r["method"] == "ddtree"]
     if not rows:
         raise ValueError("the statistics hold no ddtree runs")
@@ -423,23 +396,6 @@ def _prompts_text(stats) -> str:
     return f"{len(stats['prompts'])} {'held-out ' if held else ''}prompts x {stats['max_new_tokens']} greedy tokens"
 
 
-def check_stats(stats, what: str = "statistics") -> dict:
-    """``stats`` if it is a sweep's statistics (the keys the tables and figures read), else a
-    ``ValueError`` naming what is missing."""
-    if not isinstance(stats, dict):
-        raise ValueError(f"{what}: not a sweep's statistics (a JSON object), got {type(stats).__name__}")
-    missing = [k for k in ("runs", "budgets", "prompts", "backend", "device", "date", "max_new_tokens")
-               if k not in stats]
-    if missing:
-        raise ValueError(f"{what}: not a sweep's statistics (no {', '.join(missing)}; make it with `ddtree-numba sweep`)")
-    for r in stats["runs"]:
-        absent = [k for k in ("method", "budget", "prompt", "acceptance_lengths", "num_tokens", "target_forwards",
-                              "stage_times_s", "elapsed_s", "equals_ar") if k not in r]
-        if absent:
-            raise ValueError(f"{what}: a run record lacks {', '.join(absent)}")
-    return stats
-
-
 def write_figures(stats: dict, out_dir, cost_stats: dict | None = None, verify_bench: dict | None = None,
                   command: str | None = None, dpi: int = 120) -> list[tuple[str, str]]:
     """Write every acceptance figure as PNG into ``out_dir``, with a ``README.md`` that gives each
@@ -450,7 +406,6 @@ def write_figures(stats: dict, out_dir, cost_stats: dict | None = None, verify_b
 
     from matplotlib.figure import Figure        # no pyplot: no GUI backend, no global figure state
 
-    from .stats import best_row, summary_rows
 
     check_stats(stats)
     if cost_stats is not None:

@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 from .decode import generate
+from .model.loader import device_name
 
 SCHEMA = 1
 DEFAULT_BUDGETS = (16, 32, 64, 128, 256, 512, 1024)
@@ -126,24 +127,13 @@ def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budget
             bar.update(1)
     header = dict(
         schema=SCHEMA, date=datetime.date.today().isoformat(), backend=getattr(target, "backend", "numpy"),
-        device=_device_name(target), python=platform.python_version(), max_new_tokens=int(max_new_tokens),
+        device=device_name(getattr(target, "backend", "numpy")), python=platform.python_version(), max_new_tokens=int(max_new_tokens),
         budgets=budgets, graph=bool(graph), vocab_size=int(target.config.vocab_size),
         block_size=int(getattr(drafter, "block_size", 0)),
         prompts=[dict(module=p.get("module"), num_ids=int(len(q))) for p, q in zip(items, ids)],
         seconds=round(time.perf_counter() - t0, 1))
     header.update(info or {})
     return dict(header, runs=runs, examples=examples)
-
-
-def _device_name(target) -> str:
-    if getattr(target, "backend", "numpy") == "cuda":
-        try:
-            from numba import cuda
-            name = cuda.get_current_device().name
-            return name.decode() if isinstance(name, bytes) else str(name)
-        except Exception:                                      # noqa: BLE001 (a label only)
-            return "cuda"
-    return f"cpu ({platform.machine()})"
 
 
 def check(stats: dict) -> None:
@@ -250,3 +240,43 @@ def format_table(stats: dict) -> str:
                      f"{r['prompt_min']:>8.2f}-{r['prompt_max']:<7.2f}{r['tokens_per_forward']:>9.2f}"
                      f"{r['verify_ms']:>11.2f}{r['tokens_per_s']:>9.1f}  {'yes' if r['all_equal_ar'] else 'NO'}")
     return "\n".join(lines)
+
+
+def check_stats(stats, what: str = "statistics") -> dict:
+    """``stats`` if it is a sweep's statistics (the keys the tables and figures read), else a
+    ``ValueError`` naming what is missing."""
+    if not isinstance(stats, dict):
+        raise ValueError(f"{what}: not a sweep's statistics (a JSON object), got {type(stats).__name__}")
+    missing = [k for k in ("runs", "budgets", "prompts", "backend", "device", "date", "max_new_tokens")
+               if k not in stats]
+    if missing:
+        raise ValueError(f"{what}: not a sweep's statistics (no {', '.join(missing)}; make it with `ddtree-numba sweep`)")
+    for r in stats["runs"]:
+        absent = [k for k in ("method", "budget", "prompt", "acceptance_lengths", "num_tokens", "target_forwards",
+                              "stage_times_s", "elapsed_s", "equals_ar") if k not in r]
+        if absent:
+            raise ValueError(f"{what}: a run record lacks {', '.join(absent)}")
+    return stats
+
+
+def projected_tokens_per_s(stats: dict, verify_bench: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(budgets [P], projected tokens/s [P]) of a larger target from its verify-forward times
+    (``verify_bench``: ``nodes`` = rows verified, root included, so budget = nodes - 1; ``ms`` per
+    forward) and a sweep's ddtree rows: mean acceptance length / (verify ms + the sweep's other
+    per-round ms), the sweep's figures interpolated in log2(budget), held constant outside."""
+    rows = [r for r in summary_rows(stats) if r["method"] == "ddtree"]
+    try:
+        nodes = np.asarray(verify_bench["nodes"], np.float64)
+        ms = np.asarray(verify_bench["ms"], np.float64)
+    except (KeyError, TypeError, ValueError):
+        raise ValueError("verify_bench needs 'nodes' and 'ms' lists (benchmarks/verify_forward.py --json)") from None
+    if nodes.ndim != 1 or nodes.shape != ms.shape or nodes.size == 0 or (nodes < 2).any():
+        raise ValueError(f"verify_bench: 'nodes' (each >= 2) and 'ms' must be equal-length lists, "
+                         f"got {nodes.tolist()} and {ms.tolist()}")
+    if not rows:
+        raise ValueError("the statistics hold no ddtree runs")
+    budgets = nodes - 1
+    lb = np.log2([r["budget"] for r in rows])
+    acc = np.interp(np.log2(budgets), lb, [r["mean_acceptance"] for r in rows])
+    other = np.interp(np.log2(budgets), lb, [r["round_ms"] - r["verify_ms"] for r in rows])
+    return budgets, acc / (1e-3 * (ms + other))

@@ -1,4 +1,4 @@
-"""The draft tree that DDTree builds, verifies and walks (DESIGN.md section 1).
+"""The draft tree that DDTree builds, verifies and walks (docs/DESIGN.md §1).
 
 Shape vocabulary: N tree nodes besides the root, L draft depths.
 Node 0 is the root (the bonus token, already decided); nodes 1..N are numbered in

@@ -14,11 +14,11 @@
 # %% [markdown]
 # # 01 · Building, verifying and committing one DDTree draft tree
 #
-# One DDTree round (DESIGN.md section 1) on a toy vocabulary, stage by stage, with the
+# One DDTree round (docs/DESIGN.md §1) on a toy vocabulary, stage by stage, with the
 # pure-numpy twins in `ddtree_numba.reference` — the same functions the `numba.cuda`
 # kernels are tested against, so everything here runs on the CPU in a second or two.
 #
-# | step | DESIGN.md §1 | twin |
+# | step | docs/DESIGN.md §1 | twin |
 # |---|---|---|
 # | top-K per depth | 2 | `ref.topk_logprobs` |
 # | best-first build | 3 | `ref.build_tree` |
@@ -251,9 +251,9 @@ assert np.array_equal(compacted[START:START + len(keep), 0], START + keep)
 #
 # The obvious kernel gives each row its own thread: thread `i` does
 # `rows[start + i] = rows[start + keep[i]]` in place. Since `keep[i] >= i`, thread `i` may read a
-# row that another thread `j = keep[i]` writes (DESIGN.md, "Compaction is where parallel code
-# goes wrong"). `ref.naive_row_hazards` lists those pairs, and `ref.naive_gather_in_order`
-# replays the threads one at a time in a chosen order — any order is a schedule a GPU may pick.
+# row that another thread `j = keep[i]` writes (docs/DESIGN.md §1, "Compaction races").
+# `ref.naive_row_hazards` lists those pairs, and `ref.naive_gather_in_order` replays the threads
+# one at a time in a chosen order — any order is a schedule a GPU may pick.
 
 # %%
 hazards = ref.naive_row_hazards(keep)

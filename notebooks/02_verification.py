@@ -14,7 +14,7 @@
 # %% [markdown]
 # # 02 · Verifying a draft tree with one target forward
 #
-# DESIGN.md section 1, steps 4–6, on the trained demo pair (`dd.demo_pair()`): a byte-level
+# docs/DESIGN.md §1, steps 4–6, on the trained demo pair (`dd.demo_pair()`): a byte-level
 # DeepSeek-V3-architecture target (MLA with a q latent, a dense first layer, then sigmoid /
 # `noaux_tc` MoE layers with a shared expert) trained on the Python standard library, and its
 # DFlash drafter; on the numpy backend, so everything runs on the CPU. Tokens are bytes.
@@ -22,11 +22,11 @@
 # | step | what we look at | code |
 # |---|---|---|
 # | 4 | the ancestor-only mask | `ref.visibility`, `ref.mla_mask` |
-# | 5 | the verify forward | `Target.forward(parents=)` |
+# | 5 | the verify forward | `target.forward(parents=)` |
 # | 5 | layer 0's absorbed-MLA scores of one head | `ref.mla_attention_absorbed` |
 # | 5 | absorbed MLA == naive MLA | `ref.mla_attention_naive` |
 # | 6 | the target's choice at every node and the walk down the tree | `ref.sample_post`, `ref.follow_tree` |
-# | — | node i's verify logits == a causal forward over its root-to-node path | `Target.forward` |
+# | — | node i's verify logits == a causal forward over its root-to-node path | `target.forward` |
 
 # %%
 import matplotlib.pyplot as plt
@@ -252,6 +252,6 @@ print(f"all {N + 1} nodes agree; max |tree - causal| over all nodes: {max(worst)
 # %% [markdown]
 # `allclose` is the contract for the numpy forward; on most machines the difference is exactly
 # 0, since numpy computes every row the same way whatever the rows around it. The GPU kernels
-# make it bit for bit by design: they are batch invariant (DESIGN.md section 4), which is what
+# make it bit for bit by design: they are batch invariant (docs/DESIGN.md §4), which is what
 # lets greedy DDTree output equal greedy autoregressive output token for token.
 

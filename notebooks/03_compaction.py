@@ -14,7 +14,7 @@
 # %% [markdown]
 # # 03 · Compacting the cache after acceptance, and why the obvious kernel races
 #
-# DESIGN.md section 1, step 7: the verify forward wrote one cache row per tree node at
+# docs/DESIGN.md §1, step 7: the verify forward wrote one cache row per tree node at
 # `start … start + N`; once the accepted path `keep` is known, row `start + keep[i]` moves to
 # `start + i` and everything after `start + len(keep)` is free again. The twin
 # `ref.compact_rows` is one fancy-index gather. On a GPU it is where parallel code goes wrong:

@@ -1,4 +1,5 @@
-"""Compile every kernel in ddtree_numba.kernels to PTX for compute capability 9.0 (the H200).
+"""Compile every kernel of ddtree_numba to PTX for compute capability 9.0 (the H200): the stage
+kernels in ``kernels/`` and the glue kernels beside the model and the loop that use them.
 
 The CUDA simulator does no type checking, so this is what catches a kernel that runs in
 the simulator but cannot compile for a GPU. Run in a process *without*
@@ -16,6 +17,7 @@ import sys
 from numba import cuda
 from numba.cuda import dispatcher as numba_cuda_dispatcher
 
+import ddtree_numba
 import ddtree_numba.kernels as kernels_pkg
 
 F32_2, U32_2, I32_2 = "float32[:, ::1]", "uint32[:, ::1]", "int32[:, ::1]"
@@ -36,13 +38,17 @@ SIGNATURES = {
     "compact._compact_rows_copy_back_kernel": [
         f"void({t}[:, ::1], {I32_1}, {t}[:, ::1])" for t in ("float32", "uint16")],
     "compact._compact_rows_naive_kernel": [f"void(float32[:, ::1], {I32_1}, {I32_1})"],
-    # -- the GPU-resident round's glue (kernels/_round.py) --
-    "_round._verify_inputs_kernel": [
+    # -- the GPU-resident round's glue (decode/device.py) --
+    "decode.device._verify_inputs_kernel": [
         f"void({I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, int64, {I32_1}, {I32_1}, {I32_1}, {I32_1})"],
-    "_round._after_accept_kernel": [
+    "decode.device._after_accept_kernel": [
         f"void({I32_1}, {I32_1}, {I32_1}, {I32_1}, int64, {I32_1}, {I32_1}, {I32_1}, {I32_1})"],
-    "_round._gather_features_kernel": [
+    "decode.device._gather_features_kernel": [
         f"void(float32[:, :, ::1], {I32_1}, {I32_1}, {I32_1}, {F32_2})"],
+    # -- the drafter's glue (model/cuda_drafter.py) --
+    "model.cuda_drafter._draft_meta_kernel": [
+        f"void({I32_1}, {I32_1}, {I32_1}, int64, int64, int64, int64, int64, boolean, {I32_1}, "
+        f"{I32_1}, {I32_1}, {I32_1})"],
     # -- the forward (model) kernels --
     "rms_norm._rms_norm_kernel": [
         f"void({F32_2}, float32[::1], float32, {F32_2}, {I32_1}, {I32_1}, boolean)"],
@@ -70,7 +76,7 @@ SIGNATURES = {
            ("skinny", lambda kind, swiglu, vec: importlib.import_module("ddtree_numba.kernels.linear")
             ._skinny_config(1 if vec else 16, kind, swiglu, gl=16 if vec else 32)),
            ("tiled", lambda kind, swiglu, vec: importlib.import_module("ddtree_numba.kernels.linear")
-            ._TILED["large" if vec else "small"]))},
+            .TILED["large" if vec else "small"]))},
     "moe._route_kernel": [((128,), f"void({F32_2}, float32[::1], int64, int64, int64, int64, int64, int64, "
                                    f"float32, {I32_1}, {I32_2}, {F32_2})")],
     "moe._sort_kernel": [((512,), f"void({I32_2}, {F32_2}, {I32_1}, {U32_2}, {I32_2}, {I32_1}, {I32_1}, "
@@ -90,21 +96,21 @@ SIGNATURES = {
         for dh in (64, 128, 256) for blk, msk in ((True, False), (False, False), (False, True))],
     "gqa._gqa_combine_kernel": [
         f"void(float32[:, :, ::1], float32[:, :, ::1], {I32_1}, int64, boolean, {F32_2})"],
-    "gqa._draft_meta_kernel": [
-        f"void({I32_1}, {I32_1}, {I32_1}, int64, int64, int64, int64, int64, boolean, {I32_1}, "
-        f"{I32_1}, {I32_1}, {I32_1})"],
 }
 
 
 def find_kernels():
-    """qualified name -> the kernel object (or its factory) for every ``_*_kernel``."""
+    """qualified name -> the kernel object (or its factory) for every ``_*_kernel`` of every module
+    of the package: ``kernels`` modules by their own name, the others by their dotted path."""
     found = {}
-    for info in pkgutil.iter_modules(kernels_pkg.__path__):   # private modules too (_round)
-        mod = importlib.import_module(f"ddtree_numba.kernels.{info.name}")
+    for info in pkgutil.walk_packages(ddtree_numba.__path__, "ddtree_numba."):
+        mod = importlib.import_module(info.name)
+        short = info.name.removeprefix("ddtree_numba.kernels.").removeprefix("ddtree_numba.")
         for name, obj in vars(mod).items():
-            if not (name.startswith("_") and name.endswith("_kernel")):
+            home = getattr(getattr(obj, "py_func", obj), "__module__", None)    # defined here, not imported
+            if not (name.startswith("_") and name.endswith("_kernel")) or home != mod.__name__:
                 continue
-            found[f"{info.name}.{name}"] = (mod, obj)
+            found[f"{short}.{name}"] = (mod, obj)
     return found
 
 

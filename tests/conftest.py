@@ -24,6 +24,15 @@ REAL_GPU = _real_gpu()
 THREADS = 8 if not REAL_GPU else 128
 
 
+def load_cuda_target(path, **kw):
+    """``dd.load_target(path, backend="cuda")``; in the simulator every GEMM of its forwards takes
+    one 16-thread tile (the same bits by the reduction contract, tests/test_linear_kernel.py holds
+    every tile to it; a quarter of the simulated threads of a skinny block)."""
+    import ddtree_numba as dd
+    from ddtree_numba.kernels import TILED
+    return dd.load_target(path, backend="cuda", gemm_tile=None if REAL_GPU else TILED["small"], **kw)
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a real CUDA GPU (not the simulator)")
     skip_kernels = pytest.mark.skip(reason="no CUDA GPU and NUMBA_ENABLE_CUDASIM is not set")

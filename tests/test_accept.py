@@ -23,7 +23,7 @@ def make_case(rng, L=4, V=12, budget=30, p_follow=0.7):
 
 
 def walk_by_definition(tree, post):
-    """DESIGN.md step 6 read literally: look for a matching child among all nodes."""
+    """docs/DESIGN.md §1, step 6 read literally: look for a matching child among all nodes."""
     keep = [0]
     while True:
         kids = [j for j in range(1, tree.num_nodes + 1)

@@ -10,8 +10,8 @@ import pytest
 
 import ddtree_numba as dd
 import ddtree_numba.cli as cli
-import ddtree_numba.model.drafter as drafter_mod
-import ddtree_numba.model.target as target_mod
+import ddtree_numba.decode.dispatch as dispatch
+import ddtree_numba.model.loader as loader
 from ddtree_numba.decode import STAGES
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -171,13 +171,20 @@ def _fake_load_target(real, cuda):
         if backend != "cuda":
             return real(path, backend=backend, progress=progress)
         if cuda is None:
-            raise target_mod.BackendUnavailable("backend='cuda' is not available here")
+            raise loader.BackendUnavailable("backend='cuda' is not available here")
         return cuda(real(path, backend="numpy", progress=progress))
     return load
 
 
+def _gpu_here(monkeypatch):
+    """resolve_backend as on a machine with a GPU: auto and cuda both pick cuda."""
+    monkeypatch.setattr(loader, "resolve_backend",
+                        lambda b: loader.BackendChoice("numpy" if b == "numpy" else "cuda", "test: a GPU"))
+
+
 def test_cuda_backend_unavailable_exits_2(capsys, monkeypatch):
-    monkeypatch.setattr(target_mod, "load_target", _fake_load_target(target_mod.load_target, None))
+    monkeypatch.setattr(loader, "load_target", _fake_load_target(loader.load_target, None))
+    _gpu_here(monkeypatch)
     err = _fail(capsys, "--backend", "cuda")
     assert "--backend cuda" in err and "backend='cuda' is not available here" in err
 
@@ -187,8 +194,8 @@ def test_cuda_backend_on_this_machine(capsys):
     """No fakes: on a CPU-only machine --backend cuda exits 2 with load_target's message; where
     the cuda backend loads, the command runs (ar: no drafter needed)."""
     try:
-        target_mod.load_target(TARGET, backend="cuda")
-    except target_mod.BackendUnavailable as e:
+        loader.load_target(TARGET, backend="cuda")
+    except loader.BackendUnavailable as e:
         err = _fail(capsys, "--backend", "cuda", method="ar", drafter=None)
         assert str(e) in err
     else:
@@ -197,15 +204,15 @@ def test_cuda_backend_on_this_machine(capsys):
 
 
 def test_auto_backend_falls_back_and_cuda_just_works(capsys, monkeypatch, ar_tokens, tmp_path):
-    real = target_mod.load_target
-    monkeypatch.setattr(cli, "_pick_backend", lambda b: "cuda" if b == "auto" else b)
+    real = loader.load_target
+    _gpu_here(monkeypatch)
     # auto: a cuda backend that raises -> numpy, with a note
-    monkeypatch.setattr(target_mod, "load_target", _fake_load_target(real, None))
+    monkeypatch.setattr(loader, "load_target", _fake_load_target(real, None))
     rc, out, err = _run(capsys, "--backend", "auto")
     assert rc == 0 and "falling back to numpy" in err and _generated(out) == ar_tokens
 
     class NotNumpy:                  # a cuda target the drafter refuses, forwarding the rest
-        backend = "cuda"
+        backend = "cuda"             # (a numpy one underneath: the host loop must run it, below)
 
         def __init__(self, t):
             self.t = t
@@ -213,15 +220,16 @@ def test_auto_backend_falls_back_and_cuda_just_works(capsys, monkeypatch, ar_tok
         def __getattr__(self, name):
             return getattr(self.t, name)
 
-    real_drafter = drafter_mod.load_drafter
+    real_drafter = loader.load_drafter
 
     def refusing_drafter(path, target):
         if isinstance(target, NotNumpy):
             raise ValueError("this drafter cannot run on that target")
         return real_drafter(path, target)
 
-    monkeypatch.setattr(drafter_mod, "load_drafter", refusing_drafter)
-    monkeypatch.setattr(target_mod, "load_target", _fake_load_target(real, NotNumpy))
+    monkeypatch.setattr(loader, "load_drafter", refusing_drafter)
+    monkeypatch.setattr(loader, "load_target", _fake_load_target(real, NotNumpy))
+    monkeypatch.setattr(dispatch, "device_loop_applies", lambda *a: False)
     # auto: the target loads on cuda, the drafter cannot follow -> the pair runs on numpy
     path = tmp_path / "s.json"
     rc, out, err = _run(capsys, "--backend", "auto", "--json", str(path))

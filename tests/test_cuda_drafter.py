@@ -1,4 +1,4 @@
-"""The DFlash drafter on the GPU (``CudaDrafter``) against its numpy twin (``Drafter``) and the
+"""The DFlash drafter on the GPU (``CudaDrafter``) against its numpy twin (``NumpyDrafter``) and the
 HF Qwen3 golden, and its device API (device features / n / bonus, device cache length)."""
 
 import os
@@ -8,8 +8,8 @@ import pytest
 from numba import cuda
 
 import ddtree_numba as dd
+from ddtree_numba.model import NumpyDrafter, cuda_drafter, random_drafter
 from ddtree_numba.model.cuda_drafter import CudaDrafter, DeviceDrafterCache
-from ddtree_numba.model.drafter import Drafter, random_drafter
 
 pytestmark = pytest.mark.kernels
 
@@ -38,7 +38,7 @@ def test_golden_two_drafts_match_the_twin_and_hf(targets):
     host_t, dev_t = targets
     g = np.load(os.path.join(GOLDEN, "expected.npz"))
     host, dev = dd.load_drafter(GOLDEN, host_t), dd.load_drafter(GOLDEN, dev_t)
-    assert isinstance(host, Drafter) and isinstance(dev, CudaDrafter)
+    assert isinstance(host, NumpyDrafter) and isinstance(dev, CudaDrafter)
     assert dev.weight_dtype == "bfloat16" and dev.layers[0].q_proj.dtype == np.uint16
     assert (dev.block_size, dev.target_layer_ids, dev.mask_token_id) == (6, (0, 2), 95)
     split, feats = int(g["split"]), g["features"]
@@ -134,3 +134,32 @@ def test_input_checks(targets):
     with pytest.raises(ValueError, match="cuda-backend target"):
         CudaDrafter(d.config, {}, targets[0])
     assert cache.length == 0
+
+
+def test_draft_meta_from_device_sizes():
+    """The drafter's glue kernel, the per-draft sizes: positions, block ids, live counts and the
+    cache length, all from device values; too many rows append nothing and raise the overflow flag."""
+    status = cuda.to_device(np.array([5, 0], np.int32))
+    n, bonus = cuda.to_device(np.array([3], np.int32)), cuda.to_device(np.array([42], np.int32))
+    ids, pos_ctx, pos_blk, meta = (cuda.to_device(np.full(k, -7, np.int32)) for k in (4, 6, 4, 8))
+    args = (ids, pos_ctx, pos_blk, meta)
+
+    def draft_meta(status, n, bonus, capacity, n_cap, n_q_heads, n_kv_heads, mask_id, *out, write_block=True):
+        cuda_drafter._draft_meta_kernel[1, cuda_drafter.META_THREADS](
+            status, n, bonus, capacity, n_cap, n_q_heads, n_kv_heads, mask_id, write_block, *out)
+    draft_meta(status, n, bonus, 12, 6, 6, 2, 95, *args)        # capacity 12, n_cap 6
+    np.testing.assert_array_equal(status.copy_to_host(), [8, 0])
+    np.testing.assert_array_equal(meta.copy_to_host(), [5, 3, 8, 4, 6, 8, 24, 3])
+    np.testing.assert_array_equal(ids.copy_to_host(), [42, 95, 95, 95])
+    np.testing.assert_array_equal(pos_ctx.copy_to_host(), np.arange(5, 11))
+    np.testing.assert_array_equal(pos_blk.copy_to_host(), np.arange(8, 12))
+    draft_meta(status, n, bonus, 12, 6, 6, 2, 95, *args, write_block=False)
+    np.testing.assert_array_equal(status.copy_to_host(), [11, 0])
+    for bad_n, cap in ((2, 12), (7, 40), (-1, 40)):                      # past capacity, past n_cap
+        ids.copy_to_device(np.arange(4, dtype=np.int32))
+        n.copy_to_device(np.array([bad_n], np.int32))
+        draft_meta(status, n, bonus, cap, 6, 6, 2, 95, *args, write_block=False)
+        np.testing.assert_array_equal(status.copy_to_host(), [11, 1])
+        np.testing.assert_array_equal(meta.copy_to_host()[:3], [11, 0, 11])
+        np.testing.assert_array_equal(ids.copy_to_host(), np.arange(4))  # ids left as written
+        status.copy_to_device(np.array([11, 0], np.int32))

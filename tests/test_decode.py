@@ -11,9 +11,9 @@ from scipy.stats import chi2
 
 import ddtree_numba as dd
 import ddtree_numba.decode as decode
+import ddtree_numba.decode.host as host_loop
 from ddtree_numba.model import ModelConfig
-from ddtree_numba.model.drafter import random_drafter
-from ddtree_numba.model.target import random_target
+from ddtree_numba.model import random_drafter, random_target
 from ddtree_numba.reference.accept import uniform_open
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -29,6 +29,8 @@ class NoisyOracle:
     DDTree sees accepted paths of every length and acceptance off the first branch. It also
     checks that the loop feeds it exactly the target's hidden features of the committed tokens.
     """
+
+    backend = "numpy"                  # its draft() takes and returns numpy (model.protocols.Drafter)
 
     def __init__(self, seq, features, vocab, p, seed, block_size=6, target_layer_ids=(0, 1)):
         self.seq, self.features, self.vocab, self.p = list(seq), features, vocab, p
@@ -129,6 +131,7 @@ def test_acceptance_statistics_of_a_good_drafter():
     text = res.summary(file=None)
     assert "mean acceptance length" in text and "forwards saved" in text and "tokens/s" in text
     assert set(res.stage_times) == set(decode.STAGES) and res.stage_times["verify"] > 0
+    assert res.loop == "host" and res.stage_clock == "host" and res.stage_clock in decode.STAGE_CLOCKS
 
 
 @pytest.fixture(scope="module")
@@ -197,6 +200,8 @@ def test_bad_input_raises(small):
         (dict(temperature=float("nan")), "temperature must be finite and >= 0"),
         (dict(max_new_tokens=-1), "max_new_tokens must be >= 0"),
         (dict(drafter=None), "needs a drafter"),
+        (dict(drafter=type("Undeclared", (), dict(block_size=4, target_layer_ids=(0,)))()),
+         "the drafter must declare backend 'numpy' or 'cuda'"),
     ]
     for change, words in cases:
         kw = dict(target=target, drafter=drafter, prompt_ids=prompt, max_new_tokens=10)
@@ -288,7 +293,7 @@ def _child_compares_itself(tree, post):
 @pytest.mark.parametrize("name, value", [("sample_post", _shared_draws), ("follow_tree", _child_compares_itself)])
 def test_a_wrong_acceptance_rule_fails_the_chi_square_test(tiny_vocab, monkeypatch, name, value):
     target, drafter, prompt, joint = tiny_vocab
-    monkeypatch.setattr(decode, name, value)
+    monkeypatch.setattr(host_loop, name, value)
     stat, threshold, _ = _chi_square(target, drafter, prompt, joint)
     assert stat > 2 * threshold, (stat, threshold)
 

@@ -1,6 +1,6 @@
 """generate() on the cuda backend: greedy DDTree and the DFlash chain equal greedy autoregressive
 decoding token for token, with the cuda target (and the cuda DFlash drafter), and equal the numpy
-backend's tokens; with a device drafter every round stays on the GPU (decode_cuda).
+backend's tokens; with a device drafter every round stays on the GPU (decode.device).
 
 The simulator runs a few rounds of one golden checkpoint; on a GPU the same checks run on every
 golden checkpoint with longer generations.
@@ -15,20 +15,11 @@ from numba import cuda
 import ddtree_numba as dd
 from ddtree_numba.model.cuda_drafter import CudaDrafter
 
-from conftest import REAL_GPU
+from conftest import REAL_GPU, load_cuda_target
 from test_decode import NoisyOracle, _prompt
 
 pytestmark = pytest.mark.kernels
 
-
-@pytest.fixture(autouse=True)
-def _one_small_gemm_tile_in_the_simulator(monkeypatch):
-    """Simulator only: every GEMM of these whole forwards takes one 16-thread tile (same bits by
-    the reduction contract; tests/test_linear_kernel.py holds every tile to it)."""
-    if not REAL_GPU:
-        import importlib
-        lin = importlib.import_module("ddtree_numba.kernels.linear")
-        monkeypatch.setattr(lin, "_SIM_FORWARD_TILE", lin._TILED["small"])
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 CHECKPOINTS = ["v3_noaux_tc", "v2_greedy_f16", "kimi_fp8", "v3_bf16_tied", "v3_neox_yarn_nolora"] \
@@ -43,7 +34,7 @@ METHODS = [("ddtree", 8), ("dflash", 0)] if REAL_GPU else [("ddtree", 8)]
 @pytest.mark.parametrize("name", CHECKPOINTS)
 def test_greedy_ddtree_on_cuda_equals_autoregressive_on_both_backends(name):
     path = os.path.join(DATA, name)
-    host, gpu = dd.load_target(path), dd.load_target(path, backend="cuda")
+    host, gpu = dd.load_target(path), load_cuda_target(path)
     prompt = _prompt(1, host.config.vocab_size, n=5)
     want = dd.generate(host, None, prompt, N_NEW, method="ar").tokens          # numpy backend
     if REAL_GPU:
@@ -55,6 +46,7 @@ def test_greedy_ddtree_on_cuda_equals_autoregressive_on_both_backends(name):
     for method, budget in METHODS:
         oracle = NoisyOracle(seq, feats, host.config.vocab_size, 0.9 if not REAL_GPU else 0.7, seed=3)
         res = dd.generate(gpu, oracle, prompt, N_NEW, method=method, budget=budget)
+        assert res.loop == "host"                      # a numpy drafter: the host drives the rounds
         np.testing.assert_array_equal(res.tokens, want, err_msg=f"{name} {method}")
         lengths += res.acceptance_lengths.tolist()
     assert max(lengths) >= 3, lengths                  # multi-token acceptance was exercised
@@ -63,7 +55,7 @@ def test_greedy_ddtree_on_cuda_equals_autoregressive_on_both_backends(name):
 @pytest.mark.gpu
 def test_the_golden_drafter_runs_on_cuda_and_drives_ddtree_to_the_ar_tokens():
     path = os.path.join(DATA, "v3_noaux_tc")
-    gpu = dd.load_target(path, backend="cuda")
+    gpu = load_cuda_target(path)
     drafter = dd.load_drafter(os.path.join(DATA, "drafters", "dflash_v3_noaux_tc"), gpu)
     assert isinstance(drafter, CudaDrafter)
     prompt = _prompt(2, 96, n=5)
@@ -78,6 +70,8 @@ class DeviceOracle(NoisyOracle):
     acceptance: it reads the device features and bonus back (tests only) and returns device
     logits. Its cache length lives on the host, advanced by the device count n."""
 
+    backend = "cuda"                   # it implements model.protocols.DeviceDrafter
+
     def draft_device(self, features, n, bonus, cache, *, graph=False, stream=0):
         stream.synchronize()
         k = int(n.copy_to_host()[0])
@@ -90,9 +84,8 @@ class DeviceOracle(NoisyOracle):
 def test_the_gpu_resident_round_equals_autoregressive_and_accepts_many_tokens():
     """Every round on the GPU (draft -> top-K -> build -> verify -> accept -> compaction ->
     drafter features); the host reads back only the accepted tokens."""
-    from ddtree_numba import decode_cuda
     path = os.path.join(DATA, "v3_noaux_tc")
-    host, gpu = dd.load_target(path), dd.load_target(path, backend="cuda")
+    host, gpu = dd.load_target(path), load_cuda_target(path)
     prompt = _prompt(1, host.config.vocab_size, n=5)
     n_new = 40 if REAL_GPU else 6
     want = dd.generate(host, None, prompt, n_new, method="ar").tokens
@@ -100,8 +93,8 @@ def test_the_gpu_resident_round_equals_autoregressive_and_accepts_many_tokens():
     feats = host.forward(seq, np.arange(len(seq), dtype=np.int32), host.new_cache(len(seq)),
                          hidden_layer_ids=(0, 1)).hidden
     oracle = DeviceOracle(seq, feats, host.config.vocab_size, 0.9, seed=5)
-    assert decode_cuda.device_rounds_supported(gpu, oracle, "ddtree")
     res = dd.generate(gpu, oracle, prompt, n_new, method="ddtree", budget=8)
+    assert res.loop == "device" and res.stage_clock == ("cuda_events" if REAL_GPU else "host_after_sync")
     np.testing.assert_array_equal(res.tokens, want)
     assert res.acceptance_lengths.max() >= 3, res.acceptance_lengths   # multi-token rounds
     assert res.target_forwards == 1 + len(res.acceptance_lengths) < n_new

@@ -9,7 +9,8 @@ import pytest
 from safetensors.numpy import save_file
 
 import ddtree_numba as dd
-from ddtree_numba.model.drafter import DrafterConfig, drafter_shapes, random_drafter
+from ddtree_numba.model import random_drafter
+from ddtree_numba.model.drafter import DrafterConfig, NumpyDrafter, drafter_shapes
 from ddtree_numba.reference.gqa import gqa_attention
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -167,10 +168,10 @@ def test_load_drafter_refusals(target, tmp_path):
         cfg = DrafterConfig(**{**d.config.__dict__, **change})
         w = {n: np.zeros(s, np.float32) for n, s in drafter_shapes(cfg).items()}
         with pytest.raises(ValueError, match=words):
-            dd.model.drafter.Drafter(cfg, w, target)
+            NumpyDrafter(cfg, w, target)
     weights["fc.weight"] = np.zeros((32, 32), np.float32)
     with pytest.raises(ValueError, match="fc.weight has shape"):
-        dd.model.drafter.Drafter(d.config, weights, target)
+        NumpyDrafter(d.config, weights, target)
 
 
 def test_forward_input_checks(target):

@@ -10,7 +10,7 @@ from numba import cuda
 
 from ddtree_numba import kernels as kn
 from ddtree_numba import reference as ref
-from ddtree_numba.kernels.gqa import GQAScratch, _enqueue_draft_meta, _enqueue_gqa_attention, _tiles
+from ddtree_numba.kernels.gqa import GQAScratch, _tiles, enqueue_gqa_attention
 
 pytestmark = pytest.mark.kernels
 
@@ -100,10 +100,10 @@ def test_enqueue_context_then_block(rng, s):
     out0 = np.full((tq, hq * dh), POISON, np.float32)
     d_out = cuda.to_device(out0)
     scratch = GQAScratch(tq, hq, dh, s_cap + tq)
-    _enqueue_gqa_attention(cuda.to_device(q.reshape(tq, -1)), cuda.to_device(kc.reshape(s_cap, w)),
-                           cuda.to_device(vc.reshape(s_cap, w)), cuda.to_device(kb.reshape(tq, w)),
-                           cuda.to_device(vb.reshape(tq, w)), cuda.to_device(np.array([s, t], np.int32)),
-                           0.3, d_out, scratch)
+    enqueue_gqa_attention(cuda.to_device(q.reshape(tq, -1)), cuda.to_device(kc.reshape(s_cap, w)),
+                          cuda.to_device(vc.reshape(s_cap, w)), d_out, k_blk=cuda.to_device(kb.reshape(tq, w)),
+                          v_blk=cuda.to_device(vb.reshape(tq, w)), meta=cuda.to_device(np.array([s, t], np.int32)),
+                          scale=0.3, scratch=scratch)
     got = d_out.copy_to_host()
     k = np.concatenate([kc[:s], kb[:t]])
     v = np.concatenate([vc[:s], vb[:t]])
@@ -113,28 +113,3 @@ def test_enqueue_context_then_block(rng, s):
     # a longer context crosses splits (the simulator's tiles; a GPU's splits are longer than
     # these shapes): the grid covers it and the combine merges them in order
     assert s_cap + tq > _tiles(dh).SPLIT or REAL_GPU
-
-
-def test_draft_meta_from_device_sizes():
-    """The drafter's per-draft sizes: positions, block ids, live counts and the cache length,
-    all from device values; too many rows append nothing and raise the overflow flag."""
-    status = cuda.to_device(np.array([5, 0], np.int32))
-    n, bonus = cuda.to_device(np.array([3], np.int32)), cuda.to_device(np.array([42], np.int32))
-    ids, pos_ctx, pos_blk, meta = (cuda.to_device(np.full(k, -7, np.int32)) for k in (4, 6, 4, 8))
-    args = (ids, pos_ctx, pos_blk, meta)
-    _enqueue_draft_meta(status, n, bonus, 12, 6, 6, 2, 95, *args)        # capacity 12, n_cap 6
-    np.testing.assert_array_equal(status.copy_to_host(), [8, 0])
-    np.testing.assert_array_equal(meta.copy_to_host(), [5, 3, 8, 4, 6, 8, 24, 3])
-    np.testing.assert_array_equal(ids.copy_to_host(), [42, 95, 95, 95])
-    np.testing.assert_array_equal(pos_ctx.copy_to_host(), np.arange(5, 11))
-    np.testing.assert_array_equal(pos_blk.copy_to_host(), np.arange(8, 12))
-    _enqueue_draft_meta(status, n, bonus, 12, 6, 6, 2, 95, *args, write_block=False)
-    np.testing.assert_array_equal(status.copy_to_host(), [11, 0])
-    for bad_n, cap in ((2, 12), (7, 40), (-1, 40)):                      # past capacity, past n_cap
-        ids.copy_to_device(np.arange(4, dtype=np.int32))
-        n.copy_to_device(np.array([bad_n], np.int32))
-        _enqueue_draft_meta(status, n, bonus, cap, 6, 6, 2, 95, *args, write_block=False)
-        np.testing.assert_array_equal(status.copy_to_host(), [11, 1])
-        np.testing.assert_array_equal(meta.copy_to_host()[:3], [11, 0, 11])
-        np.testing.assert_array_equal(ids.copy_to_host(), np.arange(4))  # ids left as written
-        status.copy_to_device(np.array([11, 0], np.int32))

@@ -4,9 +4,12 @@ import importlib
 import inspect
 import os
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import ddtree_numba.kernels as kernels_pkg
 import ddtree_numba.reference as reference_pkg
@@ -17,17 +20,47 @@ def _public_functions(module):
             if inspect.isfunction(obj) and obj.__module__ == module.__name__ and not name.startswith("_")}
 
 
+TWIN = re.compile(r"``reference\.(\w+)\.(\w+)``")
+
+
 def test_every_kernel_launcher_has_a_twin_of_the_same_name_in_the_same_stage():
+    """A launcher is named as its numpy twin; the device tier (``enqueue_*``) names its twin in its
+    docstring, and that twin exists. Any other public function of a kernel module fails."""
+    tier = 0
     for info in pkgutil.iter_modules(kernels_pkg.__path__):
         if info.name.startswith("_"):
             continue
         kmod = importlib.import_module(f"ddtree_numba.kernels.{info.name}")
         rmod = importlib.import_module(f"ddtree_numba.reference.{info.name}")  # same stage module
-        missing = _public_functions(kmod) - set(dir(rmod))
+        launchers = {n for n in _public_functions(kmod) if not n.startswith("enqueue_")}
+        missing = launchers - set(dir(rmod))
         assert not missing, f"kernels/{info.name}.py launchers without a twin: {sorted(missing)}"
-        for name in _public_functions(kmod):
+        for name in launchers:
             assert getattr(kernels_pkg, name) is getattr(kmod, name)
             assert hasattr(reference_pkg, name)
+        for name in _public_functions(kmod) - launchers:
+            fn = getattr(kmod, name)
+            twins = TWIN.findall(fn.__doc__ or "")
+            assert twins, f"kernels/{info.name}.py: {name} names no twin (``reference.<stage>.<function>``)"
+            for stage, twin in twins:
+                assert hasattr(importlib.import_module(f"ddtree_numba.reference.{stage}"), twin), \
+                    f"{name} names a twin that does not exist: reference.{stage}.{twin}"
+            assert getattr(kernels_pkg, name) is fn, f"the device tier's {name} is not exported by kernels"
+            tier += 1
+    assert tier >= 15        # the device tier the models are built from is public
+
+
+def test_a_launcher_without_a_twin_would_fail(monkeypatch):
+    """The check above can fail: a stray public function in a kernel module is caught."""
+    kmod = importlib.import_module("ddtree_numba.kernels.linear")   # (kernels.linear is the launcher)
+
+    def stray_launcher():
+        """No twin."""
+
+    stray_launcher.__module__ = kmod.__name__
+    monkeypatch.setattr(kmod, "stray_launcher", stray_launcher, raising=False)
+    with pytest.raises(AssertionError, match="stray_launcher"):
+        test_every_kernel_launcher_has_a_twin_of_the_same_name_in_the_same_stage()
 
 
 def test_every_kernel_compiles_to_ptx_for_compute_capability_9_0():

@@ -91,7 +91,7 @@ def assert_twin(got, want):
 
 
 def run_linear(x, w, n=None, cfg=None, accumulate=False, out=None):
-    """_enqueue_linear through _launch with an optional explicit tile; returns out [R, N]."""
+    """enqueue_linear through _launch with an optional explicit tile; returns out [R, N]."""
     R, N = x.shape[0], w.shape[0]
     d_out = dev(np.full((R, N), np.nan, np.float32) if out is None else out)
     L._launch(dev(x), 0, dev(w[None]), None, d_out, 0, rows_dev(R if n is None else n), None, None,
@@ -152,12 +152,12 @@ def test_empty_shapes(rng):
 # -- (b) every enqueue variant, bit for bit ---------------------------------------------------
 @pytest.mark.parametrize("kind", KINDS)
 def test_accumulate_adds_into_out_with_live_rows_only(rng, kind):
-    """_enqueue_linear(accumulate=True): out[:n] += x[:n] @ w.T; rows n.. untouched."""
+    """enqueue_linear(accumulate=True): out[:n] += x[:n] @ w.T; rows n.. untouched."""
     R, n, K, N = 6, 5, 136, 21
     x = xs(rng, (R, K))
     w, wf = weights(rng, (N, K), kind)
     base = xs(rng, (R, N))
-    for cfg in (None, L._TILED["small"]):
+    for cfg in (None, L.TILED["small"]):
         got = run_linear(x, w, n=n, cfg=cfg, accumulate=True, out=base)
         assert_bits(got[:n], base[:n] + contract(x[:n], wf))
         assert_bits(got[n:], base[n:])
@@ -166,12 +166,12 @@ def test_accumulate_adds_into_out_with_live_rows_only(rng, kind):
 
 @pytest.mark.parametrize("kind", ["bf16", "f32"])
 def test_heads_projection_per_group(rng, kind):
-    """_enqueue_linear_heads: out[r, z*N:(z+1)*N] = x[r, z*s:z*s+K] @ w[z].T."""
+    """enqueue_linear_heads: out[r, z*N:(z+1)*N] = x[r, z*s:z*s+K] @ w[z].T."""
     Z, K, N, s, R = 3, 72, 10, 80, 2
     x = xs(rng, (R, Z * s))
     w, wf = weights(rng, (Z, N, K), kind)
     d_out = dev(np.full((R, Z * N), np.nan, np.float32))
-    L._enqueue_linear_heads(dev(x), s, dev(w), d_out, rows_dev(R))
+    L.enqueue_linear_heads(dev(x), s, dev(w), d_out, rows_dev(R))
     got = d_out.copy_to_host()
     for z in range(Z):
         assert_bits(got[:, z * N:(z + 1) * N], contract(x[:, z * s:z * s + K], wf[z]))
@@ -185,7 +185,7 @@ def test_swiglu(rng, kind, R):
     wg, wgf = weights(rng, (I, K), kind)
     wu, wuf = weights(rng, (I, K), kind)
     d_out = dev(np.full((R, I), np.nan, np.float32))
-    L._enqueue_swiglu(dev(x), dev(wg), dev(wu), d_out, rows_dev(R))
+    L.enqueue_swiglu(dev(x), dev(wg), dev(wu), d_out, rows_dev(R))
     got = d_out.copy_to_host()
     want = silu_mul(contract(x, wgf), contract(x, wuf))
     assert_twin(got, want)
@@ -215,7 +215,7 @@ def test_grouped_experts(rng, kind, swiglu, gather, counts):
     offsets, x, row_index, (w, wf), (wu, wuf) = _grouped_case(rng, kind, counts, K, N, gather)
     Ro = int(offsets[-1])
     d_out = dev(np.full((Ro, N), np.nan, np.float32))
-    L._enqueue_grouped(dev(x), dev(w), d_out, dev(offsets), max(counts),
+    L.enqueue_grouped_linear(dev(x), dev(w), d_out, dev(offsets), max(counts),
                        row_index=None if row_index is None else dev(row_index),
                        w_up=dev(wu) if swiglu else None)
     got = d_out.copy_to_host()
@@ -257,7 +257,7 @@ def test_skinny_tiles_are_exact(rng, kind, K, cfg):
 def test_tiled_tiles_are_exact(rng, kind, K, R, N, name):
     x = xs(rng, (R, K))
     w, wf = weights(rng, (N, K), kind)
-    assert_bits(run_linear(x, w, cfg=L._TILED[name]), contract(x, wf))
+    assert_bits(run_linear(x, w, cfg=L.TILED[name]), contract(x, wf))
 
 
 def test_misaligned_weights_fall_back_to_element_loads(rng):
@@ -291,7 +291,7 @@ def test_a_row_is_invariant_across_skinny_and_tiled_tiles(rng):
     x = xs(rng, (6, 128))
     w, _ = weights(rng, (16, 128), "bf16")
     want = run_linear(x[:1], w)[0]
-    cfgs = [L._TILED["small"], L._TILED["mid"]]
+    cfgs = [L.TILED["small"], L.TILED["mid"]]
     if not REAL_GPU:
         cfgs += [skinny(8, 4, 2, 16), skinny(2, 2, 1, 8)]
     for cfg in cfgs:
@@ -308,7 +308,7 @@ def test_grouped_row_matches_the_plain_projection_of_that_row(rng):
              for j in (0, 11)}
     for tile_rows in (None, 2):
         d_out = dev(np.full((12, N), np.nan, np.float32))
-        L._enqueue_grouped(dev(x), dev(w), d_out, dev(offsets), 9, row_index=dev(row_index),
+        L.enqueue_grouped_linear(dev(x), dev(w), d_out, dev(offsets), 9, row_index=dev(row_index),
                            tile_rows=tile_rows)
         got = d_out.copy_to_host()
         for j, want in alone.items():

@@ -7,7 +7,7 @@ from numba import cuda
 
 from ddtree_numba import kernels as kn
 from ddtree_numba import reference as ref
-from ddtree_numba.kernels.mla import MLAScratch, _SIM_TILES, _absorb_weights, _enqueue_mla_attention
+from ddtree_numba.kernels.mla import _SIM_TILES, MLAScratch, enqueue_mla_attention
 
 pytestmark = pytest.mark.kernels
 
@@ -90,7 +90,7 @@ def test_half_weights_match_twin_on_widened_weights(rng, wdtype):
     got = kn.mla_attention_absorbed(q_nope, q_pe, c_kv, k_pe, w, mask, 0.5)
     want = ref.mla_attention_absorbed(q_nope, q_pe, c_kv, k_pe, widen(w), mask, 0.5)
     assert rel_err(got, want) <= 1e-5
-    w_uk_t, w_uv = _absorb_weights(w, h, d)
+    w_uk_t, w_uv = ref.absorption_weights(w, h, d)
     assert w_uk_t.dtype == w_uv.dtype == w.dtype
     assert w_uk_t.shape == (h, c, d) and w_uv.shape == (h, dv, c)
     assert w_uk_t.flags.c_contiguous and w_uv.flags.c_contiguous
@@ -123,9 +123,10 @@ def run_core(q_lat, q_pe, c_kv, k_pe, bits, s0, t, scale, out=None, tiles=None):
     h = q_lat.shape[1] // c
     out_d = cuda.to_device(np.full((tq, h * c), np.nan, np.float32) if out is None else out)
     scratch = MLAScratch(tq, h, c_kv.shape[0] + 3)   # wider than the cache: the row stride differs
-    _enqueue_mla_attention(cuda.to_device(q_lat), cuda.to_device(q_pe), cuda.to_device(c_kv),
-                           cuda.to_device(k_pe), cuda.to_device(bits),
-                           cuda.to_device(np.array([s0, t], np.int32)), scale, out_d, scratch, tiles=tiles)
+    enqueue_mla_attention(cuda.to_device(q_lat), cuda.to_device(q_pe), cuda.to_device(c_kv),
+                          cuda.to_device(k_pe), out_d, vis_bits=cuda.to_device(bits),
+                          meta=cuda.to_device(np.array([s0, t], np.int32)), scale=scale, scratch=scratch,
+                          tiles=tiles)
     return out_d.copy_to_host()
 
 

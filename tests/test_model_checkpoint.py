@@ -11,7 +11,8 @@ from safetensors.numpy import save_file
 
 import ddtree_numba as dd
 from ddtree_numba.model.checkpoint import (
-    SafetensorsIndex, bf16_to_float32, dequant_fp8_block, e4m3_to_float32, load_weights, read_header)
+    SafetensorsIndex, dequant_fp8_block, load_weights, read_header)
+from ddtree_numba.dtypes import bf16_to_float32, e4m3_to_float32
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 

@@ -12,21 +12,13 @@ import pytest
 
 import ddtree_numba as dd
 from ddtree_numba.model.compare import assert_close
-from ddtree_numba.model.cuda_target import CudaTarget, DeviceMLACache, to_bf16_bits
+from ddtree_numba.dtypes import to_bf16_bits
+from ddtree_numba.model.cuda_target import CudaTarget, DeviceMLACache
 
-from conftest import REAL_GPU
+from conftest import REAL_GPU, load_cuda_target
 
 pytestmark = pytest.mark.kernels
 
-
-@pytest.fixture(autouse=True)
-def _one_small_gemm_tile_in_the_simulator(monkeypatch):
-    """Simulator only: every GEMM of these whole forwards takes one 16-thread tile (same bits by
-    the reduction contract; tests/test_linear_kernel.py holds every tile to it)."""
-    if not REAL_GPU:
-        import importlib
-        lin = importlib.import_module("ddtree_numba.kernels.linear")
-        monkeypatch.setattr(lin, "_SIM_FORWARD_TILE", lin._TILED["small"])
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 RTOL = 1e-4
@@ -43,7 +35,7 @@ T = None if REAL_GPU else 8
 @pytest.fixture(scope="module", params=CASES)
 def case(request):
     path = os.path.join(DATA, request.param)
-    target = dd.load_target(path, backend="cuda")
+    target = load_cuda_target(path)
     return (request.param, target, np.load(os.path.join(path, "expected.npz")),
             np.load(os.path.join(path, "tree.npz")))
 
@@ -53,13 +45,13 @@ def _all_layers(target):
 
 
 def test_load_target_cuda_keeps_the_checkpoint_dtype():
-    t = dd.load_target(os.path.join(DATA, "v3_released"), backend="cuda")   # a bf16 checkpoint
+    t = load_cuda_target(os.path.join(DATA, "v3_released"))   # a bf16 checkpoint
     assert isinstance(t, CudaTarget) and t.backend == "cuda"
     assert t.layers[0].o_proj.dtype == np.uint16 and t.layers[0].input_layernorm.dtype == np.float32
-    t = dd.load_target(os.path.join(DATA, "v3_noaux_tc"), backend="cuda")   # float32
+    t = load_cuda_target(os.path.join(DATA, "v3_noaux_tc"))   # float32
     assert t.layers[0].o_proj.dtype == np.float32
     with pytest.raises(ValueError, match="weight_dtype must be one of"):
-        dd.load_target(os.path.join(DATA, "v3_noaux_tc"), backend="cuda", weight_dtype="int8")
+        load_cuda_target(os.path.join(DATA, "v3_noaux_tc"), weight_dtype="int8")
 
 
 def test_causal_forward_matches_hf(case):
@@ -77,7 +69,7 @@ def test_causal_forward_matches_hf(case):
 
 @pytest.mark.parametrize("name", CASES if REAL_GPU else CASES[:1])
 def test_chunked_forward_through_the_cache_matches_hf(name):
-    target = dd.load_target(os.path.join(DATA, name), backend="cuda")
+    target = load_cuda_target(os.path.join(DATA, name))
     exp = np.load(os.path.join(DATA, name, "expected.npz"))
     exp = {k: exp[k][:T] for k in exp}
     cache = target.new_cache(len(exp["ids"]))          # exactly full at the end
@@ -129,7 +121,7 @@ def test_matches_the_numpy_twin_on_bf16_rounded_weights():
                 setattr(lw, k, (to_bf16_bits(v).astype(np.uint32) << 16).view(np.float32))
     for k in ("embed_tokens", "lm_head"):
         setattr(host, k, (to_bf16_bits(getattr(host, k)).astype(np.uint32) << 16).view(np.float32))
-    gpu = dd.load_target(path, backend="cuda", weight_dtype="bfloat16")
+    gpu = load_cuda_target(path, weight_dtype="bfloat16")
     exp = np.load(os.path.join(path, "expected.npz"))
     ids, pos = exp["ids"][:T], exp["positions"][:T]
     want = host.forward(ids, pos, host.new_cache(16)).logits
@@ -138,10 +130,10 @@ def test_matches_the_numpy_twin_on_bf16_rounded_weights():
 
 
 def test_logits_are_batch_invariant_alone_in_a_batch_and_as_a_tree_node():
-    """DESIGN.md section 4: a token's logits are the same *bits* decoded alone (one token per
+    """docs/DESIGN.md §4: a token's logits are the same *bits* decoded alone (one token per
     forward), inside a causal batch, and as a node of a tree whose ancestors are its path."""
     path = os.path.join(DATA, "v3_noaux_tc")
-    target = dd.load_target(path, backend="cuda")
+    target = load_cuda_target(path)
     tree = np.load(os.path.join(path, "tree.npz"))
     prefix, parents = tree["prefix_ids"], tree["parents"]
     p = len(prefix)
@@ -168,7 +160,7 @@ def test_logits_are_batch_invariant_alone_in_a_batch_and_as_a_tree_node():
 @pytest.mark.gpu
 def test_graph_replay_equals_eager():
     path = os.path.join(DATA, "v3_noaux_tc")
-    target = dd.load_target(path, backend="cuda")
+    target = load_cuda_target(path)
     tree = np.load(os.path.join(path, "tree.npz"))
     outs = []
     for graph in (False, True, True):                  # capture, then replay an existing graph
@@ -182,7 +174,7 @@ def test_graph_replay_equals_eager():
 
 
 def test_bad_inputs_name_the_problem():
-    target = dd.load_target(os.path.join(DATA, "v3_noaux_tc"), backend="cuda")
+    target = load_cuda_target(os.path.join(DATA, "v3_noaux_tc"))
     with pytest.raises(ValueError, match="DeviceMLACache"):
         target.forward(np.array([1], np.int32), np.array([0]), dd.load_target(
             os.path.join(DATA, "v3_noaux_tc")).new_cache(4))

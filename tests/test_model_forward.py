@@ -93,7 +93,7 @@ def _path(parents, i):
 
 
 def test_compacted_cache_continues_like_the_accepted_path(case):
-    """Verify a tree, keep one root-to-leaf path (DESIGN.md step 7), then feed the leaf again:
+    """Verify a tree, keep one root-to-leaf path (docs/DESIGN.md §1, step 7), then feed the leaf again:
     its logits must be HF's for prefix + path, i.e. the compacted rows are the path's rows."""
     name, target, _, tree = case
     parents = tree["parents"]

@@ -45,7 +45,7 @@ def test_hidden_layer_ids_pick_layer_outputs(target):
 def test_backend_and_weight_dtype_checks(monkeypatch):
     from numba import config as numba_config
     from numba import cuda
-    from ddtree_numba.model.target import BackendUnavailable
+    from ddtree_numba.model.loader import BackendUnavailable
     monkeypatch.setattr(numba_config, "ENABLE_CUDASIM", False)
     monkeypatch.setattr(cuda, "is_available", lambda: False)
     with pytest.raises(BackendUnavailable, match="needs a CUDA GPU"):

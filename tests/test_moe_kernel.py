@@ -6,7 +6,8 @@ from numba import cuda
 
 from ddtree_numba import kernels as kn
 from ddtree_numba import reference as ref
-from ddtree_numba.kernels.moe import (MoEBuffers, MoERoute, _enqueue_moe_block, _enqueue_moe_sort)
+from ddtree_numba.kernels.moe import (MoEBuffers, MoERoute, enqueue_moe_block, enqueue_moe_combine,
+                                      enqueue_moe_sort)
 
 pytestmark = pytest.mark.kernels
 
@@ -162,7 +163,7 @@ def test_counting_sort_invariants(rng, n):
     w = rng.standard_normal((R, K)).astype(np.float32)
     bufs = MoEBuffers(R, E, K, 4, 4)
     bufs.token_slot.copy_to_device(np.full((R, K), -1, np.int32))
-    _enqueue_moe_sort(cuda.to_device(ids), cuda.to_device(w), bufs, cuda.to_device(np.array([n], np.int32)))
+    enqueue_moe_sort(cuda.to_device(ids), cuda.to_device(w), bufs, cuda.to_device(np.array([n], np.int32)))
     off = bufs.offsets.copy_to_host()
     st = bufs.slot_token.copy_to_host()[: n * K]
     sw = bufs.slot_weight.copy_to_host()[: n * K]
@@ -250,7 +251,9 @@ def _block_case(rng, R, n, dtype="bf16", shared=True):
 def _run_block(route, m, x, gate, bias, experts, sh, bufs, n):
     dx = cuda.to_device(x)
     dev = [None if a is None else cuda.to_device(a) for a in (m, gate, bias, *experts, *sh)]
-    _enqueue_moe_block(dev[0], dx, *dev[1:], route, bufs, cuda.to_device(np.array([n], np.int32)))
+    names = ("gate", "bias", "experts_gate", "experts_up", "experts_down", "shared_gate", "shared_up", "shared_down")
+    enqueue_moe_block(dev[0], dx, **dict(zip(names, dev[1:])), route=route, bufs=bufs,
+                      n_rows=cuda.to_device(np.array([n], np.int32)))
     return dx.copy_to_host()
 
 
@@ -295,18 +298,17 @@ def test_moe_route_config_checks():
 def test_combine_sums_experts_in_ascending_id_whatever_the_pick_order():
     """Values chosen so that float32 addition order shows: 1 + 1e8 - 1e8 = 0 in ascending id,
     but 1 in the best-first order below."""
-    from ddtree_numba.kernels.moe import _enqueue_moe_combine
     R, E, K, M = 3, 5, 3, 2
     ids = np.array([[3, 4, 0], [4, 1, 3], [2, 0, 1]], np.int32)       # best first, not by id
     val = np.array([1.0, 1.0, 3.0, 1e8, -1e8], np.float32)              # expert e outputs val[e]
     bufs = MoEBuffers(R, E, K, M, 4)
     n_rows = cuda.to_device(np.array([R], np.int32))
-    _enqueue_moe_sort(cuda.to_device(ids), cuda.to_device(np.ones((R, K), np.float32)), bufs, n_rows)
+    enqueue_moe_sort(cuda.to_device(ids), cuda.to_device(np.ones((R, K), np.float32)), bufs, n_rows)
     off = bufs.offsets.copy_to_host()
     slot_expert = np.searchsorted(off, np.arange(R * K), side="right") - 1
     bufs.expert_out.copy_to_device(np.repeat(val[slot_expert][:, None], M, 1).astype(np.float32))
     out = cuda.to_device(np.full((R, M), np.nan, np.float32))
-    _enqueue_moe_combine(bufs, None, out, n_rows, residual=False)
+    enqueue_moe_combine(bufs, None, out, n_rows, residual=False)
     want = np.zeros(R, np.float32)
     for r in range(R):
         for e in np.sort(ids[r]):

@@ -7,9 +7,7 @@ from numba import cuda
 
 from ddtree_numba import kernels as kn
 from ddtree_numba import reference as ref
-from ddtree_numba.kernels.embedding import _enqueue_embedding
-from ddtree_numba.kernels.rms_norm import _enqueue_rms_norm
-from ddtree_numba.kernels.rope import _enqueue_rope
+from ddtree_numba.kernels import enqueue_embedding, enqueue_rms_norm, enqueue_rope
 
 pytestmark = pytest.mark.kernels
 
@@ -69,7 +67,7 @@ def test_rms_norm_enqueue_offsets_wide_input_and_live_rows(rng):
     w = rng.standard_normal(m).astype(np.float32)
     out0 = np.full((12, m + 2), POISON, np.float32)                    # wider than M, poisoned
     d_out = cuda.to_device(out0)
-    _enqueue_rms_norm(cuda.to_device(x), cuda.to_device(w), 1e-5, d_out, i32(n), out_row0=i32(5))
+    enqueue_rms_norm(cuda.to_device(x), cuda.to_device(w), 1e-5, d_out, i32(n), out_row0=i32(5))
     got = d_out.copy_to_host()
     want = out0.copy()
     want[5:5 + n, :m] = ref.rms_norm(x[:n, :m], w, 1e-5)
@@ -78,7 +76,7 @@ def test_rms_norm_enqueue_offsets_wide_input_and_live_rows(rng):
     np.testing.assert_array_equal(got, want)                           # everything else untouched
     # batch invariance: the same row alone, and without an offset, gives the same bits
     d_one = cuda.to_device(np.full((R, m), POISON, np.float32))
-    _enqueue_rms_norm(cuda.to_device(x[2:]), cuda.to_device(w), 1e-5, d_one, i32(1))
+    enqueue_rms_norm(cuda.to_device(x[2:]), cuda.to_device(w), 1e-5, d_one, i32(1))
     np.testing.assert_array_equal(d_one.copy_to_host()[0], d_out.copy_to_host()[7, :m])
 
 
@@ -127,8 +125,8 @@ def test_enqueue_rope_q_heads_into_contiguous_buffer(rng, interleave):
     inv, af = yarn()
     dst0 = np.full((T + 2, H * Rd), POISON, np.float32)
     d_dst = cuda.to_device(dst0)
-    _enqueue_rope(cuda.to_device(q), D, D + Rd, d_dst, 0, Rd, H, Rd, cuda.to_device(positions),
-                  cuda.to_device(inv), af, interleave, i32(n))
+    enqueue_rope(cuda.to_device(q), d_dst, cuda.to_device(positions), cuda.to_device(inv), i32(n), rdim=Rd,
+                 groups=H, src_col0=D, src_stride=D + Rd, dst_stride=Rd, attention_factor=af, interleave=interleave)
     got = d_dst.copy_to_host()
     cos, sin = ref.rope_cos_sin(positions[:n], inv, af)
     want = ref.rope(q[:n].reshape(n, H, D + Rd)[:, :, D:], cos, sin, interleave).reshape(n, H * Rd)
@@ -149,8 +147,8 @@ def test_enqueue_rope_k_pe_into_cache_rows(rng, interleave):
     inv = ref.rope_inv_freq(Rd, 10000.0)
     cache0 = np.full((10, Rd), POISON, np.float32)
     d_cache = cuda.to_device(cache0)
-    _enqueue_rope(cuda.to_device(kv), C, 0, d_cache, 0, 0, 1, Rd, cuda.to_device(positions),
-                  cuda.to_device(inv), 1.0, interleave, i32(n), dst_row0=i32(s0))
+    enqueue_rope(cuda.to_device(kv), d_cache, cuda.to_device(positions), cuda.to_device(inv), i32(n), rdim=Rd,
+                 src_col0=C, interleave=interleave, dst_row0=i32(s0))
     got = d_cache.copy_to_host()
     cos, sin = ref.rope_cos_sin(positions[:n], inv)
     assert_rel(got[s0:s0 + n], ref.rope(kv[:n, C:], cos, sin, interleave))
@@ -166,8 +164,9 @@ def test_enqueue_rope_in_place(rng, interleave):
     inv, af = yarn()
     inv = inv[: Rd // 2]
     d_q = cuda.to_device(q)
-    _enqueue_rope(d_q, D, D + Rd, d_q, D, D + Rd, H, Rd, cuda.to_device(positions),
-                  cuda.to_device(inv), af, interleave, i32(n))
+    enqueue_rope(d_q, d_q, cuda.to_device(positions), cuda.to_device(inv), i32(n), rdim=Rd, groups=H,
+                 src_col0=D, src_stride=D + Rd, dst_col0=D, dst_stride=D + Rd, attention_factor=af,
+                 interleave=interleave)
     got = d_q.copy_to_host().reshape(T, H, D + Rd)
     q3 = q.reshape(T, H, D + Rd)
     cos, sin = ref.rope_cos_sin(positions[:n], inv, af)
@@ -195,12 +194,12 @@ def test_enqueue_embedding_live_rows(rng, kind):
     ids = np.array([3, 0, 8, 3, 5], np.int32)
     out0 = np.full((7, 6), POISON, np.float32)
     d_out = cuda.to_device(out0)
-    _enqueue_embedding(cuda.to_device(ids), cuda.to_device(table), d_out, i32(3))
+    enqueue_embedding(cuda.to_device(ids), cuda.to_device(table), d_out, i32(3))
     got = d_out.copy_to_host()
     np.testing.assert_array_equal(got[:3], widen(table)[ids[:3]])
     np.testing.assert_array_equal(got[3:], out0[3:])
     bad = cuda.to_device(np.full((1, 6), POISON, np.float32))         # a bad id on the device
-    _enqueue_embedding(cuda.to_device(np.array([9], np.int32)), cuda.to_device(table), bad, i32(1))
+    enqueue_embedding(cuda.to_device(np.array([9], np.int32)), cuda.to_device(table), bad, i32(1))
     assert np.isnan(bad.copy_to_host()).all()
 
 

@@ -161,7 +161,7 @@ def test_projected_tokens_per_s_against_hand_arithmetic(sweep):
     interpolated in log2(budget) and held constant outside the sweep's budgets."""
     rows = {r["budget"]: r for r in stats.summary_rows(sweep) if r["method"] == "ddtree"}    # 2, 8, 32
     bench = dict(nodes=[3, 5, 9, 100], ms=[10.0, 20.0, 30.0, 40.0])
-    x, y = plots.projected_tokens_per_s(sweep, bench)
+    x, y = stats.projected_tokens_per_s(sweep, bench)
     assert x.tolist() == [2, 4, 8, 99]
 
     def other(b):
@@ -174,7 +174,7 @@ def test_projected_tokens_per_s_against_hand_arithmetic(sweep):
     assert y.tolist() == pytest.approx(want)
     for bad in (dict(nodes=[3]), dict(nodes=[1], ms=[2.0]), dict(nodes=[3, 4], ms=[1.0])):
         with pytest.raises(ValueError, match="verify_bench"):
-            plots.projected_tokens_per_s(sweep, bad)
+            stats.projected_tokens_per_s(sweep, bad)
 
 
 def test_plots_draw_the_tables(sweep, tmp_path):

@@ -1,19 +1,43 @@
 """numba.cuda kernels, one module per stage, same function names as ``reference``.
 
-Every launcher accepts numpy or numba device arrays, validates its arguments
-(``ValueError`` naming the problem), returns numpy results for numpy inputs, and takes
-``out=`` (preallocated device outputs, filled without a host sync) and ``stream=``.
+Two tiers (docs/DESIGN.md §3):
+
+- **Launchers**, one per stage, named as their numpy twin (``linear``, ``build_tree``, ...):
+  they accept numpy or numba device arrays, validate their arguments (``ValueError`` naming
+  the problem), return numpy results for numpy inputs, and take ``out=`` (preallocated device
+  outputs, filled without a host sync) and ``stream=``.
+- **The device tier**, ``enqueue_*``: what the models and the GPU decode loop are built from.
+  Device arrays only, no checks, no allocation, no host sync; the sizes that change between
+  calls (live rows, cache length) are read from small device arrays, so a captured CUDA graph
+  replays them. Each names its twin in its docstring. ``TreeBuffers``, ``MLAScratch``,
+  ``GQAScratch``, ``MoEBuffers`` and ``MoERoute`` are the buffers and parameters they take.
 """
 
 from .topk import topk_logprobs
 from .tree_build import TreeBuffers, build_tree
-from .visibility import visibility, visibility_bits
+from .visibility import enqueue_visibility_bits, visibility, visibility_bits
 from .accept import follow_tree, sample_post
-from .compact import compact_rows
-from .linear import linear
-from .mla import mla_attention_absorbed
-from .gqa import gqa_attention
-from .moe import MoEBuffers, MoERoute, moe_experts, moe_route, swiglu_mlp
-from .rms_norm import rms_norm
-from .rope import rope, rope_cos_sin
-from .embedding import embedding, lm_head
+from .compact import compact_rows, enqueue_compact_rows, enqueue_copy_rows
+from .linear import TILED, enqueue_grouped_linear, enqueue_linear, enqueue_linear_heads, enqueue_swiglu, linear
+from .mla import MLAScratch, enqueue_mla_attention, mla_attention_absorbed
+from .gqa import GQAScratch, enqueue_gqa_attention, gqa_attention
+from .moe import (MoEBuffers, MoERoute, enqueue_moe_block, enqueue_moe_combine, enqueue_moe_experts,
+                  enqueue_moe_route, enqueue_moe_sort, enqueue_swiglu_mlp, moe_experts, moe_route, swiglu_mlp)
+from .rms_norm import enqueue_rms_norm, rms_norm
+from .rope import enqueue_rope, rope, rope_cos_sin
+from .embedding import embedding, enqueue_embedding, lm_head
+
+__all__ = [
+    # launchers (twins in ddtree_numba.reference)
+    "topk_logprobs", "build_tree", "visibility", "visibility_bits", "follow_tree", "sample_post",
+    "compact_rows", "linear", "mla_attention_absorbed", "gqa_attention", "moe_route", "moe_experts",
+    "swiglu_mlp", "rms_norm", "rope", "rope_cos_sin", "embedding", "lm_head",
+    # the device tier
+    "enqueue_visibility_bits", "enqueue_compact_rows", "enqueue_copy_rows", "enqueue_linear",
+    "enqueue_linear_heads", "enqueue_swiglu", "enqueue_grouped_linear", "enqueue_mla_attention",
+    "enqueue_gqa_attention", "enqueue_moe_route", "enqueue_moe_sort", "enqueue_moe_experts",
+    "enqueue_moe_combine", "enqueue_swiglu_mlp", "enqueue_moe_block", "enqueue_rms_norm",
+    "enqueue_rope", "enqueue_embedding",
+    # buffers and parameters
+    "TreeBuffers", "MLAScratch", "GQAScratch", "MoEBuffers", "MoERoute", "TILED",
+]

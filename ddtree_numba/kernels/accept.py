@@ -11,8 +11,7 @@ import math
 import numpy as np
 from numba import cuda, float64, int32, uint64
 
-from .._checks import check_array
-from ..reference.accept import _check_follow_inputs, _check_sample_inputs
+from .._checks import check_array, check_follow_inputs, check_sample_inputs
 from ..tree import Tree
 from .._device import check_threads, device_function, is_device, to_device
 from .tree_build import TreeBuffers
@@ -76,7 +75,7 @@ def sample_post(logits, temperature, seed, *, out=None, stream=0, threads=THREAD
 
     logits [N+1, V] float32 -> post [N+1] int32; the same draws as ``reference.sample_post``.
     """
-    temperature, seed = _check_sample_inputs(logits, temperature, seed)
+    temperature, seed = check_sample_inputs(logits, temperature, seed)
     check_threads(threads)
     n = logits.shape[0]
     if out is None:
@@ -146,7 +145,7 @@ def follow_tree(tree, post, *, out=None, stream=0, threads=THREADS):
         check_array("post", post, 1, np.int32, shape=(cap + 1,))
         parents, tokens, n_nodes = tree.parents, tree.tokens, tree.n_nodes
     elif isinstance(tree, Tree):
-        _check_follow_inputs(tree, post)
+        check_follow_inputs(tree, post)
         cap = tree.num_nodes
         parents, tokens = to_device(tree.parents, stream), to_device(tree.tokens, stream)
         n_nodes = to_device(np.array([cap], np.int32), stream)

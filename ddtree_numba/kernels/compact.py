@@ -21,8 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .._checks import check_array
-from ..reference.compact import _check_compact_inputs
+from .._checks import check_array, check_compact_inputs
 from .._device import ceil_div, is_device, to_device
 
 THREADS = 128
@@ -63,10 +62,14 @@ def _compact_rows_naive_kernel(rows, start_n, keep):
         rows[start_n[0] + i, c] = rows[start_n[0] + keep[i], c]
 
 
-def _enqueue_compaction(rows, start_n, keep, n_max, method="columns", scratch=None, stream=0):
-    """Enqueue a compaction of device ``rows`` with device ``start_n`` and ``keep``; no checks.
+# -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
 
-    ``n_max`` bounds ``n`` (it sizes the grid of the scratch scheme).
+def enqueue_compact_rows(rows, start_n, keep, *, n_max, method="columns", scratch=None, stream=0):
+    """rows[start + i] = rows[start + keep[i]] for i < n, (start, n) = start_n[0:2], on the device;
+    twin: ``reference.compact.compact_rows``.
+
+    rows [S, W], start_n [2] int32 device, keep [>= n] int32 device; ``n_max`` bounds n (it sizes
+    the grid of the scratch scheme, whose ``scratch`` is [>= n_max, W] of rows' dtype).
     """
     W = rows.shape[1]
     if method == "columns":
@@ -79,6 +82,17 @@ def _enqueue_compaction(rows, start_n, keep, n_max, method="columns", scratch=No
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
 
 
+def enqueue_copy_rows(rows, start_n, src, *, stream=0):
+    """rows[start + i] = src[i] for i < n, (start, n) = start_n[0:2]: the scratch scheme's copy-back
+    on its own (twin: the second step of ``reference.compact.compact_rows``), e.g. appending new
+    rows to a cache at a device offset.
+
+    rows [S, W], start_n [2] int32 device, src [R, W] of rows' dtype (n <= R; the grid is R rows).
+    """
+    grid = (ceil_div(src.shape[0], BLOCK_2D[0]), ceil_div(rows.shape[1], BLOCK_2D[1]))
+    _compact_rows_copy_back_kernel[grid, BLOCK_2D, stream](rows, start_n, src)
+
+
 def compact_rows(rows, start, keep, *, method="columns", scratch=None, stream=0):
     """In place ``rows[start + i] = rows[start + keep[i]]``, race-free, on the GPU.
 
@@ -86,7 +100,7 @@ def compact_rows(rows, start, keep, *, method="columns", scratch=None, stream=0)
     keep [n] int32 (keep[0] = 0, strictly increasing). ``method`` is ``"columns"`` or
     ``"scratch"``; the scratch scheme takes an optional ``scratch`` device array [>= n, W].
     """
-    start = _check_compact_inputs(rows, start, keep)
+    start = check_compact_inputs(rows, start, keep)
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     n = keep.shape[0]
@@ -99,7 +113,8 @@ def compact_rows(rows, start, keep, *, method="columns", scratch=None, stream=0)
     d_rows = to_device(rows, stream)
     start_n = to_device(np.array([start, n], np.int32), stream)
     if n and rows.shape[1]:
-        _enqueue_compaction(d_rows, start_n, to_device(keep, stream), n, method, scratch, stream)
+        enqueue_compact_rows(d_rows, start_n, to_device(keep, stream), n_max=n, method=method, scratch=scratch,
+                             stream=stream)
     if not is_device(rows):
         d_rows.copy_to_host(rows, stream=stream)
         if stream:

@@ -5,7 +5,7 @@ Shapes: T tokens (R buffer rows, n = n_rows[0] live), M hidden size, V vocab.
 
 Tables and head weights are stored as float32, float16, or bfloat16 carried as uint16 bits, and
 widened to float32. The head is a projection like any other: it goes through
-``kernels.linear._enqueue_linear`` and its reduction contract (batch invariant), not a GEMM of
+``kernels.linear.enqueue_linear`` and its reduction contract (batch invariant), not a GEMM of
 its own.
 """
 
@@ -19,7 +19,8 @@ from numba import config, cuda
 
 from .._checks import check_array
 from .._device import float32_out, is_device, launcher_result, rows_device, to_device
-from .linear import _WIDEN, _enqueue_linear, _weight_kind
+from ._widen import WIDEN, weight_kind
+from .linear import enqueue_linear
 
 # Threads per block (one block per row; hidden 2048 = 8 columns a thread). The simulator runs
 # every thread as a Python thread, so it gets a small block.
@@ -28,7 +29,7 @@ THREADS = 8 if config.ENABLE_CUDASIM else 256
 
 @functools.lru_cache(maxsize=None)
 def _embedding_kernel(kind: str):
-    widen = _WIDEN[kind]
+    widen = WIDEN[kind]
 
     @cuda.jit
     def kernel(ids, table, out, n_rows):
@@ -48,10 +49,11 @@ def _embedding_kernel(kind: str):
     return kernel
 
 
-# -- enqueue API used by the GPU forward (device arrays only, no checks, no allocation) -------
+# -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
 
-def _enqueue_embedding(ids, table, out, n_rows, *, stream=0):
-    """out[r] = table[ids[r]] widened to float32, for r < n_rows[0].
+def enqueue_embedding(ids, table, out, n_rows, *, stream=0):
+    """out[r] = table[ids[r]] widened to float32, for r < n_rows[0]; twin:
+    ``reference.embedding.embedding``.
 
     ids [R] int32 device (an id outside [0, V) gives a NaN row), table [V, M] float32 /
     float16 / uint16 (bfloat16 bits), out [R', M] float32 (R' >= n), n_rows [>= 1] int32
@@ -59,7 +61,7 @@ def _enqueue_embedding(ids, table, out, n_rows, *, stream=0):
     """
     if ids.shape[0] == 0:
         return
-    _embedding_kernel(_weight_kind(table))[ids.shape[0], THREADS, stream](ids, table, out, n_rows)
+    _embedding_kernel(weight_kind(table))[ids.shape[0], THREADS, stream](ids, table, out, n_rows)
 
 
 # -- the public launchers -----------------------------------------------------------------------
@@ -85,7 +87,7 @@ def embedding(ids, table, *, out=None, stream=0):
     y = float32_out(out, (t, m), stream)
     if t and m:
         n_rows = rows_device(t, stream)
-        _enqueue_embedding(to_device(ids, stream), to_device(table, stream), y, n_rows, stream=stream)
+        enqueue_embedding(to_device(ids, stream), to_device(table, stream), y, n_rows, stream=stream)
     return launcher_result(y, out, ids, stream)
 
 
@@ -97,7 +99,7 @@ def lm_head(x, weight, *, out=None, stream=0):
     [T, V] float32. numpy in, numpy out; device arrays in, device array out.
     """
     check_array("x", x, 2, np.float32)
-    _weight_kind(weight)
+    weight_kind(weight)
     check_array("weight", weight, 2, weight.dtype)
     t, m = x.shape
     if weight.shape[1] != m:
@@ -106,5 +108,5 @@ def lm_head(x, weight, *, out=None, stream=0):
     y = float32_out(out, (t, v), stream)
     if t and v:
         n_rows = rows_device(t, stream)
-        _enqueue_linear(to_device(x, stream), to_device(weight, stream), y, n_rows, stream=stream)
+        enqueue_linear(to_device(x, stream), to_device(weight, stream), y, n_rows, stream=stream)
     return launcher_result(y, out, x, stream)

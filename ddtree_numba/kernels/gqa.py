@@ -23,7 +23,7 @@ owns one split, one group and RM of its (query, head) rows; per tile it
 A second launch (``_gqa_combine_kernel``) merges the splits of a row in ascending order:
 M = max m_c, l = chain of l_c * exp(m_c - M), o = chain of o_c * exp(m_c - M), out = o / l.
 A row's arithmetic is a function of its query and the key sequence only: its bits do not
-depend on how many rows share the launch or where the row sits (DESIGN.md section 4). The
+depend on how many rows share the launch or where the row sits (docs/DESIGN.md §4). The
 twin normalizes p before p @ v and sums in numpy's order: equal within float32 rounding.
 
 Sizes are read from a device ``meta`` = (s, t) so a captured CUDA graph replays the launch for
@@ -43,7 +43,7 @@ from .._checks import check_array
 from .._device import ceil_div, float32_out, fma, launcher_result, to_device
 
 _SIM = bool(config.ENABLE_CUDASIM)
-THREADS = 8 if _SIM else 128          # combine and meta kernels: threads per block
+THREADS = 8 if _SIM else 128          # combine kernel: threads per block
 _SMEM_MAX = 48 * 1024                 # static shared memory per block
 
 # RM (query rows, head-major within a query) x KT keys per tile; TM x TN scores per thread;
@@ -281,46 +281,6 @@ def _gqa_combine_kernel(o_part, ml_part, meta, split, has_blk, out):
     out[i, (row - i * Hq) * DH + d] = acc / lsum
 
 
-@cuda.jit
-def _draft_meta_kernel(status, n_in, bonus, capacity, n_cap, n_q_heads, n_kv_heads, mask_id,
-                       write_block, ids, pos_ctx, pos_blk, meta):
-    """The drafter's per-draft sizes, from device values only (a captured graph replays it).
-
-    status [2] int32 = (cache length s0, overflow flag), n_in [1] int32 = n new context rows
-    (0 <= n <= n_cap, s0 + n <= capacity, else n is taken as 0 and status[1] set to 1), bonus
-    [1] int32. Writes pos_ctx [n_cap] = s0 + r, pos_blk [B] = s0 + n + j, ids [B] =
-    (bonus, mask_id, ...) if ``write_block``, meta [8] = (s0, n, s0 + n, B, n*Hkv, B*Hkv,
-    B*Hq, B - 1) and advances status[0] to s0 + n. One block.
-    """
-    tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x
-    s0 = status[0]
-    n = n_in[0]
-    ok = n >= 0 and n <= n_cap and s0 + n <= capacity
-    if not ok:
-        n = 0
-    nb = ids.shape[0]
-    for r in range(tid, n_cap, nt):
-        pos_ctx[r] = s0 + r
-    for j in range(tid, nb, nt):
-        pos_blk[j] = s0 + n + j
-        if write_block:
-            ids[j] = bonus[0] if j == 0 else mask_id
-    cuda.syncthreads()  # every thread has read status[0] before it moves
-    if tid == 0:
-        meta[0] = s0
-        meta[1] = n
-        meta[2] = s0 + n
-        meta[3] = nb
-        meta[4] = n * n_kv_heads
-        meta[5] = nb * n_kv_heads
-        meta[6] = nb * n_q_heads
-        meta[7] = nb - 1
-        status[0] = s0 + n
-        if not ok:
-            status[1] = 1
-
-
 class GQAScratch:
     """Device scratch of the split partials, preallocated once and shared by every layer.
 
@@ -338,13 +298,14 @@ class GQAScratch:
         self.mask = cuda.to_device(np.ones((1, 1), np.bool_), stream=stream)
 
 
-# -- enqueue API used by the drafter (device arrays only, no checks, no allocation) ----------
+# -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
 
-def _enqueue_gqa_attention(q, k_ctx, v_ctx, k_blk, v_blk, meta, scale, out, scratch, *, mask=None,
-                           stream=0):
+def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=None, v_blk=None, mask=None,
+                          stream=0):
     """out[i, h*Dh:(h+1)*Dh] = softmax_j(scale * q[i, h] . key_j) @ value_j for i < t, over the
     keys j: context rows [0, s) of k_ctx / v_ctx, then block rows [0, t) of k_blk / v_blk
     (none when k_blk is None); group h // (Hq / Hkv). Rows i >= t of out are not written.
+    Twin: ``reference.gqa.gqa_attention``.
 
     q [Tq, Hq*Dh] f32, k_ctx / v_ctx [S_cap, Hkv*Dh] f32, k_blk / v_blk [Tq, Hkv*Dh] f32 or
     None, meta [>= 2] int32 device = (s, t), scale float, out [Tq, Hq*Dh] f32, scratch a
@@ -367,14 +328,6 @@ def _enqueue_gqa_attention(q, k_ctx, v_ctx, k_blk, v_blk, meta, scale, out, scra
         scratch.mask if mask is None else mask, meta, np.float32(scale), scratch.o, scratch.ml)
     _gqa_combine_kernel[ceil_div(tq * hq * dh, THREADS), THREADS, stream](
         scratch.o, scratch.ml, meta, cfg.SPLIT, has_blk, out)
-
-
-def _enqueue_draft_meta(status, n_in, bonus, capacity, n_cap, n_q_heads, n_kv_heads, mask_id,
-                        ids, pos_ctx, pos_blk, meta, *, write_block=True, stream=0):
-    """One launch of ``_draft_meta_kernel`` (see there)."""
-    _draft_meta_kernel[1, THREADS, stream](
-        status, n_in, bonus, int(capacity), int(n_cap), int(n_q_heads), int(n_kv_heads),
-        int(mask_id), bool(write_block), ids, pos_ctx, pos_blk, meta)
 
 
 # -- the public launcher (twin: reference.gqa.gqa_attention) ---------------------------------
@@ -411,8 +364,8 @@ def gqa_attention(q, k, v, scale, mask=None, *, out=None, stream=0):
         meta = to_device(np.array([s, t], np.int32), stream)
         d_k = to_device(k, stream).reshape(s, hkv * dh)
         d_v = to_device(v, stream).reshape(s, hkv * dh)
-        _enqueue_gqa_attention(
-            to_device(q, stream).reshape(t, hq * dh), d_k, d_v, None, None, meta, float(scale),
-            y.reshape(t, hq * dh), GQAScratch(t, hq, dh, s, stream=stream),
+        enqueue_gqa_attention(
+            to_device(q, stream).reshape(t, hq * dh), d_k, d_v, y.reshape(t, hq * dh), meta=meta,
+            scale=float(scale), scratch=GQAScratch(t, hq, dh, s, stream=stream),
             mask=None if mask is None else to_device(mask, stream), stream=stream)
     return launcher_result(y, out, q, stream)

@@ -3,7 +3,7 @@
 Shapes: R rows (tokens or expert slots), K input features, N output features, Z groups
 (heads of a per-head projection, or experts).
 
-**The reduction contract (batch invariance, DESIGN.md section 4).** Every output is
+**The reduction contract (batch invariance, docs/DESIGN.md §4).** Every output is
 
     y[r, n] = (((P_0 + P_1) + P_2) + ... + P_{C-1}),   P_c = fma chain over k in chunk c,
 
@@ -14,10 +14,10 @@ bit-identical alone, in a batch, or as a tree node. Every kernel in this module 
 exactly these bits; tile shapes may change with R, the order of arithmetic may not.
 
 Weights are stored as float32, float16, or bfloat16 carried as uint16 bit patterns (numpy has
-no bfloat16), and widened to float32 in registers. Activations are float32.
+no bfloat16), and widened to float32 in registers (``_widen``). Activations are float32.
 
-Lower-level ``_enqueue_*`` functions take device arrays only, allocate nothing and read the live
-row count from a device array, so a captured CUDA graph can replay them for any row count.
+The device tier (``enqueue_*``) takes device arrays only, allocates nothing and reads the live
+row count from a device array, so a captured CUDA graph can replay it for any row count.
 
 **Two kernels, one set of bits.** Which one runs is chosen from the row count at enqueue time
 (``_choose``); both follow the contract, so the choice never changes a bit.
@@ -47,15 +47,13 @@ import math
 from collections import namedtuple
 
 import numpy as np
-from numba import config, cuda, float32, int32, int64, uint16, uint32, uint64
-from numba.core.types import float16
+from numba import config, cuda, float32, int64, uint32, uint64
 
 from .._checks import check_array
-from .._device import (bf16_to_f32, ceil_div, device_function, float32_out,
-                       fma, launcher_result, rows_device, to_device)
+from .._device import ceil_div, device_function, float32_out, fma, launcher_result, rows_device, to_device
+from ._widen import ELEM as STORED, PER_WORD, WIDEN, WORD, hi_f32, lo_f32, weight_kind
 
 KC = 64                    # reduction chunk of the contract above (fixed forever: changing it changes bits)
-WEIGHT_DTYPES = (np.float32, np.float16, np.uint16)   # uint16 = bfloat16 bits
 _SIM = bool(config.ENABLE_CUDASIM)
 _SMEM_MAX = 48 * 1024      # static shared memory per block
 
@@ -65,106 +63,6 @@ _SMEM_MAX = 48 * 1024      # static shared memory per block
 # MB: blocks per SM to budget registers for (launch bounds; 0 leaves it to ptxas).
 _Skinny = namedtuple("_Skinny", "RB TM TN NW SK GL MB")
 _Tiled = namedtuple("_Tiled", "BM BN TM TN BK MB")
-
-
-def _weight_kind(w) -> str:
-    """'f32', 'f16' or 'bf16' (uint16 storage) for a weight array; ValueError otherwise."""
-    dt = np.dtype(w.dtype)
-    if dt == np.float32:
-        return "f32"
-    if dt == np.float16:
-        return "f16"
-    if dt == np.uint16:
-        return "bf16"
-    raise ValueError(f"weights must be float32, float16 or bfloat16 bits (uint16), got {dt}")
-
-
-_ELEM = {"f32": float32, "f16": float16, "bf16": uint16}    # storage type of one weight
-_PER_WORD = {"f32": 2, "f16": 4, "bf16": 4}                 # weights per uint64 word
-
-
-# -- widening ---------------------------------------------------------------------------------
-@device_function
-def _widen_f32(w):
-    return w
-
-
-@device_function
-def _widen_f16(w):
-    return float32(w)
-
-
-_WIDEN = {"f32": _widen_f32, "f16": _widen_f16, "bf16": bf16_to_f32}
-
-# Element e of a uint64 word of packed weights (little endian: element 0 in the low bits), and
-# the two float32 halves of a word. The simulator has no libdevice bit casts: numpy views.
-if _SIM:
-    def _bits_f32(b):
-        return np.array([b], np.uint32).view(np.float32)[0]
-
-    def _word_f32(u, e):
-        return _bits_f32((int(u) >> (32 * e)) & 0xFFFFFFFF)
-
-    def _word_bf16(u, e):
-        return _bits_f32(((int(u) >> (16 * e)) & 0xFFFF) << 16)
-
-    def _word_f16(u, e):
-        return np.float32(np.array([(int(u) >> (16 * e)) & 0xFFFF], np.uint16).view(np.float16)[0])
-
-    def _lo_f32(u):
-        return _word_f32(u, 0)
-
-    def _hi_f32(u):
-        return _word_f32(u, 1)
-else:
-    from numba.cuda import libdevice as _libdevice
-
-    @device_function
-    def _lo_f32(u):
-        return _libdevice.int_as_float(int32(uint32(u)))
-
-    @device_function
-    def _hi_f32(u):
-        return _libdevice.int_as_float(int32(uint32(u >> uint64(32))))
-
-    @device_function
-    def _word_f32(u, e):
-        if e == 0:
-            return _lo_f32(u)
-        return _hi_f32(u)
-
-    @device_function
-    def _word_bf16(u, e):
-        if e == 0:
-            b = uint32(u) << uint32(16)
-        elif e == 1:
-            b = uint32(u) & uint32(0xFFFF0000)
-        elif e == 2:
-            b = uint32(u >> uint64(32)) << uint32(16)
-        else:
-            b = uint32(u >> uint64(32)) & uint32(0xFFFF0000)
-        return _libdevice.int_as_float(int32(b))
-
-    @device_function
-    def _f16_bits_to_f32(h):
-        """IEEE half bits (uint32 holding 16 bits) -> float32, exact (subnormals, inf, nan)."""
-        s = (h & uint32(0x8000)) << uint32(16)
-        ex = (h >> uint32(10)) & uint32(0x1F)
-        m = h & uint32(0x3FF)
-        if ex == uint32(0x1F):
-            b = s | uint32(0x7F800000) | (m << uint32(13))
-        elif ex != uint32(0):
-            b = s | ((ex + uint32(112)) << uint32(23)) | (m << uint32(13))
-        else:
-            v = float32(m) * float32(5.9604644775390625e-08)     # m * 2**-24, exact
-            return -v if s != uint32(0) else v
-        return _libdevice.int_as_float(int32(b))
-
-    @device_function
-    def _word_f16(u, e):
-        return _f16_bits_to_f32(uint32(u >> uint64(16 * e)) & uint32(0xFFFF))
-
-_WORD = {"f32": _word_f32, "f16": _word_f16, "bf16": _word_bf16}
 
 
 if _SIM:
@@ -232,7 +130,7 @@ def _skinny_smem(cfg, swiglu, kind):
     xs = cfg.SK * _skinny_xs(cfg.RB) * 4 + cfg.RB * bn * 4
     if _skinny_narrow(cfg):
         isz = 4 if kind == "f32" else 2
-        return ng * (bn * (cfg.SK + _PER_WORD[kind]) * isz + xs)
+        return ng * (bn * (cfg.SK + PER_WORD[kind]) * isz + xs)
     return ng * (cfg.SK * (bn + 2) * 4 + xs)
 
 
@@ -248,7 +146,7 @@ def _skinny_kernel(kind, swiglu, accumulate, grouped, gather, vec, RB, TM, TN, N
     ``swiglu`` column s gate (s even) or up (s odd) of output s // 2.
     """
     LR, LC, BN, BNO, NG = _skinny_shape(_Skinny(RB, TM, TN, NW, SK, GL, MB), swiglu)
-    E = _PER_WORD[kind]
+    E = PER_WORD[kind]
     SKW = SK // E                 # words per staged weight row
     NARROW = _skinny_narrow(_Skinny(RB, TM, TN, NW, SK, GL, MB))
     assert LR * LC == GL and KC % SK == 0 and (TN == 1 or TN % 2 == 0) and (not swiglu or TN % 2 == 0)
@@ -265,10 +163,10 @@ def _skinny_kernel(kind, swiglu, accumulate, grouped, gather, vec, RB, TM, TN, N
     NWL = BN * WCOLS // GL        # weight loads per lane per sub-tile
     NXL = ceil_div(RB * SK, GL)   # x loads per lane per sub-tile (the last may be partial)
     OWN = ceil_div(RB * BNO, NT)  # outputs whose running sums a thread owns
-    ELEM = _ELEM[kind]
+    ELEM = STORED[kind]
     PW_T = uint64 if vec else ELEM
-    widen = _WIDEN[kind]
-    word = _WORD[kind]
+    widen = WIDEN[kind]
+    word = WORD[kind]
     # A tile of ROWS x COLS loaded by GL lanes, load t of lane l: (row, col) =
     #   COLS >= GL: ((t*GL) // COLS, l + (t*GL) % COLS)       COLS < GL: (l // COLS + t*GL/COLS, l % COLS)
     # so every row and column offset is a per-lane base plus a constant (no per-t registers).
@@ -395,8 +293,8 @@ def _skinny_kernel(kind, swiglu, accumulate, grouped, gather, vec, RB, TM, TN, N
                             if PAIRS:
                                 for p in range(TM // 2):
                                     u = sxv[grp, kk, (lr * TM) // 2 + p]
-                                    xa[2 * p] = _lo_f32(u)
-                                    xa[2 * p + 1] = _hi_f32(u)
+                                    xa[2 * p] = lo_f32(u)
+                                    xa[2 * p + 1] = hi_f32(u)
                             else:
                                 for i in range(TM):
                                     xa[i] = sx[grp, kk, lr * TM + i]
@@ -409,16 +307,16 @@ def _skinny_kernel(kind, swiglu, accumulate, grouped, gather, vec, RB, TM, TN, N
                         if PAIRS:
                             for p in range(TM // 2):
                                 u = sxv[grp, kk, (lr * TM) // 2 + p]
-                                xa[2 * p] = _lo_f32(u)
-                                xa[2 * p + 1] = _hi_f32(u)
+                                xa[2 * p] = lo_f32(u)
+                                xa[2 * p + 1] = hi_f32(u)
                         else:
                             for i in range(TM):
                                 xa[i] = sx[grp, kk, lr * TM + i]
                         if WPAIRS:
                             for p in range(TN // 2):
                                 u = swv[grp, kk, lc + p * LC]
-                                wb[2 * p] = _lo_f32(u)
-                                wb[2 * p + 1] = _hi_f32(u)
+                                wb[2 * p] = lo_f32(u)
+                                wb[2 * p + 1] = hi_f32(u)
                         else:
                             wb[0] = sw[grp, kk, lc]
                         for i in range(TM):
@@ -486,7 +384,7 @@ def _tiled_kernel(kind, swiglu, accumulate, grouped, gather, vec, BM, BN, TM, TN
     NT = LR * LC
     assert TM % 2 == 0 and TN % 2 == 0 and KC % BK == 0
     BNO = BN // 2 if swiglu else BN
-    E = _PER_WORD[kind]
+    E = PER_WORD[kind]
     BKW = BK // E
     WS, XS = BN + 2, BM + 2       # shared row strides (+2: conflict-free transposing stores)
     TPC = KC // BK                # k tiles per chunk
@@ -496,10 +394,10 @@ def _tiled_kernel(kind, swiglu, accumulate, grouped, gather, vec, BM, BN, TM, TN
     NWL = BN * WCOLS // NT        # weight loads per thread per k tile: rows wr0 + q*WSTEP
     NXL = BM * BK // NT           # x loads per thread per k tile: rows xr0 + q*XSTEP
     WSTEP, XSTEP = NT // WCOLS, NT // BK
-    ELEM = _ELEM[kind]
+    ELEM = STORED[kind]
     PW_T = uint64 if vec else ELEM
-    widen = _WIDEN[kind]
-    word = _WORD[kind]
+    widen = WIDEN[kind]
+    word = WORD[kind]
 
     @_jit(NT, MB)
     def kernel(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index):
@@ -585,12 +483,12 @@ def _tiled_kernel(kind, swiglu, accumulate, grouped, gather, vec, BM, BN, TM, TN
                     for kk in range(BK):
                         for p in range(TM // 2):
                             u = sxv[buf, kk, (tr * TM) // 2 + p]
-                            xa[2 * p] = _lo_f32(u)
-                            xa[2 * p + 1] = _hi_f32(u)
+                            xa[2 * p] = lo_f32(u)
+                            xa[2 * p + 1] = hi_f32(u)
                         for p in range(TH):
                             u = swv[buf, kk, tc + p * LC]
-                            wb[2 * p] = _lo_f32(u)
-                            wb[2 * p + 1] = _hi_f32(u)
+                            wb[2 * p] = lo_f32(u)
+                            wb[2 * p + 1] = hi_f32(u)
                         for i in range(TM):
                             for jj in range(TN):
                                 acc[i * TN + jj] = fma(xa[i], wb[jj], acc[i * TN + jj])
@@ -632,7 +530,7 @@ if _SIM:
     _SKINNY_TILE = {1: (1, 1), 2: (2, 1), 4: (2, 2), 8: (4, 2), 16: (4, 4), 32: (8, 4)}
     _SKINNY_SK = {1: 16, 2: 16, 4: 16, 8: 16, 16: 16, 32: 16}
     _SKINNY_NW = (2,)
-    _TILED = {"small": _Tiled(8, 8, 2, 2, 16, 0), "mid": _Tiled(8, 16, 2, 4, 16, 0),
+    TILED = {"small": _Tiled(8, 8, 2, 2, 16, 0), "mid": _Tiled(8, 16, 2, 4, 16, 0),
               "large": _Tiled(16, 16, 4, 4, 16, 0)}
     _SKINNY_MAX = 4            # more rows than this: the tiled kernel, or skinny row tiles of
     _SKINNY_TILE_ROWS = 4      # this many when the tiled grid would have fewer than
@@ -643,7 +541,7 @@ else:
     _SKINNY_TILE = {1: (1, 1), 2: (2, 1), 4: (4, 1), 8: (4, 2), 16: (4, 4), 32: (8, 4)}
     _SKINNY_SK = {1: 32, 2: 32, 4: 32, 8: 32, 16: 32, 32: 32}
     _SKINNY_NW = (16, 12, 8, 6, 4, 2, 1)
-    _TILED = {"small": _Tiled(64, 64, 8, 8, 16, 0), "mid": _Tiled(64, 128, 8, 8, 16, 0),
+    TILED = {"small": _Tiled(64, 64, 8, 8, 16, 0), "mid": _Tiled(64, 128, 8, 8, 16, 0),
               "large": _Tiled(128, 128, 8, 8, 16, 0)}
     _SKINNY_MAX = 16
     _SKINNY_TILE_ROWS = 16
@@ -657,7 +555,7 @@ def _skinny_valid(cfg, kind, swiglu) -> bool:
             or (swiglu and cfg.TN % 2):
         return False
     _, _, bn, _, _ = _skinny_shape(cfg, swiglu)
-    skw = cfg.SK // _PER_WORD[kind]
+    skw = cfg.SK // PER_WORD[kind]
     return (KC % cfg.SK == 0 and (bn * skw) % cfg.GL == 0 and (bn * cfg.SK) % cfg.GL == 0
             and (cfg.RB * cfg.SK) % min(cfg.GL, cfg.SK) == 0 and _skinny_smem(cfg, swiglu, kind) <= _SMEM_MAX)
 
@@ -703,17 +601,11 @@ def _choose(max_rows, n_cols, n_k, kind, swiglu, grouped):
         # grouped launches have a column block per group: wide lane groups
         return _skinny_config(rb, kind, swiglu, None if grouped else n_cols, n_chunks=n_chunks)
     # (measured on the H200: 64x128 beats 128x128 and 64x64 from 64 to 256 rows)
-    mid = _TILED["mid"]
+    mid = TILED["mid"]
     blocks = ceil_div(n_cols, mid.BN // 2 if swiglu else mid.BN) * ceil_div(max_rows, mid.BM)
     if not grouped and blocks < _TILED_BLOCKS:
         return _skinny_config(_SKINNY_TILE_ROWS, kind, swiglu, n_chunks=n_chunks)
     return mid
-
-
-# Whole-forward tests under the simulator set this to one small tiled tile (``_TILED["small"]``,
-# 16 threads) for every launch: the same bits by the contract, a quarter of the simulated threads
-# of a skinny block. None: choose by rows (``_choose``), as always on a GPU.
-_SIM_FORWARD_TILE = None
 
 
 def _vec_ok(w) -> bool:
@@ -727,13 +619,13 @@ def _vec_ok(w) -> bool:
 
 def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index, max_rows, accumulate, stream,
             cfg=None, tile_rows=None):
+    """Every GEMM of the module: ``cfg`` is the tile (a ``TILED`` entry or a skinny config), or
+    None to choose it from the rows (``_choose``)."""
     grouped, gather = offsets is not None, row_index is not None
-    kind = _weight_kind(w)
+    kind = weight_kind(w)
     swiglu = w_up is not None
     vec = _vec_ok(w) and (not swiglu or _vec_ok(w_up))
     Z, N = w.shape[0], w.shape[1]
-    if cfg is None and _SIM and _SIM_FORWARD_TILE is not None:
-        cfg = _SIM_FORWARD_TILE
     if cfg is None:
         cfg = _choose(min(max_rows, tile_rows or max_rows), N, w.shape[2], kind, swiglu, grouped)
     if isinstance(cfg, _Skinny):
@@ -754,42 +646,53 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index, max_rows, a
                                 idx if row_index is None else row_index)
 
 
-# -- enqueue API used by the GPU forward (device arrays only, no checks, no allocation) -------
-# Every array is C-contiguous and 2-D except the weights ([N, K] or [Z, N, K]).
+# -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
+# Every array is C-contiguous and 2-D except the weights ([N, K] or [Z, N, K]). ``tile``: None
+# chooses the tile from the rows (``_choose``), as a forward does; a ``TILED`` entry forces one
+# for every launch (the same bits by the contract; the simulator's whole-forward tests take the
+# smallest, the fewest Python threads).
 
-def _enqueue_linear(x, w, out, n_rows, *, accumulate=False, stream=0):
-    """out[:n] (+)= x[:n] @ w.T for n = n_rows[0]. x [R, K] f32, w [N, K], out [R, N] f32,
-    n_rows [>=1] int32 device; the grid is sized for R rows."""
+def enqueue_linear(x, w, out, n_rows, *, accumulate=False, tile=None, stream=0):
+    """out[:n] (+)= x[:n] @ w.T for n = n_rows[0]; twin: ``reference.linear.linear``.
+
+    x [R, K] f32, w [N, K] (f32 / f16 / uint16 bf16 bits), out [R, N] f32, n_rows [>=1] int32
+    device; the grid is sized for R rows."""
     _launch(x, 0, w.reshape(1, *w.shape), None, out, 0, n_rows, None, None, x.shape[0],
-            accumulate, stream)
+            accumulate, stream, tile)
 
 
-def _enqueue_linear_heads(x, x_group_stride, w, out, n_rows, *, stream=0):
-    """Per-group projection for r < n_rows[0] and each group z of w [Z, N, K]:
-    out[r, z*N : (z+1)*N] = x[r, z*s : z*s + K] @ w[z].T with s = ``x_group_stride``.
-    x [R, >= Z*s] f32, out [R, Z*N] f32 (e.g. the per-head query absorption)."""
+def enqueue_linear_heads(x, x_group_stride, w, out, n_rows, *, tile=None, stream=0):
+    """Per-group projection; twin: ``reference.linear.linear`` of each group.
+
+    For r < n_rows[0] and each group z of w [Z, N, K]: out[r, z*N : (z+1)*N] = x[r, z*s : z*s + K]
+    @ w[z].T with s = ``x_group_stride``. x [R, >= Z*s] f32, out [R, Z*N] f32 (e.g. the per-head
+    query absorption of MLA)."""
     _launch(x, x_group_stride, w, None, out, w.shape[1], n_rows, None, None, x.shape[0],
-            False, stream)
+            False, stream, tile)
 
 
-def _enqueue_swiglu(x, w_gate, w_up, out, n_rows, *, stream=0):
-    """out[r] = silu(x[r] @ w_gate.T) * (x[r] @ w_up.T) for r < n_rows[0].
+def enqueue_swiglu(x, w_gate, w_up, out, n_rows, *, tile=None, stream=0):
+    """out[r] = silu(x[r] @ w_gate.T) * (x[r] @ w_up.T) for r < n_rows[0]; twin: the activation of
+    ``reference.moe.swiglu_mlp``.
+
     x [R, K] f32, w_gate / w_up [I, K], out [R, I] f32."""
     _launch(x, 0, w_gate.reshape(1, *w_gate.shape), w_up.reshape(1, *w_up.shape), out, 0,
-            n_rows, None, None, x.shape[0], False, stream)
+            n_rows, None, None, x.shape[0], False, stream, tile)
 
 
-def _enqueue_grouped(x, w, out, offsets, max_rows, *, row_index=None, w_up=None, tile_rows=None,
-                     stream=0):
-    """Grouped (expert) projection: for group z, rows j in [offsets[z], offsets[z+1]):
-    out[j] = f(x[row_index[j] if row_index is not None else j] @ w[z].T), f = identity, or
-    SwiGLU with ``w_up``. x [Rx, K] f32, w / w_up [Z, N, K], out [Ro, N] f32, offsets [Z+1]
-    int32, row_index [Ro] int32; ``max_rows`` bounds the rows of one group (sizes the grid).
-    ``tile_rows``: the rows a group typically holds, which picks the tile (default max_rows):
-    experts of a verify batch hold T*K/E rows on average, and a tile sized for the worst case T
-    would compute mostly padding. The bits do not depend on the tile (the contract)."""
+def enqueue_grouped_linear(x, w, out, offsets, max_rows, *, row_index=None, w_up=None, tile_rows=None,
+                           tile=None, stream=0):
+    """Grouped (expert) projection; twin: the per-expert GEMMs of ``reference.moe.moe_experts``.
+
+    For group z, rows j in [offsets[z], offsets[z+1]): out[j] = f(x[row_index[j] if row_index is
+    not None else j] @ w[z].T), f = identity, or SwiGLU with ``w_up``. x [Rx, K] f32, w / w_up
+    [Z, N, K], out [Ro, N] f32, offsets [Z+1] int32, row_index [Ro] int32; ``max_rows`` bounds the
+    rows of one group (sizes the grid). ``tile_rows``: the rows a group typically holds, which
+    picks the tile (default max_rows): experts of a verify batch hold T*K/E rows on average, and
+    a tile sized for the worst case T would compute mostly padding. The bits do not depend on
+    the tile (the contract)."""
     _launch(x, 0, w, w_up, out, 0, None, offsets, row_index, max_rows, False, stream,
-            tile_rows=tile_rows)
+            tile, tile_rows=tile_rows)
 
 
 # -- the public launcher (twin: reference.linear.linear) -------------------------------------
@@ -801,7 +704,7 @@ def linear(x, weight, *, out=None, stream=0):
     float32. numpy in, numpy out; device arrays in, device array out.
     """
     check_array("x", x, 2, np.float32)
-    _weight_kind(weight)
+    weight_kind(weight)
     check_array("weight", weight, 2, weight.dtype)
     t, k = x.shape
     if weight.shape[1] != k:
@@ -810,5 +713,5 @@ def linear(x, weight, *, out=None, stream=0):
     y = float32_out(out, (t, n), stream)
     if t and n:
         n_rows = rows_device(t, stream)
-        _enqueue_linear(to_device(x, stream), to_device(weight, stream), y, n_rows, stream=stream)
+        enqueue_linear(to_device(x, stream), to_device(weight, stream), y, n_rows, stream=stream)
     return launcher_result(y, out, x, stream)

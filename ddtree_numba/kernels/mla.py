@@ -47,8 +47,9 @@ from numba import config, cuda, float32, uint32
 from .._checks import check_array
 from .._device import (ceil_div, device_function, float32_out, fma,
                        is_device, launcher_result, rows_device, to_device)
-from ..reference.mla import split_kv_b
-from .linear import WEIGHT_DTYPES, _enqueue_linear_heads
+from ..reference.mla import absorption_weights
+from ..dtypes import STORAGE_DTYPES
+from .linear import enqueue_linear_heads
 
 THREADS = 8 if config.ENABLE_CUDASIM else 128   # softmax kernel: threads per query row
 _MASKED = -1.0                                     # p of a key the query does not see
@@ -293,12 +294,13 @@ class MLAScratch:
                                         stream=stream)                # [Tq * H, S_cap]
 
 
-# -- enqueue API used by the GPU forward (device arrays only, no checks, no allocation) -------
+# -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
 
-def _enqueue_mla_attention(q_lat, q_pe, c_kv, k_pe, vis_bits, meta, scale, out_lat, scratch, *,
-                           stream=0, tiles=None):
+def enqueue_mla_attention(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, scratch,
+                          tiles=None, stream=0):
     """out_lat[i, h*C:(h+1)*C] = softmax_s(scale * (q_lat[i,h] . c_kv[s] + q_pe[i,h] . k_pe[s]))
-    @ c_kv over the keys query i sees, for i < t; rows i >= t are not written.
+    @ c_kv over the keys query i sees, for i < t; rows i >= t are not written. Twin: the
+    attention of ``reference.mla.mla_attention_absorbed`` between its two absorptions.
 
     q_lat [Tq, H*C] f32 (queries through W_uk), q_pe [Tq, H*R] f32 (rotated), c_kv [S_cap, C]
     f32, k_pe [S_cap, R] f32 (the new rows already written at s0 .. s0+t-1), vis_bits [Tq, W]
@@ -326,15 +328,6 @@ def _enqueue_mla_attention(q_lat, q_pe, c_kv, k_pe, vis_bits, meta, scale, out_l
 
 
 # -- host helpers ---------------------------------------------------------------------------
-
-def _absorb_weights(kv_b_weight, num_heads: int, nope_dim: int):
-    """``kv_b_proj.weight [H*(D+Dv), C]`` (host) -> w_uk_t [H, C, D], w_uv [H, Dv, C], both
-    C-contiguous in the weight's dtype: the ``[Z, N, K]`` layouts ``_enqueue_linear_heads`` takes
-    for the query absorption (q_lat = q_nope @ W_uk) and the output (out = o_lat @ W_uv^T)."""
-    w_uk, w_uv = split_kv_b(np.asarray(kv_b_weight), num_heads, nope_dim)   # [H, D, C], [H, Dv, C]
-    return (np.ascontiguousarray(w_uk.transpose(0, 2, 1)),                   # [H, C, D]
-            np.ascontiguousarray(w_uv))                                      # [H, Dv, C]
-
 
 def _mask_to_bits(mask, n_new: int):
     """Dense mask [T, S] bool -> (s0, bits [T, ceil(T/32)] uint32); ValueError if the mask is
@@ -376,7 +369,7 @@ def mla_attention_absorbed(q_nope, q_pe, c_kv, k_pe, kv_b_weight, mask, scale, *
     check_array("c_kv", c_kv, 2, np.float32)
     s, c = c_kv.shape
     check_array("k_pe", k_pe, 2, np.float32, shape=(s, r))
-    check_array("kv_b_weight", kv_b_weight, 2, WEIGHT_DTYPES, shape=(None, c))
+    check_array("kv_b_weight", kv_b_weight, 2, STORAGE_DTYPES, shape=(None, c))
     rows = kv_b_weight.shape[0]
     if h == 0 or rows % h or rows // h <= d:
         raise ValueError(f"kv_b_weight has {rows} rows; need H * (D + Dv) with H = {h}, D = {d}, Dv >= 1")
@@ -397,16 +390,16 @@ def mla_attention_absorbed(q_nope, q_pe, c_kv, k_pe, kv_b_weight, mask, scale, *
     y = float32_out(out, (t, h, dv), stream)
     if t:
         host_w = kv_b_weight.copy_to_host() if is_device(kv_b_weight) else kv_b_weight
-        w_uk_t, w_uv = _absorb_weights(host_w, h, d)                 # [H, C, D], [H, Dv, C]
+        w_uk_t, w_uv = absorption_weights(host_w, h, d)              # [H, C, D], [H, Dv, C]
         n_rows = rows_device(t, stream)
         meta = to_device(np.array([s0, t], np.int32), stream)
         q_lat = cuda.device_array((t, h * c), np.float32, stream=stream)   # [T, H*C]
         o_lat = cuda.device_array((t, h * c), np.float32, stream=stream)   # [T, H*C]
-        _enqueue_linear_heads(to_device(q_nope, stream).reshape(t, h * d), d,
-                              to_device(w_uk_t, stream), q_lat, n_rows, stream=stream)
-        _enqueue_mla_attention(q_lat, to_device(q_pe, stream).reshape(t, h * r), to_device(c_kv, stream),
-                               to_device(k_pe, stream), to_device(bits, stream), meta, scale, o_lat,
-                               MLAScratch(t, h, s, stream), stream=stream)
-        _enqueue_linear_heads(o_lat, c, to_device(w_uv, stream), y.reshape(t, h * dv), n_rows,
-                              stream=stream)
+        enqueue_linear_heads(to_device(q_nope, stream).reshape(t, h * d), d,
+                             to_device(w_uk_t, stream), q_lat, n_rows, stream=stream)
+        enqueue_mla_attention(q_lat, to_device(q_pe, stream).reshape(t, h * r), to_device(c_kv, stream),
+                              to_device(k_pe, stream), o_lat, vis_bits=to_device(bits, stream), meta=meta,
+                              scale=scale, scratch=MLAScratch(t, h, s, stream), stream=stream)
+        enqueue_linear_heads(o_lat, c, to_device(w_uv, stream), y.reshape(t, h * dv), n_rows,
+                             stream=stream)
     return launcher_result(y, out, q_nope, stream)

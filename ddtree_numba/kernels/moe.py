@@ -4,9 +4,9 @@ Shapes: R rows (tokens; ``n_rows[0]`` of them live), M hidden size, E routed exp
 (``n_group``), K experts per token, I expert intermediate size, Is shared-expert intermediate
 size (I * n_shared_experts). A *slot* is one (token, expert) pair; there are n * K of them.
 
-One MoE block (``_enqueue_moe_block``), every step on the device, no host round trip:
+One MoE block (``enqueue_moe_block``), every step on the device, no host round trip:
 
-1. router GEMM ``logits = m @ gate.T`` (``linear._enqueue_linear``)                  [R, E]
+1. router GEMM ``logits = m @ gate.T`` (``linear.enqueue_linear``)                  [R, E]
 2. routing (``_route_kernel``, one block per row): softmax / sigmoid scores, + bias for
    noaux_tc, group selection, top-K with ties to the lower id (a rank count: expert e is
    the r-th pick iff exactly r experts beat it under (value desc, id asc)), weights
@@ -16,8 +16,8 @@ One MoE block (``_enqueue_moe_block``), every step on the device, no host round 
    offsets[e] + (tokens < r marked for e), so tokens ascend inside an expert and the
    result is the same for any thread count or timing (the only atomics are bit ORs).
 4. grouped SwiGLU GEMM over the gathered token rows and grouped down GEMM
-   (``linear._enqueue_grouped``; grid z = expert, empty experts exit at once).
-5. shared experts through ``_enqueue_swiglu`` + ``_enqueue_linear``.
+   (``linear.enqueue_grouped_linear``; grid z = expert, empty experts exit at once).
+5. shared experts through ``enqueue_swiglu`` + ``enqueue_linear``.
 6. combine (``_combine_kernel``): per token, out = 0; out = fma(y_e, w_e, out) over its
    experts in ascending id (= ascending slot, since slots are sorted by expert); + shared;
    x + that. The order is the twin's and never depends on the batch.
@@ -38,7 +38,9 @@ from numba import config, cuda, float32, int32, uint32
 from .._checks import check_array, check_int
 from .._device import (ceil_div, device_function, float32_out, fma,
                        is_device, launcher_result, rows_device, to_device)
-from .linear import WEIGHT_DTYPES, _enqueue_grouped, _enqueue_linear, _enqueue_swiglu, _weight_kind
+from ..dtypes import STORAGE_DTYPES
+from ._widen import weight_kind
+from .linear import enqueue_grouped_linear, enqueue_linear, enqueue_swiglu
 
 SIM = config.ENABLE_CUDASIM
 # The simulator runs every thread as a Python thread: tiny blocks there, H200 sizes elsewhere.
@@ -86,12 +88,6 @@ class MoERoute:
             check_int("topk_group", self.topk_group, 1, self.n_group)
         if not math.isfinite(float(self.routed_scaling_factor)):
             raise ValueError(f"routed_scaling_factor must be finite, got {self.routed_scaling_factor}")
-
-    @classmethod
-    def from_config(cls, cfg) -> "MoERoute":
-        """From a ``model.config.ModelConfig``."""
-        return cls(cfg.scoring_func, cfg.topk_method, cfg.n_group, cfg.topk_group,
-                   cfg.num_experts_per_tok, bool(cfg.norm_topk_prob), float(cfg.routed_scaling_factor))
 
     def check_experts(self, n_experts: int):
         """ValueError unless these parameters fit ``n_experts`` routed experts."""
@@ -370,39 +366,48 @@ def _combine_kernel(has_shared: bool, residual: bool):
     return kernel
 
 
-# -- enqueue API used by the GPU forward (device arrays only, no checks, no allocation) -------
+# -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
 
-def _enqueue_moe_route(logits, bias, route, topk_ids, topk_weights, n_rows, *, stream=0):
-    """Route rows r < n_rows[0]: logits [R, E] f32, bias [E] f32 (read by noaux_tc only),
-    route ``MoERoute`` -> topk_ids [R, K] int32 (best first), topk_weights [R, K] f32."""
+def enqueue_moe_route(logits, bias, route, *, topk_ids, topk_weights, n_rows, stream=0):
+    """Route rows r < n_rows[0]; twin: ``reference.moe.moe_route`` after its router GEMM.
+
+    logits [R, E] f32, bias [E] f32 (read by noaux_tc only), route ``MoERoute`` -> topk_ids [R, K]
+    int32 (best first), topk_weights [R, K] f32."""
     _route_kernel(ROUTE_THREADS)[logits.shape[0], ROUTE_THREADS, stream](
         logits, bias, route._scoring_code, route._method_code, route.n_group, route.topk_group,
         route.top_k, int(bool(route.norm_topk_prob)), np.float32(route.routed_scaling_factor),
         n_rows, topk_ids, topk_weights)
 
 
-def _enqueue_moe_sort(topk_ids, topk_weights, bufs, n_rows, *, stream=0):
+def enqueue_moe_sort(topk_ids, topk_weights, bufs, n_rows, *, stream=0):
     """Counting sort of rows r < n_rows[0] by expert into ``bufs`` (offsets, slot_token,
-    slot_weight, token_slot). topk_ids [R, K] int32 (distinct per row), topk_weights [R, K]."""
+    slot_weight, token_slot); twin: the grouping of ``reference.moe.moe_experts``.
+
+    topk_ids [R, K] int32 (distinct per row), topk_weights [R, K] f32."""
     _sort_kernel(SORT_THREADS)[1, SORT_THREADS, stream](
         topk_ids, topk_weights, n_rows, bufs.bitmap, bufs.word_prefix, bufs.offsets,
         bufs.slot_token, bufs.slot_weight, bufs.token_slot)
 
 
-def _enqueue_moe_experts(x, experts_gate, experts_up, experts_down, bufs, *, stream=0):
-    """After ``_enqueue_moe_sort``: bufs.expert_out[j] = down_e(silu(gate_e(x[t])) * up_e(x[t]))
-    for every slot j = (token t, expert e). x [R, M] f32, experts_gate / up [E, I, M],
-    experts_down [E, M, I]."""
+def enqueue_moe_experts(x, experts_gate, experts_up, experts_down, bufs, *, tile=None, stream=0):
+    """After ``enqueue_moe_sort``: bufs.expert_out[j] = down_e(silu(gate_e(x[t])) * up_e(x[t]))
+    for every slot j = (token t, expert e); twin: the experts of ``reference.moe.moe_experts``.
+
+    x [R, M] f32, experts_gate / up [E, I, M], experts_down [E, M, I]; ``tile`` as in
+    ``enqueue_linear``."""
     # tiles sized for an expert's typical share (twice the balanced T*K/E), the grid for all T
     typical = 2 * ceil_div(bufs.max_rows * bufs.top_k, bufs.n_experts)
-    _enqueue_grouped(x, experts_gate, bufs.act, bufs.offsets, bufs.max_rows,
-                     row_index=bufs.slot_token, w_up=experts_up, tile_rows=typical, stream=stream)
-    _enqueue_grouped(bufs.act, experts_down, bufs.expert_out, bufs.offsets, bufs.max_rows,
-                     tile_rows=typical, stream=stream)
+    enqueue_grouped_linear(x, experts_gate, bufs.act, bufs.offsets, bufs.max_rows,
+                           row_index=bufs.slot_token, w_up=experts_up, tile_rows=typical, tile=tile,
+                           stream=stream)
+    enqueue_grouped_linear(bufs.act, experts_down, bufs.expert_out, bufs.offsets, bufs.max_rows,
+                           tile_rows=typical, tile=tile, stream=stream)
 
 
-def _enqueue_moe_combine(bufs, shared_out, out, n_rows, *, residual, stream=0):
-    """out[r] (+)= sum over r's experts ascending of w * expert_out [+ shared_out[r]], r < n_rows[0].
+def enqueue_moe_combine(bufs, shared_out, out, n_rows, *, residual, stream=0):
+    """out[r] (+)= sum over r's experts ascending of w * expert_out [+ shared_out[r]], r < n_rows[0];
+    twin: the weighted sum of ``reference.moe.moe_experts``.
+
     shared_out [R, M] f32 or None, out [R, M] f32."""
     kernel = _combine_kernel(shared_out is not None, bool(residual))
     grid = (ceil_div(out.shape[1], COMBINE_THREADS), bufs.max_rows)
@@ -411,39 +416,43 @@ def _enqueue_moe_combine(bufs, shared_out, out, n_rows, *, residual, stream=0):
         bufs.expert_out if shared_out is None else shared_out, out, n_rows)
 
 
-def _enqueue_swiglu_mlp(x, gate_w, up_w, down_w, act, out, n_rows, *, accumulate=False, stream=0):
-    """out[:n] (+)= down(silu(gate(x[:n])) * up(x[:n])) for n = n_rows[0] (the dense MLP; with
-    ``accumulate`` it is the residual add x + mlp(m)). x [R, M] f32, gate_w / up_w [I, M],
-    down_w [M, I], act [R, I] f32 scratch, out [R, M] f32."""
-    _enqueue_swiglu(x, gate_w, up_w, act, n_rows, stream=stream)
-    _enqueue_linear(act, down_w, out, n_rows, accumulate=accumulate, stream=stream)
+def enqueue_swiglu_mlp(x, gate_w, up_w, down_w, out, *, act, n_rows, accumulate=False, tile=None, stream=0):
+    """out[:n] (+)= down(silu(gate(x[:n])) * up(x[:n])) for n = n_rows[0]; twin:
+    ``reference.moe.swiglu_mlp`` (with ``accumulate`` it is the residual add x + mlp(m)).
+
+    x [R, M] f32, gate_w / up_w [I, M], down_w [M, I], act [R, I] f32 scratch, out [R, M] f32."""
+    enqueue_swiglu(x, gate_w, up_w, act, n_rows, tile=tile, stream=stream)
+    enqueue_linear(act, down_w, out, n_rows, accumulate=accumulate, tile=tile, stream=stream)
 
 
-def _enqueue_moe_block(m, x, gate_w, bias, experts_gate, experts_up, experts_down, shared_gate,
-                       shared_up, shared_down, route, bufs, n_rows, *, stream=0):
-    """x[r] += routed(m[r]) + shared(m[r]) for r < n_rows[0] <= bufs.max_rows; 7 launches
-    (6 without shared experts). m / x [>= max_rows, M] f32 (m post-attention-normed, x the
-    residual stream), gate_w [E, M], bias [E] f32 or None, experts_gate / up [E, I, M],
-    experts_down [E, M, I], shared_* [Is, M] / [M, Is] or None (then ``bufs.shared_inter``
-    may be 0), route ``MoERoute``, bufs ``MoEBuffers``, n_rows [1] int32 device."""
-    _enqueue_linear(m, gate_w, bufs.logits, n_rows, stream=stream)
-    _enqueue_moe_route(bufs.logits, bufs.zero_bias if bias is None else bias, route,
-                       bufs.topk_ids, bufs.topk_weights, n_rows, stream=stream)
-    _enqueue_moe_sort(bufs.topk_ids, bufs.topk_weights, bufs, n_rows, stream=stream)
-    _enqueue_moe_experts(m, experts_gate, experts_up, experts_down, bufs, stream=stream)
+def enqueue_moe_block(m, x, *, gate, bias, experts_gate, experts_up, experts_down, shared_gate=None,
+                      shared_up=None, shared_down=None, route, bufs, n_rows, tile=None, stream=0):
+    """x[r] += routed(m[r]) + shared(m[r]) for r < n_rows[0] <= bufs.max_rows; 7 launches (6
+    without shared experts). Twins: ``reference.moe.moe_route``, ``moe_experts`` and
+    ``swiglu_mlp`` (the shared experts), as the target's MoE layer adds them.
+
+    m / x [>= max_rows, M] f32 (m post-attention-normed, x the residual stream), gate [E, M],
+    bias [E] f32 or None, experts_gate / up [E, I, M], experts_down [E, M, I], shared_* [Is, M] /
+    [M, Is] or None (then ``bufs.shared_inter`` may be 0), route ``MoERoute``, bufs
+    ``MoEBuffers``, n_rows [1] int32 device; ``tile`` as in ``enqueue_linear``."""
+    enqueue_linear(m, gate, bufs.logits, n_rows, tile=tile, stream=stream)
+    enqueue_moe_route(bufs.logits, bufs.zero_bias if bias is None else bias, route,
+                      topk_ids=bufs.topk_ids, topk_weights=bufs.topk_weights, n_rows=n_rows, stream=stream)
+    enqueue_moe_sort(bufs.topk_ids, bufs.topk_weights, bufs, n_rows, stream=stream)
+    enqueue_moe_experts(m, experts_gate, experts_up, experts_down, bufs, tile=tile, stream=stream)
     shared_out = None
     if shared_gate is not None:
-        _enqueue_swiglu_mlp(m, shared_gate, shared_up, shared_down, bufs.shared_act,
-                            bufs.shared_out, n_rows, stream=stream)
+        enqueue_swiglu_mlp(m, shared_gate, shared_up, shared_down, bufs.shared_out, act=bufs.shared_act,
+                           n_rows=n_rows, tile=tile, stream=stream)
         shared_out = bufs.shared_out
-    _enqueue_moe_combine(bufs, shared_out, x, n_rows, residual=True, stream=stream)
+    enqueue_moe_combine(bufs, shared_out, x, n_rows, residual=True, stream=stream)
 
 
 # -- public launchers (twins in reference.moe) --------------------------------------------------
 
 def _check_weight(name, w, ndim, shape=None):
-    check_array(name, w, ndim, WEIGHT_DTYPES, shape=shape)
-    return _weight_kind(w)
+    check_array(name, w, ndim, STORAGE_DTYPES, shape=shape)
+    return weight_kind(w)
 
 
 def moe_route(x, gate_weight, e_score_correction_bias, scoring_func, topk_method, n_group,
@@ -476,11 +485,12 @@ def moe_route(x, gate_weight, e_score_correction_bias, scoring_func, topk_method
     if t:
         n_rows = rows_device(t, stream)
         logits = cuda.device_array((t, e), np.float32, stream=stream)
-        _enqueue_linear(to_device(x, stream), to_device(gate_weight, stream), logits, n_rows,
-                        stream=stream)
+        enqueue_linear(to_device(x, stream), to_device(gate_weight, stream), logits, n_rows,
+                       stream=stream)
         bias = (cuda.to_device(np.zeros(e, np.float32), stream=stream)
                 if e_score_correction_bias is None else to_device(e_score_correction_bias, stream))
-        _enqueue_moe_route(logits, bias, route, ids, weights, n_rows, stream=stream)
+        enqueue_moe_route(logits, bias, route, topk_ids=ids, topk_weights=weights, n_rows=n_rows,
+                          stream=stream)
     if out is not None:
         return out
     if not is_device(x):
@@ -511,9 +521,9 @@ def swiglu_mlp(x, gate_weight, up_weight, down_weight, *, out=None, stream=0):
     y = float32_out(out, (t, m), stream)
     if t and m:
         act = cuda.device_array((t, gate_weight.shape[0]), np.float32, stream=stream)
-        _enqueue_swiglu_mlp(to_device(x, stream), to_device(gate_weight, stream),
-                            to_device(up_weight, stream), to_device(down_weight, stream), act, y,
-                            rows_device(t, stream), stream=stream)
+        enqueue_swiglu_mlp(to_device(x, stream), to_device(gate_weight, stream),
+                           to_device(up_weight, stream), to_device(down_weight, stream), y, act=act,
+                           n_rows=rows_device(t, stream), stream=stream)
     return launcher_result(y, out, x, stream)
 
 
@@ -546,10 +556,10 @@ def moe_experts(x, topk_ids, topk_weights, gate_weights, up_weights, down_weight
         else:
             bufs = MoEBuffers(t, e, k, m, i, stream=stream)
             n_rows = rows_device(t, stream)
-            _enqueue_moe_sort(to_device(topk_ids, stream), to_device(topk_weights, stream), bufs,
-                              n_rows, stream=stream)
-            _enqueue_moe_experts(to_device(x, stream), to_device(gate_weights, stream),
-                                 to_device(up_weights, stream), to_device(down_weights, stream),
-                                 bufs, stream=stream)
-            _enqueue_moe_combine(bufs, None, y, n_rows, residual=False, stream=stream)
+            enqueue_moe_sort(to_device(topk_ids, stream), to_device(topk_weights, stream), bufs,
+                             n_rows, stream=stream)
+            enqueue_moe_experts(to_device(x, stream), to_device(gate_weights, stream),
+                                to_device(up_weights, stream), to_device(down_weights, stream),
+                                bufs, stream=stream)
+            enqueue_moe_combine(bufs, None, y, n_rows, residual=False, stream=stream)
     return launcher_result(y, out, x, stream)

@@ -5,9 +5,9 @@ the input buffer, Wo >= M columns of the output buffer.
 
 One block per row. Thread t sums ``x[r, k]^2`` over k = t, t + T, ... with an fma chain in
 ascending k, then a shared-memory tree halves the T partials. The order depends only on T and
-M, never on the row count, so a row's norm is bit-identical alone or in a batch (DESIGN.md
-section 4). The twin (numpy's pairwise mean) sums in another order: equal within float32
-rounding, not bit for bit.
+M, never on the row count, so a row's norm is bit-identical alone or in a batch (docs/DESIGN.md
+§4). The twin (numpy's pairwise mean) sums in another order: equal within float32 rounding, not
+bit for bit.
 """
 
 from __future__ import annotations
@@ -62,10 +62,11 @@ def _rms_norm_kernel(threads):
     return kernel
 
 
-# -- enqueue API used by the GPU forward (device arrays only, no checks, no allocation) -------
+# -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
 
-def _enqueue_rms_norm(x, weight, eps, out, n_rows, *, out_row0=None, stream=0):
-    """out[row0 + r, :M] = rms_norm(x[r, :M]) for r < n_rows[0], M = weight.shape[0].
+def enqueue_rms_norm(x, weight, eps, out, n_rows, *, out_row0=None, stream=0):
+    """out[row0 + r, :M] = rms_norm(x[r, :M]) for r < n_rows[0], M = weight.shape[0]; twin:
+    ``reference.rms_norm.rms_norm``.
 
     x [R, Wx >= M] float32 (only the first M columns are read: e.g. the kv latent of a
     [T, C + R] buffer), weight [M] float32, eps float, out [>= row0 + n, Wo >= M] float32 (columns
@@ -96,6 +97,6 @@ def rms_norm(x, weight, eps, *, out=None, stream=0):
     y = float32_out(out, (t, m), stream)
     if t and m:
         n_rows = rows_device(t, stream)
-        _enqueue_rms_norm(to_device(x, stream), to_device(weight, stream), float(eps), y, n_rows,
+        enqueue_rms_norm(to_device(x, stream), to_device(weight, stream), float(eps), y, n_rows,
                           stream=stream)
     return launcher_result(y, out, x, stream)

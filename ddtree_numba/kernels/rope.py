@@ -100,27 +100,28 @@ def _rope_kernel(src, src_col0, src_gs, dst, dst_col0, dst_gs, groups, rdim, pos
                 cs[i], sn[i])
 
 
-# -- enqueue API used by the GPU forward (device arrays only, no checks, no allocation) -------
+# -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
 
-def _enqueue_rope(src, src_col0, src_gs, dst, dst_col0, dst_gs, groups, rdim, positions, inv_freq,
-                  attention_factor, interleave, n_rows, *, dst_row0=None, stream=0):
-    """Rotate rope vectors from a strided source into a strided destination.
+def enqueue_rope(src, dst, positions, inv_freq, n_rows, *, rdim, interleave, groups=1, src_col0=0,
+                 src_stride=0, dst_col0=0, dst_stride=0, attention_factor=1.0, dst_row0=None, stream=0):
+    """Rotate rope vectors from a strided source into a strided destination, the angles computed
+    from the positions; twin: ``reference.rope.rope`` (with ``rope_cos_sin``).
 
     For r < n = n_rows[0] and g < ``groups``: the ``rdim`` values
-    src[r, src_col0 + g*src_gs : ... + rdim] rotated by the angles positions[r] * inv_freq[i]
+    src[r, src_col0 + g*src_stride : ... + rdim] rotated by the angles positions[r] * inv_freq[i]
     (pairs (2i, 2i+1) if ``interleave`` else (i, i + rdim/2)) are written to
-    dst[row0 + r, dst_col0 + g*dst_gs : ... + rdim], row0 = dst_row0[0] or 0.
+    dst[row0 + r, dst_col0 + g*dst_stride : ... + rdim], row0 = dst_row0[0] or 0.
     src [R, Ws] float32, dst [>= row0 + n, Wd] float32, positions [>= n] int32, inv_freq
     [rdim/2] float64 (rdim/2 <= MAX_PAIRS), n_rows / dst_row0 [>= 1] int32 device. src may be
     dst when the source and destination positions coincide (in place). The grid is R blocks.
-    E.g. q_pe of every head: src q [T, H*(D+Rd)], col0 D, gs D+Rd -> dst [T, H*Rd], gs Rd;
-    k_pe: src kv [T, C+Rd], col0 C, groups 1 -> the cache rows, dst_row0 = cache length.
+    E.g. q_pe of every head: src q [T, H*(D+Rd)], src_col0 D, src_stride D+Rd -> dst [T, H*Rd],
+    dst_stride Rd; k_pe: src kv [T, C+Rd], src_col0 C -> the cache rows, dst_row0 = cache length.
     """
     if src.shape[0] == 0:
         return
     use_row0 = dst_row0 is not None
     _rope_kernel[src.shape[0], THREADS, stream](
-        src, int(src_col0), int(src_gs), dst, int(dst_col0), int(dst_gs), int(groups), int(rdim),
+        src, int(src_col0), int(src_stride), dst, int(dst_col0), int(dst_stride), int(groups), int(rdim),
         positions, inv_freq, float(attention_factor), bool(interleave), n_rows,
         dst_row0 if use_row0 else n_rows, use_row0)
 

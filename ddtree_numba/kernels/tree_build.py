@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import config, cuda, float32, float64, int16, int32
 
-from ..reference.tree_build import _check_build_inputs
+from .._checks import check_build_inputs
 from ..tree import Tree
 from .._device import check_threads, device_function, to_device
 
@@ -256,7 +256,7 @@ def build_tree(lp, ids, budget, *, out=None, stream=0, threads=THREADS):
     ``Tree`` bit-identical to ``reference.build_tree``, or, when ``out`` (``TreeBuffers``)
     is given, fills it on ``stream`` and returns it without synchronising.
     """
-    budget = _check_build_inputs(lp, ids, budget)
+    budget = check_build_inputs(lp, ids, budget)
     L, K = lp.shape
     if budget > MAX_BUDGET:
         raise ValueError(f"budget = {budget} is more than the kernel's MAX_BUDGET = {MAX_BUDGET}")

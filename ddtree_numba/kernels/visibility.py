@@ -61,6 +61,13 @@ def _launch(kernel, parents, cols, dtype, out, stream, block):
     return out_dev
 
 
+def enqueue_visibility_bits(parents, bits, *, stream=0, block=BLOCK):
+    """bits[i] = the packed ancestor mask of node i, from device arrays (no checks, no allocation);
+    twin: ``reference.visibility.visibility_bits``. parents [N+1] int32, bits [N+1, W] uint32."""
+    grid = (ceil_div(bits.shape[0], block[0]), ceil_div(bits.shape[1], block[1]))
+    _visibility_bits_kernel[grid, block, stream](parents, bits)
+
+
 def visibility(parents, *, out=None, stream=0, block=BLOCK):
     """``vis[i, j]`` iff node j is node i or its ancestor: parents [N+1] int32 -> [N+1, N+1] bool."""
     return _launch(_visibility_kernel, parents, parents.shape[0], np.bool_, out, stream, block)

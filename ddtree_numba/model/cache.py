@@ -48,7 +48,7 @@ class MLACache:
 
     def compact(self, start: int, keep: np.ndarray) -> None:
         """After a tree verify: rows ``start + keep[i]`` move to ``start + i`` in every layer
-        (DESIGN.md section 1, step 7) and the cache ends after the kept rows."""
+        (docs/DESIGN.md §1, step 7) and the cache ends after the kept rows."""
         start = check_int("start", start, 0, self.length)
         keep = np.asarray(keep)
         if keep.dtype != np.int32:

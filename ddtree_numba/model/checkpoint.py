@@ -16,39 +16,13 @@ import struct
 
 import numpy as np
 
+from ..dtypes import bf16_to_float32, e4m3_to_float32
 from .config import ModelConfig
 
 _PLAIN = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I64": np.int64,
           "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 _RAW = {"BF16": np.uint16, "F8_E4M3": np.uint8}
 _FLOATS = ("F32", "F16", "F64", "BF16", "F8_E4M3")
-
-
-def bf16_to_float32(words: np.ndarray) -> np.ndarray:
-    """Raw bfloat16 words (uint16) -> float32, exactly (bf16 is a truncated float32)."""
-    return (words.astype(np.uint32) << 16).view(np.float32)
-
-
-def _e4m3_table() -> np.ndarray:
-    """float32 value of every float8 e4m3fn byte: 1 sign, 4 exponent (bias 7), 3 mantissa bits,
-    no infinities, 0x7f / 0xff are NaN."""
-    b = np.arange(256, dtype=np.uint32)
-    sign = np.where(b & 0x80, -1.0, 1.0)
-    exp = (b >> 3) & 0xF
-    man = (b & 0x7).astype(np.float64)
-    normal = (1.0 + man / 8.0) * np.exp2(exp.astype(np.float64) - 7.0)
-    subnormal = (man / 8.0) * 2.0 ** -6
-    v = sign * np.where(exp == 0, subnormal, normal)
-    v[(b & 0x7F) == 0x7F] = np.nan
-    return v.astype(np.float32)
-
-
-E4M3_TABLE = _e4m3_table()
-
-
-def e4m3_to_float32(raw: np.ndarray) -> np.ndarray:
-    """Raw float8 e4m3fn bytes (uint8) -> float32."""
-    return E4M3_TABLE[raw]
 
 
 def dequant_fp8_block(raw: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int]) -> np.ndarray:

@@ -1,16 +1,16 @@
 """The DFlash drafter on the GPU: device weights, a device context cache, preallocated draft
-buffers, and a device-level draft for the GPU-resident decode loop. Twin: ``model.drafter.Drafter``
+buffers, and a device-level draft for the GPU-resident decode loop. Twin: ``model.drafter.NumpyDrafter``
 (same API, same results within float32 rounding).
 
 Shapes: n new context rows (at most Nf, the rows of the features buffer), S_cap cache capacity,
 B block rows, M hidden size, Y target layers read, Hq / Hkv query / key-value heads, Dh head
 dim, I MLP width, V vocab (the target's), L drafter layers.
 
-Every stage is a kernel of ``ddtree_numba.kernels`` enqueued through its private ``_enqueue_*``
-function (GEMMs under the reduction contract of ``kernels.linear``, RMSNorm, NeoX RoPE, the
+Every stage is a kernel of ``ddtree_numba.kernels`` enqueued through its device tier
+(``enqueue_*``: GEMMs under the reduction contract of ``kernels.linear``, RMSNorm, NeoX RoPE, the
 embedding gather, GQA attention); q_norm / k_norm are per-head norms over a [rows * heads, Dh]
 view of the projection. Sizes that change between drafts (cache length s0, new context rows
-n, the bonus token) are read on the device: ``_draft_meta_kernel`` turns them into positions,
+n, the bonus token) are read on the device: ``_draft_meta_kernel`` (glue, below) turns them into positions,
 block ids and the live row counts of ``Workspace.meta`` at the start of every draft, and
 advances the cache length, so a draft allocates nothing, syncs nothing, and can be captured
 once as a CUDA graph and replayed.
@@ -29,24 +29,55 @@ import numpy as np
 from numba import config as numba_config
 from numba import cuda
 
+from .. import kernels as kn
 from .._checks import check_array, check_int
-from .._device import ceil_div, is_device
-from ..kernels.compact import BLOCK_2D, _compact_rows_copy_back_kernel
-from ..kernels.embedding import _enqueue_embedding
-from ..kernels.gqa import GQAScratch, _enqueue_draft_meta, _enqueue_gqa_attention
-from ..kernels.linear import _enqueue_linear, _enqueue_swiglu
-from ..kernels.rms_norm import _enqueue_rms_norm
-from ..kernels.rope import _enqueue_rope
-from .drafter import Drafter, DrafterConfig
+from .._device import capture_graph, is_device, replay_graph
+from ..dtypes import check_weight_dtype, to_storage
+from .drafter import DrafterConfig, NumpyDrafter
 
-WEIGHT_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+META_THREADS = 8 if numba_config.ENABLE_CUDASIM else 128    # the draft-meta kernel's block
 
 
-def _narrow(a: np.ndarray, dtype) -> np.ndarray:
-    from .cuda_target import to_bf16_bits
-    if dtype == np.uint16:
-        return to_bf16_bits(a)
-    return np.ascontiguousarray(a, dtype=dtype)
+# -- glue: the sizes of one draft, from device values ----------------------------------------
+
+@cuda.jit
+def _draft_meta_kernel(status, n_in, bonus, capacity, n_cap, n_q_heads, n_kv_heads, mask_id,
+                       write_block, ids, pos_ctx, pos_blk, meta):
+    """The drafter's per-draft sizes, from device values only (a captured graph replays it).
+
+    status [2] int32 = (cache length s0, overflow flag), n_in [1] int32 = n new context rows
+    (0 <= n <= n_cap, s0 + n <= capacity, else n is taken as 0 and status[1] set to 1), bonus
+    [1] int32. Writes pos_ctx [n_cap] = s0 + r, pos_blk [B] = s0 + n + j, ids [B] =
+    (bonus, mask_id, ...) if ``write_block``, meta [8] = (s0, n, s0 + n, B, n*Hkv, B*Hkv,
+    B*Hq, B - 1) and advances status[0] to s0 + n. One block.
+    """
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    s0 = status[0]
+    n = n_in[0]
+    ok = n >= 0 and n <= n_cap and s0 + n <= capacity
+    if not ok:
+        n = 0
+    nb = ids.shape[0]
+    for r in range(tid, n_cap, nt):
+        pos_ctx[r] = s0 + r
+    for j in range(tid, nb, nt):
+        pos_blk[j] = s0 + n + j
+        if write_block:
+            ids[j] = bonus[0] if j == 0 else mask_id
+    cuda.syncthreads()  # every thread has read status[0] before it moves
+    if tid == 0:
+        meta[0] = s0
+        meta[1] = n
+        meta[2] = s0 + n
+        meta[3] = nb
+        meta[4] = n * n_kv_heads
+        meta[5] = nb * n_kv_heads
+        meta[6] = nb * n_q_heads
+        meta[7] = nb - 1
+        status[0] = s0 + n
+        if not ok:
+            status[1] = 1
 
 
 @dataclass
@@ -176,11 +207,9 @@ class CudaDrafter:
         if getattr(target, "backend", None) != "cuda":
             raise ValueError(f"CudaDrafter needs a cuda-backend target, got backend "
                              f"{getattr(target, 'backend', None)!r}")
-        if weight_dtype not in WEIGHT_DTYPES:
-            raise ValueError(f"weight_dtype must be one of {sorted(WEIGHT_DTYPES)}, got {weight_dtype!r}")
-        host = Drafter(cfg, weights, target)     # the twin's checks (shapes, target fit); float32 views
-        dt = WEIGHT_DTYPES[weight_dtype]
-        mat = lambda name: cuda.to_device(_narrow(host.w[name], dt))                   # noqa: E731
+        dt = check_weight_dtype(weight_dtype)
+        host = NumpyDrafter(cfg, weights, target)   # the twin's checks (shapes, target fit); float32 views
+        mat = lambda name: cuda.to_device(to_storage(host.w[name], dt))                # noqa: E731
         vec = lambda name: cuda.to_device(np.ascontiguousarray(host.w[name], np.float32))  # noqa: E731
         self.config = cfg
         self.target = target
@@ -201,7 +230,7 @@ class CudaDrafter:
                 down_proj=mat(p + "mlp.down_proj.weight")))
         self.inv_freq = cuda.to_device(np.ascontiguousarray(host.inv_freq, np.float64))   # [Dh/2]
         self._workspaces: dict[tuple[int, int], DrafterWorkspace] = {}
-        self._scratch: dict[int, GQAScratch] = {}         # block rows -> attention scratch
+        self._scratch: dict[int, kn.GQAScratch] = {}      # block rows -> attention scratch
 
     block_size = property(lambda self: self.config.block_size)
     target_layer_ids = property(lambda self: self.config.target_layer_ids)
@@ -308,7 +337,6 @@ class CudaDrafter:
             return ws.logits
         if numba_config.ENABLE_CUDASIM:
             raise ValueError("graph=True needs a real GPU: the CUDA simulator cannot capture graphs")
-        from .cuda_target import _capture, _replay
         key = (id(features), id(n), id(bonus), id(cache))
         entry = ws.graphs.get(key)
         if entry is None:
@@ -326,10 +354,10 @@ class CudaDrafter:
                 if first:
                     cache.status.copy_to_device(saved, stream=s)
 
-            exe = _capture(enqueue)
+            exe = capture_graph(enqueue)
             # the graph holds raw pointers: keep the arrays alive as long as it is replayed
             entry = ws.graphs[key] = (exe, (features, n, bonus, cache))
-        _replay(entry[0], stream)
+        replay_graph(entry[0], stream)
         return ws.logits
 
     def prepare(self, rows: int, cache: DeviceDrafterCache) -> DrafterWorkspace:
@@ -346,7 +374,7 @@ class CudaDrafter:
         keys = cache.capacity + ws.block
         scratch = self._scratch.get(ws.block)
         if scratch is None or scratch.max_keys < keys:
-            scratch = self._scratch[ws.block] = GQAScratch(
+            scratch = self._scratch[ws.block] = kn.GQAScratch(
                 ws.block, self.config.num_attention_heads, self.config.head_dim, keys)
         if ws.scratch is not scratch:
             ws.scratch = scratch
@@ -360,45 +388,45 @@ class CudaDrafter:
         Hq, Hkv, Dh, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
         self._prepare(ws, cache)
         nf = features.shape[0]
-        _enqueue_draft_meta(cache.status, n, bonus, cache.capacity, nf, Hq, Hkv, cfg.mask_token_id,
-                            ws.ids, ws.pos_ctx, ws.pos_blk, ws.meta, write_block=write_block,
-                            stream=stream)
+        tile = target.gemm_tile
+        _draft_meta_kernel[1, META_THREADS, stream](
+            cache.status, n, bonus, int(cache.capacity), int(nf), int(Hq), int(Hkv), int(cfg.mask_token_id),
+            bool(write_block), ws.ids, ws.pos_ctx, ws.pos_blk, ws.meta)
         # context features: hidden_norm(fc(features))                              [n, M]
-        _enqueue_linear(features, self.fc, ws.ctx_raw, ws.n_ctx, stream=stream)
-        _enqueue_rms_norm(ws.ctx_raw, self.hidden_norm, eps, ws.ctx, ws.n_ctx, stream=stream)
-        _enqueue_embedding(ws.ids, target.embed_tokens, ws.x, ws.n_blk, stream=stream)   # [B, M]
+        kn.enqueue_linear(features, self.fc, ws.ctx_raw, ws.n_ctx, tile=tile, stream=stream)
+        kn.enqueue_rms_norm(ws.ctx_raw, self.hidden_norm, eps, ws.ctx, ws.n_ctx, stream=stream)
+        kn.enqueue_embedding(ws.ids, target.embed_tokens, ws.x, ws.n_blk, stream=stream)   # [B, M]
         ck_heads = ws.ck.reshape(ws.rows * Hkv, Dh)                    # per-head views for the norms
         q_heads = ws.q.reshape(ws.block * Hq, Dh)
         kb_heads = ws.kb.reshape(ws.block * Hkv, Dh)
         scale = float(Dh) ** -0.5
-        append_grid = (ceil_div(ws.rows, BLOCK_2D[0]), ceil_div(Hkv * Dh, BLOCK_2D[1]))
+        heads = dict(rdim=Dh, src_stride=Dh, dst_stride=Dh, interleave=False)    # Qwen3's rotate-half rope
         for i, lw in enumerate(self.layers):
             k_cache, v_cache = cache.k[i], cache.v[i]                  # [S_cap, Hkv*Dh]
             # the context rows' keys (k_norm, rope at s0 + r, straight into the cache) and values
-            _enqueue_linear(ws.ctx, lw.k_proj, ws.ck, ws.n_ctx, stream=stream)
-            _enqueue_rms_norm(ck_heads, lw.k_norm, eps, ck_heads, ws.n_ctx_heads, stream=stream)
-            _enqueue_rope(ws.ck, 0, Dh, k_cache, 0, Dh, Hkv, Dh, ws.pos_ctx, self.inv_freq, 1.0, False,
-                          ws.n_ctx, dst_row0=ws.s0, stream=stream)
-            _enqueue_linear(ws.ctx, lw.v_proj, ws.cv, ws.n_ctx, stream=stream)
-            _compact_rows_copy_back_kernel[append_grid, BLOCK_2D, stream](v_cache, ws.start_n, ws.cv)
+            kn.enqueue_linear(ws.ctx, lw.k_proj, ws.ck, ws.n_ctx, tile=tile, stream=stream)
+            kn.enqueue_rms_norm(ck_heads, lw.k_norm, eps, ck_heads, ws.n_ctx_heads, stream=stream)
+            kn.enqueue_rope(ws.ck, k_cache, ws.pos_ctx, self.inv_freq, ws.n_ctx, groups=Hkv,
+                            dst_row0=ws.s0, stream=stream, **heads)
+            kn.enqueue_linear(ws.ctx, lw.v_proj, ws.cv, ws.n_ctx, tile=tile, stream=stream)
+            kn.enqueue_copy_rows(v_cache, ws.start_n, ws.cv, stream=stream)      # appended at s0
             # the block: queries, keys and values at positions s0 + n + j (never cached)
-            _enqueue_rms_norm(ws.x, lw.input_layernorm, eps, ws.h, ws.n_blk, stream=stream)
-            _enqueue_linear(ws.h, lw.q_proj, ws.q, ws.n_blk, stream=stream)
-            _enqueue_rms_norm(q_heads, lw.q_norm, eps, q_heads, ws.n_blk_q_heads, stream=stream)
-            _enqueue_rope(ws.q, 0, Dh, ws.q, 0, Dh, Hq, Dh, ws.pos_blk, self.inv_freq, 1.0, False,
-                          ws.n_blk, stream=stream)
-            _enqueue_linear(ws.h, lw.k_proj, ws.kb, ws.n_blk, stream=stream)
-            _enqueue_rms_norm(kb_heads, lw.k_norm, eps, kb_heads, ws.n_blk_kv_heads, stream=stream)
-            _enqueue_rope(ws.kb, 0, Dh, ws.kb, 0, Dh, Hkv, Dh, ws.pos_blk, self.inv_freq, 1.0, False,
-                          ws.n_blk, stream=stream)
-            _enqueue_linear(ws.h, lw.v_proj, ws.vb, ws.n_blk, stream=stream)
+            kn.enqueue_rms_norm(ws.x, lw.input_layernorm, eps, ws.h, ws.n_blk, stream=stream)
+            kn.enqueue_linear(ws.h, lw.q_proj, ws.q, ws.n_blk, tile=tile, stream=stream)
+            kn.enqueue_rms_norm(q_heads, lw.q_norm, eps, q_heads, ws.n_blk_q_heads, stream=stream)
+            kn.enqueue_rope(ws.q, ws.q, ws.pos_blk, self.inv_freq, ws.n_blk, groups=Hq, stream=stream, **heads)
+            kn.enqueue_linear(ws.h, lw.k_proj, ws.kb, ws.n_blk, tile=tile, stream=stream)
+            kn.enqueue_rms_norm(kb_heads, lw.k_norm, eps, kb_heads, ws.n_blk_kv_heads, stream=stream)
+            kn.enqueue_rope(ws.kb, ws.kb, ws.pos_blk, self.inv_freq, ws.n_blk, groups=Hkv, stream=stream,
+                            **heads)
+            kn.enqueue_linear(ws.h, lw.v_proj, ws.vb, ws.n_blk, tile=tile, stream=stream)
             # non-causal attention over the context rows then the block, o_proj into the residual
-            _enqueue_gqa_attention(ws.q, k_cache, v_cache, ws.kb, ws.vb, ws.att_meta, scale, ws.o,
-                                   ws.scratch, stream=stream)
-            _enqueue_linear(ws.o, lw.o_proj, ws.x, ws.n_blk, accumulate=True, stream=stream)
-            _enqueue_rms_norm(ws.x, lw.post_attention_layernorm, eps, ws.h, ws.n_blk, stream=stream)
-            _enqueue_swiglu(ws.h, lw.gate_proj, lw.up_proj, ws.act, ws.n_blk, stream=stream)
-            _enqueue_linear(ws.act, lw.down_proj, ws.x, ws.n_blk, accumulate=True, stream=stream)
-        _enqueue_rms_norm(ws.x, self.norm, eps, ws.h, ws.n_blk, stream=stream)
+            kn.enqueue_gqa_attention(ws.q, k_cache, v_cache, ws.o, k_blk=ws.kb, v_blk=ws.vb,
+                                     meta=ws.att_meta, scale=scale, scratch=ws.scratch, stream=stream)
+            kn.enqueue_linear(ws.o, lw.o_proj, ws.x, ws.n_blk, accumulate=True, tile=tile, stream=stream)
+            kn.enqueue_rms_norm(ws.x, lw.post_attention_layernorm, eps, ws.h, ws.n_blk, stream=stream)
+            kn.enqueue_swiglu_mlp(ws.h, lw.gate_proj, lw.up_proj, lw.down_proj, ws.x, act=ws.act,
+                                  n_rows=ws.n_blk, accumulate=True, tile=tile, stream=stream)
+        kn.enqueue_rms_norm(ws.x, self.norm, eps, ws.h, ws.n_blk, stream=stream)
         if logits and ws.block > 1:
-            _enqueue_linear(ws.h_tail, target.lm_head, ws.logits, ws.n_logits, stream=stream)
+            kn.enqueue_linear(ws.h_tail, target.lm_head, ws.logits, ws.n_logits, tile=tile, stream=stream)

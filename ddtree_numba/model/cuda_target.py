@@ -1,70 +1,37 @@
 """The target model on the GPU: device weights, a device latent cache, preallocated forward
-buffers, eager and CUDA-graph forwards. Same ``forward`` API and results as ``Target`` (numpy).
+buffers, eager and CUDA-graph forwards. Same ``forward`` API and results as ``NumpyTarget``.
 
 Shapes: T new tokens (at most ``rows`` of a workspace), S cache capacity, M hidden size, H heads,
 Q ``q_lora_rank``, C ``kv_lora_rank``, R ``qk_rope_head_dim``, D ``qk_nope_head_dim``, Dv
 ``v_head_dim``, I dense intermediate size, E experts, V vocab, L layers, Y requested hidden layers.
 
 Every stage is a kernel from ``ddtree_numba.kernels`` (the twins of ``ddtree_numba.reference``),
-enqueued through their private ``_enqueue_*`` functions, which allocate nothing and read the sizes
+enqueued through its device tier (``enqueue_*``), which allocates nothing and reads the sizes
 that change between forwards (cache length s0, new rows t) from ``Workspace.meta`` on the device.
 So one forward of a workspace can be captured once as a CUDA graph and replayed for any t up to
 ``rows`` and any cache length (``forward(..., graph=True)``); eager and graph runs launch the same
 kernels with the same arguments and give the same bits.
 
-Batch invariance (DESIGN.md section 4): every kernel reduces in an order fixed by the data of one
+Batch invariance (docs/DESIGN.md §4): every kernel reduces in an order fixed by the data of one
 row (GEMM: fixed KC chunks; attention: over the visible keys in cache order; MoE: experts in
 ascending id), so a token's logits are the same bits alone, in a batch, or as a tree node.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 from numba import config as numba_config
 from numba import cuda
 
-from .._checks import check_int
-from ..kernels.compact import _enqueue_compaction
-from ..kernels.embedding import _enqueue_embedding
-from ..kernels.linear import _enqueue_linear, _enqueue_linear_heads, _enqueue_swiglu
-from ..kernels.mla import MLAScratch, _absorb_weights, _enqueue_mla_attention
-from ..kernels.moe import MoEBuffers, MoERoute, _enqueue_moe_block
-from ..kernels.rms_norm import _enqueue_rms_norm
-from ..kernels.rope import _enqueue_rope
-from ..kernels.visibility import _visibility_bits_kernel
-from .._device import ceil_div
+from .. import kernels as kn
+from .._checks import check_array, check_int, check_keep_values
+from .._device import capture_graph, ceil_div, is_device, replay_graph
+from ..dtypes import check_weight_dtype, to_storage
+from ..reference.mla import absorption_weights
 from .config import ModelConfig
-
-WEIGHT_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
-
-
-# -- host-side weight preparation ------------------------------------------------------------
-
-def to_bf16_bits(a: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bit patterns (uint16), round to nearest even (exact for values that
-    came from bf16)."""
-    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-    return ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
-
-
-def storage_dtype(stored: set[str]) -> str:
-    """The narrowest weight dtype that holds every stored matrix exactly: 'bfloat16' or 'float16'
-    when all are, else 'float32' (fp8 is dequantized with its block scales, so float32)."""
-    if stored == {"BF16"}:
-        return "bfloat16"
-    if stored == {"F16"}:
-        return "float16"
-    return "float32"
-
-
-def _narrow(a: np.ndarray, dtype) -> np.ndarray:
-    """A float32 matrix stored as ``dtype`` (float32, float16 or uint16 = bfloat16 bits)."""
-    if dtype == np.uint16:
-        return to_bf16_bits(a)
-    return np.ascontiguousarray(a, dtype=dtype)
+from .target import ForwardOutput, RopeTables, check_forward_inputs
 
 
 @dataclass
@@ -100,21 +67,21 @@ class DeviceLayer:
         return self.gate is not None
 
 
-def device_layers_from_host(cfg: ModelConfig, layers, dtype) -> list[DeviceLayer]:
+def device_layers_from_host(cfg: ModelConfig, layers, dtype: str) -> list[DeviceLayer]:
     """Upload ``model.target.LayerWeights`` (float32 numpy) to the device, matrices stored as
-    ``dtype`` (float32, float16 or uint16 = bfloat16 bits)."""
+    weight dtype ``dtype`` ('float32', 'float16' or 'bfloat16', ``dtypes.WEIGHT_DTYPES``)."""
     f32 = lambda a: None if a is None else cuda.to_device(np.ascontiguousarray(a, np.float32))  # noqa: E731
     out = []
     for lw in layers:
-        mat = lambda a: None if a is None else cuda.to_device(_narrow(a, dtype))  # noqa: E731
-        w_uk_t, w_uv = _absorb_weights(lw.kv_b_proj, cfg.num_attention_heads, cfg.qk_nope_head_dim)
+        mat = lambda a: None if a is None else cuda.to_device(to_storage(a, dtype))  # noqa: E731
+        w_uk_t, w_uv = absorption_weights(lw.kv_b_proj, cfg.num_attention_heads, cfg.qk_nope_head_dim)
         out.append(DeviceLayer(
             input_layernorm=f32(lw.input_layernorm),
             post_attention_layernorm=f32(lw.post_attention_layernorm),
             q_proj=mat(lw.q_proj), q_a_proj=mat(lw.q_a_proj), q_a_layernorm=f32(lw.q_a_layernorm),
             q_b_proj=mat(lw.q_b_proj), kv_a_proj_with_mqa=mat(lw.kv_a_proj_with_mqa),
-            kv_a_layernorm=f32(lw.kv_a_layernorm), w_uk_t=mat(np.ascontiguousarray(w_uk_t)),
-            w_uv=mat(np.ascontiguousarray(w_uv)), o_proj=mat(lw.o_proj),
+            kv_a_layernorm=f32(lw.kv_a_layernorm), w_uk_t=mat(w_uk_t), w_uv=mat(w_uv),
+            o_proj=mat(lw.o_proj),
             mlp_gate_proj=mat(lw.mlp_gate_proj), mlp_up_proj=mat(lw.mlp_up_proj),
             mlp_down_proj=mat(lw.mlp_down_proj),
             gate=f32(lw.gate), e_score_correction_bias=f32(lw.e_score_correction_bias),
@@ -143,8 +110,8 @@ class DeviceMLACache:
         L, C, R = cfg.num_hidden_layers, cfg.kv_lora_rank, cfg.qk_rope_head_dim
         self.c_kv = cuda.device_array((L, capacity, C), np.float32)   # [L, S, C]
         self.k_pe = cuda.device_array((L, capacity, R), np.float32)   # [L, S, R]
-        self._start_n = cuda.device_array(2, np.int32)                # (start, n) for compaction
-        self._keep = cuda.device_array(capacity, np.int32)            # [<= S] kept row offsets
+        self._start_n = cuda.device_array(2, np.int32)                # (start, n) of a host compact()
+        self._keep = cuda.device_array(capacity, np.int32)            # [<= S] keep of a host compact()
 
     def __len__(self) -> int:
         return self.length
@@ -174,27 +141,22 @@ class DeviceMLACache:
         race-free columns scheme) and the cache ends after the kept rows. keep [n] int32, numpy
         or device."""
         start = check_int("start", start, 0, self.length)
-        keep_h = keep if not hasattr(keep, "copy_to_host") else keep.copy_to_host()
-        keep_h = np.asarray(keep_h)
-        if keep_h.dtype != np.int32:
-            raise ValueError(f"keep must have dtype int32, got {keep_h.dtype}")
-        from .._checks import check_keep_values
+        keep_h = np.asarray(keep.copy_to_host() if is_device(keep) else keep)
+        check_array("keep", keep_h, 1, np.int32)
         check_keep_values(keep_h, self.length - start)
         n = keep_h.shape[0]
         self._start_n.copy_to_device(np.array([start, n], np.int32), stream=stream)
         self._keep[:n].copy_to_device(keep_h, stream=stream)
-        self.enqueue_compact(stream)
+        self.enqueue_compact(self._start_n, self._keep, n_max=self.capacity, stream=stream)
         self.length = start + n
 
-    def enqueue_compact(self, stream=0, n_max=None, keep=None) -> None:
-        """Compact every layer with (start, n) already in ``_start_n`` on the device and ``keep``
-        (default ``_keep``) a device int32 array; ``length`` is the caller's to update."""
-        keep = self._keep if keep is None else keep
+    def enqueue_compact(self, start_n, keep, *, n_max, stream=0) -> None:
+        """Compact every layer from device values: rows ``start + keep[i]`` move to ``start + i``
+        for i < n, (start, n) = start_n[0:2] (int32 [2] device), keep [>= n] int32 device, n <=
+        ``n_max``. No sync; ``length`` is the caller's to update (the decode loop knows n)."""
         for layer in range(self.c_kv.shape[0]):
-            _enqueue_compaction(self.c_kv[layer], self._start_n, keep, n_max or self.capacity,
-                                stream=stream)
-            _enqueue_compaction(self.k_pe[layer], self._start_n, keep, n_max or self.capacity,
-                                stream=stream)
+            kn.enqueue_compact_rows(self.c_kv[layer], start_n, keep, n_max=n_max, stream=stream)
+            kn.enqueue_compact_rows(self.k_pe[layer], start_n, keep, n_max=n_max, stream=stream)
 
 
 @dataclass
@@ -247,7 +209,7 @@ def new_workspace(cfg: ModelConfig, rows: int) -> Workspace:
     has_moe = any(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
     has_dense = any(not cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
     Q = cfg.q_lora_rank or 1
-    moe = MoEBuffers(rows, cfg.n_routed_experts, cfg.num_experts_per_tok, M, cfg.moe_intermediate_size,
+    moe = kn.MoEBuffers(rows, cfg.n_routed_experts, cfg.num_experts_per_tok, M, cfg.moe_intermediate_size,
                      shared_inter=cfg.moe_intermediate_size * (cfg.n_shared_experts or 0)) if has_moe else None
     return Workspace(
         rows=rows,
@@ -269,37 +231,42 @@ def new_workspace(cfg: ModelConfig, rows: int) -> Workspace:
 class CudaTarget:
     """A target model whose forward runs on the GPU (``load_target(path, backend="cuda")``).
 
-    ``forward`` has the numpy ``Target``'s arguments and results (numpy logits and hidden
-    states); ``forward_device`` leaves them in the workspace for the decode loop.
+    ``forward`` has the numpy target's arguments and results (numpy logits and hidden states);
+    ``forward_device`` leaves them in the workspace for the decode loop (``DeviceTarget`` in
+    ``model.protocols``). ``gemm_tile``: None chooses every GEMM's tile from its rows; an entry
+    of ``kernels.TILED`` forces it for every projection (same bits: the reduction contract).
     """
 
     backend = "cuda"
 
-    def __init__(self, cfg: ModelConfig, embed_tokens, norm, lm_head, layers: list[DeviceLayer], rope):
+    def __init__(self, cfg: ModelConfig, embed_tokens, norm, lm_head, layers: list[DeviceLayer],
+                 rope: RopeTables, *, gemm_tile=None):
         self.config = cfg
         self.embed_tokens = embed_tokens          # [V, M] device, any weight dtype
         self.norm = norm                          # [M] f32 device
         self.lm_head = lm_head                    # [V, M] device
         self.layers = layers
-        self.rope = rope                          # model.target.RopeTables (host)
+        self.rope = rope                          # RopeTables (host)
         self.inv_freq = cuda.to_device(np.ascontiguousarray(rope.inv_freq, np.float64))  # [R/2]
+        self.gemm_tile = gemm_tile
         has_moe = any(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
-        self._route = MoERoute.from_config(cfg) if has_moe else None
+        self._route = kn.MoERoute(cfg.scoring_func, cfg.topk_method, cfg.n_group, cfg.topk_group,
+                                  cfg.num_experts_per_tok, bool(cfg.norm_topk_prob),
+                                  float(cfg.routed_scaling_factor)) if has_moe else None
         self._workspaces: dict[int, Workspace] = {}
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
-    def from_host(cls, host_target, weight_dtype: str = "float32"):
-        """Upload a numpy ``Target``, every matrix stored as ``weight_dtype`` ('float32',
+    def from_host(cls, host_target, weight_dtype: str = "float32", *, gemm_tile=None):
+        """Upload a ``NumpyTarget``, every matrix stored as ``weight_dtype`` ('float32',
         'float16' or 'bfloat16'); norm weights, the router and its bias stay float32."""
-        if weight_dtype not in WEIGHT_DTYPES:
-            raise ValueError(f"weight_dtype must be one of {sorted(WEIGHT_DTYPES)}, got {weight_dtype!r}")
-        cfg, dt = host_target.config, WEIGHT_DTYPES[weight_dtype]
+        dt = check_weight_dtype(weight_dtype)
+        cfg = host_target.config
         layers = device_layers_from_host(cfg, host_target.layers, dt)
-        embed = cuda.to_device(_narrow(host_target.embed_tokens, dt))
-        head = embed if cfg.tie_word_embeddings else cuda.to_device(_narrow(host_target.lm_head, dt))
+        embed = cuda.to_device(to_storage(host_target.embed_tokens, dt))
+        head = embed if cfg.tie_word_embeddings else cuda.to_device(to_storage(host_target.lm_head, dt))
         norm = cuda.to_device(np.ascontiguousarray(host_target.norm, np.float32))
-        return cls(cfg, embed, norm, head, layers, host_target.rope)
+        return cls(cfg, embed, norm, head, layers, host_target.rope, gemm_tile=gemm_tile)
 
     def new_cache(self, max_tokens: int) -> DeviceMLACache:
         """An empty device latent cache with room for ``max_tokens`` rows per layer."""
@@ -314,23 +281,18 @@ class CudaTarget:
         return self._workspaces[size]
 
     # -- the forward -----------------------------------------------------------------------
-    def _check_inputs(self, ids, positions, cache, parents, hidden_layer_ids):
-        from .target import check_forward_inputs
-        if not isinstance(cache, DeviceMLACache):
-            raise ValueError(f"cache must be a DeviceMLACache from new_cache(), got {type(cache).__name__}")
-        return check_forward_inputs(self.config, ids, positions, cache, parents, hidden_layer_ids)
-
     def forward(self, ids, positions, cache: DeviceMLACache, parents=None, hidden_layer_ids=(),
-                graph: bool = False, stream=0):
+                graph: bool = False, stream=0) -> ForwardOutput:
         """Run ``ids`` at ``positions`` after the cached rows and append their latent rows.
 
         ids [T] int32/int64, positions [T] int32/int64, parents [T] int32 or None (causal), as
-        ``Target.forward`` -> ``ForwardOutput`` (numpy logits [T, V], hidden [T, Y, M]).
+        ``NumpyTarget.forward`` -> ``ForwardOutput`` (numpy logits [T, V], hidden [T, Y, M]).
         ``graph``: replay a CUDA graph of this workspace's forward (captured on first use)
         instead of launching every kernel from Python; same bits.
         """
-        from .target import ForwardOutput
-        layers_out = self._check_inputs(ids, positions, cache, parents, hidden_layer_ids)
+        if not isinstance(cache, DeviceMLACache):
+            raise ValueError(f"cache must be a DeviceMLACache from new_cache(), got {type(cache).__name__}")
+        layers_out = check_forward_inputs(self.config, ids, positions, cache, parents, hidden_layer_ids)
         t = ids.shape[0]
         ws = self.workspace(t)
         chain = np.arange(-1, ws.rows - 1, dtype=np.int32)
@@ -361,7 +323,7 @@ class CudaTarget:
         ``cache.length`` (the caller knows t)."""
         if ws.mla_scratch is None or ws.mla_scratch.scores.shape[1] < cache.capacity:
             # attention scores of every (row, head) over the whole cache; sized once per capacity
-            ws.mla_scratch = MLAScratch(ws.rows, self.config.num_attention_heads, cache.capacity)
+            ws.mla_scratch = kn.MLAScratch(ws.rows, self.config.num_attention_heads, cache.capacity)
             ws.graphs.clear()                                          # they point at the old one
         if not graph:
             self._enqueue_forward(ws, cache, hidden_layer_ids, stream)
@@ -371,100 +333,84 @@ class CudaTarget:
         key = (id(cache), tuple(hidden_layer_ids))
         exe = ws.graphs.get(key)
         if exe is None:
-            exe = ws.graphs[key] = _capture(lambda s: self._enqueue_forward(ws, cache, hidden_layer_ids, s))
-        _replay(exe, stream)
+            exe = ws.graphs[key] = capture_graph(lambda s: self._enqueue_forward(ws, cache, hidden_layer_ids, s))
+        replay_graph(exe, stream)
 
     def _enqueue_forward(self, ws: Workspace, cache: DeviceMLACache, hidden_layer_ids, stream) -> None:
-        rows, eps = ws.rows, self.config.rms_norm_eps
-        _visibility_bits_kernel[(ceil_div(rows, 16), ceil_div(ws.vis_bits.shape[1], 16)), (16, 16), stream](
-            ws.parents, ws.vis_bits)                                         # ancestor bits of the new rows
-        _enqueue_embedding(ws.ids, self.embed_tokens, ws.x, ws.n_rows, stream=stream)
-        for i, lw in enumerate(self.layers):
-            self._enqueue_layer(ws, cache, i, lw, stream)
+        kn.enqueue_visibility_bits(ws.parents, ws.vis_bits, stream=stream)    # ancestor bits of the new rows
+        kn.enqueue_embedding(ws.ids, self.embed_tokens, ws.x, ws.n_rows, stream=stream)
+        for i in range(len(self.layers)):
+            for _, enqueue in self.layer_stages(ws, cache, i):
+                enqueue(stream)
             if i in hidden_layer_ids:
                 ws.hidden[i].copy_to_device(ws.x, stream=stream)
-        _enqueue_rms_norm(ws.x, self.norm, eps, ws.normed, ws.n_rows, stream=stream)
-        _enqueue_linear(ws.normed, self.lm_head, ws.logits, ws.n_rows, stream=stream)
+        kn.enqueue_rms_norm(ws.x, self.norm, self.config.rms_norm_eps, ws.normed, ws.n_rows, stream=stream)
+        kn.enqueue_linear(ws.normed, self.lm_head, ws.logits, ws.n_rows, tile=self.gemm_tile, stream=stream)
 
-    def _enqueue_layer(self, ws: Workspace, cache: DeviceMLACache, i: int, lw: DeviceLayer, stream,
-                       mark=None) -> None:
-        """Decoder layer i over ws.x in place; ``mark(stage)`` (benchmarks) is called after each
-        stage's launches."""
-        cfg = self.config
+    def layer_stages(self, ws: Workspace, cache: DeviceMLACache, i: int):
+        """Decoder layer i over ws.x in place, as its named stages: a list of (name, enqueue)
+        where ``enqueue(stream)`` launches that stage's kernels. The forward runs them in order;
+        a benchmark can put events between them (benchmarks/verify_forward.py)."""
+        cfg, lw = self.config, self.layers[i]
         H, D, R, C = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
-        eps, n = cfg.rms_norm_eps, ws.n_rows
-        mark = mark or (lambda stage: None)
-        # attention: x += o_proj(MLA(rms_norm(x)))
-        _enqueue_rms_norm(ws.x, lw.input_layernorm, eps, ws.normed, n, stream=stream)
-        mark("input norm")
-        if lw.q_proj is not None:
-            _enqueue_linear(ws.normed, lw.q_proj, ws.q, n, stream=stream)
-        else:
-            _enqueue_linear(ws.normed, lw.q_a_proj, ws.q_a, n, stream=stream)
-            _enqueue_rms_norm(ws.q_a, lw.q_a_layernorm, eps, ws.q_a_normed, n, stream=stream)
-            _enqueue_linear(ws.q_a_normed, lw.q_b_proj, ws.q, n, stream=stream)
-        mark("q projection")
-        _enqueue_linear(ws.normed, lw.kv_a_proj_with_mqa, ws.kv, n, stream=stream)
-        mark("kv_a projection")
+        eps, n, tile = cfg.rms_norm_eps, ws.n_rows, self.gemm_tile
         c_kv, k_pe = cache.c_kv[i], cache.k_pe[i]                            # [S, C], [S, R]
-        _enqueue_rms_norm(ws.kv, lw.kv_a_layernorm, eps, c_kv, n, out_row0=ws.s0, stream=stream)
-        _enqueue_rope(ws.kv, C, 0, k_pe, 0, 0, 1, R, ws.positions, self.inv_freq,
-                      self.rope.attention_factor, cfg.rope_interleave, n, dst_row0=ws.s0, stream=stream)
-        _enqueue_rope(ws.q, D, D + R, ws.q_pe, 0, R, H, R, ws.positions, self.inv_freq,
-                      self.rope.attention_factor, cfg.rope_interleave, n, stream=stream)
-        mark("latent norm + rope (cache append)")
-        _enqueue_linear_heads(ws.q, D + R, lw.w_uk_t, ws.q_lat, n, stream=stream)
-        mark("query absorption (W_uk)")
-        _enqueue_mla_attention(ws.q_lat, ws.q_pe, c_kv, k_pe, ws.vis_bits, ws.meta, self.rope.scale,
-                               ws.o_lat, ws.mla_scratch, stream=stream)
-        mark("MLA attention")
-        _enqueue_linear_heads(ws.o_lat, C, lw.w_uv, ws.o, n, stream=stream)
-        mark("output absorption (W_uv)")
-        _enqueue_linear(ws.o, lw.o_proj, ws.x, n, accumulate=True, stream=stream)
-        mark("o_proj + residual")
-        # feed-forward: x += FFN(rms_norm(x))
-        _enqueue_rms_norm(ws.x, lw.post_attention_layernorm, eps, ws.normed, n, stream=stream)
-        mark("post-attention norm")
-        if lw.is_moe:
-            _enqueue_moe_block(ws.normed, ws.x, lw.gate, lw.e_score_correction_bias,
-                               lw.experts_gate_proj, lw.experts_up_proj, lw.experts_down_proj,
-                               lw.shared_gate_proj, lw.shared_up_proj, lw.shared_down_proj,
-                               self._route, ws.moe, n, stream=stream)
-            mark("MoE (route, sort, experts, shared, combine)")
-        else:
-            _enqueue_swiglu(ws.normed, lw.mlp_gate_proj, lw.mlp_up_proj, ws.act, n, stream=stream)
-            _enqueue_linear(ws.act, lw.mlp_down_proj, ws.x, n, accumulate=True, stream=stream)
-            mark("dense MLP")
+        rope = dict(interleave=cfg.rope_interleave, attention_factor=self.rope.attention_factor)
 
+        def input_norm(s):
+            kn.enqueue_rms_norm(ws.x, lw.input_layernorm, eps, ws.normed, n, stream=s)
 
-# -- CUDA graphs -------------------------------------------------------------------------------
+        def q_projection(s):
+            if lw.q_proj is not None:
+                kn.enqueue_linear(ws.normed, lw.q_proj, ws.q, n, tile=tile, stream=s)
+            else:
+                kn.enqueue_linear(ws.normed, lw.q_a_proj, ws.q_a, n, tile=tile, stream=s)
+                kn.enqueue_rms_norm(ws.q_a, lw.q_a_layernorm, eps, ws.q_a_normed, n, stream=s)
+                kn.enqueue_linear(ws.q_a_normed, lw.q_b_proj, ws.q, n, tile=tile, stream=s)
 
-def _check(result):
-    err = result[0] if isinstance(result, tuple) else result
-    if int(err) != 0:
-        raise RuntimeError(f"CUDA runtime error {err}")
-    return result[1] if isinstance(result, tuple) and len(result) == 2 else result
+        def kv_a_projection(s):
+            kn.enqueue_linear(ws.normed, lw.kv_a_proj_with_mqa, ws.kv, n, tile=tile, stream=s)
 
+        def latent_norm_rope(s):
+            # the latent's norm and the rotated rope key go straight into cache row s0 + r
+            kn.enqueue_rms_norm(ws.kv, lw.kv_a_layernorm, eps, c_kv, n, out_row0=ws.s0, stream=s)
+            kn.enqueue_rope(ws.kv, k_pe, ws.positions, self.inv_freq, n, rdim=R, src_col0=C,
+                            dst_row0=ws.s0, stream=s, **rope)
+            kn.enqueue_rope(ws.q, ws.q_pe, ws.positions, self.inv_freq, n, rdim=R, groups=H, src_col0=D,
+                            src_stride=D + R, dst_stride=R, stream=s, **rope)
 
-def _capture(enqueue):
-    """Capture ``enqueue(stream)`` into an instantiated CUDA graph (GPU.md: numba launches on a
-    captured stream are recorded, not run)."""
-    from cuda.bindings import runtime as rt
-    stream = cuda.stream()
-    handle = stream.handle.value if hasattr(stream.handle, "value") else int(stream.handle)
-    enqueue(stream)                 # warm-up: compile and load every kernel outside the capture
-    stream.synchronize()
-    _check(rt.cudaStreamBeginCapture(handle, rt.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed))
-    enqueue(stream)
-    graph = _check(rt.cudaStreamEndCapture(handle))
-    exe = _check(rt.cudaGraphInstantiate(graph, 0))
-    return exe
+        def query_absorption(s):
+            kn.enqueue_linear_heads(ws.q, D + R, lw.w_uk_t, ws.q_lat, n, tile=tile, stream=s)
 
+        def attention(s):
+            kn.enqueue_mla_attention(ws.q_lat, ws.q_pe, c_kv, k_pe, ws.o_lat, vis_bits=ws.vis_bits,
+                                     meta=ws.meta, scale=self.rope.scale, scratch=ws.mla_scratch, stream=s)
 
-def _replay(exe, stream=0):
-    from cuda.bindings import runtime as rt
-    if stream == 0:
-        handle = 0
-    else:
-        handle = stream.handle.value if hasattr(stream.handle, "value") else int(stream.handle)
-    _check(rt.cudaGraphLaunch(exe, handle))
+        def output_absorption(s):
+            kn.enqueue_linear_heads(ws.o_lat, C, lw.w_uv, ws.o, n, tile=tile, stream=s)
+
+        def o_proj(s):
+            kn.enqueue_linear(ws.o, lw.o_proj, ws.x, n, accumulate=True, tile=tile, stream=s)
+
+        def post_attention_norm(s):
+            kn.enqueue_rms_norm(ws.x, lw.post_attention_layernorm, eps, ws.normed, n, stream=s)
+
+        def moe(s):
+            kn.enqueue_moe_block(
+                ws.normed, ws.x, gate=lw.gate, bias=lw.e_score_correction_bias,
+                experts_gate=lw.experts_gate_proj, experts_up=lw.experts_up_proj,
+                experts_down=lw.experts_down_proj, shared_gate=lw.shared_gate_proj,
+                shared_up=lw.shared_up_proj, shared_down=lw.shared_down_proj, route=self._route,
+                bufs=ws.moe, n_rows=n, tile=tile, stream=s)
+
+        def dense_mlp(s):
+            kn.enqueue_swiglu_mlp(ws.normed, lw.mlp_gate_proj, lw.mlp_up_proj, lw.mlp_down_proj, ws.x,
+                                  act=ws.act, n_rows=n, accumulate=True, tile=tile, stream=s)
+
+        # attention: x += o_proj(MLA(rms_norm(x))); feed-forward: x += FFN(rms_norm(x))
+        return [("input norm", input_norm), ("q projection", q_projection),
+                ("kv_a projection", kv_a_projection), ("latent norm + rope (cache append)", latent_norm_rope),
+                ("query absorption (W_uk)", query_absorption), ("MLA attention", attention),
+                ("output absorption (W_uv)", output_absorption), ("o_proj + residual", o_proj),
+                ("post-attention norm", post_attention_norm),
+                ("MoE (route, sort, experts, shared, combine)", moe) if lw.is_moe else ("dense MLP", dense_mlp)]

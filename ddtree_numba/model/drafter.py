@@ -1,4 +1,4 @@
-"""The DFlash drafter (block diffusion, z-lab/dflash): ``load_drafter`` and its numpy forward.
+"""The DFlash drafter (block diffusion, z-lab/dflash): its config, weights and numpy forward.
 
 Shapes: n new context rows, S context rows in the drafter cache after them, B block size,
 M hidden size (the target's), Y target layers read, Hq / Hkv query / key-value heads, Dh head
@@ -19,13 +19,12 @@ The drafter is a stack of Qwen3 decoder layers with no embedding or head of its 
 Context K/V depend only on the context features, so each layer's are computed once and kept in
 a ``DrafterCache``; the block's K/V are never stored (DFlash crops them after every draft).
 Context rows sit at positions ``0 .. S-1``, the block at ``S .. S+B-1``. RoPE is Qwen3's
-rotate-half form. DESIGN.md section 1, step 1.
+rotate-half form. docs/DESIGN.md §1, step 1; ``model.loader.load_drafter`` reads
+a checkpoint.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +36,6 @@ from ..reference.linear import linear
 from ..reference.moe import swiglu_mlp
 from ..reference.rms_norm import rms_norm
 from ..reference.rope import rope, rope_cos_sin, rope_inv_freq
-from .checkpoint import SafetensorsIndex
 
 
 @dataclass(frozen=True)
@@ -157,7 +155,7 @@ class DrafterCache:
         self.length = check_int("length", length, 0, self.length)
 
 
-class Drafter:
+class NumpyDrafter:
     """A DFlash drafter bound to its target (whose embedding and lm_head it uses); numpy backend."""
 
     backend = "numpy"
@@ -246,71 +244,9 @@ class Drafter:
         """One DFlash draft: append the context rows, run ``[bonus, MASK x (B-1)]`` after them.
 
         features [n, Y, M] float32, bonus in [0, V) -> logits [B-1, V] float32 for the B-1
-        positions after the bonus (DESIGN.md section 1, step 1).
+        positions after the bonus (docs/DESIGN.md §1, step 1).
         """
         block = np.full(self.config.block_size, self.config.mask_token_id, dtype=np.int64)  # [B]
         block[0] = check_int("bonus", bonus, 0, self.target.config.vocab_size - 1)
         h = self.forward(features, block, cache)                            # [B, M]
         return lm_head(h[1:], self.target.lm_head)                          # [B-1, V]
-
-
-def load_drafter(path: str | os.PathLike, target) -> Drafter:
-    """Load a DFlash drafter directory (config.json + safetensors) for ``target``.
-
-    Tensor names as published (``layers.{i}.self_attn.q_proj.weight``, ``fc.weight``, ...); a
-    ``model.`` prefix is accepted too. The drafter runs on the target's backend: a ``Drafter``
-    (numpy) for a numpy target, a ``model.cuda_drafter.CudaDrafter`` for a cuda one, whose
-    matrices keep the checkpoint's dtype when every matrix is bf16 (or every one fp16) and are
-    float32 otherwise (``cuda_target.storage_dtype``, the target's rule).
-    """
-    path = os.fspath(path)
-    if not os.path.isdir(path):
-        raise ValueError(f"drafter path {path} is not a directory")
-    if target.backend not in ("numpy", "cuda"):
-        raise ValueError(f"the drafter runs on the numpy or cuda backend; the target's is {target.backend!r}")
-    with open(os.path.join(path, "config.json")) as f:
-        cfg = DrafterConfig.from_dict(json.load(f))
-    index = SafetensorsIndex(path)
-    weights = {}
-    for name in drafter_shapes(cfg):
-        stored = name if name in index else "model." + name
-        if stored not in index:
-            raise ValueError(f"drafter checkpoint is missing tensor {name}")
-        weights[name] = index.float32(stored, (128, 128))
-    if target.backend == "cuda":
-        from .cuda_drafter import CudaDrafter
-        from .cuda_target import storage_dtype
-        stored = {index.entries[n if n in index else "model." + n][1]["dtype"]
-                  for n, shape in drafter_shapes(cfg).items() if len(shape) >= 2}
-        return CudaDrafter(cfg, weights, target, weight_dtype=storage_dtype(stored))
-    return Drafter(cfg, weights, target)
-
-
-def random_drafter(target, num_hidden_layers: int = 1, block_size: int = 8,
-                   target_layer_ids: tuple[int, ...] | None = None, num_attention_heads: int = 4,
-                   num_key_value_heads: int = 2, head_dim: int = 8, intermediate_size: int = 48,
-                   mask_token_id: int | None = None, seed: int = 0) -> Drafter:
-    """A drafter with random weights for ``target`` (tests, notebooks). Unit-gain projections and
-    norm weights in [0.5, 1.5]; by default it reads the target's first and last layers and uses
-    the last token id as MASK. A cuda target gets a ``CudaDrafter`` (float32 matrices)."""
-    tc = target.config
-    if target_layer_ids is None:
-        target_layer_ids = tuple(sorted({0, tc.num_hidden_layers - 1}))
-    cfg = DrafterConfig(
-        hidden_size=tc.hidden_size, num_hidden_layers=num_hidden_layers,
-        num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
-        head_dim=head_dim, intermediate_size=intermediate_size, rms_norm_eps=1e-6,
-        rope_theta=10000.0, block_size=block_size, target_layer_ids=tuple(target_layer_ids),
-        mask_token_id=tc.vocab_size - 1 if mask_token_id is None else mask_token_id)
-    cfg.validate()
-    rng = np.random.default_rng(seed)
-    weights = {}
-    for name, shape in drafter_shapes(cfg).items():
-        if len(shape) == 1:
-            weights[name] = rng.uniform(0.5, 1.5, shape).astype(np.float32)
-        else:
-            weights[name] = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
-    if target.backend == "cuda":
-        from .cuda_drafter import CudaDrafter
-        return CudaDrafter(cfg, weights, target)
-    return Drafter(cfg, weights, target)

@@ -1,4 +1,4 @@
-"""The target model: ``load_target`` and the numpy reference forward over an MLA latent cache.
+"""The target model on the numpy backend: the reference forward over an MLA latent cache.
 
 Shapes: T new tokens, S cache rows after the forward, M hidden size, H heads, C
 ``kv_lora_rank``, R ``qk_rope_head_dim``, D ``qk_nope_head_dim``, Dv ``v_head_dim``, E experts,
@@ -6,12 +6,12 @@ K experts per token, V vocab, Y requested hidden layers.
 
 The forward is DeepSeek-V3's decoder (HF ``DeepseekV3ForCausalLM`` / ``DeepseekV2ForCausalLM``),
 stage by stage through ``ddtree_numba.reference``, attention in the weight-absorbed MLA form.
-DESIGN.md section 3 is the API; docs/MODEL.md walks through the model.
+``model.loader.load_target`` makes one from a checkpoint; ``model.protocols.Target`` is the API
+both backends implement; docs/MODEL.md walks through the model.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,14 +24,8 @@ from ..reference.moe import moe_experts, moe_route, swiglu_mlp
 from ..reference.rms_norm import rms_norm
 from ..reference.rope import rope, rope_cos_sin, rope_inv_freq, softmax_scale, yarn_attention_factor, yarn_inv_freq
 from .cache import MLACache
-from .checkpoint import expected_shapes, load_weights
+from .checkpoint import expected_shapes
 from .config import ModelConfig
-
-BACKENDS = ("numpy", "cuda")
-
-
-class BackendUnavailable(NotImplementedError, ValueError):
-    """A backend this machine cannot run: backend='cuda' with no CUDA GPU (and no simulator)."""
 
 
 @dataclass(frozen=True)
@@ -151,7 +145,7 @@ def check_forward_inputs(cfg: ModelConfig, ids, positions, cache, parents, hidde
     return ids_out
 
 
-class Target:
+class NumpyTarget:
     """A loaded target model on the numpy backend. ``forward`` appends to an ``MLACache``."""
 
     backend = "numpy"
@@ -170,11 +164,6 @@ class Target:
         return MLACache(self.config, max_tokens)
 
     # -- the forward -----------------------------------------------------------------------
-    def _check_inputs(self, ids, positions, cache, parents, hidden_layer_ids):
-        if not isinstance(cache, MLACache):
-            raise ValueError(f"cache must be an MLACache from new_cache(), got {type(cache).__name__}")
-        return check_forward_inputs(self.config, ids, positions, cache, parents, hidden_layer_ids)
-
     def forward(self, ids: np.ndarray, positions: np.ndarray, cache: MLACache,
                 parents: np.ndarray | None = None, hidden_layer_ids=()) -> ForwardOutput:
         """Run ``ids`` at ``positions`` after the cached rows and append their latent rows.
@@ -184,7 +173,9 @@ class Target:
         allows. -> ForwardOutput(logits [T, V], hidden [T, Y, M]).
         """
         cfg = self.config
-        layers_out = self._check_inputs(ids, positions, cache, parents, hidden_layer_ids)
+        if not isinstance(cache, MLACache):
+            raise ValueError(f"cache must be an MLACache from new_cache(), got {type(cache).__name__}")
+        layers_out = check_forward_inputs(cfg, ids, positions, cache, parents, hidden_layer_ids)
         t, h = ids.shape[0], cfg.num_attention_heads
         d, r, dv = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
         s0 = cache.reserve(t)
@@ -234,40 +225,7 @@ class Target:
         return ForwardOutput(logits=logits, hidden=hid)
 
 
-def load_target(path: str | os.PathLike, backend: str = "numpy", progress: bool | None = None,
-                weight_dtype: str | None = None):
-    """Load an HF-format DeepSeek-V3 / V2 / Kimi-K2 checkpoint directory (config.json + safetensors).
-
-    backend "numpy" runs the reference forward (``Target``); "cuda" runs every stage as a
-    numba.cuda kernel (``model.cuda_target.CudaTarget``), with the same ``forward`` and the same
-    logits. ``weight_dtype`` (cuda only): how matrices are stored on the GPU, 'float32',
-    'float16' or 'bfloat16'; None keeps the checkpoint's own dtype when every matrix has it
-    (bf16 or fp16) and float32 otherwise, so nothing is rounded.
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if weight_dtype is not None and backend != "cuda":
-        raise ValueError("weight_dtype applies to backend='cuda' only (numpy runs in float32)")
-    if backend == "cuda":
-        from numba import config as numba_config
-        from numba import cuda
-        if not (numba_config.ENABLE_CUDASIM or cuda.is_available()):
-            raise BackendUnavailable("backend='cuda' needs a CUDA GPU and none was found; use backend='numpy'")
-    cfg, weights = load_weights(path, progress=progress)
-    host = Target(cfg, weights)
-    if backend == "numpy":
-        return host
-    from .checkpoint import SafetensorsIndex
-    from .cuda_target import CudaTarget, storage_dtype
-    if weight_dtype is None:
-        index = SafetensorsIndex(os.fspath(path))
-        stored = {index.entries[n][1]["dtype"] for n in expected_shapes(cfg)
-                  if len(index.entries[n][1]["shape"]) >= 2 and not n.endswith("mlp.gate.weight")}
-        weight_dtype = storage_dtype(stored)
-    return CudaTarget.from_host(host, weight_dtype)
-
-
-def random_target(cfg: ModelConfig | None = None, seed: int = 0) -> Target:
+def random_target(cfg: ModelConfig | None = None, seed: int = 0) -> NumpyTarget:
     """A target with random weights under HF names, no checkpoint needed (``ModelConfig.tiny()``
     by default). The init is wide on purpose, as in tools/make_goldens.py: unit-gain
     projections, router logits of order 3, norm weights in [0.5, 1.5], so that routing, norms
@@ -287,4 +245,4 @@ def random_target(cfg: ModelConfig | None = None, seed: int = 0) -> Target:
         else:
             w = rng.standard_normal(shape) / np.sqrt(shape[1])
         weights[name] = w.astype(np.float32)
-    return Target(cfg, weights)
+    return NumpyTarget(cfg, weights)

@@ -1,4 +1,4 @@
-"""Tree acceptance (DESIGN.md section 1, step 6): the target's own choice at every node,
+"""Tree acceptance (docs/DESIGN.md §1, step 6): the target's own choice at every node,
 then the walk down the tree that follows it.
 
 Shapes: N+1 tree nodes (root included), V vocabulary, n accepted nodes (root included).
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import check_array, check_int, check_logits_values, check_parents_values, is_host
+from .._checks import check_follow_inputs, check_sample_inputs
 from ..tree import Tree
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -37,15 +37,6 @@ def uniform_open(seed: int, row: np.ndarray, col: np.ndarray) -> np.ndarray:
     return ((h >> np.uint64(11)).astype(np.float64) + 0.5) * (1.0 / 9007199254740992.0)
 
 
-def _check_sample_inputs(logits, temperature, seed) -> tuple[float, int]:
-    check_array("logits", logits, 2, np.float32)
-    check_logits_values("logits", logits)
-    temperature = float(temperature)
-    if not temperature >= 0.0 or not np.isfinite(temperature):
-        raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
-    return temperature, check_int("seed", seed, 0, 2**64 - 1)
-
-
 def sample_post(logits: np.ndarray, temperature: float, seed: int) -> np.ndarray:
     """The target's token at every tree node: argmax at T = 0, else a seeded sample.
 
@@ -53,29 +44,13 @@ def sample_post(logits: np.ndarray, temperature: float, seed: int) -> np.ndarray
     ``argmax_v(logits[i, v] / T - log(-log(u(seed, i, v))))`` in float64; ties go to the
     lower token id in both cases.
     """
-    temperature, seed = _check_sample_inputs(logits, temperature, seed)
+    temperature, seed = check_sample_inputs(logits, temperature, seed)
     if temperature == 0.0:
         return logits.argmax(axis=1).astype(np.int32)
     n, v = logits.shape
     row, col = np.meshgrid(np.arange(n), np.arange(v), indexing="ij")  # [N+1, V]
     gumbel = -np.log(-np.log(uniform_open(seed, row, col)))            # [N+1, V]
     return (logits.astype(np.float64) / temperature + gumbel).argmax(axis=1).astype(np.int32)
-
-
-def _check_follow_inputs(tree: Tree, post):
-    if not isinstance(tree, Tree):
-        raise ValueError(f"tree must be a Tree, got {type(tree).__name__}")
-    n = tree.num_nodes
-    check_array("tree.parents", tree.parents, 1, np.int32, shape=(n + 1,))
-    check_array("tree.tokens", tree.tokens, 1, np.int32, shape=(n,))
-    check_parents_values(tree.parents)
-    check_array("post", post, 1, np.int32)
-    if post.shape[0] < n + 1:
-        raise ValueError(f"post has {post.shape[0]} entries; the tree has {n + 1} nodes")
-    if post.shape[0] > n + 1:
-        raise ValueError(f"post has {post.shape[0]} entries, more than the tree's {n + 1} nodes")
-    if is_host(post) and (post < 0).any():
-        raise ValueError("post holds a negative token id")
 
 
 def follow_tree(tree: Tree, post: np.ndarray) -> tuple[np.ndarray, int]:
@@ -86,7 +61,7 @@ def follow_tree(tree: Tree, post: np.ndarray) -> tuple[np.ndarray, int]:
     one pass over the nodes in id order finds the whole path; siblings hold distinct
     tokens, so the matching child is unique.
     """
-    _check_follow_inputs(tree, post)
+    check_follow_inputs(tree, post)
     keep = [0]
     for j in range(1, tree.num_nodes + 1):
         if tree.parents[j] == keep[-1] and tree.tokens[j - 1] == post[keep[-1]]:

@@ -1,4 +1,4 @@
-"""KV-cache compaction after acceptance (DESIGN.md section 1, step 7).
+"""KV-cache compaction after acceptance (docs/DESIGN.md §1, step 7).
 
 Shapes: S cache rows, W row width, n accepted nodes.
 
@@ -13,15 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import check_array, check_int, check_keep_values
-
-
-def _check_compact_inputs(rows, start, keep):
-    check_array("rows", rows, 2, (np.float32, np.float16, np.uint16, np.int32))
-    start = check_int("start", start, 0, rows.shape[0])
-    check_array("keep", keep, 1, np.int32)
-    check_keep_values(keep, rows.shape[0] - start)
-    return start
+from .._checks import check_compact_inputs
 
 
 def compact_rows(rows: np.ndarray, start: int, keep: np.ndarray) -> None:
@@ -30,7 +22,7 @@ def compact_rows(rows: np.ndarray, start: int, keep: np.ndarray) -> None:
     rows [S, W], start int, keep [n] int32 (keep[0] = 0, strictly increasing). Rows
     before ``start`` and from ``start + n`` on are left as they were.
     """
-    start = _check_compact_inputs(rows, start, keep)
+    start = check_compact_inputs(rows, start, keep)
     rows[start:start + keep.shape[0]] = rows[start + keep]  # fancy index copies first
 
 

@@ -38,7 +38,7 @@ def mla_kv_latent(x: np.ndarray, kv_a_weight: np.ndarray, kv_a_norm_weight: np.n
 
 def mla_mask(n_cached: int, n_new: int, parents: np.ndarray | None = None) -> np.ndarray:
     """Which key rows each new token sees: every cached row, plus causal (``parents`` None) or
-    ``visibility(parents)`` among the new rows (DESIGN.md section 1, step 4).
+    ``visibility(parents)`` among the new rows (docs/DESIGN.md §1, step 4).
 
     -> mask [T, S] bool with T = n_new, S = n_cached + n_new.
     """
@@ -62,6 +62,16 @@ def split_kv_b(kv_b_weight: np.ndarray, num_heads: int, nope_dim: int):
     """``kv_b_proj.weight [H * (D + Dv), C]`` -> W_uk [H, D, C], W_uv [H, Dv, C] (views)."""
     w = kv_b_weight.reshape(num_heads, -1, kv_b_weight.shape[-1])     # [H, D + Dv, C]
     return w[:, :nope_dim, :], w[:, nope_dim:, :]
+
+
+def absorption_weights(kv_b_weight: np.ndarray, num_heads: int, nope_dim: int):
+    """``kv_b_proj.weight [H * (D + Dv), C]`` -> w_uk_t [H, C, D], w_uv [H, Dv, C], C-contiguous in
+    the weight's dtype: the per-head ``[Z, N, K]`` weights of the two absorption GEMMs (q_lat =
+    q_nope @ W_uk as ``q_nope @ w_uk_t[h].T``; out = o_lat @ W_uv^T), the layout
+    ``kernels.enqueue_linear_heads`` takes."""
+    w_uk, w_uv = split_kv_b(np.asarray(kv_b_weight), num_heads, nope_dim)  # [H, D, C], [H, Dv, C]
+    return (np.ascontiguousarray(w_uk.transpose(0, 2, 1)),                  # [H, C, D]
+            np.ascontiguousarray(w_uv))                                     # [H, Dv, C]
 
 
 def mla_attention_naive(q_nope, q_pe, c_kv, k_pe, kv_b_weight, mask, scale):

@@ -1,4 +1,4 @@
-"""Top-K log-probabilities per draft depth (DESIGN.md section 1, step 2).
+"""Top-K log-probabilities per draft depth (docs/DESIGN.md §1, step 2).
 
 Shapes: L depths, V vocabulary, K kept tokens per depth.
 """

@@ -1,4 +1,4 @@
-"""Best-first draft-tree construction (DESIGN.md section 1, step 3).
+"""Best-first draft-tree construction (docs/DESIGN.md §1, step 3).
 
 Shapes: L depths, K ranks per depth, N nodes besides the root.
 
@@ -17,22 +17,8 @@ import itertools
 
 import numpy as np
 
-from .._checks import check_array, check_int, is_host
+from .._checks import check_build_inputs
 from ..tree import Tree
-
-
-
-def _check_build_inputs(lp, ids, budget):
-    check_array("lp", lp, 2, np.float32)
-    check_array("ids", ids, 2, np.int32, shape=lp.shape)
-    budget = check_int("budget", budget, 0)
-    if is_host(lp) and np.isnan(lp).any():
-        raise ValueError("lp contains NaN")
-    if is_host(lp) and (lp > 0).any():
-        raise ValueError("lp must be log-probabilities (<= 0)")
-    if is_host(lp) and lp.shape[1] > 1 and (np.diff(lp, axis=1) > 0).any():
-        raise ValueError("lp rows must be sorted in descending order (as topk_logprobs returns)")
-    return budget
 
 
 def build_tree(lp: np.ndarray, ids: np.ndarray, budget: int) -> Tree:
@@ -42,7 +28,7 @@ def build_tree(lp: np.ndarray, ids: np.ndarray, budget: int) -> Tree:
     number of paths) nodes. The heap holds ``(-score, rank path)``: Python compares tuples
     lexicographically, which is exactly the tie rule.
     """
-    budget = _check_build_inputs(lp, ids, budget)
+    budget = check_build_inputs(lp, ids, budget)
     L, K = lp.shape
     lp64 = lp.astype(np.float64)
     tokens, depths, parents, ranks, scores = [], [], [-1], [], []

@@ -1,4 +1,4 @@
-"""The tree-attention mask (DESIGN.md section 1, step 4).
+"""The tree-attention mask (docs/DESIGN.md §1, step 4).
 
 Shapes: N+1 tree nodes (root included), W = ceil((N+1) / 32) words per packed row.
 """

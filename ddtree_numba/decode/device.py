@@ -1,13 +1,19 @@
-"""The decode loop with every round on the GPU (cuda target + a drafter with ``draft_device``).
+"""The decode loop with every round on the GPU: a ``DeviceTarget`` and (unless ``ar``) a
+``DeviceDrafter`` (``model.protocols``; the cuda backend's ``CudaTarget`` / ``CudaDrafter``).
 
-The round of DESIGN.md section 1, as device work on one stream: draft (``draft_device``) ->
-top-K -> tree build (``TreeBuffers``) -> verify inputs (a glue kernel) -> verify forward
-(``forward_device``) -> ``sample_post`` -> ``follow_tree`` -> cache compaction and the drafter's
-next context rows (glue kernels) -> one small copy to the host: the accepted count, the new
-bonus, the tree size and the accepted tokens. The host only decides when to stop.
+The round of docs/DESIGN.md §1, as device work on one stream: draft
+(``draft_device``) -> top-K -> tree build (``TreeBuffers``) -> verify inputs (a glue kernel) ->
+verify forward (``forward_device``) -> ``sample_post`` -> ``follow_tree`` -> cache compaction and
+the drafter's next context rows (glue kernels) -> one small copy to the host: the accepted count,
+the new bonus, the tree size and the accepted tokens. The host only decides when to stop.
 
-Same tokens and statistics as ``decode.generate``'s host loop (which it is called from);
-``stage_times`` are CUDA-event times (host wall clock under the simulator, which has no events).
+Same tokens and statistics as the host loop; ``stage_times`` are CUDA-event times (host wall
+clock after a sync under the simulator, which has no events). The glue kernels below move a
+round's results from one stage's device buffers to the next stage's; they do no arithmetic (the
+stages themselves are the twinned kernels of ``ddtree_numba.kernels``).
+
+Shapes: N tree nodes besides the root (capacity C), T workspace rows (>= C + 1), Y hidden layers
+the drafter reads, M hidden size, P prompt tokens, L = B-1 draft depths, K ranks per depth.
 """
 
 from __future__ import annotations
@@ -18,19 +24,78 @@ import numpy as np
 from numba import config as numba_config
 from numba import cuda
 
-from ._device import ceil_div
-from .kernels._round import (THREADS, _after_accept_kernel, _gather_features_kernel,
-                             _verify_inputs_kernel)
-from .kernels.accept import follow_tree, sample_post
-from .kernels.topk import topk_logprobs
-from .kernels.tree_build import TreeBuffers, build_tree
+from .. import kernels as kn
+from .._device import ceil_div
+from .rounds import STAGES, GenerationResult, RoundLog, round_seed
 
 SIM = numba_config.ENABLE_CUDASIM
+THREADS = 128
 
+
+# -- glue kernels ----------------------------------------------------------------------------------
+
+@cuda.jit
+def _verify_inputs_kernel(bonus, tokens, depths, tree_parents, n_nodes, start, ids, positions,
+                          parents, meta):
+    """The verify forward's inputs for the tree after ``bonus`` at cache row ``start``:
+    ids = [bonus, tokens], positions = start + [0, depths], parents = the tree's, then a chain
+    over the unused rows; meta = (start, N + 1). ``n_nodes`` [1] int32 device (0: no tree)."""
+    i = cuda.grid(1)
+    t = n_nodes[0] + 1
+    if i < ids.shape[0]:
+        if i == 0:
+            ids[0] = bonus[0]
+            positions[0] = start
+            parents[0] = -1
+            meta[0] = start
+            meta[1] = t
+        elif i < t:
+            ids[i] = tokens[i - 1]
+            positions[i] = start + depths[i - 1]
+            parents[i] = tree_parents[i]
+        else:
+            ids[i] = 0
+            positions[i] = 0
+            parents[i] = i - 1
+
+
+@cuda.jit
+def _after_accept_kernel(keep, info, tokens, n_nodes, start, start_n, n_new, bonus, report):
+    """After ``follow_tree``: start_n = (start, n) for the cache compaction, n_new = n context
+    rows for the drafter, bonus = the new bonus, and report = [n, new bonus, N, accepted
+    tokens...] for the host (``tokens[keep[j] - 1]``, j = 1 .. n-1)."""
+    j = cuda.grid(1)
+    n = info[0]
+    if j == 0:
+        start_n[0] = start
+        start_n[1] = n
+        n_new[0] = n
+        bonus[0] = info[1]
+        report[0] = n
+        report[1] = info[1]
+        report[2] = n_nodes[0]
+    elif j < n:
+        report[2 + j] = tokens[keep[j] - 1]
+
+
+@cuda.jit
+def _gather_features_kernel(hidden, layer_ids, keep, n_rows, features):
+    """features[j, y*M + c] = hidden[layer_ids[y], keep[j], c] for j < n_rows[0]: the target's
+    hidden states of the accepted nodes, the drafter's next context rows."""
+    j, col = cuda.grid(2)
+    M = hidden.shape[2]
+    if j < n_rows[0] and col < features.shape[1]:
+        y = col // M
+        features[j, col] = hidden[layer_ids[y], keep[j], col - y * M]
+
+
+# -- the loop --------------------------------------------------------------------------------------
 
 class _EventTimer:
     """Per-stage device time: events recorded between the stages' launches, read once a round
     (after the round's one sync). The simulator has no events: host time after a sync."""
+
+    clock = "host_after_sync" if SIM else "cuda_events"
 
     def __init__(self, stream, stages):
         self.stream, self.times, self.marks = stream, dict.fromkeys(stages, 0.0), []
@@ -52,16 +117,11 @@ class _EventTimer:
         self.marks = self.marks[-1:] if self.marks else []
 
 
-def device_rounds_supported(target, drafter, method) -> bool:
-    """The GPU-resident loop runs a cuda target with a device drafter (or none, for ``ar``)."""
-    return hasattr(target, "forward_device") and (method == "ar" or hasattr(drafter, "draft_device"))
-
-
 def generate_device(target, drafter, prompt, n_new, method, budget, temperature, seed, stops,
-                    max_tokens, progress, graph=False):
-    """The body of ``decode.generate`` for ``device_rounds_supported`` pairs; returns the
-    fields of ``GenerationResult`` as a dict."""
-    from .decode import STAGES, commit_tokens, round_seed
+                    max_tokens, progress, graph=False) -> GenerationResult:
+    """The body of ``decode.generate`` for a device target (and drafter), on checked arguments
+    (prompt [P] int32, n_new >= 1, stops a set of ids)."""
+    t_start = time.perf_counter()
     stream = cuda.stream()
     timer = _EventTimer(stream, STAGES)
     cfg = target.config
@@ -72,9 +132,10 @@ def generate_device(target, drafter, prompt, n_new, method, budget, temperature,
     K = 1 if chain else min(budget, V)
     cap = 0 if method == "ar" else (L if chain else budget)       # tree nodes at most
     p = prompt.shape[0]
+    log = RoundLog(method, p, n_new, stops, progress)
 
     tcache = target.new_cache(max_tokens)
-    tbufs = TreeBuffers.allocate(max(cap, 1), stream)              # ar: an empty "tree"
+    tbufs = kn.TreeBuffers.allocate(max(cap, 1), stream)           # ar: an empty "tree"
     ws = target.workspace(tbufs.capacity + 1)                      # verify rows
     wp = target.workspace(p)                                       # prefill rows
     if cap == 0:
@@ -83,6 +144,7 @@ def generate_device(target, drafter, prompt, n_new, method, budget, temperature,
     keep = cuda.device_array(tbufs.capacity + 1, np.int32, stream=stream)
     info = cuda.device_array(2, np.int32, stream=stream)
     bonus = cuda.device_array(1, np.int32, stream=stream)
+    start_n = cuda.device_array(2, np.int32, stream=stream)        # (start, n) of the compaction
     n_ctx = cuda.device_array(1, np.int32, stream=stream)          # drafter's new context rows
     report = cuda.device_array(3 + tbufs.capacity, np.int32, stream=stream)
     if method != "ar":
@@ -98,9 +160,6 @@ def generate_device(target, drafter, prompt, n_new, method, budget, temperature,
         grid = (rows, ceil_div(features.shape[1], THREADS))
         _gather_features_kernel[grid, (1, THREADS), stream](hidden, layer_ids, rows_keep, n_rows, features)
 
-    out, acc, sizes = [], [], []
-    forwards = draft_calls = 0
-    stopped = False
     # prefill: the prompt, its last row's token, and the drafter's first context rows
     timer.mark()
     wp.ids.copy_to_device(np.pad(prompt, (0, wp.rows - p)).astype(np.int32), stream=stream)
@@ -108,7 +167,7 @@ def generate_device(target, drafter, prompt, n_new, method, budget, temperature,
     wp.parents.copy_to_device(np.arange(-1, wp.rows - 1, dtype=np.int32), stream=stream)
     wp.meta.copy_to_device(np.array([0, p], np.int32), stream=stream)
     target.forward_device(wp, tcache, layers, graph=graph, stream=stream)
-    sample_post(wp.logits[p - 1:p], temperature, round_seed(seed, 0), out=bonus, stream=stream)
+    kn.sample_post(wp.logits[p - 1:p], temperature, round_seed(seed, 0), out=bonus, stream=stream)
     if method != "ar":
         prefill_keep = cuda.to_device(np.arange(p, dtype=np.int32), stream=stream)
         n_ctx.copy_to_device(np.array([p], np.int32), stream=stream)
@@ -116,56 +175,44 @@ def generate_device(target, drafter, prompt, n_new, method, budget, temperature,
     timer.mark("prefill")
     bonus_h = int(bonus.copy_to_host(stream=stream)[0])
     timer.collect()
-    forwards += 1
+    log.target_forwards += 1
     tcache.length = start = p
     r = 0
-    while True:
-        if len(out) + 1 >= n_new or bonus_h in stops:
-            out.append(bonus_h)
-            stopped = bonus_h in stops
-            if progress is not None:
-                progress(len(out))
-            break
+    while not log.bonus_ends(bonus_h):
         r += 1
         free = tcache.capacity - start
         if method != "ar":
             nodes = min(cap, free - 1)
             logits_d = drafter.draft_device(features, n_ctx, bonus, dcache, graph=graph, stream=stream)
-            draft_calls += 1
+            log.drafter_forwards += 1
             timer.mark("draft")
-            topk_logprobs(logits_d, K, out=(lp, ids), stream=stream)
+            kn.topk_logprobs(logits_d, K, out=(lp, ids), stream=stream)
             timer.mark("topk")
-            build_tree(lp, ids, nodes, out=tbufs, stream=stream)
+            kn.build_tree(lp, ids, nodes, out=tbufs, stream=stream)
             timer.mark("build")
         grid = ceil_div(ws.rows, THREADS)
         _verify_inputs_kernel[grid, THREADS, stream](
             bonus, tbufs.tokens, tbufs.depths, tbufs.parents, tbufs.n_nodes, start,
             ws.ids, ws.positions, ws.parents, ws.meta)
         target.forward_device(ws, tcache, layers, graph=graph, stream=stream)
-        forwards += 1
+        log.target_forwards += 1
         timer.mark("verify")
-        sample_post(ws.logits[:tbufs.capacity + 1], temperature, round_seed(seed, r), out=post,
-                    stream=stream)
-        follow_tree(tbufs, post, out=(keep, info), stream=stream)
+        kn.sample_post(ws.logits[:tbufs.capacity + 1], temperature, round_seed(seed, r), out=post,
+                       stream=stream)
+        kn.follow_tree(tbufs, post, out=(keep, info), stream=stream)
         _after_accept_kernel[ceil_div(tbufs.capacity + 1, THREADS), THREADS, stream](
-            keep, info, tbufs.tokens, tbufs.n_nodes, start, tcache._start_n, n_ctx, bonus, report)
+            keep, info, tbufs.tokens, tbufs.n_nodes, start, start_n, n_ctx, bonus, report)
         timer.mark("accept")
-        tcache.enqueue_compact(stream, n_max=tbufs.capacity + 1, keep=keep)
+        tcache.enqueue_compact(start_n, keep, n_max=tbufs.capacity + 1, stream=stream)
         if method != "ar":
             gather(ws.hidden, keep, n_ctx, tbufs.capacity + 1)
         timer.mark("compact")
         rep = report.copy_to_host(stream=stream)                   # the round's one sync
         timer.collect()
         n, new_bonus, n_tree = int(rep[0]), int(rep[1]), int(rep[2])
-        acc.append(n)
-        sizes.append(n_tree)
         start += n
         tcache.length = start
-        stopped = commit_tokens(out, [bonus_h] + [int(x) for x in rep[3:2 + n]], stops, n_new)
-        if progress is not None:
-            progress(len(out))
-        if stopped or len(out) == n_new:
+        if log.commit([bonus_h] + [int(x) for x in rep[3:2 + n]], n, n_tree):
             break
         bonus_h = new_bonus
-    return dict(tokens=out, acc=acc, sizes=sizes, forwards=forwards, draft_calls=draft_calls,
-                stopped=stopped, stage_times=dict(timer.times))
+    return log.result(timer.times, time.perf_counter() - t_start, loop="device", stage_clock=timer.clock)

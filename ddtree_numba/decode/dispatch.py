@@ -1,0 +1,45 @@
+"""``generate``: check the arguments, pick the loop the models declare they can run, run it."""
+
+from __future__ import annotations
+
+from .host import generate_host
+from .rounds import GenerationResult, check_generate_inputs
+
+
+def device_loop_applies(target, drafter, method: str) -> bool:
+    """The GPU-resident loop runs a target that declares ``backend == "cuda"`` (a ``DeviceTarget``)
+    with a drafter that declares the same (a ``DeviceDrafter``), or none for ``ar``."""
+    return target.backend == "cuda" and (method == "ar" or drafter.backend == "cuda")
+
+
+def generate(target, drafter, prompt_ids, max_new_tokens: int, method: str = "ddtree",
+             budget: int = 64, temperature: float = 0.0, seed: int = 0, stop_token_ids=(),
+             max_tokens: int | None = None, trace: bool = False, progress=None,
+             graph: bool = False) -> GenerationResult:
+    """Generate up to ``max_new_tokens`` after ``prompt_ids`` with ``method``.
+
+    ``ddtree``: docs/DESIGN.md §1's round with a tree of ``budget`` nodes; ``dflash``: the drafter's
+    argmax chain; ``ar``: one token per target forward (``drafter`` may be None). At
+    ``temperature`` 0 all three give the same tokens; above it every node is sampled from the
+    target with a seeded generator (``round_seed``), which keeps the target's distribution exact.
+    Generation ends after exactly ``max_new_tokens`` tokens or at the first of
+    ``stop_token_ids`` (kept, as autoregressive decoding would emit it). ``max_tokens``: cache
+    rows (default: enough for the prompt, the new tokens and one tree); a prompt that does not
+    fit raises ``ValueError``. ``progress``: a callable, called as ``progress(len(tokens so far))``
+    after each round and when the last token is out (a progress bar's hook).
+
+    Which loop runs (``GenerationResult.loop``): with a cuda target and a cuda drafter (or none,
+    for ``ar``) every round stays on the GPU (``decode.device``): the host reads back only the
+    accepted tokens, ``stage_times`` are CUDA-event times, and ``graph=True`` replays the target's
+    and drafter's forwards as CUDA graphs. Otherwise, and for ``trace=True`` (host trees per
+    round), the host loop (``decode.host``) calls each stage.
+    """
+    prompt, n_new, budget, temperature, max_tokens = check_generate_inputs(
+        target, drafter, prompt_ids, max_new_tokens, method, budget, temperature, seed, max_tokens)
+    stops = {int(s) for s in stop_token_ids}
+    if n_new > 0 and not trace and device_loop_applies(target, drafter, method):
+        from .device import generate_device          # numba.cuda only where a device loop runs
+        return generate_device(target, drafter, prompt, n_new, method, budget, temperature, seed, stops,
+                               max_tokens, progress, graph=graph)
+    return generate_host(target, drafter, prompt, n_new, method, budget, temperature, seed, stops,
+                         max_tokens, progress, trace=trace)

@@ -1,0 +1,216 @@
+"""What the decode loops share: the methods, the stage names, the result, and the bookkeeping
+of a round's output (docs/DESIGN.md §1).
+
+Shapes: N tree nodes besides the root, n accepted nodes (root included), R verify rounds.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._checks import check_int
+from ..reference.accept import splitmix64
+from ..tree import Tree
+
+METHODS = ("ddtree", "dflash", "ar")
+STAGES = ("prefill", "draft", "topk", "build", "verify", "accept", "compact")
+LOOPS = ("host", "device")
+# what a result's stage_times were measured with
+STAGE_CLOCKS = {
+    "host": "host wall clock around each stage call",
+    "cuda_events": "CUDA events recorded between the stages' launches on the round's stream",
+    "host_after_sync": "host wall clock after a sync at each stage boundary (the CUDA simulator has no events)",
+}
+
+
+@dataclass(frozen=True, eq=False)
+class RoundTrace:
+    """One round for notebooks: the tree drafted after ``bonus`` at ``start``, the target's choice
+    ``post`` [N+1] at every node, and the accepted path ``keep`` [n] (node ids, keep[0] = 0)."""
+
+    start: int
+    bonus: int
+    tree: Tree
+    post: np.ndarray
+    keep: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class GenerationResult:
+    """What ``generate`` produced and how.
+
+    tokens              [n] int32   generated tokens (prompt excluded), cut at max_new_tokens or
+                                    just after the first stop token
+    acceptance_lengths  [R] int32   per verify round, the tokens that round's target forward
+                                    accepted, *bonus included*: the round's root (the bonus token
+                                    decided by the previous forward) plus the drafted tokens accepted
+                                    after it (= len(keep); 1 for ``ar``). A last round cut short by
+                                    max_new_tokens or a stop token still counts every token it
+                                    accepted, so sum(acceptance_lengths) may exceed len(tokens);
+                                    len(tokens) / target_forwards is the output-side measure
+    accepted_depths     [R] int32   drafted tokens accepted per round (acceptance length - 1)
+    tree_sizes          [R] int32   drafted nodes verified per round (root not counted)
+    target_forwards     int         target forwards, the prefill included
+    drafter_forwards    int         drafter forwards (0 for ``ar``)
+    stage_times         dict        seconds per stage (prefill, draft, topk, build, verify, accept,
+                                    compact), measured as ``stage_clock`` says
+    elapsed_s           float       wall clock of the whole call
+    loop                str         which loop ran: "host" (stages called from Python, trees on the
+                                    host) or "device" (every round on the GPU)
+    stage_clock         str         a key of ``STAGE_CLOCKS``: what ``stage_times`` measured
+    traces              tuple | None  RoundTrace per round when ``trace=True``
+    """
+
+    method: str
+    prompt_len: int
+    tokens: np.ndarray
+    acceptance_lengths: np.ndarray
+    accepted_depths: np.ndarray
+    tree_sizes: np.ndarray
+    target_forwards: int
+    drafter_forwards: int
+    stage_times: dict
+    elapsed_s: float
+    stopped: bool
+    loop: str
+    stage_clock: str
+    traces: tuple | None = None
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return float(self.acceptance_lengths.mean()) if self.acceptance_lengths.size else 0.0
+
+    @property
+    def forwards_saved(self) -> int:
+        """Target forwards autoregressive decoding would need for these tokens (one each, the
+        prefill producing the first) minus the forwards used."""
+        return int(self.tokens.shape[0]) - self.target_forwards
+
+    def summary(self, file=sys.stdout) -> str:
+        """Mean acceptance length, forwards saved and tokens/s; printed to ``file`` (None: not
+        printed) and returned."""
+        n = int(self.tokens.shape[0])
+        rate = n / self.elapsed_s if self.elapsed_s > 0 else float("inf")
+        stages = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.stage_times.items() if v > 0)
+        text = (f"{self.method}: {n} tokens in {self.target_forwards} target forwards "
+                f"({len(self.acceptance_lengths)} rounds + prefill), mean acceptance length "
+                f"{self.mean_acceptance_length:.2f}, forwards saved {self.forwards_saved} "
+                f"({n / max(self.target_forwards, 1):.2f} tokens/forward), {rate:.1f} tokens/s"
+                f"\n  stages ({self.loop} loop, {self.stage_clock}): {stages}")
+        if file is not None:
+            print(text, file=file)
+        return text
+
+
+class RoundLog:
+    """The bookkeeping both loops do the same way: the tokens emitted so far, the stop rule, the
+    per-round statistics, the progress hook; ``result`` makes the ``GenerationResult``."""
+
+    def __init__(self, method: str, prompt_len: int, n_new: int, stops: set, progress=None):
+        self.method, self.prompt_len, self.n_new, self.stops = method, prompt_len, n_new, stops
+        self.progress = progress
+        self.tokens: list[int] = []
+        self.acceptance: list[int] = []         # [R] len(keep) per round
+        self.sizes: list[int] = []              # [R] tree nodes per round
+        self.traces: list[RoundTrace] = []
+        self.target_forwards = 0
+        self.drafter_forwards = 0
+        self.stopped = False
+
+    def _report(self) -> None:
+        if self.progress is not None:
+            self.progress(len(self.tokens))
+
+    def bonus_ends(self, bonus: int) -> bool:
+        """Before a round: the bonus is decided; if it ends generation (the last token wanted, or
+        a stop token) emit it alone and return True."""
+        if len(self.tokens) + 1 >= self.n_new or bonus in self.stops:
+            self.tokens.append(bonus)
+            self.stopped = bonus in self.stops
+            self._report()
+            return True
+        return False
+
+    def commit(self, accepted_tokens, n_accepted: int, tree_size: int) -> bool:
+        """After a round: record it and emit ``accepted_tokens`` (the bonus, then the accepted
+        drafted tokens) up to the first stop token and no further than ``n_new`` in all; True when
+        generation is over."""
+        self.acceptance.append(n_accepted)
+        self.sizes.append(tree_size)
+        self.stopped = commit_tokens(self.tokens, accepted_tokens, self.stops, self.n_new)
+        self._report()
+        return self.stopped or len(self.tokens) == self.n_new
+
+    def result(self, stage_times: dict, elapsed_s: float, loop: str, stage_clock: str,
+               trace: bool = False) -> GenerationResult:
+        acc = np.asarray(self.acceptance, np.int32)
+        return GenerationResult(
+            method=self.method, prompt_len=self.prompt_len, tokens=np.asarray(self.tokens, np.int32),
+            acceptance_lengths=acc, accepted_depths=acc - 1, tree_sizes=np.asarray(self.sizes, np.int32),
+            target_forwards=self.target_forwards, drafter_forwards=self.drafter_forwards,
+            stage_times=dict(stage_times), elapsed_s=elapsed_s, stopped=self.stopped, loop=loop,
+            stage_clock=stage_clock, traces=tuple(self.traces) if trace else None)
+
+
+def commit_tokens(out: list, tokens, stops, n_new: int) -> bool:
+    """Append a round's tokens to ``out`` up to and including the first stop token, and no
+    further than ``n_new`` tokens in all; True when a stop token ended generation."""
+    for tok in tokens:
+        out.append(tok)
+        if tok in stops:
+            return True
+        if len(out) == n_new:
+            return False
+    return False
+
+
+def round_seed(seed: int, r: int) -> int:
+    """The sampling seed of round r (0 = the prefill): splitmix64 of (seed, r), so rounds draw
+    independent tokens and ``sample_post``'s draws stay a pure function of (seed, round, node, token)."""
+    with np.errstate(over="ignore"):
+        return int(splitmix64(np.uint64(seed) ^ splitmix64(np.uint64(r))))
+
+
+def check_generate_inputs(target, drafter, prompt_ids, max_new_tokens, method, budget, temperature,
+                          seed, max_tokens):
+    """``generate``'s arguments -> (prompt [P] int32, n_new, budget, temperature, max_tokens);
+    ``ValueError`` naming the first that is wrong."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method != "ar" and drafter is None:
+        raise ValueError(f"method {method!r} needs a drafter")
+    for role, model in (("target", target), ("drafter", None if method == "ar" else drafter)):
+        if model is not None and getattr(model, "backend", None) not in ("numpy", "cuda"):
+            raise ValueError(f"the {role} must declare backend 'numpy' or 'cuda' (model.protocols."
+                             f"{role.capitalize()}), got {getattr(model, 'backend', None)!r}")
+    prompt = np.asarray(prompt_ids)
+    if prompt.ndim != 1:
+        raise ValueError(f"prompt_ids must be 1-D, got shape {prompt.shape}")
+    if prompt.shape[0] == 0:
+        raise ValueError("prompt_ids is empty: generation needs at least one prompt token")
+    if not np.issubdtype(prompt.dtype, np.integer):
+        raise ValueError(f"prompt_ids must hold integers, got dtype {prompt.dtype}")
+    vocab = target.config.vocab_size
+    if prompt.min() < 0 or prompt.max() >= vocab:
+        bad = int(prompt[(prompt < 0) | (prompt >= vocab)][0])
+        raise ValueError(f"prompt token id {bad} is out of range [0, {vocab})")
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 0)
+    budget = check_int("budget", budget, 0)
+    check_int("seed", seed, 0, 2**64 - 1)
+    temperature = float(temperature)
+    if not (np.isfinite(temperature) and temperature >= 0.0):
+        raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
+    p = prompt.shape[0]
+    if max_tokens is None:
+        tree_rows = 1 + (0 if method == "ar" else max(budget, drafter.block_size - 1))   # one verify
+        max_tokens = p + max_new_tokens + tree_rows
+    max_tokens = check_int("max_tokens", max_tokens, 1)
+    if p > max_tokens:
+        raise ValueError(f"prompt of {p} tokens is longer than the cache ({max_tokens} rows)")
+    if p + max_new_tokens > max_tokens:
+        raise ValueError(f"prompt ({p}) + max_new_tokens ({max_new_tokens}) exceed the cache "
+                         f"({max_tokens} rows)")
+    return prompt.astype(np.int32), max_new_tokens, budget, temperature, max_tokens

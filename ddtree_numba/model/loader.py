@@ -1,0 +1,255 @@
+"""Loading models, and the one place a backend is chosen.
+
+``load_target`` / ``load_drafter`` read HF-format checkpoints onto a backend; ``load_pair`` loads a
+target and its drafter together the way the command line does (``auto``: the GPU when there is
+one, else numpy, saying why); ``random_drafter`` makes a test drafter on the target's backend.
+
+Backends (``BACKENDS``): ``numpy`` runs the reference forward (``NumpyTarget`` / ``NumpyDrafter``);
+``cuda`` runs every stage as a numba.cuda kernel (``CudaTarget`` / ``CudaDrafter``, also inside
+numba's CUDA simulator), with the same ``forward`` and the same tokens; ``auto`` resolves to one of
+them (``resolve_backend``). Both backends implement ``model.protocols.Target`` / ``Drafter``; the
+cuda ones also ``DeviceTarget`` / ``DeviceDrafter``, which the GPU-resident decode loop needs. The
+cuda modules are imported only when the cuda backend is asked for, so the numpy path never
+imports numba.cuda.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..dtypes import lossless_weight_dtype
+from .checkpoint import SafetensorsIndex, expected_shapes, load_weights
+from .drafter import DrafterConfig, NumpyDrafter, drafter_shapes
+from .target import NumpyTarget
+
+BACKENDS = ("auto", "numpy", "cuda")
+
+
+class BackendUnavailable(NotImplementedError, ValueError):
+    """A backend this machine cannot run: backend='cuda' with no CUDA GPU (and no simulator)."""
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """What ``resolve_backend`` decided: ``backend`` 'numpy' or 'cuda', and ``reason`` in words."""
+
+    backend: str
+    reason: str
+
+
+def _gpu_present() -> bool:
+    from numba import cuda
+    return cuda.is_available()
+
+
+def _simulator() -> bool:
+    from numba import config as numba_config
+    return bool(numba_config.ENABLE_CUDASIM)
+
+
+def resolve_backend(backend: str = "auto") -> BackendChoice:
+    """The backend to run: ``numpy`` and ``cuda`` as asked (``cuda`` raises ``BackendUnavailable``
+    with no GPU and no simulator); ``auto`` is ``cuda`` on a real GPU and ``numpy`` otherwise,
+    including under the CUDA simulator (it is for tests; the numpy twins give the same answers,
+    faster)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "numpy":
+        return BackendChoice("numpy", "requested")
+    if backend == "cuda":
+        if not (_simulator() or _gpu_present()):
+            raise BackendUnavailable("backend='cuda' needs a CUDA GPU and none was found; use backend='numpy'")
+        return BackendChoice("cuda", "requested (the CUDA simulator)" if _simulator() else "requested")
+    if _simulator():
+        return BackendChoice("numpy", "auto: NUMBA_ENABLE_CUDASIM=1 (the simulator is for tests)")
+    if not _gpu_present():
+        return BackendChoice("numpy", "auto: no CUDA GPU found")
+    return BackendChoice("cuda", "auto: a CUDA GPU is present")
+
+
+def device_name(backend: str) -> str:
+    """The device a backend runs on, for tables and figures: the GPU's name, or the CPU's."""
+    if backend == "cuda":
+        if _simulator():
+            return "CUDA simulator"
+        try:
+            from numba import cuda
+            name = cuda.get_current_device().name
+            return name.decode() if isinstance(name, bytes) else str(name)
+        except Exception:                                      # noqa: BLE001 (a label only)
+            return "cuda"
+    return f"cpu ({platform.machine()})"
+
+
+def load_target(path: str | os.PathLike, backend: str = "numpy", progress: bool | None = None,
+                weight_dtype: str | None = None, gemm_tile=None):
+    """Load an HF-format DeepSeek-V3 / V2 / Kimi-K2 checkpoint directory (config.json + safetensors).
+
+    backend 'numpy' (a ``NumpyTarget``), 'cuda' (a ``CudaTarget``) or 'auto' (``resolve_backend``).
+    ``weight_dtype`` (cuda only): how matrices are stored on the GPU, 'float32', 'float16' or
+    'bfloat16'; None keeps the checkpoint's own dtype when every matrix has it (bf16 or fp16) and
+    float32 otherwise, so nothing is rounded. ``gemm_tile`` (cuda only): force one GEMM tile
+    (``CudaTarget``); the bits do not depend on it.
+    """
+    chosen = resolve_backend(backend).backend
+    if weight_dtype is not None and chosen != "cuda":
+        raise ValueError("weight_dtype applies to backend='cuda' only (numpy runs in float32)")
+    if gemm_tile is not None and chosen != "cuda":
+        raise ValueError("gemm_tile applies to backend='cuda' only")
+    cfg, weights = load_weights(path, progress=progress)
+    host = NumpyTarget(cfg, weights)
+    if chosen == "numpy":
+        return host
+    from .cuda_target import CudaTarget
+    if weight_dtype is None:
+        index = SafetensorsIndex(os.fspath(path))
+        stored = {index.entries[n][1]["dtype"] for n in expected_shapes(cfg)
+                  if len(index.entries[n][1]["shape"]) >= 2 and not n.endswith("mlp.gate.weight")}
+        weight_dtype = lossless_weight_dtype(stored)
+    return CudaTarget.from_host(host, weight_dtype, gemm_tile=gemm_tile)
+
+
+def _drafter_on(target, cfg: DrafterConfig, weights: dict, weight_dtype: str = "float32"):
+    """The drafter class of the target's backend, built from float32 ``weights``."""
+    if target.backend == "cuda":
+        from .cuda_drafter import CudaDrafter
+        return CudaDrafter(cfg, weights, target, weight_dtype=weight_dtype)
+    if target.backend == "numpy":
+        return NumpyDrafter(cfg, weights, target)
+    raise ValueError(f"the drafter runs on the numpy or cuda backend; the target's is {target.backend!r}")
+
+
+def load_drafter(path: str | os.PathLike, target):
+    """Load a DFlash drafter directory (config.json + safetensors) for ``target``, on its backend.
+
+    Tensor names as published (``layers.{i}.self_attn.q_proj.weight``, ``fc.weight``, ...); a
+    ``model.`` prefix is accepted too. A numpy target gets a ``NumpyDrafter``, a cuda one a
+    ``CudaDrafter``, whose matrices keep the checkpoint's dtype when every matrix is bf16 (or every
+    one fp16) and are float32 otherwise (``dtypes.lossless_weight_dtype``, the target's rule).
+    """
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise ValueError(f"drafter path {path} is not a directory")
+    if getattr(target, "backend", None) not in ("numpy", "cuda"):
+        raise ValueError(f"the drafter runs on the numpy or cuda backend; the target's is "
+                         f"{getattr(target, 'backend', None)!r}")
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = DrafterConfig.from_dict(json.load(f))
+    index = SafetensorsIndex(path)
+    weights, stored = {}, set()
+    for name, shape in drafter_shapes(cfg).items():
+        key = name if name in index else "model." + name
+        if key not in index:
+            raise ValueError(f"drafter checkpoint is missing tensor {name}")
+        weights[name] = index.float32(key, (128, 128))
+        if len(shape) >= 2:
+            stored.add(index.entries[key][1]["dtype"])
+    return _drafter_on(target, cfg, weights, lossless_weight_dtype(stored))
+
+
+def random_drafter(target, num_hidden_layers: int = 1, block_size: int = 8,
+                   target_layer_ids: tuple[int, ...] | None = None, num_attention_heads: int = 4,
+                   num_key_value_heads: int = 2, head_dim: int = 8, intermediate_size: int = 48,
+                   mask_token_id: int | None = None, seed: int = 0):
+    """A drafter with random weights for ``target`` on its backend (tests, notebooks). Unit-gain
+    projections and norm weights in [0.5, 1.5]; by default it reads the target's first and last
+    layers and uses the last token id as MASK. A cuda target's drafter stores float32 matrices."""
+    tc = target.config
+    if target_layer_ids is None:
+        target_layer_ids = tuple(sorted({0, tc.num_hidden_layers - 1}))
+    cfg = DrafterConfig(
+        hidden_size=tc.hidden_size, num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
+        head_dim=head_dim, intermediate_size=intermediate_size, rms_norm_eps=1e-6,
+        rope_theta=10000.0, block_size=block_size, target_layer_ids=tuple(target_layer_ids),
+        mask_token_id=tc.vocab_size - 1 if mask_token_id is None else mask_token_id)
+    cfg.validate()
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, shape in drafter_shapes(cfg).items():
+        if len(shape) == 1:
+            weights[name] = rng.uniform(0.5, 1.5, shape).astype(np.float32)
+        else:
+            weights[name] = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+    return _drafter_on(target, cfg, weights)
+
+
+class PairLoadError(ValueError):
+    """``load_pair`` could not load one of the two checkpoints: ``role`` is 'target' or 'drafter',
+    ``path`` its directory; the message is the loader's."""
+
+    def __init__(self, role: str, path, error: Exception):
+        super().__init__(str(error))
+        self.role, self.path = role, os.fspath(path)
+
+
+@dataclass(frozen=True)
+class LoadedPair:
+    """A target and its drafter (None for ``ar``) on one backend, how it was chosen (``fell_back``:
+    ``auto`` wanted cuda and the pair went to numpy), and the seconds each took to load."""
+
+    target: object
+    drafter: object
+    backend: str
+    reason: str
+    fell_back: bool
+    target_s: float
+    drafter_s: float
+
+    @property
+    def device(self) -> str:
+        return device_name(self.backend)
+
+
+def load_pair(target_path, drafter_path=None, backend: str = "auto", progress: bool | None = None) -> LoadedPair:
+    """Load a target (and, unless ``drafter_path`` is None, its DFlash drafter) on one backend.
+
+    ``auto`` takes the GPU when ``resolve_backend`` does; should the target or the drafter then
+    refuse the cuda backend (``BackendUnavailable``, or a drafter the cuda kernels cannot run),
+    the pair goes to numpy and ``reason`` says why. An explicit backend never falls back. A bad
+    checkpoint raises ``PairLoadError`` naming which of the two it was.
+    """
+    choice = resolve_backend(backend)
+    chosen, reason = choice.backend, choice.reason
+
+    def target_on(name):
+        try:
+            return load_target(target_path, backend=name, progress=progress)
+        except BackendUnavailable:
+            raise
+        except (ValueError, OSError) as e:
+            raise PairLoadError("target", target_path, e) from e
+
+    def drafter_for(target):
+        try:
+            return load_drafter(drafter_path, target)
+        except (ValueError, OSError) as e:   # a bad checkpoint, or one that does not fit the target
+            raise PairLoadError("drafter", drafter_path, e) from e
+
+    t0 = time.perf_counter()
+    try:
+        target = target_on(chosen)
+    except BackendUnavailable as e:
+        if backend != "auto":
+            raise
+        chosen, reason = "numpy", f"auto: {e}; falling back to numpy"
+        target = target_on(chosen)
+    t1 = time.perf_counter()
+    drafter = None
+    if drafter_path is not None:
+        try:
+            drafter = drafter_for(target)
+        except PairLoadError as e:
+            if not (backend == "auto" and chosen == "cuda"):
+                raise
+            # a drafter that is bad for any other reason fails again below, and says why
+            chosen, reason = "numpy", f"auto: the drafter on cuda: {e}; running the pair on numpy"
+            target = target_on(chosen)
+            drafter = drafter_for(target)
+    return LoadedPair(target, drafter, chosen, reason, chosen != choice.backend, t1 - t0, time.perf_counter() - t1)
