@@ -214,7 +214,7 @@ def run_demo(args) -> int:
     from .demo import (DEMO_METHODS, MethodTotals, byte_text, demo_budget, demo_metadata, demo_pair, marked_text,
                        run_demo_prompts, warm_up)
 
-    meta = demo_metadata()
+    meta = demo_metadata(args.pair)
     prompts = meta["prompts"][:args.prompts]
     if args.prompts < 1:
         raise _CliError(f"--prompts must be >= 1, got {args.prompts}")
@@ -223,7 +223,7 @@ def run_demo(args) -> int:
     if args.budget is not None and args.budget < 1:
         raise _CliError(f"--budget must be >= 1, got {args.budget}")
     t0 = time.perf_counter()
-    pair = _load_pair(*demo_pair(), args.backend, no_progress=True)
+    pair = _load_pair(*demo_pair(args.pair), args.backend, no_progress=True)
     target, drafter, backend = pair.target, pair.drafter, pair.backend
     note = f"{backend} ({pair.device})" if backend == "cuda" else (
         f"numpy ({pair.reason.removeprefix('auto: ')})" if args.backend == "auto" else "numpy")
@@ -282,10 +282,10 @@ def run_round(args) -> int:
 
 
 def _pair_paths(args):
-    """--target/--drafter, defaulting to the demo pair."""
+    """--target/--drafter, defaulting to the demo pair (--pair, or the package's)."""
     if args.target is None and args.drafter is None:
         from .demo import demo_pair
-        return demo_pair()
+        return demo_pair(args.pair)
     if args.target is None or args.drafter is None:
         raise _CliError("give both --target and --drafter, or neither (the demo pair)")
     return args.target, args.drafter
@@ -307,10 +307,10 @@ def run_sweep(args) -> int:
     if args.prompt_ids:
         prompts = [{"ids": _parse_ids("--prompt-ids", args.prompt_ids), "module": None}]
     else:
-        from .demo import DEMO_DIR, demo_metadata
-        if os.path.abspath(target_dir) != os.path.join(DEMO_DIR, "target"):
+        from .demo import demo_metadata, demo_pair
+        if os.path.abspath(target_dir) != os.path.abspath(demo_pair(args.pair)[0]):
             raise _CliError("--prompt-ids is needed with a --target other than the demo pair's")
-        prompts = demo_metadata()["prompts"]
+        prompts = demo_metadata(args.pair)["prompts"]
     if args.prompts is not None:
         if args.prompts < 1:
             raise _CliError(f"--prompts must be >= 1, got {args.prompts}")
@@ -371,6 +371,9 @@ def _add_pair_commands(sub) -> None:
                    help="ddtree budget (default: demo.json's, 64 on numpy, the most tokens/s on cuda)")
     d.add_argument("--colour", "--color", choices=["auto", "always", "never"], default="auto",
                    help="mark accepted spans in colour (auto: when stdout is a terminal)")
+    d.add_argument("--pair", metavar="DIR",
+                   help="a demo-pair directory (target/, drafter/, demo.json: what tools/train_demo.py --out "
+                        "writes); default the package's trained pair")
     d.add_argument("--no-progress", action="store_true")
     s = sub.add_parser("sweep", help="acceptance statistics: ar, the DFlash chain and ddtree at every budget",
                        description="Decode prompts (default: the demo pair's held-out prompts) greedily with ar, "
@@ -378,6 +381,9 @@ def _add_pair_commands(sub) -> None:
     s.add_argument("--out", required=True, metavar="FILE", help="statistics JSON to write")
     s.add_argument("--target", metavar="DIR", help="target checkpoint (default: the demo pair)")
     s.add_argument("--drafter", metavar="DIR", help="DFlash drafter (default: the demo pair)")
+    s.add_argument("--pair", metavar="DIR",
+                   help="a demo-pair directory (target/, drafter/, demo.json: what tools/train_demo.py --out "
+                        "writes); default the package's trained pair")
     s.add_argument("--prompt-ids", nargs="+", metavar="IDS", help="one prompt (default: the demo prompts)")
     s.add_argument("--prompts", type=int, default=None, help="use only the first N demo prompts")
     s.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512, 1024])

@@ -9,6 +9,7 @@ from numba import cuda
 
 import ddtree_numba as dd
 from ddtree_numba.model import NumpyDrafter, cuda_drafter, random_drafter
+from ddtree_numba.model.protocols import DeviceCache, DeviceDrafter, DeviceTarget, Drafter, Target
 from ddtree_numba.model.cuda_drafter import CudaDrafter, DeviceDrafterCache
 
 pytestmark = pytest.mark.kernels
@@ -39,6 +40,10 @@ def test_golden_two_drafts_match_the_twin_and_hf(targets):
     g = np.load(os.path.join(GOLDEN, "expected.npz"))
     host, dev = dd.load_drafter(GOLDEN, host_t), dd.load_drafter(GOLDEN, dev_t)
     assert isinstance(host, NumpyDrafter) and isinstance(dev, CudaDrafter)
+    # both backends implement the protocols the decode loops use; the cuda ones the device ones too
+    assert isinstance(host_t, Target) and isinstance(host, Drafter) and not isinstance(host, DeviceDrafter)
+    assert isinstance(dev_t, DeviceTarget) and isinstance(dev, DeviceDrafter)
+    assert isinstance(dev_t.new_cache(2), DeviceCache) and dev_t.backend == dev.backend == "cuda"
     assert dev.weight_dtype == "bfloat16" and dev.layers[0].q_proj.dtype == np.uint16
     assert (dev.block_size, dev.target_layer_ids, dev.mask_token_id) == (6, (0, 2), 95)
     split, feats = int(g["split"]), g["features"]

@@ -158,3 +158,34 @@ def test_random_target_runs_trees_like_paths():
         ids = np.concatenate([prefix, toks[path]])
         ref = t.forward(ids, np.arange(len(ids)), t.new_cache(16)).logits[-1]
         np.testing.assert_allclose(tree[i], ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+
+
+def test_resolve_backend_says_why(monkeypatch):
+    from numba import config as numba_config
+    from numba import cuda
+
+    from ddtree_numba.model.loader import BackendUnavailable, resolve_backend
+    monkeypatch.setattr(numba_config, "ENABLE_CUDASIM", False)
+    monkeypatch.setattr(cuda, "is_available", lambda: False)
+    choice = resolve_backend("auto")
+    assert (choice.backend, choice.reason) == ("numpy", "auto: no CUDA GPU found")
+    with pytest.raises(BackendUnavailable, match="needs a CUDA GPU"):
+        resolve_backend("cuda")
+    monkeypatch.setattr(cuda, "is_available", lambda: True)
+    assert resolve_backend("auto").backend == "cuda" and resolve_backend("numpy").backend == "numpy"
+    monkeypatch.setattr(numba_config, "ENABLE_CUDASIM", True)
+    choice = resolve_backend("auto")
+    assert choice.backend == "numpy" and "simulator" in choice.reason
+    assert resolve_backend("cuda").backend == "cuda"                 # the simulator runs the kernels
+    with pytest.raises(ValueError, match="backend must be one of"):
+        resolve_backend("tpu")
+
+
+def test_the_numpy_models_implement_the_protocols():
+    from ddtree_numba.model import DeviceDrafter, DeviceTarget, Drafter, Target, random_drafter
+    target = dd.load_target(os.path.join(DATA, "v3_noaux_tc"))
+    drafter = random_drafter(target)
+    assert isinstance(target, Target) and isinstance(drafter, Drafter)
+    assert target.backend == drafter.backend == "numpy"
+    assert not isinstance(target, DeviceTarget) and not isinstance(drafter, DeviceDrafter)
+    assert isinstance(target.new_cache(4).length, int)

@@ -207,26 +207,25 @@ def test_plots_draw_the_tables(sweep, tmp_path):
 
 
 @pytest.fixture
-def golden_demo_dir(tmp_path, monkeypatch):
+def golden_demo_dir(tmp_path):
     """A stand-in demo directory: the golden target and DFlash drafter with a demo.json."""
     d = tmp_path / "demo"
     shutil.copytree(TARGET, d / "target")
     shutil.copytree(DRAFTER, d / "drafter")
     prompts = [dict(module=f"mod{i}.py", ids=_prompt(i, 96, n=9).tolist()) for i in range(2)]
     (d / "demo.json").write_text(json.dumps(dict(prompts=prompts, target=dict(params=1), drafter=dict(params=1))))
-    monkeypatch.setattr(demo, "DEMO_DIR", str(d))
     return d
 
 
 def test_cli_demo_sweep_plot(golden_demo_dir, tmp_path, capsys):
     assert cli.main(["demo", "--backend", "numpy", "--max-new-tokens", "8", "--prompts", "2", "--budget", "4",
-                     "--no-progress", "--colour", "never"]) == 0
+                     "--no-progress", "--colour", "never", "--pair", str(golden_demo_dir)]) == 0
     out = capsys.readouterr().out
     assert "backend numpy" in out and "mod1.py" in out and "tokens equal: yes" in out
     assert "forwards saved" in out and "mean acceptance" in out
     path = tmp_path / "s.json"
     assert cli.main(["sweep", "--out", str(path), "--budgets", "2", "4", "--max-new-tokens", "6",
-                     "--backend", "numpy", "--no-progress"]) == 0
+                     "--backend", "numpy", "--no-progress", "--pair", str(golden_demo_dir)]) == 0
     s = json.loads(path.read_text())
     assert s["budgets"] == [2, 4] and len(s["prompts"]) == 2 and s["command"].startswith("ddtree-numba sweep")
     assert "DDTree 4" in capsys.readouterr().out
@@ -268,9 +267,8 @@ def test_depth_tables_need_a_budget_for_ddtree(sweep):
         stats.depth_survival(sweep, "ddtree")
 
 
-def test_cli_demo_without_the_pair_names_the_training_command(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(demo, "DEMO_DIR", str(tmp_path / "none"))
-    assert cli.main(["demo", "--backend", "numpy"]) == 2
+def test_cli_demo_without_the_pair_names_the_training_command(tmp_path, capsys):
+    assert cli.main(["demo", "--backend", "numpy", "--pair", str(tmp_path / "none")]) == 2
     assert "tools/train_demo.py" in capsys.readouterr().err
 
 

@@ -108,10 +108,9 @@ def test_demo_pair_finds_a_written_pair(smoke):
     assert demo.demo_metadata(out)["specials"]["mask"] == MASK
 
 
-def test_demo_pair_names_the_training_command_when_missing(tmp_path, monkeypatch):
-    monkeypatch.setattr(demo, "DEMO_DIR", str(tmp_path / "nowhere"))
+def test_demo_pair_names_the_training_command_when_missing(tmp_path):
     with pytest.raises(FileNotFoundError, match="tools/train_demo.py"):
-        dd.demo_pair()
+        dd.demo_pair(tmp_path / "nowhere")
     (tmp_path / "half" / "target").mkdir(parents=True)
     (tmp_path / "half" / "target" / "config.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match="drafter/config.json"):

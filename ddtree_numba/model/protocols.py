@@ -5,7 +5,8 @@ Both backends implement ``Target`` and ``Drafter``: ``NumpyTarget`` / ``NumpyDra
 model also implements the device protocols (``DeviceTarget``, ``DeviceDrafter``), which the
 GPU-resident decode loop is built from (``decode.generate`` dispatches on ``backend``, the
 declared capability, never on which methods happen to exist). A test or research drafter may be
-any object with these members.
+any object with these members. The protocols are runtime-checkable: ``isinstance(m, Target)``
+checks that the members exist (not their signatures).
 
 Shapes: T new tokens, V vocab, M hidden size, Y hidden layers requested (a drafter's
 ``target_layer_ids``), n context rows, L = block_size - 1 draft depths.
@@ -13,19 +14,21 @@ Shapes: T new tokens, V vocab, M hidden size, Y hidden layers requested (a draft
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from .config import ModelConfig
 from .target import ForwardOutput
 
+@runtime_checkable
 class Cache(Protocol):
     """A target's or drafter's cache: rows ``[0, length)`` are live."""
 
     length: int
 
 
+@runtime_checkable
 class Target(Protocol):
     backend: str                # "numpy" | "cuda" (then it is a DeviceTarget too)
     config: ModelConfig
@@ -39,6 +42,7 @@ class Target(Protocol):
         appends T rows to ``cache`` -> logits [T, V], hidden [T, Y, M] (numpy)."""
 
 
+@runtime_checkable
 class Drafter(Protocol):
     backend: str                # "numpy" | "cuda" (then it is a DeviceDrafter too)
     block_size: int             # B: the bonus token and L = B - 1 drafted positions
@@ -52,6 +56,7 @@ class Drafter(Protocol):
         -> logits [L, V] of the positions after the bonus (numpy)."""
 
 
+@runtime_checkable
 class DeviceCache(Cache, Protocol):
     """A target cache on the device (``DeviceMLACache``)."""
 
@@ -62,6 +67,7 @@ class DeviceCache(Cache, Protocol):
         (start, n) = start_n[0:2] and keep (no sync); the caller updates ``length``."""
 
 
+@runtime_checkable
 class DeviceTarget(Target, Protocol):
     """A target whose forward can be enqueued on device buffers (``CudaTarget``)."""
 
@@ -77,6 +83,7 @@ class DeviceTarget(Target, Protocol):
         ``cache.length``."""
 
 
+@runtime_checkable
 class DeviceDrafter(Drafter, Protocol):
     """A drafter whose draft can be enqueued from device inputs (``CudaDrafter``)."""
 
