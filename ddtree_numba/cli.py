@@ -91,18 +91,15 @@ def _parse_ids(what: str, words) -> list[int]:
     return ids
 
 
-def _load_pair(target_dir, drafter_dir, backend: str, no_progress: bool):
-    """``model.loader.load_pair`` with its errors as the flags that named the checkpoints; a note
-    on stderr when ``auto`` fell back to numpy."""
+def _load_pair(target_dir, drafter_dir, backend: str, no_progress: bool, names=("--target", "--drafter")):
+    """``model.loader.load_pair`` with its errors named as ``names`` name the two checkpoints."""
     from .model.loader import PairLoadError, load_pair
     try:
-        pair = load_pair(target_dir, drafter_dir, backend=backend, progress=False if no_progress else None)
+        return load_pair(target_dir, drafter_dir, backend=backend, progress=False if no_progress else None)
     except PairLoadError as e:
-        where = f"--target {e.path}" if e.role == "target" else f"--drafter {e.path} (for --target {target_dir})"
+        where = (f"{names[0]} {e.path}" if e.role == "target"
+                 else f"{names[1]} {e.path} (for {names[0]} {target_dir})")
         raise _CliError(f"{where}: {e}") from None
-    if pair.fell_back:
-        print(f"note: {pair.reason.removeprefix('auto: ')}", file=sys.stderr)
-    return pair
 
 
 def _result_json(args, res, prompt, stops, backend, load_s) -> dict:
@@ -133,6 +130,8 @@ def _result_json(args, res, prompt, stops, backend, load_s) -> dict:
         "forwards_saved": res.forwards_saved,
         "tokens_per_forward": n / max(res.target_forwards, 1),
         "stage_times_s": {k: float(v) for k, v in res.stage_times.items()},
+        "loop": res.loop,
+        "stage_clock": res.stage_clock,
         "elapsed_s": float(res.elapsed_s),
         "tokens_per_s": n / res.elapsed_s if res.elapsed_s > 0 else None,
         "load_s": load_s,
@@ -223,10 +222,11 @@ def run_demo(args) -> int:
     if args.budget is not None and args.budget < 1:
         raise _CliError(f"--budget must be >= 1, got {args.budget}")
     t0 = time.perf_counter()
-    pair = _load_pair(*demo_pair(args.pair), args.backend, no_progress=True)
+    pair = _load_pair(*demo_pair(args.pair), args.backend, no_progress=True,
+                      names=("the demo target", "the demo drafter"))
     target, drafter, backend = pair.target, pair.drafter, pair.backend
-    note = f"{backend} ({pair.device})" if backend == "cuda" else (
-        f"numpy ({pair.reason.removeprefix('auto: ')})" if args.backend == "auto" else "numpy")
+    note = f"cuda ({pair.device})" if backend == "cuda" else (
+        f"numpy ({pair.reason})" if args.backend == "auto" else "numpy")
     budget = args.budget or demo_budget(meta, backend)
     colour = {"always": True, "never": False}.get(args.colour, sys.stdout.isatty())
     print(f"ddtree-numba demo: the trained demo pair ({meta['target']['params'] / 1e6:.1f} M-parameter byte-level "
@@ -307,8 +307,8 @@ def run_sweep(args) -> int:
     if args.prompt_ids:
         prompts = [{"ids": _parse_ids("--prompt-ids", args.prompt_ids), "module": None}]
     else:
-        from .demo import demo_metadata, demo_pair
-        if os.path.abspath(target_dir) != os.path.abspath(demo_pair(args.pair)[0]):
+        from .demo import DEMO_DIR, demo_metadata
+        if os.path.abspath(target_dir) != os.path.abspath(os.path.join(args.pair or DEMO_DIR, "target")):
             raise _CliError("--prompt-ids is needed with a --target other than the demo pair's")
         prompts = demo_metadata(args.pair)["prompts"]
     if args.prompts is not None:
@@ -359,6 +359,12 @@ def run_plot(args) -> int:
     return 0
 
 
+def _add_pair_dir(parser) -> None:
+    parser.add_argument("--pair", metavar="DIR",
+                        help="a demo-pair directory (target/, drafter/, demo.json: what tools/train_demo.py --out "
+                             "writes); default the package's trained pair")
+
+
 def _add_pair_commands(sub) -> None:
     d = sub.add_parser("demo", help="the trained demo pair: ddtree vs ar on held-out code, accepted spans marked",
                        description="Generate from held-out code prompts with the trained demo pair, ddtree and "
@@ -371,9 +377,7 @@ def _add_pair_commands(sub) -> None:
                    help="ddtree budget (default: demo.json's, 64 on numpy, the most tokens/s on cuda)")
     d.add_argument("--colour", "--color", choices=["auto", "always", "never"], default="auto",
                    help="mark accepted spans in colour (auto: when stdout is a terminal)")
-    d.add_argument("--pair", metavar="DIR",
-                   help="a demo-pair directory (target/, drafter/, demo.json: what tools/train_demo.py --out "
-                        "writes); default the package's trained pair")
+    _add_pair_dir(d)
     d.add_argument("--no-progress", action="store_true")
     s = sub.add_parser("sweep", help="acceptance statistics: ar, the DFlash chain and ddtree at every budget",
                        description="Decode prompts (default: the demo pair's held-out prompts) greedily with ar, "
@@ -381,9 +385,7 @@ def _add_pair_commands(sub) -> None:
     s.add_argument("--out", required=True, metavar="FILE", help="statistics JSON to write")
     s.add_argument("--target", metavar="DIR", help="target checkpoint (default: the demo pair)")
     s.add_argument("--drafter", metavar="DIR", help="DFlash drafter (default: the demo pair)")
-    s.add_argument("--pair", metavar="DIR",
-                   help="a demo-pair directory (target/, drafter/, demo.json: what tools/train_demo.py --out "
-                        "writes); default the package's trained pair")
+    _add_pair_dir(s)
     s.add_argument("--prompt-ids", nargs="+", metavar="IDS", help="one prompt (default: the demo prompts)")
     s.add_argument("--prompts", type=int, default=None, help="use only the first N demo prompts")
     s.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512, 1024])

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .decode import generate
+
 DEMO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "demo")
 TRAIN_COMMAND = "python tools/train_demo.py --device cuda"
 _FILES = ("config.json", "model.safetensors")
@@ -176,7 +178,6 @@ class MethodTotals:
 def warm_up(target, drafter, ids, budget: int) -> float:
     """Decode a few tokens with every method the demo times, so kernel compilation stays out of
     the timed runs (it matters on cuda); returns the seconds it took."""
-    from .decode import generate
     t0 = time.perf_counter()
     generate(target, drafter, np.asarray(ids, np.int32), 8, method="ddtree", budget=budget)
     generate(target, None, np.asarray(ids, np.int32), 8, method="ar")
@@ -187,7 +188,6 @@ def run_demo_prompts(target, drafter, prompts, max_new_tokens: int, budget: int,
     """Yield a ``PromptRun`` per prompt (dicts with ``ids`` and ``module``, as ``demo_metadata()``
     holds them): greedy ddtree at ``budget`` and greedy ar. ``on_run()`` is called after each
     method's run (a progress bar's hook)."""
-    from .decode import generate
     for k, p in enumerate(prompts):
         ids = np.asarray(p["ids"], np.int32)
         results = {}

@@ -40,6 +40,7 @@ def _run_record(res, method, budget, prompt_index, equals_ar) -> dict:
         tree_sizes=res.tree_sizes.astype(int).tolist(),
         target_forwards=int(res.target_forwards), drafter_forwards=int(res.drafter_forwards),
         elapsed_s=float(res.elapsed_s), stage_times_s={k: float(v) for k, v in res.stage_times.items()},
+        loop=res.loop, stage_clock=res.stage_clock,
         equals_ar=bool(equals_ar))
 
 

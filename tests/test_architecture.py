@@ -29,7 +29,7 @@ LAYERS = [
     ("stats", "demo"),           # acceptance statistics; the demo pair and its runs
     ("plots",),                  # drawing
     ("cli",),                    # parsing and formatting
-    ("__init__", "__main__"),    # the package's face
+    ("__init__",),               # the package's face
 ]
 RANK = {component: rank for rank, names in enumerate(LAYERS) for component in names}
 

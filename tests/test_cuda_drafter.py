@@ -9,8 +9,8 @@ from numba import cuda
 
 import ddtree_numba as dd
 from ddtree_numba.model import NumpyDrafter, cuda_drafter, random_drafter
-from ddtree_numba.model.protocols import DeviceCache, DeviceDrafter, DeviceTarget, Drafter, Target
 from ddtree_numba.model.cuda_drafter import CudaDrafter, DeviceDrafterCache
+from ddtree_numba.model.protocols import DeviceCache, DeviceDrafter, DeviceTarget, Drafter, Target
 
 pytestmark = pytest.mark.kernels
 

@@ -216,8 +216,8 @@ def test_grouped_experts(rng, kind, swiglu, gather, counts):
     Ro = int(offsets[-1])
     d_out = dev(np.full((Ro, N), np.nan, np.float32))
     L.enqueue_grouped_linear(dev(x), dev(w), d_out, dev(offsets), max(counts),
-                       row_index=None if row_index is None else dev(row_index),
-                       w_up=dev(wu) if swiglu else None)
+                             row_index=None if row_index is None else dev(row_index),
+                             w_up=dev(wu) if swiglu else None)
     got = d_out.copy_to_host()
     for z in range(len(counts)):
         j = np.arange(offsets[z], offsets[z + 1])
@@ -309,7 +309,7 @@ def test_grouped_row_matches_the_plain_projection_of_that_row(rng):
     for tile_rows in (None, 2):
         d_out = dev(np.full((12, N), np.nan, np.float32))
         L.enqueue_grouped_linear(dev(x), dev(w), d_out, dev(offsets), 9, row_index=dev(row_index),
-                           tile_rows=tile_rows)
+                                 tile_rows=tile_rows)
         got = d_out.copy_to_host()
         for j, want in alone.items():
             assert_bits(got[j], want)

@@ -168,7 +168,7 @@ def test_resolve_backend_says_why(monkeypatch):
     monkeypatch.setattr(numba_config, "ENABLE_CUDASIM", False)
     monkeypatch.setattr(cuda, "is_available", lambda: False)
     choice = resolve_backend("auto")
-    assert (choice.backend, choice.reason) == ("numpy", "auto: no CUDA GPU found")
+    assert (choice.backend, choice.reason) == ("numpy", "no CUDA GPU found")
     with pytest.raises(BackendUnavailable, match="needs a CUDA GPU"):
         resolve_backend("cuda")
     monkeypatch.setattr(cuda, "is_available", lambda: True)
@@ -183,9 +183,10 @@ def test_resolve_backend_says_why(monkeypatch):
 
 def test_the_numpy_models_implement_the_protocols():
     from ddtree_numba.model import DeviceDrafter, DeviceTarget, Drafter, Target, random_drafter
+    from ddtree_numba.model.protocols import TargetCache
     target = dd.load_target(os.path.join(DATA, "v3_noaux_tc"))
     drafter = random_drafter(target)
     assert isinstance(target, Target) and isinstance(drafter, Drafter)
-    assert target.backend == drafter.backend == "numpy"
+    assert isinstance(target.new_cache(4), TargetCache) and target.backend == drafter.backend == "numpy"
     assert not isinstance(target, DeviceTarget) and not isinstance(drafter, DeviceDrafter)
     assert isinstance(target.new_cache(4).length, int)

@@ -46,6 +46,7 @@ def test_the_sweep_is_exact_and_its_table_is_the_sum_of_its_rounds(sweep):
     assert {(r["method"], r["budget"]) for r in sweep["runs"]} == {("ar", None), ("dflash", None),
                                                                     ("ddtree", 2), ("ddtree", 8), ("ddtree", 32)}
     stats.check(sweep)                                          # every method's tokens == ar's
+    assert {(r["loop"], r["stage_clock"]) for r in sweep["runs"]} == {("host", "host")}   # what timed them
     for row in stats.summary_rows(sweep):
         runs = [r for r in sweep["runs"] if r["method"] == row["method"] and r["budget"] == row["budget"]]
         acc = [a for r in runs for a in r["acceptance_lengths"]]

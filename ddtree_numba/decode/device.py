@@ -26,6 +26,7 @@ from numba import cuda
 
 from .. import kernels as kn
 from .._device import ceil_div
+from ..model.protocols import DeviceDrafter, DeviceTarget
 from .rounds import STAGES, GenerationResult, RoundLog, round_seed
 
 SIM = numba_config.ENABLE_CUDASIM
@@ -117,8 +118,8 @@ class _EventTimer:
         self.marks = self.marks[-1:] if self.marks else []
 
 
-def generate_device(target, drafter, prompt, n_new, method, budget, temperature, seed, stops,
-                    max_tokens, progress, graph=False) -> GenerationResult:
+def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prompt, n_new, method, budget,
+                    temperature, seed, stops, max_tokens, progress, graph=False) -> GenerationResult:
     """The body of ``decode.generate`` for a device target (and drafter), on checked arguments
     (prompt [P] int32, n_new >= 1, stops a set of ids)."""
     t_start = time.perf_counter()
@@ -212,7 +213,7 @@ def generate_device(target, drafter, prompt, n_new, method, budget, temperature,
         n, new_bonus, n_tree = int(rep[0]), int(rep[1]), int(rep[2])
         start += n
         tcache.length = start
-        if log.commit([bonus_h] + [int(x) for x in rep[3:2 + n]], n, n_tree):
+        if log.commit([bonus_h] + [int(x) for x in rep[3:2 + n]], n_tree):
             break
         bonus_h = new_bonus
     return log.result(timer.times, time.perf_counter() - t_start, loop="device", stage_clock=timer.clock)

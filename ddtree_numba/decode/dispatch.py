@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+from ..model.protocols import Drafter, Target
 from .host import generate_host
 from .rounds import GenerationResult, check_generate_inputs
 
 
-def device_loop_applies(target, drafter, method: str) -> bool:
+def device_loop_applies(target: Target, drafter: Drafter | None, method: str) -> bool:
     """The GPU-resident loop runs a target that declares ``backend == "cuda"`` (a ``DeviceTarget``)
     with a drafter that declares the same (a ``DeviceDrafter``), or none for ``ar``."""
     return target.backend == "cuda" and (method == "ar" or drafter.backend == "cuda")
 
 
-def generate(target, drafter, prompt_ids, max_new_tokens: int, method: str = "ddtree",
+def generate(target: Target, drafter: Drafter | None, prompt_ids, max_new_tokens: int, method: str = "ddtree",
              budget: int = 64, temperature: float = 0.0, seed: int = 0, stop_token_ids=(),
              max_tokens: int | None = None, trace: bool = False, progress=None,
              graph: bool = False) -> GenerationResult:
@@ -39,7 +40,9 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, method: str = "dd
     stops = {int(s) for s in stop_token_ids}
     if n_new > 0 and not trace and device_loop_applies(target, drafter, method):
         from .device import generate_device          # numba.cuda only where a device loop runs
-        return generate_device(target, drafter, prompt, n_new, method, budget, temperature, seed, stops,
-                               max_tokens, progress, graph=graph)
-    return generate_host(target, drafter, prompt, n_new, method, budget, temperature, seed, stops,
-                         max_tokens, progress, trace=trace)
+        return generate_device(target, drafter, prompt=prompt, n_new=n_new, method=method, budget=budget,
+                               temperature=temperature, seed=seed, stops=stops, max_tokens=max_tokens,
+                               progress=progress, graph=graph)
+    return generate_host(target, drafter, prompt=prompt, n_new=n_new, method=method, budget=budget,
+                         temperature=temperature, seed=seed, stops=stops, max_tokens=max_tokens,
+                         progress=progress, trace=trace)

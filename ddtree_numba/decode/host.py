@@ -22,6 +22,7 @@ import numpy as np
 from ..reference.accept import follow_tree, sample_post
 from ..reference.topk import topk_logprobs
 from ..reference.tree_build import build_tree
+from ..model.protocols import Drafter, Target
 from ..tree import Tree
 from .rounds import STAGES, GenerationResult, RoundLog, RoundTrace, round_seed
 
@@ -43,8 +44,8 @@ class _StageTimer:
         self.times[stage] += time.perf_counter() - t0
 
 
-def generate_host(target, drafter, prompt, n_new, method, budget, temperature, seed, stops,
-                  max_tokens, progress, trace=False) -> GenerationResult:
+def generate_host(target: Target, drafter: Drafter | None, *, prompt, n_new, method, budget, temperature, seed,
+                  stops, max_tokens, progress, trace=False) -> GenerationResult:
     """The body of ``decode.generate`` for the host loop, on checked arguments (prompt [P] int32,
     n_new >= 0, stops a set of ids)."""
     timer = _StageTimer()
@@ -95,7 +96,7 @@ def generate_host(target, drafter, prompt, n_new, method, budget, temperature, s
                 log.traces.append(RoundTrace(start, bonus, tree, post, keep))
             start += len(keep)
             accepted = [bonus] + [int(tree.tokens[j - 1]) for j in keep[1:]]
-            if log.commit(accepted, len(keep), tree.num_nodes):
+            if log.commit(accepted, tree.num_nodes):
                 break
             bonus = new_bonus
     return log.result(timer.times, time.perf_counter() - t_start, loop="host", stage_clock="host",

@@ -24,6 +24,7 @@ STAGE_CLOCKS = {
     "cuda_events": "CUDA events recorded between the stages' launches on the round's stream",
     "host_after_sync": "host wall clock after a sync at each stage boundary (the CUDA simulator has no events)",
 }
+CLOCK_WORDS = {"host": "wall clock", "cuda_events": "CUDA events", "host_after_sync": "wall clock after syncs"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,7 +100,7 @@ class GenerationResult:
                 f"({len(self.acceptance_lengths)} rounds + prefill), mean acceptance length "
                 f"{self.mean_acceptance_length:.2f}, forwards saved {self.forwards_saved} "
                 f"({n / max(self.target_forwards, 1):.2f} tokens/forward), {rate:.1f} tokens/s"
-                f"\n  stages ({self.loop} loop, {self.stage_clock}): {stages}")
+                f"\n  stages ({self.loop} loop; {CLOCK_WORDS[self.stage_clock]}): {stages}")
         if file is not None:
             print(text, file=file)
         return text
@@ -134,11 +135,11 @@ class RoundLog:
             return True
         return False
 
-    def commit(self, accepted_tokens, n_accepted: int, tree_size: int) -> bool:
+    def commit(self, accepted_tokens: list, tree_size: int) -> bool:
         """After a round: record it and emit ``accepted_tokens`` (the bonus, then the accepted
-        drafted tokens) up to the first stop token and no further than ``n_new`` in all; True when
-        generation is over."""
-        self.acceptance.append(n_accepted)
+        drafted tokens: len(keep) of them) up to the first stop token and no further than ``n_new``
+        in all; True when generation is over."""
+        self.acceptance.append(len(accepted_tokens))
         self.sizes.append(tree_size)
         self.stopped = commit_tokens(self.tokens, accepted_tokens, self.stops, self.n_new)
         self._report()

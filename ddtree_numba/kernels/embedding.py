@@ -19,6 +19,7 @@ from numba import config, cuda
 
 from .._checks import check_array
 from .._device import float32_out, is_device, launcher_result, rows_device, to_device
+from ..dtypes import STORAGE_DTYPES
 from ._widen import WIDEN, weight_kind
 from .linear import enqueue_linear
 
@@ -73,7 +74,7 @@ def embedding(ids, table, *, out=None, stream=0):
     -> x [T, M] float32. Host ids are checked for range; numpy in, numpy out.
     """
     check_array("ids", ids, 1, (np.int32, np.int64))
-    if not hasattr(table, "dtype") or np.dtype(table.dtype) not in (np.float32, np.float16, np.uint16):
+    if not hasattr(table, "dtype") or np.dtype(table.dtype) not in STORAGE_DTYPES:
         raise ValueError("table must be float32, float16 or bfloat16 bits (uint16), got "
                          f"{getattr(table, 'dtype', type(table).__name__)}")
     check_array("table", table, 2, table.dtype)

@@ -531,7 +531,7 @@ if _SIM:
     _SKINNY_SK = {1: 16, 2: 16, 4: 16, 8: 16, 16: 16, 32: 16}
     _SKINNY_NW = (2,)
     TILED = {"small": _Tiled(8, 8, 2, 2, 16, 0), "mid": _Tiled(8, 16, 2, 4, 16, 0),
-              "large": _Tiled(16, 16, 4, 4, 16, 0)}
+             "large": _Tiled(16, 16, 4, 4, 16, 0)}
     _SKINNY_MAX = 4            # more rows than this: the tiled kernel, or skinny row tiles of
     _SKINNY_TILE_ROWS = 4      # this many when the tiled grid would have fewer than
     _TILED_BLOCKS = 3          # this many blocks
@@ -542,7 +542,7 @@ else:
     _SKINNY_SK = {1: 32, 2: 32, 4: 32, 8: 32, 16: 32, 32: 32}
     _SKINNY_NW = (16, 12, 8, 6, 4, 2, 1)
     TILED = {"small": _Tiled(64, 64, 8, 8, 16, 0), "mid": _Tiled(64, 128, 8, 8, 16, 0),
-              "large": _Tiled(128, 128, 8, 8, 16, 0)}
+             "large": _Tiled(128, 128, 8, 8, 16, 0)}
     _SKINNY_MAX = 16
     _SKINNY_TILE_ROWS = 16
     _TILED_BLOCKS = 132        # one block per SM of the H200

@@ -197,7 +197,7 @@ def new_drafter_workspace(cfg: DrafterConfig, vocab: int, rows: int, block: int)
 
 class CudaDrafter:
     """A DFlash drafter whose forward runs on the GPU, bound to a ``CudaTarget`` (whose device
-    embedding and lm_head it uses). ``forward`` / ``draft`` have the numpy ``Drafter``'s
+    embedding and lm_head it uses). ``forward`` / ``draft`` have the ``NumpyDrafter``'s
     arguments and results (numpy out); ``draft_device`` keeps everything on the device."""
 
     backend = "cuda"
@@ -282,7 +282,7 @@ class CudaDrafter:
         """Append ``features``' context rows to the cache, then run the block over it.
 
         features [n, Y, M] float32 numpy (n may be 0), block_ids [B'] int (any B' >= 1) ->
-        final-normed hidden [B', M] float32 numpy, as ``Drafter.forward``.
+        final-normed hidden [B', M] float32 numpy, as ``NumpyDrafter.forward``.
         """
         self._check_host_inputs(features, block_ids, cache)
         ws = self.workspace(features.shape[0], block_ids.shape[0])
@@ -344,7 +344,7 @@ class CudaDrafter:
             calls = []
 
             def enqueue(s):
-                # _capture runs the draft once uncaptured (compiling every kernel) before it
+                # capture_graph runs the draft once uncaptured (compiling every kernel) before it
                 # captures it: that run must leave the cache length where it found it
                 first = not calls
                 calls.append(s)

@@ -1,16 +1,16 @@
 """Loading models, and the one place a backend is chosen.
 
-``load_target`` / ``load_drafter`` read HF-format checkpoints onto a backend; ``load_pair`` loads a
-target and its drafter together the way the command line does (``auto``: the GPU when there is
-one, else numpy, saying why); ``random_drafter`` makes a test drafter on the target's backend.
+``resolve_backend`` decides which backend runs; ``load_target`` reads an HF-format checkpoint onto
+it; ``load_drafter`` and ``random_drafter`` put a drafter on its target's backend; ``load_pair``
+loads the two together the way the command line does, saying which of them a bad checkpoint was.
 
 Backends (``BACKENDS``): ``numpy`` runs the reference forward (``NumpyTarget`` / ``NumpyDrafter``);
 ``cuda`` runs every stage as a numba.cuda kernel (``CudaTarget`` / ``CudaDrafter``, also inside
 numba's CUDA simulator), with the same ``forward`` and the same tokens; ``auto`` resolves to one of
-them (``resolve_backend``). Both backends implement ``model.protocols.Target`` / ``Drafter``; the
-cuda ones also ``DeviceTarget`` / ``DeviceDrafter``, which the GPU-resident decode loop needs. The
-cuda modules are imported only when the cuda backend is asked for, so the numpy path never
-imports numba.cuda.
+them and says why. Both backends implement ``model.protocols.Target`` / ``Drafter``; the cuda ones
+also ``DeviceTarget`` / ``DeviceDrafter``, which the GPU-resident decode loop needs. The cuda model
+modules are imported only when the cuda backend runs (``numpy`` never imports numba.cuda; ``auto``
+and ``cuda`` ask numba.cuda whether there is a GPU).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class BackendUnavailable(NotImplementedError, ValueError):
 
 @dataclass(frozen=True)
 class BackendChoice:
-    """What ``resolve_backend`` decided: ``backend`` 'numpy' or 'cuda', and ``reason`` in words."""
+    """What ``resolve_backend`` decided: ``backend`` 'numpy' or 'cuda', and why, in words."""
 
     backend: str
     reason: str
@@ -65,12 +65,12 @@ def resolve_backend(backend: str = "auto") -> BackendChoice:
     if backend == "cuda":
         if not (_simulator() or _gpu_present()):
             raise BackendUnavailable("backend='cuda' needs a CUDA GPU and none was found; use backend='numpy'")
-        return BackendChoice("cuda", "requested (the CUDA simulator)" if _simulator() else "requested")
+        return BackendChoice("cuda", "requested, in the CUDA simulator" if _simulator() else "requested")
     if _simulator():
-        return BackendChoice("numpy", "auto: NUMBA_ENABLE_CUDASIM=1 (the simulator is for tests)")
+        return BackendChoice("numpy", "the CUDA simulator is on, and it is for tests")
     if not _gpu_present():
-        return BackendChoice("numpy", "auto: no CUDA GPU found")
-    return BackendChoice("cuda", "auto: a CUDA GPU is present")
+        return BackendChoice("numpy", "no CUDA GPU found")
+    return BackendChoice("cuda", "a CUDA GPU is present")
 
 
 def device_name(backend: str) -> str:
@@ -191,14 +191,13 @@ class PairLoadError(ValueError):
 
 @dataclass(frozen=True)
 class LoadedPair:
-    """A target and its drafter (None for ``ar``) on one backend, how it was chosen (``fell_back``:
-    ``auto`` wanted cuda and the pair went to numpy), and the seconds each took to load."""
+    """A target and its drafter (None for ``ar``) on one backend, why that backend
+    (``resolve_backend``), and the seconds each took to load."""
 
     target: object
     drafter: object
     backend: str
     reason: str
-    fell_back: bool
     target_s: float
     drafter_s: float
 
@@ -208,48 +207,22 @@ class LoadedPair:
 
 
 def load_pair(target_path, drafter_path=None, backend: str = "auto", progress: bool | None = None) -> LoadedPair:
-    """Load a target (and, unless ``drafter_path`` is None, its DFlash drafter) on one backend.
-
-    ``auto`` takes the GPU when ``resolve_backend`` does; should the target or the drafter then
-    refuse the cuda backend (``BackendUnavailable``, or a drafter the cuda kernels cannot run),
-    the pair goes to numpy and ``reason`` says why. An explicit backend never falls back. A bad
-    checkpoint raises ``PairLoadError`` naming which of the two it was.
-    """
+    """Load a target (and, unless ``drafter_path`` is None, its DFlash drafter) on ``backend``
+    (``resolve_backend``: ``BackendUnavailable`` for a cuda that is not there). A bad checkpoint
+    raises ``PairLoadError`` naming which of the two it was."""
     choice = resolve_backend(backend)
-    chosen, reason = choice.backend, choice.reason
-
-    def target_on(name):
-        try:
-            return load_target(target_path, backend=name, progress=progress)
-        except BackendUnavailable:
-            raise
-        except (ValueError, OSError) as e:
-            raise PairLoadError("target", target_path, e) from e
-
-    def drafter_for(target):
-        try:
-            return load_drafter(drafter_path, target)
-        except (ValueError, OSError) as e:   # a bad checkpoint, or one that does not fit the target
-            raise PairLoadError("drafter", drafter_path, e) from e
-
     t0 = time.perf_counter()
     try:
-        target = target_on(chosen)
-    except BackendUnavailable as e:
-        if backend != "auto":
-            raise
-        chosen, reason = "numpy", f"auto: {e}; falling back to numpy"
-        target = target_on(chosen)
+        target = load_target(target_path, backend=choice.backend, progress=progress)
+    except BackendUnavailable:
+        raise
+    except (ValueError, OSError) as e:
+        raise PairLoadError("target", target_path, e) from e
     t1 = time.perf_counter()
     drafter = None
     if drafter_path is not None:
         try:
-            drafter = drafter_for(target)
-        except PairLoadError as e:
-            if not (backend == "auto" and chosen == "cuda"):
-                raise
-            # a drafter that is bad for any other reason fails again below, and says why
-            chosen, reason = "numpy", f"auto: the drafter on cuda: {e}; running the pair on numpy"
-            target = target_on(chosen)
-            drafter = drafter_for(target)
-    return LoadedPair(target, drafter, chosen, reason, chosen != choice.backend, t1 - t0, time.perf_counter() - t1)
+            drafter = load_drafter(drafter_path, target)
+        except (ValueError, OSError) as e:   # a bad checkpoint, or one that does not fit the target
+            raise PairLoadError("drafter", drafter_path, e) from e
+    return LoadedPair(target, drafter, choice.backend, choice.reason, t1 - t0, time.perf_counter() - t1)

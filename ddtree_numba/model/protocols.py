@@ -21,6 +21,7 @@ import numpy as np
 from .config import ModelConfig
 from .target import ForwardOutput
 
+
 @runtime_checkable
 class Cache(Protocol):
     """A target's or drafter's cache: rows ``[0, length)`` are live."""
@@ -29,14 +30,25 @@ class Cache(Protocol):
 
 
 @runtime_checkable
+class TargetCache(Cache, Protocol):
+    """A target's cache (``MLACache``, ``DeviceMLACache``): ``capacity`` rows, compacted after each
+    verify."""
+
+    capacity: int
+
+    def compact(self, start: int, keep: np.ndarray) -> None:
+        """Rows ``start + keep[i]`` move to ``start + i``; the cache ends after them (keep [n] int32)."""
+
+
+@runtime_checkable
 class Target(Protocol):
     backend: str                # "numpy" | "cuda" (then it is a DeviceTarget too)
     config: ModelConfig
 
-    def new_cache(self, max_tokens: int) -> Cache:
+    def new_cache(self, max_tokens: int) -> TargetCache:
         """An empty cache with room for ``max_tokens`` rows."""
 
-    def forward(self, ids: np.ndarray, positions: np.ndarray, cache: Cache, parents: np.ndarray | None = None,
+    def forward(self, ids: np.ndarray, positions: np.ndarray, cache: TargetCache, parents: np.ndarray | None = None,
                 hidden_layer_ids=()) -> ForwardOutput:
         """ids [T] at positions [T] after the cached rows (a tree when ``parents`` [T] is given):
         appends T rows to ``cache`` -> logits [T, V], hidden [T, Y, M] (numpy)."""
@@ -57,7 +69,7 @@ class Drafter(Protocol):
 
 
 @runtime_checkable
-class DeviceCache(Cache, Protocol):
+class DeviceCache(TargetCache, Protocol):
     """A target cache on the device (``DeviceMLACache``)."""
 
     capacity: int
@@ -69,7 +81,8 @@ class DeviceCache(Cache, Protocol):
 
 @runtime_checkable
 class DeviceTarget(Target, Protocol):
-    """A target whose forward can be enqueued on device buffers (``CudaTarget``)."""
+    """A target whose forward can be enqueued on device buffers (``CudaTarget``; a ``CudaDrafter`` is
+    bound to one and also reads its device embedding, lm_head and GEMM tile)."""
 
     def new_cache(self, max_tokens: int) -> DeviceCache:
         """An empty device cache with room for ``max_tokens`` rows."""
