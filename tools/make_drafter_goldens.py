@@ -11,9 +11,10 @@ The directory holds:
   config.json        Qwen3-style, with block_size and dflash_config {target_layer_ids, mask_token_id}
   model.safetensors  layers.{i}.self_attn.{q,k,v,o}_proj / q_norm / k_norm, input_layernorm,
                      post_attention_layernorm, mlp.{gate,up,down}_proj, fc, hidden_norm, norm (bf16)
-  expected.npz       features [P, Y, M] (the HF target's hidden states at target_layer_ids, from
-                     tests/data/v3_noaux_tc/expected.npz), split (context rows fed by the first call),
-                     block0 / block1 [B] ids, hidden0 / hidden1 [B, M] (final-normed drafter
+  expected.npz       features [P, Y, M] (the HF target's hidden_states[i + 1] at target_layer_ids
+                     i, from tests/data/v3_noaux_tc/expected.npz; layer 2 is the target's last,
+                     so its feature is final-normed, as the reference DFlash code reads it),
+                     split (context rows fed by the first call), block0 / block1 [B] ids, hidden0 / hidden1 [B, M] (final-normed drafter
                      output of each call), logits0 / logits1 [B-1, V] (through the target's lm_head)
 
 The two calls share one DynamicCache cropped back to the context after the first, as DFlash's

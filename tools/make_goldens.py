@@ -10,8 +10,8 @@ Each case directory holds:
   config.json             as a checkpoint ships it (HF >= 5 spelling, or the released one)
   model*.safetensors      HF tensor names as on disk (per-expert names), in the case's dtype
   expected.npz            ids [T], positions [T], logits [T, V] f32, hidden [T, L, M] f32
-                          (hidden[:, i] = output of decoder layer i, before the final norm,
-                          taken with a forward hook on each decoder layer)
+                          (hidden[:, i] = HF's hidden_states[i + 1]: the output of decoder layer
+                          i, and for the last layer the final-normed state)
   tree.npz                prefix_ids [P], prefix_positions [P], tree_ids [N], parents [N],
                           tree_positions [N], logits [N, V], hidden [N, L, M]: row i is the
                           last row of a causal HF forward over prefix + root-to-node-i path.
@@ -220,17 +220,11 @@ def load_run_weights(model, run):
 
 @torch.no_grad()
 def run_hf(model, ids, positions):
-    """Logits [T, V] and every decoder layer's output [T, L, M] of one causal HF forward."""
-    outs = []
-    hooks = [layer.register_forward_hook(lambda m, a, o: outs.append(o[0] if isinstance(o, tuple) else o))
-             for layer in model.model.layers]
-    try:
-        out = model(input_ids=torch.tensor(ids)[None], position_ids=torch.tensor(positions)[None],
-                    use_cache=False)
-    finally:
-        for h in hooks:
-            h.remove()
-    hidden = torch.stack([o[0] for o in outs], dim=1)
+    """Logits [T, V] and HF's ``hidden_states[1:]`` [T, L, M] of one causal HF forward: entry i is
+    decoder layer i's output, the last one after the final norm (what a DFlash drafter reads)."""
+    out = model(input_ids=torch.tensor(ids)[None], position_ids=torch.tensor(positions)[None],
+                use_cache=False, output_hidden_states=True)
+    hidden = torch.stack(out.hidden_states[1:], dim=2)[0]                  # [T, L, M]
     return out.logits[0].float().numpy(), hidden.float().numpy()
 
 

@@ -22,7 +22,8 @@ What it does, in order (every random choice seeded by ``--seed``):
 3. Drafter data: greedy continuations by the (rounded) target of training-text prefixes
    (``prefix`` text bytes, then ``seq_len - prefix`` greedy tokens, float32).
 4. Drafter: DFlash (non-causal Qwen3-style layers, block 16, the target's embedding and lm_head,
-   frozen), reading the target's decoder-layer outputs at ``target_layer_ids``. Each step takes
+   frozen), reading the target's hidden states at ``target_layer_ids`` as the reference DFlash
+   code does (HF ``hidden_states[i + 1]``: layer i's output, final-normed for the last layer). Each step takes
    sequences of the pool, random anchors ``a`` in their greedy part, the blocks
    ``[x[a], MASK x 15]`` at positions ``a .. a+15``, each block seeing the context rows ``< a`` and
    its own 16 rows (one packed attention mask), and the cross-entropy of the 15 masked positions
@@ -401,17 +402,12 @@ def greedy_pool(model, stream, rng, n, p, device):
 
 
 def target_features(model, seqs, layer_ids):
-    """The outputs of decoder layers ``layer_ids`` concatenated [b, T, Y*M] and the target's
-    greedy next token at every position [b, T], float32 (the package's numpy forward's precision)."""
-    caught = {}
-    hooks = [model.model.layers[i].register_forward_hook(
-        lambda m, a, o, i=i: caught.__setitem__(i, o[0] if isinstance(o, tuple) else o)) for i in layer_ids]
-    try:
-        logits = model(input_ids=seqs, use_cache=False).logits
-    finally:
-        for h in hooks:
-            h.remove()
-    return torch.cat([caught[i].float() for i in layer_ids], -1), logits.argmax(-1)
+    """The drafter's context features [b, T, Y*M] and the target's greedy next token at every
+    position [b, T], float32 (the package's numpy forward's precision). The feature of layer i is
+    HF's ``hidden_states[i + 1]``, as the reference DFlash code takes it: the output of decoder
+    layer i, and for the last layer the final-normed state (HF's last entry)."""
+    out = model(input_ids=seqs, use_cache=False, output_hidden_states=True)
+    return torch.cat([out.hidden_states[i + 1].float() for i in layer_ids], -1), out.logits.argmax(-1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -739,7 +735,8 @@ def model_card(meta):
         f"{dc['num_hidden_layers']} non-causal Qwen3-style layers, hidden {dc['hidden_size']}, "
         f"{dc['num_attention_heads']} query / {dc['num_key_value_heads']} KV heads of {dc['head_dim']}, "
         f"MLP {dc['intermediate_size']}, block {dc['block_size']}, MASK {MASK}, reading target layers "
-        f"{dc['dflash_config']['target_layer_ids']}. Stored {meta['export_dtype']}.",
+        f"{dc['dflash_config']['target_layer_ids']} as the reference DFlash code does (HF `hidden_states[i + 1]`: "
+        f"layer i's output, final-normed for the target's last layer). Stored {meta['export_dtype']}.",
         f"Data: {meta['pool']['train']} greedy continuations by the stored target ({meta['preset']['prefix']} "
         f"training-text bytes, then {meta['preset']['seq_len'] - meta['preset']['prefix']} greedy tokens; "
         f"{meta['pool']['seconds']:.0f} s; the cached generation agreed with the full forward's argmax on "
@@ -882,14 +879,39 @@ def _stage_flags(args):
                 dtype=args.dtype)
 
 
+def stage_record_from_demo(meta: dict) -> dict:
+    """The target stage's record, read back from a finished pair's ``demo.json`` (to train its
+    drafter again against the same target)."""
+    first = lambda command: command.split(", then ")[0]                          # noqa: E731
+    data = meta["data"]
+    heldout_mod = int(data["heldout_rule"].split("% ")[1].split(" ")[0])
+    return dict(command=first(meta["command"]), repeat=first(meta["repeat_command"]).removesuffix(" --stage target"),
+                date=meta["date"], device=meta["device"], torch=meta["torch"], transformers=meta["transformers"],
+                seed=meta["seed"], smoke=meta["smoke"], export_dtype=meta["export_dtype"], data=data,
+                prompts=meta["prompts"], experts_implementation=meta["experts_implementation"],
+                training=meta["training"]["target"], heldout_loss=meta["eval"]["target_heldout_loss"],
+                params=meta["target"]["params"], config=meta["target"]["config"],
+                seconds=meta.get("target_stage_seconds", meta["training"]["target"]["seconds"]),
+                stage_flags=dict(smoke=meta["smoke"], seed=meta["seed"], heldout_mod=heldout_mod,
+                                 no_tests=not data["include_tests"], dtype=meta["export_dtype"]))
+
+
 def load_stage_target(out, args, device):
-    """The target written by ``--stage target`` (as stored: its rounded weights), its record, and
-    the corpus, which must be the one it was trained on."""
+    """The target written by ``--stage target`` (as stored: its rounded weights), its record (from
+    ``target_stage.json``, or from a finished pair's ``demo.json``: a new drafter for the same
+    target), and the corpus, which must be the one it was trained on."""
     path = os.path.join(out, STAGE_FILE)
-    if not os.path.isfile(path) or not os.path.isfile(os.path.join(out, "target", "config.json")):
+    if not os.path.isfile(os.path.join(out, "target", "config.json")):
         raise SystemExit(f"--stage drafter needs the output of --stage target in {out} ({STAGE_FILE} and target/)")
-    with open(path) as f:
-        record = json.load(f)
+    if os.path.isfile(path):
+        with open(path) as f:
+            record = json.load(f)
+    elif os.path.isfile(os.path.join(out, "demo.json")):
+        path = os.path.join(out, "demo.json")
+        with open(path) as f:
+            record = stage_record_from_demo(json.load(f))
+    else:
+        raise SystemExit(f"--stage drafter needs the output of --stage target in {out} ({STAGE_FILE} and target/)")
     want, have = record.get("stage_flags", {}), _stage_flags(args)
     differ = {k: (want.get(k), v) for k, v in have.items() if want.get(k) != v}
     if differ:
@@ -1020,7 +1042,7 @@ def main(argv=None):
         training=dict(target=t_rec["training"], drafter=d_stats), pool=pool_info,
         eval=dict(target_heldout_loss=t_rec["heldout_loss"],
                   target_heldout_bits_per_byte=t_rec["heldout_loss"] / math.log(2), drafter=d_eval),
-        bytes=sizes, check_skipped=args.no_check)
+        bytes=sizes, check_skipped=args.no_check, target_stage_seconds=t_rec["seconds"])
     prior_seconds = t_rec["seconds"] if staged else 0.0
 
     def write(meta):

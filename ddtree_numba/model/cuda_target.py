@@ -186,7 +186,7 @@ class Workspace:
     act: object                 # [T, I] dense SwiGLU activation
     moe: object                 # MoEBuffers for T rows, or None for an all-dense model
     logits: object              # [T, V]
-    hidden: object              # [L, T, M] per-layer residual outputs (filled for requested layers)
+    hidden: object              # [L, T, M] per-layer hidden states (requested layers; ForwardOutput says which)
     mla_scratch: object = None  # MLAScratch: scores [T*H, >= S], sized by the largest cache seen
     graphs: dict = field(default_factory=dict)   # (cache id, hidden layers) -> CUDA graph exec
 
@@ -339,12 +339,15 @@ class CudaTarget:
     def _enqueue_forward(self, ws: Workspace, cache: DeviceMLACache, hidden_layer_ids, stream) -> None:
         kn.enqueue_visibility_bits(ws.parents, ws.vis_bits, stream=stream)    # ancestor bits of the new rows
         kn.enqueue_embedding(ws.ids, self.embed_tokens, ws.x, ws.n_rows, stream=stream)
+        last = len(self.layers) - 1
         for i in range(len(self.layers)):
             for _, enqueue in self.layer_stages(ws, cache, i):
                 enqueue(stream)
-            if i in hidden_layer_ids:
+            if i in hidden_layer_ids and i != last:
                 ws.hidden[i].copy_to_device(ws.x, stream=stream)
         kn.enqueue_rms_norm(ws.x, self.norm, self.config.rms_norm_eps, ws.normed, ws.n_rows, stream=stream)
+        if last in hidden_layer_ids:            # the last layer's feature is the final-normed state
+            ws.hidden[last].copy_to_device(ws.normed, stream=stream)
         kn.enqueue_linear(ws.normed, self.lm_head, ws.logits, ws.n_rows, tile=self.gemm_tile, stream=stream)
 
     def layer_stages(self, ws: Workspace, cache: DeviceMLACache, i: int):

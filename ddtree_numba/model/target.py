@@ -30,10 +30,10 @@ from .config import ModelConfig
 
 @dataclass(frozen=True)
 class ForwardOutput:
-    """logits [T, V] float32; hidden [T, Y, M] float32, the outputs of the requested decoder
-    layers, in the order requested. Layer id i is the residual stream after decoder layer i,
-    before the final norm: HF ``hidden_states[i + 1]`` for every layer but the last (transformers
-    puts the final-normed state in its last entry)."""
+    """logits [T, V] float32; hidden [T, Y, M] float32, the hidden states of the requested layers,
+    in the order requested. Layer id i gives HF transformers' ``hidden_states[i + 1]``, as the
+    reference DFlash code reads a drafter's context features: the residual stream after decoder
+    layer i, and for the last layer the final-normed state (HF's last entry)."""
 
     logits: np.ndarray
     hidden: np.ndarray
@@ -184,7 +184,7 @@ class NumpyTarget:
         cos, sin = rope_cos_sin(positions, self.rope.inv_freq, self.rope.attention_factor)  # [T, R/2]
 
         x = embedding(ids, self.embed_tokens)                                 # [T, M]
-        hidden = {}
+        hidden, last = {}, cfg.num_hidden_layers - 1
         for i, lw in enumerate(self.layers):
             # attention
             a = rms_norm(x, lw.input_layernorm, cfg.rms_norm_eps)             # [T, M]
@@ -217,7 +217,10 @@ class NumpyTarget:
             if i in layers_out:
                 hidden[i] = x.copy()
         cache.length = s1
-        logits = lm_head(rms_norm(x, self.norm, cfg.rms_norm_eps), self.lm_head)  # [T, V]
+        final = rms_norm(x, self.norm, cfg.rms_norm_eps)                     # [T, M]
+        if cfg.num_hidden_layers - 1 in layers_out:
+            hidden[cfg.num_hidden_layers - 1] = final                         # HF's last hidden_states entry
+        logits = lm_head(final, self.lm_head)                                 # [T, V]
         if layers_out:
             hid = np.stack([hidden[i] for i in layers_out], axis=1)          # [T, Y, M]
         else:
