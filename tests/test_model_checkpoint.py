@@ -3,6 +3,7 @@ hand-computed values, shards, the ignored MTP layer, and every way a checkpoint 
 
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -13,6 +14,7 @@ import ddtree_numba as dd
 from ddtree_numba.model.checkpoint import (
     SafetensorsIndex, dequant_fp8_block, load_weights, read_header)
 from ddtree_numba.dtypes import bf16_to_float32, e4m3_to_float32
+from ddtree_numba.model import ModelConfig
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 
@@ -159,13 +161,23 @@ def test_fp8_weight_without_scales(tmp_path):
         dd.load_target(path)
 
 
-def _set_dtype(path, name, dtype):
-    header, offset = read_header(path)
-    data = open(path, "rb").read()[offset:]
-    header[name]["dtype"] = dtype
+def _raw_header(path):
+    """(header with __metadata__, data bytes), read without any check (the file may be bad)."""
+    blob = open(path, "rb").read()
+    n = int.from_bytes(blob[:8], "little")
+    return json.loads(blob[8:8 + n]), blob[8 + n:]
+
+
+def _write_raw(path, header, data):
     text = json.dumps(header).encode()
     with open(path, "wb") as f:
         f.write(len(text).to_bytes(8, "little") + text + data)
+
+
+def _set_dtype(path, name, dtype):
+    header, data = _raw_header(path)
+    header[name]["dtype"] = dtype
+    _write_raw(path, header, data)
 
 
 def test_non_float_weight_and_unknown_dtype(tmp_path):
@@ -174,8 +186,11 @@ def test_non_float_weight_and_unknown_dtype(tmp_path):
     _set_dtype(p, "model.norm.weight", "I32")
     with pytest.raises(ValueError, match=r"model\.norm\.weight has dtype I32"):
         dd.load_target(path)
-    _set_dtype(p, "model.norm.weight", "F8_E5M2")
-    with pytest.raises(ValueError, match=r"model\.norm\.weight has dtype F8_E5M2"):
+    _set_dtype(p, "model.norm.weight", "F8_E5M2")               # 1 byte an element: 128 bytes are not 32 of them
+    with pytest.raises(ValueError, match=r"model\.norm\.weight: 128 bytes do not hold F8_E5M2 \[32\]"):
+        dd.load_target(path)
+    _set_dtype(p, "model.norm.weight", "F12")
+    with pytest.raises(ValueError, match=r"model\.norm\.weight: unknown dtype 'F12'"):
         dd.load_target(path)
 
 
@@ -204,3 +219,96 @@ def test_corrupt_file(tmp_path):
     (d / "model.safetensors").write_bytes((5).to_bytes(8, "little") + b"{nope")
     with pytest.raises(ValueError, match="corrupt safetensors header"):
         dd.load_target(d)
+
+
+# -- what the safetensors library would refuse, and checkpoints that disagree with their config ------
+
+def _edit_header(path, edit):
+    header, data = _raw_header(path)
+    data = edit(header, data)
+    _write_raw(path, header, data)
+
+
+def _swap_offsets(header, data):
+    """Two tensors of one size trade byte ranges: every check the old parser made still passes."""
+    a, b = "model.layers.0.input_layernorm.weight", "model.layers.0.post_attention_layernorm.weight"
+    header[a]["data_offsets"], header[b]["data_offsets"] = header[b]["data_offsets"], header[a]["data_offsets"]
+    return data
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda h, d: (h["model.norm.weight"].update(data_offsets=[h["model.norm.weight"]["data_offsets"][0] + 4,
+                                                                h["model.norm.weight"]["data_offsets"][1] + 4]), d)[1],
+     "overlaps the tensor before it|leaves a gap"),
+    (lambda h, d: d + b"\0" * 16, "the tensors end at byte"),                          # trailing bytes
+    (lambda h, d: d[:-16], "the file is truncated"),                                     # cut short
+    (lambda h, d: (h["model.norm.weight"].update(shape=[16]), d)[1], "bytes do not hold F32 \\[16\\]"),
+    (lambda h, d: (h["model.norm.weight"].update(shape=[-32]), d)[1], "not a list of non-negative integers"),
+    (lambda h, d: (h["model.norm.weight"].pop("dtype"), d)[1], "needs dtype, shape and data_offsets"),
+    (lambda h, d: (h.update(__metadata__={"format": 1}), d)[1], "__metadata__ must map names to strings"),
+])
+def test_a_header_inconsistent_with_its_data_is_refused_naming_the_file(tmp_path, edit, words):
+    """The safetensors library refuses these files; so must the package's own parser (it used to
+    load some of them and compute with the wrong bytes)."""
+    path = _rewrite(SRC, tmp_path / "ck")
+    file = os.path.join(path, "model.safetensors")
+    _edit_header(file, edit)
+    with pytest.raises(ValueError, match=words) as err:
+        dd.load_target(path)
+    assert "model.safetensors" in str(err.value)
+
+
+def test_swapped_ranges_are_consistent_and_load(tmp_path):
+    """A header whose ranges are consistent loads: the checks above refuse what is malformed, not
+    what is merely unusual (two tensors stored in the other order)."""
+    path = _rewrite(SRC, tmp_path / "ck")
+    _edit_header(os.path.join(path, "model.safetensors"), _swap_offsets)
+    dd.load_target(path)
+
+
+def test_tensors_the_config_does_not_read_are_refused(tmp_path):
+    """Fewer layers in config.json than in the weights: the rest used to be ignored, and the
+    model ran as a different, garbage-producing one."""
+    path = _rewrite(SRC, tmp_path / "ck", edit_config=lambda c: c.update(num_hidden_layers=2))
+    with pytest.raises(ValueError, match=r"holds tensor model\.layers\.2\..* \(and \d+ more\), which the config "
+                                         r"does not read.*num_hidden_layers=2"):
+        dd.load_target(path)
+    stray = _rewrite(SRC, tmp_path / "stray", lambda t: t.update({"model.extra.weight": t["model.norm.weight"]}))
+    with pytest.raises(ValueError, match=r"holds tensor model\.extra\.weight, which the config does not read"):
+        dd.load_target(stray)
+
+
+def test_the_mtp_layer_deepseek_ships_is_the_one_exception():
+    """v3_released carries a multi-token-prediction layer at index num_hidden_layers, declared by
+    num_nextn_predict_layers: it loads (the layer is not run)."""
+    cfg = ModelConfig.from_json(os.path.join(DATA, "v3_released"))
+    assert cfg.num_nextn_predict_layers == 1
+    index = SafetensorsIndex(os.path.join(DATA, "v3_released"))
+    assert any(n.startswith(f"model.layers.{cfg.num_hidden_layers}.") for n in index.entries)
+    dd.load_target(os.path.join(DATA, "v3_released"))
+
+
+@pytest.mark.parametrize("name", ["model.layers.1.mlp.gate.e_score_correction_bias", "model.norm.weight",
+                                  "model.layers.0.self_attn.kv_b_proj.weight"])
+def test_a_non_finite_weight_is_named_at_load(tmp_path, name):
+    """A NaN in the router bias changes which experts run, not the logits' finiteness: it used
+    to pass silently. Every weight is checked at load, small or large."""
+    def poison(t):
+        w = t[name].copy()
+        w.reshape(-1)[3] = np.nan
+        t[name] = w
+    path = _rewrite(SRC, tmp_path / "ck", poison)
+    with pytest.raises(ValueError, match=rf"tensor {re.escape(name)} holds 1 non-finite values"):
+        dd.load_target(path)
+
+
+def test_config_json_errors_name_the_file(tmp_path):
+    path = _rewrite(SRC, tmp_path / "ck")
+    with open(os.path.join(path, "config.json"), "w") as f:
+        f.write("{not json")
+    with pytest.raises(ValueError, match=r"config\.json is not valid JSON"):
+        dd.load_target(path)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({"model_type": "deepseek_v3"}, f)
+    with pytest.raises(ValueError, match=r"config\.json: config has no vocab_size, hidden_size"):
+        dd.load_target(path)

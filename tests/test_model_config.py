@@ -49,18 +49,31 @@ def test_yarn_without_factor_uses_the_context_ratio_as_transformers_does():
     assert cfg.rope_scaling.beta_fast == 32.0 and cfg.rope_scaling.beta_slow == 1.0
 
 
+# The shape keys, as DeepSeek-V3 ships them: a config.json must give these (no default is taken).
+V3_SHAPES = dict(vocab_size=129280, hidden_size=7168, num_hidden_layers=61, num_attention_heads=128,
+                 kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
+
+
 def test_family_defaults_are_those_of_the_hf_implementations():
-    v3 = ModelConfig.from_dict({"model_type": "deepseek_v3"})
+    v3 = ModelConfig.from_dict({"model_type": "deepseek_v3", **V3_SHAPES})
     assert (v3.scoring_func, v3.topk_method, v3.norm_topk_prob) == ("sigmoid", "noaux_tc", True)
-    assert (v3.hidden_size, v3.num_hidden_layers, v3.n_routed_experts, v3.n_group, v3.topk_group) == (7168, 61, 256, 8, 4)
-    assert (v3.q_lora_rank, v3.kv_lora_rank, v3.routed_scaling_factor, v3.first_k_dense_replace) == (1536, 512, 2.5, 3)
+    assert (v3.n_routed_experts, v3.n_group, v3.topk_group) == (256, 8, 4)
+    assert (v3.q_lora_rank, v3.routed_scaling_factor, v3.first_k_dense_replace) == (1536, 2.5, 3)
     assert v3.rope_interleave is True and v3.tie_word_embeddings is False
-    kimi = ModelConfig.from_dict({"model_type": "kimi_k2"})
+    kimi = ModelConfig.from_dict({"model_type": "kimi_k2", **V3_SHAPES})
     assert (kimi.scoring_func, kimi.topk_method) == ("sigmoid", "noaux_tc")
-    v2 = ModelConfig.from_dict({"model_type": "deepseek_v2"})
+    v2 = ModelConfig.from_dict({"model_type": "deepseek_v2", **V3_SHAPES})
     assert (v2.scoring_func, v2.topk_method, v2.norm_topk_prob) == ("softmax", "greedy", False)
     assert (v2.routed_scaling_factor, v2.first_k_dense_replace, v2.n_shared_experts) == (1.0, 0, 2)
-    assert (v2.hidden_size, v2.num_hidden_layers, v2.moe_intermediate_size) == (4096, 32, 1407)
+    assert v2.moe_intermediate_size == 1407
+
+
+@pytest.mark.parametrize("key", sorted(V3_SHAPES))
+def test_a_shape_key_is_never_defaulted(key):
+    """A config.json without hidden_size (or any key a tensor's shape follows from) is refused,
+    naming it, instead of taking DeepSeek-V3's value and failing later on a shape."""
+    with pytest.raises(ValueError, match=f"config has no {key}"):
+        ModelConfig.from_dict({k: v for k, v in V3_SHAPES.items() if k != key})
 
 
 def test_null_q_lora_rank_and_unknown_keys():

@@ -11,6 +11,7 @@ decoded through a 256-entry table and multiplied by their ``weight_scale_inv`` b
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 
@@ -23,6 +24,10 @@ _PLAIN = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I64": np.int
           "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 _RAW = {"BF16": np.uint16, "F8_E4M3": np.uint8}
 _FLOATS = ("F32", "F16", "F64", "BF16", "F8_E4M3")
+# bytes per element of every safetensors dtype (the header's sizes are checked against them)
+_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
+             "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+HEADER_MAX = 100_000_000     # the safetensors library's own limit on the header's length
 
 
 def dequant_fp8_block(raw: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int]) -> np.ndarray:
@@ -42,20 +47,55 @@ def dequant_fp8_block(raw: np.ndarray, scale_inv: np.ndarray, block: tuple[int, 
 
 
 def read_header(path: str) -> tuple[dict, int]:
-    """(header dict without ``__metadata__``, byte offset where the data starts)."""
+    """(header dict without ``__metadata__``, byte offset where the data starts), after checking
+    everything the safetensors library checks: a JSON object of at most HEADER_MAX bytes, every
+    tensor's dtype known, its shape a list of non-negative integers, its byte count
+    dtype x shape, and the tensors' byte ranges tiling the data section exactly (no gap, no
+    overlap, nothing past the end of the file, nothing after the last tensor)."""
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) != 8:
             raise ValueError(f"{path} is not a safetensors file (shorter than 8 bytes)")
         (n,) = struct.unpack("<Q", head)
         size = os.path.getsize(path)
-        if n > size - 8:
-            raise ValueError(f"{path} is not a safetensors file (header length {n} > file size)")
+        if n > HEADER_MAX or n > size - 8:
+            raise ValueError(f"{path} is not a safetensors file (header length {n} with {size} bytes in the file)")
         try:
             header = json.loads(f.read(n))
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise ValueError(f"{path} has a corrupt safetensors header: {err}") from None
-    header.pop("__metadata__", None)
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: the safetensors header is not a JSON object")
+    meta = header.pop("__metadata__", None)
+    if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+        raise ValueError(f"{path}: __metadata__ must map names to strings")
+    spans = []
+    for name, entry in header.items():
+        where = f"{path}: tensor {name}"
+        if not (isinstance(entry, dict) and {"dtype", "shape", "data_offsets"} <= set(entry)):
+            raise ValueError(f"{where}: a header entry needs dtype, shape and data_offsets")
+        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if dtype not in _ITEMSIZE:
+            raise ValueError(f"{where}: unknown dtype {dtype!r}")
+        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+            raise ValueError(f"{where}: shape {shape!r} is not a list of non-negative integers")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+                and 0 <= offsets[0] <= offsets[1]):
+            raise ValueError(f"{where}: data_offsets {offsets!r} is not [begin, end] with 0 <= begin <= end")
+        want = math.prod(shape) * _ITEMSIZE[dtype]
+        if offsets[1] - offsets[0] != want:
+            raise ValueError(f"{where}: {offsets[1] - offsets[0]} bytes do not hold {dtype} {shape} ({want} bytes)")
+        spans.append((offsets[0], offsets[1], name))
+    end = 0
+    for begin, stop, name in sorted(spans):
+        if begin != end:
+            what = "overlaps the tensor before it" if begin < end else f"leaves a gap of {begin - end} bytes"
+            raise ValueError(f"{path}: tensor {name} starts at byte {begin} of the data and {what}")
+        end = stop
+    data = size - 8 - n
+    if end != data:
+        raise ValueError(f"{path}: the tensors end at byte {end} of the data section, which holds {data} bytes"
+                         + (" (the file is truncated)" if end > data else ""))
     return header, 8 + n
 
 
@@ -100,10 +140,8 @@ class SafetensorsIndex:
         if np_dtype is None:
             raise ValueError(f"tensor {name} has dtype {dtype}, which this loader cannot read")
         shape = tuple(entry["shape"])
-        start, end = entry["data_offsets"]
-        count = int(np.prod(shape, dtype=np.int64))
-        if end - start != count * np.dtype(np_dtype).itemsize:
-            raise ValueError(f"tensor {name}: {end - start} bytes do not hold {dtype} {list(shape)}")
+        start = entry["data_offsets"][0]
+        count = math.prod(shape)                  # read_header checked the byte count against it
         if count == 0:
             return np.zeros(shape, dtype=np_dtype), dtype
         mm = np.memmap(path, dtype=np_dtype, mode="r", offset=offset + start, shape=(count,))
@@ -178,13 +216,26 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 PROGRESS_BYTES = 256 << 20
 
 
+def unread_tensors(cfg: ModelConfig, index: "SafetensorsIndex", shapes: dict) -> list[str]:
+    """Tensors of the checkpoint the forward does not read, besides the known ones: the block
+    scales of fp8 weights it reads, and DeepSeek's multi-token-prediction layers (indices
+    ``num_hidden_layers .. + num_nextn_predict_layers - 1``, which greedy decoding does not use),
+    recognised by their own ``eh_proj`` projection, so that a decoder layer the config leaves
+    out is never taken for one."""
+    mtp = tuple(p for p in (f"model.layers.{cfg.num_hidden_layers + k}." for k in range(cfg.num_nextn_predict_layers))
+                if p + "eh_proj.weight" in index)
+    known = set(shapes) | {n + "_scale_inv" for n in shapes}
+    return sorted(n for n in index.entries if n not in known and not n.startswith(mtp))
+
+
 def load_weights(path: str | os.PathLike, cfg: ModelConfig | None = None,
                  progress: bool | None = None) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     """Read config.json and every tensor the forward needs, as float32, keyed by HF name.
 
-    Tensors of layers past ``num_hidden_layers`` (the MTP layer) and anything else the forward
-    does not read are skipped. A missing tensor or a shape the config disagrees with raises
-    ``ValueError`` naming the tensor. ``progress`` None shows a bar above PROGRESS_BYTES.
+    A checkpoint that disagrees with its config is refused with a ``ValueError`` naming the
+    tensor: one missing, a shape the config does not imply, one the forward would not read (the
+    MTP layer DeepSeek ships, ``num_nextn_predict_layers``, is the one exception: skipped), or a
+    weight holding NaN or infinity. ``progress`` None shows a bar above PROGRESS_BYTES.
     """
     path = os.fspath(path)
     if not os.path.isdir(path):
@@ -200,6 +251,12 @@ def load_weights(path: str | os.PathLike, cfg: ModelConfig | None = None,
         got = tuple(index.entries[name][1]["shape"])
         if got != shape:
             raise ValueError(f"tensor {name} has shape {list(got)}; the config implies {list(shape)}")
+    extra = unread_tensors(cfg, index, shapes)
+    if extra:
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise ValueError(f"checkpoint holds tensor {extra[0]}{more}, which the config does not read: config.json "
+                         f"and the weights disagree (num_hidden_layers={cfg.num_hidden_layers}, "
+                         f"n_routed_experts={cfg.n_routed_experts}, topk_method={cfg.topk_method!r})")
     total = sum(index.nbytes(n) for n in shapes)
     if progress is None:
         progress = total > PROGRESS_BYTES
@@ -212,7 +269,9 @@ def load_weights(path: str | os.PathLike, cfg: ModelConfig | None = None,
     weights = {}
     try:
         for name in names:
-            weights[name] = index.float32(name, block)
+            weights[name] = w = index.float32(name, block)
+            if not np.isfinite(w).all():
+                raise ValueError(f"tensor {name} holds {int((~np.isfinite(w)).sum())} non-finite values (NaN or inf)")
             if bar is not None:
                 bar.update(index.nbytes(name))
     finally:

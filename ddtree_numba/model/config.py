@@ -72,6 +72,7 @@ class ModelConfig:
     rope_theta: float
     rope_scaling: RopeScaling | None
     weight_block_size: tuple[int, int] | None = None   # from quantization_config (fp8 checkpoints)
+    num_nextn_predict_layers: int = 0                  # DeepSeek's MTP layers after the last (not run)
 
     # -- derived sizes ---------------------------------------------------------------------
     @property
@@ -96,6 +97,10 @@ class ModelConfig:
             )
         defaults = _FAMILY_DEFAULTS[model_type]
         _refuse_unsupported(d)
+        missing = [k for k in ESSENTIAL if d.get(k) is None]
+        if missing:
+            raise ValueError(f"config has no {', '.join(missing)}: the tensors' shapes follow from "
+                             f"{'it' if len(missing) == 1 else 'them'}, so no default is taken")
 
         def get(key):
             value = d.get(key)
@@ -104,7 +109,8 @@ class ModelConfig:
         rope_theta, rope_scaling = _parse_rope(d, defaults)
         kwargs = {f.name: None for f in dataclasses.fields(cls)}
         for key in kwargs:
-            if key in ("model_type", "rope_theta", "rope_scaling", "weight_block_size", "q_lora_rank"):
+            if key in ("model_type", "rope_theta", "rope_scaling", "weight_block_size", "q_lora_rank",
+                       "num_nextn_predict_layers"):
                 continue
             kwargs[key] = get(key)
         kwargs.update(
@@ -113,6 +119,7 @@ class ModelConfig:
             rope_theta=float(rope_theta),
             rope_scaling=rope_scaling,
             weight_block_size=_parse_quantization(d.get("quantization_config")),
+            num_nextn_predict_layers=d.get("num_nextn_predict_layers") or 0,
         )
         cfg = cls(**_coerce(kwargs))
         cfg.validate()
@@ -127,7 +134,14 @@ class ModelConfig:
         if not os.path.exists(path):
             raise ValueError(f"no config.json at {path}")
         with open(path) as f:
-            return cls.from_dict(json.load(f))
+            try:
+                d = json.load(f)
+            except (UnicodeDecodeError, json.JSONDecodeError) as err:
+                raise ValueError(f"{path} is not valid JSON: {err}") from None
+        try:
+            return cls.from_dict(d)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
 
     def to_dict(self) -> dict:
         """The config in the released-checkpoint spelling (``rope_theta`` + ``rope_scaling``)."""
@@ -231,19 +245,16 @@ class ModelConfig:
 # Defaults of each family's own HF implementation. deepseek_v3 (and kimi_k2, which ships with the
 # DeepSeek-V3 code): sigmoid scores + e_score_correction_bias, noaux_tc group routing, normalised
 # top-k weights. deepseek_v2: softmax scores, greedy top-k, no normalisation.
+# The shape keys of ESSENTIAL have no default here: a config.json must give them.
 _V3 = dict(
-    vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
-    num_hidden_layers=61, num_attention_heads=128, q_lora_rank=1536, kv_lora_rank=512,
-    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=256,
+    intermediate_size=18432, moe_intermediate_size=2048, q_lora_rank=1536, n_routed_experts=256,
     n_shared_experts=1, num_experts_per_tok=8, n_group=8, topk_group=4, topk_method="noaux_tc",
     scoring_func="sigmoid", norm_topk_prob=True, routed_scaling_factor=2.5,
     first_k_dense_replace=3, moe_layer_freq=1, rms_norm_eps=1e-6, tie_word_embeddings=False,
     rope_interleave=True, max_position_embeddings=4096, rope_theta=10000.0,
 )
 _V2 = dict(
-    vocab_size=102400, hidden_size=4096, intermediate_size=11008, moe_intermediate_size=1407,
-    num_hidden_layers=32, num_attention_heads=32, q_lora_rank=1536, kv_lora_rank=512,
-    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=64,
+    intermediate_size=11008, moe_intermediate_size=1407, q_lora_rank=1536, n_routed_experts=64,
     n_shared_experts=2, num_experts_per_tok=6, n_group=1, topk_group=1, topk_method="greedy",
     scoring_func="softmax", norm_topk_prob=False, routed_scaling_factor=1.0,
     first_k_dense_replace=0, moe_layer_freq=1, rms_norm_eps=1e-6, tie_word_embeddings=False,
@@ -251,11 +262,15 @@ _V2 = dict(
 )
 _FAMILY_DEFAULTS = {"deepseek_v3": _V3, "kimi_k2": _V3, "deepseek_v2": _V2}
 
+# Keys that fix tensor shapes: a config.json without one of them is refused, never defaulted.
+ESSENTIAL = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank",
+             "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
 _INT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
                "num_hidden_layers", "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim",
                "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "n_shared_experts",
                "num_experts_per_tok", "n_group", "topk_group", "first_k_dense_replace",
-               "moe_layer_freq", "max_position_embeddings")
+               "moe_layer_freq", "max_position_embeddings", "num_nextn_predict_layers")
 
 
 def _coerce(kwargs):
