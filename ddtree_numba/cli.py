@@ -58,6 +58,13 @@ class _CliError(Exception):
     """Bad input to a command: printed as one line, exit status 2."""
 
 
+def _check_writable(flag: str, path: str, work: str) -> None:
+    """Refuse an output file that cannot be written before the ``work`` starts, not after it."""
+    where = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(where) or not os.access(where, os.W_OK) or os.path.isdir(path):
+        raise _CliError(f"{flag} {path}: cannot write a file there (checked before the {work} starts)")
+
+
 def _parse_ids(what: str, words) -> list[int]:
     """Token ids from ``words`` (argparse's list): ``1,2,3``, ``1 2 3``, or one file of ids
     (separated by commas and/or whitespace, or a JSON list)."""
@@ -151,6 +158,8 @@ def run_generate(args) -> int:
     for flag, value, low in (("--max-new-tokens", args.max_new_tokens, 0), ("--budget", args.budget, 1)):
         if value < low:
             raise _CliError(f"{flag} must be >= {low}, got {value}")
+    if args.json:
+        _check_writable("--json", args.json, "run")
     if args.method == "ar" and args.drafter is not None:
         print("note: --method ar does not use the drafter; --drafter is ignored", file=sys.stderr)
     prompt = _parse_ids("--prompt-ids", args.prompt_ids)
@@ -174,7 +183,8 @@ def run_generate(args) -> int:
             bar.update(n - bar.n)
         res = generate(target, drafter, np.asarray(prompt, np.int32), args.max_new_tokens,
                        method=args.method, budget=args.budget, temperature=args.temperature,
-                       seed=args.seed, stop_token_ids=sorted(stops), progress=progress)
+                       seed=args.seed, stop_token_ids=sorted(stops), progress=progress,
+                       allow_long_context=args.allow_long_context)
 
     print(f"prompt ({len(prompt)}): {','.join(map(str, prompt))}")
     ended = f", ended at stop id {int(res.tokens[-1])}" if res.stopped else ""
@@ -205,6 +215,8 @@ def _add_generate_parser(sub) -> None:
     g.add_argument("--backend", choices=["auto", "numpy", "cuda"], default="auto",
                    help="auto: cuda when a GPU is present and the cuda backend is provided, else numpy")
     g.add_argument("--json", metavar="FILE", help="write every statistic of the run to FILE as JSON")
+    g.add_argument("--allow-long-context", action="store_true",
+                   help="run past the target's max_position_embeddings (with a warning) instead of refusing")
     g.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
 
 def run_demo(args) -> int:
@@ -295,9 +307,7 @@ def run_sweep(args) -> int:
     from .stats import acceptance_sweep, format_table
 
     target_dir, drafter_dir = _pair_paths(args)
-    out_dir = os.path.dirname(os.path.abspath(args.out))
-    if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK) or os.path.isdir(args.out):
-        raise _CliError(f"--out {args.out}: cannot write a file there (checked before the sweep starts)")
+    _check_writable("--out", args.out, "sweep")
     if len(set(args.budgets)) != len(args.budgets):
         raise _CliError(f"--budgets must be distinct, got {args.budgets}")
     if args.max_new_tokens < 1:
@@ -351,6 +361,9 @@ def run_plot(args) -> int:
     bench = read(args.verify_bench, "--verify-bench")
     if bench is not None and not isinstance(bench, dict):
         raise _CliError(f"--verify-bench {args.verify_bench}: not a JSON object of nodes and ms")
+    if os.path.isdir(args.out) and os.listdir(args.out) and not args.overwrite:
+        raise _CliError(f"--out {args.out} is not empty (the committed figures/ is made this way): give "
+                        "another directory, or --overwrite")
     written = write_figures(stats, args.out, cost_stats=cost, verify_bench=bench,
                             command="ddtree-numba " + " ".join(args.argv))
     for name, _ in written:
@@ -396,7 +409,9 @@ def _add_pair_commands(sub) -> None:
     p = sub.add_parser("plot", help="figures from a sweep's statistics JSON",
                        description="Write the acceptance figures (PNG) and their captions (README.md).")
     p.add_argument("stats", metavar="STATS", help="statistics JSON from `ddtree-numba sweep`")
-    p.add_argument("--out", default="figures", metavar="DIR", help="output directory (default figures/)")
+    p.add_argument("--out", default="ddtree_figures", metavar="DIR",
+                   help="output directory, new or empty (default ddtree_figures/)")
+    p.add_argument("--overwrite", action="store_true", help="write into a directory that holds files already")
     p.add_argument("--cost", metavar="FILE", help="a sweep run on the GPU: the verify-time and tokens/s figure")
     p.add_argument("--verify-bench", metavar="FILE",
                    help="verify-forward times of a larger target (benchmarks/verify_forward.py --json)")

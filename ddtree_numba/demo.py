@@ -187,13 +187,17 @@ def warm_up(target, drafter, ids, budget: int) -> float:
 def run_demo_prompts(target, drafter, prompts, max_new_tokens: int, budget: int, on_run=None):
     """Yield a ``PromptRun`` per prompt (dicts with ``ids`` and ``module``, as ``demo_metadata()``
     holds them): greedy ddtree at ``budget`` and greedy ar. ``on_run()`` is called after each
-    method's run (a progress bar's hook)."""
+    method's run (a progress bar's hook). On the numpy backend BLAS runs one thread: the demo's
+    matrices are small, and a second thread on a shared core made it ten times slower (measured:
+    7 s against 68 s on 2 cores with another process busy)."""
+    from threadpoolctl import threadpool_limits
     for k, p in enumerate(prompts):
         ids = np.asarray(p["ids"], np.int32)
         results = {}
         for method in DEMO_METHODS:
-            results[method] = generate(target, drafter if method == "ddtree" else None, ids, max_new_tokens,
-                                       method=method, budget=budget)
+            with threadpool_limits(1 if target.backend == "numpy" else None, user_api="blas"):
+                results[method] = generate(target, drafter if method == "ddtree" else None, ids, max_new_tokens,
+                                           method=method, budget=budget)
             if on_run is not None:
                 on_run()
         yield PromptRun(k, p.get("module"), ids, results)
@@ -232,8 +236,14 @@ class SyntheticRound:
 def synthetic_round(backend: str, depths: int, vocab: int, budget: int, seed: int) -> SyntheticRound:
     """Top-K, best-first build, visibility, a target that agrees with the drafter for a while,
     acceptance and cache compaction, on ``backend``'s stage functions ('numpy': the twins; 'cuda':
-    the kernels), held to the numpy twins."""
+    the kernels), held to the numpy twins. depths >= 1, vocab >= 4 (the synthetic drafter has a
+    favourite and three runner-ups), budget >= 1."""
     from . import reference as ref
+    from ._checks import check_int
+    check_int("depths", depths, 1)
+    check_int("vocab", vocab, 4)
+    check_int("budget", budget, 1)
+    check_int("seed", seed, 0)
     stages = ref
     if backend == "cuda":
         from . import kernels as stages

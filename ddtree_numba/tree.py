@@ -78,3 +78,8 @@ class Tree:
 
     def __repr__(self) -> str:
         return f"Tree(N={self.num_nodes}, max_depth={int(self.depths.max(initial=0))})"
+
+    def _repr_html_(self) -> str:
+        """Jupyter: the tree as text (``format``); ``plots.draw_tree`` draws it."""
+        import html
+        return f"<pre>{html.escape(repr(self))}\n{html.escape(self.format())}</pre>"

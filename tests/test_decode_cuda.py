@@ -27,7 +27,7 @@ CHECKPOINTS = ["v3_noaux_tc", "v2_greedy_f16", "kimi_fp8", "v3_bf16_tied", "v3_n
 N_NEW = 40 if REAL_GPU else 4
 # The simulator spends ~20 s on a forward: there, one DDTree run against the numpy backend's
 # tokens (prefill + two rounds); the rest on a GPU.
-METHODS = [("ddtree", 8), ("dflash", 0)] if REAL_GPU else [("ddtree", 8)]
+METHODS = [("ddtree", 8), ("dflash", 1)] if REAL_GPU else [("ddtree", 8)]
 
 
 @pytest.mark.gpu   # the simulator runs the GPU-resident loop below; this is the host loop on cuda

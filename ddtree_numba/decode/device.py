@@ -18,6 +18,7 @@ the drafter reads, M hidden size, P prompt tokens, L = B-1 draft depths, K ranks
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -37,10 +38,11 @@ THREADS = 128
 
 @cuda.jit
 def _verify_inputs_kernel(bonus, tokens, depths, tree_parents, n_nodes, start, ids, positions,
-                          parents, meta):
+                          parents, meta, report):
     """The verify forward's inputs for the tree after ``bonus`` at cache row ``start``:
     ids = [bonus, tokens], positions = start + [0, depths], parents = the tree's, then a chain
-    over the unused rows; meta = (start, N + 1). ``n_nodes`` [1] int32 device (0: no tree)."""
+    over the unused rows; meta = (start, N + 1); the report's non-finite flag cleared.
+    ``n_nodes`` [1] int32 device (0: no tree)."""
     i = cuda.grid(1)
     t = n_nodes[0] + 1
     if i < ids.shape[0]:
@@ -50,6 +52,7 @@ def _verify_inputs_kernel(bonus, tokens, depths, tree_parents, n_nodes, start, i
             parents[0] = -1
             meta[0] = start
             meta[1] = t
+            report[3] = 0
         elif i < t:
             ids[i] = tokens[i - 1]
             positions[i] = start + depths[i - 1]
@@ -61,10 +64,21 @@ def _verify_inputs_kernel(bonus, tokens, depths, tree_parents, n_nodes, start, i
 
 
 @cuda.jit
+def _nonfinite_kernel(x, meta, report):
+    """report[3] = 1 when a live row of x (rows < meta[1]) holds NaN or infinity: x is the verify
+    forward's logits."""
+    i, c = cuda.grid(2)
+    if i < meta[1] and c < x.shape[1]:
+        v = x[i, c]
+        if math.isnan(v) or math.isinf(v):
+            report[3] = 1
+
+
+@cuda.jit
 def _after_accept_kernel(keep, info, tokens, n_nodes, start, start_n, n_new, bonus, report):
     """After ``follow_tree``: start_n = (start, n) for the cache compaction, n_new = n context
-    rows for the drafter, bonus = the new bonus, and report = [n, new bonus, N, accepted
-    tokens...] for the host (``tokens[keep[j] - 1]``, j = 1 .. n-1)."""
+    rows for the drafter, bonus = the new bonus, and report = [n, new bonus, N, non-finite flag,
+    accepted tokens...] for the host (``tokens[keep[j] - 1]``, j = 1 .. n-1)."""
     j = cuda.grid(1)
     n = info[0]
     if j == 0:
@@ -76,7 +90,7 @@ def _after_accept_kernel(keep, info, tokens, n_nodes, start, start_n, n_new, bon
         report[1] = info[1]
         report[2] = n_nodes[0]
     elif j < n:
-        report[2 + j] = tokens[keep[j] - 1]
+        report[3 + j] = tokens[keep[j] - 1]
 
 
 @cuda.jit
@@ -147,7 +161,7 @@ def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prom
     bonus = cuda.device_array(1, np.int32, stream=stream)
     start_n = cuda.device_array(2, np.int32, stream=stream)        # (start, n) of the compaction
     n_ctx = cuda.device_array(1, np.int32, stream=stream)          # drafter's new context rows
-    report = cuda.device_array(3 + tbufs.capacity, np.int32, stream=stream)
+    report = cuda.device_array(4 + tbufs.capacity, np.int32, stream=stream)
     if method != "ar":
         dcache = drafter.new_cache(max_tokens)
         Y, M = len(layers), cfg.hidden_size
@@ -194,8 +208,10 @@ def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prom
         grid = ceil_div(ws.rows, THREADS)
         _verify_inputs_kernel[grid, THREADS, stream](
             bonus, tbufs.tokens, tbufs.depths, tbufs.parents, tbufs.n_nodes, start,
-            ws.ids, ws.positions, ws.parents, ws.meta)
+            ws.ids, ws.positions, ws.parents, ws.meta, report)
         target.forward_device(ws, tcache, layers, graph=graph, stream=stream)
+        _nonfinite_kernel[(ceil_div(ws.rows, 4), ceil_div(ws.logits.shape[1], 64)), (4, 64), stream](
+            ws.logits, ws.meta, report)
         log.target_forwards += 1
         timer.mark("verify")
         kn.sample_post(ws.logits[:tbufs.capacity + 1], temperature, round_seed(seed, r), out=post,
@@ -211,9 +227,12 @@ def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prom
         rep = report.copy_to_host(stream=stream)                   # the round's one sync
         timer.collect()
         n, new_bonus, n_tree = int(rep[0]), int(rep[1]), int(rep[2])
+        if rep[3]:
+            raise ValueError(f"target forward: the logits of round {r}'s verify forward are not finite (NaN or "
+                             "inf); the host loop (trace=True) names the first layer whose output is not")
         start += n
         tcache.length = start
-        if log.commit([bonus_h] + [int(x) for x in rep[3:2 + n]], n_tree):
+        if log.commit([bonus_h] + [int(x) for x in rep[4:3 + n]], n_tree):
             break
         bonus_h = new_bonus
     return log.result(timer.times, time.perf_counter() - t_start, loop="device", stage_clock=timer.clock)

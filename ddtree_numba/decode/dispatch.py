@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from ..model.protocols import Drafter, Target
 from .host import generate_host
 from .rounds import GenerationResult, check_generate_inputs
@@ -16,18 +18,20 @@ def device_loop_applies(target: Target, drafter: Drafter | None, method: str) ->
 def generate(target: Target, drafter: Drafter | None, prompt_ids, max_new_tokens: int, method: str = "ddtree",
              budget: int = 64, temperature: float = 0.0, seed: int = 0, stop_token_ids=(),
              max_tokens: int | None = None, trace: bool = False, progress=None,
-             graph: bool = False) -> GenerationResult:
+             graph: bool = False, allow_long_context: bool = False) -> GenerationResult:
     """Generate up to ``max_new_tokens`` after ``prompt_ids`` with ``method``.
 
-    ``ddtree``: docs/DESIGN.md §1's round with a tree of ``budget`` nodes; ``dflash``: the drafter's
-    argmax chain; ``ar``: one token per target forward (``drafter`` may be None). At
+    ``ddtree``: docs/DESIGN.md §1's round with a tree of ``budget`` nodes (>= 1); ``dflash``: the
+    drafter's argmax chain; ``ar``: one token per target forward (``drafter`` may be None). At
     ``temperature`` 0 all three give the same tokens; above it every node is sampled from the
     target with a seeded generator (``round_seed``), which keeps the target's distribution exact.
     Generation ends after exactly ``max_new_tokens`` tokens or at the first of
-    ``stop_token_ids`` (kept, as autoregressive decoding would emit it). ``max_tokens``: cache
-    rows (default: enough for the prompt, the new tokens and one tree); a prompt that does not
-    fit raises ``ValueError``. ``progress``: a callable, called as ``progress(len(tokens so far))``
-    after each round and when the last token is out (a progress bar's hook).
+    ``stop_token_ids`` (token ids of the target's vocabulary; the stop token is kept, as
+    autoregressive decoding would emit it). ``max_tokens``: cache rows (default: enough for the
+    prompt, the new tokens and one tree); a prompt that does not fit raises ``ValueError``, and so
+    does a prompt + ``max_new_tokens`` past the target's ``max_position_embeddings`` unless
+    ``allow_long_context`` (then a warning). ``progress``: True for a tqdm bar, or a callable,
+    called as ``progress(len(tokens so far))`` after each round and when the last token is out.
 
     Which loop runs (``GenerationResult.loop``): with a cuda target and a cuda drafter (or none,
     for ``ar``) every round stays on the GPU (``decode.device``): the host reads back only the
@@ -35,14 +39,28 @@ def generate(target: Target, drafter: Drafter | None, prompt_ids, max_new_tokens
     and drafter's forwards as CUDA graphs. Otherwise, and for ``trace=True`` (host trees per
     round), the host loop (``decode.host``) calls each stage.
     """
-    prompt, n_new, budget, temperature, max_tokens = check_generate_inputs(
-        target, drafter, prompt_ids, max_new_tokens, method, budget, temperature, seed, max_tokens)
-    stops = {int(s) for s in stop_token_ids}
-    if n_new > 0 and not trace and device_loop_applies(target, drafter, method):
-        from .device import generate_device          # numba.cuda only where a device loop runs
-        return generate_device(target, drafter, prompt=prompt, n_new=n_new, method=method, budget=budget,
-                               temperature=temperature, seed=seed, stops=stops, max_tokens=max_tokens,
-                               progress=progress, graph=graph)
-    return generate_host(target, drafter, prompt=prompt, n_new=n_new, method=method, budget=budget,
-                         temperature=temperature, seed=seed, stops=stops, max_tokens=max_tokens,
-                         progress=progress, trace=trace)
+    a = check_generate_inputs(target, drafter, prompt_ids, max_new_tokens, method, budget, temperature, seed,
+                              max_tokens, stop_token_ids, allow_long_context)
+    with _progress_hook(progress, a.n_new, method) as hook:
+        kw = dict(prompt=a.prompt, n_new=a.n_new, method=method, budget=a.budget, temperature=a.temperature,
+                  seed=a.seed, stops=a.stops, max_tokens=a.max_tokens, progress=hook)
+        if a.n_new > 0 and not trace and device_loop_applies(target, drafter, method):
+            from .device import generate_device          # numba.cuda only where a device loop runs
+            return generate_device(target, drafter, graph=graph, **kw)
+        return generate_host(target, drafter, trace=trace, **kw)
+
+
+@contextmanager
+def _progress_hook(progress, total: int, method: str):
+    """``progress`` as the loops call it: None / False -> none; True -> a tqdm bar over the new
+    tokens (closed at the end); a callable -> itself. Anything else is a ``ValueError``."""
+    if progress is None or progress is False:
+        yield None
+    elif progress is True:
+        from tqdm.auto import tqdm
+        with tqdm(total=total, unit="tok", desc=method, leave=False) as bar:
+            yield lambda n: bar.update(n - bar.n)
+    elif callable(progress):
+        yield progress
+    else:
+        raise ValueError(f"progress must be True, False, None or a callable, got {progress!r}")

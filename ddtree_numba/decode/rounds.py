@@ -6,7 +6,9 @@ Shapes: N tree nodes besides the root, n accepted nodes (root included), R verif
 
 from __future__ import annotations
 
+import os
 import sys
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,20 +92,43 @@ class GenerationResult:
         prefill producing the first) minus the forwards used."""
         return int(self.tokens.shape[0]) - self.target_forwards
 
-    def summary(self, file=sys.stdout) -> str:
-        """Mean acceptance length, forwards saved and tokens/s; printed to ``file`` (None: not
-        printed) and returned."""
-        n = int(self.tokens.shape[0])
+    @property
+    def dropped(self) -> int:
+        """Tokens the rounds accepted past the end (max_new_tokens, or after a stop token): counted
+        in ``acceptance_lengths``, not kept in ``tokens``."""
+        return max(int(self.acceptance_lengths.sum()) - int(self.tokens.shape[0]), 0)
+
+    def summary(self, file=sys.stdout) -> str | None:
+        """Mean acceptance length, forwards saved and tokens/s, printed to ``file``; with
+        ``file=None`` the text is returned instead (nothing printed twice in a notebook)."""
+        n, rounds = int(self.tokens.shape[0]), len(self.acceptance_lengths)
         rate = n / self.elapsed_s if self.elapsed_s > 0 else float("inf")
         stages = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.stage_times.items() if v > 0)
+        dropped = (f" ({self.dropped} more were accepted past the end, by max_new_tokens or a stop token, "
+                   "and dropped)" if self.dropped else "")
         text = (f"{self.method}: {n} tokens in {self.target_forwards} target forwards "
-                f"({len(self.acceptance_lengths)} rounds + prefill), mean acceptance length "
-                f"{self.mean_acceptance_length:.2f}, forwards saved {self.forwards_saved} "
+                f"({rounds} {'round' if rounds == 1 else 'rounds'} + the prefill), mean acceptance length "
+                f"{self.mean_acceptance_length:.2f} per round{dropped}, forwards saved {self.forwards_saved} "
                 f"({n / max(self.target_forwards, 1):.2f} tokens/forward), {rate:.1f} tokens/s"
                 f"\n  stages ({self.loop} loop; {CLOCK_WORDS[self.stage_clock]}): {stages}")
-        if file is not None:
-            print(text, file=file)
-        return text
+        if file is None:
+            return text
+        print(text, file=file)
+        return None
+
+    def __repr__(self) -> str:
+        return (f"GenerationResult({self.method}: {int(self.tokens.shape[0])} tokens, {self.target_forwards} target "
+                f"forwards, mean acceptance length {self.mean_acceptance_length:.2f}, {self.loop} loop)")
+
+    def _repr_html_(self) -> str:
+        """Jupyter: the summary as a small table."""
+        rows = [("method", self.method), ("tokens", int(self.tokens.shape[0])),
+                ("target forwards", self.target_forwards), ("verify rounds", len(self.acceptance_lengths)),
+                ("mean acceptance length", f"{self.mean_acceptance_length:.2f}"),
+                ("forwards saved", self.forwards_saved), ("dropped past the end", self.dropped),
+                ("loop", self.loop), ("wall clock", f"{self.elapsed_s:.3f} s")]
+        body = "".join(f"<tr><th style='text-align:left'>{k}</th><td>{v}</td></tr>" for k, v in rows)
+        return f"<table>{body}</table>"
 
 
 class RoundLog:
@@ -175,10 +200,40 @@ def round_seed(seed: int, r: int) -> int:
         return int(splitmix64(np.uint64(seed) ^ splitmix64(np.uint64(r))))
 
 
-def check_generate_inputs(target, drafter, prompt_ids, max_new_tokens, method, budget, temperature,
-                          seed, max_tokens):
-    """``generate``'s arguments -> (prompt [P] int32, n_new, budget, temperature, max_tokens);
-    ``ValueError`` naming the first that is wrong."""
+@dataclass(frozen=True)
+class GenerateArgs:
+    """``generate``'s arguments, checked: prompt [P] int32, stops a set of token ids."""
+
+    prompt: np.ndarray
+    n_new: int
+    budget: int
+    temperature: float
+    seed: int
+    stops: frozenset
+    max_tokens: int
+
+
+def _memory_bytes(backend: str) -> int | None:
+    """What the backend can hold: the GPU's free memory, or the host's physical memory (None when
+    the system does not say)."""
+    if backend == "cuda":
+        from numba import config as numba_config
+        if numba_config.ENABLE_CUDASIM:
+            return None
+        from numba import cuda
+        return int(cuda.current_context().get_memory_info()[0])
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_generate_inputs(target, drafter, prompt_ids, max_new_tokens, method, budget, temperature, seed,
+                          max_tokens, stop_token_ids=(), allow_long_context=False) -> GenerateArgs:
+    """``generate``'s arguments, checked; a ``ValueError`` naming the first that is wrong. Sizes are
+    checked before anything is allocated: the context against ``max_position_embeddings`` (unless
+    ``allow_long_context``, which warns), the cache and one verify forward against the memory the
+    backend has."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if method != "ar" and drafter is None:
@@ -187,6 +242,8 @@ def check_generate_inputs(target, drafter, prompt_ids, max_new_tokens, method, b
         if model is not None and getattr(model, "backend", None) not in ("numpy", "cuda"):
             raise ValueError(f"the {role} must declare backend 'numpy' or 'cuda' (model.protocols."
                              f"{role.capitalize()}), got {getattr(model, 'backend', None)!r}")
+    cfg = target.config
+    vocab = cfg.vocab_size
     prompt = np.asarray(prompt_ids)
     if prompt.ndim != 1:
         raise ValueError(f"prompt_ids must be 1-D, got shape {prompt.shape}")
@@ -194,19 +251,29 @@ def check_generate_inputs(target, drafter, prompt_ids, max_new_tokens, method, b
         raise ValueError("prompt_ids is empty: generation needs at least one prompt token")
     if not np.issubdtype(prompt.dtype, np.integer):
         raise ValueError(f"prompt_ids must hold integers, got dtype {prompt.dtype}")
-    vocab = target.config.vocab_size
     if prompt.min() < 0 or prompt.max() >= vocab:
         bad = int(prompt[(prompt < 0) | (prompt >= vocab)][0])
         raise ValueError(f"prompt token id {bad} is out of range [0, {vocab})")
+    if isinstance(stop_token_ids, (str, bytes)) or not hasattr(stop_token_ids, "__iter__"):
+        raise ValueError(f"stop_token_ids must be a sequence of token ids, got {stop_token_ids!r}")
+    stops = frozenset(check_int("stop_token_ids entry", s, 0, vocab - 1) for s in stop_token_ids)
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, 0)
-    budget = check_int("budget", budget, 0)
-    check_int("seed", seed, 0, 2**64 - 1)
+    budget = check_int("budget", budget, 1)
+    seed = check_int("seed", seed, 0, 2**64 - 1)
     temperature = float(temperature)
     if not (np.isfinite(temperature) and temperature >= 0.0):
         raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
     p = prompt.shape[0]
+    limit = cfg.max_position_embeddings
+    if p + max_new_tokens > limit:
+        what = f"prompt ({p}) + max_new_tokens ({max_new_tokens}) = {p + max_new_tokens} positions exceed"
+        if not allow_long_context:
+            raise ValueError(f"{what} the target's max_position_embeddings ({limit}); pass "
+                             "allow_long_context=True to run past what it was trained for")
+        warnings.warn(f"{what} max_position_embeddings ({limit}): past what the target was trained for",
+                      stacklevel=3)
+    tree_rows = 1 + (0 if method == "ar" else max(budget, drafter.block_size - 1))   # one verify forward
     if max_tokens is None:
-        tree_rows = 1 + (0 if method == "ar" else max(budget, drafter.block_size - 1))   # one verify
         max_tokens = p + max_new_tokens + tree_rows
     max_tokens = check_int("max_tokens", max_tokens, 1)
     if p > max_tokens:
@@ -214,4 +281,12 @@ def check_generate_inputs(target, drafter, prompt_ids, max_new_tokens, method, b
     if p + max_new_tokens > max_tokens:
         raise ValueError(f"prompt ({p}) + max_new_tokens ({max_new_tokens}) exceed the cache "
                          f"({max_tokens} rows)")
-    return prompt.astype(np.int32), max_new_tokens, budget, temperature, max_tokens
+    # the latent cache, and one verify forward's logits and attention scores, in float32
+    rows = min(tree_rows, max_tokens)
+    need = 4 * (cfg.num_hidden_layers * max_tokens * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+                + rows * (vocab + cfg.num_attention_heads * max_tokens))
+    have = _memory_bytes(target.backend)
+    if have is not None and need > have:
+        raise ValueError(f"{max_tokens} cache rows and a verify forward of {rows} rows need {need / 2**30:.1f} GiB; "
+                         f"the {target.backend} backend has {have / 2**30:.1f} GiB (lower max_new_tokens or budget)")
+    return GenerateArgs(prompt.astype(np.int32), max_new_tokens, budget, temperature, seed, stops, max_tokens)

@@ -148,7 +148,15 @@ class SafetensorsIndex:
         return np.array(mm).reshape(shape), dtype
 
     def float32(self, name: str, block: tuple[int, int]) -> np.ndarray:
-        """The tensor as float32: f16 / bf16 widened, fp8 dequantized with ``name + '_scale_inv'``."""
+        """The tensor as float32: f16 / bf16 widened, fp8 dequantized with ``name + '_scale_inv'``;
+        a ``ValueError`` naming it if it holds NaN or infinity (a bad router bias changes which
+        experts run without making the logits non-finite, so every weight is checked)."""
+        w = self._widened(name, block)
+        if not np.isfinite(w).all():
+            raise ValueError(f"tensor {name} holds {int((~np.isfinite(w)).sum())} non-finite values (NaN or inf)")
+        return w
+
+    def _widened(self, name: str, block: tuple[int, int]) -> np.ndarray:
         raw, dtype = self.raw(name)
         if dtype not in _FLOATS:
             raise ValueError(f"tensor {name} has dtype {dtype}; weights must be floating point")
@@ -269,9 +277,7 @@ def load_weights(path: str | os.PathLike, cfg: ModelConfig | None = None,
     weights = {}
     try:
         for name in names:
-            weights[name] = w = index.float32(name, block)
-            if not np.isfinite(w).all():
-                raise ValueError(f"tensor {name} holds {int((~np.isfinite(w)).sum())} non-finite values (NaN or inf)")
+            weights[name] = index.float32(name, block)
             if bar is not None:
                 bar.update(index.nbytes(name))
     finally:

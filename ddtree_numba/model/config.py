@@ -79,6 +79,14 @@ class ModelConfig:
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
+    def describe(self) -> str:
+        """One line: the family and the sizes a reader looks for first."""
+        moe = sum(self.is_moe_layer(i) for i in range(self.num_hidden_layers))
+        experts = (f", {moe} MoE layers of {self.n_routed_experts} experts ({self.num_experts_per_tok} per token)"
+                   if moe else "")
+        return (f"{self.model_type}, {self.num_hidden_layers} layers{experts}, hidden {self.hidden_size}, "
+                f"{self.num_attention_heads} heads, kv_lora {self.kv_lora_rank}, vocab {self.vocab_size}")
+
     def is_moe_layer(self, layer: int) -> bool:
         """MoE from ``first_k_dense_replace`` on, every ``moe_layer_freq``-th layer (dense otherwise)."""
         return layer >= self.first_k_dense_replace and layer % self.moe_layer_freq == 0

@@ -34,6 +34,7 @@ from .._checks import check_array, check_int
 from .._device import capture_graph, is_device, replay_graph
 from ..dtypes import check_weight_dtype, to_storage
 from .drafter import DrafterConfig, NumpyDrafter
+from .target import check_finite_output
 
 META_THREADS = 8 if numba_config.ENABLE_CUDASIM else 128    # the draft-meta kernel's block
 
@@ -232,6 +233,9 @@ class CudaDrafter:
         self._workspaces: dict[tuple[int, int], DrafterWorkspace] = {}
         self._scratch: dict[int, kn.GQAScratch] = {}      # block rows -> attention scratch
 
+    def __repr__(self) -> str:
+        return f"CudaDrafter({self.config.describe()}, {self.weight_dtype} weights)"
+
     block_size = property(lambda self: self.config.block_size)
     target_layer_ids = property(lambda self: self.config.target_layer_ids)
     mask_token_id = property(lambda self: self.config.mask_token_id)
@@ -303,7 +307,9 @@ class CudaDrafter:
         self._load_features(ws, features, stream)
         ws.bonus_in.copy_to_device(np.array([bonus], np.int32), stream=stream)
         self._enqueue_draft(ws, ws.feat, ws.n_in, ws.bonus_in, cache, stream=stream)
-        return ws.logits.copy_to_host(stream=stream)
+        logits = ws.logits.copy_to_host(stream=stream)
+        check_finite_output("drafter", "logits", logits, None, layers_checked=False)
+        return logits
 
     # -- device API (the GPU-resident decode loop) ---------------------------------------------
     def draft_device(self, features, n, bonus, cache: DeviceDrafterCache, *, graph: bool = False,

@@ -31,7 +31,7 @@ from .._device import capture_graph, ceil_div, is_device, replay_graph
 from ..dtypes import check_weight_dtype, to_storage
 from ..reference.mla import absorption_weights
 from .config import ModelConfig
-from .target import ForwardOutput, RopeTables, check_forward_inputs
+from .target import ForwardOutput, RopeTables, check_finite_output, check_forward_inputs
 
 
 @dataclass
@@ -255,6 +255,10 @@ class CudaTarget:
                                   float(cfg.routed_scaling_factor)) if has_moe else None
         self._workspaces: dict[int, Workspace] = {}
 
+    def __repr__(self) -> str:
+        dtype = {"float32": "f32", "float16": "f16", "uint16": "bf16"}[np.dtype(self.embed_tokens.dtype).name]
+        return f"CudaTarget({self.config.describe()}, {dtype} weights)"
+
     # -- construction ----------------------------------------------------------------------
     @classmethod
     def from_host(cls, host_target, weight_dtype: str = "float32", *, gemm_tile=None):
@@ -306,9 +310,14 @@ class CudaTarget:
         ws.positions.copy_to_device(pos_pad, stream=stream)
         ws.parents.copy_to_device(chain, stream=stream)
         ws.meta.copy_to_device(np.array([cache.length, t], np.int32), stream=stream)
-        self.forward_device(ws, cache, tuple(layers_out), graph=graph, stream=stream)
+        every_layer = tuple(range(self.config.num_hidden_layers))      # kept to name a non-finite one
+        self.forward_device(ws, cache, every_layer, graph=graph, stream=stream)
         cache.length += t
         logits = ws.logits[:t].copy_to_host(stream=stream)
+        if not np.isfinite(logits).all():
+            hidden = ws.hidden[:, :t].copy_to_host(stream=stream)           # [L, T, M]
+            bad = [i for i in every_layer if not np.isfinite(hidden[i]).all()]
+            check_finite_output("target", "logits", logits, bad[0] if bad else None)
         if layers_out:
             hid = np.stack([ws.hidden[i][:t].copy_to_host(stream=stream) for i in layers_out], axis=1)
         else:

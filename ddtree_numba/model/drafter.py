@@ -36,6 +36,7 @@ from ..reference.linear import linear
 from ..reference.moe import swiglu_mlp
 from ..reference.rms_norm import rms_norm
 from ..reference.rope import rope, rope_cos_sin, rope_inv_freq
+from .target import check_finite_output
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,8 @@ class DrafterConfig:
     block_size: int
     target_layer_ids: tuple[int, ...]
     mask_token_id: int
+    vocab_size: int | None = None          # the target's, when the config says (checked against it)
+    num_target_layers: int | None = None   # likewise
 
     @classmethod
     def from_dict(cls, d: dict) -> "DrafterConfig":
@@ -67,6 +70,14 @@ class DrafterConfig:
             raise ValueError("drafter config.json: dflash_config must be an object")
         if d.get("attention_bias"):
             raise ValueError("drafter config.json: attention_bias = true is not supported")
+        if d.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"drafter config.json: hidden_act {d['hidden_act']!r} is not supported: "
+                             "the drafter's MLP is SwiGLU (silu)")
+        if d.get("mlp_bias"):
+            raise ValueError("drafter config.json: mlp_bias = true is not supported")
+        if d.get("use_sliding_window") or any(t != "full_attention" for t in d.get("layer_types") or ()):
+            raise ValueError("drafter config.json: sliding-window layers are not supported (DFlash attends to "
+                             "the whole context)")
         rope = d.get("rope_parameters") or {}
         scaling = d.get("rope_scaling") or {}
         kind = rope.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
@@ -84,6 +95,8 @@ class DrafterConfig:
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             rope_theta=float(theta),
             block_size=int(need("block_size")),
+            vocab_size=None if d.get("vocab_size") is None else int(d["vocab_size"]),
+            num_target_layers=None if d.get("num_target_layers") is None else int(d["num_target_layers"]),
             target_layer_ids=tuple(int(i) for i in need("target_layer_ids", dflash)),
             mask_token_id=int(need("mask_token_id", dflash)),
         )
@@ -99,10 +112,16 @@ class DrafterConfig:
             intermediate_size=self.intermediate_size, rms_norm_eps=self.rms_norm_eps,
             rope_theta=self.rope_theta, rope_scaling=None, attention_bias=False,
             hidden_act="silu", block_size=self.block_size,
-            num_target_layers=None,
+            vocab_size=self.vocab_size, num_target_layers=self.num_target_layers,
             dflash_config=dict(target_layer_ids=list(self.target_layer_ids),
                                mask_token_id=self.mask_token_id),
         )
+
+    def describe(self) -> str:
+        """One line: the sizes a reader looks for first."""
+        return (f"DFlash, {self.num_hidden_layers} layers, block {self.block_size}, hidden {self.hidden_size}, "
+                f"{self.num_attention_heads}/{self.num_key_value_heads} heads, reads target layers "
+                f"{list(self.target_layer_ids)}")
 
     def validate(self) -> None:
         for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -170,6 +189,11 @@ class NumpyDrafter:
                                  f"{tc.num_hidden_layers} layers")
         if not 0 <= cfg.mask_token_id < tc.vocab_size:
             raise ValueError(f"mask_token_id {cfg.mask_token_id} is outside the target's vocab [0, {tc.vocab_size})")
+        for key, mine, theirs in (("vocab_size", cfg.vocab_size, tc.vocab_size),
+                                  ("num_target_layers", cfg.num_target_layers, tc.num_hidden_layers)):
+            if mine is not None and mine != theirs:
+                raise ValueError(f"drafter config {key}={mine} disagrees with the target's {theirs}: "
+                                 "the drafter was made for another target")
         shapes = drafter_shapes(cfg)
         for name, shape in shapes.items():
             if name not in weights:
@@ -181,6 +205,9 @@ class NumpyDrafter:
         self.target = target
         self.w = {n: np.ascontiguousarray(weights[n], dtype=np.float32) for n in shapes}
         self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta)    # [Dh/2] float64
+
+    def __repr__(self) -> str:
+        return f"NumpyDrafter({self.config.describe()})"
 
     block_size = property(lambda self: self.config.block_size)
     target_layer_ids = property(lambda self: self.config.target_layer_ids)
@@ -217,6 +244,7 @@ class NumpyDrafter:
 
         ctx = rms_norm(linear(features.reshape(n, y * m), w["fc.weight"]), w["hidden_norm.weight"], eps)  # [n, M]
         x = embedding(block_ids, self.target.embed_tokens)                  # [B, M]
+        first_bad = None
         for i in range(cfg.num_hidden_layers):
             p, a = f"layers.{i}.", f"layers.{i}.self_attn."
 
@@ -237,8 +265,12 @@ class NumpyDrafter:
             h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
             x = x + swiglu_mlp(h, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"],
                                w[p + "mlp.down_proj.weight"])               # [B, M]
+            if first_bad is None and not np.isfinite(x).all():
+                first_bad = i
         cache.length = s1
-        return rms_norm(x, w["norm.weight"], eps)                          # [B, M]
+        out = rms_norm(x, w["norm.weight"], eps)                           # [B, M]
+        check_finite_output("drafter", "hidden state", out, first_bad)
+        return out
 
     def draft(self, features: np.ndarray, bonus: int, cache: DrafterCache) -> np.ndarray:
         """One DFlash draft: append the context rows, run ``[bonus, MASK x (B-1)]`` after them.
@@ -249,4 +281,6 @@ class NumpyDrafter:
         block = np.full(self.config.block_size, self.config.mask_token_id, dtype=np.int64)  # [B]
         block[0] = check_int("bonus", bonus, 0, self.target.config.vocab_size - 1)
         h = self.forward(features, block, cache)                            # [B, M]
-        return lm_head(h[1:], self.target.lm_head)                          # [B-1, V]
+        logits = lm_head(h[1:], self.target.lm_head)                        # [B-1, V]
+        check_finite_output("drafter", "logits", logits, None)
+        return logits

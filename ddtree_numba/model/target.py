@@ -117,6 +117,22 @@ def _layer_weights(cfg: ModelConfig, w: dict, i: int) -> LayerWeights:
     return lw
 
 
+def check_finite_output(model: str, what: str, values: np.ndarray, first_bad_layer: int | None,
+                        layers_checked: bool = True) -> None:
+    """A ``ValueError`` when a forward's output (``what``: 'logits', 'hidden state') holds NaN or
+    infinity, naming the model ('target' or 'drafter') and the first of its layers whose output
+    was not finite (``layers_checked`` False: the caller could not look)."""
+    if np.isfinite(values).all():
+        return
+    if first_bad_layer is not None:
+        where = f"the output of its layer {first_bad_layer} is the first that is not"
+    elif layers_checked:
+        where = "every layer's output was finite: the final norm or the head overflowed"
+    else:
+        where = "the numpy backend's forward names the first layer whose output is not"
+    raise ValueError(f"{model} forward: the {what} is not finite (NaN or inf); {where}")
+
+
 def check_forward_inputs(cfg: ModelConfig, ids, positions, cache, parents, hidden_layer_ids) -> list[int]:
     """Validate a forward's arguments (shared by both backends); returns the hidden layer ids.
     ``cache`` is an ``MLACache`` or a ``DeviceMLACache``: both have c_kv / k_pe and reserve()."""
@@ -159,6 +175,9 @@ class NumpyTarget:
         self.layers = [_layer_weights(cfg, weights, i) for i in range(cfg.num_hidden_layers)]
         self.rope = rope_tables(cfg)
 
+    def __repr__(self) -> str:
+        return f"NumpyTarget({self.config.describe()})"
+
     def new_cache(self, max_tokens: int) -> MLACache:
         """An empty latent cache with room for ``max_tokens`` rows per layer."""
         return MLACache(self.config, max_tokens)
@@ -184,7 +203,7 @@ class NumpyTarget:
         cos, sin = rope_cos_sin(positions, self.rope.inv_freq, self.rope.attention_factor)  # [T, R/2]
 
         x = embedding(ids, self.embed_tokens)                                 # [T, M]
-        hidden, last = {}, cfg.num_hidden_layers - 1
+        hidden, last, first_bad = {}, cfg.num_hidden_layers - 1, None
         for i, lw in enumerate(self.layers):
             # attention
             a = rms_norm(x, lw.input_layernorm, cfg.rms_norm_eps)             # [T, M]
@@ -214,13 +233,16 @@ class NumpyTarget:
                 if lw.shared_gate_proj is not None:
                     y = y + swiglu_mlp(m, lw.shared_gate_proj, lw.shared_up_proj, lw.shared_down_proj)
                 x = x + y
-            if i in layers_out:
+            if first_bad is None and not np.isfinite(x).all():
+                first_bad = i
+            if i in layers_out and i != last:
                 hidden[i] = x.copy()
         cache.length = s1
         final = rms_norm(x, self.norm, cfg.rms_norm_eps)                     # [T, M]
-        if cfg.num_hidden_layers - 1 in layers_out:
-            hidden[cfg.num_hidden_layers - 1] = final                         # HF's last hidden_states entry
+        if last in layers_out:
+            hidden[last] = final                                              # HF's last hidden_states entry
         logits = lm_head(final, self.lm_head)                                 # [T, V]
+        check_finite_output("target", "logits", logits, first_bad)
         if layers_out:
             hid = np.stack([hidden[i] for i in layers_out], axis=1)          # [T, Y, M]
         else:
