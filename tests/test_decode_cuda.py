@@ -103,3 +103,18 @@ def test_the_gpu_resident_round_equals_autoregressive_and_accepts_many_tokens():
         for method in ("ar", "dflash"):
             o = DeviceOracle(seq, feats, host.config.vocab_size, 0.9, seed=6)
             np.testing.assert_array_equal(dd.generate(gpu, o, prompt, n_new, method=method).tokens, want)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
+                            "ignore:invalid value encountered:RuntimeWarning")
+def test_the_gpu_loop_refuses_non_finite_logits():
+    """A target whose first layer overflows: the GPU-resident loop (which never copies the logits
+    to the host) flags them at the prefill instead of sampling garbage."""
+    from ddtree_numba.kernels import TILED
+    from ddtree_numba.model import ModelConfig, random_target
+    from ddtree_numba.model.cuda_target import CudaTarget
+    host = random_target(ModelConfig.tiny(), seed=1)
+    host.layers[0].o_proj = np.full_like(host.layers[0].o_proj, 3e38)
+    gpu = CudaTarget.from_host(host, gemm_tile=None if REAL_GPU else TILED["small"])
+    with pytest.raises(ValueError, match="the logits of the prefill are not finite"):
+        dd.generate(gpu, None, np.array([1, 2, 3], np.int32), 4, method="ar")

@@ -132,6 +132,14 @@ class _EventTimer:
         self.marks = self.marks[-1:] if self.marks else []
 
 
+def _check_finite(report, what: str, stream) -> None:
+    """The non-finite flag report[3] (a host copy, or the device array), as a ``ValueError``."""
+    flag = report[3] if isinstance(report, np.ndarray) else report[3:4].copy_to_host(stream=stream)[0]
+    if flag:
+        raise ValueError(f"target forward: the logits of {what} are not finite (NaN or inf); the host loop "
+                         "(trace=True) names the first layer whose output is not")
+
+
 def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prompt, n_new, method, budget,
                     temperature, seed, stops, max_tokens, progress, graph=False) -> GenerationResult:
     """The body of ``decode.generate`` for a device target (and drafter), on checked arguments
@@ -182,6 +190,9 @@ def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prom
     wp.parents.copy_to_device(np.arange(-1, wp.rows - 1, dtype=np.int32), stream=stream)
     wp.meta.copy_to_device(np.array([0, p], np.int32), stream=stream)
     target.forward_device(wp, tcache, layers, graph=graph, stream=stream)
+    report[3:4].copy_to_device(np.zeros(1, np.int32), stream=stream)
+    _nonfinite_kernel[(ceil_div(wp.rows, 4), ceil_div(wp.logits.shape[1], 64)), (4, 64), stream](
+        wp.logits, wp.meta, report)
     kn.sample_post(wp.logits[p - 1:p], temperature, round_seed(seed, 0), out=bonus, stream=stream)
     if method != "ar":
         prefill_keep = cuda.to_device(np.arange(p, dtype=np.int32), stream=stream)
@@ -189,6 +200,7 @@ def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prom
         gather(wp.hidden, prefill_keep, n_ctx, p)
     timer.mark("prefill")
     bonus_h = int(bonus.copy_to_host(stream=stream)[0])
+    _check_finite(report, "the prefill", stream)
     timer.collect()
     log.target_forwards += 1
     tcache.length = start = p
@@ -227,9 +239,7 @@ def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prom
         rep = report.copy_to_host(stream=stream)                   # the round's one sync
         timer.collect()
         n, new_bonus, n_tree = int(rep[0]), int(rep[1]), int(rep[2])
-        if rep[3]:
-            raise ValueError(f"target forward: the logits of round {r}'s verify forward are not finite (NaN or "
-                             "inf); the host loop (trace=True) names the first layer whose output is not")
+        _check_finite(rep, f"round {r}'s verify forward", stream)
         start += n
         tcache.length = start
         if log.commit([bonus_h] + [int(x) for x in rep[4:3 + n]], n_tree):
