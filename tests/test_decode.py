@@ -308,3 +308,29 @@ def test_the_golden_dflash_drafter_drives_all_methods_to_the_same_tokens():
         np.testing.assert_array_equal(res.tokens, ar)
         assert res.drafter_forwards == len(res.acceptance_lengths) > 0
         assert res.tree_sizes.max() == (32 if method == "ddtree" else drafter.block_size - 1)
+
+
+def test_summary_prints_once_and_says_what_a_cut_round_dropped(small, capsys):
+    """In a notebook, ``res.summary()`` used to print and then echo its string; and a first round
+    cut by max_new_tokens read "4 tokens in 2 target forwards, mean acceptance 6.00", "1 rounds"."""
+    target, prompt, ar, seq, feats = small
+    res = dd.generate(target, NoisyOracle(seq, feats, 96, 1.0, seed=0), prompt, 4, budget=16)
+    assert len(res.acceptance_lengths) == 1 and res.acceptance_lengths[0] > 4   # the round accepted more
+    assert res.summary() is None
+    printed = capsys.readouterr().out
+    assert printed.count("mean acceptance length") == 1 and "(1 round + the prefill)" in printed
+    assert res.dropped == res.acceptance_lengths.sum() - 4
+    assert f"({res.dropped} more were accepted past the end" in res.summary(file=None)
+    full = dd.generate(target, NoisyOracle(seq, feats, 96, 1.0, seed=0), prompt, 30, budget=16)
+    assert "rounds + the prefill" in full.summary(file=None)
+
+
+def test_results_models_and_trees_say_what_they_are(small):
+    target, prompt, ar, seq, feats = small
+    res = dd.generate(target, random_drafter(target), prompt, 6, budget=8, trace=True)
+    assert repr(res).startswith("GenerationResult(ddtree: 6 tokens, ") and "host loop" in repr(res)
+    assert "<table>" in res._repr_html_() and "mean acceptance length" in res._repr_html_()
+    assert repr(target).startswith("NumpyTarget(deepseek_v3, 3 layers")
+    assert repr(random_drafter(target)).startswith("NumpyDrafter(DFlash, 1 layers, block 8")
+    tree = res.traces[0].tree
+    assert tree._repr_html_().startswith("<pre>Tree(N=") and "node 1" in tree._repr_html_()

@@ -98,9 +98,10 @@ class GenerationResult:
         in ``acceptance_lengths``, not kept in ``tokens``."""
         return max(int(self.acceptance_lengths.sum()) - int(self.tokens.shape[0]), 0)
 
-    def summary(self, file=sys.stdout) -> str | None:
-        """Mean acceptance length, forwards saved and tokens/s, printed to ``file``; with
-        ``file=None`` the text is returned instead (nothing printed twice in a notebook)."""
+    def summary(self, file="stdout") -> str | None:
+        """Mean acceptance length, forwards saved and tokens/s, printed to ``file`` (default: the
+        current ``sys.stdout``); with ``file=None`` the text is returned instead (nothing printed
+        twice in a notebook)."""
         n, rounds = int(self.tokens.shape[0]), len(self.acceptance_lengths)
         rate = n / self.elapsed_s if self.elapsed_s > 0 else float("inf")
         stages = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.stage_times.items() if v > 0)
@@ -113,7 +114,7 @@ class GenerationResult:
                 f"\n  stages ({self.loop} loop; {CLOCK_WORDS[self.stage_clock]}): {stages}")
         if file is None:
             return text
-        print(text, file=file)
+        print(text, file=sys.stdout if file == "stdout" else file)
         return None
 
     def __repr__(self) -> str:
