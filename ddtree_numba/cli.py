@@ -61,7 +61,8 @@ class _CliError(Exception):
 def _check_writable(flag: str, path: str, work: str) -> None:
     """Refuse an output file that cannot be written before the ``work`` starts, not after it."""
     where = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(where) or not os.access(where, os.W_OK) or os.path.isdir(path):
+    if not os.path.isdir(where) or not os.access(where, os.W_OK) or os.path.isdir(path) or \
+            (os.path.exists(path) and not os.access(path, os.W_OK)):
         raise _CliError(f"{flag} {path}: cannot write a file there (checked before the {work} starts)")
 
 
@@ -417,8 +418,15 @@ def _add_pair_commands(sub) -> None:
                    help="verify-forward times of a larger target (benchmarks/verify_forward.py --json)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line (the full usage is one ``--help`` away)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="ddtree-numba", description=__doc__.split("\n")[0])
+    parser = _Parser(prog="ddtree-numba", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_pair_commands(sub)
     rnd = sub.add_parser("round", help="one DDTree round's tree stages on synthetic drafter logits")

@@ -236,14 +236,15 @@ class SyntheticRound:
 def synthetic_round(backend: str, depths: int, vocab: int, budget: int, seed: int) -> SyntheticRound:
     """Top-K, best-first build, visibility, a target that agrees with the drafter for a while,
     acceptance and cache compaction, on ``backend``'s stage functions ('numpy': the twins; 'cuda':
-    the kernels), held to the numpy twins. depths >= 1, vocab >= 4 (the synthetic drafter has a
-    favourite and three runner-ups), budget >= 1."""
+    the kernels), held to the numpy twins. 1 <= depths <= 32, 4 <= vocab <= 2**20 (the synthetic
+    drafter has a favourite and three runner-ups), 1 <= budget <= 1024 (the kernels' limits, and
+    a build the CPU finishes in seconds)."""
     from . import reference as ref
     from ._checks import check_int
-    check_int("depths", depths, 1)
-    check_int("vocab", vocab, 4)
-    check_int("budget", budget, 1)
-    check_int("seed", seed, 0)
+    check_int("depths", depths, 1, 32)
+    check_int("vocab", vocab, 4, 2**20)
+    check_int("budget", budget, 1, 1024)
+    check_int("seed", seed, 0, 2**32 - 1)
     stages = ref
     if backend == "cuda":
         from . import kernels as stages

@@ -41,6 +41,9 @@ def to_storage(a: np.ndarray, name: str) -> np.ndarray:
     """A float32 matrix stored as weight dtype ``name`` (C-contiguous; bfloat16 as uint16 bits)."""
     if name == "bfloat16":
         return to_bf16_bits(a)
+    if name == "float16" and a.size and np.abs(a).max() > np.finfo(np.float16).max:
+        raise ValueError(f"a weight of shape {list(a.shape)} holds {float(np.abs(a).max()):.4g}, beyond float16's "
+                         "range (65504): store it as bfloat16 or float32")
     return np.ascontiguousarray(a, dtype=WEIGHT_DTYPES[check_weight_dtype(name)])
 
 

@@ -41,7 +41,7 @@ SIGNATURES = {
     # -- the GPU-resident round's glue (decode/device.py) --
     "decode.device._verify_inputs_kernel": [
         f"void({I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, int64, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1})"],
-    "decode.device._nonfinite_kernel": [f"void({F32_2}, {I32_1}, {I32_1})"],
+    "decode.device._nonfinite_kernel": [f"void({F32_2}, {I32_1}, int64, {I32_1})"],
     "decode.device._after_accept_kernel": [
         f"void({I32_1}, {I32_1}, {I32_1}, {I32_1}, int64, {I32_1}, {I32_1}, {I32_1}, {I32_1})"],
     "decode.device._gather_features_kernel": [

@@ -1,8 +1,9 @@
 """Bad input, category by category: nothing silently wrong, no traceback or out-of-memory where a
 named error belongs, one rule for the API and the command line.
 
-Each case below failed on the code before issue 12 (it loaded and computed, died with a
-MemoryError or a bare exception, or printed a traceback); the other modules test the same
+Most cases below failed on the code before issue 12 (it loaded and computed, died with a
+MemoryError or a bare exception, or printed a traceback); a few hold behaviour that was already
+right and must stay so (``backend="cuda"`` without a GPU). The other modules test the same
 mechanisms more narrowly (test_model_checkpoint: the safetensors header, unread tensors, non-finite
 weights; test_drafter: drafter configs; test_cli: the generate command)."""
 
@@ -79,7 +80,7 @@ def _overflowing_target(layer):
 @pytest.mark.parametrize("layer", [0, 2])
 def test_non_finite_logits_name_the_first_layer_that_went_non_finite(layer):
     t = _overflowing_target(layer)
-    with pytest.raises(ValueError, match=rf"target forward: the logits is not finite .*the output of its layer "
+    with pytest.raises(ValueError, match=rf"target forward: the logits are not finite .*the output of its layer "
                                          rf"{layer} is the first"):
         t.forward(np.array([1, 2, 3], np.int32), np.arange(3, dtype=np.int32), t.new_cache(4))
     with pytest.raises(ValueError, match=rf"layer {layer} is the first"):          # through generate too
@@ -140,6 +141,43 @@ def test_drafter_config_fields_that_contradict_the_drafter_are_refused(tmp_path,
         dd.load_drafter(d, pair[0])
 
 
+def test_a_drafter_config_with_fewer_layers_than_its_weights_is_refused(tmp_path, pair):
+    d = _copy(tmp_path, DRAFTER)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["num_hidden_layers"] = 1
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"drafter checkpoint holds tensor layers\.1\..*which its config does not read"):
+        dd.load_drafter(d, pair[0])
+    (d / "config.json").write_text("{oops")
+    with pytest.raises(ValueError, match=r"config\.json is not valid JSON"):
+        dd.load_drafter(d, pair[0])
+    (d / "config.json").unlink()
+    with pytest.raises(ValueError, match="no config.json in the drafter directory"):
+        dd.load_drafter(d, pair[0])
+
+
+def test_a_tensor_stored_in_two_shards_is_refused(tmp_path):
+    d = _copy(tmp_path, os.path.join(DATA, "v3_released"))
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    from test_model_checkpoint import _raw_header, _write_raw
+    first, data = _raw_header(d / shards[0])
+    second, data2 = _raw_header(d / shards[1])
+    name = next(iter(k for k in first if k != "__metadata__"))
+    second[name] = dict(first[name], data_offsets=[len(data2), len(data2) + first[name]["data_offsets"][1]
+                                                   - first[name]["data_offsets"][0]])
+    _write_raw(d / shards[1], second, data2 + data[first[name]["data_offsets"][0]:first[name]["data_offsets"][1]])
+    with pytest.raises(ValueError, match=rf"tensor {name} is stored twice"):
+        dd.load_target(d)
+
+
+def test_float16_storage_refuses_what_it_cannot_hold(tmp_path):
+    from ddtree_numba.dtypes import to_storage
+    with pytest.raises(ValueError, match="beyond float16's range"):
+        to_storage(np.array([[1.0, 7e4]], np.float32), "float16")
+    assert to_storage(np.array([[1.0, 7e4]], np.float32), "bfloat16").dtype == np.uint16
+
+
 def test_a_non_finite_drafter_weight_is_named(tmp_path, pair):
     from test_model_checkpoint import _rewrite
 
@@ -159,7 +197,7 @@ def test_huge_sizes_are_a_named_error_not_a_memory_error(pair, kw):
     target, drafter = pair
     kw = dict(kw)
     n = kw.pop("max_new_tokens")
-    with pytest.raises(ValueError, match=r"need [\d.]+ GiB; the numpy backend has [\d.]+ GiB"), \
+    with pytest.raises(ValueError, match=r"need at least [\d.]+ GiB; the numpy backend has [\d.]+ GiB available"), \
             warnings.catch_warnings():
         warnings.simplefilter("ignore")                            # (allow_long_context warns first)
         dd.generate(target, drafter, PROMPT, n, allow_long_context=True, **kw)
@@ -198,6 +236,10 @@ def test_progress_true_is_a_bar_and_anything_else_is_refused(pair, capsys):
     (["round", "--budget", "-3", "--backend", "numpy"], "budget must be >= 1, got -3"),
     (["round", "--vocab", "2", "--backend", "numpy"], "vocab must be >= 4, got 2"),
     (["round", "--depths", "0", "--backend", "numpy"], "depths must be >= 1, got 0"),
+    (["round", "--vocab", "2000000000", "--backend", "numpy"], "vocab must be <= 1048576"),
+    (["round", "--depths", "100000000", "--backend", "numpy"], "depths must be <= 32"),
+    (["round", "--budget", "2000000000", "--backend", "numpy"], "budget must be <= 1024"),
+    (["round", "--budget", "abc"], "argument --budget: invalid int value: 'abc' (see ddtree-numba round --help)"),
     (["generate", "--target", TARGET, "--prompt-ids", "1", "--method", "ar", "--json", "/nonexistent/x.json"],
      "--json /nonexistent/x.json: cannot write a file there (checked before the run starts)"),
     (["generate", "--target", TARGET, "--prompt-ids", "1", "--method", "ar", "--max-new-tokens", "300"],
@@ -208,6 +250,17 @@ def test_progress_true_is_a_bar_and_anything_else_is_refused(pair, capsys):
 def test_cli_errors_are_one_line(capsys, argv, words):
     rc, err = _cli(capsys, argv + (["--no-progress"] if argv[0] == "generate" else []))
     assert rc == 2 and words in err, err
+
+
+def test_cli_json_to_a_read_only_file_is_refused_before_the_run(capsys, tmp_path):
+    path = tmp_path / "stats.json"
+    path.write_text("{}")
+    path.chmod(0o444)
+    if os.access(path, os.W_OK):
+        pytest.skip("running as a user who can write read-only files (root)")
+    rc, err = _cli(capsys, ["generate", "--target", TARGET, "--prompt-ids", "1", "--method", "ar", "--json",
+                            str(path), "--no-progress"])
+    assert rc == 2 and "cannot write a file there" in err
 
 
 def test_cli_round_with_cuda_where_there_is_none(capsys, monkeypatch):

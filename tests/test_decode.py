@@ -323,6 +323,8 @@ def test_summary_prints_once_and_says_what_a_cut_round_dropped(small, capsys):
     assert f"({res.dropped} more were accepted past the end" in res.summary(file=None)
     full = dd.generate(target, NoisyOracle(seq, feats, 96, 1.0, seed=0), prompt, 30, budget=16)
     assert "rounds + the prefill" in full.summary(file=None)
+    none = dd.generate(target, NoisyOracle(seq, feats, 96, 1.0, seed=0), prompt, 0)
+    assert "0 tokens in 0 target forwards (nothing asked for)" in none.summary(file=None)
 
 
 def test_results_models_and_trees_say_what_they_are(small):
@@ -331,6 +333,6 @@ def test_results_models_and_trees_say_what_they_are(small):
     assert repr(res).startswith("GenerationResult(ddtree: 6 tokens, ") and "host loop" in repr(res)
     assert "<table>" in res._repr_html_() and "mean acceptance length" in res._repr_html_()
     assert repr(target).startswith("NumpyTarget(deepseek_v3, 3 layers")
-    assert repr(random_drafter(target)).startswith("NumpyDrafter(DFlash, 1 layers, block 8")
+    assert repr(random_drafter(target)).startswith("NumpyDrafter(DFlash, 1 layer, block 8")
     tree = res.traces[0].tree
     assert tree._repr_html_().startswith("<pre>Tree(N=") and "node 1" in tree._repr_html_()

@@ -116,5 +116,24 @@ def test_the_gpu_loop_refuses_non_finite_logits():
     host = random_target(ModelConfig.tiny(), seed=1)
     host.layers[0].o_proj = np.full_like(host.layers[0].o_proj, 3e38)
     gpu = CudaTarget.from_host(host, gemm_tile=None if REAL_GPU else TILED["small"])
-    with pytest.raises(ValueError, match="the logits of the prefill are not finite"):
+    with pytest.raises(ValueError, match="target forward: its logits in the prefill are not finite"):
         dd.generate(gpu, None, np.array([1, 2, 3], np.int32), 4, method="ar")
+
+
+def test_the_gpu_loop_refuses_a_drafter_whose_logits_go_non_finite():
+    """The drafter's logits stay on the device in the GPU loop: a NaN there used to make garbage
+    trees silently (the tokens stay right, acceptance collapses). The round's flags name it."""
+    path = os.path.join(DATA, "v3_noaux_tc")
+    host, gpu = dd.load_target(path), load_cuda_target(path)
+    prompt = _prompt(1, host.config.vocab_size, n=5)
+    seq = np.concatenate([prompt, np.zeros(8, np.int32)])
+    feats = host.forward(seq, np.arange(len(seq), dtype=np.int32), host.new_cache(len(seq)),
+                         hidden_layer_ids=(0, 1)).hidden
+
+    class NaNOracle(DeviceOracle):
+        def draft(self, features, bonus, cache):
+            cache.length += features.shape[0]
+            return np.full((self.block_size - 1, self.vocab), np.nan, np.float32)
+
+    with pytest.raises(ValueError, match="drafter forward: its logits in round 1 are not finite"):
+        dd.generate(gpu, NaNOracle(seq, feats, host.config.vocab_size, 0.9, seed=1), prompt, 6, budget=4)

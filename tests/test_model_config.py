@@ -20,7 +20,8 @@ def _small(**extra):
              num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_nope_head_dim=8,
              qk_rope_head_dim=8, v_head_dim=8, moe_intermediate_size=8, n_routed_experts=8,
              num_experts_per_tok=2, n_group=4, topk_group=2, num_hidden_layers=2,
-             max_position_embeddings=163840, first_k_dense_replace=1, intermediate_size=40)
+             max_position_embeddings=163840, first_k_dense_replace=1, intermediate_size=40,
+             n_shared_experts=1)
     d.update(extra)
     return d
 
@@ -51,21 +52,22 @@ def test_yarn_without_factor_uses_the_context_ratio_as_transformers_does():
 
 # The shape keys, as DeepSeek-V3 ships them: a config.json must give these (no default is taken).
 V3_SHAPES = dict(vocab_size=129280, hidden_size=7168, num_hidden_layers=61, num_attention_heads=128,
-                 kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
+                 q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                 intermediate_size=18432, moe_intermediate_size=2048, n_routed_experts=256, n_shared_experts=1,
+                 num_experts_per_tok=8, first_k_dense_replace=3)
 
 
 def test_family_defaults_are_those_of_the_hf_implementations():
     v3 = ModelConfig.from_dict({"model_type": "deepseek_v3", **V3_SHAPES})
     assert (v3.scoring_func, v3.topk_method, v3.norm_topk_prob) == ("sigmoid", "noaux_tc", True)
     assert (v3.n_routed_experts, v3.n_group, v3.topk_group) == (256, 8, 4)
-    assert (v3.q_lora_rank, v3.routed_scaling_factor, v3.first_k_dense_replace) == (1536, 2.5, 3)
+    assert (v3.routed_scaling_factor, v3.moe_layer_freq, v3.norm_topk_prob) == (2.5, 1, True)
     assert v3.rope_interleave is True and v3.tie_word_embeddings is False
     kimi = ModelConfig.from_dict({"model_type": "kimi_k2", **V3_SHAPES})
     assert (kimi.scoring_func, kimi.topk_method) == ("sigmoid", "noaux_tc")
     v2 = ModelConfig.from_dict({"model_type": "deepseek_v2", **V3_SHAPES})
     assert (v2.scoring_func, v2.topk_method, v2.norm_topk_prob) == ("softmax", "greedy", False)
-    assert (v2.routed_scaling_factor, v2.first_k_dense_replace, v2.n_shared_experts) == (1.0, 0, 2)
-    assert v2.moe_intermediate_size == 1407
+    assert (v2.routed_scaling_factor, v2.n_group, v2.topk_group) == (1.0, 1, 1)
 
 
 @pytest.mark.parametrize("key", sorted(V3_SHAPES))

@@ -8,7 +8,6 @@ extra checks that the extra exists; ``jupyter lab notebooks/`` opens what test_n
 """
 
 import configparser
-import os
 import re
 import shlex
 from pathlib import Path

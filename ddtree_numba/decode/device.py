@@ -64,14 +64,15 @@ def _verify_inputs_kernel(bonus, tokens, depths, tree_parents, n_nodes, start, i
 
 
 @cuda.jit
-def _nonfinite_kernel(x, meta, report):
-    """report[3] = 1 when a live row of x (rows < meta[1]) holds NaN or infinity: x is the verify
-    forward's logits."""
+def _nonfinite_kernel(x, n_rows, bit, report):
+    """report[3] |= bit when a live row of x (rows < n_rows[0]) holds NaN or infinity: x is a
+    forward's logits (bit 1: the target's, bit 2: the drafter's). Every thread that writes writes
+    the same value, and the kernels that write report[3] run one after another on the stream."""
     i, c = cuda.grid(2)
-    if i < meta[1] and c < x.shape[1]:
+    if i < n_rows[0] and c < x.shape[1]:
         v = x[i, c]
         if math.isnan(v) or math.isinf(v):
-            report[3] = 1
+            report[3] = report[3] | bit
 
 
 @cuda.jit
@@ -132,12 +133,16 @@ class _EventTimer:
         self.marks = self.marks[-1:] if self.marks else []
 
 
+TARGET_BIT, DRAFTER_BIT = 1, 2      # report[3]: whose logits went non-finite
+
+
 def _check_finite(report, what: str, stream) -> None:
-    """The non-finite flag report[3] (a host copy, or the device array), as a ``ValueError``."""
+    """The non-finite flags report[3] (a host copy, or the device array), as a ``ValueError``."""
     flag = report[3] if isinstance(report, np.ndarray) else report[3:4].copy_to_host(stream=stream)[0]
-    if flag:
-        raise ValueError(f"target forward: the logits of {what} are not finite (NaN or inf); the host loop "
-                         "(trace=True) names the first layer whose output is not")
+    for bit, model in ((DRAFTER_BIT, "drafter"), (TARGET_BIT, "target")):
+        if flag & bit:
+            raise ValueError(f"{model} forward: its logits in {what} are not finite (NaN or inf); the host "
+                             "loop (trace=True) names the first layer whose output is not")
 
 
 def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prompt, n_new, method, budget,
@@ -172,11 +177,16 @@ def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prom
     report = cuda.device_array(4 + tbufs.capacity, np.int32, stream=stream)
     if method != "ar":
         dcache = drafter.new_cache(max_tokens)
+        draft_rows = cuda.to_device(np.array([L], np.int32), stream=stream)   # every draft's L rows
         Y, M = len(layers), cfg.hidden_size
         features = cuda.device_array((max(p, cap + 1), Y * M), np.float32, stream=stream)
         layer_ids = cuda.to_device(np.array(layers, np.int32), stream=stream)
         lp = cuda.device_array((L, K), np.float32, stream=stream)
         ids = cuda.device_array((L, K), np.int32, stream=stream)
+
+    def flag_nonfinite(logits, n_rows, bit):
+        grid = (ceil_div(logits.shape[0], 4), ceil_div(logits.shape[1], 64))
+        _nonfinite_kernel[grid, (4, 64), stream](logits, n_rows, bit, report)
 
     def gather(hidden, rows_keep, n_rows, rows):
         """features[j] = the drafter's layers of hidden row rows_keep[j], j < n_rows[0]."""
@@ -191,8 +201,7 @@ def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prom
     wp.meta.copy_to_device(np.array([0, p], np.int32), stream=stream)
     target.forward_device(wp, tcache, layers, graph=graph, stream=stream)
     report[3:4].copy_to_device(np.zeros(1, np.int32), stream=stream)
-    _nonfinite_kernel[(ceil_div(wp.rows, 4), ceil_div(wp.logits.shape[1], 64)), (4, 64), stream](
-        wp.logits, wp.meta, report)
+    flag_nonfinite(wp.logits, wp.n_rows, TARGET_BIT)
     kn.sample_post(wp.logits[p - 1:p], temperature, round_seed(seed, 0), out=bonus, stream=stream)
     if method != "ar":
         prefill_keep = cuda.to_device(np.arange(p, dtype=np.int32), stream=stream)
@@ -220,10 +229,11 @@ def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prom
         grid = ceil_div(ws.rows, THREADS)
         _verify_inputs_kernel[grid, THREADS, stream](
             bonus, tbufs.tokens, tbufs.depths, tbufs.parents, tbufs.n_nodes, start,
-            ws.ids, ws.positions, ws.parents, ws.meta, report)
+            ws.ids, ws.positions, ws.parents, ws.meta, report)          # (clears the flags)
+        if method != "ar":
+            flag_nonfinite(logits_d, draft_rows, DRAFTER_BIT)
         target.forward_device(ws, tcache, layers, graph=graph, stream=stream)
-        _nonfinite_kernel[(ceil_div(ws.rows, 4), ceil_div(ws.logits.shape[1], 64)), (4, 64), stream](
-            ws.logits, ws.meta, report)
+        flag_nonfinite(ws.logits, ws.n_rows, TARGET_BIT)
         log.target_forwards += 1
         timer.mark("verify")
         kn.sample_post(ws.logits[:tbufs.capacity + 1], temperature, round_seed(seed, r), out=post,
@@ -239,7 +249,7 @@ def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prom
         rep = report.copy_to_host(stream=stream)                   # the round's one sync
         timer.collect()
         n, new_bonus, n_tree = int(rep[0]), int(rep[1]), int(rep[2])
-        _check_finite(rep, f"round {r}'s verify forward", stream)
+        _check_finite(rep, f"round {r}", stream)
         start += n
         tcache.length = start
         if log.commit([bonus_h] + [int(x) for x in rep[4:3 + n]], n_tree):

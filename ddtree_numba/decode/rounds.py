@@ -107,8 +107,10 @@ class GenerationResult:
         stages = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.stage_times.items() if v > 0)
         dropped = (f" ({self.dropped} more were accepted past the end, by max_new_tokens or a stop token, "
                    "and dropped)" if self.dropped else "")
+        forwards = (f"{rounds} {'round' if rounds == 1 else 'rounds'} + the prefill" if self.target_forwards
+                    else "nothing asked for")
         text = (f"{self.method}: {n} tokens in {self.target_forwards} target forwards "
-                f"({rounds} {'round' if rounds == 1 else 'rounds'} + the prefill), mean acceptance length "
+                f"({forwards}), mean acceptance length "
                 f"{self.mean_acceptance_length:.2f} per round{dropped}, forwards saved {self.forwards_saved} "
                 f"({n / max(self.target_forwards, 1):.2f} tokens/forward), {rate:.1f} tokens/s"
                 f"\n  stages ({self.loop} loop; {CLOCK_WORDS[self.stage_clock]}): {stages}")
@@ -215,8 +217,8 @@ class GenerateArgs:
 
 
 def _memory_bytes(backend: str) -> int | None:
-    """What the backend can hold: the GPU's free memory, or the host's physical memory (None when
-    the system does not say)."""
+    """What the backend can hold: the GPU's free memory, or the host's available memory (Linux's
+    MemAvailable, else the physical memory; None when the system does not say)."""
     if backend == "cuda":
         from numba import config as numba_config
         if numba_config.ENABLE_CUDASIM:
@@ -224,9 +226,22 @@ def _memory_bytes(backend: str) -> int | None:
         from numba import cuda
         return int(cuda.current_context().get_memory_info()[0])
     try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def _forward_bytes(cfg, rows: int, cache_rows: int) -> int:
+    """float32 bytes of the largest buffers of one forward of ``rows`` tokens over ``cache_rows``
+    cache rows: logits, attention scores of every head, every layer's hidden state."""
+    return 4 * rows * (cfg.vocab_size + cfg.num_attention_heads * cache_rows + cfg.num_hidden_layers * cfg.hidden_size)
 
 
 def check_generate_inputs(target, drafter, prompt_ids, max_new_tokens, method, budget, temperature, seed,
@@ -270,10 +285,11 @@ def check_generate_inputs(target, drafter, prompt_ids, max_new_tokens, method, b
         what = f"prompt ({p}) + max_new_tokens ({max_new_tokens}) = {p + max_new_tokens} positions exceed"
         if not allow_long_context:
             raise ValueError(f"{what} the target's max_position_embeddings ({limit}); pass "
-                             "allow_long_context=True to run past what it was trained for")
+                             "allow_long_context=True (--allow-long-context) to run past what it was trained for")
         warnings.warn(f"{what} max_position_embeddings ({limit}): past what the target was trained for",
                       stacklevel=3)
-    tree_rows = 1 + (0 if method == "ar" else max(budget, drafter.block_size - 1))   # one verify forward
+    depths = 0 if method == "ar" else drafter.block_size - 1
+    tree_rows = 1 + (depths if method == "dflash" else max(budget, depths) if method == "ddtree" else 0)
     if max_tokens is None:
         max_tokens = p + max_new_tokens + tree_rows
     max_tokens = check_int("max_tokens", max_tokens, 1)
@@ -282,12 +298,13 @@ def check_generate_inputs(target, drafter, prompt_ids, max_new_tokens, method, b
     if p + max_new_tokens > max_tokens:
         raise ValueError(f"prompt ({p}) + max_new_tokens ({max_new_tokens}) exceed the cache "
                          f"({max_tokens} rows)")
-    # the latent cache, and one verify forward's logits and attention scores, in float32
+    # an estimate from below: the latent cache, the prefill's and one verify forward's largest buffers
     rows = min(tree_rows, max_tokens)
-    need = 4 * (cfg.num_hidden_layers * max_tokens * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
-                + rows * (vocab + cfg.num_attention_heads * max_tokens))
+    need = (4 * cfg.num_hidden_layers * max_tokens * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+            + _forward_bytes(cfg, p, max_tokens) + _forward_bytes(cfg, rows, max_tokens))
     have = _memory_bytes(target.backend)
     if have is not None and need > have:
-        raise ValueError(f"{max_tokens} cache rows and a verify forward of {rows} rows need {need / 2**30:.1f} GiB; "
-                         f"the {target.backend} backend has {have / 2**30:.1f} GiB (lower max_new_tokens or budget)")
+        raise ValueError(f"a prompt of {p}, {max_tokens} cache rows and a verify forward of {rows} rows need at least "
+                         f"{need / 2**30:.1f} GiB; the {target.backend} backend has {have / 2**30:.1f} GiB available "
+                         "(lower max_new_tokens or budget)")
     return GenerateArgs(prompt.astype(np.int32), max_new_tokens, budget, temperature, seed, stops, max_tokens)

@@ -121,6 +121,9 @@ class SafetensorsIndex:
                 raise ValueError(f"shard {name} listed in model.safetensors.index.json is missing")
             header, offset = read_header(path)
             for tensor, entry in header.items():
+                if tensor in self.entries:
+                    raise ValueError(f"tensor {tensor} is stored twice: in {os.path.basename(self.entries[tensor][0])} "
+                                     f"and in {name}")
                 self.entries[tensor] = (path, entry, offset)
 
     def __contains__(self, name: str) -> bool:
@@ -264,7 +267,8 @@ def load_weights(path: str | os.PathLike, cfg: ModelConfig | None = None,
         more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
         raise ValueError(f"checkpoint holds tensor {extra[0]}{more}, which the config does not read: config.json "
                          f"and the weights disagree (num_hidden_layers={cfg.num_hidden_layers}, "
-                         f"n_routed_experts={cfg.n_routed_experts}, topk_method={cfg.topk_method!r})")
+                         f"n_routed_experts={cfg.n_routed_experts}, topk_method={cfg.topk_method!r}, "
+                         f"tie_word_embeddings={cfg.tie_word_embeddings})")
     total = sum(index.nbytes(n) for n in shapes)
     if progress is None:
         progress = total > PROGRESS_BYTES

@@ -84,7 +84,8 @@ class ModelConfig:
         moe = sum(self.is_moe_layer(i) for i in range(self.num_hidden_layers))
         experts = (f", {moe} MoE layers of {self.n_routed_experts} experts ({self.num_experts_per_tok} per token)"
                    if moe else "")
-        return (f"{self.model_type}, {self.num_hidden_layers} layers{experts}, hidden {self.hidden_size}, "
+        layers = f"{self.num_hidden_layers} layer{'' if self.num_hidden_layers == 1 else 's'}"
+        return (f"{self.model_type}, {layers}{experts}, hidden {self.hidden_size}, "
                 f"{self.num_attention_heads} heads, kv_lora {self.kv_lora_rank}, vocab {self.vocab_size}")
 
     def is_moe_layer(self, layer: int) -> bool:
@@ -105,7 +106,7 @@ class ModelConfig:
             )
         defaults = _FAMILY_DEFAULTS[model_type]
         _refuse_unsupported(d)
-        missing = [k for k in ESSENTIAL if d.get(k) is None]
+        missing = [k for k in ESSENTIAL if k not in d or (d[k] is None and k != "q_lora_rank")]
         if missing:
             raise ValueError(f"config has no {', '.join(missing)}: the tensors' shapes follow from "
                              f"{'it' if len(missing) == 1 else 'them'}, so no default is taken")
@@ -123,7 +124,7 @@ class ModelConfig:
             kwargs[key] = get(key)
         kwargs.update(
             model_type=model_type,
-            q_lora_rank=d.get("q_lora_rank", defaults["q_lora_rank"]),
+            q_lora_rank=d["q_lora_rank"],
             rope_theta=float(rope_theta),
             rope_scaling=rope_scaling,
             weight_block_size=_parse_quantization(d.get("quantization_config")),
@@ -255,24 +256,24 @@ class ModelConfig:
 # top-k weights. deepseek_v2: softmax scores, greedy top-k, no normalisation.
 # The shape keys of ESSENTIAL have no default here: a config.json must give them.
 _V3 = dict(
-    intermediate_size=18432, moe_intermediate_size=2048, q_lora_rank=1536, n_routed_experts=256,
-    n_shared_experts=1, num_experts_per_tok=8, n_group=8, topk_group=4, topk_method="noaux_tc",
-    scoring_func="sigmoid", norm_topk_prob=True, routed_scaling_factor=2.5,
-    first_k_dense_replace=3, moe_layer_freq=1, rms_norm_eps=1e-6, tie_word_embeddings=False,
+    n_group=8, topk_group=4, topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True,
+    routed_scaling_factor=2.5, moe_layer_freq=1, rms_norm_eps=1e-6, tie_word_embeddings=False,
     rope_interleave=True, max_position_embeddings=4096, rope_theta=10000.0,
 )
 _V2 = dict(
-    intermediate_size=11008, moe_intermediate_size=1407, q_lora_rank=1536, n_routed_experts=64,
-    n_shared_experts=2, num_experts_per_tok=6, n_group=1, topk_group=1, topk_method="greedy",
-    scoring_func="softmax", norm_topk_prob=False, routed_scaling_factor=1.0,
-    first_k_dense_replace=0, moe_layer_freq=1, rms_norm_eps=1e-6, tie_word_embeddings=False,
+    n_group=1, topk_group=1, topk_method="greedy", scoring_func="softmax", norm_topk_prob=False,
+    routed_scaling_factor=1.0, moe_layer_freq=1, rms_norm_eps=1e-6, tie_word_embeddings=False,
     rope_interleave=True, max_position_embeddings=2048, rope_theta=10000.0,
 )
 _FAMILY_DEFAULTS = {"deepseek_v3": _V3, "kimi_k2": _V3, "deepseek_v2": _V2}
 
-# Keys that fix tensor shapes: a config.json without one of them is refused, never defaulted.
-ESSENTIAL = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank",
-             "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+# Keys that fix tensor shapes: a config.json without one of them is refused, never defaulted
+# (q_lora_rank may be null, but not absent). moe_layer_freq is left out: transformers' config has
+# none, and its absence means 1 there too.
+ESSENTIAL = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "q_lora_rank",
+             "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "intermediate_size",
+             "moe_intermediate_size", "n_routed_experts", "n_shared_experts", "num_experts_per_tok",
+             "first_k_dense_replace")
 
 _INT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
                "num_hidden_layers", "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim",

@@ -28,7 +28,7 @@ from numba import cuda
 from .. import kernels as kn
 from .._checks import check_array, check_int, check_keep_values
 from .._device import capture_graph, ceil_div, is_device, replay_graph
-from ..dtypes import check_weight_dtype, to_storage
+from ..dtypes import WEIGHT_DTYPES, check_weight_dtype, to_storage
 from ..reference.mla import absorption_weights
 from .config import ModelConfig
 from .target import ForwardOutput, RopeTables, check_finite_output, check_forward_inputs
@@ -256,7 +256,7 @@ class CudaTarget:
         self._workspaces: dict[int, Workspace] = {}
 
     def __repr__(self) -> str:
-        dtype = {"float32": "f32", "float16": "f16", "uint16": "bf16"}[np.dtype(self.embed_tokens.dtype).name]
+        dtype = next(name for name, d in WEIGHT_DTYPES.items() if d == np.dtype(self.embed_tokens.dtype))
         return f"CudaTarget({self.config.describe()}, {dtype} weights)"
 
     # -- construction ----------------------------------------------------------------------
@@ -315,8 +315,11 @@ class CudaTarget:
         cache.length += t
         logits = ws.logits[:t].copy_to_host(stream=stream)
         if not np.isfinite(logits).all():
-            hidden = ws.hidden[:, :t].copy_to_host(stream=stream)           # [L, T, M]
-            bad = [i for i in every_layer if not np.isfinite(hidden[i]).all()]
+            # every layer's output: hidden holds them but the last, which is final-normed there;
+            # the residual stream ws.x still holds the last layer's own output
+            outputs = ws.hidden[:, :t].copy_to_host(stream=stream)          # [L, T, M]
+            outputs[-1] = ws.x[:t].copy_to_host(stream=stream)
+            bad = [i for i in every_layer if not np.isfinite(outputs[i]).all()]
             check_finite_output("target", "logits", logits, bad[0] if bad else None)
         if layers_out:
             hid = np.stack([ws.hidden[i][:t].copy_to_host(stream=stream) for i in layers_out], axis=1)

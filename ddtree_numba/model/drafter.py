@@ -119,7 +119,8 @@ class DrafterConfig:
 
     def describe(self) -> str:
         """One line: the sizes a reader looks for first."""
-        return (f"DFlash, {self.num_hidden_layers} layers, block {self.block_size}, hidden {self.hidden_size}, "
+        layers = f"{self.num_hidden_layers} layer{'' if self.num_hidden_layers == 1 else 's'}"
+        return (f"DFlash, {layers}, block {self.block_size}, hidden {self.hidden_size}, "
                 f"{self.num_attention_heads}/{self.num_key_value_heads} heads, reads target layers "
                 f"{list(self.target_layer_ids)}")
 

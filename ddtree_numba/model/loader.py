@@ -64,7 +64,8 @@ def resolve_backend(backend: str = "auto") -> BackendChoice:
         return BackendChoice("numpy", "requested")
     if backend == "cuda":
         if not (_simulator() or _gpu_present()):
-            raise BackendUnavailable("backend='cuda' needs a CUDA GPU and none was found; use backend='numpy'")
+            raise BackendUnavailable("backend='cuda' needs a CUDA GPU and none was found; use backend='numpy' "
+                                     "(--backend numpy) or 'auto'")
         return BackendChoice("cuda", "requested, in the CUDA simulator" if _simulator() else "requested")
     if _simulator():
         return BackendChoice("numpy", "the CUDA simulator is on, and it is for tests")
@@ -139,17 +140,30 @@ def load_drafter(path: str | os.PathLike, target):
     if getattr(target, "backend", None) not in ("numpy", "cuda"):
         raise ValueError(f"the drafter runs on the numpy or cuda backend; the target's is "
                          f"{getattr(target, 'backend', None)!r}")
-    with open(os.path.join(path, "config.json")) as f:
-        cfg = DrafterConfig.from_dict(json.load(f))
+    config = os.path.join(path, "config.json")
+    if not os.path.isfile(config):
+        raise ValueError(f"no config.json in the drafter directory {path}")
+    with open(config) as f:
+        try:
+            d = json.load(f)
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{config} is not valid JSON: {err}") from None
+    cfg = DrafterConfig.from_dict(d)
     index = SafetensorsIndex(path)
-    weights, stored = {}, set()
+    weights, stored, read = {}, set(), set()
     for name, shape in drafter_shapes(cfg).items():
         key = name if name in index else "model." + name
         if key not in index:
             raise ValueError(f"drafter checkpoint is missing tensor {name}")
         weights[name] = index.float32(key, (128, 128))
+        read |= {key, key + "_scale_inv"}
         if len(shape) >= 2:
             stored.add(index.entries[key][1]["dtype"])
+    extra = sorted(set(index.entries) - read)
+    if extra:
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise ValueError(f"drafter checkpoint holds tensor {extra[0]}{more}, which its config does not read: "
+                         f"config.json and the weights disagree (num_hidden_layers={cfg.num_hidden_layers})")
     return _drafter_on(target, cfg, weights, lossless_weight_dtype(stored))
 
 

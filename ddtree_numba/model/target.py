@@ -130,7 +130,8 @@ def check_finite_output(model: str, what: str, values: np.ndarray, first_bad_lay
         where = "every layer's output was finite: the final norm or the head overflowed"
     else:
         where = "the numpy backend's forward names the first layer whose output is not"
-    raise ValueError(f"{model} forward: the {what} is not finite (NaN or inf); {where}")
+    verb = "are" if what.endswith("s") else "is"
+    raise ValueError(f"{model} forward: the {what} {verb} not finite (NaN or inf); {where}")
 
 
 def check_forward_inputs(cfg: ModelConfig, ids, positions, cache, parents, hidden_layer_ids) -> list[int]:
