@@ -123,17 +123,19 @@ def test_the_gpu_loop_refuses_non_finite_logits():
 def test_the_gpu_loop_refuses_a_drafter_whose_logits_go_non_finite():
     """The drafter's logits stay on the device in the GPU loop: a NaN there used to make garbage
     trees silently (the tokens stay right, acceptance collapses). The round's flags name it."""
-    path = os.path.join(DATA, "v3_noaux_tc")
-    host, gpu = dd.load_target(path), load_cuda_target(path)
-    prompt = _prompt(1, host.config.vocab_size, n=5)
-    seq = np.concatenate([prompt, np.zeros(8, np.int32)])
-    feats = host.forward(seq, np.arange(len(seq), dtype=np.int32), host.new_cache(len(seq)),
-                         hidden_layer_ids=(0, 1)).hidden
+    from ddtree_numba.kernels import TILED
+    from ddtree_numba.model import ModelConfig, random_target
+    from ddtree_numba.model.cuda_target import CudaTarget
+    host = random_target(ModelConfig.tiny(), seed=1)
+    gpu = CudaTarget.from_host(host, gemm_tile=None if REAL_GPU else TILED["small"])
+    prompt = np.array([1, 2, 3], np.int32)
+    feats = host.forward(prompt, np.arange(3, dtype=np.int32), host.new_cache(3), hidden_layer_ids=(0, 1)).hidden
 
     class NaNOracle(DeviceOracle):
         def draft(self, features, bonus, cache):
             cache.length += features.shape[0]
             return np.full((self.block_size - 1, self.vocab), np.nan, np.float32)
 
+    oracle = NaNOracle(prompt, feats, host.config.vocab_size, 0.9, seed=1, block_size=4)
     with pytest.raises(ValueError, match="drafter forward: its logits in round 1 are not finite"):
-        dd.generate(gpu, NaNOracle(seq, feats, host.config.vocab_size, 0.9, seed=1), prompt, 6, budget=4)
+        dd.generate(gpu, oracle, prompt, 6, budget=4)
