@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 PERF = Path(__file__).resolve().parents[1] / "docs" / "PERFORMANCE.md"
+RESULTS = Path(__file__).resolve().parent / "results"
 COPY_BW = 4.2e12     # bytes/s, device copy (read + write) measured on the H200 (shared/GPU.md)
 FP32_RATE = 51e12    # FLOP/s, cuBLAS fp32 without TF32 on the H200
 
@@ -92,11 +95,31 @@ def time_host(fn, reps=20, warmup=2) -> float:
     return statistics.median(times)
 
 
+def _number(v):
+    """A table cell as JSON: numbers as numbers, the rest as it is."""
+    if isinstance(v, str):
+        for kind in (int, float):
+            try:
+                return kind(v)
+            except ValueError:
+                pass
+    return v
+
+
 def append_rows(title: str, header: list[str], rows: list[list], note: str = "", device: str | None = None,
-                commit_id: str | None = None, date: str | None = None, append: bool = True) -> None:
+                commit_id: str | None = None, date: str | None = None, append: bool = True,
+                results: str | None = None, command: str | None = None) -> None:
     """Append a dated table to docs/PERFORMANCE.md and print it (``append=False``: print only,
     undated). ``device``, ``commit_id`` and ``date`` default to this machine's GPU, the
-    checkout's commit and today (give them when tabling a measurement made elsewhere)."""
+    checkout's commit and today (give them when tabling a measurement made elsewhere).
+    ``results``: also write ``benchmarks/results/<results>.json`` = {benchmark, device, commit,
+    date, command, rows: [{header: value}]} (docs/DESIGN.md's envelope; the latest run is committed)."""
+    if append and results:
+        RESULTS.mkdir(exist_ok=True)
+        record = dict(benchmark=results, device=device or device_name(), commit=commit_id or commit(),
+                      date=date or datetime.date.today().isoformat(), command=command or " ".join(sys.argv),
+                      rows=[{h: _number(v) for h, v in zip(header, r)} for r in rows])
+        (RESULTS / f"{results}.json").write_text(json.dumps(record, indent=1) + "\n")
     if append:
         stamp = date or datetime.date.today().isoformat()
         lines = [f"\n### {title} — {stamp}, {device or device_name()}, commit {commit_id or commit()}\n"]

@@ -71,7 +71,8 @@ def main():
     if args.from_json:
         title += f", tabled from {args.from_json}"
     kw = dict(device=args.device or stats["device"], commit_id=args.commit, date=stats["date"]) if args.from_json else {}
-    append_rows(title, header, rows, note, append=not args.no_append, **kw)
+    append_rows(title, header, rows, note, append=not args.no_append, results="demo_pair",
+                command=stats["command"], **kw)
 
 
 if __name__ == "__main__":
