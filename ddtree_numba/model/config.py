@@ -140,13 +140,7 @@ class ModelConfig:
         path = os.fspath(path)
         if os.path.isdir(path):
             path = os.path.join(path, "config.json")
-        if not os.path.exists(path):
-            raise ValueError(f"no config.json at {path}")
-        with open(path) as f:
-            try:
-                d = json.load(f)
-            except (UnicodeDecodeError, json.JSONDecodeError) as err:
-                raise ValueError(f"{path} is not valid JSON: {err}") from None
+        d = read_config_json(path)
         try:
             return cls.from_dict(d)
         except ValueError as err:
@@ -249,6 +243,18 @@ class ModelConfig:
         cfg = cls(**base)
         cfg.validate()
         return cfg
+
+
+def read_config_json(path: str) -> dict:
+    """A checkpoint's ``config.json`` as a dict; a ``ValueError`` naming the file when it is
+    missing or not JSON."""
+    if not os.path.isfile(path):
+        raise ValueError(f"no config.json at {path}")
+    with open(path) as f:
+        try:
+            return json.load(f)
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path} is not valid JSON: {err}") from None
 
 
 # Defaults of each family's own HF implementation. deepseek_v3 (and kimi_k2, which ships with the

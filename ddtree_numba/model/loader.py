@@ -15,7 +15,6 @@ and ``cuda`` ask numba.cuda whether there is a GPU).
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import time
@@ -25,6 +24,7 @@ import numpy as np
 
 from ..dtypes import lossless_weight_dtype
 from .checkpoint import SafetensorsIndex, expected_shapes, load_weights
+from .config import read_config_json
 from .drafter import DrafterConfig, NumpyDrafter, drafter_shapes
 from .target import NumpyTarget
 
@@ -140,15 +140,7 @@ def load_drafter(path: str | os.PathLike, target):
     if getattr(target, "backend", None) not in ("numpy", "cuda"):
         raise ValueError(f"the drafter runs on the numpy or cuda backend; the target's is "
                          f"{getattr(target, 'backend', None)!r}")
-    config = os.path.join(path, "config.json")
-    if not os.path.isfile(config):
-        raise ValueError(f"no config.json in the drafter directory {path}")
-    with open(config) as f:
-        try:
-            d = json.load(f)
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ValueError(f"{config} is not valid JSON: {err}") from None
-    cfg = DrafterConfig.from_dict(d)
+    cfg = DrafterConfig.from_dict(read_config_json(os.path.join(path, "config.json")))
     index = SafetensorsIndex(path)
     weights, stored, read = {}, set(), set()
     for name, shape in drafter_shapes(cfg).items():
