@@ -24,7 +24,7 @@ if not _SIM:
 KINDS = {WEIGHT_DTYPES["float32"]: "f32", WEIGHT_DTYPES["float16"]: "f16", WEIGHT_DTYPES["bfloat16"]: "bf16"}
 
 
-def weight_kind(w) -> str:
+def _weight_kind(w) -> str:
     """'f32', 'f16' or 'bf16' (uint16 storage) for a weight array; ValueError otherwise."""
     kind = KINDS.get(np.dtype(w.dtype))
     if kind is None:

@@ -20,7 +20,7 @@ from numba import config, cuda
 from .._checks import check_array
 from .._device import float32_out, is_device, launcher_result, rows_device, to_device
 from ..dtypes import STORAGE_DTYPES
-from ._widen import WIDEN, weight_kind
+from ._widen import WIDEN, _weight_kind
 from .linear import enqueue_linear
 
 # Threads per block (one block per row; hidden 2048 = 8 columns a thread). The simulator runs
@@ -62,7 +62,7 @@ def enqueue_embedding(ids, table, out, n_rows, *, stream=0):
     """
     if ids.shape[0] == 0:
         return
-    _embedding_kernel(weight_kind(table))[ids.shape[0], THREADS, stream](ids, table, out, n_rows)
+    _embedding_kernel(_weight_kind(table))[ids.shape[0], THREADS, stream](ids, table, out, n_rows)
 
 
 # -- the public launchers -----------------------------------------------------------------------
@@ -100,7 +100,7 @@ def lm_head(x, weight, *, out=None, stream=0):
     [T, V] float32. numpy in, numpy out; device arrays in, device array out.
     """
     check_array("x", x, 2, np.float32)
-    weight_kind(weight)
+    _weight_kind(weight)
     check_array("weight", weight, 2, weight.dtype)
     t, m = x.shape
     if weight.shape[1] != m:

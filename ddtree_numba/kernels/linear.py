@@ -51,7 +51,7 @@ from numba import config, cuda, float32, int64, uint32, uint64
 
 from .._checks import check_array
 from .._device import ceil_div, device_function, float32_out, fma, launcher_result, rows_device, to_device
-from ._widen import ELEM as STORED, PER_WORD, WIDEN, WORD, hi_f32, lo_f32, weight_kind
+from ._widen import ELEM as STORED, PER_WORD, WIDEN, WORD, hi_f32, lo_f32, _weight_kind
 
 KC = 64                    # reduction chunk of the contract above (fixed forever: changing it changes bits)
 _SIM = bool(config.ENABLE_CUDASIM)
@@ -622,7 +622,7 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index, max_rows, a
     """Every GEMM of the module: ``cfg`` is the tile (a ``TILED`` entry or a skinny config), or
     None to choose it from the rows (``_choose``)."""
     grouped, gather = offsets is not None, row_index is not None
-    kind = weight_kind(w)
+    kind = _weight_kind(w)
     swiglu = w_up is not None
     vec = _vec_ok(w) and (not swiglu or _vec_ok(w_up))
     Z, N = w.shape[0], w.shape[1]
@@ -704,7 +704,7 @@ def linear(x, weight, *, out=None, stream=0):
     float32. numpy in, numpy out; device arrays in, device array out.
     """
     check_array("x", x, 2, np.float32)
-    weight_kind(weight)
+    _weight_kind(weight)
     check_array("weight", weight, 2, weight.dtype)
     t, k = x.shape
     if weight.shape[1] != k:
