@@ -310,17 +310,20 @@ class CudaTarget:
         ws.positions.copy_to_device(pos_pad, stream=stream)
         ws.parents.copy_to_device(chain, stream=stream)
         ws.meta.copy_to_device(np.array([cache.length, t], np.int32), stream=stream)
-        every_layer = tuple(range(self.config.num_hidden_layers))      # kept to name a non-finite one
-        self.forward_device(ws, cache, every_layer, graph=graph, stream=stream)
-        cache.length += t
+        self.forward_device(ws, cache, tuple(layers_out), graph=graph, stream=stream)
         logits = ws.logits[:t].copy_to_host(stream=stream)
         if not np.isfinite(logits).all():
-            # every layer's output: hidden holds them but the last, which is final-normed there;
-            # the residual stream ws.x still holds the last layer's own output
+            # name the first non-finite layer: run the same forward again (same inputs in ws, same
+            # cache rows rewritten with the same bits) keeping every layer's output; hidden holds
+            # them but the last, which is final-normed there, and the residual stream ws.x still
+            # holds the last layer's own output
+            every_layer = tuple(range(self.config.num_hidden_layers))
+            self.forward_device(ws, cache, every_layer, stream=stream)
             outputs = ws.hidden[:, :t].copy_to_host(stream=stream)          # [L, T, M]
             outputs[-1] = ws.x[:t].copy_to_host(stream=stream)
             bad = [i for i in every_layer if not np.isfinite(outputs[i]).all()]
             check_finite_output("target", "logits", logits, bad[0] if bad else None)
+        cache.length += t
         if layers_out:
             hid = np.stack([ws.hidden[i][:t].copy_to_host(stream=stream) for i in layers_out], axis=1)
         else:
