@@ -227,16 +227,30 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 PROGRESS_BYTES = 256 << 20
 
 
-def unread_tensors(cfg: ModelConfig, index: "SafetensorsIndex", shapes: dict) -> list[str]:
-    """Tensors of the checkpoint the forward does not read, besides the known ones: the block
-    scales of fp8 weights it reads, and DeepSeek's multi-token-prediction layers (indices
-    ``num_hidden_layers .. + num_nextn_predict_layers - 1``, which greedy decoding does not use),
-    recognised by their own ``eh_proj`` projection, so that a decoder layer the config leaves
-    out is never taken for one."""
-    mtp = tuple(p for p in (f"model.layers.{cfg.num_hidden_layers + k}." for k in range(cfg.num_nextn_predict_layers))
-                if p + "eh_proj.weight" in index)
-    known = set(shapes) | {n + "_scale_inv" for n in shapes}
-    return sorted(n for n in index.entries if n not in known and not n.startswith(mtp))
+def first_and_more(names: list[str]) -> str:
+    """``names[0]``, and how many more there are, for an error message."""
+    return names[0] + (f" (and {len(names) - 1} more)" if len(names) > 1 else "")
+
+
+def unread_tensors(index: "SafetensorsIndex", names, skip_prefixes: tuple[str, ...] = ()) -> list[str]:
+    """Tensors of the checkpoint besides ``names`` (the ones read), the block scales of fp8 ones
+    among them, and those under ``skip_prefixes``; sorted."""
+    known = set(names) | {n + "_scale_inv" for n in names}
+    return sorted(n for n in index.entries if n not in known and not n.startswith(skip_prefixes))
+
+
+def matrix_dtypes(index: "SafetensorsIndex", names) -> set[str]:
+    """The stored dtypes ('BF16', 'F8_E4M3', ...) of the tensors among ``names`` of two or more
+    dimensions."""
+    return {index.entries[n][1]["dtype"] for n in names if len(index.entries[n][1]["shape"]) >= 2}
+
+
+def mtp_prefixes(cfg: ModelConfig, index: "SafetensorsIndex") -> tuple[str, ...]:
+    """DeepSeek's multi-token-prediction layers (indices ``num_hidden_layers .. +
+    num_nextn_predict_layers - 1``, which greedy decoding does not use), recognised by their own
+    ``eh_proj`` projection, so that a decoder layer the config leaves out is never taken for one."""
+    return tuple(p for p in (f"model.layers.{cfg.num_hidden_layers + k}." for k in range(cfg.num_nextn_predict_layers))
+                 if p + "eh_proj.weight" in index)
 
 
 def load_weights(path: str | os.PathLike, cfg: ModelConfig | None = None,
@@ -248,6 +262,13 @@ def load_weights(path: str | os.PathLike, cfg: ModelConfig | None = None,
     MTP layer DeepSeek ships, ``num_nextn_predict_layers``, is the one exception: skipped), or a
     weight holding NaN or infinity. ``progress`` None shows a bar above PROGRESS_BYTES.
     """
+    cfg, weights, _ = read_checkpoint(path, cfg, progress)
+    return cfg, weights
+
+
+def read_checkpoint(path: str | os.PathLike, cfg: ModelConfig | None = None,
+                    progress: bool | None = None) -> tuple[ModelConfig, dict[str, np.ndarray], "SafetensorsIndex"]:
+    """``load_weights``, and the ``SafetensorsIndex`` it read them through (for the stored dtypes)."""
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise ValueError(f"checkpoint path {path} is not a directory")
@@ -256,16 +277,14 @@ def load_weights(path: str | os.PathLike, cfg: ModelConfig | None = None,
     shapes = expected_shapes(cfg)
     missing = [n for n in shapes if n not in index]
     if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise ValueError(f"checkpoint is missing tensor {missing[0]}{more}")
+        raise ValueError(f"checkpoint is missing tensor {first_and_more(missing)}")
     for name, shape in shapes.items():
         got = tuple(index.entries[name][1]["shape"])
         if got != shape:
             raise ValueError(f"tensor {name} has shape {list(got)}; the config implies {list(shape)}")
-    extra = unread_tensors(cfg, index, shapes)
+    extra = unread_tensors(index, shapes, skip_prefixes=mtp_prefixes(cfg, index))
     if extra:
-        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
-        raise ValueError(f"checkpoint holds tensor {extra[0]}{more}, which the config does not read: config.json "
+        raise ValueError(f"checkpoint holds tensor {first_and_more(extra)}, which the config does not read: config.json "
                          f"and the weights disagree (num_hidden_layers={cfg.num_hidden_layers}, "
                          f"n_routed_experts={cfg.n_routed_experts}, topk_method={cfg.topk_method!r}, "
                          f"tie_word_embeddings={cfg.tie_word_embeddings})")
@@ -287,4 +306,4 @@ def load_weights(path: str | os.PathLike, cfg: ModelConfig | None = None,
     finally:
         if bar is not None:
             bar.close()
-    return cfg, weights
+    return cfg, weights, index

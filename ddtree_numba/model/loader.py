@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..dtypes import lossless_weight_dtype
-from .checkpoint import SafetensorsIndex, expected_shapes, load_weights
+from .checkpoint import SafetensorsIndex, first_and_more, matrix_dtypes, read_checkpoint, unread_tensors
 from .config import read_config_json
 from .drafter import DrafterConfig, NumpyDrafter, drafter_shapes
 from .target import NumpyTarget
@@ -103,16 +103,14 @@ def load_target(path: str | os.PathLike, backend: str = "numpy", progress: bool 
         raise ValueError("weight_dtype applies to backend='cuda' only (numpy runs in float32)")
     if gemm_tile is not None and chosen != "cuda":
         raise ValueError("gemm_tile applies to backend='cuda' only")
-    cfg, weights = load_weights(path, progress=progress)
+    cfg, weights, index = read_checkpoint(path, progress=progress)
     host = NumpyTarget(cfg, weights)
     if chosen == "numpy":
         return host
     from .cuda_target import CudaTarget
-    if weight_dtype is None:
-        index = SafetensorsIndex(os.fspath(path))
-        stored = {index.entries[n][1]["dtype"] for n in expected_shapes(cfg)
-                  if len(index.entries[n][1]["shape"]) >= 2 and not n.endswith("mlp.gate.weight")}
-        weight_dtype = lossless_weight_dtype(stored)
+    if weight_dtype is None:        # the MoE router's gate is kept in float32 whatever it is stored as
+        weight_dtype = lossless_weight_dtype(matrix_dtypes(index, [n for n in weights
+                                                                   if not n.endswith("mlp.gate.weight")]))
     return CudaTarget.from_host(host, weight_dtype, gemm_tile=gemm_tile)
 
 
@@ -142,20 +140,17 @@ def load_drafter(path: str | os.PathLike, target):
                          f"{getattr(target, 'backend', None)!r}")
     cfg = DrafterConfig.from_dict(read_config_json(os.path.join(path, "config.json")))
     index = SafetensorsIndex(path)
-    weights, stored, read = {}, set(), set()
-    for name, shape in drafter_shapes(cfg).items():
-        key = name if name in index else "model." + name
-        if key not in index:
+    keys = {}                                                      # config name -> checkpoint name
+    for name in drafter_shapes(cfg):
+        keys[name] = name if name in index else "model." + name
+        if keys[name] not in index:
             raise ValueError(f"drafter checkpoint is missing tensor {name}")
-        weights[name] = index.float32(key, (128, 128))
-        read |= {key, key + "_scale_inv"}
-        if len(shape) >= 2:
-            stored.add(index.entries[key][1]["dtype"])
-    extra = sorted(set(index.entries) - read)
+    extra = unread_tensors(index, keys.values())
     if extra:
-        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
-        raise ValueError(f"drafter checkpoint holds tensor {extra[0]}{more}, which its config does not read: "
+        raise ValueError(f"drafter checkpoint holds tensor {first_and_more(extra)}, which its config does not read: "
                          f"config.json and the weights disagree (num_hidden_layers={cfg.num_hidden_layers})")
+    weights = {name: index.float32(key, (128, 128)) for name, key in keys.items()}
+    stored = matrix_dtypes(index, keys.values())
     return _drafter_on(target, cfg, weights, lossless_weight_dtype(stored))
 
 
