@@ -32,9 +32,9 @@ def commit() -> str:
 
 
 def device_name() -> str:
-    from numba import cuda
-    return cuda.get_current_device().name.decode() if isinstance(cuda.get_current_device().name, bytes) \
-        else str(cuda.get_current_device().name)
+    """This machine's GPU, as the package names it (``model.loader.device_name``)."""
+    from ddtree_numba.model.loader import device_name as package_device_name
+    return package_device_name("cuda")
 
 
 def time_gpu(fn, stream, reps=50, warmup=5) -> float:
@@ -113,18 +113,19 @@ def append_rows(title: str, header: list[str], rows: list[list], note: str = "",
     undated). ``device``, ``commit_id`` and ``date`` default to this machine's GPU, the
     checkout's commit and today (give them when tabling a measurement made elsewhere).
     ``results``: also write ``benchmarks/results/<results>.json`` = {benchmark, device, commit,
-    date, command, rows: [{header: value}]} (docs/DESIGN.md's envelope; the latest run is committed)."""
-    if append and results:
-        RESULTS.mkdir(exist_ok=True)
-        record = dict(benchmark=results, device=device or device_name(), commit=commit_id or commit(),
-                      date=date or datetime.date.today().isoformat(), command=command or " ".join(sys.argv),
-                      rows=[{h: _number(v) for h, v in zip(header, r)} for r in rows])
-        (RESULTS / f"{results}.json").write_text(json.dumps(record, indent=1) + "\n")
+    date, command, rows: [{header: value}]} (the latest H200 run is committed)."""
     if append:
-        stamp = date or datetime.date.today().isoformat()
-        lines = [f"\n### {title} — {stamp}, {device or device_name()}, commit {commit_id or commit()}\n"]
+        device, commit_id = device or device_name(), commit_id or commit()
+        date = date or datetime.date.today().isoformat()
+        lines = [f"\n### {title} — {date}, {device}, commit {commit_id}\n"]
     else:
         lines = [f"\n### {title}\n"]
+    if append and results:
+        RESULTS.mkdir(exist_ok=True)
+        record = dict(benchmark=results, device=device, commit=commit_id, date=date,
+                      command=command or " ".join(sys.argv),
+                      rows=[{h: _number(v) for h, v in zip(header, r)} for r in rows])
+        (RESULTS / f"{results}.json").write_text(json.dumps(record, indent=1) + "\n")
     if note:
         lines.append(note + "\n")
     lines.append("| " + " | ".join(header) + " |")
