@@ -24,11 +24,12 @@ if not _SIM:
 KINDS = {WEIGHT_DTYPES["float32"]: "f32", WEIGHT_DTYPES["float16"]: "f16", WEIGHT_DTYPES["bfloat16"]: "bf16"}
 
 
-def _weight_kind(w) -> str:
-    """'f32', 'f16' or 'bf16' (uint16 storage) for a weight array; ValueError otherwise."""
+def _weight_kind(w, name: str = "weights") -> str:
+    """'f32', 'f16' or 'bf16' (uint16 storage) for a weight array; a ValueError naming ``name``
+    otherwise."""
     kind = KINDS.get(np.dtype(w.dtype))
     if kind is None:
-        raise ValueError(f"weights must be float32, float16 or bfloat16 bits (uint16), got {np.dtype(w.dtype)}")
+        raise ValueError(f"{name} must be float32, float16 or bfloat16 bits (uint16), got {np.dtype(w.dtype)}")
     return kind
 
 

@@ -39,7 +39,7 @@ from .._checks import check_array, check_int
 from .._device import (ceil_div, device_function, float32_out, fma,
                        is_device, launcher_result, rows_device, to_device)
 from ..dtypes import STORAGE_DTYPES
-from ._widen import _weight_kind
+from ._widen import KINDS
 from .linear import enqueue_grouped_linear, enqueue_linear, enqueue_swiglu
 
 SIM = config.ENABLE_CUDASIM
@@ -452,7 +452,7 @@ def enqueue_moe_block(m, x, *, gate, bias, experts_gate, experts_up, experts_dow
 
 def _check_weight(name, w, ndim, shape=None):
     check_array(name, w, ndim, STORAGE_DTYPES, shape=shape)
-    return _weight_kind(w)
+    return KINDS[np.dtype(w.dtype)]
 
 
 def moe_route(x, gate_weight, e_score_correction_bias, scoring_func, topk_method, n_group,
