@@ -32,16 +32,8 @@ SCHEMA = 1
 DEFAULT_BUDGETS = (16, 32, 64, 128, 256, 512, 1024)
 
 
-def _run_record(res, method, budget, prompt_index, equals_ar) -> dict:
-    n = int(res.tokens.shape[0])
-    return dict(
-        method=method, budget=budget, prompt=prompt_index, num_tokens=n,
-        acceptance_lengths=res.acceptance_lengths.astype(int).tolist(),
-        tree_sizes=res.tree_sizes.astype(int).tolist(),
-        target_forwards=int(res.target_forwards), drafter_forwards=int(res.drafter_forwards),
-        elapsed_s=float(res.elapsed_s), stage_times_s={k: float(v) for k, v in res.stage_times.items()},
-        loop=res.loop, stage_clock=res.stage_clock,
-        equals_ar=bool(equals_ar))
+def _run_record(res, budget, prompt_index, equals_ar) -> dict:
+    return dict(method=res.method, budget=budget, prompt=prompt_index, **res.record(), equals_ar=bool(equals_ar))
 
 
 def _example_records(res, budget, prompt_index, rounds) -> list[dict]:
@@ -119,7 +111,7 @@ def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budget
                                budget=budget or 1, stop_token_ids=stop_token_ids, graph=graph)
                 if method == "ar":
                     ar_tokens = res.tokens
-                runs.append(_run_record(res, method, budget, i, np.array_equal(res.tokens, ar_tokens)))
+                runs.append(_run_record(res, budget, i, np.array_equal(res.tokens, ar_tokens)))
                 bar.update(1)
         if example_budget:
             res = generate(target, drafter, ids[0], max_new_tokens, method="ddtree", budget=example_budget,

@@ -98,6 +98,17 @@ class GenerationResult:
         in ``acceptance_lengths``, not kept in ``tokens``."""
         return max(int(self.acceptance_lengths.sum()) - int(self.tokens.shape[0]), 0)
 
+    def record(self) -> dict:
+        """The per-run statistics as plain JSON types (what ``ddtree-numba generate --json`` and
+        a sweep's runs store): num_tokens, acceptance_lengths, tree_sizes, target_forwards,
+        drafter_forwards, elapsed_s, stage_times_s, loop, stage_clock."""
+        return dict(
+            num_tokens=int(self.tokens.shape[0]), acceptance_lengths=self.acceptance_lengths.astype(int).tolist(),
+            tree_sizes=self.tree_sizes.astype(int).tolist(), target_forwards=int(self.target_forwards),
+            drafter_forwards=int(self.drafter_forwards), elapsed_s=float(self.elapsed_s),
+            stage_times_s={k: float(v) for k, v in self.stage_times.items()}, loop=self.loop,
+            stage_clock=self.stage_clock)
+
     def summary(self, file="stdout") -> str | None:
         """Mean acceptance length, forwards saved and tokens/s, printed to ``file`` (default: the
         current ``sys.stdout``); with ``file=None`` the text is returned instead (nothing printed
