@@ -900,18 +900,14 @@ def load_stage_target(out, args, device):
     """The target written by ``--stage target`` (as stored: its rounded weights), its record (from
     ``target_stage.json``, or from a finished pair's ``demo.json``: a new drafter for the same
     target), and the corpus, which must be the one it was trained on."""
-    path = os.path.join(out, STAGE_FILE)
-    if not os.path.isfile(os.path.join(out, "target", "config.json")):
+    stage_path, demo_path = os.path.join(out, STAGE_FILE), os.path.join(out, "demo.json")
+    path = stage_path if os.path.isfile(stage_path) else demo_path
+    if not (os.path.isfile(os.path.join(out, "target", "config.json")) and os.path.isfile(path)):
         raise SystemExit(f"--stage drafter needs the output of --stage target in {out} ({STAGE_FILE} and target/)")
-    if os.path.isfile(path):
-        with open(path) as f:
-            record = json.load(f)
-    elif os.path.isfile(os.path.join(out, "demo.json")):
-        path = os.path.join(out, "demo.json")
-        with open(path) as f:
-            record = stage_record_from_demo(json.load(f))
-    else:
-        raise SystemExit(f"--stage drafter needs the output of --stage target in {out} ({STAGE_FILE} and target/)")
+    with open(path) as f:
+        record = json.load(f)
+    if path == demo_path:
+        record = stage_record_from_demo(record)
     want, have = record.get("stage_flags", {}), _stage_flags(args)
     differ = {k: (want.get(k), v) for k, v in have.items() if want.get(k) != v}
     if differ:
