@@ -370,9 +370,9 @@ def sweep_cfgs(L, c):
             if gl != cur.GL:
                 alts.append(L._skinny_config(rb, "bf16", sw, gl=gl, n_chunks=nch))
         if rb >= 8:
-            alts.append(L.TILED["small"])
+            alts.append(L.TILES["small"])
     else:
-        alts += [L.TILED["small"], L.TILED["mid"], L.TILED["large"],
+        alts += [L.TILES["small"], L.TILES["mid"], L.TILES["large"],
                  L._skinny_config(16, "bf16", sw, gl=32, n_chunks=nch), T(128, 64, 8, 8, 16, 0)]
     return [a for a in alts if a != cur]
 

@@ -77,7 +77,7 @@ SIGNATURES = {
            ("skinny", lambda kind, swiglu, vec: importlib.import_module("ddtree_numba.kernels.linear")
             ._skinny_config(1 if vec else 16, kind, swiglu, gl=16 if vec else 32)),
            ("tiled", lambda kind, swiglu, vec: importlib.import_module("ddtree_numba.kernels.linear")
-            .TILED["large" if vec else "small"]))},
+            .TILES["large" if vec else "small"]))},
     "moe._route_kernel": [((128,), f"void({F32_2}, float32[::1], int64, int64, int64, int64, int64, int64, "
                                    f"float32, {I32_1}, {I32_2}, {F32_2})")],
     "moe._sort_kernel": [((512,), f"void({I32_2}, {F32_2}, {I32_1}, {U32_2}, {I32_2}, {I32_1}, {I32_1}, "

@@ -29,8 +29,8 @@ def load_cuda_target(path, **kw):
     one 16-thread tile (the same bits by the reduction contract, tests/test_linear_kernel.py holds
     every tile to it; a quarter of the simulated threads of a skinny block)."""
     import ddtree_numba as dd
-    from ddtree_numba.kernels import TILED
-    return dd.load_target(path, backend="cuda", gemm_tile=None if REAL_GPU else TILED["small"], **kw)
+    from ddtree_numba.kernels import TILES
+    return dd.load_target(path, backend="cuda", gemm_tile=None if REAL_GPU else TILES["small"], **kw)
 
 
 def pytest_collection_modifyitems(config, items):

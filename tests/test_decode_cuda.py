@@ -110,12 +110,12 @@ def test_the_gpu_resident_round_equals_autoregressive_and_accepts_many_tokens():
 def test_the_gpu_loop_refuses_non_finite_logits():
     """A target whose first layer overflows: the GPU-resident loop (which never copies the logits
     to the host) flags them at the prefill instead of sampling garbage."""
-    from ddtree_numba.kernels import TILED
+    from ddtree_numba.kernels import TILES
     from ddtree_numba.model import ModelConfig, random_target
     from ddtree_numba.model.cuda_target import CudaTarget
     host = random_target(ModelConfig.tiny(), seed=1)
     host.layers[0].o_proj = np.full_like(host.layers[0].o_proj, 3e38)
-    gpu = CudaTarget.from_host(host, gemm_tile=None if REAL_GPU else TILED["small"])
+    gpu = CudaTarget.from_host(host, gemm_tile=None if REAL_GPU else TILES["small"])
     with pytest.raises(ValueError, match="target forward: its logits in the prefill are not finite"):
         dd.generate(gpu, None, np.array([1, 2, 3], np.int32), 4, method="ar")
 
@@ -123,11 +123,11 @@ def test_the_gpu_loop_refuses_non_finite_logits():
 def test_the_gpu_loop_refuses_a_drafter_whose_logits_go_non_finite():
     """The drafter's logits stay on the device in the GPU loop: a NaN there used to make garbage
     trees silently (the tokens stay right, acceptance collapses). The round's flags name it."""
-    from ddtree_numba.kernels import TILED
+    from ddtree_numba.kernels import TILES
     from ddtree_numba.model import ModelConfig, random_target
     from ddtree_numba.model.cuda_target import CudaTarget
     host = random_target(ModelConfig.tiny(), seed=1)
-    gpu = CudaTarget.from_host(host, gemm_tile=None if REAL_GPU else TILED["small"])
+    gpu = CudaTarget.from_host(host, gemm_tile=None if REAL_GPU else TILES["small"])
     prompt = np.array([1, 2, 3], np.int32)
     feats = host.forward(prompt, np.arange(3, dtype=np.int32), host.new_cache(3), hidden_layer_ids=(0, 1)).hidden
 

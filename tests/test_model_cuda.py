@@ -192,10 +192,10 @@ def test_bad_inputs_name_the_problem():
 def test_non_finite_logits_name_the_layer_on_the_cuda_backend_too(layer):
     """The cuda target's host forward names the first layer whose output went non-finite, the
     last one too (whose hidden state is final-normed: its own output is read from the residual)."""
-    from ddtree_numba.kernels import TILED
+    from ddtree_numba.kernels import TILES
     from ddtree_numba.model import ModelConfig, random_target
     host = random_target(ModelConfig.tiny(), seed=1)
     host.layers[layer].o_proj = np.full_like(host.layers[layer].o_proj, 3e38)
-    gpu = CudaTarget.from_host(host, gemm_tile=None if REAL_GPU else TILED["small"])
+    gpu = CudaTarget.from_host(host, gemm_tile=None if REAL_GPU else TILES["small"])
     with pytest.raises(ValueError, match=rf"target forward: the logits are not finite .*its layer {layer} is the first"):
         gpu.forward(np.array([1, 2], np.int32), np.arange(2, dtype=np.int32), gpu.new_cache(4))

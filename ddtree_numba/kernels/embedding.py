@@ -91,11 +91,11 @@ def embedding(ids, table, *, out=None, stream=0):
     return launcher_result(y, out, ids, stream)
 
 
-def lm_head(x, weight, *, out=None, stream=0):
+def lm_head(x, weight, *, precision="fp32", out=None, stream=0):
     """Logits ``x @ weight.T`` from the final-normed hidden state, on the GPU (the projection
     contract of ``kernels.linear``).
 
     x [T, M] float32, weight [V, M] float32 / float16 / uint16 (bfloat16 bits) -> logits
     [T, V] float32. numpy in, numpy out; device arrays in, device array out.
     """
-    return linear(x, weight, out=out, stream=stream)
+    return linear(x, weight, precision=precision, out=out, stream=stream)

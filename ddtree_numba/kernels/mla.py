@@ -49,7 +49,7 @@ from .._device import (ceil_div, device_function, float32_out, fma,
                        is_device, launcher_result, rows_device, to_device)
 from ..reference.mla import absorption_weights
 from ..dtypes import STORAGE_DTYPES
-from .linear import enqueue_linear_heads
+from .linear import check_precision, enqueue_linear_heads
 
 THREADS = 8 if config.ENABLE_CUDASIM else 128   # softmax kernel: threads per query row
 _MASKED = -1.0                                     # p of a key the query does not see
@@ -351,8 +351,8 @@ def _mask_to_bits(mask, n_new: int):
 
 # -- the public launcher (twin: reference.mla.mla_attention_absorbed) ------------------------
 
-def mla_attention_absorbed(q_nope, q_pe, c_kv, k_pe, kv_b_weight, mask, scale, *, out=None,
-                           stream=0):
+def mla_attention_absorbed(q_nope, q_pe, c_kv, k_pe, kv_b_weight, mask, scale, *, precision="fp32",
+                           out=None, stream=0):
     """MLA over the cached latents on the GPU: queries through W_uk, tree-verify attention over
     (c_kv, k_pe), output through W_uv. Same arguments and result as the twin.
 
@@ -360,8 +360,10 @@ def mla_attention_absorbed(q_nope, q_pe, c_kv, k_pe, kv_b_weight, mask, scale, *
     kv_b_weight [H*(D+Dv), C] f32 / f16 / uint16 (bfloat16 bits), mask [T, S] bool (its values
     are read on the host: a device mask is copied back), scale float -> out [T, H, Dv] f32.
     The mask must show every cached row (the first S - T) to every query; among the new rows it
-    may be any pattern (causal, a tree's visibility).
+    may be any pattern (causal, a tree's visibility). ``precision``: of the two per-head
+    projections, as in ``kernels.linear``.
     """
+    check_precision(precision)
     check_array("q_nope", q_nope, 3, np.float32)
     t, h, d = q_nope.shape
     check_array("q_pe", q_pe, 3, np.float32, shape=(t, h, None))
@@ -396,10 +398,10 @@ def mla_attention_absorbed(q_nope, q_pe, c_kv, k_pe, kv_b_weight, mask, scale, *
         q_lat = cuda.device_array((t, h * c), np.float32, stream=stream)   # [T, H*C]
         o_lat = cuda.device_array((t, h * c), np.float32, stream=stream)   # [T, H*C]
         enqueue_linear_heads(to_device(q_nope, stream).reshape(t, h * d), d,
-                             to_device(w_uk_t, stream), q_lat, n_rows, stream=stream)
+                             to_device(w_uk_t, stream), q_lat, n_rows, precision=precision, stream=stream)
         enqueue_mla_attention(q_lat, to_device(q_pe, stream).reshape(t, h * r), to_device(c_kv, stream),
                               to_device(k_pe, stream), o_lat, vis_bits=to_device(bits, stream), meta=meta,
                               scale=scale, scratch=MLAScratch(t, h, s, stream), stream=stream)
         enqueue_linear_heads(o_lat, c, to_device(w_uv, stream), y.reshape(t, h * dv), n_rows,
-                             stream=stream)
+                             precision=precision, stream=stream)
     return launcher_result(y, out, q_nope, stream)

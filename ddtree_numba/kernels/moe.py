@@ -40,7 +40,9 @@ from .._device import (ceil_div, device_function, float32_out, fma,
                        is_device, launcher_result, rows_device, to_device)
 from ..dtypes import STORAGE_DTYPES
 from ._widen import KINDS
-from .linear import enqueue_grouped_linear, enqueue_linear, enqueue_swiglu
+from .linear import check_precision, enqueue_grouped_linear, enqueue_linear, enqueue_swiglu
+
+ROUTER_PRECISION = "fp32"   # HF computes the router in float32 whatever the model's dtype
 
 SIM = config.ENABLE_CUDASIM
 # The simulator runs every thread as a Python thread: tiny blocks there, H200 sizes elsewhere.
@@ -389,19 +391,19 @@ def enqueue_moe_sort(topk_ids, topk_weights, bufs, n_rows, *, stream=0):
         bufs.slot_token, bufs.slot_weight, bufs.token_slot)
 
 
-def enqueue_moe_experts(x, experts_gate, experts_up, experts_down, bufs, *, tile=None, stream=0):
+def enqueue_moe_experts(x, experts_gate, experts_up, experts_down, bufs, *, precision, tile=None, stream=0):
     """After ``enqueue_moe_sort``: bufs.expert_out[j] = down_e(silu(gate_e(x[t])) * up_e(x[t]))
     for every slot j = (token t, expert e); twin: the experts of ``reference.moe.moe_experts``.
 
-    x [R, M] f32, experts_gate / up [E, I, M], experts_down [E, M, I]; ``tile`` as in
-    ``enqueue_linear``."""
+    x [R, M] f32, experts_gate / up [E, I, M], experts_down [E, M, I]; ``precision`` and ``tile``
+    as in ``enqueue_linear``."""
     # tiles sized for an expert's typical share (twice the balanced T*K/E), the grid for all T
     typical = 2 * ceil_div(bufs.max_rows * bufs.top_k, bufs.n_experts)
     enqueue_grouped_linear(x, experts_gate, bufs.act, bufs.offsets, bufs.max_rows,
-                           row_index=bufs.slot_token, w_up=experts_up, tile_rows=typical, tile=tile,
-                           stream=stream)
-    enqueue_grouped_linear(bufs.act, experts_down, bufs.expert_out, bufs.offsets, bufs.max_rows,
+                           precision=precision, row_index=bufs.slot_token, w_up=experts_up,
                            tile_rows=typical, tile=tile, stream=stream)
+    enqueue_grouped_linear(bufs.act, experts_down, bufs.expert_out, bufs.offsets, bufs.max_rows,
+                           precision=precision, tile_rows=typical, tile=tile, stream=stream)
 
 
 def enqueue_moe_combine(bufs, shared_out, out, n_rows, *, residual, stream=0):
@@ -416,17 +418,19 @@ def enqueue_moe_combine(bufs, shared_out, out, n_rows, *, residual, stream=0):
         bufs.expert_out if shared_out is None else shared_out, out, n_rows)
 
 
-def enqueue_swiglu_mlp(x, gate_w, up_w, down_w, out, *, act, n_rows, accumulate=False, tile=None, stream=0):
+def enqueue_swiglu_mlp(x, gate_w, up_w, down_w, out, *, act, n_rows, precision, accumulate=False, tile=None,
+                       stream=0):
     """out[:n] (+)= down(silu(gate(x[:n])) * up(x[:n])) for n = n_rows[0]; twin:
     ``reference.moe.swiglu_mlp`` (with ``accumulate`` it is the residual add x + mlp(m)).
 
     x [R, M] f32, gate_w / up_w [I, M], down_w [M, I], act [R, I] f32 scratch, out [R, M] f32."""
-    enqueue_swiglu(x, gate_w, up_w, act, n_rows, tile=tile, stream=stream)
-    enqueue_linear(act, down_w, out, n_rows, accumulate=accumulate, tile=tile, stream=stream)
+    enqueue_swiglu(x, gate_w, up_w, act, n_rows, precision=precision, tile=tile, stream=stream)
+    enqueue_linear(act, down_w, out, n_rows, precision=precision, accumulate=accumulate, tile=tile,
+                   stream=stream)
 
 
 def enqueue_moe_block(m, x, *, gate, bias, experts_gate, experts_up, experts_down, shared_gate=None,
-                      shared_up=None, shared_down=None, route, bufs, n_rows, tile=None, stream=0):
+                      shared_up=None, shared_down=None, route, bufs, n_rows, precision, tile=None, stream=0):
     """x[r] += routed(m[r]) + shared(m[r]) for r < n_rows[0] <= bufs.max_rows; 7 launches (6
     without shared experts). Twins: ``reference.moe.moe_route``, ``moe_experts`` and
     ``swiglu_mlp`` (the shared experts), as the target's MoE layer adds them.
@@ -434,16 +438,19 @@ def enqueue_moe_block(m, x, *, gate, bias, experts_gate, experts_up, experts_dow
     m / x [>= max_rows, M] f32 (m post-attention-normed, x the residual stream), gate [E, M],
     bias [E] f32 or None, experts_gate / up [E, I, M], experts_down [E, M, I], shared_* [Is, M] /
     [M, Is] or None (then ``bufs.shared_inter`` may be 0), route ``MoERoute``, bufs
-    ``MoEBuffers``, n_rows [1] int32 device; ``tile`` as in ``enqueue_linear``."""
-    enqueue_linear(m, gate, bufs.logits, n_rows, tile=tile, stream=stream)
+    ``MoEBuffers``, n_rows [1] int32 device; ``precision`` (the experts') and ``tile`` as in
+    ``enqueue_linear``. The router GEMM is always 'fp32', as HF computes it in float32: a
+    rounded router logit could pick another expert."""
+    enqueue_linear(m, gate, bufs.logits, n_rows, precision=ROUTER_PRECISION, tile=tile, stream=stream)
     enqueue_moe_route(bufs.logits, bufs.zero_bias if bias is None else bias, route,
                       topk_ids=bufs.topk_ids, topk_weights=bufs.topk_weights, n_rows=n_rows, stream=stream)
     enqueue_moe_sort(bufs.topk_ids, bufs.topk_weights, bufs, n_rows, stream=stream)
-    enqueue_moe_experts(m, experts_gate, experts_up, experts_down, bufs, tile=tile, stream=stream)
+    enqueue_moe_experts(m, experts_gate, experts_up, experts_down, bufs, precision=precision, tile=tile,
+                        stream=stream)
     shared_out = None
     if shared_gate is not None:
         enqueue_swiglu_mlp(m, shared_gate, shared_up, shared_down, bufs.shared_out, act=bufs.shared_act,
-                           n_rows=n_rows, tile=tile, stream=stream)
+                           n_rows=n_rows, precision=precision, tile=tile, stream=stream)
         shared_out = bufs.shared_out
     enqueue_moe_combine(bufs, shared_out, x, n_rows, residual=True, stream=stream)
 
@@ -486,7 +493,7 @@ def moe_route(x, gate_weight, e_score_correction_bias, scoring_func, topk_method
         n_rows = rows_device(t, stream)
         logits = cuda.device_array((t, e), np.float32, stream=stream)
         enqueue_linear(to_device(x, stream), to_device(gate_weight, stream), logits, n_rows,
-                       stream=stream)
+                       precision=ROUTER_PRECISION, stream=stream)
         bias = (cuda.to_device(np.zeros(e, np.float32), stream=stream)
                 if e_score_correction_bias is None else to_device(e_score_correction_bias, stream))
         enqueue_moe_route(logits, bias, route, topk_ids=ids, topk_weights=weights, n_rows=n_rows,
@@ -509,12 +516,14 @@ def _check_mlp_weights(prefix, gate, up, down, ndim, m):
     return kind
 
 
-def swiglu_mlp(x, gate_weight, up_weight, down_weight, *, out=None, stream=0):
+def swiglu_mlp(x, gate_weight, up_weight, down_weight, *, precision="fp32", out=None, stream=0):
     """``down(silu(gate(x)) * up(x))`` on the GPU (two launches).
 
     x [T, M] float32, gate_weight / up_weight [I, M], down_weight [M, I] (float32 / float16 /
-    uint16 bf16 bits; gate and up of one dtype) -> [T, M] float32.
+    uint16 bf16 bits; gate and up of one dtype) -> [T, M] float32. ``precision`` as in
+    ``kernels.linear``.
     """
+    check_precision(precision)
     check_array("x", x, 2, np.float32)
     t, m = x.shape
     _check_mlp_weights("", gate_weight, up_weight, down_weight, 2, m)
@@ -523,18 +532,20 @@ def swiglu_mlp(x, gate_weight, up_weight, down_weight, *, out=None, stream=0):
         act = cuda.device_array((t, gate_weight.shape[0]), np.float32, stream=stream)
         enqueue_swiglu_mlp(to_device(x, stream), to_device(gate_weight, stream),
                            to_device(up_weight, stream), to_device(down_weight, stream), y, act=act,
-                           n_rows=rows_device(t, stream), stream=stream)
+                           n_rows=rows_device(t, stream), precision=precision, stream=stream)
     return launcher_result(y, out, x, stream)
 
 
-def moe_experts(x, topk_ids, topk_weights, gate_weights, up_weights, down_weights, *, out=None,
-                stream=0):
+def moe_experts(x, topk_ids, topk_weights, gate_weights, up_weights, down_weights, *, precision="fp32",
+                out=None, stream=0):
     """Weighted sum of each token's routed experts, summed in increasing expert id, on the GPU
     (counting sort, grouped SwiGLU and down GEMMs, combine).
 
     x [T, M] float32, topk_ids [T, K] int32 (distinct per row, in [0, E)), topk_weights [T, K]
     float32, gate_weights / up_weights [E, I, M], down_weights [E, M, I] -> [T, M] float32.
+    ``precision`` as in ``kernels.linear``.
     """
+    check_precision(precision)
     check_array("x", x, 2, np.float32)
     t, m = x.shape
     _check_mlp_weights("", gate_weights, up_weights, down_weights, 3, m)
@@ -560,6 +571,6 @@ def moe_experts(x, topk_ids, topk_weights, gate_weights, up_weights, down_weight
                              n_rows, stream=stream)
             enqueue_moe_experts(to_device(x, stream), to_device(gate_weights, stream),
                                 to_device(up_weights, stream), to_device(down_weights, stream),
-                                bufs, stream=stream)
+                                bufs, precision=precision, stream=stream)
             enqueue_moe_combine(bufs, None, y, n_rows, residual=False, stream=stream)
     return launcher_result(y, out, x, stream)

@@ -394,12 +394,12 @@ class CudaDrafter:
         Hq, Hkv, Dh, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
         self._prepare(ws, cache)
         nf = features.shape[0]
-        tile = target.gemm_tile
+        gemm = target.gemm_args          # the target's precision and tile for every projection
         _draft_meta_kernel[1, META_THREADS, stream](
             cache.status, n, bonus, int(cache.capacity), int(nf), int(Hq), int(Hkv), int(cfg.mask_token_id),
             bool(write_block), ws.ids, ws.pos_ctx, ws.pos_blk, ws.meta)
         # context features: hidden_norm(fc(features))                              [n, M]
-        kn.enqueue_linear(features, self.fc, ws.ctx_raw, ws.n_ctx, tile=tile, stream=stream)
+        kn.enqueue_linear(features, self.fc, ws.ctx_raw, ws.n_ctx, **gemm, stream=stream)
         kn.enqueue_rms_norm(ws.ctx_raw, self.hidden_norm, eps, ws.ctx, ws.n_ctx, stream=stream)
         kn.enqueue_embedding(ws.ids, target.embed_tokens, ws.x, ws.n_blk, stream=stream)   # [B, M]
         ck_heads = ws.ck.reshape(ws.rows * Hkv, Dh)                    # per-head views for the norms
@@ -410,29 +410,29 @@ class CudaDrafter:
         for i, lw in enumerate(self.layers):
             k_cache, v_cache = cache.k[i], cache.v[i]                  # [S_cap, Hkv*Dh]
             # the context rows' keys (k_norm, rope at s0 + r, straight into the cache) and values
-            kn.enqueue_linear(ws.ctx, lw.k_proj, ws.ck, ws.n_ctx, tile=tile, stream=stream)
+            kn.enqueue_linear(ws.ctx, lw.k_proj, ws.ck, ws.n_ctx, **gemm, stream=stream)
             kn.enqueue_rms_norm(ck_heads, lw.k_norm, eps, ck_heads, ws.n_ctx_heads, stream=stream)
             kn.enqueue_rope(ws.ck, k_cache, ws.pos_ctx, self.inv_freq, ws.n_ctx, groups=Hkv,
                             dst_row0=ws.s0, stream=stream, **heads)
-            kn.enqueue_linear(ws.ctx, lw.v_proj, ws.cv, ws.n_ctx, tile=tile, stream=stream)
+            kn.enqueue_linear(ws.ctx, lw.v_proj, ws.cv, ws.n_ctx, **gemm, stream=stream)
             kn.enqueue_copy_rows(v_cache, ws.start_n, ws.cv, stream=stream)      # appended at s0
             # the block: queries, keys and values at positions s0 + n + j (never cached)
             kn.enqueue_rms_norm(ws.x, lw.input_layernorm, eps, ws.h, ws.n_blk, stream=stream)
-            kn.enqueue_linear(ws.h, lw.q_proj, ws.q, ws.n_blk, tile=tile, stream=stream)
+            kn.enqueue_linear(ws.h, lw.q_proj, ws.q, ws.n_blk, **gemm, stream=stream)
             kn.enqueue_rms_norm(q_heads, lw.q_norm, eps, q_heads, ws.n_blk_q_heads, stream=stream)
             kn.enqueue_rope(ws.q, ws.q, ws.pos_blk, self.inv_freq, ws.n_blk, groups=Hq, stream=stream, **heads)
-            kn.enqueue_linear(ws.h, lw.k_proj, ws.kb, ws.n_blk, tile=tile, stream=stream)
+            kn.enqueue_linear(ws.h, lw.k_proj, ws.kb, ws.n_blk, **gemm, stream=stream)
             kn.enqueue_rms_norm(kb_heads, lw.k_norm, eps, kb_heads, ws.n_blk_kv_heads, stream=stream)
             kn.enqueue_rope(ws.kb, ws.kb, ws.pos_blk, self.inv_freq, ws.n_blk, groups=Hkv, stream=stream,
                             **heads)
-            kn.enqueue_linear(ws.h, lw.v_proj, ws.vb, ws.n_blk, tile=tile, stream=stream)
+            kn.enqueue_linear(ws.h, lw.v_proj, ws.vb, ws.n_blk, **gemm, stream=stream)
             # non-causal attention over the context rows then the block, o_proj into the residual
             kn.enqueue_gqa_attention(ws.q, k_cache, v_cache, ws.o, k_blk=ws.kb, v_blk=ws.vb,
                                      meta=ws.att_meta, scale=scale, scratch=ws.scratch, stream=stream)
-            kn.enqueue_linear(ws.o, lw.o_proj, ws.x, ws.n_blk, accumulate=True, tile=tile, stream=stream)
+            kn.enqueue_linear(ws.o, lw.o_proj, ws.x, ws.n_blk, accumulate=True, **gemm, stream=stream)
             kn.enqueue_rms_norm(ws.x, lw.post_attention_layernorm, eps, ws.h, ws.n_blk, stream=stream)
             kn.enqueue_swiglu_mlp(ws.h, lw.gate_proj, lw.up_proj, lw.down_proj, ws.x, act=ws.act,
-                                  n_rows=ws.n_blk, accumulate=True, tile=tile, stream=stream)
+                                  n_rows=ws.n_blk, accumulate=True, **gemm, stream=stream)
         kn.enqueue_rms_norm(ws.x, self.norm, eps, ws.h, ws.n_blk, stream=stream)
         if logits and ws.block > 1:
-            kn.enqueue_linear(ws.h_tail, target.lm_head, ws.logits, ws.n_logits, tile=tile, stream=stream)
+            kn.enqueue_linear(ws.h_tail, target.lm_head, ws.logits, ws.n_logits, **gemm, stream=stream)

@@ -233,14 +233,18 @@ class CudaTarget:
 
     ``forward`` has the numpy target's arguments and results (numpy logits and hidden states);
     ``forward_device`` leaves them in the workspace for the decode loop (``DeviceTarget`` in
-    ``model.protocols``). ``gemm_tile``: None chooses every GEMM's tile from its rows; an entry
-    of ``kernels.TILED`` forces it for every projection (same bits: the reduction contract).
+    ``model.protocols``). ``precision``: of every projection on the tensor cores, 'bf16'
+    (activations rounded to bf16 at each GEMM input, as bf16 inference does; the default) or
+    'fp32' (faithful to float32, within the HF goldens' 1e-4); the router is always 'fp32'
+    (``kernels.linear``, docs/DESIGN.md §4). ``gemm_tile``: None chooses every GEMM's tile from its
+    rows; an entry of ``kernels.TILES`` forces it for every projection (same bits: the reduction
+    contract).
     """
 
     backend = "cuda"
 
     def __init__(self, cfg: ModelConfig, embed_tokens, norm, lm_head, layers: list[DeviceLayer],
-                 rope: RopeTables, *, gemm_tile=None):
+                 rope: RopeTables, *, precision: str = "bf16", gemm_tile=None):
         self.config = cfg
         self.embed_tokens = embed_tokens          # [V, M] device, any weight dtype
         self.norm = norm                          # [M] f32 device
@@ -248,7 +252,9 @@ class CudaTarget:
         self.layers = layers
         self.rope = rope                          # RopeTables (host)
         self.inv_freq = cuda.to_device(np.ascontiguousarray(rope.inv_freq, np.float64))  # [R/2]
+        self.precision = kn.check_precision(precision)
         self.gemm_tile = gemm_tile
+        self.gemm_args = dict(precision=self.precision, tile=gemm_tile)   # what every projection is enqueued with
         has_moe = any(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
         self._route = kn.MoERoute(cfg.scoring_func, cfg.topk_method, cfg.n_group, cfg.topk_group,
                                   cfg.num_experts_per_tok, bool(cfg.norm_topk_prob),
@@ -257,20 +263,21 @@ class CudaTarget:
 
     def __repr__(self) -> str:
         dtype = next(name for name, d in WEIGHT_DTYPES.items() if d == np.dtype(self.embed_tokens.dtype))
-        return f"CudaTarget({self.config.describe()}, {dtype} weights)"
+        return f"CudaTarget({self.config.describe()}, {dtype} weights, {self.precision} GEMMs)"
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
-    def from_host(cls, host_target, weight_dtype: str = "float32", *, gemm_tile=None):
+    def from_host(cls, host_target, weight_dtype: str = "float32", *, precision: str = "bf16", gemm_tile=None):
         """Upload a ``NumpyTarget``, every matrix stored as ``weight_dtype`` ('float32',
-        'float16' or 'bfloat16'); norm weights, the router and its bias stay float32."""
+        'float16' or 'bfloat16'); norm weights, the router and its bias stay float32.
+        ``precision``: the GEMMs' (class docstring)."""
         dt = check_weight_dtype(weight_dtype)
         cfg = host_target.config
         layers = device_layers_from_host(cfg, host_target.layers, dt)
         embed = cuda.to_device(to_storage(host_target.embed_tokens, dt))
         head = embed if cfg.tie_word_embeddings else cuda.to_device(to_storage(host_target.lm_head, dt))
         norm = cuda.to_device(np.ascontiguousarray(host_target.norm, np.float32))
-        return cls(cfg, embed, norm, head, layers, host_target.rope, gemm_tile=gemm_tile)
+        return cls(cfg, embed, norm, head, layers, host_target.rope, precision=precision, gemm_tile=gemm_tile)
 
     def new_cache(self, max_tokens: int) -> DeviceMLACache:
         """An empty device latent cache with room for ``max_tokens`` rows per layer."""
@@ -363,7 +370,7 @@ class CudaTarget:
         kn.enqueue_rms_norm(ws.x, self.norm, self.config.rms_norm_eps, ws.normed, ws.n_rows, stream=stream)
         if last in hidden_layer_ids:            # the last layer's feature is the final-normed state
             ws.hidden[last].copy_to_device(ws.normed, stream=stream)
-        kn.enqueue_linear(ws.normed, self.lm_head, ws.logits, ws.n_rows, tile=self.gemm_tile, stream=stream)
+        kn.enqueue_linear(ws.normed, self.lm_head, ws.logits, ws.n_rows, **self.gemm_args, stream=stream)
 
     def layer_stages(self, ws: Workspace, cache: DeviceMLACache, i: int):
         """Decoder layer i over ws.x in place, as its named stages: a list of (name, enqueue)
@@ -371,7 +378,7 @@ class CudaTarget:
         a benchmark can put events between them (benchmarks/verify_forward.py)."""
         cfg, lw = self.config, self.layers[i]
         H, D, R, C = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
-        eps, n, tile = cfg.rms_norm_eps, ws.n_rows, self.gemm_tile
+        eps, n, gemm = cfg.rms_norm_eps, ws.n_rows, self.gemm_args
         c_kv, k_pe = cache.c_kv[i], cache.k_pe[i]                            # [S, C], [S, R]
         rope = dict(interleave=cfg.rope_interleave, attention_factor=self.rope.attention_factor)
 
@@ -380,14 +387,14 @@ class CudaTarget:
 
         def q_projection(s):
             if lw.q_proj is not None:
-                kn.enqueue_linear(ws.normed, lw.q_proj, ws.q, n, tile=tile, stream=s)
+                kn.enqueue_linear(ws.normed, lw.q_proj, ws.q, n, **gemm, stream=s)
             else:
-                kn.enqueue_linear(ws.normed, lw.q_a_proj, ws.q_a, n, tile=tile, stream=s)
+                kn.enqueue_linear(ws.normed, lw.q_a_proj, ws.q_a, n, **gemm, stream=s)
                 kn.enqueue_rms_norm(ws.q_a, lw.q_a_layernorm, eps, ws.q_a_normed, n, stream=s)
-                kn.enqueue_linear(ws.q_a_normed, lw.q_b_proj, ws.q, n, tile=tile, stream=s)
+                kn.enqueue_linear(ws.q_a_normed, lw.q_b_proj, ws.q, n, **gemm, stream=s)
 
         def kv_a_projection(s):
-            kn.enqueue_linear(ws.normed, lw.kv_a_proj_with_mqa, ws.kv, n, tile=tile, stream=s)
+            kn.enqueue_linear(ws.normed, lw.kv_a_proj_with_mqa, ws.kv, n, **gemm, stream=s)
 
         def latent_norm_rope(s):
             # the latent's norm and the rotated rope key go straight into cache row s0 + r
@@ -398,17 +405,17 @@ class CudaTarget:
                             src_stride=D + R, dst_stride=R, stream=s, **rope)
 
         def query_absorption(s):
-            kn.enqueue_linear_heads(ws.q, D + R, lw.w_uk_t, ws.q_lat, n, tile=tile, stream=s)
+            kn.enqueue_linear_heads(ws.q, D + R, lw.w_uk_t, ws.q_lat, n, **gemm, stream=s)
 
         def attention(s):
             kn.enqueue_mla_attention(ws.q_lat, ws.q_pe, c_kv, k_pe, ws.o_lat, vis_bits=ws.vis_bits,
                                      meta=ws.meta, scale=self.rope.scale, scratch=ws.mla_scratch, stream=s)
 
         def output_absorption(s):
-            kn.enqueue_linear_heads(ws.o_lat, C, lw.w_uv, ws.o, n, tile=tile, stream=s)
+            kn.enqueue_linear_heads(ws.o_lat, C, lw.w_uv, ws.o, n, **gemm, stream=s)
 
         def o_proj(s):
-            kn.enqueue_linear(ws.o, lw.o_proj, ws.x, n, accumulate=True, tile=tile, stream=s)
+            kn.enqueue_linear(ws.o, lw.o_proj, ws.x, n, accumulate=True, **gemm, stream=s)
 
         def post_attention_norm(s):
             kn.enqueue_rms_norm(ws.x, lw.post_attention_layernorm, eps, ws.normed, n, stream=s)
@@ -419,11 +426,11 @@ class CudaTarget:
                 experts_gate=lw.experts_gate_proj, experts_up=lw.experts_up_proj,
                 experts_down=lw.experts_down_proj, shared_gate=lw.shared_gate_proj,
                 shared_up=lw.shared_up_proj, shared_down=lw.shared_down_proj, route=self._route,
-                bufs=ws.moe, n_rows=n, tile=tile, stream=s)
+                bufs=ws.moe, n_rows=n, **gemm, stream=s)
 
         def dense_mlp(s):
             kn.enqueue_swiglu_mlp(ws.normed, lw.mlp_gate_proj, lw.mlp_up_proj, lw.mlp_down_proj, ws.x,
-                                  act=ws.act, n_rows=n, accumulate=True, tile=tile, stream=s)
+                                  act=ws.act, n_rows=n, accumulate=True, **gemm, stream=s)
 
         # attention: x += o_proj(MLA(rms_norm(x))); feed-forward: x += FFN(rms_norm(x))
         return [("input norm", input_norm), ("q projection", q_projection),

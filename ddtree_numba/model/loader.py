@@ -89,20 +89,25 @@ def device_name(backend: str) -> str:
 
 
 def load_target(path: str | os.PathLike, backend: str = "numpy", progress: bool | None = None,
-                weight_dtype: str | None = None, gemm_tile=None):
+                weight_dtype: str | None = None, precision: str | None = None, gemm_tile=None):
     """Load an HF-format DeepSeek-V3 / V2 / Kimi-K2 checkpoint directory (config.json + safetensors).
 
     backend 'numpy' (a ``NumpyTarget``), 'cuda' (a ``CudaTarget``) or 'auto' (``resolve_backend``).
     ``weight_dtype`` (cuda only): how matrices are stored on the GPU, 'float32', 'float16' or
     'bfloat16'; None keeps the checkpoint's own dtype when every matrix has it (bf16 or fp16) and
-    float32 otherwise, so nothing is rounded. ``gemm_tile`` (cuda only): force one GEMM tile
-    (``CudaTarget``); the bits do not depend on it.
+    float32 otherwise, so nothing is rounded. ``precision`` (cuda only): the tensor-core GEMMs'
+    arithmetic, 'bf16' (the default: activations rounded to bf16 at each GEMM input, as bf16
+    inference does) or 'fp32' (faithful to float32; what the HF-golden tests use); numpy always
+    runs float32. ``gemm_tile`` (cuda only): force one GEMM tile (``CudaTarget``); the bits do
+    not depend on it.
     """
     chosen = resolve_backend(backend).backend
     if weight_dtype is not None and chosen != "cuda":
         raise ValueError("weight_dtype applies to backend='cuda' only (numpy runs in float32)")
     if gemm_tile is not None and chosen != "cuda":
         raise ValueError("gemm_tile applies to backend='cuda' only")
+    if precision is not None and chosen != "cuda":
+        raise ValueError("precision applies to backend='cuda' only (numpy runs in float32)")
     cfg, weights, index = read_checkpoint(path, progress=progress)
     host = NumpyTarget(cfg, weights)
     if chosen == "numpy":
@@ -111,7 +116,7 @@ def load_target(path: str | os.PathLike, backend: str = "numpy", progress: bool 
     if weight_dtype is None:        # the MoE router's gate is kept in float32 whatever it is stored as
         weight_dtype = lossless_weight_dtype(matrix_dtypes(index, [n for n in weights
                                                                    if not n.endswith("mlp.gate.weight")]))
-    return CudaTarget.from_host(host, weight_dtype, gemm_tile=gemm_tile)
+    return CudaTarget.from_host(host, weight_dtype, precision=precision or "bf16", gemm_tile=gemm_tile)
 
 
 def _drafter_on(target, cfg: DrafterConfig, weights: dict, weight_dtype: str = "float32"):

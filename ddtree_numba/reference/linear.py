@@ -1,16 +1,68 @@
 """Dense projection, the matmul every other stage is built from.
 
 Shapes: T tokens, I input features, O output features.
+
+``precision`` None is float32 arithmetic (``torch.nn.Linear`` in float32; what the numpy target
+runs). 'bf16' and 'fp32' are the twins of the GPU's tensor-core GEMMs (``kernels.linear``):
+the same bf16 operands rounded at the same points, their products summed exactly, so the
+kernel differs from the twin only by its float32 accumulation (``accumulation_bound``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..dtypes import bf16_to_float32, to_bf16_bits
 
-def linear(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+PRECISIONS = ("bf16", "fp32")
+U32 = 2.0 ** -23           # one float32 rounding, relative, allowing truncation as well as nearest
+
+
+def bf16_round(a: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest bfloat16 (ties to even), as float32."""
+    return bf16_to_float32(to_bf16_bits(a))
+
+
+def bf16_split(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(hi, lo), both bf16 values as float32: hi = bf16(a), lo = bf16(a - hi); hi + lo is a to
+    within 2^-17 of |a| (a bf16 value splits as (a, 0))."""
+    hi = bf16_round(a)
+    return hi, bf16_round(np.asarray(a, np.float32) - hi)
+
+
+def gemm_terms(x: np.ndarray, weight: np.ndarray, precision: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The (activation, weight) operand pairs whose products a tensor-core GEMM of ``precision``
+    adds, in the order it adds them within a k step: 'bf16': (bf16(x), bf16(w)); 'fp32': (xh, wh),
+    (xl, wh), (xh, wl) of the bf16 splits (wl = 0 for bf16 weights, so the kernels skip it)."""
+    if precision == "bf16":
+        return [(bf16_round(x), bf16_round(weight))]
+    if precision == "fp32":
+        (xh, xl), (wh, wl) = bf16_split(x), bf16_split(weight)
+        return [(xh, wh), (xl, wh), (xh, wl)]
+    raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+
+
+def linear(x: np.ndarray, weight: np.ndarray, precision: str | None = None) -> np.ndarray:
     """``y = x @ weight.T`` as ``torch.nn.Linear`` without bias.
 
     x [T, I] float32, weight [O, I] float32 (HF layout: out features first) -> y [T, O] float32.
+    ``precision``: None (float32 arithmetic), or 'bf16' / 'fp32' (the tensor-core GEMM's operands,
+    their products summed exactly in float64 and rounded once; module docstring).
     """
-    return np.matmul(x, weight.T, dtype=np.float32)                  # [T, O]
+    if precision is None:
+        return np.matmul(x, weight.T, dtype=np.float32)              # [T, O]
+    y = sum(np.matmul(a.astype(np.float64), b.T.astype(np.float64)) for a, b in gemm_terms(x, weight, precision))
+    return np.asarray(y, np.float32)
+
+
+def accumulation_bound(x: np.ndarray, weight: np.ndarray, precision: str, chunk: int = 64) -> np.ndarray:
+    """[T, O] bound on |kernel - twin| for a tensor-core GEMM of ``precision`` (``linear``): the
+    kernel adds the same exact products in float32, ceil(I/16) mma steps of each term, then the
+    ceil(I/chunk) chunk partials, each at most two roundings (an mma aligns its products to the
+    largest and rounds the sum) or one (a chunk add) of ``U32`` relative to the running sum
+    of magnitudes; plus the twin's own final rounding."""
+    terms = gemm_terms(x, weight, precision)
+    k = x.shape[-1]
+    roundings = 2 * len(terms) * -(-k // 16) + -(-k // chunk) + 2    # 2: an mma may round twice
+    mag = sum(np.abs(a).astype(np.float64) @ np.abs(b).T.astype(np.float64) for a, b in terms)
+    return roundings * U32 * mag + 1e-30

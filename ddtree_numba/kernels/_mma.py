@@ -1,0 +1,129 @@
+"""Tensor-core instructions from numba: ``mma.sync`` on bf16 tiles and the bf16 packing it needs.
+
+numba-cuda has no tensor-core API. Its documented extension route does: an ``intrinsic`` whose
+code generation emits the PTX instruction as LLVM inline assembly (measured on the H200:
+385 TFLOP/s from registers, docs/PERFORMANCE.md). The simulator cannot run inline PTX, so each
+intrinsic has a simulator implementation with the same meaning: ``mma_bf16`` emulates the whole
+warp's fragments through a per-warp buffer and two block barriers (kernels that use it call it
+the same number of times in every warp of a block, as the GPU requires of a warp anyway).
+
+**The one instruction: m16n8k16, A row-major, B column-major, bf16 in, float32 accumulate.**
+Lane l of a warp, g = l // 4 (group), t = l % 4 (thread in group), holds (PTX ISA, "Matrix
+Fragments for mma.m16n8k16"):
+
+- A [16 x 16]: four uint32 words of two bf16 each (lower k in the low half):
+  a0 = A[g, 2t:2t+2], a1 = A[g+8, 2t:2t+2], a2 = A[g, 2t+8:2t+10], a3 = A[g+8, 2t+8:2t+10];
+- B [16 x 8]: b0 = B[2t:2t+2, g], b1 = B[2t+8:2t+10, g];
+- C, D [16 x 8] float32: c0 = C[g, 2t], c1 = C[g, 2t+1], c2 = C[g+8, 2t], c3 = C[g+8, 2t+1].
+
+D = A @ B + C. Products of bf16 are exact in float32; the hardware adds them and C in an order
+of its own (each output depends only on its own row of A, column of B and C element, which is
+what batch invariance needs, docs/DESIGN.md §4). The simulator adds them exactly (float64) and
+rounds once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import config, float32, types, uint32
+
+from .._device import device_function
+from ..dtypes import to_bf16_bits
+
+_SIM = bool(config.ENABLE_CUDASIM)
+
+MMA_PTX = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+CVT_PTX = "cvt.rn.bf16x2.f32"
+
+
+if _SIM:
+    import threading
+
+    from numba import cuda
+
+    _buffers: dict = {}
+    _lock = threading.Lock()
+
+    @device_function
+    def pack_bf16x2(lo, hi):
+        """Two float32 -> one uint32 of two bf16 (``lo`` in the low half), each rounded to nearest
+        even (``cvt.rn.bf16x2.f32``)."""
+        bits = to_bf16_bits(np.array([lo, hi], np.float32))
+        return np.uint32(int(bits[0]) | (int(bits[1]) << 16))
+
+    def _unpack(word):
+        w = int(word)
+        return (np.array([(w & 0xFFFF) << 16, (w >> 16) << 16], np.uint32)).view(np.float32)
+
+    @device_function
+    def mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """D = A @ B + C on one warp's m16n8k16 fragments (module docstring); returns (d0, d1, d2,
+        d3). Every lane of the warp must call it: the lanes meet at two block barriers."""
+        tid = cuda.threadIdx.x + cuda.blockDim.x * (
+            cuda.threadIdx.y + cuda.blockDim.y * cuda.threadIdx.z)
+        warp, lane = tid // 32, tid % 32
+        key = (cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z, warp)
+        with _lock:
+            buf = _buffers.setdefault(key, (np.zeros((16, 16)), np.zeros((16, 8)), np.zeros((16, 8)),
+                                            np.zeros((16, 8), np.float32)))
+        A, B, C, D = buf
+        g, t = lane // 4, lane % 4
+        A[g, 2 * t:2 * t + 2] = _unpack(a0)
+        A[g + 8, 2 * t:2 * t + 2] = _unpack(a1)
+        A[g, 2 * t + 8:2 * t + 10] = _unpack(a2)
+        A[g + 8, 2 * t + 8:2 * t + 10] = _unpack(a3)
+        B[2 * t:2 * t + 2, g] = _unpack(b0)
+        B[2 * t + 8:2 * t + 10, g] = _unpack(b1)
+        C[g, 2 * t:2 * t + 2] = (c0, c1)
+        C[g + 8, 2 * t:2 * t + 2] = (c2, c3)
+        cuda.syncthreads()
+        if lane == 0:
+            D[:] = (A @ B + C).astype(np.float32)      # exact products and sums, rounded once
+        cuda.syncthreads()
+        # No third barrier: lane 0 rewrites D only after the next call's first barrier, which
+        # every lane reaches after reading this D.
+        return D[g, 2 * t], D[g, 2 * t + 1], D[g + 8, 2 * t], D[g + 8, 2 * t + 1]
+else:
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def _mma_bf16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        sig = types.UniTuple(float32, 4)(uint32, uint32, uint32, uint32, uint32, uint32,
+                                         float32, float32, float32, float32)
+
+        def codegen(context, builder, signature, args):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
+            asm = ir.InlineAsm(fnty, MMA_PTX + " {$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
+                               "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+            res = builder.call(asm, args)
+            vals = [builder.extract_value(res, i) for i in range(4)]
+            return context.make_tuple(builder, signature.return_type, vals)
+
+        return sig, codegen
+
+    @intrinsic
+    def _cvt_bf16x2(typingctx, lo, hi):
+        sig = uint32(float32, float32)
+
+        def codegen(context, builder, signature, args):
+            fnty = ir.FunctionType(ir.IntType(32), [ir.FloatType(), ir.FloatType()])
+            # cvt.rn.bf16x2.f32 d, a, b puts a in the upper half and b in the lower
+            asm = ir.InlineAsm(fnty, CVT_PTX + " $0, $1, $2;", "=r,f,f")
+            return builder.call(asm, [args[1], args[0]])
+
+        return sig, codegen
+
+    @device_function
+    def mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """D = A @ B + C on one warp's m16n8k16 fragments (module docstring); returns (d0, d1, d2,
+        d3). Every lane of the warp must call it (``mma.sync.aligned``)."""
+        return _mma_bf16(uint32(a0), uint32(a1), uint32(a2), uint32(a3), uint32(b0), uint32(b1),
+                         float32(c0), float32(c1), float32(c2), float32(c3))
+
+    @device_function
+    def pack_bf16x2(lo, hi):
+        """Two float32 -> one uint32 of two bf16 (``lo`` in the low half), each rounded to nearest
+        even (``cvt.rn.bf16x2.f32``)."""
+        return _cvt_bf16x2(float32(lo), float32(hi))
