@@ -16,7 +16,8 @@ import numpy as np
 PERF = Path(__file__).resolve().parents[1] / "docs" / "PERFORMANCE.md"
 RESULTS = Path(__file__).resolve().parent / "results"
 COPY_BW = 4.2e12     # bytes/s, device copy (read + write) measured on the H200 (shared/GPU.md)
-FP32_RATE = 51e12    # FLOP/s, cuBLAS fp32 without TF32 on the H200
+MMA_RATE = 385e12    # FLOP/s, bf16 mma.sync from registers on the H200 (shared/GPU.md); each
+                     # benchmark measures it again in its own run (``mma_ceiling``)
 
 
 def commit() -> str:
@@ -52,6 +53,38 @@ def time_gpu(fn, stream, reps=50, warmup=5) -> float:
         end.synchronize()
         times.append(cuda.event_elapsed_time(start, end) * 1e3)
     return statistics.median(times)
+
+
+def mma_ceiling(stream=0, iters=4096) -> float:
+    """The bf16 mma.sync ceiling in FLOP/s, measured now: a register-only kernel (4 independent
+    accumulator chains a warp, 4 warps a block, 8 blocks an SM) through the package's own
+    intrinsic (``kernels._mma.mma_bf16``). The compute floor of every benchmark is FLOPs / this."""
+    from numba import cuda, float32, uint32
+
+    from ddtree_numba.kernels._mma import mma_bf16
+
+    @cuda.jit
+    def spin(out, n):
+        lane = cuda.threadIdx.x % 32
+        a = uint32(0x3F803F80 + lane)                 # bf16 pairs near 1.0
+        b = uint32(0x3C003C00 + lane)
+        c0 = c1 = c2 = c3 = float32(0.0)
+        d0 = d1 = d2 = d3 = float32(0.0)
+        e0 = e1 = e2 = e3 = float32(0.0)
+        f0 = f1 = f2 = f3 = float32(0.0)
+        for _ in range(n):
+            c0, c1, c2, c3 = mma_bf16(a, a, a, a, b, b, c0, c1, c2, c3)
+            d0, d1, d2, d3 = mma_bf16(a, a, a, a, b, b, d0, d1, d2, d3)
+            e0, e1, e2, e3 = mma_bf16(a, a, a, a, b, b, e0, e1, e2, e3)
+            f0, f1, f2, f3 = mma_bf16(a, a, a, a, b, b, f0, f1, f2, f3)
+        out[cuda.grid(1)] = c0 + c1 + c2 + c3 + d0 + d1 + d2 + d3 + e0 + e1 + e2 + e3 + f0 + f1 + f2 + f3
+
+    sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
+    blocks, threads = 8 * sms, 128
+    out = cuda.device_array(blocks * threads, np.float32, stream=stream)
+    us = time_gpu(lambda: spin[blocks, threads, stream](out, iters), stream, reps=5, warmup=1)
+    flops = blocks * (threads // 32) * iters * 4 * (2 * 16 * 8 * 16)
+    return flops / (us * 1e-6)
 
 
 _FILL = []

@@ -12,7 +12,8 @@ Weights are random bf16 made on the GPU (no checkpoint needed); the latent cache
 ``--nodes`` counts the rows verified, the root included: a DDTree round of budget B verifies B + 1.
 
 Per node count: ms eager (every kernel launched from Python) and ms graph (one CUDA-graph replay),
-the bytes the forward must move and its FLOPs, the floor max(bytes / 4.2 TB/s, FLOPs / 51 TFLOP/s),
+the bytes the forward must move and its FLOPs, the floor max(bytes / 4.2 TB/s, FLOPs / the mma.sync
+ceiling measured in the same run), GEMMs in ``--precision`` (default bf16),
 and the peer: HF transformers DeepseekV3ForCausalLM in bf16 on the same GPU and shape, as measured
 in shared/GPU.md (``--peer`` measures it again here). Then a per-kernel breakdown of one MoE layer.
 """
@@ -27,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import COPY_BW, FP32_RATE, append_rows, random_bf16  # noqa: E402
+from _common import COPY_BW, append_rows, mma_ceiling, random_bf16  # noqa: E402
 
 MOONLIGHT = dict(
     model_type="deepseek_v3", vocab_size=163840, hidden_size=2048, intermediate_size=11264,
@@ -57,7 +58,7 @@ class RandomBF16:
         return random_bf16(shape, math.sqrt(3.0 / shape[-1]), self.seed * 7919)
 
 
-def build_target(cfg):
+def build_target(cfg, precision="bf16"):
     """A CudaTarget with random bf16 matrices (float32 norms, router and bias)."""
     from numba import cuda
     from ddtree_numba.model.cuda_target import CudaTarget, DeviceLayer
@@ -86,7 +87,8 @@ def build_target(cfg):
             lw.mlp_gate_proj, lw.mlp_up_proj, lw.mlp_down_proj = mat(I, M), mat(I, M), mat(M, I)
         layers.append(lw)
     embed, head = mat(cfg.vocab_size, M), mat(cfg.vocab_size, M)
-    return CudaTarget(cfg, embed, f32(rng.uniform(0.5, 1.5, M)), head, layers, rope_tables(cfg))
+    return CudaTarget(cfg, embed, f32(rng.uniform(0.5, 1.5, M)), head, layers, rope_tables(cfg),
+                      precision=precision)
 
 
 def random_tree(rng, n):
@@ -121,7 +123,8 @@ def cost_model(cfg, t, s):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--nodes", type=int, nargs="+", default=[1, 16, 64, 256])
+    ap.add_argument("--nodes", type=int, nargs="+", default=[1, 16, 64, 256, 1024])
+    ap.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     ap.add_argument("--layers", type=int, default=27)
     ap.add_argument("--prefix", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=10)
@@ -148,7 +151,7 @@ def main():
                      num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
                      v_head_dim=8, n_routed_experts=8, num_experts_per_tok=2)
     cfg = ModelConfig.from_dict(shape)
-    target = build_target(cfg)
+    target = build_target(cfg, args.precision)
     rng = np.random.default_rng(0)
     cap = args.prefix + max(args.nodes)
     cache = target.new_cache(cap)
@@ -157,6 +160,7 @@ def main():
         cache.k_pe[layer].copy_to_device(rng.standard_normal((cap, cfg.qk_rope_head_dim)).astype(np.float32))
     cache.length = args.prefix
     stream = cuda.stream()
+    mma_rate = 385e12 if sim else mma_ceiling(stream)
 
     rows, breakdown, times = [], {}, []
     for t in args.nodes:
@@ -181,7 +185,7 @@ def main():
         logits = ws.logits[:t].copy_to_host()
         assert np.isfinite(logits).all(), "non-finite logits"
         b, f = cost_model(cfg, t, args.prefix + t)
-        floor_ms = max(b / COPY_BW, f / FP32_RATE) * 1e3
+        floor_ms = max(b / COPY_BW, f / mma_rate) * 1e3
         peer = PEER_MS.get(t)
         rows.append([t, f"{eager_us / 1e3:.2f}", f"{graph_us / 1e3:.2f}", f"{b / 1e9:.2f} GB",
                      f"{f / 1e12:.3f} TFLOP", f"{floor_ms:.2f}", f"{graph_us / 1e3 / floor_ms:.2f}x",
@@ -192,13 +196,14 @@ def main():
 
     note = (f"Moonlight-16B-A3B shape, {cfg.num_hidden_layers} layers, random bf16 weights, "
             f"{args.prefix}-row latent prefix, a random tree of the given node count. Floor = "
-            "max(bytes / 4.2 TB/s, FLOPs / 51 TFLOP/s); bytes count every weight read once (routed "
+            f"max(bytes / 4.2 TB/s, FLOPs / {mma_rate / 1e12:.0f} TFLOP/s, the mma.sync ceiling measured in this "
+            f"run); GEMMs on tensor cores in precision {args.precision}; bytes count every weight read once (routed "
             "experts: the expected number touched under uniform routing) and the f32 latent cache; "
             "peer = HF DeepseekV3ForCausalLM bf16 on the same GPU (shared/GPU.md).")
     header = ["nodes", "eager ms", "graph ms", "bytes", "FLOPs", "floor ms", "graph / floor",
               "peer ms", "peer / graph"]
     append_rows("Verify forward, Moonlight-16B-A3B shape (benchmarks/verify_forward.py)", header, rows, note,
-                append=not args.no_append)
+                append=not args.no_append, results="verify_forward")
     if args.json:
         import datetime
         import json

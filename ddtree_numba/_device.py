@@ -78,11 +78,14 @@ def device_function(fn):
     """``cuda.jit(device=True)``, force-inlined on a GPU.
 
     Left as calls, device functions that take shared arrays pass the array descriptors
-    through local memory, which cost microseconds a pop in the tree build. The simulator's
-    jit takes no ``forceinline``.
+    through local memory, which cost microseconds a pop in the tree build. In the simulator it
+    is the function itself (below).
     """
     if config.ENABLE_CUDASIM:
-        return cuda.jit(device=True)(fn)
+        # The simulator would wrap every call in a swap of the module's ``cuda`` global, under a
+        # lock all the block's threads contend for (milliseconds a call): a plain Python function
+        # means the same there, as long as it does not use the ``cuda`` module itself (none does).
+        return fn
     return cuda.jit(device=True, forceinline=True)(fn)
 
 

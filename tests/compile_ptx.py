@@ -63,21 +63,17 @@ SIGNATURES = {
         ((kind,), f"void({ids}[::1], {w}[:, ::1], {F32_2}, {I32_1})")
         for kind, w in (("f32", "float32"), ("f16", "float16"), ("bf16", "uint16"))
         for ids in ("int32", "int64")],
-    # linear: (kind, swiglu, accumulate, grouped, gather, vec, *tile) with the module's H200 tiles
-    **{f"linear._{name}_kernel": [
-        ((kind, swiglu, acc, grouped, gather, vec, *tile(kind, swiglu, vec)),
+    # linear: (kind, swiglu, accumulate, grouped, gather, vec, precision, *tile)
+    "linear._mma_kernel": [
+        ((kind, swiglu, acc, grouped, gather, kind == "bf16" and vec, precision, *tile),
          f"void({F32_2}, int64, {w}[:, :, ::1], {w}[:, :, ::1], {F32_2}, int64, {I32_1}, {I32_1}, {I32_1})")
         for kind, w in (("f32", "float32"), ("f16", "float16"), ("bf16", "uint16"))
-        for swiglu, acc, grouped, gather, vec in ((False, False, False, False, True),
-                                                  (False, True, False, False, False),
-                                                  (True, False, False, False, True),
-                                                  (True, False, True, True, False),
-                                                  (False, False, True, False, True))]
-       for name, tile in (
-           ("skinny", lambda kind, swiglu, vec: importlib.import_module("ddtree_numba.kernels.linear")
-            ._skinny_config(1 if vec else 16, kind, swiglu, gl=16 if vec else 32)),
-           ("tiled", lambda kind, swiglu, vec: importlib.import_module("ddtree_numba.kernels.linear")
-            .TILES["large" if vec else "small"]))},
+        for precision in ("bf16", "fp32")
+        for (swiglu, acc, grouped, gather, vec), tile in (((False, False, False, False, True), (1, 1, 8)),
+                                                          ((False, True, False, False, False), (2, 4, 1)),
+                                                          ((True, False, False, False, True), (1, 2, 4)),
+                                                          ((True, False, True, True, False), (1, 1, 1)),
+                                                          ((False, False, True, False, True), (2, 2, 2)))],
     "moe._route_kernel": [((128,), f"void({F32_2}, float32[::1], int64, int64, int64, int64, int64, int64, "
                                    f"float32, {I32_1}, {I32_2}, {F32_2})")],
     "moe._sort_kernel": [((512,), f"void({I32_2}, {F32_2}, {I32_1}, {U32_2}, {I32_2}, {I32_1}, {I32_1}, "

@@ -29,7 +29,7 @@ def assert_rel(got, want, tol, what):
 @pytest.fixture(scope="module")
 def targets():
     path = os.path.join(DATA, "v3_noaux_tc")
-    return dd.load_target(path), dd.load_target(path, backend="cuda")
+    return dd.load_target(path), dd.load_target(path, backend="cuda", precision="fp32")
 
 
 def test_golden_two_drafts_match_the_twin_and_hf(targets):
@@ -68,7 +68,7 @@ def test_draft_device_matches_twin_and_advances_the_device_length():
     the bonus are read on the device, the cache grows on the device. (The overflow path of the
     sizes kernel: tests/test_gqa_kernel.py.)"""
     path = os.path.join(DATA, "v3_released")
-    host_t, dev_t = dd.load_target(path), dd.load_target(path, backend="cuda")
+    host_t, dev_t = dd.load_target(path), dd.load_target(path, backend="cuda", precision="fp32")
     assert dev_t.lm_head.dtype == np.uint16
     kw = dict(num_hidden_layers=1, block_size=4, num_attention_heads=6, num_key_value_heads=2,
               head_dim=4, intermediate_size=24, seed=7)

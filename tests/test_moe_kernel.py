@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+
+from conftest import FP32_MODE_REL
 from numba import cuda
 
 from ddtree_numba import kernels as kn
@@ -73,14 +75,14 @@ def test_routing_matches_twin(rng, scoring, method):
     ids, w = kn.moe_route(x, gate, *args)
     ids_r, w_r = ref.moe_route(x, gate, *args)
     np.testing.assert_array_equal(ids, ids_r)
-    assert _rel_err(w, w_r) <= 1e-5
+    assert _rel_err(w, w_r) <= FP32_MODE_REL
     # without normalisation, with a bf16 router
     args = (bias, scoring, method, G, TG, K, False, 1.5)
     gate16 = _bf16(gate)
     ids, w = kn.moe_route(x, gate16, *args)
     ids_r, w_r = ref.moe_route(x, _widen_bf16(gate16), *args)
     np.testing.assert_array_equal(ids, ids_r)
-    assert _rel_err(w, w_r) <= 1e-5
+    assert _rel_err(w, w_r) <= FP32_MODE_REL
     # device arrays in, filled device outputs back
     out = (cuda.to_device(np.full((T, K), -1, np.int32)), cuda.to_device(np.zeros((T, K), np.float32)))
     got = kn.moe_route(cuda.to_device(x), cuda.to_device(gate16), cuda.to_device(bias), *args[1:], out=out)
@@ -97,7 +99,7 @@ def test_routing_with_more_experts_than_threads_and_one_group(rng):
         ids, w = kn.moe_route(x, gate, *args)
         ids_r, w_r = ref.moe_route(x, gate, *args)
         np.testing.assert_array_equal(ids, ids_r)
-        assert _rel_err(w, w_r) <= 1e-5
+        assert _rel_err(w, w_r) <= FP32_MODE_REL
 
 
 @pytest.mark.parametrize("scoring", SCORINGS)
@@ -113,7 +115,7 @@ def test_exact_ties_go_to_the_lower_id(scoring, method):
     ids, w = kn.moe_route(x, gate, bias, scoring, method, G, 2, 2, False, 1.0)
     ids_r, w_r = ref.moe_route(x, gate, bias, scoring, method, G, 2, 2, False, 1.0)
     np.testing.assert_array_equal(ids, ids_r)
-    assert _rel_err(w, w_r) <= 1e-5
+    assert _rel_err(w, w_r) <= FP32_MODE_REL
     want = [[1, 3], [0, 1], [1, 2]]  # greedy and group_limited_greedy (groups 0, 1 win the ties)
     if method == "noaux_tc":  # groups by their two best: row 0 keeps groups 2, 0; row 2 depends on scores
         want = [[1, 5], [0, 1], [1, 6] if scoring == "sigmoid" else [1, 2]]
@@ -205,9 +207,9 @@ def test_moe_experts_and_swiglu_mlp_match_twins(rng, dtype):
     g, u, d = _expert_weights(rng, E, I, M, dtype)
     want = ref.moe_experts(x, ids, w, _widen(g), _widen(u), _widen(d))
     got = kn.moe_experts(x, ids, w, g, u, d)
-    assert _rel_err(got, want) <= 1e-5
+    assert _rel_err(got, want) <= FP32_MODE_REL
     got2 = kn.swiglu_mlp(x, g[1], u[1], d[1])
-    assert _rel_err(got2, ref.swiglu_mlp(x, _widen(g[1]), _widen(u[1]), _widen(d[1]))) <= 1e-5
+    assert _rel_err(got2, ref.swiglu_mlp(x, _widen(g[1]), _widen(u[1]), _widen(d[1]))) <= FP32_MODE_REL
 
 
 def test_moe_experts_with_no_rows_or_no_experts_per_token(rng):
@@ -252,7 +254,7 @@ def _run_block(route, m, x, gate, bias, experts, sh, bufs, n):
     dx = cuda.to_device(x)
     dev = [None if a is None else cuda.to_device(a) for a in (m, gate, bias, *experts, *sh)]
     names = ("gate", "bias", "experts_gate", "experts_up", "experts_down", "shared_gate", "shared_up", "shared_down")
-    enqueue_moe_block(dev[0], dx, **dict(zip(names, dev[1:])), route=route, bufs=bufs,
+    enqueue_moe_block(dev[0], dx, **dict(zip(names, dev[1:])), route=route, bufs=bufs, precision="fp32",
                       n_rows=cuda.to_device(np.array([n], np.int32)))
     return dx.copy_to_host()
 
@@ -267,7 +269,7 @@ def test_moe_block_matches_twin_composition_and_leaves_other_rows(rng, shared):
     if shared:
         y = y + ref.swiglu_mlp(m[:n], *(_widen(a) for a in sh))
     want = x[:n] + y
-    assert _rel_err(got[:n], want) <= 1e-5
+    assert _rel_err(got[:n], want) <= FP32_MODE_REL
     np.testing.assert_array_equal(got[n:].view(np.uint32), x[n:].view(np.uint32))  # untouched
     # the routing the block used is the twin's
     np.testing.assert_array_equal(bufs.topk_ids.copy_to_host()[:n], ids)

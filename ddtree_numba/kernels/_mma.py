@@ -3,9 +3,9 @@
 numba-cuda has no tensor-core API. Its documented extension route does: an ``intrinsic`` whose
 code generation emits the PTX instruction as LLVM inline assembly (measured on the H200:
 385 TFLOP/s from registers, docs/PERFORMANCE.md). The simulator cannot run inline PTX, so each
-intrinsic has a simulator implementation with the same meaning: ``mma_bf16`` emulates the whole
-warp's fragments through a per-warp buffer and two block barriers (kernels that use it call it
-the same number of times in every warp of a block, as the GPU requires of a warp anyway).
+intrinsic has a simulator implementation with the same meaning: ``mma_bf16`` gathers the whole
+warp's fragments in a per-warp buffer behind a per-warp barrier (every lane of a warp must call
+it the same number of times, as the GPU requires anyway).
 
 **The one instruction: m16n8k16, A row-major, B column-major, bf16 in, float32 accumulate.**
 Lane l of a warp, g = l // 4 (group), t = l % 4 (thread in group), holds (PTX ISA, "Matrix
@@ -28,7 +28,6 @@ import numpy as np
 from numba import config, float32, types, uint32
 
 from .._device import device_function
-from ..dtypes import to_bf16_bits
 
 _SIM = bool(config.ENABLE_CUDASIM)
 
@@ -37,52 +36,78 @@ CVT_PTX = "cvt.rn.bf16x2.f32"
 
 
 if _SIM:
+    import struct
     import threading
 
-    from numba import cuda
+    class _Warp:
+        """One simulated warp's mma: its lanes' fragments, and a barrier of its own (a block
+        barrier would cost the simulator a poll of every thread of the block)."""
 
-    _buffers: dict = {}
-    _lock = threading.Lock()
+        def __init__(self):
+            self.cv = threading.Condition()
+            self.arrived = 0
+            self.generation = 0
+            self.A, self.B, self.C = np.zeros((16, 16)), np.zeros((16, 8)), np.zeros((16, 8))
+            self.D = np.zeros((16, 8), np.float32)
 
-    @device_function
+    _warps_lock = threading.Lock()
+
+    _F32 = struct.Struct("<f")
+    _U32 = struct.Struct("<I")
+    _U32X2 = struct.Struct("<2I")
+    _F32X2 = struct.Struct("<2f")
+
+    def _bf16_bits(v):
+        """float32 -> bf16 bits, nearest even (``dtypes.to_bf16_bits`` for one Python float)."""
+        b = _U32.unpack(_F32.pack(v))[0]
+        if (b & 0x7F800000) == 0x7F800000 and b & 0x7FFFFF:      # NaN stays NaN
+            return (b >> 16) | 0x40
+        return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
+
     def pack_bf16x2(lo, hi):
         """Two float32 -> one uint32 of two bf16 (``lo`` in the low half), each rounded to nearest
         even (``cvt.rn.bf16x2.f32``)."""
-        bits = to_bf16_bits(np.array([lo, hi], np.float32))
-        return np.uint32(int(bits[0]) | (int(bits[1]) << 16))
+        return np.uint32(_bf16_bits(lo) | (_bf16_bits(hi) << 16))
 
     def _unpack(word):
         w = int(word)
-        return (np.array([(w & 0xFFFF) << 16, (w >> 16) << 16], np.uint32)).view(np.float32)
+        return _F32X2.unpack(_U32X2.pack((w & 0xFFFF) << 16, (w >> 16) << 16))
 
-    @device_function
     def mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         """D = A @ B + C on one warp's m16n8k16 fragments (module docstring); returns (d0, d1, d2,
-        d3). Every lane of the warp must call it: the lanes meet at two block barriers."""
-        tid = cuda.threadIdx.x + cuda.blockDim.x * (
-            cuda.threadIdx.y + cuda.blockDim.y * cuda.threadIdx.z)
-        warp, lane = tid // 32, tid % 32
-        key = (cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z, warp)
-        with _lock:
-            buf = _buffers.setdefault(key, (np.zeros((16, 16)), np.zeros((16, 8)), np.zeros((16, 8)),
-                                            np.zeros((16, 8), np.float32)))
-        A, B, C, D = buf
+        d3). Every lane of the warp must call it: the last lane to arrive computes D (exact
+        products and sums, rounded once) and wakes the others."""
+        me = threading.current_thread()           # the simulator's thread of this lane
+        lane = me.thread_id % 32
+        with _warps_lock:                         # a fresh state for every block it runs
+            warps = me._manager.__dict__.setdefault("_mma_warps", {})
+            warp = warps.get(me.thread_id // 32)
+            if warp is None:
+                warp = warps[me.thread_id // 32] = _Warp()
         g, t = lane // 4, lane % 4
-        A[g, 2 * t:2 * t + 2] = _unpack(a0)
-        A[g + 8, 2 * t:2 * t + 2] = _unpack(a1)
-        A[g, 2 * t + 8:2 * t + 10] = _unpack(a2)
-        A[g + 8, 2 * t + 8:2 * t + 10] = _unpack(a3)
-        B[2 * t:2 * t + 2, g] = _unpack(b0)
-        B[2 * t + 8:2 * t + 10, g] = _unpack(b1)
-        C[g, 2 * t:2 * t + 2] = (c0, c1)
-        C[g + 8, 2 * t:2 * t + 2] = (c2, c3)
-        cuda.syncthreads()
-        if lane == 0:
-            D[:] = (A @ B + C).astype(np.float32)      # exact products and sums, rounded once
-        cuda.syncthreads()
-        # No third barrier: lane 0 rewrites D only after the next call's first barrier, which
-        # every lane reaches after reading this D.
-        return D[g, 2 * t], D[g, 2 * t + 1], D[g + 8, 2 * t], D[g + 8, 2 * t + 1]
+        with warp.cv:
+            A, B, C = warp.A, warp.B, warp.C
+            A[g, 2 * t:2 * t + 2] = _unpack(a0)
+            A[g + 8, 2 * t:2 * t + 2] = _unpack(a1)
+            A[g, 2 * t + 8:2 * t + 10] = _unpack(a2)
+            A[g + 8, 2 * t + 8:2 * t + 10] = _unpack(a3)
+            B[2 * t:2 * t + 2, g] = _unpack(b0)
+            B[2 * t + 8:2 * t + 10, g] = _unpack(b1)
+            C[g, 2 * t:2 * t + 2] = (c0, c1)
+            C[g + 8, 2 * t:2 * t + 2] = (c2, c3)
+            generation = warp.generation
+            warp.arrived += 1
+            if warp.arrived == 32:
+                warp.D = (A @ B + C).astype(np.float32)
+                warp.arrived = 0
+                warp.generation += 1
+                warp.cv.notify_all()
+            else:
+                while warp.generation == generation:
+                    warp.cv.wait()
+            # read before releasing the lock: the next D needs this lane's next fragments first
+            D = warp.D
+            return D[g, 2 * t], D[g, 2 * t + 1], D[g + 8, 2 * t], D[g + 8, 2 * t + 1]
 else:
     from llvmlite import ir
     from numba.cuda.extending import intrinsic

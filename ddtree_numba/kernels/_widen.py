@@ -48,9 +48,12 @@ def _widen_f16(w):
 
 
 if _SIM:
+    import struct
+    _BITS_F32 = struct.Struct("<I"), struct.Struct("<f")
+
     def bf16_to_f32(u):
         """bfloat16 bits (uint16) -> float32."""
-        return np.array([np.uint32(u) << np.uint32(16)], np.uint32).view(np.float32)[0]
+        return np.float32(_BITS_F32[1].unpack(_BITS_F32[0].pack((int(u) & 0xFFFF) << 16))[0])
 else:
     @device_function
     def bf16_to_f32(u):

@@ -120,6 +120,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, precision, MT, R
     RAW = kind == "bf16" and vec              # bf16 words straight from memory
     P = 4 * MT * RT                           # accumulator positions a lane holds, per matrix
     OWN = ceil_div(P, NW)                     # positions whose running sums a thread owns
+    PS, OWNS = P * S, OWN * S                 # accumulators a lane holds; running sums a thread owns
     BN, RB = 16 * MT, 8 * RT
     NA = STEPS * MT * S * 4                   # A words a lane holds for a chunk
     NB = STEPS * RT * 2                       # B words
@@ -159,8 +160,8 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, precision, MT, R
         wl = cuda.local.array(NA, uint32)     # A fragments, bf16 lo (WSPLIT)
         xb = cuda.local.array(NB, uint32)     # B fragments (bf16 hi)
         xl = cuda.local.array(NB, uint32)     # B fragments, bf16 lo (XSPLIT)
-        acc = cuda.local.array(P * S, float32)
-        ys = cuda.local.array(OWN * S, float32)
+        acc = cuda.local.array(PS, float32)
+        ys = cuda.local.array(OWNS, float32)
         f = cuda.local.array(4, float32)
         for tile0 in range(start + cuda.blockIdx.y * RB, end, cuda.gridDim.y * RB):
             for q in range(OWN * S):
