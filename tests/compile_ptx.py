@@ -63,9 +63,9 @@ SIGNATURES = {
         ((kind,), f"void({ids}[::1], {w}[:, ::1], {F32_2}, {I32_1})")
         for kind, w in (("f32", "float32"), ("f16", "float16"), ("bf16", "uint16"))
         for ids in ("int32", "int64")],
-    # linear: (kind, swiglu, accumulate, grouped, gather, vec, precision, *tile)
+    # linear: (kind, swiglu, accumulate, grouped, gather, vec, xvec, precision, *tile)
     "linear._mma_kernel": [
-        ((kind, swiglu, acc, grouped, gather, kind == "bf16" and vec, precision, *tile),
+        ((kind, swiglu, acc, grouped, gather, kind == "bf16" and vec, vec, precision, *tile),
          f"void({F32_2}, int64, {w}[:, :, ::1], {w}[:, :, ::1], {F32_2}, int64, {I32_1}, {I32_1}, {I32_1})")
         for kind, w in (("f32", "float32"), ("f16", "float16"), ("bf16", "uint16"))
         for precision in ("bf16", "fp32")

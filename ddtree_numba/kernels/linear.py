@@ -57,7 +57,7 @@ from numba import config, cuda, float32, int64, uint32, uint64
 from .._checks import check_array
 from .._device import ceil_div, device_function, float32_out, launcher_result, rows_device, to_device
 from ._mma import mma_bf16, pack_bf16x2
-from ._widen import ELEM as STORED, WIDEN, _weight_kind, bf16_to_f32
+from ._widen import ELEM as STORED, WIDEN, _weight_kind, bf16_to_f32, hi_f32, lo_f32
 
 KC = 64                    # reduction chunk of the contract above (fixed: changing it changes bits)
 STEPS = KC // 16           # mma k steps a chunk
@@ -105,13 +105,15 @@ def _smem(tile, swiglu):
 
 
 @functools.lru_cache(maxsize=None)
-def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, precision, MT, RT, NW):
+def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision, MT, RT, NW):
     """Every projection of the module (the device tier below is its only caller).
 
     ``kernel(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index)``: for group z
     (blockIdx.z) and rows j in [start, end) (grouped: offsets[z], offsets[z+1]; else 0,
     n_rows[0]), out[j, z*o_gs + n] (+)= f(x[r, z*x_gs : z*x_gs + K] @ w[z, n]) with
-    r = row_index[j] if ``gather`` else j, and f the identity, or SwiGLU of (w, w_up). Grid:
+    r = row_index[j] if ``gather`` else j, and f the identity, or SwiGLU of (w, w_up). ``vec``:
+    bf16 weights as uint64 words; ``xvec``: activations as float32 pairs (K % 4 == 0, even
+    offsets). Grid:
     (column blocks of 16*MT, row tiles of 8*RT grid-strided, Z); 32*NW threads.
     """
     S = 2 if swiglu else 1                    # matrices: gate (and up)
@@ -124,9 +126,116 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, precision, MT, R
     BN, RB = 16 * MT, 8 * RT
     NA = STEPS * MT * S * 4                   # A words a lane holds for a chunk
     NB = STEPS * RT * 2                       # B words
+    NAL = NA if WSPLIT else 1                 # lo words: only when split
+    NBL = NB if XSPLIT else 1
+    XVEC = xvec                               # activations read as float32 pairs (uint64)
     PB = (NW, P * S, 32) if NW > 1 else (1, 1, 1)
     ELEM = STORED[kind]
     widen = WIDEN[kind]
+
+    @device_function
+    def load_chunk(c, x, xc, wv, wuv, z, col0, N, K, tile0, end, row_index, g, t, wa, wl, xb, xl, f):
+        """Chunk c's fragments into (wa, wl, xb, xl): lane (g, t) takes k = 4t..4t+3 of each
+        k step, for its weight rows g and g+8 of each m tile and its row g of each row tile.
+        Past K (or C) the loads give zeros."""
+        for st in range(STEPS):
+            k0 = c * KC + st * 16 + 4 * t
+            for mt in range(MT):
+                for s in range(S):
+                    for h in range(2):
+                        n = col0 + mt * 16 + g + 8 * h
+                        ai = ((st * MT + mt) * S + s) * 4 + h            # a0 / a1; a2 / a3 at +2
+                        if RAW:
+                            u = uint64(0)
+                            if n < N and k0 < K:
+                                u = wuv[z, n, k0 // 4] if s == 1 else wv[z, n, k0 // 4]
+                            wa[ai] = uint32(u & uint64(0xFFFFFFFF))
+                            wa[ai + 2] = uint32(u >> uint64(32))
+                        else:
+                            for e in range(4):
+                                v = ELEM(0)
+                                if n < N and k0 + e < K:
+                                    v = wuv[z, n, k0 + e] if s == 1 else wv[z, n, k0 + e]
+                                f[e] = widen(v)
+                            if WSPLIT:
+                                wa[ai], wl[ai] = _split_bf16x2(f[0], f[1])
+                                wa[ai + 2], wl[ai + 2] = _split_bf16x2(f[2], f[3])
+                            else:
+                                wa[ai] = pack_bf16x2(f[0], f[1])
+                                wa[ai + 2] = pack_bf16x2(f[2], f[3])
+            for rt in range(RT):
+                j = tile0 + rt * 8 + g
+                rx = j
+                if gather and j < end:
+                    rx = row_index[j]
+                if XVEC:                      # two float32 pairs (K % 4 == 0: all four or none)
+                    u0 = uint64(0)
+                    u1 = uint64(0)
+                    if j < end and k0 < K:
+                        u0 = x[rx, (xc + k0) // 2]
+                        u1 = x[rx, (xc + k0) // 2 + 1]
+                    f[0] = lo_f32(u0)
+                    f[1] = hi_f32(u0)
+                    f[2] = lo_f32(u1)
+                    f[3] = hi_f32(u1)
+                else:
+                    for e in range(4):
+                        v = float32(0.0)
+                        if j < end and k0 + e < K:
+                            v = x[rx, xc + k0 + e]
+                        f[e] = v
+                bi = (st * RT + rt) * 2
+                if XSPLIT:
+                    xb[bi], xl[bi] = _split_bf16x2(f[0], f[1])
+                    xb[bi + 1], xl[bi + 1] = _split_bf16x2(f[2], f[3])
+                else:
+                    xb[bi] = pack_bf16x2(f[0], f[1])
+                    xb[bi + 1] = pack_bf16x2(f[2], f[3])
+
+    @device_function
+    def mma_chunk(wa, wl, xb, xl, acc):
+        """The chunk's mma chains into acc, from 0, ascending k step (the terms of a step in the
+        order of the module docstring)."""
+        for q in range(PS):
+            acc[q] = float32(0.0)
+        for st in range(STEPS):
+            for mt in range(MT):
+                for s in range(S):
+                    ai = ((st * MT + mt) * S + s) * 4
+                    for rt in range(RT):
+                        bi = (st * RT + rt) * 2
+                        q0 = (mt * RT + rt) * 4 * S + s                  # position p at q0 + p*S
+                        d = mma_bf16(wa[ai], wa[ai + 1], wa[ai + 2], wa[ai + 3], xb[bi], xb[bi + 1],
+                                     acc[q0], acc[q0 + S], acc[q0 + 2 * S], acc[q0 + 3 * S])
+                        if XSPLIT:
+                            d = mma_bf16(wa[ai], wa[ai + 1], wa[ai + 2], wa[ai + 3], xl[bi], xl[bi + 1],
+                                         d[0], d[1], d[2], d[3])
+                        if WSPLIT:
+                            d = mma_bf16(wl[ai], wl[ai + 1], wl[ai + 2], wl[ai + 3], xb[bi], xb[bi + 1],
+                                         d[0], d[1], d[2], d[3])
+                        acc[q0] = d[0]
+                        acc[q0 + S] = d[1]
+                        acc[q0 + 2 * S] = d[2]
+                        acc[q0 + 3 * S] = d[3]
+
+    @device_function
+    def add_partials(rnd, C, warp, lane, acc, ys, pbuf):
+        """Round rnd's chunk partials into the running sums, in ascending chunk order."""
+        if NW == 1:
+            for q in range(PS):
+                ys[q] = ys[q] + acc[q]
+        else:
+            for q in range(PS):
+                pbuf[warp, q, lane] = acc[q]
+            cuda.syncthreads()
+            for i in range(OWN):
+                p = warp + NW * i
+                if p < P:
+                    for w2 in range(NW):
+                        if rnd * NW + w2 < C:
+                            for s in range(S):
+                                ys[i * S + s] = ys[i * S + s] + pbuf[w2, p * S + s, lane]
+            cuda.syncthreads()                # pbuf is rewritten next round
 
     @cuda.jit
     def kernel(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index):
@@ -149,104 +258,45 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, precision, MT, R
             end = n_rows[0]
         xc = z * x_gs
         oc = z * o_gs
-        if RAW:                               # a constant: numba prunes the other branch
+        if RAW:                               # constants: numba prunes the other branches
             wv = w.view(np.uint64)
             wuv = w_up.view(np.uint64)
         else:
             wv = w
             wuv = w_up
+        if XVEC:
+            xv = x.view(np.uint64)
+        else:
+            xv = x
         pbuf = cuda.shared.array(PB, float32)
-        wa = cuda.local.array(NA, uint32)     # A fragments (bf16 hi)
-        wl = cuda.local.array(NA, uint32)     # A fragments, bf16 lo (WSPLIT)
-        xb = cuda.local.array(NB, uint32)     # B fragments (bf16 hi)
-        xl = cuda.local.array(NB, uint32)     # B fragments, bf16 lo (XSPLIT)
+        # two sets of fragments: chunk r + 1 loads while chunk r is multiplied
+        wa0 = cuda.local.array(NA, uint32)    # A fragments (bf16 hi)
+        wl0 = cuda.local.array(NAL, uint32)   # A fragments, bf16 lo (WSPLIT)
+        xb0 = cuda.local.array(NB, uint32)    # B fragments (bf16 hi)
+        xl0 = cuda.local.array(NBL, uint32)   # B fragments, bf16 lo (XSPLIT)
+        wa1 = cuda.local.array(NA, uint32)
+        wl1 = cuda.local.array(NAL, uint32)
+        xb1 = cuda.local.array(NB, uint32)
+        xl1 = cuda.local.array(NBL, uint32)
         acc = cuda.local.array(PS, float32)
         ys = cuda.local.array(OWNS, float32)
         f = cuda.local.array(4, float32)
         for tile0 in range(start + cuda.blockIdx.y * RB, end, cuda.gridDim.y * RB):
-            for q in range(OWN * S):
+            for q in range(OWNS):
                 ys[q] = float32(0.0)
-            for rnd in range(rounds):
-                c = rnd * NW + warp           # this warp's chunk (past C: loads give zeros)
-                # -- load the chunk's fragments: lane (g, t) takes k = 4t..4t+3 of each step
-                for st in range(STEPS):
-                    k0 = c * KC + st * 16 + 4 * t
-                    for mt in range(MT):
-                        for s in range(S):
-                            for h in range(2):
-                                n = col0 + mt * 16 + g + 8 * h
-                                ai = ((st * MT + mt) * S + s) * 4 + h    # a0/a1; a2/a3 at +2
-                                if RAW:
-                                    u = uint64(0)
-                                    if n < N and k0 < K:
-                                        u = wuv[z, n, k0 // 4] if s == 1 else wv[z, n, k0 // 4]
-                                    wa[ai] = uint32(u & uint64(0xFFFFFFFF))
-                                    wa[ai + 2] = uint32(u >> uint64(32))
-                                else:
-                                    for e in range(4):
-                                        v = ELEM(0)
-                                        if n < N and k0 + e < K:
-                                            v = wuv[z, n, k0 + e] if s == 1 else wv[z, n, k0 + e]
-                                        f[e] = widen(v)
-                                    if WSPLIT:
-                                        wa[ai], wl[ai] = _split_bf16x2(f[0], f[1])
-                                        wa[ai + 2], wl[ai + 2] = _split_bf16x2(f[2], f[3])
-                                    else:
-                                        wa[ai] = pack_bf16x2(f[0], f[1])
-                                        wa[ai + 2] = pack_bf16x2(f[2], f[3])
-                    for rt in range(RT):
-                        j = tile0 + rt * 8 + g
-                        for e in range(4):
-                            v = float32(0.0)
-                            if j < end and k0 + e < K:
-                                rx = row_index[j] if gather else j
-                                v = x[rx, xc + k0 + e]
-                            f[e] = v
-                        bi = (st * RT + rt) * 2
-                        if XSPLIT:
-                            xb[bi], xl[bi] = _split_bf16x2(f[0], f[1])
-                            xb[bi + 1], xl[bi + 1] = _split_bf16x2(f[2], f[3])
-                        else:
-                            xb[bi] = pack_bf16x2(f[0], f[1])
-                            xb[bi + 1] = pack_bf16x2(f[2], f[3])
-                # -- the chunk's mma chains, from 0, ascending k step
-                for q in range(P * S):
-                    acc[q] = float32(0.0)
-                for st in range(STEPS):
-                    for mt in range(MT):
-                        for s in range(S):
-                            ai = ((st * MT + mt) * S + s) * 4
-                            for rt in range(RT):
-                                bi = (st * RT + rt) * 2
-                                q0 = (mt * RT + rt) * 4 * S + s          # position p at q0 + p*S
-                                d = mma_bf16(wa[ai], wa[ai + 1], wa[ai + 2], wa[ai + 3], xb[bi], xb[bi + 1],
-                                             acc[q0], acc[q0 + S], acc[q0 + 2 * S], acc[q0 + 3 * S])
-                                if XSPLIT:
-                                    d = mma_bf16(wa[ai], wa[ai + 1], wa[ai + 2], wa[ai + 3], xl[bi], xl[bi + 1],
-                                                 d[0], d[1], d[2], d[3])
-                                if WSPLIT:
-                                    d = mma_bf16(wl[ai], wl[ai + 1], wl[ai + 2], wl[ai + 3], xb[bi], xb[bi + 1],
-                                                 d[0], d[1], d[2], d[3])
-                                acc[q0] = d[0]
-                                acc[q0 + S] = d[1]
-                                acc[q0 + 2 * S] = d[2]
-                                acc[q0 + 3 * S] = d[3]
-                # -- add the round's chunk partials into the running sums, ascending chunk
-                if NW == 1:
-                    for q in range(P * S):
-                        ys[q] = ys[q] + acc[q]
-                else:
-                    for q in range(P * S):
-                        pbuf[warp, q, lane] = acc[q]
-                    cuda.syncthreads()
-                    for i in range(OWN):
-                        p = warp + NW * i
-                        if p < P:
-                            for w2 in range(NW):
-                                if rnd * NW + w2 < C:
-                                    for s in range(S):
-                                        ys[i * S + s] = ys[i * S + s] + pbuf[w2, p * S + s, lane]
-                    cuda.syncthreads()        # pbuf is rewritten next round
+            load_chunk(warp, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index, g, t, wa0, wl0, xb0, xl0, f)
+            for rnd in range(0, rounds, 2):
+                if rnd + 1 < rounds:
+                    load_chunk((rnd + 1) * NW + warp, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index,
+                               g, t, wa1, wl1, xb1, xl1, f)
+                mma_chunk(wa0, wl0, xb0, xl0, acc)
+                add_partials(rnd, C, warp, lane, acc, ys, pbuf)
+                if rnd + 1 < rounds:
+                    if rnd + 2 < rounds:
+                        load_chunk((rnd + 2) * NW + warp, xv, xc, wv, wuv, z, col0, N, K, tile0, end,
+                                   row_index, g, t, wa0, wl0, xb0, xl0, f)
+                    mma_chunk(wa1, wl1, xb1, xl1, acc)
+                    add_partials(rnd + 1, C, warp, lane, acc, ys, pbuf)
             # -- write the owned outputs: position p = (mt*RT + rt)*4 + e is feature g + 8*(e//2)
             #    of m tile mt and row 2t + e%2 of row tile rt (the C fragment layout)
             for i in range(OWN):
@@ -290,7 +340,7 @@ def _choose(max_rows, n_cols, n_k, swiglu, n_groups):
     splitting the chunks as it takes to put ``_WARPS_WANTED`` warps to work (no more than the
     chunks, and shared memory allows)."""
     rt = 1 if max_rows <= 8 else 2 if max_rows <= 16 else 4
-    mt = 1 if max_rows <= 16 or swiglu else 2
+    mt = 1 if max_rows <= 8 or swiglu else 2      # more features a warp: each activation load feeds more mma
     chunks = max(1, ceil_div(n_k, KC))
     blocks = ceil_div(n_cols, 16 * mt) * ceil_div(max_rows, 8 * rt) * n_groups
     nw = 1
@@ -309,6 +359,16 @@ def _vec_ok(w) -> bool:
     return w.__cuda_array_interface__["data"][0] % 8 == 0
 
 
+def _xvec_ok(x, x_gs, k) -> bool:
+    """Activations read as float32 pairs: K % 4 == 0 (a lane's four k all in range or all out),
+    every row and group offset even, the array 8-byte aligned."""
+    if k % 4 or x.shape[1] % 2 or x_gs % 2:
+        return False
+    if _SIM:
+        return True
+    return x.__cuda_array_interface__["data"][0] % 8 == 0
+
+
 def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index, max_rows, accumulate, precision,
             stream, tile=None, tile_rows=None):
     """Every GEMM of the module: ``tile`` (a ``_Tile``), or None to choose it from the rows."""
@@ -316,10 +376,11 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index, max_rows, a
     kind = _weight_kind(w)
     swiglu = w_up is not None
     vec = kind == "bf16" and _vec_ok(w) and (not swiglu or _vec_ok(w_up))
+    xvec = _xvec_ok(x, x_gs, w.shape[2])
     Z, N = w.shape[0], w.shape[1]
     if tile is None:
         tile = _choose(min(max_rows, tile_rows or max_rows), N, w.shape[2], swiglu, Z)
-    kernel = _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, check_precision(precision), *tile)
+    kernel = _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, check_precision(precision), *tile)
     grid = (ceil_div(N, 16 * tile.MT), max(1, ceil_div(max_rows, 8 * tile.RT)), Z)
     if grid[0] == 0 or Z == 0:
         return
