@@ -237,7 +237,8 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                                 ys[i * S + s] = ys[i * S + s] + pbuf[w2, p * S + s, lane]
             cuda.syncthreads()                # pbuf is rewritten next round
 
-    @cuda.jit
+    # launch bounds: registers capped so that a block of 32*NW threads always fits an SM
+    @(cuda.jit if _SIM else cuda.jit(launch_bounds=(32 * NW,)))
     def kernel(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index):
         tid = _nonneg(cuda.threadIdx.x)
         warp = tid // 32
