@@ -253,7 +253,8 @@ def cases(gpu, L, W, X, dX, R, rng):
                     out=o_e, x=X[H][:R], w=W["egate"], w_up=W["eup"], K=H, N=MOE_I,
                     offsets=offsets, slot_token=slot_token,
                     fn=lambda cfg=None, p="bf16": L._launch(xe, 0, W["egate"], W["eup"], o_e, 0, None,
-                                                            d_off, d_tok, mr, False, p, st, cfg),
+                                                            d_off, d_tok, mr, False, p, st, cfg,
+                                                            live_groups=min(E, S)),
                     bytes=touched * 2 * MOE_I * H * 2 + S * H * 4 + S * MOE_I * 4,
                     flops=2 * 2 * S * MOE_I * H, peer=("grouped_swiglu",), max_rows=mr, n_cols=MOE_I,
                     swiglu=True, grouped=True, acc=False))
@@ -262,7 +263,8 @@ def cases(gpu, L, W, X, dX, R, rng):
     out.append(dict(name="expert down 64x(1408->2048)", variant="grouped", out=o_d,
                     x=X[MOE_I][:S], w=W["edown"], K=MOE_I, N=H, offsets=offsets, slot_token=None,
                     fn=lambda cfg=None, p="bf16": L._launch(xd, 0, W["edown"], None, o_d, 0, None, d_off,
-                                                            None, mr, False, p, st, cfg),
+                                                            None, mr, False, p, st, cfg,
+                                                            live_groups=min(E, S)),
                     bytes=touched * H * MOE_I * 2 + S * MOE_I * 4 + S * H * 4,
                     flops=2 * S * H * MOE_I, peer=("grouped",), max_rows=mr, n_cols=H,
                     swiglu=False, grouped=True, acc=False))
@@ -270,6 +272,7 @@ def cases(gpu, L, W, X, dX, R, rng):
     for c in out:
         c["R"] = R
         c["counts"] = counts
+        c["live"] = {"heads": HEADS, "grouped": min(E, S), "grouped swiglu gather": min(E, S)}.get(c["variant"], 1)
     return out
 
 
@@ -333,7 +336,7 @@ def cfg_name(cfg):
 
 def sweep_cfgs(L, c):
     """Alternative tiles for one case (tuning runs): warps and warp tiles around the chosen one."""
-    cur = L._choose(c["max_rows"], c["n_cols"], c["K"], c["swiglu"], 1)
+    cur = L._choose(c["max_rows"], c["n_cols"], c["K"], c["swiglu"], c["live"])
     alts = {cur._replace(NW=max(1, cur.NW // 2)), cur._replace(NW=min(16, cur.NW * 2)),
             cur._replace(MT=3 - cur.MT), cur._replace(RT=max(1, cur.RT // 2)), cur._replace(RT=min(8, cur.RT * 2))}
     return [a for a in alts if a != cur and L._smem(a, c["swiglu"]) <= L._SMEM_MAX]
@@ -369,7 +372,7 @@ def main():
     peer_cache = {}
     for R in rows:
         for c in cases(gpu, L, W, X, dX, R, rng):
-            cfg = L._choose(c["max_rows"], c["n_cols"], c["K"], c["swiglu"], 1)
+            cfg = L._choose(c["max_rows"], c["n_cols"], c["K"], c["swiglu"], c["live"])
             peer = float("nan")
             if torch is not None:
                 peer = peer_time(torch, c, R, peer_cache)

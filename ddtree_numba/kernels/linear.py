@@ -330,22 +330,24 @@ if _SIM:
     _NW_MAX = 2
 else:
     TILES = {"small": _Tile(1, 1, 4), "mid": _Tile(2, 2, 1), "large": _Tile(2, 4, 1)}
-    _WARPS_WANTED = 132 * 24   # warps in flight to stream the weights (the H200 has 132 SMs)
+    _WARPS_WANTED = 132 * 8    # warps to stream the weights (the H200 has 132 SMs; measured: more
+                               # warps splitting the chunks cost more in partial sums than they hide)
     _NW_MAX = 16
 
 
 @functools.lru_cache(maxsize=None)
 def _choose(max_rows, n_cols, n_k, swiglu, n_groups):
-    """The tile for a launch whose groups hold at most ``max_rows`` rows of ``n_cols`` outputs
-    over ``n_k`` inputs: row tiles as tall as the rows need (up to 32), then as many warps
-    splitting the chunks as it takes to put ``_WARPS_WANTED`` warps to work (no more than the
-    chunks, and shared memory allows)."""
+    """The tile for a launch of ``n_groups`` live groups holding at most ``max_rows`` rows of
+    ``n_cols`` outputs over ``n_k`` inputs: row tiles as tall as the rows need (up to 32), two m
+    tiles a warp (one for sparse expert groups of few rows), then as many warps splitting the
+    chunks as it takes to put about ``_WARPS_WANTED`` warps to work (no more than the chunks, and
+    shared memory allows). Measured on the H200 (benchmarks/gemm.py --sweep)."""
     rt = 1 if max_rows <= 8 else 2 if max_rows <= 16 else 4
-    mt = 1 if max_rows <= 8 or swiglu else 2      # more features a warp: each activation load feeds more mma
+    mt = 1 if n_groups > 1 and max_rows <= 8 else 2    # two m tiles: each activation load feeds two mma
     chunks = max(1, ceil_div(n_k, KC))
     blocks = ceil_div(n_cols, 16 * mt) * ceil_div(max_rows, 8 * rt) * n_groups
     nw = 1
-    while (nw * 2 <= min(_NW_MAX, chunks) and blocks * nw < _WARPS_WANTED
+    while (nw * 2 <= min(_NW_MAX, chunks) and blocks * nw * 2 <= _WARPS_WANTED
            and _smem(_Tile(mt, rt, nw * 2), swiglu) <= _SMEM_MAX):
         nw *= 2
     return _Tile(mt, rt, nw)
@@ -371,8 +373,9 @@ def _xvec_ok(x, x_gs, k) -> bool:
 
 
 def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index, max_rows, accumulate, precision,
-            stream, tile=None, tile_rows=None):
-    """Every GEMM of the module: ``tile`` (a ``_Tile``), or None to choose it from the rows."""
+            stream, tile=None, tile_rows=None, live_groups=None):
+    """Every GEMM of the module: ``tile`` (a ``_Tile``), or None to choose it from the rows and
+    the groups that hold any (``live_groups``, default all)."""
     grouped, gather = offsets is not None, row_index is not None
     kind = _weight_kind(w)
     swiglu = w_up is not None
@@ -380,7 +383,7 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index, max_rows, a
     xvec = _xvec_ok(x, x_gs, w.shape[2])
     Z, N = w.shape[0], w.shape[1]
     if tile is None:
-        tile = _choose(min(max_rows, tile_rows or max_rows), N, w.shape[2], swiglu, Z)
+        tile = _choose(min(max_rows, tile_rows or max_rows), N, w.shape[2], swiglu, min(Z, live_groups or Z))
     kernel = _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, check_precision(precision), *tile)
     grid = (ceil_div(N, 16 * tile.MT), max(1, ceil_div(max_rows, 8 * tile.RT)), Z)
     if grid[0] == 0 or Z == 0:
@@ -427,7 +430,7 @@ def enqueue_swiglu(x, w_gate, w_up, out, n_rows, *, precision, tile=None, stream
 
 
 def enqueue_grouped_linear(x, w, out, offsets, max_rows, *, precision, row_index=None, w_up=None,
-                           tile_rows=None, tile=None, stream=0):
+                           tile_rows=None, live_groups=None, tile=None, stream=0):
     """Grouped (expert) projection; twin: the per-expert GEMMs of ``reference.moe.moe_experts``.
 
     For group z, rows j in [offsets[z], offsets[z+1]): out[j] = f(x[row_index[j] if row_index is
@@ -435,10 +438,11 @@ def enqueue_grouped_linear(x, w, out, offsets, max_rows, *, precision, row_index
     [Z, N, K], out [Ro, N] f32, offsets [Z+1] int32, row_index [Ro] int32; ``max_rows`` bounds the
     rows of one group (sizes the grid). ``tile_rows``: the rows a group typically holds, which
     picks the tile (default max_rows): experts of a verify batch hold T*K/E rows on average, and
-    a tile sized for the worst case T would compute mostly padding. The bits do not depend on
-    the tile (the contract)."""
+    a tile sized for the worst case T would compute mostly padding. ``live_groups``: how many
+    groups hold rows at most (T*K for T tokens of K experts each), which sizes the split of the
+    chunks over warps. The bits do not depend on the tile (the contract)."""
     _launch(x, 0, w, w_up, out, 0, None, offsets, row_index, max_rows, False, precision, stream,
-            tile, tile_rows=tile_rows)
+            tile, tile_rows=tile_rows, live_groups=live_groups)
 
 
 # -- the public launcher (twin: reference.linear.linear) -------------------------------------

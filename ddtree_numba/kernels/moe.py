@@ -399,11 +399,12 @@ def enqueue_moe_experts(x, experts_gate, experts_up, experts_down, bufs, *, prec
     as in ``enqueue_linear``."""
     # tiles sized for an expert's typical share (twice the balanced T*K/E), the grid for all T
     typical = 2 * ceil_div(bufs.max_rows * bufs.top_k, bufs.n_experts)
+    live = min(bufs.n_experts, bufs.max_rows * bufs.top_k)         # experts that can hold rows
     enqueue_grouped_linear(x, experts_gate, bufs.act, bufs.offsets, bufs.max_rows,
                            precision=precision, row_index=bufs.slot_token, w_up=experts_up,
-                           tile_rows=typical, tile=tile, stream=stream)
+                           tile_rows=typical, live_groups=live, tile=tile, stream=stream)
     enqueue_grouped_linear(bufs.act, experts_down, bufs.expert_out, bufs.offsets, bufs.max_rows,
-                           precision=precision, tile_rows=typical, tile=tile, stream=stream)
+                           precision=precision, tile_rows=typical, live_groups=live, tile=tile, stream=stream)
 
 
 def enqueue_moe_combine(bufs, shared_out, out, n_rows, *, residual, stream=0):
