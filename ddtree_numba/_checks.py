@@ -36,6 +36,17 @@ def check_array(name, a, ndim, dtypes, shape=None):
                 )
 
 
+# The tensor-core GEMMs' arithmetic (kernels/linear.py, twin reference/linear.py; docs/DESIGN.md §4)
+PRECISIONS = ("bf16", "fp32")
+
+
+def check_precision(precision) -> str:
+    """``precision`` if it is one of ``PRECISIONS``, else a ValueError listing them."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    return precision
+
+
 def check_int(name, value, lo=None, hi=None):
     """An integer argument inside [lo, hi]."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):

@@ -99,11 +99,13 @@ def _parse_ids(what: str, words) -> list[int]:
     return ids
 
 
-def _load_pair(target_dir, drafter_dir, backend: str, no_progress: bool, names=("--target", "--drafter")):
+def _load_pair(target_dir, drafter_dir, backend: str, no_progress: bool, names=("--target", "--drafter"),
+               precision=None):
     """``model.loader.load_pair`` with its errors named as ``names`` name the two checkpoints."""
     from .model.loader import PairLoadError, load_pair
     try:
-        return load_pair(target_dir, drafter_dir, backend=backend, progress=False if no_progress else None)
+        return load_pair(target_dir, drafter_dir, backend=backend, progress=False if no_progress else None,
+                         precision=precision)
     except PairLoadError as e:
         where = (f"{names[0]} {e.path}" if e.role == "target"
                  else f"{names[1]} {e.path} (for {names[0]} {target_dir})")
@@ -160,7 +162,8 @@ def run_generate(args) -> int:
         raise _CliError("--prompt-ids: no ids given (generation needs at least one prompt token)")
     stops = set(_parse_ids("--stop-ids", args.stop_ids or []))
 
-    pair = _load_pair(args.target, None if args.method == "ar" else args.drafter, args.backend, args.no_progress)
+    pair = _load_pair(args.target, None if args.method == "ar" else args.drafter, args.backend, args.no_progress,
+                      precision=args.precision)
     target, drafter, backend = pair.target, pair.drafter, pair.backend
     load_s = {"target": pair.target_s, "drafter": pair.drafter_s}
     vocab = target.config.vocab_size
@@ -207,6 +210,7 @@ def _add_generate_parser(sub) -> None:
     g.add_argument("--stop-ids", nargs="+", metavar="IDS", help="stop token ids (kept in the output)")
     g.add_argument("--backend", choices=["auto", "numpy", "cuda"], default="auto",
                    help="auto: cuda when a GPU is present and the cuda backend is provided, else numpy")
+    _add_precision(g)
     g.add_argument("--json", metavar="FILE", help="write every statistic of the run to FILE as JSON")
     g.add_argument("--allow-long-context", action="store_true",
                    help="run past the target's max_position_embeddings (with a warning) instead of refusing")
@@ -228,7 +232,7 @@ def run_demo(args) -> int:
         raise _CliError(f"--budget must be >= 1, got {args.budget}")
     t0 = time.perf_counter()
     pair = _load_pair(*demo_pair(args.pair), args.backend, no_progress=True,
-                      names=("the demo target", "the demo drafter"))
+                      names=("the demo target", "the demo drafter"), precision=args.precision)
     target, drafter, backend = pair.target, pair.drafter, pair.backend
     note = f"cuda ({pair.device})" if backend == "cuda" else (
         f"numpy ({pair.reason})" if args.backend == "auto" else "numpy")
@@ -318,7 +322,7 @@ def run_sweep(args) -> int:
         if args.prompts < 1:
             raise _CliError(f"--prompts must be >= 1, got {args.prompts}")
         prompts = prompts[:args.prompts]
-    pair = _load_pair(target_dir, drafter_dir, args.backend, no_progress=True)
+    pair = _load_pair(target_dir, drafter_dir, args.backend, no_progress=True, precision=args.precision)
     target, drafter, backend = pair.target, pair.drafter, pair.backend
     stats = acceptance_sweep(target, drafter, prompts, args.max_new_tokens, args.budgets,
                              graph=args.graph, progress=False if args.no_progress else None,
@@ -371,12 +375,19 @@ def _add_pair_dir(parser) -> None:
                              "writes); default the package's trained pair")
 
 
+def _add_precision(parser) -> None:
+    parser.add_argument("--precision", choices=["bf16", "fp32"], default=None,
+                        help="cuda: the tensor-core GEMMs' arithmetic, bf16 (default) or fp32 (faithful); "
+                             "numpy is always float32")
+
+
 def _add_pair_commands(sub) -> None:
     d = sub.add_parser("demo", help="the trained demo pair: ddtree vs ar on held-out code, accepted spans marked",
                        description="Generate from held-out code prompts with the trained demo pair, ddtree and "
                                    "ar, and show the text with the accepted drafted spans marked.")
     d.add_argument("--backend", choices=["auto", "numpy", "cuda"], default="auto",
                    help="auto: cuda when a GPU is present, else numpy")
+    _add_precision(d)
     d.add_argument("--prompts", type=int, default=3, help="held-out prompts to run (default 3)")
     d.add_argument("--max-new-tokens", type=int, default=96)
     d.add_argument("--budget", type=int, default=None,
@@ -397,6 +408,7 @@ def _add_pair_commands(sub) -> None:
     s.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512, 1024])
     s.add_argument("--max-new-tokens", type=int, default=128)
     s.add_argument("--backend", choices=["auto", "numpy", "cuda"], default="auto")
+    _add_precision(s)
     s.add_argument("--graph", action="store_true", help="cuda: replay the forwards as CUDA graphs")
     s.add_argument("--no-progress", action="store_true")
     p = sub.add_parser("plot", help="figures from a sweep's statistics JSON",

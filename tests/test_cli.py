@@ -243,3 +243,10 @@ def test_round_still_runs(capsys):
 def test_help_returns_zero(capsys):
     assert cli.main(["generate", "--help"]) == 0
     assert "--prompt-ids" in capsys.readouterr().out
+
+
+def test_precision_is_a_cuda_choice_and_named_when_it_cannot_apply(capsys):
+    """--precision picks the cuda target's GEMM arithmetic; on numpy (always float32) it is an
+    error that says so, not ignored."""
+    rc, out, err = _run(capsys, "--precision", "bf16", method="ar", drafter=None)
+    assert rc != 0 and "precision applies to backend='cuda' only" in err

@@ -18,7 +18,8 @@ from .tree_build import TreeBuffers, build_tree
 from .visibility import enqueue_visibility_bits, visibility, visibility_bits
 from .accept import follow_tree, sample_post
 from .compact import compact_rows, enqueue_compact_rows, enqueue_copy_rows
-from .linear import PRECISIONS, TILES, check_precision, enqueue_grouped_linear, enqueue_linear, enqueue_linear_heads, enqueue_swiglu, linear
+from .._checks import PRECISIONS
+from .linear import TILES, enqueue_grouped_linear, enqueue_linear, enqueue_linear_heads, enqueue_swiglu, linear
 from .mla import MLAScratch, enqueue_mla_attention, mla_attention_absorbed
 from .gqa import GQAScratch, enqueue_gqa_attention, gqa_attention
 from .moe import (MoEBuffers, MoERoute, enqueue_moe_block, enqueue_moe_combine, enqueue_moe_experts,
@@ -39,5 +40,5 @@ __all__ = [
     "enqueue_moe_combine", "enqueue_swiglu_mlp", "enqueue_moe_block", "enqueue_rms_norm",
     "enqueue_rope", "enqueue_embedding",
     # buffers and parameters
-    "TreeBuffers", "MLAScratch", "GQAScratch", "MoEBuffers", "MoERoute", "TILES", "PRECISIONS", "check_precision",
+    "TreeBuffers", "MLAScratch", "GQAScratch", "MoEBuffers", "MoERoute", "TILES", "PRECISIONS",
 ]

@@ -12,7 +12,7 @@ of bf16 weights each) and for its activation row g; the A and B fragments are bu
 with the same permutation of k, so the product is the same sum. Weights are read straight from
 global memory into registers (each weight feeds exactly one lane), a whole chunk at a time.
 
-**Precision** (``PRECISIONS``, chosen per call; the models choose it at load time):
+**Precision** (``kernels.PRECISIONS``, chosen per call; the models choose it at load time):
 
 - ``"bf16"``: activations rounded to bf16 (nearest even) at the GEMM input, as bf16 inference
   does; weights as stored if bf16, else rounded to bf16 too. One mma per k step.
@@ -54,26 +54,18 @@ from collections import namedtuple
 import numpy as np
 from numba import config, cuda, float32, int64, uint32, uint64
 
-from .._checks import check_array
+from .._checks import check_array, check_precision
 from .._device import ceil_div, device_function, float32_out, launcher_result, rows_device, to_device
 from ._mma import mma_bf16, pack_bf16x2
 from ._widen import ELEM as STORED, WIDEN, _weight_kind, bf16_to_f32, hi_f32, lo_f32
 
 KC = 64                    # reduction chunk of the contract above (fixed: changing it changes bits)
 STEPS = KC // 16           # mma k steps a chunk
-PRECISIONS = ("bf16", "fp32")
 _SIM = bool(config.ENABLE_CUDASIM)
 _SMEM_MAX = 48 * 1024      # static shared memory per block
 
 # MT m16 weight tiles and RT n8 row tiles a warp, NW warps a block splitting the chunks.
 _Tile = namedtuple("_Tile", "MT RT NW")
-
-
-def check_precision(precision) -> str:
-    """``precision`` if it is one of ``PRECISIONS``, else a ValueError listing them."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    return precision
 
 
 if _SIM:

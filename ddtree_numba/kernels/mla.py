@@ -44,12 +44,12 @@ import math
 import numpy as np
 from numba import config, cuda, float32, uint32
 
-from .._checks import check_array
+from .._checks import check_array, check_precision
 from .._device import (ceil_div, device_function, float32_out, fma,
                        is_device, launcher_result, rows_device, to_device)
 from ..reference.mla import absorption_weights
 from ..dtypes import STORAGE_DTYPES
-from .linear import check_precision, enqueue_linear_heads
+from .linear import enqueue_linear_heads
 
 THREADS = 8 if config.ENABLE_CUDASIM else 128   # softmax kernel: threads per query row
 _MASKED = -1.0                                     # p of a key the query does not see

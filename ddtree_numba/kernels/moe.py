@@ -35,12 +35,12 @@ from dataclasses import dataclass
 import numpy as np
 from numba import config, cuda, float32, int32, uint32
 
-from .._checks import check_array, check_int
+from .._checks import check_array, check_int, check_precision
 from .._device import (ceil_div, device_function, float32_out, fma,
                        is_device, launcher_result, rows_device, to_device)
 from ..dtypes import STORAGE_DTYPES
 from ._widen import KINDS
-from .linear import check_precision, enqueue_grouped_linear, enqueue_linear, enqueue_swiglu
+from .linear import enqueue_grouped_linear, enqueue_linear, enqueue_swiglu
 
 ROUTER_PRECISION = "fp32"   # HF computes the router in float32 whatever the model's dtype
 

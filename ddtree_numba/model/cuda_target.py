@@ -26,7 +26,7 @@ from numba import config as numba_config
 from numba import cuda
 
 from .. import kernels as kn
-from .._checks import check_array, check_int, check_keep_values
+from .._checks import check_array, check_int, check_keep_values, check_precision
 from .._device import capture_graph, ceil_div, is_device, replay_graph
 from ..dtypes import WEIGHT_DTYPES, check_weight_dtype, to_storage
 from ..reference.mla import absorption_weights
@@ -252,7 +252,7 @@ class CudaTarget:
         self.layers = layers
         self.rope = rope                          # RopeTables (host)
         self.inv_freq = cuda.to_device(np.ascontiguousarray(rope.inv_freq, np.float64))  # [R/2]
-        self.precision = kn.check_precision(precision)
+        self.precision = check_precision(precision)
         self.gemm_tile = gemm_tile
         self.gemm_args = dict(precision=self.precision, tile=gemm_tile)   # what every projection is enqueued with
         has_moe = any(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))

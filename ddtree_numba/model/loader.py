@@ -212,14 +212,16 @@ class LoadedPair:
         return device_name(self.backend)
 
 
-def load_pair(target_path, drafter_path=None, backend: str = "auto", progress: bool | None = None) -> LoadedPair:
+def load_pair(target_path, drafter_path=None, backend: str = "auto", progress: bool | None = None,
+              precision: str | None = None) -> LoadedPair:
     """Load a target (and, unless ``drafter_path`` is None, its DFlash drafter) on ``backend``
-    (``resolve_backend``: ``BackendUnavailable`` for a cuda that is not there). A bad checkpoint
-    raises ``PairLoadError`` naming which of the two it was."""
+    (``resolve_backend``: ``BackendUnavailable`` for a cuda that is not there). ``precision``:
+    the cuda target's GEMMs (``load_target``). A bad checkpoint raises ``PairLoadError`` naming
+    which of the two it was."""
     choice = resolve_backend(backend)
     t0 = time.perf_counter()
     try:
-        target = load_target(target_path, backend=choice.backend, progress=progress)
+        target = load_target(target_path, backend=choice.backend, progress=progress, precision=precision)
     except BackendUnavailable:
         raise
     except (ValueError, OSError) as e:

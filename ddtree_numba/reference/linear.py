@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._checks import check_precision
 from ..dtypes import bf16_to_float32, to_bf16_bits
 
-PRECISIONS = ("bf16", "fp32")
 U32 = 2.0 ** -23           # one float32 rounding, relative, allowing truncation as well as nearest
 
 
@@ -36,10 +36,9 @@ def gemm_terms(x: np.ndarray, weight: np.ndarray, precision: str) -> list[tuple[
     (xl, wh), (xh, wl) of the bf16 splits (wl = 0 for bf16 weights, so the kernels skip it)."""
     if precision == "bf16":
         return [(bf16_round(x), bf16_round(weight))]
-    if precision == "fp32":
-        (xh, xl), (wh, wl) = bf16_split(x), bf16_split(weight)
-        return [(xh, wh), (xl, wh), (xh, wl)]
-    raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    check_precision(precision)
+    (xh, xl), (wh, wl) = bf16_split(x), bf16_split(weight)
+    return [(xh, wh), (xl, wh), (xh, wl)]
 
 
 def linear(x: np.ndarray, weight: np.ndarray, precision: str | None = None) -> np.ndarray:
