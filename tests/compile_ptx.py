@@ -121,6 +121,10 @@ def variants(name, mod, obj):
             yield obj.py_func, sig
 
 
+# Instructions a kernel's PTX must hold: the tensor-core intrinsics (kernels/_mma.py) really emitted.
+INSTRUCTIONS = {"linear._mma_kernel": ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "cvt.rn.bf16x2.f32")}
+
+
 class _H200:
     compute_capability = (9, 0)
 
@@ -136,7 +140,10 @@ def main():
     for name in sorted(found):
         for fn, sig in variants(name, *found[name]):
             try:
-                cuda.compile_ptx(fn, sig, cc=(9, 0))
+                ptx, _ = cuda.compile_ptx(fn, sig, cc=(9, 0))
+                absent = [i for i in INSTRUCTIONS.get(name, ()) if i not in ptx]
+                if absent:
+                    raise AssertionError(f"the PTX lacks {absent}")
                 print(f"ok   {name} {sig}")
             except Exception as exc:  # report every failure, not just the first
                 failed.append(name)

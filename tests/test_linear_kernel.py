@@ -270,3 +270,54 @@ def test_choose_fills_the_gpu_with_warps_only_up_to_the_chunks():
     for rows in (1, 16, 64, 1024):
         tile = L._choose(rows, 7168, 7168, True, 1)
         assert L._smem(tile, True) <= L._SMEM_MAX
+
+
+@pytest.mark.skipif(REAL_GPU, reason="the simulator's emulation of mma.sync")
+def test_simulated_mma_leaves_no_lane_waiting_when_a_lane_raises():
+    """The emulation's per-warp barrier: a lane that raises aborts the block, and the lanes that
+    wait for it leave too (a thread left waiting would hold the kernel module's simulated
+    ``cuda`` swapped in for every later launch)."""
+    import threading
+    import time
+
+    from ddtree_numba.kernels._mma import mma_bf16
+
+    @cuda.jit
+    def kernel(out):
+        lane = cuda.threadIdx.x
+        if lane == 5:
+            raise IndexError("lane 5")
+        d = mma_bf16(0, 0, 0, 0, 0, 0, 1.0, 1.0, 1.0, 1.0)
+        out[lane] = d[0]
+
+    with pytest.raises(IndexError, match="lane 5"):
+        kernel[1, 32](np.zeros(32, np.float32))
+    time.sleep(0.3)
+    assert not [t for t in threading.enumerate() if type(t).__name__ == "BlockThread" and t.is_alive()]
+
+
+@pytest.mark.skipif(REAL_GPU, reason="the simulator's emulation of mma.sync")
+def test_simulated_mma_is_the_fragment_layout_of_the_ptx_isa(rng):
+    """A 16x16 @ 16x8 product through the fragments as the PTX ISA lays them out (the
+    module docstring of kernels/_mma.py), against numpy on the bf16-rounded operands."""
+    from ddtree_numba.kernels._mma import mma_bf16, pack_bf16x2
+
+    A = rng.standard_normal((16, 16)).astype(np.float32)
+    B = rng.standard_normal((16, 8)).astype(np.float32)
+    C = rng.standard_normal((16, 8)).astype(np.float32)
+
+    @cuda.jit
+    def kernel(A, B, C, D):
+        lane = cuda.threadIdx.x
+        g, t = lane // 4, lane % 4
+        d = mma_bf16(pack_bf16x2(A[g, 2 * t], A[g, 2 * t + 1]), pack_bf16x2(A[g + 8, 2 * t], A[g + 8, 2 * t + 1]),
+                     pack_bf16x2(A[g, 2 * t + 8], A[g, 2 * t + 9]),
+                     pack_bf16x2(A[g + 8, 2 * t + 8], A[g + 8, 2 * t + 9]),
+                     pack_bf16x2(B[2 * t, g], B[2 * t + 1, g]), pack_bf16x2(B[2 * t + 8, g], B[2 * t + 9, g]),
+                     C[g, 2 * t], C[g, 2 * t + 1], C[g + 8, 2 * t], C[g + 8, 2 * t + 1])
+        D[g, 2 * t], D[g, 2 * t + 1], D[g + 8, 2 * t], D[g + 8, 2 * t + 1] = d[0], d[1], d[2], d[3]
+
+    D = np.full((16, 8), np.nan, np.float32)
+    kernel[1, 32](A, B, C, D)
+    want = bf16_round(A).astype(np.float64) @ bf16_round(B).astype(np.float64) + C
+    np.testing.assert_allclose(D, want, rtol=2 ** -23, atol=1e-6)

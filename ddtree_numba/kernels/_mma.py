@@ -104,7 +104,9 @@ if _SIM:
                 warp.cv.notify_all()
             else:
                 while warp.generation == generation:
-                    warp.cv.wait()
+                    warp.cv.wait(0.05)
+                    if me.abort:                      # another thread of the block raised:
+                        raise RuntimeError("simulated block aborted")   # leave no thread waiting
             # read before releasing the lock: the next D needs this lane's next fragments first
             D = warp.D
             return D[g, 2 * t], D[g, 2 * t + 1], D[g + 8, 2 * t], D[g + 8, 2 * t + 1]
