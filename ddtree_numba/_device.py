@@ -28,6 +28,41 @@ if config.ENABLE_CUDASIM and sys.getswitchinterval() == 0.005:
     sys.setswitchinterval(5e-5)
 
 
+def _patch_simulator_shared_arrays() -> None:
+    """numba-cuda's simulator (0.30) makes a block's shared array when the first of its threads
+    asks for it, keyed by the calling line, with no lock between the lookup and the store: two
+    threads of a block could each make one and then never see each other's writes (seen as rare,
+    wrong simulator results once the GIL switches threads often, above). The same lookup under a
+    lock, with the caller found from its frame (not a whole formatted stack: faster too)."""
+    import threading
+
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+    from numba.np import numpy_support
+    from numba.core import types
+
+    original = FakeCUDAShared.array
+    lock = threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if alignment is not None or shape == 0:          # an error, or dynamic shared memory
+            return original(self, shape, dtype, alignment)
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        frame = sys._getframe(1)
+        caller = (frame.f_code.co_filename, frame.f_lineno)
+        with lock:
+            res = self._allocations.get(caller)
+            if res is None:
+                res = self._allocations[caller] = np.empty(shape, dtype)
+        return res
+
+    FakeCUDAShared.array = array
+
+
+if config.ENABLE_CUDASIM:
+    _patch_simulator_shared_arrays()
+
+
 def is_device(a) -> bool:
     """True for a numba device array (or the simulator's stand-in)."""
     return not isinstance(a, np.ndarray) and hasattr(a, "copy_to_host")
