@@ -112,12 +112,18 @@ def _load_pair(target_dir, drafter_dir, backend: str, no_progress: bool, names=(
         raise _CliError(f"{where}: {e}") from None
 
 
-def _result_json(args, res, prompt, stops, backend, load_s) -> dict:
+def _precision(target) -> str:
+    """The target's GEMM arithmetic: a cuda target's ``precision``; numpy computes in float32."""
+    return getattr(target, "precision", "float32")
+
+
+def _result_json(args, res, prompt, stops, backend, load_s, precision) -> dict:
     """Every statistic of ``res`` and the run's settings, as plain JSON types."""
     n = int(res.tokens.shape[0])
     return {
         "method": res.method,
         "backend": backend,
+        "precision": precision,
         "target": os.path.abspath(args.target),
         "drafter": os.path.abspath(args.drafter) if args.method != "ar" else None,
         "budget": args.budget,
@@ -188,7 +194,7 @@ def run_generate(args) -> int:
     res.summary(file=sys.stdout)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(_result_json(args, res, prompt, stops, backend, load_s), f, indent=1)
+            json.dump(_result_json(args, res, prompt, stops, backend, load_s, _precision(target)), f, indent=1)
             f.write("\n")
         print(f"statistics written to {args.json}", file=sys.stderr)
     return 0
@@ -234,7 +240,7 @@ def run_demo(args) -> int:
     pair = _load_pair(*demo_pair(args.pair), args.backend, no_progress=True,
                       names=("the demo target", "the demo drafter"), precision=args.precision)
     target, drafter, backend = pair.target, pair.drafter, pair.backend
-    note = f"cuda ({pair.device})" if backend == "cuda" else (
+    note = f"cuda ({pair.device}; {_precision(target)} GEMMs)" if backend == "cuda" else (
         f"numpy ({pair.reason})" if args.backend == "auto" else "numpy")
     budget = args.budget or demo_budget(meta, backend)
     colour = {"always": True, "never": False}.get(args.colour, sys.stdout.isatty())
