@@ -255,3 +255,31 @@ print(f"all {N + 1} nodes agree; max |tree - causal| over all nodes: {max(worst)
 # make it bit for bit by design: they are batch invariant (docs/DESIGN.md §4), which is what
 # lets greedy DDTree output equal greedy autoregressive output token for token.
 
+#
+# ## 8 · The GPU's GEMM precision
+#
+# On the cuda backend every projection runs on tensor cores, in a precision chosen at load time
+# (`load_target(..., precision=...)`, docs/DESIGN.md §4). `"bf16"`, the default, rounds the
+# activations to bf16 at each GEMM input, as bf16 inference does. `"fp32"` splits each operand into
+# two bf16 and stays within ~1e-5 of float32. Their numpy twins are
+# `reference.linear.linear(x, w, precision)`. Here is the verify forward's last projection, lm_head
+# over every node's final hidden state, in the three arithmetics, against float64:
+
+# %%
+L = target.config.num_hidden_layers
+c = target.new_cache(64)
+target.forward(PROMPT, np.arange(P, dtype=np.int32), c)
+h = target.forward(ids_tree, pos_tree, c, parents=tree.parents, hidden_layer_ids=(L - 1,)).hidden[:, 0]  # [N+1, M]
+w_head = target.embed_tokens if target.config.tie_word_embeddings else target.lm_head      # [V, M]
+exact = h.astype(np.float64) @ w_head.T.astype(np.float64)
+for precision in (None, "fp32", "bf16"):
+    y = ref.linear(h, w_head, precision)
+    err = np.abs(y - exact).max() / np.abs(exact).max()
+    same = (y.argmax(-1) == exact.argmax(-1)).mean()
+    print(f"{precision or 'float32':>8}: max error {err:.1e} of the largest logit; "
+          f"argmax equal to float64's at {same:.0%} of the {N + 1} nodes")
+
+# %% [markdown]
+# The precision decides how close the GPU's logits are to float32. It does not decide whether
+# DDTree equals autoregressive decoding: batch invariance does. A node's logits are the bits of
+# the same token decoded alone, in either precision, so the greedy tokens are the same.
