@@ -10,7 +10,10 @@ rows n, k contiguous as stored) by an 8-row tile of the activations (its B opera
 four consecutive k = 4t..4t+3 of each 16-wide k step, for its weight rows g and g+8 (one uint64
 of bf16 weights each) and for its activation row g; the A and B fragments are built from them
 with the same permutation of k, so the product is the same sum. Weights are read straight from
-global memory into registers (each weight feeds exactly one lane), a whole chunk at a time.
+global memory into registers (each weight feeds exactly one lane), a whole chunk at a time: the
+next chunk's while the current one is multiplied. (No shared-memory tiles yet: at 256+ rows each
+warp reloads its activations, which is why those sizes run far below the mma ceiling;
+docs/PERFORMANCE.md.)
 
 **Precision** (``kernels.PRECISIONS``, chosen per call; the models choose it at load time):
 
@@ -93,6 +96,7 @@ def _split_bf16x2(a, b):
 
 
 def _smem(tile, swiglu):
+    """Bytes of shared memory a block of ``tile`` uses: the warps' chunk partials, handed over."""
     return 0 if tile.NW == 1 else tile.NW * 4 * tile.MT * tile.RT * (2 if swiglu else 1) * 32 * 4
 
 
