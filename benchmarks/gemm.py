@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import COPY_BW, append_rows, mma_ceiling, random_bf16, time_gpu  # noqa: E402
 from ddtree_numba.dtypes import bf16_to_float32  # noqa: E402
-from ddtree_numba.reference.linear import accumulation_bound, linear as twin  # noqa: E402
+from ddtree_numba.reference.linear import accumulation_bound, linear as twin, swiglu_bound  # noqa: E402
 
 REPS = 10                 # launches per captured graph
 T0 = time.time()
@@ -48,16 +48,12 @@ def log(*a):
 # -- the twin check -------------------------------------------------------------------------
 def twin_check(got, x, w, precision, w_up=None):
     """(ok, worst error / bound) of ``got`` against the twin of ``precision`` (SwiGLU with
-    ``w_up``: the bounds carried through silu and the product, as tests/test_linear_kernel.py)."""
+    ``w_up``: ``reference.linear.swiglu_bound``)."""
     if w_up is None:
         want = twin(x, w, precision).astype(np.float64)
         bound = accumulation_bound(x, w, precision)
     else:
-        g, u = twin(x, w, precision).astype(np.float64), twin(x, w_up, precision).astype(np.float64)
-        bg, bu = accumulation_bound(x, w, precision), accumulation_bound(x, w_up, precision)
-        silu = g / (1 + np.exp(-g))
-        want = silu * u
-        bound = 1.1 * bg * (np.abs(u) + bu) + np.abs(silu) * bu + 8 * 2.0 ** -24 * np.abs(want) + 1e-30
+        want, bound = swiglu_bound(x, w, w_up, precision)
     ratio = float((np.abs(got.astype(np.float64) - want) / bound).max()) if got.size else 0.0
     return ratio <= 1.0, ratio
 

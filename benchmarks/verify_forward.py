@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import COPY_BW, append_rows, mma_ceiling, random_bf16  # noqa: E402
+from _common import COPY_BW, MMA_RATE, append_rows, mma_ceiling, random_bf16  # noqa: E402
 
 MOONLIGHT = dict(
     model_type="deepseek_v3", vocab_size=163840, hidden_size=2048, intermediate_size=11264,
@@ -160,7 +160,7 @@ def main():
         cache.k_pe[layer].copy_to_device(rng.standard_normal((cap, cfg.qk_rope_head_dim)).astype(np.float32))
     cache.length = args.prefix
     stream = cuda.stream()
-    mma_rate = 385e12 if sim else mma_ceiling(stream)
+    mma_rate = MMA_RATE if sim else mma_ceiling(stream)
 
     rows, breakdown, times = [], {}, []
     for t in args.nodes:

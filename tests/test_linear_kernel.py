@@ -15,7 +15,7 @@ from numba import cuda
 from conftest import REAL_GPU
 from ddtree_numba import kernels as kn
 from ddtree_numba import reference as ref
-from ddtree_numba.reference.linear import accumulation_bound, bf16_round, bf16_split
+from ddtree_numba.reference.linear import accumulation_bound, bf16_round, bf16_split, swiglu_bound
 
 L = importlib.import_module("ddtree_numba.kernels.linear")
 pytestmark = pytest.mark.kernels
@@ -160,16 +160,6 @@ def test_heads_projection_per_group(rng, kind, precision):
         assert_twin(got[:, z * N:(z + 1) * N], x[:, z * s:z * s + K], wf[z], precision)
 
 
-def silu_mul_bound(x, wgf, wuf, precision):
-    """(twin, bound) of silu(x @ wg.T) * (x @ wu.T): the accumulation bounds carried through
-    silu (|silu'| <= 1.1) and the product, plus a few float32 roundings of the activation."""
-    g, u = ref.linear(x, wgf, precision).astype(np.float64), ref.linear(x, wuf, precision).astype(np.float64)
-    bg, bu = accumulation_bound(x, wgf, precision), accumulation_bound(x, wuf, precision)
-    silu = g / (1 + np.exp(-g))
-    want = silu * u
-    return want, 1.1 * bg * (np.abs(u) + bu) + np.abs(silu) * bu + 8 * 2.0 ** -24 * np.abs(want) + 1e-30
-
-
 @pytest.mark.parametrize("kind,R,precision", [("bf16", 1, "bf16"), ("f16", 3, "fp32"), ("bf16", 9, "fp32")])
 def test_swiglu(rng, kind, R, precision):
     K, I = 70, 13
@@ -178,7 +168,7 @@ def test_swiglu(rng, kind, R, precision):
     wu, wuf = weights(rng, (I, K), kind)
     d_out = dev(np.full((R, I), np.nan, np.float32))
     L.enqueue_swiglu(dev(x), dev(wg), dev(wu), d_out, rows_dev(R), precision=precision)
-    want, bound = silu_mul_bound(x, wgf, wuf, precision)
+    want, bound = swiglu_bound(x, wgf, wuf, precision)
     assert np.all(np.abs(d_out.copy_to_host() - want) <= bound)
 
 
@@ -211,7 +201,7 @@ def test_grouped_experts(rng, kind, swiglu, gather, counts, precision):
         j = np.arange(offsets[z], offsets[z + 1])
         xz = x[row_index[j] if gather else j]
         if swiglu:
-            want, bound = silu_mul_bound(xz, wf[z], wuf[z], precision)
+            want, bound = swiglu_bound(xz, wf[z], wuf[z], precision)
             assert np.all(np.abs(got[j] - want) <= bound)
         else:
             assert_twin(got[j], xz, wf[z], precision)

@@ -19,7 +19,7 @@ docs/PERFORMANCE.md.)
 
 - ``"bf16"``: activations rounded to bf16 (nearest even) at the GEMM input, as bf16 inference
   does; weights as stored if bf16, else rounded to bf16 too. One mma per k step.
-- ``"fp32"``: faithful to float32. Activations split into bf16 hi + lo (x = hi + lo + O(2^-17 x)),
+- ``"fp32"``: faithful to float32. Activations split into bf16 hi + lo (x = hi + lo + O(2^-16 x)),
   weights too unless they are bf16: the k step adds wh*xh, wh*xl (and wl*xh) in that order, three
   (or two) mma. Relative error of a product ~2^-16, within the HF-golden tolerance (1e-4).
 
@@ -95,6 +95,18 @@ def _split_bf16x2(a, b):
     return hi, lo
 
 
+@device_function
+def _fragment_words(f, hi, lo, i0, i1, split):
+    """f[0], f[1] -> word i0 and f[2], f[3] -> word i1 of ``hi`` (two bf16 each, rounded), and with
+    ``split`` what the rounding left out -> the same words of ``lo``."""
+    if split:
+        hi[i0], lo[i0] = _split_bf16x2(f[0], f[1])
+        hi[i1], lo[i1] = _split_bf16x2(f[2], f[3])
+    else:
+        hi[i0] = pack_bf16x2(f[0], f[1])
+        hi[i1] = pack_bf16x2(f[2], f[3])
+
+
 def _smem(tile, swiglu):
     """Bytes of shared memory a block of ``tile`` uses: the warps' chunk partials, handed over."""
     return 0 if tile.NW == 1 else tile.NW * 4 * tile.MT * tile.RT * (2 if swiglu else 1) * 32 * 4
@@ -115,7 +127,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
     S = 2 if swiglu else 1                    # matrices: gate (and up)
     XSPLIT = precision == "fp32"              # activations as bf16 hi + lo
     WSPLIT = XSPLIT and kind != "bf16"        # weights too (float32 / float16 storage)
-    RAW = kind == "bf16" and vec              # bf16 words straight from memory
+    RAW = vec                                 # bf16 words straight from memory (_launch: bf16 only)
     P = 4 * MT * RT                           # accumulator positions a lane holds, per matrix
     OWN = ceil_div(P, NW)                     # positions whose running sums a thread owns
     PS, OWNS = P * S, OWN * S                 # accumulators a lane holds; running sums a thread owns
@@ -125,7 +137,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
     NAL = NA if WSPLIT else 1                 # lo words: only when split
     NBL = NB if XSPLIT else 1
     XVEC = xvec                               # activations read as float32 pairs (uint64)
-    PB = (NW, P * S, 32) if NW > 1 else (1, 1, 1)
+    PB = (NW, PS, 32) if NW > 1 else (1, 1, 1)
     ELEM = STORED[kind]
     widen = WIDEN[kind]
 
@@ -153,12 +165,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                                 if n < N and k0 + e < K:
                                     v = wuv[z, n, k0 + e] if s == 1 else wv[z, n, k0 + e]
                                 f[e] = widen(v)
-                            if WSPLIT:
-                                wa[ai], wl[ai] = _split_bf16x2(f[0], f[1])
-                                wa[ai + 2], wl[ai + 2] = _split_bf16x2(f[2], f[3])
-                            else:
-                                wa[ai] = pack_bf16x2(f[0], f[1])
-                                wa[ai + 2] = pack_bf16x2(f[2], f[3])
+                            _fragment_words(f, wa, wl, ai, ai + 2, WSPLIT)
             for rt in range(RT):
                 j = tile0 + rt * 8 + g
                 rx = j
@@ -181,12 +188,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                             v = x[rx, xc + k0 + e]
                         f[e] = v
                 bi = (st * RT + rt) * 2
-                if XSPLIT:
-                    xb[bi], xl[bi] = _split_bf16x2(f[0], f[1])
-                    xb[bi + 1], xl[bi + 1] = _split_bf16x2(f[2], f[3])
-                else:
-                    xb[bi] = pack_bf16x2(f[0], f[1])
-                    xb[bi + 1] = pack_bf16x2(f[2], f[3])
+                _fragment_words(f, xb, xl, bi, bi + 1, XSPLIT)
 
     @device_function
     def mma_chunk(wa, wl, xb, xl, acc):

@@ -253,7 +253,6 @@ class CudaTarget:
         self.rope = rope                          # RopeTables (host)
         self.inv_freq = cuda.to_device(np.ascontiguousarray(rope.inv_freq, np.float64))  # [R/2]
         self.precision = check_precision(precision)
-        self.gemm_tile = gemm_tile
         self.gemm_args = dict(precision=self.precision, tile=gemm_tile)   # what every projection is enqueued with
         has_moe = any(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
         self._route = kn.MoERoute(cfg.scoring_func, cfg.topk_method, cfg.n_group, cfg.topk_group,

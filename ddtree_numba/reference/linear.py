@@ -25,7 +25,7 @@ def bf16_round(a: np.ndarray) -> np.ndarray:
 
 def bf16_split(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(hi, lo), both bf16 values as float32: hi = bf16(a), lo = bf16(a - hi); hi + lo is a to
-    within 2^-17 of |a| (a bf16 value splits as (a, 0))."""
+    within 2^-16 of |a| (a bf16 value splits as (a, 0))."""
     hi = bf16_round(a)
     return hi, bf16_round(np.asarray(a, np.float32) - hi)
 
@@ -65,3 +65,15 @@ def accumulation_bound(x: np.ndarray, weight: np.ndarray, precision: str, chunk:
     roundings = 2 * len(terms) * -(-k // 16) + -(-k // chunk) + 2    # 2: an mma may round twice
     mag = sum(np.abs(a).astype(np.float64) @ np.abs(b).T.astype(np.float64) for a, b in terms)
     return roundings * U32 * mag + 1e-30
+
+
+def swiglu_bound(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, precision: str) -> tuple[np.ndarray, np.ndarray]:
+    """(twin, bound) [T, O] float64 for ``silu(x @ w_gate.T) * (x @ w_up.T)`` by tensor-core GEMMs of
+    ``precision``: the accumulation bounds of both GEMMs carried through silu (|silu'| <= 1.1)
+    and the product, plus a few float32 roundings of the activation itself."""
+    g = linear(x, w_gate, precision).astype(np.float64)
+    u = linear(x, w_up, precision).astype(np.float64)
+    bg, bu = accumulation_bound(x, w_gate, precision), accumulation_bound(x, w_up, precision)
+    silu = g / (1 + np.exp(-g))
+    want = silu * u
+    return want, 1.1 * bg * (np.abs(u) + bu) + np.abs(silu) * bu + 8 * 2.0 ** -24 * np.abs(want) + 1e-30
