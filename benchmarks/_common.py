@@ -116,6 +116,37 @@ def random_bf16(shape, scale, seed, stream=0):
     return a.reshape(shape)
 
 
+_FILL8: list = []
+
+
+def random_fp8(shape, scale, seed, stream=0, block=(128, 128)):
+    """A ``dtypes.BlockScaled`` float8 e4m3 matrix (or stack) made on the GPU: random bytes with
+    exponent fields 0..8 (|value| < 4, subnormals included) from a counter hash, every block scale
+    ``scale / 2`` (so |w| < 2 * scale). Benchmarks only."""
+    from numba import cuda
+    from ddtree_numba.dtypes import BlockScaled
+    if not _FILL8:
+        from numba import uint8, uint64
+
+        @cuda.jit
+        def fill(out, seed):
+            i = cuda.grid(1)
+            if i < out.shape[0]:
+                h = uint64(i) * uint64(0x9E3779B97F4A7C15) + uint64(seed)
+                h = (h ^ (h >> uint64(30))) * uint64(0xBF58476D1CE4E5B9)
+                h = (h ^ (h >> uint64(27))) * uint64(0x94D049BB133111EB)
+                h = h ^ (h >> uint64(31))
+                expo = (h >> uint64(8)) % uint64(9)
+                out[i] = uint8((h & uint64(0x87)) | (expo << uint64(3)))
+        _FILL8.append(fill)
+    n = int(np.prod(shape))
+    a = cuda.device_array(n, np.uint8, stream=stream)
+    _FILL8[0][(n + 255) // 256, 256, stream](a, np.uint64(seed))
+    lead, (rows, cols) = tuple(shape[:-2]), shape[-2:]
+    sc = np.full(lead + (-(-rows // block[0]), -(-cols // block[1])), scale / 2, np.float32)
+    return BlockScaled(a.reshape(shape), cuda.to_device(sc, stream=stream), block)
+
+
 def time_host(fn, reps=20, warmup=2) -> float:
     """Median wall time of ``fn()`` in microseconds."""
     for _ in range(warmup):

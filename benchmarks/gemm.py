@@ -2,8 +2,12 @@
 floors and torch bf16 measured in the same run.
 
 Usage (on a GPU machine): python benchmarks/gemm.py [--rows 1,16,64,256,1024] [--fp32-rows 1,256]
-[--no-append] [--sweep NAMES]. Prints a table, appends it to docs/PERFORMANCE.md and writes
-benchmarks/results/gemm.json (unless --no-append).
+[--weights bf16|fp8] [--no-append] [--sweep NAMES]. Prints a table, appends it to
+docs/PERFORMANCE.md and writes benchmarks/results/gemm.json (gemm_fp8.json with --weights fp8)
+unless --no-append.
+
+``--weights fp8``: every weight is float8 e4m3 with 128 x 128 block scales (``dtypes.BlockScaled``,
+DeepSeek-V3's checkpoint format), multiplied as stored: a byte a weight, half the bf16 bytes.
 
 Every enqueue variant runs with bfloat16 weights generated on the GPU: q_proj 2048->3072, kv_a
 2048->576, o_proj 2048->2048 (accumulating into the residual), the per-head query absorption
@@ -33,8 +37,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import COPY_BW, append_rows, mma_ceiling, random_bf16, time_gpu  # noqa: E402
-from ddtree_numba.dtypes import bf16_to_float32  # noqa: E402
+from _common import COPY_BW, append_rows, mma_ceiling, random_bf16, random_fp8, time_gpu  # noqa: E402
+from ddtree_numba.dtypes import BlockScaled, bf16_to_float32  # noqa: E402
 from ddtree_numba.reference.linear import accumulation_bound, linear as twin, swiglu_bound  # noqa: E402
 
 REPS = 10                 # launches per captured graph
@@ -60,15 +64,39 @@ def twin_check(got, x, w, precision, w_up=None):
 
 # -- GPU helpers -----------------------------------------------------------------------------
 class Gpu:
-    def __init__(self):
+    def __init__(self, weights="bf16"):
         from numba import cuda
         self.cuda = cuda
         self.stream = cuda.stream()
         self.seed = 1
+        self.fp8 = weights == "fp8"
+        self.wbytes = 1 if self.fp8 else 2          # bytes a weight
 
     def bf16(self, shape, scale):
+        """Random weights of the run's storage: bf16 bits, or float8 + 128 x 128 block scales."""
         self.seed += 1
+        if self.fp8:
+            return random_fp8(shape, scale, self.seed - 1, self.stream)
         return random_bf16(shape, scale, self.seed - 1, self.stream)
+
+
+def weight_rows(w_host, rows):
+    """Weight rows ``rows`` of a host copy (uint16 bf16 bits, or a BlockScaled of host arrays) as
+    the twin takes them: float32, or a BlockScaled whose blocks are one row tall (each row keeps
+    its own block scales)."""
+    if isinstance(w_host, BlockScaled):
+        bo, bi = w_host.block
+        return BlockScaled(np.ascontiguousarray(w_host.data[rows]), np.ascontiguousarray(w_host.scale[rows // bo]), (1, bi))
+    return bf16_to_float32(w_host[rows])
+
+
+def host_copy(w, z=None):
+    """A device weight (or group z of it) on the host."""
+    if isinstance(w, BlockScaled):
+        if z is None:
+            return BlockScaled(w.data.copy_to_host(), w.scale.copy_to_host(), w.block)
+        return BlockScaled(w.data[z].copy_to_host(), w.scale[z].copy_to_host(), w.block)
+    return w.copy_to_host() if z is None else w[z].copy_to_host()
 
     def put(self, a):
         return self.cuda.to_device(np.ascontiguousarray(a), stream=self.stream)
@@ -207,7 +235,7 @@ def cases(gpu, L, W, X, dX, R, rng):
         x = dX[K][:R]
         fn = lambda cfg=None, p="bf16": L._launch(x, 0, w.reshape(1, N, K), None, o, 0, n_rows, None,  # noqa: E731
                                                   None, R, accumulate, p, st, cfg)
-        byts = N * K * 2 + R * K * 4 + R * N * 4 * (2 if accumulate else 1)
+        byts = N * K * gpu.wbytes + R * K * 4 + R * N * 4 * (2 if accumulate else 1)
         out.append(dict(name=name, variant="linear+acc" if accumulate else "linear", fn=fn, out=o,
                         x=X[K][:R], w=w, K=K, N=N, bytes=byts, flops=2 * R * N * K,
                         peer=("linear", N, K), max_rows=R, n_cols=N, swiglu=False, grouped=False,
@@ -223,7 +251,7 @@ def cases(gpu, L, W, X, dX, R, rng):
                     w=W["absorb"], K=NOPE, N=KV,
                     fn=lambda cfg=None, p="bf16": L._launch(xh, NOPE, W["absorb"], None, o_heads, KV,
                                                             n_rows, None, None, R, False, p, st, cfg),
-                    bytes=HEADS * KV * NOPE * 2 + R * HEADS * (NOPE + KV) * 4,
+                    bytes=HEADS * KV * NOPE * gpu.wbytes + R * HEADS * (NOPE + KV) * 4,
                     flops=2 * R * HEADS * KV * NOPE, peer=("heads",), max_rows=R, n_cols=KV,
                     swiglu=False, grouped=False, acc=False))
     o_sw = gpu.empty((R, DENSE_I))
@@ -233,7 +261,7 @@ def cases(gpu, L, W, X, dX, R, rng):
                     fn=lambda cfg=None, p="bf16": L._launch(xs, 0, W["gate"].reshape(1, DENSE_I, H),
                                                             W["up"].reshape(1, DENSE_I, H), o_sw, 0,
                                                             n_rows, None, None, R, False, p, st, cfg),
-                    bytes=2 * DENSE_I * H * 2 + R * H * 4 + R * DENSE_I * 4,
+                    bytes=2 * DENSE_I * H * gpu.wbytes + R * H * 4 + R * DENSE_I * 4,
                     flops=2 * 2 * R * DENSE_I * H, peer=("swiglu", DENSE_I, H), max_rows=R,
                     n_cols=DENSE_I, swiglu=True, grouped=False, acc=False))
     plain("dense down 11264->2048", "down", DENSE_I, H)
@@ -251,7 +279,7 @@ def cases(gpu, L, W, X, dX, R, rng):
                     fn=lambda cfg=None, p="bf16": L._launch(xe, 0, W["egate"], W["eup"], o_e, 0, None,
                                                             d_off, d_tok, mr, False, p, st, cfg,
                                                             live_groups=min(E, S)),
-                    bytes=touched * 2 * MOE_I * H * 2 + S * H * 4 + S * MOE_I * 4,
+                    bytes=touched * 2 * MOE_I * H * gpu.wbytes + S * H * 4 + S * MOE_I * 4,
                     flops=2 * 2 * S * MOE_I * H, peer=("grouped_swiglu",), max_rows=mr, n_cols=MOE_I,
                     swiglu=True, grouped=True, acc=False))
     o_d = gpu.empty((S, H))
@@ -261,7 +289,7 @@ def cases(gpu, L, W, X, dX, R, rng):
                     fn=lambda cfg=None, p="bf16": L._launch(xd, 0, W["edown"], None, o_d, 0, None, d_off,
                                                             None, mr, False, p, st, cfg,
                                                             live_groups=min(E, S)),
-                    bytes=touched * H * MOE_I * 2 + S * MOE_I * 4 + S * H * 4,
+                    bytes=touched * H * MOE_I * gpu.wbytes + S * MOE_I * 4 + S * H * 4,
                     flops=2 * S * H * MOE_I, peer=("grouped",), max_rows=mr, n_cols=H,
                     swiglu=False, grouped=True, acc=False))
     plain("lm_head 2048->163840", "lm", H, VOCAB)
@@ -278,26 +306,23 @@ def check_case(c, rng, precision, ncols=24):
     got = c["out"].copy_to_host()
     N = c["N"]
     cols = np.sort(rng.choice(N, min(ncols, N), replace=False))
-    wf = lambda a: bf16_to_float32(a)  # noqa: E731
     if c["variant"] in ("linear", "linear+acc"):
-        return twin_check(got[:, cols], c["x"], wf(c["w"].copy_to_host()[cols]), precision)
+        return twin_check(got[:, cols], c["x"], weight_rows(host_copy(c["w"]), cols), precision)
     if c["variant"] == "heads":
         z = int(rng.integers(HEADS))
         return twin_check(got[:, z * KV + cols], c["x"][:, z * NOPE:(z + 1) * NOPE],
-                          wf(c["w"].copy_to_host()[z][cols]), precision)
+                          weight_rows(host_copy(c["w"], z), cols), precision)
     if c["variant"] == "swiglu":
-        return twin_check(got[:, cols], c["x"], wf(c["w"].copy_to_host()[cols]), precision,
-                          wf(c["w_up"].copy_to_host()[cols]))
+        return twin_check(got[:, cols], c["x"], weight_rows(host_copy(c["w"]), cols), precision,
+                          weight_rows(host_copy(c["w_up"]), cols))
     offsets = c["offsets"]                      # grouped: a few slots
     slots = rng.choice(int(offsets[-1]), min(8, int(offsets[-1])), replace=False)
-    wall = c["w"].copy_to_host()
-    wup = c["w_up"].copy_to_host() if c["swiglu"] else None
     worst = 0.0
     for j in slots:
         z = int(np.searchsorted(offsets, j, side="right") - 1)
         xrow = c["x"][c["slot_token"][j] if c["slot_token"] is not None else j][None]
-        _, ratio = twin_check(got[j, cols][None], xrow, wf(wall[z][cols]), precision,
-                              None if wup is None else wf(wup[z][cols]))
+        _, ratio = twin_check(got[j, cols][None], xrow, weight_rows(host_copy(c["w"], z), cols), precision,
+                              weight_rows(host_copy(c["w_up"], z), cols) if c["swiglu"] else None)
         worst = max(worst, ratio)
     return worst <= 1.0, worst
 
@@ -346,12 +371,14 @@ def main():
     ap.add_argument("--sweep", default="", help="case-name substrings to try alternative tiles on")
     ap.add_argument("--budget", type=float, default=400.0, help="seconds; the sweep stops past it")
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--weights", choices=("bf16", "fp8"), default="bf16",
+                    help="weight storage: bf16, or float8 e4m3 with 128 x 128 block scales")
     args = ap.parse_args()
     L = importlib.import_module("ddtree_numba.kernels.linear")
     rows = [int(r) for r in args.rows.split(",")]
     fp32_rows = {int(r) for r in args.fp32_rows.split(",") if r}
     rng = np.random.default_rng(0)
-    gpu = Gpu()
+    gpu = Gpu(args.weights)
     mma_rate = mma_ceiling(gpu.stream)
     log(f"mma.sync ceiling (register-only, this run): {mma_rate / 1e12:.0f} TFLOP/s")
     torch = None
@@ -363,7 +390,7 @@ def main():
             log(f"no torch peer: {exc!r}")
             torch = None
     W, X, dX = build(gpu, L, rng, max(rows))
-    ok = small_kind_checks(gpu, L, rng)
+    ok = small_kind_checks(gpu, L, rng) if not gpu.fp8 else True
     table, sweep_rows, first_row, swept = [], [], {}, []
     peer_cache = {}
     for R in rows:
@@ -420,7 +447,10 @@ def main():
               "GB/s", "peer_us", "us/peer"]
     print("\nSWEEP", *sweep_rows, sep="\n")
     log(f"ALL CHECKS {'OK' if ok else 'FAILED'}")
-    note = ("Tensor cores (bf16 mma.sync m16n8k16 from numba), bf16 weights generated on the GPU, f32 "
+    stored = ("float8 e4m3 weights with 128 x 128 block scales (DeepSeek-V3's format, multiplied as stored: "
+              "the scales multiply each 64-k chunk's partial), generated on the GPU; the peer still bf16"
+              if gpu.fp8 else "bf16 weights generated on the GPU")
+    note = (f"Tensor cores (bf16 mma.sync m16n8k16 from numba), {stored}, f32 "
             f"activations rounded ('bf16') or split in two ('fp32') at the GEMM input. µs: device time per "
             f"launch from a CUDA graph of {REPS} launches (median of 10 replays). Floor: max(bytes / 4.2 TB/s, "
             f"FLOPs / {mma_rate / 1e12:.0f} TFLOP/s, the mma.sync ceiling measured in this run); bytes = "
@@ -429,7 +459,8 @@ def main():
             "experts of 64 at random; the tile is picked from the largest group. Checks on the GPU: "
             f"{'all passed' if ok else 'SOME FAILED'} (sampled columns against the twin within its "
             "accumulation bound; row 0 identical for every row count).")
-    append_rows("GEMM (benchmarks/gemm.py)", header, table, note, append=not args.no_append, results="gemm")
+    title = "GEMM, fp8 weights (benchmarks/gemm.py --weights fp8)" if gpu.fp8 else "GEMM (benchmarks/gemm.py)"
+    append_rows(title, header, table, note, append=not args.no_append, results="gemm_fp8" if gpu.fp8 else "gemm")
     return 0 if ok else 1
 
 

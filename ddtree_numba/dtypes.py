@@ -16,6 +16,7 @@ import numpy as np
 WEIGHT_DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
                  "bfloat16": np.dtype(np.uint16)}
 STORAGE_DTYPES = tuple(WEIGHT_DTYPES.values())      # for shape/dtype checks of stored weights
+FLOAT8 = "float8"      # load_target's weight_dtype that keeps an fp8 checkpoint's matrices as stored (BlockScaled)
 
 
 def check_weight_dtype(name) -> str:
@@ -49,9 +50,9 @@ def to_storage(a: np.ndarray, name: str) -> np.ndarray:
 
 def lossless_weight_dtype(stored: set[str]) -> str:
     """The narrowest weight dtype that holds every stored matrix exactly, from the safetensors
-    dtype strings of the matrices: 'bfloat16' or 'float16' when all are, else 'float32' (fp8 is
-    dequantized with its block scales, so float32)."""
-    if stored == {"BF16"}:
+    dtype strings of the matrices: 'bfloat16' or 'float16' when all are, else 'float32'.
+    (fp8 matrices that the GPU keeps as stored, ``BlockScaled``, are left out by the caller.)"""
+    if not stored or stored == {"BF16"}:
         return "bfloat16"
     if stored == {"F16"}:
         return "float16"
@@ -78,3 +79,96 @@ E4M3_TABLE = _e4m3_table()
 def e4m3_to_float32(raw: np.ndarray) -> np.ndarray:
     """Raw float8 e4m3fn bytes (uint8) -> float32."""
     return E4M3_TABLE[raw]
+
+
+class BlockScaled:
+    """A float8 e4m3 matrix (or a stack of them) kept as stored, with its block scales:
+
+        w[..., n, k] = e4m3(data[..., n, k]) * scale[..., n // bo, k // bi],  block = (bo, bi).
+
+    data [..., N, K] uint8 (raw e4m3fn bytes), scale [..., ceil(N/bo), ceil(K/bi)] float32;
+    numpy arrays on the host, device arrays on the GPU (``to_device``). DeepSeek-V3's fp8
+    checkpoints store their matrices this way (``weight_scale_inv``, 128 x 128 blocks); the
+    cuda backend multiplies them as they are (``kernels.linear``: every e4m3 value is exact in
+    bf16, and the scale multiplies each block's partial sum), so they occupy a byte a weight.
+    """
+
+    dtype_name = "float8_e4m3"
+
+    def __init__(self, data, scale, block):
+        bo, bi = (int(b) for b in block)
+        if bo < 1 or bi < 1:
+            raise ValueError(f"block sizes must be positive, got {tuple(block)}")
+        if np.dtype(data.dtype) != np.uint8:
+            raise ValueError(f"float8 data must be raw bytes (uint8), got {np.dtype(data.dtype)}")
+        if np.dtype(scale.dtype) != np.float32:
+            raise ValueError(f"block scales must be float32, got {np.dtype(scale.dtype)}")
+        if data.ndim < 2:
+            raise ValueError(f"float8 data must be a matrix or a stack of them, got shape {tuple(data.shape)}")
+        n, k = data.shape[-2:]
+        want = tuple(data.shape[:-2]) + (-(-n // bo), -(-k // bi))
+        if tuple(scale.shape) != want:
+            raise ValueError(f"block scales have shape {list(scale.shape)}; a {list(data.shape)} weight in "
+                             f"{bo}x{bi} blocks needs {list(want)}")
+        self.data, self.scale, self.block = data, scale, (bo, bi)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.data.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes + self.scale.nbytes)
+
+    def __repr__(self) -> str:
+        return f"BlockScaled(float8_e4m3 {list(self.shape)}, {self.block[0]}x{self.block[1]} blocks)"
+
+    def expanded_scale(self, dtype=np.float32) -> np.ndarray:
+        """The scale of every weight, [..., N, K] (host arrays only)."""
+        bo, bi = self.block
+        n, k = self.shape[-2:]
+        s = np.asarray(self.scale, dtype)
+        return np.repeat(np.repeat(s, bo, axis=-2), bi, axis=-1)[..., :n, :k]
+
+    def dequantize(self, dtype=np.float32) -> np.ndarray:
+        """w as ``dtype`` (host arrays only): float32 rounds each product once; float64 is exact."""
+        return e4m3_to_float32(np.asarray(self.data)).astype(dtype) * self.expanded_scale(dtype)
+
+    def reshape(self, *shape) -> "BlockScaled":
+        """The same matrices with leading axes reshaped (the last two stay)."""
+        lead = tuple(shape[:-2])
+        if tuple(shape[-2:]) != self.shape[-2:]:
+            raise ValueError(f"reshape keeps the matrices' own shape {list(self.shape[-2:])}, got {list(shape)}")
+        return BlockScaled(self.data.reshape(*lead, *self.shape[-2:]),
+                           self.scale.reshape(*lead, *self.scale.shape[-2:]), self.block)
+
+    @staticmethod
+    def stack(mats: list["BlockScaled"]) -> "BlockScaled":
+        """Host matrices of one shape and block, stacked on a new first axis (the experts)."""
+        blocks = {m.block for m in mats}
+        if len(blocks) != 1:
+            raise ValueError(f"cannot stack float8 matrices of different blocks {sorted(blocks)}")
+        return BlockScaled(np.stack([m.data for m in mats]), np.stack([m.scale for m in mats]), blocks.pop())
+
+
+def fp8_block_supported(block) -> bool:
+    """Whether the GPU GEMMs (``kernels.linear``) take float8 weights in blocks ``(bo, bi)`` as
+    stored: the input side a multiple of 16, the tensor-core k step, so that no chunk of the
+    reduction straddles two scales."""
+    return block is not None and block[0] >= 1 and block[1] >= 16 and block[1] % 16 == 0
+
+
+def stack_weights(mats: list):
+    """Stacked matrices: float32 arrays with ``np.stack``, ``BlockScaled`` ones kept as stored."""
+    if mats and all(isinstance(m, BlockScaled) for m in mats):
+        return BlockScaled.stack(mats)
+    return np.stack([m.dequantize() if isinstance(m, BlockScaled) else m for m in mats])
+
+
+def widened(w):
+    """A weight as float32 numpy: ``BlockScaled`` dequantized, anything else as it is."""
+    return w.dequantize() if isinstance(w, BlockScaled) else w

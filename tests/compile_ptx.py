@@ -63,11 +63,13 @@ SIGNATURES = {
         ((kind,), f"void({ids}[::1], {w}[:, ::1], {F32_2}, {I32_1})")
         for kind, w in (("f32", "float32"), ("f16", "float16"), ("bf16", "uint16"))
         for ids in ("int32", "int64")],
-    # linear: (kind, swiglu, accumulate, grouped, gather, vec, xvec, precision, *tile)
+    # linear: (kind, swiglu, accumulate, grouped, gather, vec, xvec, precision, *tile, block); the
+    # scales (float8 only) are [Z, N/bo, K/bi], else ``out`` stands in for them
     "linear._mma_kernel": [
-        ((kind, swiglu, acc, grouped, gather, kind == "bf16" and vec, vec, precision, *tile),
-         f"void({F32_2}, int64, {w}[:, :, ::1], {w}[:, :, ::1], {F32_2}, int64, {I32_1}, {I32_1}, {I32_1})")
-        for kind, w in (("f32", "float32"), ("f16", "float16"), ("bf16", "uint16"))
+        ((kind, swiglu, acc, grouped, gather, kind in ("bf16", "e4m3") and vec, vec, precision, *tile, block),
+         f"void({F32_2}, int64, {w}[:, :, ::1], {w}[:, :, ::1], {sc}, {sc}, {F32_2}, int64, {I32_1}, {I32_1}, {I32_1})")
+        for kind, w, sc, block in (("f32", "float32", F32_2, (0, 0)), ("f16", "float16", F32_2, (0, 0)),
+                                   ("bf16", "uint16", F32_2, (0, 0)), ("e4m3", "uint8", "float32[:, :, ::1]", (128, 128)))
         for precision in ("bf16", "fp32")
         for (swiglu, acc, grouped, gather, vec), tile in (((False, False, False, False, True), (1, 1, 8)),
                                                           ((False, True, False, False, False), (2, 4, 1)),

@@ -15,6 +15,7 @@ from numba import cuda
 from conftest import REAL_GPU
 from ddtree_numba import kernels as kn
 from ddtree_numba import reference as ref
+from ddtree_numba.dtypes import E4M3_TABLE, BlockScaled, fp8_block_supported
 from ddtree_numba.reference.linear import accumulation_bound, bf16_round, bf16_split, swiglu_bound
 
 L = importlib.import_module("ddtree_numba.kernels.linear")
@@ -40,7 +41,18 @@ def xs(rng, shape):
 
 
 def dev(a):
+    if isinstance(a, BlockScaled):
+        return BlockScaled(dev(a.data), dev(a.scale), a.block)
     return cuda.to_device(np.ascontiguousarray(a))
+
+
+def fp8_weights(rng, shape, block):
+    """A float8 e4m3 matrix (or stack) of random bytes with exponent fields 0..8 (|w| < 4 before
+    scaling, subnormals included) and block scales in [0.25, 2)."""
+    raw = (rng.integers(0, 2, shape) << 7 | rng.integers(0, 9, shape) << 3 | rng.integers(0, 8, shape)).astype(np.uint8)
+    n, k = shape[-2:]
+    scale = (rng.random(tuple(shape[:-2]) + (-(-n // block[0]), -(-k // block[1]))) * 1.75 + 0.25).astype(np.float32)
+    return BlockScaled(raw, scale, block)
 
 
 def rows_dev(n):
@@ -217,6 +229,85 @@ def test_element_loads_give_the_bits_of_word_loads(rng):
         assert_bits(run_linear(x, wf, precision), run_linear(x, w, precision))
 
 
+# -- float8 block-scaled weights, multiplied as stored --------------------------------------------
+def test_fp8_twin_takes_the_weights_exactly(rng):
+    """The float8 twin's weight is e4m3 x scale in float64 (never rounded to bf16): 'bf16' rounds
+    only x, 'fp32' splits only x."""
+    x, w = xs(rng, (4, 96)), fp8_weights(rng, (6, 96), (16, 32))
+    wd = w.dequantize(np.float64)
+    assert np.array_equal(wd, E4M3_TABLE[w.data].astype(np.float64) * w.expanded_scale(np.float64))
+    np.testing.assert_allclose(ref.linear(x, w, "bf16"), bf16_round(x).astype(np.float64) @ wd.T, rtol=1e-6)
+    exact = x.astype(np.float64) @ wd.T
+    assert np.all(np.abs(ref.linear(x, w, "fp32") - exact) <= 2 ** -15 * (np.abs(x) @ np.abs(wd).T))
+    np.testing.assert_allclose(ref.linear(x, w), exact, rtol=1e-5, atol=1e-5 * np.abs(exact).max())
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("R,K,N,block", [(3, 200, 37, (128, 128)),     # word loads, 64-k chunks, ragged blocks
+                                         (9, 70, 19, (16, 16)),        # byte loads, 16-k chunks
+                                         (2, 96, 24, (8, 32))])        # 32-k chunks, a scale per 8 rows
+def test_fp8_linear_matches_the_twin(rng, precision, R, K, N, block):
+    x, w = xs(rng, (R, K)), fp8_weights(rng, (N, K), block)
+    y = kn.linear(x, w, precision=precision)
+    assert_twin(y, x, w, precision)
+    assert_twin(kn.linear(dev(x), dev(w), precision=precision).copy_to_host(), x, w, precision)
+
+
+def test_every_e4m3_byte_enters_the_mma_exactly():
+    """y = I @ w.T with w holding all 256 bytes (scale 1): each output is its byte's value, which
+    checks the in-register decode (on a GPU a bit trick, subnormals included) against the table."""
+    raw = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    raw[(raw & 0x7F) == 0x7F] = 0
+    w = BlockScaled(raw, np.ones((1, 1), np.float32), (16, 16))
+    y = kn.linear(np.eye(16, dtype=np.float32), w, precision="bf16")
+    np.testing.assert_array_equal(y.T, E4M3_TABLE[raw])          # exact (-0 sums to +0 with the other zeros)
+
+
+@pytest.mark.parametrize("swiglu,gather,counts,precision", [(True, True, [2, 0, 3], "bf16"),
+                                                            (False, False, [1, 4, 2], "fp32")])
+def test_fp8_grouped_experts_and_heads(rng, swiglu, gather, counts, precision):
+    K, N, block = 64, 22, (16, 32)
+    Z = len(counts)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    Ro = int(offsets[-1])
+    x = xs(rng, (Ro + 3, K))
+    row_index = rng.integers(0, Ro + 3, Ro).astype(np.int32) if gather else None
+    w, wu = fp8_weights(rng, (Z, N, K), block), fp8_weights(rng, (Z, N, K), block)
+    d_out = dev(np.full((Ro, N), np.nan, np.float32))
+    L.enqueue_grouped_linear(dev(x), dev(w), d_out, dev(offsets), max(counts), precision=precision,
+                             row_index=None if row_index is None else dev(row_index),
+                             w_up=dev(wu) if swiglu else None)
+    got = d_out.copy_to_host()
+    for z in range(Z):
+        j = np.arange(offsets[z], offsets[z + 1])
+        xz = x[row_index[j] if gather else j]
+        wz, wuz = (BlockScaled(m.data[z], m.scale[z], block) for m in (w, wu))
+        if swiglu:
+            want, bound = swiglu_bound(xz, wz, wuz, precision)
+            assert np.all(np.abs(got[j] - want) <= bound)
+        else:
+            assert_twin(got[j], xz, wz, precision)
+    # the per-head projection of the same stack (as MLA's absorbed weights are)
+    xh = xs(rng, (2, Z * K))
+    d_out = dev(np.full((2, Z * N), np.nan, np.float32))
+    L.enqueue_linear_heads(dev(xh), K, dev(w), d_out, rows_dev(2), precision=precision)
+    got = d_out.copy_to_host()
+    for z in range(Z):
+        assert_twin(got[:, z * N:(z + 1) * N], xh[:, z * K:(z + 1) * K], BlockScaled(w.data[z], w.scale[z], block),
+                    precision)
+
+
+def test_fp8_rejects_blocks_the_mma_cannot_scale(rng):
+    x = xs(rng, (2, 48))
+    assert not fp8_block_supported((128, 8)) and fp8_block_supported((1, 48))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        kn.linear(x, fp8_weights(rng, (3, 48), (16, 24)))
+    with pytest.raises(ValueError, match="block scales have shape"):
+        BlockScaled(np.zeros((3, 48), np.uint8), np.ones((1, 2), np.float32), (16, 16))
+    with pytest.raises(ValueError, match="raw bytes"):
+        BlockScaled(np.zeros((3, 48), np.int8), np.ones((1, 3), np.float32), (16, 16))
+
+
 # -- (c) batch invariance -----------------------------------------------------------------------
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_a_row_alone_equals_the_row_in_any_batch_and_tile(rng, precision):
@@ -232,6 +323,62 @@ def test_a_row_alone_equals_the_row_in_any_batch_and_tile(rng, precision):
     assert_bits(run_linear(np.concatenate([x[1:], x[:1]]), w, precision)[-1:], alone)
     for name, tile in L.TILES.items():
         assert_bits(run_linear(x[:9], w, precision, tile=tile)[:1], alone), name
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_fp8_row_alone_equals_the_row_in_any_batch_and_tile(rng, precision):
+    K, N = 192, 20
+    x = xs(rng, (11, K))
+    w = fp8_weights(rng, (N, K), (16, 128))
+    alone = run_linear(x[:1], w, precision)
+    assert_bits(run_linear(x, w, precision)[:1], alone)
+    for name, tile in L.TILES.items():
+        assert_bits(run_linear(x[:9], w, precision, tile=tile)[:1], alone), name
+
+
+STAGED = [name for name, tile in L.TILES.items() if isinstance(tile, L._Staged)]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("variant", ["plain", "accumulate", "heads", "swiglu", "grouped", "fp8 grouped swiglu gather"])
+def test_staged_tiles_give_the_register_kernels_bits(rng, precision, variant):
+    """The shared-memory (staged) kernel does the register kernel's arithmetic step for step: the
+    same bits for every variant, in both precisions, bf16 or float8 weights."""
+    R, K, N, Z = 11, 72, 24, 3
+    x = xs(rng, (R, Z * K))
+    if variant.startswith("fp8"):
+        w, wu = fp8_weights(rng, (Z, N, K), (16, 64)), fp8_weights(rng, (Z, N, K), (16, 64))
+    else:
+        (w, wf), (wu, _) = weights(rng, (Z, N, K), "bf16"), weights(rng, (Z, N, K), "bf16")
+    base = xs(rng, (R, N))
+    counts = [4, 0, 7]
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    row_index = rng.integers(0, R, R).astype(np.int32)
+
+    def run(tile):
+        if variant in ("plain", "accumulate"):
+            return run_linear(x[:, :K], w[0], precision, tile=tile, accumulate=variant == "accumulate", out=base)
+        d_out = dev(np.full((R, Z * N), np.nan, np.float32))
+        if variant == "heads":
+            L.enqueue_linear_heads(dev(x), K, dev(w), d_out, rows_dev(R), precision=precision, tile=tile)
+        elif variant == "swiglu":
+            L.enqueue_swiglu(dev(x[:, :K]), dev(w[0]), dev(wu[0]), d_out, rows_dev(R), precision=precision, tile=tile)
+        else:
+            L.enqueue_grouped_linear(dev(x[:, :K]), dev(w), d_out, dev(offsets), max(counts), precision=precision,
+                                     row_index=dev(row_index) if "gather" in variant else None,
+                                     w_up=dev(wu) if "swiglu" in variant else None, tile=tile)
+        return d_out.copy_to_host()
+
+    want = run(L.TILES["small"])
+    if variant == "plain":
+        assert_twin(want, x[:, :K], wf[0], precision)
+    for name in STAGED:
+        assert_bits(run(L.TILES[name]), want), name
+
+
+def test_staged_tile_is_chosen_for_many_rows_of_word_loads(rng):
+    assert L._choose_staged(L._STAGED_ROWS, False) == L._STAGED[False]
+    assert L._choose_staged(L._STAGED_ROWS - 1, True) is None
 
 
 def test_grouped_row_matches_the_plain_projection_of_that_row(rng):

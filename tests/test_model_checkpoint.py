@@ -86,6 +86,45 @@ def test_fp8_golden_matches_a_hand_dequantization():
         assert w[name][i, j] == e4m3_to_float32(raw[i:i + 1, j])[0] * scale[i // 16, j // 16]
 
 
+def test_fp8_kept_as_stored_is_the_same_weights():
+    """read_checkpoint(keep_fp8=True) returns the fp8 matrices as BlockScaled (what the GPU keeps):
+    dequantized they are the float32 weights, and a numpy target built from them is the same."""
+    from ddtree_numba.dtypes import BlockScaled
+    from ddtree_numba.model.checkpoint import read_checkpoint
+    path = os.path.join(DATA, "kimi_fp8")
+    _, kept, _ = read_checkpoint(path, keep_fp8=True)
+    _, plain, _ = read_checkpoint(path)
+    fp8 = [n for n, w in kept.items() if isinstance(w, BlockScaled)]
+    assert "model.layers.1.self_attn.q_b_proj.weight" in fp8 and "model.norm.weight" not in fp8
+    for n in fp8:
+        assert kept[n].block == (16, 16) and kept[n].data.dtype == np.uint8
+        np.testing.assert_array_equal(kept[n].dequantize(), plain[n])
+    from ddtree_numba.model.target import NumpyTarget
+    a, b = NumpyTarget(*read_checkpoint(path, keep_fp8=True)[:2]), NumpyTarget(*read_checkpoint(path)[:2])
+    np.testing.assert_array_equal(a.layers[1].experts_down_proj, b.layers[1].experts_down_proj)
+
+
+@pytest.mark.parametrize("nope,block", [(128, (128, 64)), (8, (16, 16))])
+def test_fp8_absorption_weights_stay_block_scaled_when_blocks_align(nope, block):
+    """kv_b_proj [H*(D+Dv), C] in fp8: W_uk^T and W_uv keep their bytes when blocks do not
+    straddle heads (transposed blocks for W_uk^T), else they are dequantized; the same values."""
+    from ddtree_numba.dtypes import BlockScaled
+    from ddtree_numba.reference.mla import absorption_weights
+    rng = np.random.default_rng(1)
+    h, dv, c = 2, nope, 96
+    raw = rng.integers(0, 0x70, (h * (nope + dv), c)).astype(np.uint8)
+    scale = rng.random((-(-h * (nope + dv) // block[0]), -(-c // block[1]))).astype(np.float32) + 0.5
+    w = BlockScaled(raw, scale, block)
+    want = absorption_weights(w.dequantize(), h, nope)
+    got = absorption_weights(w, h, nope)
+    aligned = nope % block[0] == 0
+    for g, x in zip(got, want):
+        assert isinstance(g, BlockScaled) == aligned
+        np.testing.assert_array_equal(g.dequantize() if aligned else g, x)
+    if aligned:
+        assert got[0].block == block[::-1] and got[1].block == block
+
+
 def test_sharded_checkpoint_with_an_mtp_layer_loads_without_it():
     path = os.path.join(DATA, "v3_released")
     index = SafetensorsIndex(path)

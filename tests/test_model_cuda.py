@@ -54,6 +54,26 @@ def test_load_target_cuda_keeps_the_checkpoint_dtype():
         load_cuda_target(os.path.join(DATA, "v3_noaux_tc"), weight_dtype="int8")
 
 
+def test_fp8_checkpoint_stays_fp8_on_the_gpu_and_matches_hf():
+    """An fp8 block-scaled checkpoint: the GPU keeps its matrices as stored (bytes + scales,
+    multiplied by the GEMM as they are), and the forward still matches HF's (which dequantizes)."""
+    from ddtree_numba.dtypes import BlockScaled
+    path = os.path.join(DATA, "kimi_fp8")
+    target = load_cuda_target(path)
+    lw = target.layers[0]
+    assert isinstance(lw.o_proj, BlockScaled) and lw.o_proj.data.dtype == np.uint8
+    assert "float8_e4m3 block-scaled" in repr(target) and lw.input_layernorm.dtype == np.float32
+    assert not isinstance(lw.w_uk_t, BlockScaled)      # its 16-row blocks straddle the 8-wide heads: dequantized
+    exp = np.load(os.path.join(path, "expected.npz"))
+    exp = {k: exp[k][:T] for k in exp}
+    out = target.forward(exp["ids"], exp["positions"], target.new_cache(32))
+    assert_close(out.logits, exp["logits"], RTOL, "kimi_fp8 cuda logits (fp8 kept)")
+    plain = load_cuda_target(path, weight_dtype="float32")
+    assert not isinstance(plain.layers[0].o_proj, BlockScaled) and "float8" not in repr(plain)
+    with pytest.raises(ValueError, match="stores none in fp8"):
+        load_cuda_target(os.path.join(DATA, "v3_released"), weight_dtype="float8")
+
+
 def test_causal_forward_matches_hf(case):
     name, target, exp, _ = case
     exp = {k: exp[k][:T] for k in exp}

@@ -10,11 +10,11 @@ are stubs: it gets numpy stand-ins with the same meaning.
 from __future__ import annotations
 
 import numpy as np
-from numba import config, float32, int32, uint16, uint32, uint64
+from numba import config, float32, int32, uint8, uint16, uint32, uint64
 from numba.core.types import float16
 
 from .._device import device_function
-from ..dtypes import WEIGHT_DTYPES
+from ..dtypes import E4M3_TABLE, WEIGHT_DTYPES, BlockScaled
 
 _SIM = bool(config.ENABLE_CUDASIM)
 if not _SIM:
@@ -25,15 +25,17 @@ KINDS = {WEIGHT_DTYPES["float32"]: "f32", WEIGHT_DTYPES["float16"]: "f16", WEIGH
 
 
 def _weight_kind(w, name: str = "weights") -> str:
-    """'f32', 'f16' or 'bf16' (uint16 storage) for a weight array; a ValueError naming ``name``
-    otherwise."""
+    """'f32', 'f16' or 'bf16' (uint16 storage) for a weight array, 'e4m3' for a ``BlockScaled``
+    one (float8 bytes + block scales); a ValueError naming ``name`` otherwise."""
+    if isinstance(w, BlockScaled):
+        return "e4m3"
     kind = KINDS.get(np.dtype(w.dtype))
     if kind is None:
         raise ValueError(f"{name} must be float32, float16 or bfloat16 bits (uint16), got {np.dtype(w.dtype)}")
     return kind
 
 
-ELEM = {"f32": float32, "f16": float16, "bf16": uint16}    # storage type of one weight
+ELEM = {"f32": float32, "f16": float16, "bf16": uint16, "e4m3": uint8}    # storage type of one weight
 PER_WORD = {"f32": 2, "f16": 4, "bf16": 4}                 # weights per uint64 word
 
 
@@ -61,7 +63,24 @@ else:
         return _libdevice.int_as_float(int32(uint32(u) << uint32(16)))
 
 
-WIDEN = {"f32": _widen_f32, "f16": _widen_f16, "bf16": bf16_to_f32}
+if _SIM:
+    def e4m3_to_f32(b):
+        """float8 e4m3fn bits (the low byte of an integer) -> float32, exactly."""
+        return E4M3_TABLE[int(b) & 0xFF]
+else:
+    @device_function
+    def e4m3_to_f32(b):
+        """float8 e4m3fn bits (the low byte of an integer) -> float32, exactly: the 7 exponent and
+        mantissa bits placed at the top of a float32's exponent / mantissa fields give the value
+        times 2^-120 (subnormals included: both formats' subnormals scale the same way), which one
+        exact multiply restores. (0x7f / 0xff, e4m3fn's NaN, come out as 480: the loaders refuse
+        them.)"""
+        u = uint32(b)
+        bits = ((u & uint32(0x80)) << uint32(24)) | ((u & uint32(0x7F)) << uint32(20))
+        return _libdevice.int_as_float(int32(bits)) * float32(1.329227995784916e36)    # 2**120
+
+
+WIDEN = {"f32": _widen_f32, "f16": _widen_f16, "bf16": bf16_to_f32, "e4m3": e4m3_to_f32}
 
 # Element e of a uint64 word of packed weights (little endian: element 0 in the low bits), and
 # the two float32 halves of a word. The simulator has no libdevice bit casts: numpy views.

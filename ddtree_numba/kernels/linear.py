@@ -59,6 +59,7 @@ from numba import config, cuda, float32, int64, uint32, uint64
 
 from .._checks import check_array, check_precision
 from .._device import ceil_div, device_function, float32_out, launcher_result, rows_device, to_device
+from ..dtypes import BlockScaled, fp8_block_supported
 from ._mma import mma_bf16, pack_bf16x2
 from ._widen import ELEM as STORED, WIDEN, _weight_kind, bf16_to_f32, hi_f32, lo_f32
 
@@ -112,22 +113,35 @@ def _smem(tile, swiglu):
     return 0 if tile.NW == 1 else tile.NW * 4 * tile.MT * tile.RT * (2 if swiglu else 1) * 32 * 4
 
 
+def _chunk(kind, block):
+    """k per chunk of the reduction contract: ``KC``, or for float8 weights the largest divisor of
+    KC that keeps a chunk inside one block of their scales (gcd(KC, bi): 64 for DeepSeek's 128)."""
+    return math.gcd(KC, block[1]) if kind == "e4m3" else KC
+
+
 @functools.lru_cache(maxsize=None)
-def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision, MT, RT, NW):
+def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision, MT, RT, NW, block=(0, 0)):
     """Every projection of the module (the device tier below is its only caller).
 
-    ``kernel(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index)``: for group z
+    ``kernel(x, x_gs, w, w_up, w_scale, w_up_scale, out, o_gs, n_rows, offsets, row_index)``: for group z
     (blockIdx.z) and rows j in [start, end) (grouped: offsets[z], offsets[z+1]; else 0,
     n_rows[0]), out[j, z*o_gs + n] (+)= f(x[r, z*x_gs : z*x_gs + K] @ w[z, n]) with
     r = row_index[j] if ``gather`` else j, and f the identity, or SwiGLU of (w, w_up). ``vec``:
-    bf16 weights as uint64 words; ``xvec``: activations as float32 pairs (K % 4 == 0, even
-    offsets). Grid:
+    bf16 weights as uint64 words, float8 as uint32 words (a lane's four k in one word); ``xvec``:
+    activations as float32 pairs (K % 4 == 0, even offsets). kind 'e4m3': w / w_up hold float8
+    bytes and w_scale / w_up_scale [Z, ceil(N/bo), ceil(K/bi)] their scales, ``block`` = (bo, bi);
+    each chunk partial is multiplied by its block's scale before it is added. Grid:
     (column blocks of 16*MT, row tiles of 8*RT grid-strided, Z); 32*NW threads.
     """
     S = 2 if swiglu else 1                    # matrices: gate (and up)
+    FP8 = kind == "e4m3"                      # float8 bytes, a scale per block of (BO, BI)
+    BO, BI = block
+    KCH = _chunk(kind, block)                 # k per chunk (KC unless float8 blocks are narrower)
+    STEPS = KCH // 16
     XSPLIT = precision == "fp32"              # activations as bf16 hi + lo
-    WSPLIT = XSPLIT and kind != "bf16"        # weights too (float32 / float16 storage)
-    RAW = vec                                 # bf16 words straight from memory (_launch: bf16 only)
+    WSPLIT = XSPLIT and kind in ("f32", "f16")   # weights too (bf16 and e4m3 values are exact in bf16)
+    RAW = vec and not FP8                     # bf16 words straight from memory
+    RAW8 = vec and FP8                        # float8 words: four bytes
     P = 4 * MT * RT                           # accumulator positions a lane holds, per matrix
     OWN = ceil_div(P, NW)                     # positions whose running sums a thread owns
     PS, OWNS = P * S, OWN * S                 # accumulators a lane holds; running sums a thread owns
@@ -147,7 +161,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
         k step, for its weight rows g and g+8 of each m tile and its row g of each row tile.
         Past K (or C) the loads give zeros."""
         for st in range(STEPS):
-            k0 = c * KC + st * 16 + 4 * t
+            k0 = c * KCH + st * 16 + 4 * t
             for mt in range(MT):
                 for s in range(S):
                     for h in range(2):
@@ -159,6 +173,13 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                                 u = wuv[z, n, k0 // 4] if s == 1 else wv[z, n, k0 // 4]
                             wa[ai] = uint32(u & uint64(0xFFFFFFFF))
                             wa[ai + 2] = uint32(u >> uint64(32))
+                        elif RAW8:
+                            u8 = uint32(0)
+                            if n < N and k0 < K:
+                                u8 = wuv[z, n, k0 // 4] if s == 1 else wv[z, n, k0 // 4]
+                            for e in range(4):
+                                f[e] = widen(u8 >> uint32(8 * e))
+                            _fragment_words(f, wa, wl, ai, ai + 2, False)
                         else:
                             for e in range(4):
                                 v = ELEM(0)
@@ -217,11 +238,30 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                         acc[q0 + 3 * S] = d[3]
 
     @device_function
-    def add_partials(rnd, C, warp, lane, acc, ys, pbuf):
-        """Round rnd's chunk partials into the running sums, in ascending chunk order."""
+    def block_scale(sc, z, n, N, c):
+        """The scale of chunk c of weight row n (any n: rows past N read row N - 1's)."""
+        return sc[z, min(n, N - 1) // BO, (c * KCH) // BI]
+
+    @device_function
+    def add_partials(rnd, C, warp, lane, acc, ys, pbuf, sc, scu, z, col0, N, g):
+        """Round rnd's chunk partials into the running sums, in ascending chunk order (float8:
+        each times its block's scale)."""
         if NW == 1:
-            for q in range(PS):
-                ys[q] = ys[q] + acc[q]
+            if FP8:                           # position p = (mt*RT + rt)*4 + 2h + e2: feature g + 8h
+                for mt in range(MT):
+                    for h in range(2):
+                        n = col0 + mt * 16 + g + 8 * h
+                        s0 = block_scale(sc, z, n, N, rnd)
+                        s1 = block_scale(scu, z, n, N, rnd) if swiglu else s0
+                        for rt in range(RT):
+                            for e2 in range(2):
+                                q = ((mt * RT + rt) * 4 + 2 * h + e2) * S
+                                ys[q] = ys[q] + acc[q] * s0
+                                if swiglu:
+                                    ys[q + 1] = ys[q + 1] + acc[q + 1] * s1
+            else:
+                for q in range(PS):
+                    ys[q] = ys[q] + acc[q]
         else:
             for q in range(PS):
                 pbuf[warp, q, lane] = acc[q]
@@ -229,15 +269,23 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
             for i in range(OWN):
                 p = warp + NW * i
                 if p < P:
+                    n = col0 + (p // (4 * RT)) * 16 + g + 8 * ((p % 4) // 2)
                     for w2 in range(NW):
-                        if rnd * NW + w2 < C:
-                            for s in range(S):
-                                ys[i * S + s] = ys[i * S + s] + pbuf[w2, p * S + s, lane]
+                        c = rnd * NW + w2
+                        if c < C:
+                            if FP8:
+                                ys[i * S] = ys[i * S] + pbuf[w2, p * S, lane] * block_scale(sc, z, n, N, c)
+                                if swiglu:
+                                    ys[i * S + 1] = ys[i * S + 1] + pbuf[w2, p * S + 1, lane] * block_scale(
+                                        scu, z, n, N, c)
+                            else:
+                                for s in range(S):
+                                    ys[i * S + s] = ys[i * S + s] + pbuf[w2, p * S + s, lane]
             cuda.syncthreads()                # pbuf is rewritten next round
 
     # launch bounds: registers capped so that a block of 32*NW threads always fits an SM
     @(cuda.jit if _SIM else cuda.jit(launch_bounds=(32 * NW,)))
-    def kernel(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index):
+    def kernel(x, x_gs, w, w_up, sc, scu, out, o_gs, n_rows, offsets, row_index):
         tid = _nonneg(cuda.threadIdx.x)
         warp = tid // 32
         lane = tid % 32
@@ -247,7 +295,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
         col0 = _nonneg(cuda.blockIdx.x) * BN
         N = w.shape[1]
         K = w.shape[2]
-        C = (K + KC - 1) // KC
+        C = (K + KCH - 1) // KCH
         rounds = (C + NW - 1) // NW           # the same for every warp: mma and syncs stay uniform
         if grouped:
             start = offsets[z]
@@ -260,6 +308,9 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
         if RAW:                               # constants: numba prunes the other branches
             wv = w.view(np.uint64)
             wuv = w_up.view(np.uint64)
+        elif RAW8:
+            wv = w.view(np.uint32)
+            wuv = w_up.view(np.uint32)
         else:
             wv = w
             wuv = w_up
@@ -289,13 +340,13 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                     load_chunk((rnd + 1) * NW + warp, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index,
                                g, t, wa1, wl1, xb1, xl1, f)
                 mma_chunk(wa0, wl0, xb0, xl0, acc)
-                add_partials(rnd, C, warp, lane, acc, ys, pbuf)
+                add_partials(rnd, C, warp, lane, acc, ys, pbuf, sc, scu, z, col0, N, g)
                 if rnd + 1 < rounds:
                     if rnd + 2 < rounds:
                         load_chunk((rnd + 2) * NW + warp, xv, xc, wv, wuv, z, col0, N, K, tile0, end,
                                    row_index, g, t, wa0, wl0, xb0, xl0, f)
                     mma_chunk(wa1, wl1, xb1, xl1, acc)
-                    add_partials(rnd + 1, C, warp, lane, acc, ys, pbuf)
+                    add_partials(rnd + 1, C, warp, lane, acc, ys, pbuf, sc, scu, z, col0, N, g)
             # -- write the owned outputs: position p = (mt*RT + rt)*4 + e is feature g + 8*(e//2)
             #    of m tile mt and row 2t + e%2 of row tile rt (the C fragment layout)
             for i in range(OWN):
@@ -318,19 +369,252 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
     return kernel
 
 
+# -- the staged kernel: shared-memory tiles for many rows ------------------------------------------
+# A block of WM x WN warps owns BF = 16*MT*WM features x BR = 8*RT*WN rows. Per chunk its threads
+# copy the chunk's weights (bf16 as stored, or float8 widened to bf16) and its activations (rounded,
+# or split hi + lo) into shared memory, once for the whole block; each warp then reads its
+# fragments from there. Every weight feeds BR rows and every activation BF features, instead of
+# the 8*RT and 16*MT of a warp loading its own. The arithmetic is the register kernel's, step for
+# step: the same k slots for the same k (lane (g, t) takes k = 4t..4t+3 of a step), chunk chains
+# from zero, partials added in ascending order; so the bits are the same too (tests hold it).
+_Staged = namedtuple("_Staged", "WM WN MT RT")
+_PAD64 = 4                 # uint64 words of padding a shared row: 64-bit fragment reads of a half
+                           # warp then hit 16 distinct bank pairs (row stride 40 words = 8 mod 32)
+
+
+def _staged_smem(tile, swiglu, precision, kind="bf16", block=(0, 0)):
+    """Bytes of static shared memory a block of the staged kernel uses."""
+    q = _chunk(kind, block) // 4 + _PAD64
+    rows_w = (2 if swiglu else 1) * 16 * tile.MT * tile.WM
+    rows_x = (2 if precision == "fp32" else 1) * 8 * tile.RT * tile.WN
+    return (rows_w + rows_x) * q * 8
+
+
+@functools.lru_cache(maxsize=None)
+def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN, MT, RT, block=(0, 0)):
+    """The staged GEMM (above): the arguments and results of ``_mma_kernel`` for bf16 (uint64
+    words) or float8 (uint32 words) weights and activations read as float32 pairs."""
+    S = 2 if swiglu else 1
+    FP8 = kind == "e4m3"
+    BO, BI = block
+    KCH = _chunk(kind, block)
+    STEPS = KCH // 16
+    Q = KCH // 4                              # uint64 words of four bf16 a row of a chunk
+    QP = Q + _PAD64
+    XSPLIT = precision == "fp32"
+    NT = 32 * WM * WN
+    BF, BR = 16 * MT * WM, 8 * RT * WN
+    P = 4 * MT * RT
+    PS = P * S
+    NWW = ceil_div(S * BF * Q, NT)            # weight words a thread stages per chunk
+    NXW = ceil_div(BR * Q, NT)                # activation quads
+    XL = 2 if XSPLIT else 1
+    WS_SHAPE, XS_SHAPE = (S, BF, QP), (XL, BR, QP)
+    widen = WIDEN[kind]
+
+    @device_function
+    def stage_load(c, tid, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index, wst, xst0, xst1):
+        """Chunk c's weight words and activation quads of this thread, global -> registers."""
+        for i in range(NWW):
+            idx = tid + i * NT
+            v = uint64(0)
+            if idx < S * BF * Q:
+                s = idx // (BF * Q)
+                rem = idx - s * BF * Q
+                n = col0 + rem // Q
+                k = c * KCH + 4 * (rem % Q)
+                if n < N and k < K:
+                    if FP8:
+                        v = uint64(wuv[z, n, k // 4] if s == 1 else wv[z, n, k // 4])
+                    else:
+                        v = wuv[z, n, k // 4] if s == 1 else wv[z, n, k // 4]
+            wst[i] = v
+        for i in range(NXW):
+            idx = tid + i * NT
+            u0 = uint64(0)
+            u1 = uint64(0)
+            if idx < BR * Q:
+                j = tile0 + idx // Q
+                k = c * KCH + 4 * (idx % Q)
+                if j < end and k < K:
+                    rx = j
+                    if gather:
+                        rx = row_index[j]
+                    u0 = xv[rx, (xc + k) // 2]
+                    u1 = xv[rx, (xc + k) // 2 + 1]
+            xst0[i] = u0
+            xst1[i] = u1
+
+    @device_function
+    def stage_store(tid, wst, xst0, xst1, wsm, xsm, f):
+        """The staged words, rounded (split) to bf16, registers -> shared memory."""
+        for i in range(NWW):
+            idx = tid + i * NT
+            if idx < S * BF * Q:
+                s = idx // (BF * Q)
+                rem = idx - s * BF * Q
+                v = wst[i]
+                if FP8:                       # four float8 bytes -> four bf16, exactly
+                    b = uint32(v)
+                    lo = pack_bf16x2(widen(b), widen(b >> uint32(8)))
+                    hi = pack_bf16x2(widen(b >> uint32(16)), widen(b >> uint32(24)))
+                    v = uint64(lo) | (uint64(hi) << uint64(32))
+                wsm[s, rem // Q, rem % Q] = v
+        for i in range(NXW):
+            idx = tid + i * NT
+            if idx < BR * Q:
+                f[0] = lo_f32(xst0[i])
+                f[1] = hi_f32(xst0[i])
+                f[2] = lo_f32(xst1[i])
+                f[3] = hi_f32(xst1[i])
+                if XSPLIT:
+                    h0, l0 = _split_bf16x2(f[0], f[1])
+                    h1, l1 = _split_bf16x2(f[2], f[3])
+                    xsm[0, idx // Q, idx % Q] = uint64(h0) | (uint64(h1) << uint64(32))
+                    xsm[1, idx // Q, idx % Q] = uint64(l0) | (uint64(l1) << uint64(32))
+                else:
+                    xsm[0, idx // Q, idx % Q] = uint64(pack_bf16x2(f[0], f[1])) | (
+                        uint64(pack_bf16x2(f[2], f[3])) << uint64(32))
+
+    @device_function
+    def mma_chunk(wsm, xsm, wm, wn, g, t, acc):
+        """The warp's chains of this chunk from shared memory into acc (the register kernel's
+        ``mma_chunk``, its fragments read from the staged tile)."""
+        for q in range(PS):
+            acc[q] = float32(0.0)
+        for st in range(STEPS):
+            for mt in range(MT):
+                r0 = wm * 16 * MT + mt * 16 + g
+                for s in range(S):
+                    u = wsm[s, r0, st * 4 + t]
+                    u8 = wsm[s, r0 + 8, st * 4 + t]
+                    a0 = uint32(u & uint64(0xFFFFFFFF))
+                    a2 = uint32(u >> uint64(32))
+                    a1 = uint32(u8 & uint64(0xFFFFFFFF))
+                    a3 = uint32(u8 >> uint64(32))
+                    for rt in range(RT):
+                        xr = wn * 8 * RT + rt * 8 + g
+                        ux = xsm[0, xr, st * 4 + t]
+                        q0 = (mt * RT + rt) * 4 * S + s
+                        d = mma_bf16(a0, a1, a2, a3, uint32(ux & uint64(0xFFFFFFFF)), uint32(ux >> uint64(32)),
+                                     acc[q0], acc[q0 + S], acc[q0 + 2 * S], acc[q0 + 3 * S])
+                        if XSPLIT:
+                            ul = xsm[1, xr, st * 4 + t]
+                            d = mma_bf16(a0, a1, a2, a3, uint32(ul & uint64(0xFFFFFFFF)), uint32(ul >> uint64(32)),
+                                         d[0], d[1], d[2], d[3])
+                        acc[q0] = d[0]
+                        acc[q0 + S] = d[1]
+                        acc[q0 + 2 * S] = d[2]
+                        acc[q0 + 3 * S] = d[3]
+
+    @(cuda.jit if _SIM else cuda.jit(launch_bounds=(NT,)))
+    def kernel(x, x_gs, w, w_up, sc, scu, out, o_gs, n_rows, offsets, row_index):
+        tid = _nonneg(cuda.threadIdx.x)
+        warp = tid // 32
+        lane = tid % 32
+        g = lane // 4
+        t = lane % 4
+        wm = warp % WM
+        wn = warp // WM
+        z = _nonneg(cuda.blockIdx.z)
+        col0 = _nonneg(cuda.blockIdx.x) * BF
+        N = w.shape[1]
+        K = w.shape[2]
+        C = (K + KCH - 1) // KCH
+        if grouped:
+            start = offsets[z]
+            end = offsets[z + 1]
+        else:
+            start = 0
+            end = n_rows[0]
+        xc = z * x_gs
+        oc = z * o_gs
+        if FP8:
+            wv = w.view(np.uint32)
+            wuv = w_up.view(np.uint32)
+        else:
+            wv = w.view(np.uint64)
+            wuv = w_up.view(np.uint64)
+        xv = x.view(np.uint64)
+        wsm = cuda.shared.array(WS_SHAPE, uint64)
+        xsm = cuda.shared.array(XS_SHAPE, uint64)
+        wst = cuda.local.array(NWW, uint64)
+        xst0 = cuda.local.array(NXW, uint64)
+        xst1 = cuda.local.array(NXW, uint64)
+        acc = cuda.local.array(PS, float32)
+        ys = cuda.local.array(PS, float32)
+        f = cuda.local.array(4, float32)
+        for tile0 in range(start + cuda.blockIdx.y * BR, end, cuda.gridDim.y * BR):
+            for q in range(PS):
+                ys[q] = float32(0.0)
+            stage_load(0, tid, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index, wst, xst0, xst1)
+            for c in range(C):
+                cuda.syncthreads()            # every warp is done reading the previous chunk
+                stage_store(tid, wst, xst0, xst1, wsm, xsm, f)
+                cuda.syncthreads()
+                if c + 1 < C:                 # the next chunk's loads fly while this one multiplies
+                    stage_load(c + 1, tid, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index,
+                               wst, xst0, xst1)
+                mma_chunk(wsm, xsm, wm, wn, g, t, acc)
+                if FP8:
+                    for mt in range(MT):
+                        for h in range(2):
+                            n = col0 + wm * 16 * MT + mt * 16 + g + 8 * h
+                            nn = min(n, N - 1) // BO
+                            s0 = sc[z, nn, (c * KCH) // BI]
+                            s1 = scu[z, nn, (c * KCH) // BI] if swiglu else s0
+                            for rt in range(RT):
+                                for e2 in range(2):
+                                    q = ((mt * RT + rt) * 4 + 2 * h + e2) * S
+                                    ys[q] = ys[q] + acc[q] * s0
+                                    if swiglu:
+                                        ys[q + 1] = ys[q + 1] + acc[q + 1] * s1
+                else:
+                    for q in range(PS):
+                        ys[q] = ys[q] + acc[q]
+            for p in range(P):                # the C fragment layout, as in the register kernel
+                e = p % 4
+                mt = p // (4 * RT)
+                rt = (p // 4) % RT
+                n = col0 + wm * 16 * MT + mt * 16 + g + 8 * (e // 2)
+                j = tile0 + wn * 8 * RT + rt * 8 + 2 * t + e % 2
+                if j < end and n < N:
+                    yv = ys[p * S]
+                    if swiglu:
+                        yv = yv / (float32(1.0) + _exp(-yv)) * ys[p * S + 1]
+                    if accumulate:
+                        out[j, oc + n] = out[j, oc + n] + yv
+                    else:
+                        out[j, oc + n] = yv
+
+    return kernel
+
+
 # -- choosing a tile ------------------------------------------------------------------------
 if _SIM:
     # The simulator runs every thread as a Python thread and emulates each mma: one- and
     # two-warp blocks. They still cover several row and column tiles, chunk rounds split over
-    # warps, and several tiles a warp.
-    TILES = {"small": _Tile(1, 1, 1), "split": _Tile(1, 1, 2), "wide": _Tile(2, 2, 1)}
+    # warps, several tiles a warp, and staged blocks of two warps either way.
+    TILES = {"small": _Tile(1, 1, 1), "split": _Tile(1, 1, 2), "wide": _Tile(2, 2, 1),
+             "staged": _Staged(2, 1, 1, 1), "staged_rows": _Staged(1, 2, 1, 2)}
     _WARPS_WANTED = 2
     _NW_MAX = 2
+    _STAGED_ROWS = 24          # from this many rows (a group's) the staged kernel takes over
+    _STAGED = {False: _Staged(2, 1, 1, 1), True: _Staged(1, 2, 1, 2)}
 else:
-    TILES = {"small": _Tile(1, 1, 4), "mid": _Tile(2, 2, 1), "large": _Tile(2, 4, 1)}
+    TILES = {"small": _Tile(1, 1, 4), "mid": _Tile(2, 2, 1), "large": _Tile(2, 4, 1),
+             "staged": _Staged(4, 2, 2, 4)}
     _WARPS_WANTED = 132 * 8    # warps to stream the weights (the H200 has 132 SMs; measured: more
                                # warps splitting the chunks cost more in partial sums than they hide)
     _NW_MAX = 16
+    _STAGED_ROWS = 64
+    # 128 features x 64 rows (SwiGLU: 64 features of both matrices x 64 rows), 8 warps
+    _STAGED = {False: _Staged(4, 2, 2, 4), True: _Staged(2, 4, 2, 2)}
+
+
+def _choose_staged(max_rows, swiglu):
+    """The staged kernel's tile when a group holds enough rows for shared tiles to pay, else None."""
+    return _STAGED[swiglu] if max_rows >= _STAGED_ROWS else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -352,12 +636,14 @@ def _choose(max_rows, n_cols, n_k, swiglu, n_groups):
 
 
 def _vec_ok(w) -> bool:
-    """uint64 weight loads: every row of w [Z, N, K] starts 8-byte aligned."""
-    if w.shape[2] == 0 or (w.shape[2] * np.dtype(w.dtype).itemsize) % 8:
+    """Word loads of a lane's four weights (uint64 of bf16, uint32 of float8): every row of
+    w [Z, N, K] starts aligned to the word."""
+    word = 4 * np.dtype(w.dtype).itemsize
+    if w.shape[2] == 0 or (w.shape[2] * np.dtype(w.dtype).itemsize) % word:
         return False
     if _SIM:
         return True
-    return w.__cuda_array_interface__["data"][0] % 8 == 0
+    return w.__cuda_array_interface__["data"][0] % word == 0
 
 
 def _xvec_ok(x, x_gs, k) -> bool:
@@ -377,17 +663,38 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index, max_rows, a
     grouped, gather = offsets is not None, row_index is not None
     kind = _weight_kind(w)
     swiglu = w_up is not None
-    vec = kind == "bf16" and _vec_ok(w) and (not swiglu or _vec_ok(w_up))
+    block, scale, scale_up = (0, 0), out, out    # the scales stand in for themselves unless float8
+    if kind == "e4m3":
+        if not fp8_block_supported(w.block) or (swiglu and w_up.block != w.block):
+            raise ValueError(f"float8 weights in blocks {w.block} (and {w_up.block if swiglu else w.block}): the "
+                             "GEMMs take one block size whose input side is a multiple of 16")
+        block, scale = w.block, w.scale
+        scale_up = w_up.scale if swiglu else scale
+        w = w.data
+        w_up = w_up.data if swiglu else None
+    vec = kind in ("bf16", "e4m3") and _vec_ok(w) and (not swiglu or _vec_ok(w_up))
     xvec = _xvec_ok(x, x_gs, w.shape[2])
     Z, N = w.shape[0], w.shape[1]
+    check_precision(precision)
+    rows = min(max_rows, tile_rows or max_rows)
     if tile is None:
-        tile = _choose(min(max_rows, tile_rows or max_rows), N, w.shape[2], swiglu, min(Z, live_groups or Z))
-    kernel = _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, check_precision(precision), *tile)
-    grid = (ceil_div(N, 16 * tile.MT), max(1, ceil_div(max_rows, 8 * tile.RT)), Z)
+        tile = _choose_staged(rows, swiglu) if vec and xvec else None
+    elif isinstance(tile, _Staged) and not (vec and xvec):
+        tile = None                           # the staged kernel reads words only: the register one
+    if tile is None:
+        tile = _choose(rows, N, w.shape[2], swiglu, min(Z, live_groups or Z))
+    if isinstance(tile, _Staged):
+        kernel = _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, *tile, block=block)
+        grid = (ceil_div(N, 16 * tile.MT * tile.WM), max(1, ceil_div(max_rows, 8 * tile.RT * tile.WN)), Z)
+        threads = 32 * tile.WM * tile.WN
+    else:
+        kernel = _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision, *tile, block=block)
+        grid = (ceil_div(N, 16 * tile.MT), max(1, ceil_div(max_rows, 8 * tile.RT)), Z)
+        threads = 32 * tile.NW
     if grid[0] == 0 or Z == 0:
         return
     idx = n_rows if n_rows is not None else offsets   # stands in for the unused int32 arrays
-    kernel[grid, 32 * tile.NW, stream](x, x_gs, w, w if w_up is None else w_up, out, o_gs,
+    kernel[grid, threads, stream](x, x_gs, w, w if w_up is None else w_up, scale, scale_up, out, o_gs,
                                        idx if n_rows is None else n_rows,
                                        idx if offsets is None else offsets,
                                        idx if row_index is None else row_index)
@@ -448,13 +755,22 @@ def enqueue_grouped_linear(x, w, out, offsets, max_rows, *, precision, row_index
 def linear(x, weight, *, precision="fp32", out=None, stream=0):
     """``y = x @ weight.T`` on the GPU's tensor cores under the reduction contract above.
 
-    x [T, K] float32, weight [N, K] float32 / float16 / uint16 (bfloat16 bits) -> y [T, N]
-    float32. ``precision``: 'fp32' (faithful, the default here) or 'bf16' (module docstring).
-    numpy in, numpy out; device arrays in, device array out.
+    x [T, K] float32, weight [N, K] float32 / float16 / uint16 (bfloat16 bits), or a
+    ``dtypes.BlockScaled`` float8 matrix (numpy or device arrays; blocks whose input side is a
+    multiple of 16) -> y [T, N] float32. ``precision``: 'fp32' (faithful, the default here) or
+    'bf16' (module docstring). numpy in, numpy out; device arrays in, device array out.
     """
     check_array("x", x, 2, np.float32)
     _weight_kind(weight, "weight")
-    check_array("weight", weight, 2, weight.dtype)
+    if isinstance(weight, BlockScaled):
+        if weight.ndim != 2:
+            raise ValueError(f"weight must be one matrix, got shape {list(weight.shape)}")
+        if not fp8_block_supported(weight.block):
+            raise ValueError(f"float8 weight blocks {weight.block}: the input side must be a multiple of 16")
+        weight_dev = BlockScaled(to_device(weight.data, stream), to_device(weight.scale, stream), weight.block)
+    else:
+        check_array("weight", weight, 2, weight.dtype)
+        weight_dev = None
     check_precision(precision)
     t, k = x.shape
     if weight.shape[1] != k:
@@ -463,6 +779,6 @@ def linear(x, weight, *, precision="fp32", out=None, stream=0):
     y = float32_out(out, (t, n), stream)
     if t and n:
         n_rows = rows_device(t, stream)
-        enqueue_linear(to_device(x, stream), to_device(weight, stream), y, n_rows, precision=precision,
-                       stream=stream)
+        enqueue_linear(to_device(x, stream), weight_dev or to_device(weight, stream), y, n_rows,
+                       precision=precision, stream=stream)
     return launcher_result(y, out, x, stream)

@@ -17,7 +17,7 @@ import struct
 
 import numpy as np
 
-from ..dtypes import bf16_to_float32, e4m3_to_float32
+from ..dtypes import BlockScaled, bf16_to_float32
 from .config import ModelConfig
 
 _PLAIN = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I64": np.int64,
@@ -36,14 +36,7 @@ def dequant_fp8_block(raw: np.ndarray, scale_inv: np.ndarray, block: tuple[int, 
     raw [O, I] uint8, scale_inv [ceil(O / bo), ceil(I / bi)] float32 -> [O, I] float32. The
     last block row / column may be ragged.
     """
-    bo, bi = block
-    o, i = raw.shape
-    want = (-(-o // bo), -(-i // bi))
-    if scale_inv.shape != want:
-        raise ValueError(f"weight_scale_inv has shape {scale_inv.shape}; a [{o}, {i}] weight in "
-                         f"{bo}x{bi} blocks needs {want}")
-    scale = np.repeat(np.repeat(scale_inv.astype(np.float32), bo, axis=0), bi, axis=1)[:o, :i]
-    return e4m3_to_float32(raw) * scale                                # [O, I]
+    return BlockScaled(raw, np.asarray(scale_inv, np.float32), block).dequantize()
 
 
 def read_header(path: str) -> tuple[dict, int]:
@@ -154,29 +147,45 @@ class SafetensorsIndex:
         """The tensor as float32: f16 / bf16 widened, fp8 dequantized with ``name + '_scale_inv'``;
         a ``ValueError`` naming it if it holds NaN or infinity (a bad router bias changes which
         experts run without making the logits non-finite, so every weight is checked)."""
-        w = self._widened(name, block)
-        if not np.isfinite(w).all():
-            raise ValueError(f"tensor {name} holds {int((~np.isfinite(w)).sum())} non-finite values (NaN or inf)")
-        return w
+        return self.weight(name, block, keep_fp8=False)
 
-    def _widened(self, name: str, block: tuple[int, int]) -> np.ndarray:
+    def weight(self, name: str, block: tuple[int, int], keep_fp8: bool) -> np.ndarray | BlockScaled:
+        """``float32``, except that with ``keep_fp8`` an fp8 tensor comes back as stored, a
+        ``BlockScaled`` (raw bytes + float32 block scales), after the same checks."""
         raw, dtype = self.raw(name)
         if dtype not in _FLOATS:
             raise ValueError(f"tensor {name} has dtype {dtype}; weights must be floating point")
-        if dtype == "BF16":
-            return bf16_to_float32(raw)
         if dtype == "F8_E4M3":
-            scale_name = name + "_scale_inv"
-            if scale_name not in self:
-                raise ValueError(f"fp8 tensor {name} has no block scales {scale_name}")
-            if raw.ndim != 2:
-                raise ValueError(f"fp8 tensor {name} must be 2-D, got shape {raw.shape}")
-            scale = self.float32(scale_name, block)
-            try:
-                return dequant_fp8_block(raw, scale, block)
-            except ValueError as err:
-                raise ValueError(f"{scale_name}: {err}") from None
-        return raw.astype(np.float32, copy=False)
+            w = self._fp8(name, raw, block)
+            if keep_fp8:
+                return w
+            w = w.dequantize()
+        elif dtype == "BF16":
+            w = bf16_to_float32(raw)
+        else:
+            w = raw.astype(np.float32, copy=False)
+        _check_finite(name, w)
+        return w
+
+    def _fp8(self, name: str, raw: np.ndarray, block: tuple[int, int]) -> BlockScaled:
+        scale_name = name + "_scale_inv"
+        if scale_name not in self:
+            raise ValueError(f"fp8 tensor {name} has no block scales {scale_name}")
+        if raw.ndim != 2:
+            raise ValueError(f"fp8 tensor {name} must be 2-D, got shape {raw.shape}")
+        nan_bytes = int(((raw & 0x7F) == 0x7F).sum())        # e4m3fn has no infinities; 0x7f / 0xff are NaN
+        if nan_bytes:
+            raise ValueError(f"tensor {name} holds {nan_bytes} non-finite values (NaN or inf)")
+        scale = self.float32(scale_name, block)
+        try:
+            return BlockScaled(raw, scale, block)
+        except ValueError as err:
+            raise ValueError(f"{scale_name}: {err}") from None
+
+
+def _check_finite(name: str, w: np.ndarray) -> None:
+    if not np.isfinite(w).all():
+        raise ValueError(f"tensor {name} holds {int((~np.isfinite(w)).sum())} non-finite values (NaN or inf)")
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -266,9 +275,10 @@ def load_weights(path: str | os.PathLike, cfg: ModelConfig | None = None,
     return cfg, weights
 
 
-def read_checkpoint(path: str | os.PathLike, cfg: ModelConfig | None = None,
-                    progress: bool | None = None) -> tuple[ModelConfig, dict[str, np.ndarray], "SafetensorsIndex"]:
-    """``load_weights``, and the ``SafetensorsIndex`` it read them through (for the stored dtypes)."""
+def read_checkpoint(path: str | os.PathLike, cfg: ModelConfig | None = None, progress: bool | None = None,
+                    keep_fp8: bool = False) -> tuple[ModelConfig, dict[str, np.ndarray], "SafetensorsIndex"]:
+    """``load_weights``, and the ``SafetensorsIndex`` it read them through (for the stored dtypes).
+    ``keep_fp8``: fp8 matrices come back as stored (``BlockScaled``) instead of dequantized."""
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise ValueError(f"checkpoint path {path} is not a directory")
@@ -300,7 +310,7 @@ def read_checkpoint(path: str | os.PathLike, cfg: ModelConfig | None = None,
     weights = {}
     try:
         for name in names:
-            weights[name] = index.float32(name, block)
+            weights[name] = index.weight(name, block, keep_fp8)
             if bar is not None:
                 bar.update(index.nbytes(name))
     finally:

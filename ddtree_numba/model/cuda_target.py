@@ -28,10 +28,10 @@ from numba import cuda
 from .. import kernels as kn
 from .._checks import check_array, check_int, check_keep_values, check_precision
 from .._device import capture_graph, ceil_div, is_device, replay_graph
-from ..dtypes import WEIGHT_DTYPES, check_weight_dtype, to_storage
+from ..dtypes import WEIGHT_DTYPES, BlockScaled, check_weight_dtype, to_storage, widened
 from ..reference.mla import absorption_weights
 from .config import ModelConfig
-from .target import ForwardOutput, RopeTables, check_finite_output, check_forward_inputs
+from .target import ForwardOutput, RopeTables, _layer_weights, check_finite_output, check_forward_inputs, rope_tables
 
 
 @dataclass
@@ -67,20 +67,34 @@ class DeviceLayer:
         return self.gate is not None
 
 
+def device_matrix(a, dtype: str):
+    """A host matrix (or stack) on the device: float32 numpy stored as weight dtype ``dtype``; a
+    ``BlockScaled`` (fp8) kept as stored, its bytes and scales uploaded; None stays None."""
+    if a is None:
+        return None
+    if isinstance(a, BlockScaled):
+        return BlockScaled(cuda.to_device(np.ascontiguousarray(a.data)), cuda.to_device(np.ascontiguousarray(a.scale)),
+                           a.block)
+    return cuda.to_device(to_storage(a, dtype))
+
+
 def device_layers_from_host(cfg: ModelConfig, layers, dtype: str) -> list[DeviceLayer]:
-    """Upload ``model.target.LayerWeights`` (float32 numpy) to the device, matrices stored as
-    weight dtype ``dtype`` ('float32', 'float16' or 'bfloat16', ``dtypes.WEIGHT_DTYPES``)."""
-    f32 = lambda a: None if a is None else cuda.to_device(np.ascontiguousarray(a, np.float32))  # noqa: E731
+    """Upload ``model.target.LayerWeights`` to the device: float32 matrices stored as weight
+    dtype ``dtype`` ('float32', 'float16' or 'bfloat16', ``dtypes.WEIGHT_DTYPES``), fp8 ones
+    (``BlockScaled``) as they are; norms, the router and its bias float32."""
+    f32 = lambda a: None if a is None else cuda.to_device(np.ascontiguousarray(widened(a), np.float32))  # noqa: E731
+    mat = lambda a: device_matrix(a, dtype)  # noqa: E731
     out = []
     for lw in layers:
-        mat = lambda a: None if a is None else cuda.to_device(to_storage(a, dtype))  # noqa: E731
         w_uk_t, w_uv = absorption_weights(lw.kv_b_proj, cfg.num_attention_heads, cfg.qk_nope_head_dim)
+        # fp8 absorbed weights whose blocks straddle heads come back dequantized: kept exactly
+        absorbed = (lambda a: device_matrix(a, "float32")) if isinstance(lw.kv_b_proj, BlockScaled) else mat
         out.append(DeviceLayer(
             input_layernorm=f32(lw.input_layernorm),
             post_attention_layernorm=f32(lw.post_attention_layernorm),
             q_proj=mat(lw.q_proj), q_a_proj=mat(lw.q_a_proj), q_a_layernorm=f32(lw.q_a_layernorm),
             q_b_proj=mat(lw.q_b_proj), kv_a_proj_with_mqa=mat(lw.kv_a_proj_with_mqa),
-            kv_a_layernorm=f32(lw.kv_a_layernorm), w_uk_t=mat(w_uk_t), w_uv=mat(w_uv),
+            kv_a_layernorm=f32(lw.kv_a_layernorm), w_uk_t=absorbed(w_uk_t), w_uv=absorbed(w_uv),
             o_proj=mat(lw.o_proj),
             mlp_gate_proj=mat(lw.mlp_gate_proj), mlp_up_proj=mat(lw.mlp_up_proj),
             mlp_down_proj=mat(lw.mlp_down_proj),
@@ -261,8 +275,14 @@ class CudaTarget:
         self._workspaces: dict[int, Workspace] = {}
 
     def __repr__(self) -> str:
+        return f"CudaTarget({self.config.describe()}, {self.weight_storage} weights, {self.precision} GEMMs)"
+
+    @property
+    def weight_storage(self) -> str:
+        """How the matrices are stored: a weight dtype, or 'float8_e4m3 block-scaled + <dtype>'."""
         dtype = next(name for name, d in WEIGHT_DTYPES.items() if d == np.dtype(self.embed_tokens.dtype))
-        return f"CudaTarget({self.config.describe()}, {dtype} weights, {self.precision} GEMMs)"
+        fp8 = any(isinstance(w, BlockScaled) for lw in self.layers for w in vars(lw).values())
+        return f"float8_e4m3 block-scaled + {dtype}" if fp8 else dtype
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
@@ -270,13 +290,30 @@ class CudaTarget:
         """Upload a ``NumpyTarget``, every matrix stored as ``weight_dtype`` ('float32',
         'float16' or 'bfloat16'); norm weights, the router and its bias stay float32.
         ``precision``: the GEMMs' (class docstring)."""
+        return cls._upload(host_target.config, host_target.embed_tokens, host_target.norm, host_target.lm_head,
+                           host_target.layers, weight_dtype, precision, gemm_tile)
+
+    @classmethod
+    def from_weights(cls, cfg: ModelConfig, weights: dict, weight_dtype: str = "float32", *,
+                     precision: str = "bf16", gemm_tile=None):
+        """Upload checkpoint weights by HF name (``read_checkpoint``): float32 matrices stored as
+        ``weight_dtype``, fp8 ones (``BlockScaled``, ``read_checkpoint(keep_fp8=True)``) as they
+        are, a byte a weight, multiplied by ``kernels.linear`` with their block scales."""
+        w = dict(weights)
+        layers = [_layer_weights(cfg, w, i) for i in range(cfg.num_hidden_layers)]
+        embed = widened(w["model.embed_tokens.weight"])
+        head = embed if cfg.tie_word_embeddings else w["lm_head.weight"]
+        return cls._upload(cfg, embed, widened(w["model.norm.weight"]), head, layers, weight_dtype, precision,
+                           gemm_tile)
+
+    @classmethod
+    def _upload(cls, cfg, embed_tokens, norm, lm_head, layers, weight_dtype, precision, gemm_tile):
         dt = check_weight_dtype(weight_dtype)
-        cfg = host_target.config
-        layers = device_layers_from_host(cfg, host_target.layers, dt)
-        embed = cuda.to_device(to_storage(host_target.embed_tokens, dt))
-        head = embed if cfg.tie_word_embeddings else cuda.to_device(to_storage(host_target.lm_head, dt))
-        norm = cuda.to_device(np.ascontiguousarray(host_target.norm, np.float32))
-        return cls(cfg, embed, norm, head, layers, host_target.rope, precision=precision, gemm_tile=gemm_tile)
+        device_layers = device_layers_from_host(cfg, layers, dt)
+        embed = cuda.to_device(to_storage(embed_tokens, dt))
+        head = embed if cfg.tie_word_embeddings else device_matrix(lm_head, dt)
+        norm = cuda.to_device(np.ascontiguousarray(norm, np.float32))
+        return cls(cfg, embed, norm, head, device_layers, rope_tables(cfg), precision=precision, gemm_tile=gemm_tile)
 
     def new_cache(self, max_tokens: int) -> DeviceMLACache:
         """An empty device latent cache with room for ``max_tokens`` rows per layer."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..dtypes import lossless_weight_dtype
+from ..dtypes import FLOAT8, BlockScaled, check_weight_dtype, fp8_block_supported, lossless_weight_dtype, widened
 from .checkpoint import SafetensorsIndex, first_and_more, matrix_dtypes, read_checkpoint, unread_tensors
 from .config import read_config_json
 from .drafter import DrafterConfig, NumpyDrafter, drafter_shapes
@@ -94,12 +94,14 @@ def load_target(path: str | os.PathLike, backend: str = "numpy", progress: bool 
 
     backend 'numpy' (a ``NumpyTarget``), 'cuda' (a ``CudaTarget``) or 'auto' (``resolve_backend``).
     ``weight_dtype`` (cuda only): how matrices are stored on the GPU, 'float32', 'float16' or
-    'bfloat16'; None keeps the checkpoint's own dtype when every matrix has it (bf16 or fp16) and
-    float32 otherwise, so nothing is rounded. ``precision`` (cuda only): the tensor-core GEMMs'
-    arithmetic, 'bf16' (the default: activations rounded to bf16 at each GEMM input, as bf16
-    inference does) or 'fp32' (faithful to float32; what the HF-golden tests use); numpy always
-    runs float32. ``gemm_tile`` (cuda only): force one GEMM tile (``CudaTarget``); the bits do
-    not depend on it.
+    'bfloat16' (fp8 ones dequantized into it), or 'float8': an fp8 checkpoint's block-scaled
+    matrices kept as stored, a byte a weight (``dtypes.BlockScaled``). None keeps what the
+    checkpoint stores: fp8 matrices as stored, the others in their own dtype when every one has it
+    (bf16 or fp16) and float32 otherwise, so nothing is rounded. ``precision`` (cuda only): the
+    tensor-core GEMMs' arithmetic, 'bf16' (the default: activations rounded to bf16 at each GEMM
+    input, as bf16 inference does) or 'fp32' (faithful to float32; what the HF-golden tests use);
+    numpy always runs float32. ``gemm_tile`` (cuda only): force one GEMM tile (``CudaTarget``);
+    the bits do not depend on it.
     """
     chosen = resolve_backend(backend).backend
     if weight_dtype is not None and chosen != "cuda":
@@ -108,15 +110,28 @@ def load_target(path: str | os.PathLike, backend: str = "numpy", progress: bool 
         raise ValueError("gemm_tile applies to backend='cuda' only")
     if precision is not None and chosen != "cuda":
         raise ValueError("precision applies to backend='cuda' only (numpy runs in float32)")
-    cfg, weights, index = read_checkpoint(path, progress=progress)
-    host = NumpyTarget(cfg, weights)
+    keep_fp8 = weight_dtype in (None, FLOAT8)
+    if not keep_fp8:
+        check_weight_dtype(weight_dtype)
+    cfg, weights, index = read_checkpoint(path, progress=progress, keep_fp8=chosen == "cuda" and keep_fp8)
     if chosen == "numpy":
-        return host
+        return NumpyTarget(cfg, weights)
     from .cuda_target import CudaTarget
-    if weight_dtype is None:        # the MoE router's gate is kept in float32 whatever it is stored as
-        weight_dtype = lossless_weight_dtype(matrix_dtypes(index, [n for n in weights
-                                                                   if not n.endswith("mlp.gate.weight")]))
-    return CudaTarget.from_host(host, weight_dtype, precision=precision or "bf16", gemm_tile=gemm_tile)
+    fp8 = [n for n, w in weights.items() if isinstance(w, BlockScaled)]
+    if weight_dtype == FLOAT8 and not fp8:
+        raise ValueError(f"weight_dtype 'float8' keeps an fp8 checkpoint's matrices as stored, but {path} stores "
+                         "none in fp8")
+    if fp8 and not fp8_block_supported(cfg.weight_block_size):
+        if weight_dtype == FLOAT8:
+            raise ValueError(f"weight_dtype 'float8': the GPU GEMMs take fp8 blocks whose input side is a multiple "
+                             f"of 16, got weight_block_size {list(cfg.weight_block_size)}")
+        weights = {n: widened(w) for n, w in weights.items()}     # None: dequantized, stored losslessly below
+        fp8 = []
+    # what is not fp8 is kept exactly; the MoE router's gate is float32 whatever it is stored as
+    weight_dtype = lossless_weight_dtype(matrix_dtypes(index, [n for n in weights if n not in fp8
+                                                               and not n.endswith("mlp.gate.weight")])) \
+        if weight_dtype in (None, FLOAT8) else weight_dtype
+    return CudaTarget.from_weights(cfg, weights, weight_dtype, precision=precision or "bf16", gemm_tile=gemm_tile)
 
 
 def _drafter_on(target, cfg: DrafterConfig, weights: dict, weight_dtype: str = "float32"):

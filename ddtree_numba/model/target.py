@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._checks import check_array, check_int, check_parents_values
+from ..dtypes import stack_weights, widened
 from ..reference.embedding import embedding, lm_head
 from ..reference.linear import linear
 from ..reference.mla import mla_attention_absorbed, mla_kv_latent, mla_mask
@@ -61,7 +62,9 @@ def rope_tables(cfg: ModelConfig) -> RopeTables:
 
 @dataclass
 class LayerWeights:
-    """One decoder layer's float32 weights, HF layout ([out, in]); unused ones are None."""
+    """One decoder layer's weights, HF layout ([out, in]); unused ones are None. float32 on the
+    numpy backend; a matrix stored as fp8 may be a ``dtypes.BlockScaled`` on its way to the GPU
+    (``CudaTarget.from_weights``)."""
 
     input_layernorm: np.ndarray          # [M]
     post_attention_layernorm: np.ndarray  # [M]
@@ -107,9 +110,9 @@ def _layer_weights(cfg: ModelConfig, w: dict, i: int) -> LayerWeights:
     e = range(cfg.n_routed_experts)
     lw.gate = w[f + "gate.weight"]
     lw.e_score_correction_bias = w.get(f + "gate.e_score_correction_bias")
-    lw.experts_gate_proj = np.stack([w.pop(f + f"experts.{j}.gate_proj.weight") for j in e])  # [E, Ie, M]
-    lw.experts_up_proj = np.stack([w.pop(f + f"experts.{j}.up_proj.weight") for j in e])      # [E, Ie, M]
-    lw.experts_down_proj = np.stack([w.pop(f + f"experts.{j}.down_proj.weight") for j in e])  # [E, M, Ie]
+    lw.experts_gate_proj = stack_weights([w.pop(f + f"experts.{j}.gate_proj.weight") for j in e])  # [E, Ie, M]
+    lw.experts_up_proj = stack_weights([w.pop(f + f"experts.{j}.up_proj.weight") for j in e])      # [E, Ie, M]
+    lw.experts_down_proj = stack_weights([w.pop(f + f"experts.{j}.down_proj.weight") for j in e])  # [E, M, Ie]
     if cfg.n_shared_experts:
         lw.shared_gate_proj = w[f + "shared_experts.gate_proj.weight"]
         lw.shared_up_proj = w[f + "shared_experts.up_proj.weight"]
@@ -169,7 +172,7 @@ class NumpyTarget:
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, np.ndarray]):
         self.config = cfg
-        weights = dict(weights)
+        weights = {name: widened(w) for name, w in weights.items()}    # fp8 kept as stored: dequantized
         self.embed_tokens = weights["model.embed_tokens.weight"]                 # [V, M]
         self.norm = weights["model.norm.weight"]                                 # [M]
         self.lm_head = self.embed_tokens if cfg.tie_word_embeddings else weights["lm_head.weight"]  # [V, M]

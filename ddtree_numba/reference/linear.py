@@ -6,6 +6,10 @@ Shapes: T tokens, I input features, O output features.
 runs). 'bf16' and 'fp32' are the twins of the GPU's tensor-core GEMMs (``kernels.linear``):
 the same bf16 operands rounded at the same points, their products summed exactly, so the
 kernel differs from the twin only by its float32 accumulation (``accumulation_bound``).
+
+A float8 weight (``dtypes.BlockScaled``) enters the tensor-core GEMM as its e4m3 values, which
+bf16 holds exactly, and its block scales multiply the chunk partials: the twin's weight is the
+exact (float64) product of value and scale, never rounded to bf16.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._checks import check_precision
-from ..dtypes import bf16_to_float32, to_bf16_bits
+from ..dtypes import BlockScaled, bf16_to_float32, to_bf16_bits
 
 U32 = 2.0 ** -23           # one float32 rounding, relative, allowing truncation as well as nearest
 
@@ -33,7 +37,15 @@ def bf16_split(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def gemm_terms(x: np.ndarray, weight: np.ndarray, precision: str) -> list[tuple[np.ndarray, np.ndarray]]:
     """The (activation, weight) operand pairs whose products a tensor-core GEMM of ``precision``
     adds, in the order it adds them within a k step: 'bf16': (bf16(x), bf16(w)); 'fp32': (xh, wh),
-    (xl, wh), (xh, wl) of the bf16 splits (wl = 0 for bf16 weights, so the kernels skip it)."""
+    (xl, wh), (xh, wl) of the bf16 splits (wl = 0 for bf16 weights, so the kernels skip it). A
+    ``BlockScaled`` weight is taken exactly (float64 e4m3 x scale): (bf16(x), w), or (xh, w), (xl, w)."""
+    if isinstance(weight, BlockScaled):
+        w = weight.dequantize(np.float64)
+        if precision == "bf16":
+            return [(bf16_round(x), w)]
+        check_precision(precision)
+        xh, xl = bf16_split(x)
+        return [(xh, w), (xl, w)]
     if precision == "bf16":
         return [(bf16_round(x), bf16_round(weight))]
     check_precision(precision)
@@ -41,28 +53,35 @@ def gemm_terms(x: np.ndarray, weight: np.ndarray, precision: str) -> list[tuple[
     return [(xh, wh), (xl, wh), (xh, wl)]
 
 
-def linear(x: np.ndarray, weight: np.ndarray, precision: str | None = None) -> np.ndarray:
+def linear(x: np.ndarray, weight, precision: str | None = None) -> np.ndarray:
     """``y = x @ weight.T`` as ``torch.nn.Linear`` without bias.
 
-    x [T, I] float32, weight [O, I] float32 (HF layout: out features first) -> y [T, O] float32.
+    x [T, I] float32, weight [O, I] float32 (HF layout: out features first) or a ``BlockScaled``
+    float8 matrix -> y [T, O] float32.
     ``precision``: None (float32 arithmetic), or 'bf16' / 'fp32' (the tensor-core GEMM's operands,
     their products summed exactly in float64 and rounded once; module docstring).
     """
     if precision is None:
+        if isinstance(weight, BlockScaled):
+            weight = weight.dequantize()
         return np.matmul(x, weight.T, dtype=np.float32)              # [T, O]
     y = sum(np.matmul(a.astype(np.float64), b.T.astype(np.float64)) for a, b in gemm_terms(x, weight, precision))
     return np.asarray(y, np.float32)
 
 
-def accumulation_bound(x: np.ndarray, weight: np.ndarray, precision: str, chunk: int = 64) -> np.ndarray:
+def accumulation_bound(x: np.ndarray, weight, precision: str, chunk: int = 64) -> np.ndarray:
     """[T, O] bound on |kernel - twin| for a tensor-core GEMM of ``precision`` (``linear``): the
     kernel adds the same exact products in float32, ceil(I/16) mma steps of each term, then the
     ceil(I/chunk) chunk partials, each at most two roundings (an mma aligns its products to the
-    largest and rounds the sum) or one (a chunk add) of ``U32`` relative to the running sum
-    of magnitudes; plus the twin's own final rounding."""
+    largest and rounds the sum) or one (a chunk add; two with a float8 block scale, whose chunks
+    are gcd(chunk, bi) wide) of ``U32`` relative to the running sum of magnitudes; plus the
+    twin's own final rounding."""
     terms = gemm_terms(x, weight, precision)
     k = x.shape[-1]
-    roundings = 2 * len(terms) * -(-k // 16) + -(-k // chunk) + 2    # 2: an mma may round twice
+    per_chunk = 1
+    if isinstance(weight, BlockScaled):
+        chunk, per_chunk = np.gcd(chunk, weight.block[1]), 2
+    roundings = 2 * len(terms) * -(-k // 16) + per_chunk * -(-k // chunk) + 2    # 2: an mma may round twice
     mag = sum(np.abs(a).astype(np.float64) @ np.abs(b).T.astype(np.float64) for a, b in terms)
     return roundings * U32 * mag + 1e-30
 

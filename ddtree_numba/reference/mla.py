@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..dtypes import BlockScaled
 from .rms_norm import rms_norm
 from .visibility import visibility
 
@@ -64,11 +65,27 @@ def split_kv_b(kv_b_weight: np.ndarray, num_heads: int, nope_dim: int):
     return w[:, :nope_dim, :], w[:, nope_dim:, :]
 
 
-def absorption_weights(kv_b_weight: np.ndarray, num_heads: int, nope_dim: int):
+def absorption_weights(kv_b_weight, num_heads: int, nope_dim: int):
     """``kv_b_proj.weight [H * (D + Dv), C]`` -> w_uk_t [H, C, D], w_uv [H, Dv, C], C-contiguous in
     the weight's dtype: the per-head ``[Z, N, K]`` weights of the two absorption GEMMs (q_lat =
     q_nope @ W_uk as ``q_nope @ w_uk_t[h].T``; out = o_lat @ W_uv^T), the layout
-    ``kernels.enqueue_linear_heads`` takes."""
+    ``kernels.enqueue_linear_heads`` takes.
+
+    A ``dtypes.BlockScaled`` (fp8) weight stays block-scaled when its blocks (bo, bi) do not
+    straddle heads or the nope / value split (D and D + Dv multiples of bo): the transposed w_uk_t
+    then has (bi, bo) blocks. Otherwise it is dequantized to float32 first."""
+    if isinstance(kv_b_weight, BlockScaled):
+        bo, bi = kv_b_weight.block
+        n, c = kv_b_weight.shape
+        per_head = n // num_heads
+        if nope_dim % bo or per_head % bo:
+            return absorption_weights(kv_b_weight.dequantize(), num_heads, nope_dim)
+        data = np.asarray(kv_b_weight.data).reshape(num_heads, per_head, c)
+        scale = np.asarray(kv_b_weight.scale).reshape(num_heads, per_head // bo, -1)
+        db = nope_dim // bo
+        return (BlockScaled(np.ascontiguousarray(data[:, :nope_dim].transpose(0, 2, 1)),
+                            np.ascontiguousarray(scale[:, :db].transpose(0, 2, 1)), (bi, bo)),
+                BlockScaled(np.ascontiguousarray(data[:, nope_dim:]), np.ascontiguousarray(scale[:, db:]), (bo, bi)))
     w_uk, w_uv = split_kv_b(np.asarray(kv_b_weight), num_heads, nope_dim)  # [H, D, C], [H, Dv, C]
     return (np.ascontiguousarray(w_uk.transpose(0, 2, 1)),                  # [H, C, D]
             np.ascontiguousarray(w_uv))                                     # [H, Dv, C]
