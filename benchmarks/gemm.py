@@ -79,6 +79,15 @@ class Gpu:
             return random_fp8(shape, scale, self.seed - 1, self.stream)
         return random_bf16(shape, scale, self.seed - 1, self.stream)
 
+    def put(self, a):
+        return self.cuda.to_device(np.ascontiguousarray(a), stream=self.stream)
+
+    def empty(self, shape):
+        return self.cuda.device_array(shape, np.float32, stream=self.stream)
+
+    def zeros(self, shape):
+        return self.put(np.zeros(shape, np.float32))
+
 
 def weight_rows(w_host, rows):
     """Weight rows ``rows`` of a host copy (uint16 bf16 bits, or a BlockScaled of host arrays) as
@@ -97,15 +106,6 @@ def host_copy(w, z=None):
             return BlockScaled(w.data.copy_to_host(), w.scale.copy_to_host(), w.block)
         return BlockScaled(w.data[z].copy_to_host(), w.scale[z].copy_to_host(), w.block)
     return w.copy_to_host() if z is None else w[z].copy_to_host()
-
-    def put(self, a):
-        return self.cuda.to_device(np.ascontiguousarray(a), stream=self.stream)
-
-    def empty(self, shape):
-        return self.cuda.device_array(shape, np.float32, stream=self.stream)
-
-    def zeros(self, shape):
-        return self.put(np.zeros(shape, np.float32))
 
 
 def _graph_api():
@@ -352,7 +352,17 @@ def small_kind_checks(gpu, L, rng):
 
 # -- main -------------------------------------------------------------------------------------
 def cfg_name(cfg):
+    if isinstance(cfg, tuple) and hasattr(cfg, "WM"):
+        return f"staged {cfg.WM}x{cfg.WN} warps {cfg.MT}x{cfg.RT}"
     return f"{cfg.MT}x{cfg.RT} nw{cfg.NW}"
+
+
+def chosen_tile(L, c, fp8):
+    """The tile ``_launch`` picks for case c (its rule: word loads here, so the staged kernel when
+    it qualifies)."""
+    rows = c["max_rows"]
+    return (L._choose_staged(rows, c["n_cols"], c["swiglu"], c["live"])
+            or L._choose(rows, c["n_cols"], c["K"], c["swiglu"], c["live"]))
 
 
 def sweep_cfgs(L, c):
@@ -395,7 +405,7 @@ def main():
     peer_cache = {}
     for R in rows:
         for c in cases(gpu, L, W, X, dX, R, rng):
-            cfg = L._choose(c["max_rows"], c["n_cols"], c["K"], c["swiglu"], c["live"])
+            cfg = chosen_tile(L, c, gpu.fp8)
             peer = float("nan")
             if torch is not None:
                 peer = peer_time(torch, c, R, peer_cache)

@@ -377,8 +377,9 @@ def test_staged_tiles_give_the_register_kernels_bits(rng, precision, variant):
 
 
 def test_staged_tile_is_chosen_for_many_rows_of_word_loads(rng):
-    assert L._choose_staged(L._STAGED_ROWS, False) == L._STAGED[False]
-    assert L._choose_staged(L._STAGED_ROWS - 1, True) is None
+    rows, cols = L._STAGED_ROWS, 16 * 8 * L._STAGED_BLOCKS
+    assert L._choose_staged(rows, cols, False, 1) == L._STAGED[False]
+    assert L._choose_staged(rows - 1, cols, True, 1) is None
 
 
 def test_grouped_row_matches_the_plain_projection_of_that_row(rng):

@@ -600,6 +600,7 @@ if _SIM:
     _WARPS_WANTED = 2
     _NW_MAX = 2
     _STAGED_ROWS = 24          # from this many rows (a group's) the staged kernel takes over
+    _STAGED_BLOCKS = 1         # ... if its grid has at least this many blocks
     _STAGED = {False: _Staged(2, 1, 1, 1), True: _Staged(1, 2, 1, 2)}
 else:
     TILES = {"small": _Tile(1, 1, 4), "mid": _Tile(2, 2, 1), "large": _Tile(2, 4, 1),
@@ -608,13 +609,18 @@ else:
                                # warps splitting the chunks cost more in partial sums than they hide)
     _NW_MAX = 16
     _STAGED_ROWS = 64
+    _STAGED_BLOCKS = 132       # a block an SM at least
     # 128 features x 64 rows (SwiGLU: 64 features of both matrices x 64 rows), 8 warps
     _STAGED = {False: _Staged(4, 2, 2, 4), True: _Staged(2, 4, 2, 2)}
 
 
-def _choose_staged(max_rows, swiglu):
-    """The staged kernel's tile when a group holds enough rows for shared tiles to pay, else None."""
-    return _STAGED[swiglu] if max_rows >= _STAGED_ROWS else None
+def _choose_staged(max_rows, n_cols, swiglu, n_groups):
+    """The staged kernel's tile when a group holds enough rows for shared tiles to pay and the
+    launch has enough blocks to fill the GPU (its blocks do not split the chunks, so with few of
+    them the register kernel, which does, is faster: measured on the H200); else None."""
+    tile = _STAGED[swiglu]
+    blocks = ceil_div(n_cols, 16 * tile.MT * tile.WM) * ceil_div(max_rows, 8 * tile.RT * tile.WN) * n_groups
+    return tile if max_rows >= _STAGED_ROWS and blocks >= _STAGED_BLOCKS else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -678,7 +684,7 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index, max_rows, a
     check_precision(precision)
     rows = min(max_rows, tile_rows or max_rows)
     if tile is None:
-        tile = _choose_staged(rows, swiglu) if vec and xvec else None
+        tile = _choose_staged(rows, N, swiglu, min(Z, live_groups or Z)) if vec and xvec else None
     elif isinstance(tile, _Staged) and not (vec and xvec):
         tile = None                           # the staged kernel reads words only: the register one
     if tile is None:
