@@ -119,6 +119,24 @@ def _chunk(kind, block):
     return math.gcd(KC, block[1]) if kind == "e4m3" else KC
 
 
+def _paired(kind, block):
+    """Whether float8 chunks take their k in pairs of steps (``_k_offset``): 64-k chunks only."""
+    return kind == "e4m3" and _chunk(kind, block) == KC
+
+
+@device_function
+def _k_offset(st, t, paired):
+    """The first of the four consecutive k (within a chunk) that lane thread t feeds to the mma
+    slots 2t, 2t+1, 2t+8, 2t+9 at k step st. Plain: 16*st + 4t, a step's 16 k in order. Paired
+    (float8 64-k chunks): 8t + 4*(st % 2) + 32*(st // 2), so that a lane's k of steps 2i and 2i+1
+    are 8 consecutive bytes and the four lanes of a row read 32 consecutive bytes in one load (4
+    consecutive bytes a lane would use half of each 32-byte sector a load). Either way each step
+    takes 16 distinct k and a chunk all 64; the weights and activations use the same map."""
+    if paired:
+        return 8 * t + 4 * (st % 2) + 32 * (st // 2)
+    return 16 * st + 4 * t
+
+
 @functools.lru_cache(maxsize=None)
 def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision, MT, RT, NW, block=(0, 0)):
     """Every projection of the module (the device tier below is its only caller).
@@ -141,7 +159,8 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
     XSPLIT = precision == "fp32"              # activations as bf16 hi + lo
     WSPLIT = XSPLIT and kind in ("f32", "f16")   # weights too (bf16 and e4m3 values are exact in bf16)
     RAW = vec and not FP8                     # bf16 words straight from memory
-    RAW8 = vec and FP8                        # float8 words: four bytes
+    RAW8 = vec and FP8                        # float8 words: four bytes (paired: eight)
+    PAIRED = _paired(kind, block)             # the k slots of float8 chunks (``_paired``)
     P = 4 * MT * RT                           # accumulator positions a lane holds, per matrix
     OWN = ceil_div(P, NW)                     # positions whose running sums a thread owns
     PS, OWNS = P * S, OWN * S                 # accumulators a lane holds; running sums a thread owns
@@ -161,7 +180,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
         k step, for its weight rows g and g+8 of each m tile and its row g of each row tile.
         Past K (or C) the loads give zeros."""
         for st in range(STEPS):
-            k0 = c * KCH + st * 16 + 4 * t
+            k0 = c * KCH + _k_offset(st, t, PAIRED)
             for mt in range(MT):
                 for s in range(S):
                     for h in range(2):
@@ -176,7 +195,11 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                         elif RAW8:
                             u8 = uint32(0)
                             if n < N and k0 < K:
-                                u8 = wuv[z, n, k0 // 4] if s == 1 else wv[z, n, k0 // 4]
+                                if PAIRED:            # steps 2i and 2i+1 share a uint64 of 8 bytes
+                                    u64 = wuv[z, n, k0 // 8] if s == 1 else wv[z, n, k0 // 8]
+                                    u8 = uint32(u64 >> uint64(32 * (st % 2)))
+                                else:
+                                    u8 = wuv[z, n, k0 // 4] if s == 1 else wv[z, n, k0 // 4]
                             for e in range(4):
                                 f[e] = widen(u8 >> uint32(8 * e))
                             _fragment_words(f, wa, wl, ai, ai + 2, False)
@@ -308,6 +331,9 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
         if RAW:                               # constants: numba prunes the other branches
             wv = w.view(np.uint64)
             wuv = w_up.view(np.uint64)
+        elif RAW8 and PAIRED:
+            wv = w.view(np.uint64)
+            wuv = w_up.view(np.uint64)
         elif RAW8:
             wv = w.view(np.uint32)
             wuv = w_up.view(np.uint32)
@@ -402,6 +428,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
     Q = KCH // 4                              # uint64 words of four bf16 a row of a chunk
     QP = Q + _PAD64
     XSPLIT = precision == "fp32"
+    PAIRED = _paired(kind, block)
     NT = 32 * WM * WN
     BF, BR = 16 * MT * WM, 8 * RT * WN
     P = 4 * MT * RT
@@ -483,23 +510,24 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
         for q in range(PS):
             acc[q] = float32(0.0)
         for st in range(STEPS):
+            qk = _k_offset(st, t, PAIRED) // 4      # the word of the lane's four k
             for mt in range(MT):
                 r0 = wm * 16 * MT + mt * 16 + g
                 for s in range(S):
-                    u = wsm[s, r0, st * 4 + t]
-                    u8 = wsm[s, r0 + 8, st * 4 + t]
+                    u = wsm[s, r0, qk]
+                    u8 = wsm[s, r0 + 8, qk]
                     a0 = uint32(u & uint64(0xFFFFFFFF))
                     a2 = uint32(u >> uint64(32))
                     a1 = uint32(u8 & uint64(0xFFFFFFFF))
                     a3 = uint32(u8 >> uint64(32))
                     for rt in range(RT):
                         xr = wn * 8 * RT + rt * 8 + g
-                        ux = xsm[0, xr, st * 4 + t]
+                        ux = xsm[0, xr, qk]
                         q0 = (mt * RT + rt) * 4 * S + s
                         d = mma_bf16(a0, a1, a2, a3, uint32(ux & uint64(0xFFFFFFFF)), uint32(ux >> uint64(32)),
                                      acc[q0], acc[q0 + S], acc[q0 + 2 * S], acc[q0 + 3 * S])
                         if XSPLIT:
-                            ul = xsm[1, xr, st * 4 + t]
+                            ul = xsm[1, xr, qk]
                             d = mma_bf16(a0, a1, a2, a3, uint32(ul & uint64(0xFFFFFFFF)), uint32(ul >> uint64(32)),
                                          d[0], d[1], d[2], d[3])
                         acc[q0] = d[0]
@@ -641,10 +669,9 @@ def _choose(max_rows, n_cols, n_k, swiglu, n_groups):
     return _Tile(mt, rt, nw)
 
 
-def _vec_ok(w) -> bool:
-    """Word loads of a lane's four weights (uint64 of bf16, uint32 of float8): every row of
-    w [Z, N, K] starts aligned to the word."""
-    word = 4 * np.dtype(w.dtype).itemsize
+def _vec_ok(w, word=8) -> bool:
+    """Word loads of a lane's weights (``word`` bytes: a uint64 of four bf16 or eight float8, a
+    uint32 of four float8): every row of w [Z, N, K] starts aligned to the word."""
     if w.shape[2] == 0 or (w.shape[2] * np.dtype(w.dtype).itemsize) % word:
         return False
     if _SIM:
@@ -678,7 +705,8 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index, max_rows, a
         scale_up = w_up.scale if swiglu else scale
         w = w.data
         w_up = w_up.data if swiglu else None
-    vec = kind in ("bf16", "e4m3") and _vec_ok(w) and (not swiglu or _vec_ok(w_up))
+    word = 4 if kind == "e4m3" and not _paired(kind, block) else 8
+    vec = kind in ("bf16", "e4m3") and _vec_ok(w, word) and (not swiglu or _vec_ok(w_up, word))
     xvec = _xvec_ok(x, x_gs, w.shape[2])
     Z, N = w.shape[0], w.shape[1]
     check_precision(precision)
