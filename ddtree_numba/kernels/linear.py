@@ -200,9 +200,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                                     u8 = uint32(u64 >> uint64(32 * (st % 2)))
                                 else:
                                     u8 = wuv[z, n, k0 // 4] if s == 1 else wv[z, n, k0 // 4]
-                            for e in range(4):
-                                f[e] = widen(u8 >> uint32(8 * e))
-                            _fragment_words(f, wa, wl, ai, ai + 2, False)
+                            wa[ai] = u8                # raw: decoded by mma_chunk, after the load has landed
                         else:
                             for e in range(4):
                                 v = ELEM(0)
@@ -244,14 +242,22 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
             for mt in range(MT):
                 for s in range(S):
                     ai = ((st * MT + mt) * S + s) * 4
+                    if RAW8:                  # float8 bytes of rows g, g+8 -> bf16 pairs, exactly
+                        r0 = wa[ai]
+                        r1 = wa[ai + 1]
+                        a0 = pack_bf16x2(widen(r0), widen(r0 >> uint32(8)))
+                        a2 = pack_bf16x2(widen(r0 >> uint32(16)), widen(r0 >> uint32(24)))
+                        a1 = pack_bf16x2(widen(r1), widen(r1 >> uint32(8)))
+                        a3 = pack_bf16x2(widen(r1 >> uint32(16)), widen(r1 >> uint32(24)))
+                    else:
+                        a0, a1, a2, a3 = wa[ai], wa[ai + 1], wa[ai + 2], wa[ai + 3]
                     for rt in range(RT):
                         bi = (st * RT + rt) * 2
                         q0 = (mt * RT + rt) * 4 * S + s                  # position p at q0 + p*S
-                        d = mma_bf16(wa[ai], wa[ai + 1], wa[ai + 2], wa[ai + 3], xb[bi], xb[bi + 1],
+                        d = mma_bf16(a0, a1, a2, a3, xb[bi], xb[bi + 1],
                                      acc[q0], acc[q0 + S], acc[q0 + 2 * S], acc[q0 + 3 * S])
                         if XSPLIT:
-                            d = mma_bf16(wa[ai], wa[ai + 1], wa[ai + 2], wa[ai + 3], xl[bi], xl[bi + 1],
-                                         d[0], d[1], d[2], d[3])
+                            d = mma_bf16(a0, a1, a2, a3, xl[bi], xl[bi + 1], d[0], d[1], d[2], d[3])
                         if WSPLIT:
                             d = mma_bf16(wl[ai], wl[ai + 1], wl[ai + 2], wl[ai + 3], xb[bi], xb[bi + 1],
                                          d[0], d[1], d[2], d[3])
