@@ -283,3 +283,36 @@ for precision in (None, "fp32", "bf16"):
 # The precision decides how close the GPU's logits are to float32. It does not decide whether
 # DDTree equals autoregressive decoding: batch invariance does. A node's logits are the bits of
 # the same token decoded alone, in either precision, so the greedy tokens are the same.
+
+# %% [markdown]
+# DeepSeek-V3's released checkpoints store their matrices as float8 e4m3 with a float32 scale per
+# 128 x 128 block. The GPU keeps them that way (`dtypes.BlockScaled`, a byte a weight): every e4m3
+# value is exactly a bf16 value, so the tensor cores take the bytes as they are and the GEMM
+# multiplies each block's partial sum by its scale. The twin takes the weight exactly too (value x
+# scale in float64), so the fp8 path adds no weight rounding of its own. Here lm_head is quantized
+# to fp8 as a DeepSeek-V3 checkpoint would be (per-block scale = max |w| / 448), then multiplied:
+
+# %%
+from ddtree_numba.dtypes import E4M3_TABLE, BlockScaled
+
+def to_fp8(w, block=(128, 128)):
+    """w [N, K] float32 -> BlockScaled: per-block scale max|w| / 448, bytes the nearest e4m3 value."""
+    n, k = w.shape
+    nb, kb = -(-n // block[0]), -(-k // block[1])
+    scale = np.zeros((nb, kb), np.float32)
+    for i in range(nb):
+        for j in range(kb):
+            scale[i, j] = max(np.abs(w[i * block[0]:(i + 1) * block[0], j * block[1]:(j + 1) * block[1]]).max() / 448, 1e-30)
+    scaled = w / np.repeat(np.repeat(scale, block[0], 0), block[1], 1)[:n, :k]
+    finite = np.where(np.isfinite(E4M3_TABLE), E4M3_TABLE, np.inf)
+    order = np.argsort(finite[:256])
+    nearest = order[np.abs(finite[order][None, :] - scaled.reshape(-1, 1)).argmin(1)]
+    return BlockScaled(nearest.astype(np.uint8).reshape(n, k), scale, block)
+
+w8 = to_fp8(w_head)
+print(w8, f"- {w8.nbytes / 2 ** 10:.0f} KiB against {w_head.size * 2 / 2 ** 10:.0f} KiB in bf16")
+for precision in ("fp32", "bf16"):
+    y = ref.linear(h, w8, precision)
+    exact8 = h.astype(np.float64) @ w8.dequantize(np.float64).T
+    print(f"fp8 weights, {precision}: max error {np.abs(y - exact8).max() / np.abs(exact8).max():.1e} against the "
+          f"fp8 model in float64; argmax equal to the float32 model's at {(y.argmax(-1) == exact.argmax(-1)).mean():.0%}")
