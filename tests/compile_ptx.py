@@ -76,6 +76,15 @@ SIGNATURES = {
                                                           ((True, False, False, False, True), (1, 2, 4)),
                                                           ((True, False, True, True, False), (1, 1, 1)),
                                                           ((False, False, True, False, True), (2, 2, 2)))],
+    # staged: (kind, swiglu, accumulate, grouped, gather, precision, WM, WN, MT, RT, block)
+    "linear._staged_kernel": [
+        ((kind, swiglu, acc, grouped, gather, precision, *tile, block),
+         f"void({F32_2}, int64, {w}[:, :, ::1], {w}[:, :, ::1], {sc}, {sc}, {F32_2}, int64, {I32_1}, {I32_1}, {I32_1})")
+        for kind, w, sc, block in (("bf16", "uint16", F32_2, (0, 0)), ("e4m3", "uint8", "float32[:, :, ::1]", (128, 128)))
+        for precision in ("bf16", "fp32")
+        for (swiglu, acc, grouped, gather), tile in (((False, True, False, False), (4, 2, 2, 4)),
+                                                     ((True, False, True, True), (2, 4, 2, 2)),
+                                                     ((False, False, True, False), (4, 2, 2, 4)))],
     "moe._route_kernel": [((128,), f"void({F32_2}, float32[::1], int64, int64, int64, int64, int64, int64, "
                                    f"float32, {I32_1}, {I32_2}, {F32_2})")],
     "moe._sort_kernel": [((512,), f"void({I32_2}, {F32_2}, {I32_1}, {U32_2}, {I32_2}, {I32_1}, {I32_1}, "
@@ -85,9 +94,11 @@ SIGNATURES = {
     "mla._mla_scores_kernel": [
         (tiles[0], f"void({F32_2}, {F32_2}, {F32_2}, {F32_2}, {I32_1}, float32, {F32_2})")
         for _, tiles in kernels_pkg.mla._GPU_TILES],
-    "mla._mla_softmax_kernel": [f"void({F32_2}, {U32_2}, {I32_1}, int64)"],
+    "mla._mla_softmax_kernel": [((128,), f"void({F32_2}, {U32_2}, {I32_1}, int64, {F32_2}, int32[:, :, ::1])")],
     "mla._mla_pv_kernel": [
-        (tiles[1], f"void({F32_2}, {F32_2}, {I32_1}, {F32_2})") for _, tiles in kernels_pkg.mla._GPU_TILES],
+        (tiles[1], f"void({F32_2}, {F32_2}, {I32_1}, int64, int32[:, :, ::1], float32[:, :, ::1], {F32_2})")
+        for _, tiles in kernels_pkg.mla._GPU_TILES],
+    "mla._mla_combine_kernel": [((128,), f"void(float32[:, :, ::1], {F32_2}, {F32_2}, {I32_1}, int64, {F32_2})")],
     "gqa._gqa_split_kernel": [
         ((dh, *kernels_pkg.gqa._gpu_tiles(dh), blk, msk),
          f"void({F32_2}, {F32_2}, {F32_2}, {F32_2}, {F32_2}, boolean[:, ::1], {I32_1}, float32, "
@@ -124,7 +135,8 @@ def variants(name, mod, obj):
 
 
 # Instructions a kernel's PTX must hold: the tensor-core intrinsics (kernels/_mma.py) really emitted.
-INSTRUCTIONS = {"linear._mma_kernel": ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "cvt.rn.bf16x2.f32")}
+INSTRUCTIONS = {name: ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "cvt.rn.bf16x2.f32")
+                for name in ("linear._mma_kernel", "linear._staged_kernel")}
 
 
 class _H200:

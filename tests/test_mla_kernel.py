@@ -124,7 +124,7 @@ def run_core(q_lat, q_pe, c_kv, k_pe, bits, s0, t, scale, out=None, tiles=None):
     tq, c = q_lat.shape[0], c_kv.shape[1]
     h = q_lat.shape[1] // c
     out_d = cuda.to_device(np.full((tq, h * c), np.nan, np.float32) if out is None else out)
-    scratch = MLAScratch(tq, h, c_kv.shape[0] + 3)   # wider than the cache: the row stride differs
+    scratch = MLAScratch(tq, h, c_kv.shape[0] + 3, c)   # wider than the cache: the row stride differs
     enqueue_mla_attention(cuda.to_device(q_lat), cuda.to_device(q_pe), cuda.to_device(c_kv),
                           cuda.to_device(k_pe), out_d, vis_bits=cuda.to_device(bits),
                           meta=cuda.to_device(np.array([s0, t], np.int32)), scale=scale, scratch=scratch,

@@ -142,6 +142,26 @@ def test_naive_and_absorbed_mla_agree(t, s, h, c, r, d, dv):
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
 
 
+@pytest.mark.parametrize("key_chunk", [1, 3, 8, 1000])
+def test_chunked_attention_is_the_softmax_and_cuts_by_visible_index(key_chunk):
+    """The GPU's chunked softmax (``chunked_attention``) is the plain one to float32 rounding, and
+    a tree node's output is the bits of the same query over its path laid out contiguously (the
+    chunks follow the visible index, not the cache position)."""
+    rng = np.random.default_rng(key_chunk)
+    t, s0, h, c = 9, 5, 2, 6
+    scores = (rng.standard_normal((t, h, s0 + t)) * 3).astype(np.float32)
+    values = rng.standard_normal((s0 + t, c)).astype(np.float32)
+    parents = np.array([-1, 0, 0, 1, 2, 2, 3, 5, 7], np.int32)
+    mask = ref.mla_mask(s0, t, parents)
+    plain = np.einsum("ths,sc->thc", ref.mla._masked_softmax(scores, mask), values)
+    got = ref.chunked_attention(scores, mask, values, key_chunk)
+    np.testing.assert_allclose(got, plain, rtol=1e-5, atol=1e-6)
+    for i in range(t):
+        keys = np.flatnonzero(mask[i])
+        alone = ref.chunked_attention(scores[i:i + 1][:, :, keys], np.ones((1, len(keys)), bool), values[keys], key_chunk)
+        np.testing.assert_array_equal(alone[0], got[i])
+
+
 def test_mla_naive_by_hand_and_mask():
     # one head, D = R = Dv = C = 1: keys k_s = (w_uk c_s, kpe_s), values v_s = w_uv c_s
     c_kv = np.array([[1.0], [2.0], [3.0]], np.float32)

@@ -8,30 +8,33 @@ before this step, W = ceil(Tq / 32) mask words per query.
 Query i < t sees key s iff s < s0, or s0 <= s < s0 + t and bit ``s - s0`` of its packed mask
 row ``vis_bits[i]`` is set (``visibility_bits``; causal is the chain tree).
 
-**Batch invariance, key by key.** A tree node must get the bits of the same token decoded
+**Batch invariance, by visible index.** A tree node must get the bits of the same token decoded
 alone, whose visible keys are the same values in the same order at other cache positions. So
-the arithmetic of a query row is a function of its visible-key sequence only:
+the arithmetic of a query row is a function of its visible-key sequence only. That sequence is
+cut into chunks of ``KEY_CHUNK`` keys by *visible index* (the j-th key the query sees), never by
+cache position, so both cut it at the same places (twin: ``reference.mla.chunked_attention``):
 
     score[s] = scale * (fma chain over d = 0 .. C+R-1 of [q_lat | q_pe] . [c_kv[s] | k_pe[s]])
-    m        = max of score over visible s                      (exact, order-free)
-    p[s]     = exp(score[s] - m)
-    l        = chain of adds of p[s] over visible s, ascending
-    o[c]     = fma chain of p[s] * c_kv[s, c] over visible s, ascending;   out = o / l
+    chunk k: m_k = max of its scores (exact, order-free), p[s] = exp(score[s] - m_k),
+             l_k = chain of adds of p[s], o_k[c] = fma chain of p[s] * c_kv[s, c], keys ascending
+    M = max_k m_k, w_k = exp(m_k - M); out = (sum_k w_k o_k) / (sum_k w_k l_k), k ascending.
 
 Masked keys are skipped by a select, never added as a zero (``0 * v + acc`` can turn a -0
-accumulator into +0), and no partial sums of key tiles are ever combined: the online-softmax
-rescaling would make a row's bits depend on where its keys fall in the tiles.
+accumulator into +0). Chunks give the PV work (and decode) several blocks a query row; within a
+chunk the sums are single chains.
 
-Three launches, scores kept in a global scratch (``MLAScratch``):
+Four launches, scores and partials kept in a global scratch (``MLAScratch``):
 
 1. ``_mla_scores_kernel``: a register-tiled GEMM of query rows (i, h) against key rows; a key
    tile (all C + R columns, streamed in steps of ``bk``) sits in shared memory once per block
    and serves every head and query of the block.
-2. ``_mla_softmax_kernel``: one block per query row (i, h): the max over visible keys, then
-   p in place of the score, -1 marking a masked key.
-3. ``_mla_pv_kernel``: a register-tiled GEMM of p against c_kv, each output a chain over the
-   keys in ascending order; every thread also carries the sum l of its rows (redundant across
-   the column threads, but it keeps l a chain with no extra pass and no extra launch).
+2. ``_mla_softmax_kernel``: one block per (chunk, query row): the chunk's cache positions from
+   the row's visible count (popcounts of its mask words), its max, then p in place of the score
+   (-1 marking a masked key inside the chunk's span).
+3. ``_mla_pv_kernel``: per chunk, a register-tiled GEMM of p against c_kv over the chunk's span,
+   each output a chain over the keys in ascending order; every thread also carries the sum l of
+   its rows (redundant across the column threads, but it keeps l a chain with no extra pass).
+4. ``_mla_combine_kernel``: the chunks of each output, rescaled and added in ascending order.
 
 Tile shapes are chosen from the arrays' shapes (``_tiles``); they never change the bits.
 """
@@ -42,7 +45,7 @@ import functools
 import math
 
 import numpy as np
-from numba import config, cuda, float32, uint32
+from numba import config, cuda, float32, int32, uint32
 
 from .._checks import check_array, check_precision
 from .._device import (ceil_div, device_function, float32_out, fma,
@@ -52,7 +55,11 @@ from ..dtypes import STORAGE_DTYPES
 from .linear import enqueue_linear_heads
 
 THREADS = 8 if config.ENABLE_CUDASIM else 128   # softmax kernel: threads per query row
+COMBINE_THREADS = 8 if config.ENABLE_CUDASIM else 128
 _MASKED = -1.0                                     # p of a key the query does not see
+# Keys a chunk of a query's softmax takes, by visible index (module docstring). Fixed: changing it
+# changes the bits. The simulator's is small so that its tiny caches still split into chunks.
+KEY_CHUNK = 4 if config.ENABLE_CUDASIM else 512
 
 # (bm, bn, bk, tm, tn): block tile rows x columns, reduction step, thread tile rows x columns.
 # Rows are query rows (i, h); columns are keys (scores) or latent channels (p @ c_kv).
@@ -171,24 +178,65 @@ def _mla_scores_kernel(bm, bn, bk, tm, tn):
     return kernel
 
 
+@device_function
+def _visible_position(vis_bits, i, j, s0):
+    """The cache position of query i's j-th visible key (j < its visible count): j itself in the
+    cached prefix, else the (j - s0)-th set bit of its mask row."""
+    if j < s0:
+        return j
+    rank = j - s0
+    for w in range(vis_bits.shape[1]):
+        word = vis_bits[i, w]
+        c = cuda.popc(word)
+        if rank < c:
+            for b in range(32):
+                if (word >> uint32(b)) & uint32(1) != uint32(0):
+                    if rank == 0:
+                        return s0 + 32 * w + b
+                    rank -= 1
+        rank -= c
+    return -1                                   # not reached for j < the visible count
+
+
+@device_function
+def _visible_count(vis_bits, i, s0):
+    n = s0
+    for w in range(vis_bits.shape[1]):
+        n += cuda.popc(vis_bits[i, w])
+    return n
+
+
 @functools.lru_cache(maxsize=None)
 def _mla_softmax_kernel(threads):
-    """In place over scores[r, :s0+t] for r = i*H + h < t*H: p = exp(score - max over visible
-    keys) where query i sees the key, _MASKED elsewhere. Grid: Tq*H blocks of ``threads``."""
+    """Chunk k (blockIdx.x) of query row r = i*H + h (blockIdx.y) < t*H: its keys are the visible
+    ones of visible index [k*KEY_CHUNK, (k+1)*KEY_CHUNK), cache positions [a, b). In place over
+    scores[r, a:b]: p = exp(score - m_k) for visible keys, _MASKED for the others; m_k -> m_part[r,
+    k], (a, b) -> bounds[r, k] ((0, 0) and m = -inf for a chunk past the query's keys). Grid:
+    (chunks of the capacity, Tq*H) blocks of ``threads``."""
     T = threads
+    K = KEY_CHUNK
 
     @cuda.jit
-    def kernel(scores, vis_bits, meta, n_heads):
-        r = cuda.blockIdx.x
+    def kernel(scores, vis_bits, meta, n_heads, m_part, bounds):
+        k = cuda.blockIdx.x
+        r = cuda.blockIdx.y
         tid = cuda.threadIdx.x
         s0 = meta[0]
-        s_end = s0 + meta[1]
         if r >= meta[1] * n_heads:
             return
         i = r // n_heads
+        n_vis = _visible_count(vis_bits, i, s0)   # every thread: no barrier before the exit below
+        if k * K >= n_vis:
+            if tid == 0:
+                m_part[r, k] = -math.inf
+                bounds[r, k, 0] = 0
+                bounds[r, k, 1] = 0
+            return
+        a = _visible_position(vis_bits, i, k * K, s0)
+        b = _visible_position(vis_bits, i, min((k + 1) * K, n_vis) - 1, s0) + 1
         red = cuda.shared.array(T, float32)
         m = float32(-math.inf)
-        for s in range(tid, s_end, T):
+        for s in range(a + tid, b, T):
             if _visible(vis_bits, i, s, s0):
                 m = max(m, scores[r, s])
         red[tid] = m
@@ -200,30 +248,34 @@ def _mla_softmax_kernel(threads):
             cuda.syncthreads()  # this level is done
             stride //= 2
         m = red[0]
-        for s in range(tid, s_end, T):
+        for s in range(a + tid, b, T):
             if _visible(vis_bits, i, s, s0):
                 scores[r, s] = math.exp(scores[r, s] - m)
             else:
                 scores[r, s] = float32(_MASKED)
+        if tid == 0:
+            m_part[r, k] = m
+            bounds[r, k, 0] = a
+            bounds[r, k, 1] = b
 
     return kernel
 
 
 @functools.lru_cache(maxsize=None)
 def _mla_pv_kernel(bm, bn, bk, tm, tn):
-    """out_lat[i, h*C + c] = (chain over visible s of p[r, s] * c_kv[s, c]) / l[r] for
-    r = i*H + h < t*H, with l[r] the chain sum of p[r, s] over visible s (p >= 0; _MASKED
-    marks the rest). Block: (bn // tn, bm // tm) threads; grid: (ceil(C / bn), ceil(Tq*H / bm))."""
+    """Chunk k (blockIdx.z): o_part[k, r, c] = chain over its keys s in [a, b) = bounds[r, k],
+    ascending, of p[r, s] * c_kv[s, c], and l_part[k, r] = the chain of p[r, s] (p >= 0; _MASKED
+    marks the rest), for r = i*H + h < t*H. Block: (bn // tn, bm // tm) threads; grid:
+    (ceil(C / bn), ceil(Tq*H / bm), chunks)."""
     TX, TY = bn // tn, bm // tm
     NT = TX * TY
     BM1 = bm + 1   # padded shared rows (shapes must be constants to the compiler)
 
     @cuda.jit
-    def kernel(p, c_kv, meta, out_lat):
+    def kernel(p, c_kv, meta, n_heads, bounds, o_part, l_part):
         C = c_kv.shape[1]
-        H = out_lat.shape[1] // C
-        s_end = meta[0] + meta[1]
-        rows = meta[1] * H
+        rows = meta[1] * n_heads
+        k = cuda.blockIdx.z
         r0 = cuda.blockIdx.y * bm
         c0 = cuda.blockIdx.x * bn
         if r0 >= rows:  # the whole block leaves: no barrier is skipped
@@ -232,21 +284,34 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
         tid = ty * TX + tx
         p_sh = cuda.shared.array((bk, BM1), float32)   # [key, row]; +1: transposed stores spread over banks
         v_sh = cuda.shared.array((bk, bn), float32)       # [key, channel]
+        lo_sh = cuda.shared.array(bm, int32)               # each row's chunk: positions [lo, hi)
+        hi_sh = cuda.shared.array(bm, int32)
         acc = cuda.local.array((tm, tn), float32)
         l = cuda.local.array(tm, float32)
         b = cuda.local.array(tn, float32)
+        for rr in range(tid, bm, NT):
+            r = r0 + rr
+            lo_sh[rr] = bounds[r, k, 0] if r < rows else 0
+            hi_sh[rr] = bounds[r, k, 1] if r < rows else 0
         for m in range(tm):
             l[m] = float32(0.0)
             for j in range(tn):
                 acc[m, j] = float32(0.0)
-        for sb in range(0, s_end, bk):
+        cuda.syncthreads()  # the rows' key ranges are in
+        lo = 2147483647
+        hi = 0
+        for rr in range(bm):
+            if hi_sh[rr] > lo_sh[rr]:
+                lo = min(lo, lo_sh[rr])
+                hi = max(hi, hi_sh[rr])
+        for sb in range(lo, hi, bk):
             for e in range(tid, bm * bk, NT):   # key fastest: coalesced reads of a p row
                 rr = e // bk
                 kk = e - rr * bk
                 r = r0 + rr
                 s = sb + kk
                 v = float32(_MASKED)
-                if r < rows and s < s_end:
+                if r < rows and lo_sh[rr] <= s and s < hi_sh[rr]:
                     v = p[r, s]
                 p_sh[kk, rr] = v
             for e in range(tid, bk * bn, NT):   # channel fastest: coalesced reads of a latent row
@@ -255,15 +320,15 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
                 s = sb + kk
                 c = c0 + cc
                 v = float32(0.0)
-                if s < s_end and c < C:
+                if s < hi and c < C:
                     v = c_kv[s, c]
                 v_sh[kk, cc] = v
             cuda.syncthreads()  # both tiles are in
-            for k in range(bk):  # ascending keys: the chains of the contract above
+            for kk in range(bk):  # ascending keys: the chains of the contract above
                 for j in range(tn):
-                    b[j] = v_sh[k, tx + TX * j]
+                    b[j] = v_sh[kk, tx + TX * j]
                 for m in range(tm):
-                    pm = p_sh[k, ty + TY * m]
+                    pm = p_sh[kk, ty + TY * m]
                     if pm >= float32(0.0):  # a masked key is skipped, not added as zero
                         l[m] = l[m] + pm
                         for j in range(tn):
@@ -272,12 +337,43 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
         for m in range(tm):
             r = r0 + ty + TY * m
             if r < rows:
-                i = r // H
-                h = r - i * H
                 for j in range(tn):
                     c = c0 + tx + TX * j
                     if c < C:
-                        out_lat[i, h * C + c] = acc[m, j] / l[m]
+                        o_part[k, r, c] = acc[m, j]
+                if cuda.blockIdx.x == 0 and tx == 0:
+                    l_part[k, r] = l[m]
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def _mla_combine_kernel(threads):
+    """out_lat[i, h*C + c] = (sum_k w_k o_part[k, r, c]) / (sum_k w_k l_part[k, r]), w_k =
+    exp(m_k - max_k m_k), the sums over the row's chunks in ascending k, r = i*H + h < t*H.
+    Grid: (ceil(C / threads), Tq*H) blocks of ``threads``."""
+    T = threads
+
+    @cuda.jit
+    def kernel(o_part, l_part, m_part, meta, n_heads, out_lat):
+        r = cuda.blockIdx.y
+        c = cuda.blockIdx.x * T + cuda.threadIdx.x
+        C = o_part.shape[2]
+        if r >= meta[1] * n_heads or c >= C:
+            return
+        big = float32(-math.inf)
+        for k in range(m_part.shape[1]):
+            big = max(big, m_part[r, k])
+        o = float32(0.0)
+        l = float32(0.0)
+        for k in range(m_part.shape[1]):
+            if m_part[r, k] > float32(-math.inf):
+                w = math.exp(m_part[r, k] - big)
+                o = o + w * o_part[k, r, c]
+                l = l + w * l_part[k, r]
+        i = r // n_heads
+        h = r - i * n_heads
+        out_lat[i, h * C + c] = o / l
 
     return kernel
 
@@ -285,13 +381,21 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
 class MLAScratch:
     """Device scratch of the attention, preallocated once and shared by every layer.
 
-    ``scores`` [max_rows * heads, capacity] float32: row i*H + h holds query i's scores for
-    head h, then its p (the softmax numerators) in place. ``capacity`` >= the cache rows S_cap.
+    Rows are query rows r = i*H + h (at most ``max_rows * heads``); NCH = ceil(capacity /
+    KEY_CHUNK) key chunks. ``scores`` [rows, capacity] float32: query i's scores for head h, then
+    its p (each chunk's softmax numerators) in place; ``m_part`` [rows, NCH] each chunk's max;
+    ``bounds`` [rows, NCH, 2] int32 its cache positions [a, b); ``o_part`` [NCH, rows, latent] and
+    ``l_part`` [NCH, rows] its partial output and sum. ``capacity`` >= the cache rows S_cap.
     """
 
-    def __init__(self, max_rows: int, heads: int, capacity: int, stream=0):
-        self.scores = cuda.device_array((max(1, max_rows * heads), max(1, capacity)), np.float32,
-                                        stream=stream)                # [Tq * H, S_cap]
+    def __init__(self, max_rows: int, heads: int, capacity: int, latent: int, stream=0):
+        rows, cap = max(1, max_rows * heads), max(1, capacity)
+        nch = ceil_div(cap, KEY_CHUNK)
+        self.scores = cuda.device_array((rows, cap), np.float32, stream=stream)            # [Tq*H, S_cap]
+        self.m_part = cuda.device_array((rows, nch), np.float32, stream=stream)            # [Tq*H, NCH]
+        self.bounds = cuda.device_array((rows, nch, 2), np.int32, stream=stream)           # [Tq*H, NCH, 2]
+        self.o_part = cuda.device_array((nch, rows, max(1, latent)), np.float32, stream=stream)  # [NCH, Tq*H, C]
+        self.l_part = cuda.device_array((nch, rows), np.float32, stream=stream)            # [NCH, Tq*H]
 
 
 # -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
@@ -320,11 +424,17 @@ def enqueue_mla_attention(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, s
     _mla_scores_kernel(*st)[grid, (bn // tn, bm // tm), stream](
         q_lat, q_pe, c_kv, k_pe, meta, scale, scores)
 
-    _mla_softmax_kernel(THREADS)[tq * H, THREADS, stream](scores, vis_bits, meta, H)
+    nch = scratch.m_part.shape[1]
+    _mla_softmax_kernel(THREADS)[(nch, tq * H), THREADS, stream](scores, vis_bits, meta, H, scratch.m_part,
+                                                                  scratch.bounds)
 
     bm, bn, bk, tm, tn = pt
-    grid = (ceil_div(C, bn), ceil_div(tq * H, bm))
-    _mla_pv_kernel(*pt)[grid, (bn // tn, bm // tm), stream](scores, c_kv, meta, out_lat)
+    grid = (ceil_div(C, bn), ceil_div(tq * H, bm), nch)
+    _mla_pv_kernel(*pt)[grid, (bn // tn, bm // tm), stream](scores, c_kv, meta, H, scratch.bounds,
+                                                            scratch.o_part, scratch.l_part)
+    grid = (ceil_div(C, COMBINE_THREADS), tq * H)
+    _mla_combine_kernel(COMBINE_THREADS)[grid, COMBINE_THREADS, stream](scratch.o_part, scratch.l_part,
+                                                                        scratch.m_part, meta, H, out_lat)
 
 
 # -- host helpers ---------------------------------------------------------------------------
@@ -401,7 +511,7 @@ def mla_attention_absorbed(q_nope, q_pe, c_kv, k_pe, kv_b_weight, mask, scale, *
                              to_device(w_uk_t, stream), q_lat, n_rows, precision=precision, stream=stream)
         enqueue_mla_attention(q_lat, to_device(q_pe, stream).reshape(t, h * r), to_device(c_kv, stream),
                               to_device(k_pe, stream), o_lat, vis_bits=to_device(bits, stream), meta=meta,
-                              scale=scale, scratch=MLAScratch(t, h, s, stream), stream=stream)
+                              scale=scale, scratch=MLAScratch(t, h, s, c, stream), stream=stream)
         enqueue_linear_heads(o_lat, c, to_device(w_uv, stream), y.reshape(t, h * dv), n_rows,
                              precision=precision, stream=stream)
     return launcher_result(y, out, q_nope, stream)

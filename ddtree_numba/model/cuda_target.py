@@ -381,7 +381,8 @@ class CudaTarget:
         ``cache.length`` (the caller knows t)."""
         if ws.mla_scratch is None or ws.mla_scratch.scores.shape[1] < cache.capacity:
             # attention scores of every (row, head) over the whole cache; sized once per capacity
-            ws.mla_scratch = kn.MLAScratch(ws.rows, self.config.num_attention_heads, cache.capacity)
+            ws.mla_scratch = kn.MLAScratch(ws.rows, self.config.num_attention_heads, cache.capacity,
+                                           self.config.kv_lora_rank)
             ws.graphs.clear()                                          # they point at the old one
         if not graph:
             self._enqueue_forward(ws, cache, hidden_layer_ids, stream)

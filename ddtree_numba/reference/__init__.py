@@ -10,6 +10,6 @@ from .linear import linear
 from .rms_norm import rms_norm
 from .rope import rope, rope_cos_sin, rope_inv_freq, yarn_inv_freq, yarn_get_mscale, yarn_attention_factor, softmax_scale
 from .gqa import gqa_attention
-from .mla import (absorption_weights, mla_attention_absorbed, mla_attention_naive, mla_kv_latent, mla_mask,
+from .mla import (absorption_weights, chunked_attention, mla_attention_absorbed, mla_attention_naive, mla_kv_latent, mla_mask,
                   split_kv_b)
 from .moe import moe_route, moe_experts, swiglu_mlp

@@ -107,18 +107,59 @@ def mla_attention_naive(q_nope, q_pe, c_kv, k_pe, kv_b_weight, mask, scale):
     return np.einsum("ths,shv->thv", p, v, dtype=np.float32)          # [T, H, Dv]
 
 
-def mla_attention_absorbed(q_nope, q_pe, c_kv, k_pe, kv_b_weight, mask, scale):
+def mla_attention_absorbed(q_nope, q_pe, c_kv, k_pe, kv_b_weight, mask, scale, key_chunk=None):
     """MLA over the cached latents directly: queries absorbed into the latent space through
     W_uk, output taken out of it through W_uv. Same arguments and result as the naive form.
 
     q_nope [T, H, D], q_pe [T, H, R], c_kv [S, C], k_pe [S, R], kv_b_weight [H * (D + Dv), C],
-    mask [T, S] bool, scale float -> out [T, H, Dv] float32.
+    mask [T, S] bool, scale float -> out [T, H, Dv] float32. ``key_chunk``: None takes the softmax
+    over all visible keys at once; an int takes it the GPU's way (``chunked_attention``).
     """
     t, h, d = q_nope.shape
     w_uk, w_uv = split_kv_b(kv_b_weight, h, d)                       # [H, D, C], [H, Dv, C]
     q_lat = np.einsum("thd,hdc->thc", q_nope, w_uk, dtype=np.float32) # [T, H, C]
     scores = (np.einsum("thc,sc->ths", q_lat, c_kv, dtype=np.float32)
               + np.einsum("thr,sr->ths", q_pe, k_pe, dtype=np.float32)) * np.float32(scale)  # [T, H, S]
-    p = _masked_softmax(scores, mask)                                 # [T, H, S]
-    o_lat = np.einsum("ths,sc->thc", p, c_kv, dtype=np.float32)       # [T, H, C]
+    if key_chunk is None:
+        p = _masked_softmax(scores, mask)                             # [T, H, S]
+        o_lat = np.einsum("ths,sc->thc", p, c_kv, dtype=np.float32)   # [T, H, C]
+    else:
+        o_lat = chunked_attention(scores, mask, c_kv, key_chunk)      # [T, H, C]
     return np.einsum("thc,hvc->thv", o_lat, w_uv, dtype=np.float32)   # [T, H, Dv]
+
+
+def chunked_attention(scores: np.ndarray, mask: np.ndarray, values: np.ndarray, key_chunk: int) -> np.ndarray:
+    """softmax(scores) @ values over each query's visible keys, split as the GPU splits it.
+
+    scores [T, H, S] float32, mask [T, S] bool, values [S, C] float32 -> [T, H, C] float32.
+
+    A query's visible keys, in cache order, are cut into chunks of ``key_chunk`` by their *visible
+    index* (the j-th key the query sees), not by cache position. Chunk k gets its own max m_k,
+    p = exp(score - m_k), l_k = sum p and o_k = p @ values; then, with M = max_k m_k and
+    w_k = exp(m_k - M), out = (sum_k w_k o_k) / (sum_k w_k l_k), the sums in ascending k.
+    Mathematically the plain softmax. The point of the visible index: a tree node and the same
+    token decoded alone see the same key sequence at different positions, so they cut it at the
+    same places and combine the same partials in the same order (docs/DESIGN.md §4).
+    """
+    t, h, _ = scores.shape
+    out = np.zeros((t, h, values.shape[1]), np.float32)              # [T, H, C]
+    for i in range(t):
+        vis = np.flatnonzero(mask[i])                                 # visible keys, ascending
+        ms, ls, os_ = [], [], []
+        for k0 in range(0, len(vis), key_chunk):
+            keys = vis[k0:k0 + key_chunk]
+            sc = scores[i][:, keys]                                   # [H, chunk]
+            m = sc.max(axis=1)                                        # [H]
+            p = np.exp(sc - m[:, None], dtype=np.float32)             # [H, chunk]
+            ms.append(m)
+            ls.append(p.sum(axis=1, dtype=np.float32))
+            os_.append(np.matmul(p, values[keys], dtype=np.float32))  # [H, C]
+        big = np.max(ms, axis=0)                                      # [H]
+        o = np.zeros((h, values.shape[1]), np.float32)
+        l_sum = np.zeros(h, np.float32)
+        for m, l_k, o_k in zip(ms, ls, os_):
+            w = np.exp(m - big, dtype=np.float32)                     # [H]
+            o = o + w[:, None] * o_k
+            l_sum = l_sum + w * l_k
+        out[i] = o / l_sum[:, None]
+    return out
