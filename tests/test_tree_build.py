@@ -35,6 +35,54 @@ def test_twin_is_exactly_the_budget_best_paths_in_order(rng, kind, L, V, budget)
         assert tree.tokens[node - 1] == ids[len(path) - 1, path[-1]]
 
 
+def assert_same_tree(a, b):
+    for field in ("tokens", "depths", "parents", "ranks"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
+    np.testing.assert_array_equal(a.scores.view(np.uint64), b.scores.view(np.uint64), err_msg="scores")
+
+
+@pytest.mark.parametrize("L,V,budget", [(1, 5, 3), (3, 4, 30), (3, 3, 39), (4, 3, 200), (2, 6, 0)])
+def test_level_build_is_the_budget_best_paths_in_order(rng, L, V, budget):
+    """The level-synchronous twin against brute-force enumeration, with exact ties."""
+    lp, ids = _draft(rng, L, V, min(budget, V) or 1, "ties")
+    want = ref.enumerate_paths(lp)[:budget]
+    tree = ref.build_tree_levels(lp, ids, budget)
+    assert [_rank_path(tree, n) for n in range(1, tree.num_nodes + 1)] == [p for _, p in want]
+    np.testing.assert_array_equal(tree.scores, [s for s, _ in want])
+
+
+@settings(max_examples=150, deadline=None)
+@given(L=st.integers(1, 6), V=st.integers(1, 14), budget=st.integers(0, 160),
+       seed=st.integers(0, 2**32 - 1), kind=st.sampled_from(["normal", "ties", "magnitudes"]))
+def test_level_build_equals_the_heap_build_bit_for_bit(L, V, budget, seed, kind):
+    """``build_tree_levels`` (no pop chain) == ``build_tree`` (the heap): tokens, depths, parents,
+    ranks and score bits. 'magnitudes' spans 1e-30 .. 1e12 so that float64 path sums round."""
+    rng = np.random.default_rng(seed)
+    if kind == "magnitudes":
+        x = (np.sign(rng.standard_normal((L, V))) * 10.0 ** rng.integers(-30, 12, (L, V))).astype(np.float32)
+        lp, ids = ref.topk_logprobs(x, min(budget, V) or 1)
+    else:
+        lp, ids = _draft(rng, L, V, min(budget, V) or 1, kind)
+    assert_same_tree(ref.build_tree_levels(lp, ids, budget), ref.build_tree(lp, ids, budget))
+
+
+def test_level_build_follows_the_path_order_when_rounding_ties_children_of_unequal_parents():
+    """Twelve depth-1 ranks close together, then a wide gap at depth 2: the parents (r, 0) all score
+    above (0, 1) but come after it by path. A -1e18 log-prob (float64 ulp 128 there) rounds their
+    children's scores to one value, so the path order puts (0, 1)'s children before the children
+    of 11 better-scored parents. A level build that ordered a level's children by their parents'
+    scores instead of their paths keeps the wrong ones at every budget below (measured)."""
+    K = 12
+    lp = np.stack([-1.0 - 0.01 * np.arange(K), np.r_[-0.5, -5.0, np.full(K - 2, -1e18)],
+                   np.full(K, -1e18)]).astype(np.float32)
+    ids = np.arange(3 * K, dtype=np.int32).reshape(3, K)
+    for budget in (40, 50, 66, 80, 120):
+        assert_same_tree(ref.build_tree_levels(lp, ids, budget), ref.build_tree(lp, ids, budget))
+    heap = ref.build_tree(lp, ids, 80)
+    d3 = np.flatnonzero(heap.depths == 3) + 1
+    assert any(heap.parents[a] > heap.parents[b] for a in d3 for b in d3 if a < b), "no inverted parents"
+
+
 def check_invariants(tree, lp, ids):
     n = tree.num_nodes
     p = tree.parents
