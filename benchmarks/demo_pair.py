@@ -1,15 +1,20 @@
 """The demo pair's DDTree budget sweep on the GPU: acceptance, verify time and tokens/s per budget.
 
 Usage (on a GPU machine): python benchmarks/demo_pair.py [--budgets 16 ... 1024] [--new 128]
-    [--json FILE] [--no-append]
+    [--json FILE] [--no-append] [--peer] [--peer-device cuda|cpu]
 or, to table a sweep already made (say by `ddtree-numba sweep --backend cuda --out FILE`):
     python benchmarks/demo_pair.py --from-json FILE [--device NAME] [--commit SHA]
 
 Every held-out prompt of the trained demo pair (ddtree_numba.demo_pair()), greedy, ar, the DFlash
 chain and ddtree at each budget, every round on the GPU (eager launches, each configuration
 warmed up first); per-round CUDA-event times. The floor column is the verify forward's weight
-bytes over the copy rate (the pair is 26 MB, so launch latency, not bandwidth, decides); no peer
-was measured for this tiny model (the Moonlight-shape table is the one with a peer).
+bytes over the copy rate (the pair is 26 MB, so launch latency, not bandwidth, decides).
+
+``--peer``: HF transformers' own greedy ``generate`` on the demo target (its DeepseekV3ForCausalLM,
+bf16 as stored) over the same prompts and token counts, in the same run: tokens/s, and how many of
+its generations equal this package's ``ar`` tokens (bf16 arithmetic in HF against float32 here, so
+a long generation may part ways at a near-tie). ``--peer-device cpu`` runs it on the CPU, which
+checks the code path on a machine without a GPU.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -34,6 +40,43 @@ def table(stats, weight_bytes):
     return rows
 
 
+def hf_greedy(target_dir, prompts, new, device="cuda"):
+    """HF transformers' greedy generate on the demo target: (tokens/s over every prompt after one
+    warm-up generation, [generated ids per prompt])."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).to(device).eval()
+
+    def sync():
+        if device != "cpu":
+            torch.cuda.synchronize()
+
+    def run(ids):
+        x = torch.tensor([ids], device=device)
+        with torch.no_grad():
+            out = model.generate(x, max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=None,
+                                 pad_token_id=0)
+        return out[0, x.shape[1]:].tolist()
+
+    run(prompts[0]["ids"])                       # warm-up
+    sync()
+    t0 = time.perf_counter()
+    outs = [run(p["ids"]) for p in prompts]
+    sync()
+    return sum(len(o) for o in outs) / (time.perf_counter() - t0), outs
+
+
+def peer_rows(target, prompts, new, device):
+    """The peer's table row and record: HF greedy tokens/s against this package's ar tokens."""
+    import ddtree_numba as dd
+    tps, outs = hf_greedy(dd.demo_pair()[0], prompts, new, device)
+    ours = [dd.generate(target, None, p["ids"], new, method="ar").tokens.tolist() for p in prompts]
+    equal = sum(a == b for a, b in zip(outs, ours))
+    common = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) for a, b in zip(outs, ours)]
+    return ["HF generate (peer)", "-", "-", "1.00", "1.00", "-", "-", "-", f"{tps:.0f}",
+            f"{equal}/{len(prompts)} (common prefix {sum(common) / len(common):.0f} tokens)"]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512, 1024])
@@ -43,6 +86,8 @@ def main():
     ap.add_argument("--device", help="with --from-json: the device it ran on (default: the JSON's)")
     ap.add_argument("--commit", help="with --from-json: the commit it ran at")
     ap.add_argument("--no-append", action="store_true")
+    ap.add_argument("--peer", action="store_true", help="also time HF transformers' greedy generate, same run")
+    ap.add_argument("--peer-device", default="cuda", help="where the peer runs (cpu: a check without a GPU)")
     args = ap.parse_args()
 
     import ddtree_numba as dd
@@ -63,10 +108,15 @@ def main():
     header = ["method", "budget", "rounds", "mean acceptance", "tokens / forward", "verify ms", "floor ms",
               "round ms", "tokens/s", "== ar"]
     rows = table(stats, meta["bytes"]["target"])
+    peer_note = "No peer (HF) in this run (--peer measures it)."
+    if args.peer and not args.from_json:
+        rows.append(peer_rows(target, meta["prompts"], args.new, args.peer_device))
+        peer_note = (f"Peer: HF transformers' greedy generate on the same target (bf16, {args.peer_device}), same "
+                     "prompts and token counts, this run; its last column: generations equal to this package's ar.")
     note = (f"Demo pair (`{stats['command']}`, {stats['backend']} backend, {stats['device']}): "
             f"{len(stats['prompts'])} held-out prompts x {stats['max_new_tokens']} greedy tokens, every round "
             "on the GPU, eager launches, warmed up; per-round CUDA-event means. Floor: the target's weight "
-            "bytes over 4.2 TB/s. No peer (HF) was measured for this tiny model.")
+            f"bytes over 4.2 TB/s. {peer_note}")
     title = "Demo pair, DDTree budget sweep on the GPU (benchmarks/demo_pair.py)"
     if args.from_json:
         title += f", tabled from {args.from_json}"
