@@ -341,6 +341,22 @@ def test_a_non_finite_weight_is_named_at_load(tmp_path, name):
         dd.load_target(path)
 
 
+@pytest.mark.parametrize("keep_fp8", [False, True])
+def test_an_fp8_nan_byte_is_named_at_load_kept_or_dequantized(tmp_path, keep_fp8):
+    """e4m3fn has no infinity; 0x7f / 0xff are NaN. A NaN byte in an fp8 matrix is refused with its
+    name whether the loader dequantizes it (numpy) or keeps its bytes (the GPU's path)."""
+    from ddtree_numba.model.checkpoint import read_checkpoint
+    name = "model.layers.1.self_attn.q_b_proj.weight"
+
+    def poison(t):
+        w = t[name].copy()
+        w.reshape(-1)[5] = 0xFF
+        t[name] = w
+    path = _rewrite(os.path.join(DATA, "kimi_fp8"), tmp_path / "ck", poison)
+    with pytest.raises(ValueError, match=rf"tensor {re.escape(name)} holds 1 non-finite values"):
+        read_checkpoint(path, keep_fp8=keep_fp8)
+
+
 def test_config_json_errors_name_the_file(tmp_path):
     path = _rewrite(SRC, tmp_path / "ck")
     with open(os.path.join(path, "config.json"), "w") as f:
