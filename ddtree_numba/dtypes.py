@@ -105,8 +105,8 @@ class BlockScaled:
             raise ValueError(f"block scales must be float32, got {np.dtype(scale.dtype)}")
         if data.ndim < 2:
             raise ValueError(f"float8 data must be a matrix or a stack of them, got shape {tuple(data.shape)}")
-        n, k = data.shape[-2:]
-        want = tuple(data.shape[:-2]) + (-(-n // bo), -(-k // bi))
+        n, k = tuple(data.shape)[-2:]
+        want = tuple(data.shape)[:-2] + (-(-n // bo), -(-k // bi))
         if tuple(scale.shape) != want:
             raise ValueError(f"block scales have shape {list(scale.shape)}; a {list(data.shape)} weight in "
                              f"{bo}x{bi} blocks needs {list(want)}")
@@ -155,6 +155,105 @@ class BlockScaled:
         return BlockScaled(np.stack([m.data for m in mats]), np.stack([m.scale for m in mats]), blocks.pop())
 
 
+class Int4Grouped:
+    """An INT4 matrix (or a stack) kept as compressed-tensors packs it ("pack-quantized",
+    symmetric, one scale per group of ``group`` inputs):
+
+        w[..., n, k] = (nibble k % 8 of data[..., n, k // 8], least significant first, minus 8)
+                       * scale[..., n, k // group]
+
+    data [..., N, ceil(K/8)] int32 (eight 4-bit values q + 8 a word), scale [..., N, ceil(K/group)]
+    float32, K = ``in_features``; numpy arrays on the host, device arrays on the GPU. Kimi K2
+    Thinking / K2.5 / K2.6 store their routed experts this way (group 32). Every q is an integer
+    in [-8, 7], exact in bf16, so the GEMM multiplies the nibbles as they are and each group's
+    partial sum by its scale (``kernels.linear``), like a ``BlockScaled`` matrix with (1, group)
+    blocks.
+    """
+
+    dtype_name = "int4"
+
+    def __init__(self, data, scale, group: int, in_features: int):
+        group, k = int(group), int(in_features)
+        if group < 8 or group % 8:
+            raise ValueError(f"int4 group size must be a positive multiple of 8, got {group}")
+        if np.dtype(data.dtype) != np.int32:
+            raise ValueError(f"int4 data must be packed int32 words, got {np.dtype(data.dtype)}")
+        if np.dtype(scale.dtype) != np.float32:
+            raise ValueError(f"int4 group scales must be float32, got {np.dtype(scale.dtype)}")
+        dshape = tuple(data.shape)
+        if len(dshape) < 2 or dshape[-1] != -(-k // 8):
+            raise ValueError(f"int4 data has shape {list(dshape)}; {k} inputs pack into {-(-k // 8)} words a row")
+        want = dshape[:-1] + (-(-k // group),)
+        if tuple(scale.shape) != want:
+            raise ValueError(f"int4 group scales have shape {list(scale.shape)}; {list(data.shape[:-1]) + [k]} "
+                             f"in groups of {group} needs {list(want)}")
+        self.data, self.scale, self.group, self.in_features = data, scale, group, k
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)[:-1] + (self.in_features,)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.data.shape)
+
+    @property
+    def block(self) -> tuple[int, int]:
+        """The scale blocks, as ``BlockScaled`` calls them: one row x one group."""
+        return (1, self.group)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes + self.scale.nbytes)
+
+    def __repr__(self) -> str:
+        return f"Int4Grouped(int4 {list(self.shape)}, groups of {self.group})"
+
+    def values(self) -> np.ndarray:
+        """The int4 values q [..., N, K] as int8 (host arrays only)."""
+        words = np.asarray(self.data).view(np.uint32)
+        nib = (words[..., None] >> (4 * np.arange(8, dtype=np.uint32))) & np.uint32(0xF)   # [..., N, K/8, 8]
+        q = nib.reshape(*words.shape[:-1], -1)[..., :self.in_features].astype(np.int8) - np.int8(8)
+        return q
+
+    def dequantize(self, dtype=np.float32) -> np.ndarray:
+        """w as ``dtype`` (host arrays only); exact in float32 too (a 4-bit integer times a float32)."""
+        scale = np.repeat(np.asarray(self.scale, dtype), self.group, axis=-1)[..., :self.in_features]
+        return self.values().astype(dtype) * scale
+
+    @staticmethod
+    def pack(q: np.ndarray) -> np.ndarray:
+        """int4 values q [..., N, K] (integers in [-8, 7]) -> packed int32 words [..., N, ceil(K/8)]."""
+        q = np.asarray(q)
+        if q.size and (q.min() < -8 or q.max() > 7):
+            raise ValueError(f"int4 values must lie in [-8, 7], got [{q.min()}, {q.max()}]")
+        k = q.shape[-1]
+        u = np.zeros(q.shape[:-1] + (-(-k // 8) * 8,), np.uint32)
+        u[..., :k] = (q.astype(np.int64) + 8).astype(np.uint32)
+        u = u.reshape(*q.shape[:-1], -1, 8) << (4 * np.arange(8, dtype=np.uint32))
+        return np.bitwise_or.reduce(u, axis=-1).view(np.int32)
+
+    def reshape(self, *shape) -> "Int4Grouped":
+        """The same matrices with leading axes reshaped (the last two stay)."""
+        if tuple(shape[-2:]) != self.shape[-2:]:
+            raise ValueError(f"reshape keeps the matrices' own shape {list(self.shape[-2:])}, got {list(shape)}")
+        lead = tuple(shape[:-2])
+        return Int4Grouped(self.data.reshape(*lead, *tuple(self.data.shape)[-2:]),
+                           self.scale.reshape(*lead, *tuple(self.scale.shape)[-2:]), self.group, self.in_features)
+
+    @staticmethod
+    def stack(mats: list["Int4Grouped"]) -> "Int4Grouped":
+        """Host matrices of one shape and group, stacked on a new first axis (the experts)."""
+        kinds = {(m.group, m.in_features) for m in mats}
+        if len(kinds) != 1:
+            raise ValueError(f"cannot stack int4 matrices of different groups / inputs {sorted(kinds)}")
+        group, k = kinds.pop()
+        return Int4Grouped(np.stack([m.data for m in mats]), np.stack([m.scale for m in mats]), group, k)
+
+
+QUANTIZED = (BlockScaled, Int4Grouped)     # weights kept as stored, dequantized on the numpy backend
+
+
 def fp8_block_supported(block) -> bool:
     """Whether the GPU GEMMs (``kernels.linear``) take float8 weights in blocks ``(bo, bi)`` as
     stored: the input side a multiple of 16, the tensor-core k step, so that no chunk of the
@@ -163,12 +262,14 @@ def fp8_block_supported(block) -> bool:
 
 
 def stack_weights(mats: list):
-    """Stacked matrices: float32 arrays with ``np.stack``, ``BlockScaled`` ones kept as stored."""
-    if mats and all(isinstance(m, BlockScaled) for m in mats):
-        return BlockScaled.stack(mats)
-    return np.stack([m.dequantize() if isinstance(m, BlockScaled) else m for m in mats])
+    """Stacked matrices: float32 arrays with ``np.stack``, quantized ones (all ``BlockScaled`` or
+    all ``Int4Grouped``) kept as stored."""
+    for cls in QUANTIZED:
+        if mats and all(isinstance(m, cls) for m in mats):
+            return cls.stack(mats)
+    return np.stack([widened(m) for m in mats])
 
 
 def widened(w):
-    """A weight as float32 numpy: ``BlockScaled`` dequantized, anything else as it is."""
-    return w.dequantize() if isinstance(w, BlockScaled) else w
+    """A weight as float32 numpy: quantized ones dequantized, anything else as it is."""
+    return w.dequantize() if isinstance(w, QUANTIZED) else w

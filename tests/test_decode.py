@@ -17,7 +17,7 @@ from ddtree_numba.model import random_drafter, random_target
 from ddtree_numba.reference.accept import uniform_open
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
-CHECKPOINTS = ["v3_noaux_tc", "v2_greedy_f16", "kimi_fp8", "v3_bf16_tied", "v3_neox_yarn_nolora"]
+CHECKPOINTS = ["v3_noaux_tc", "v2_greedy_f16", "kimi_fp8", "kimi_int4", "v3_bf16_tied", "v3_neox_yarn_nolora"]
 N_NEW = 40
 
 

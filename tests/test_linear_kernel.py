@@ -15,12 +15,13 @@ from numba import cuda
 from conftest import REAL_GPU
 from ddtree_numba import kernels as kn
 from ddtree_numba import reference as ref
-from ddtree_numba.dtypes import E4M3_TABLE, BlockScaled, fp8_block_supported
+from ddtree_numba.dtypes import E4M3_TABLE, BlockScaled, Int4Grouped, fp8_block_supported
 from ddtree_numba.reference.linear import accumulation_bound, bf16_round, bf16_split, swiglu_bound
 
 L = importlib.import_module("ddtree_numba.kernels.linear")
 pytestmark = pytest.mark.kernels
 KINDS = ("f32", "f16", "bf16")
+STAGED = [name for name, tile in L.TILES.items() if isinstance(tile, L._Staged)]
 PRECISIONS = ("bf16", "fp32")
 
 
@@ -43,6 +44,8 @@ def xs(rng, shape):
 def dev(a):
     if isinstance(a, BlockScaled):
         return BlockScaled(dev(a.data), dev(a.scale), a.block)
+    if isinstance(a, Int4Grouped):
+        return Int4Grouped(dev(a.data), dev(a.scale), a.group, a.in_features)
     return cuda.to_device(np.ascontiguousarray(a))
 
 
@@ -308,6 +311,66 @@ def test_fp8_rejects_blocks_the_mma_cannot_scale(rng):
         BlockScaled(np.zeros((3, 48), np.int8), np.ones((1, 3), np.float32), (16, 16))
 
 
+# -- int4 weights packed as compressed-tensors packs them ---------------------------------------
+def int4_weights(rng, shape, group):
+    """An Int4Grouped matrix (or stack): random q in [-8, 7], group scales in [0.25, 2)."""
+    n, k = shape[-2:]
+    q = rng.integers(-8, 8, shape)
+    scale = (rng.random(tuple(shape[:-1]) + (-(-k // group),)) * 1.75 + 0.25).astype(np.float32)
+    return Int4Grouped(Int4Grouped.pack(q), scale, group, k)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("R,K,N,group", [(3, 64, 20, 32),     # two-step paired chunks
+                                         (5, 96, 24, 16),     # one-step chunks
+                                         (9, 128, 37, 64)])   # four-step chunks
+def test_int4_linear_matches_the_twin(rng, precision, R, K, N, group):
+    x, w = xs(rng, (R, K)), int4_weights(rng, (N, K), group)
+    assert_twin(kn.linear(x, w, precision=precision), x, w, precision)
+
+
+def test_every_int4_value_enters_the_mma_exactly(rng):
+    q = np.tile(np.arange(-8, 8), (16, 2))                      # [16, 32]: every value at every slot
+    q = np.stack([np.roll(r, i) for i, r in enumerate(q)])
+    w = Int4Grouped(Int4Grouped.pack(q), np.ones((16, 1), np.float32), 32, 32)
+    np.testing.assert_array_equal(kn.linear(np.eye(32, dtype=np.float32), w, precision="bf16").T, q)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_int4_grouped_experts_staged_and_register_kernels(rng, precision):
+    """Grouped SwiGLU over gathered rows with int4 experts: the twin's values, and the staged
+    tiles give the register tile's bits."""
+    K, N, Z, group = 64, 24, 3, 32
+    counts = [4, 0, 7]
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    x = xs(rng, (14, K)) * np.float32(0.05)             # SwiGLU's silu stays in range
+    row_index = rng.integers(0, 14, 11).astype(np.int32)
+    w, wu = int4_weights(rng, (Z, N, K), group), int4_weights(rng, (Z, N, K), group)
+
+    def run(tile):
+        d_out = dev(np.full((11, N), np.nan, np.float32))
+        L.enqueue_grouped_linear(dev(x), dev(w), d_out, dev(offsets), max(counts), precision=precision,
+                                 row_index=dev(row_index), w_up=dev(wu), tile=tile)
+        return d_out.copy_to_host()
+
+    got = run(L.TILES["small"])
+    for z in range(Z):
+        j = np.arange(offsets[z], offsets[z + 1])
+        wz, wuz = (Int4Grouped(m.data[z], m.scale[z], group, K) for m in (w, wu))
+        want, bound = swiglu_bound(x[row_index[j]], wz, wuz, precision)
+        assert np.all(np.abs(got[j] - want) <= bound)
+    for name in STAGED:
+        assert_bits(run(L.TILES[name]), got), name
+
+
+def test_int4_needs_whole_words_a_row(rng):
+    w = Int4Grouped(Int4Grouped.pack(np.zeros((3, 36), np.int64)), np.ones((3, 3), np.float32), 16, 36)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        kn.linear(xs(rng, (2, 36)), w)
+    with pytest.raises(ValueError, match="group scales have shape"):
+        Int4Grouped(Int4Grouped.pack(np.zeros((3, 32), np.int64)), np.ones((3, 3), np.float32), 16, 32)
+
+
 # -- (c) batch invariance -----------------------------------------------------------------------
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_a_row_alone_equals_the_row_in_any_batch_and_tile(rng, precision):
@@ -334,9 +397,6 @@ def test_fp8_row_alone_equals_the_row_in_any_batch_and_tile(rng, precision):
     assert_bits(run_linear(x, w, precision)[:1], alone)
     for name, tile in L.TILES.items():
         assert_bits(run_linear(x[:9], w, precision, tile=tile)[:1], alone), name
-
-
-STAGED = [name for name, tile in L.TILES.items() if isinstance(tile, L._Staged)]
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

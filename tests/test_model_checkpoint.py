@@ -357,6 +357,55 @@ def test_an_fp8_nan_byte_is_named_at_load_kept_or_dequantized(tmp_path, keep_fp8
         read_checkpoint(path, keep_fp8=keep_fp8)
 
 
+INT4 = os.path.join(DATA, "kimi_int4")
+INT4_MODULE = "model.layers.1.mlp.experts.2.down_proj"
+
+
+def test_int4_golden_is_packed_as_compressed_tensors_packs_it():
+    """The golden was packed by the compressed-tensors library (tools/make_goldens.py): our
+    unpacking, packed again, gives its words back; kept, the experts are Int4Grouped; dequantized,
+    q * scale per group of 32."""
+    from ddtree_numba.dtypes import Int4Grouped
+    from ddtree_numba.model.checkpoint import read_checkpoint
+    index = SafetensorsIndex(INT4)
+    words, dtype = index.raw(INT4_MODULE + ".weight_packed")
+    assert dtype == "I32" and words.shape == (32, 4)
+    cfg, kept, _ = read_checkpoint(INT4, keep_fp8=True)
+    w = kept[INT4_MODULE + ".weight"]
+    assert isinstance(w, Int4Grouped) and w.shape == (32, 32) and w.group == 32
+    np.testing.assert_array_equal(Int4Grouped.pack(w.values()), words)
+    q = w.values()
+    assert q.min() >= -8 and q.max() <= 7 and len(np.unique(q)) > 8
+    scale = bf16_to_float32(index.raw(INT4_MODULE + ".weight_scale")[0])          # [32, 1]
+    _, plain, _ = read_checkpoint(INT4)
+    np.testing.assert_array_equal(plain[INT4_MODULE + ".weight"], q.astype(np.float32) * scale)
+    assert not isinstance(kept["model.layers.1.mlp.shared_experts.up_proj.weight"], Int4Grouped)   # ignored
+
+
+def _int4_ck(tmp_path, edit_tensors=None, edit_config=None):
+    return _rewrite(INT4, tmp_path / "ck", edit_tensors, edit_config)
+
+
+def test_int4_missing_scale_is_named(tmp_path):
+    path = _int4_ck(tmp_path, lambda t: t.pop(INT4_MODULE + ".weight_scale"))
+    with pytest.raises(ValueError, match=rf"missing tensor {re.escape(INT4_MODULE)}\.weight_scale"):
+        dd.load_target(path)
+
+
+def test_int4_wrong_weight_shape_is_named(tmp_path):
+    def wrong(t):
+        t[INT4_MODULE + ".weight_shape"] = np.array([32, 24], np.int64)
+    with pytest.raises(ValueError, match=rf"tensor {re.escape(INT4_MODULE)}\.weight_shape holds \[32, 24\]"):
+        dd.load_target(_int4_ck(tmp_path, wrong))
+
+
+def test_int4_group_that_does_not_divide_the_inputs_is_named(tmp_path):
+    def group_24(c):
+        c["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 24
+    with pytest.raises(ValueError, match=r"int4 group_size 24 does not divide its 32 inputs"):
+        dd.load_target(_int4_ck(tmp_path, edit_config=group_24))
+
+
 def test_config_json_errors_name_the_file(tmp_path):
     path = _rewrite(SRC, tmp_path / "ck")
     with open(os.path.join(path, "config.json"), "w") as f:

@@ -3,6 +3,7 @@ unknown keys, and every value the engine refuses."""
 
 import json
 import os
+import re
 
 import pytest
 
@@ -140,3 +141,65 @@ def test_values_the_engine_cannot_run_raise_value_error_naming_them(change, word
 def test_missing_config_json(tmp_path):
     with pytest.raises(ValueError, match="config.json"):
         ModelConfig.from_json(tmp_path)
+
+
+# -- compressed-tensors INT4 (Kimi K2 Thinking / K2.5 / K2.6) ------------------------------------
+def _int4_config(**changes):
+    import copy
+    from ddtree_numba.model.config import int4_quantization_config
+    with open(os.path.join(DATA, "kimi_int4", "config.json")) as f:
+        d = json.load(f)
+    q = copy.deepcopy(d["quantization_config"])
+    for path, value in changes.items():
+        node = q
+        keys = path.split("/")
+        for k in keys[:-1]:
+            node = node[k]
+        node[keys[-1]] = value
+    d["quantization_config"] = q
+    assert int4_quantization_config(32, [])["quant_method"] == "compressed-tensors"
+    return d
+
+
+def test_int4_quantization_config_is_read_with_its_ignore_list():
+    cfg = ModelConfig.from_dict(_int4_config())
+    assert cfg.int4_group_size == 32 and cfg.model_type == "kimi_k2"
+    assert cfg.is_int4("model.layers.1.mlp.experts.3.down_proj")
+    for module in ("lm_head", "model.layers.0.self_attn.q_a_proj", "model.layers.1.mlp.shared_experts.up_proj",
+                   "model.layers.0.mlp.gate_proj"):
+        assert not cfg.is_int4(module), module
+    again = ModelConfig.from_dict(cfg.to_dict())
+    assert again == cfg
+
+
+@pytest.mark.parametrize("path,value,match", [
+    ("format", "naive-quantized", "format 'naive-quantized'"),
+    ("config_groups/group_0/format", "float-quantized", "format 'float-quantized'"),
+    ("config_groups/group_0/weights/num_bits", 8, "num_bits 8"),
+    ("config_groups/group_0/weights/type", "float", "type 'float'"),
+    ("config_groups/group_0/weights/symmetric", False, "symmetric False"),
+    ("config_groups/group_0/weights/strategy", "channel", "strategy 'channel'"),
+    ("config_groups/group_0/weights/group_size", 12, "group_size must be a positive multiple of 8"),
+    ("config_groups/group_0/weights/actorder", "group", "actorder"),
+    ("config_groups/group_0/input_activations", {"num_bits": 8}, "activation quantization"),
+    ("config_groups/group_0/targets", ["Embedding"], "targets"),
+    ("ignore", ["re:(unclosed"], "not a valid regex"),
+    ("quant_method", "gptq", "quant_method 'gptq'"),
+])
+def test_int4_quantization_settings_it_cannot_run_are_named(path, value, match):
+    with pytest.raises(ValueError, match=re.escape(match)):
+        ModelConfig.from_dict(_int4_config(**{path: value}))
+
+
+def test_a_second_config_group_is_refused():
+    d = _int4_config()
+    d["quantization_config"]["config_groups"]["group_1"] = d["quantization_config"]["config_groups"]["group_0"]
+    with pytest.raises(ValueError, match="one group is supported"):
+        ModelConfig.from_dict(d)
+
+
+def test_k25_layout_nests_the_text_model_under_text_config():
+    d = _int4_config()
+    nested = {"model_type": "kimi_k25", "architectures": ["KimiK25ForConditionalGeneration"],
+              "quantization_config": d.pop("quantization_config"), "text_config": d}
+    assert ModelConfig.from_dict(nested) == ModelConfig.from_dict(_int4_config())

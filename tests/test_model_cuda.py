@@ -74,6 +74,21 @@ def test_fp8_checkpoint_stays_fp8_on_the_gpu_and_matches_hf():
         load_cuda_target(os.path.join(DATA, "v3_released"), weight_dtype="float8")
 
 
+def test_int4_checkpoint_stays_packed_on_the_gpu_and_matches_hf():
+    """Kimi K2's compressed-tensors INT4 experts stay packed on the GPU (int32 words + group scales,
+    the nibbles multiplied as they are), and the forward matches HF's on the dequantized weights."""
+    from ddtree_numba.dtypes import Int4Grouped
+    path = os.path.join(DATA, "kimi_int4")
+    target = load_cuda_target(path)
+    lw = target.layers[1]
+    assert isinstance(lw.experts_down_proj, Int4Grouped) and lw.experts_down_proj.data.dtype == np.int32
+    assert not isinstance(lw.shared_up_proj, Int4Grouped) and "int4 grouped + bfloat16" in repr(target)
+    exp = np.load(os.path.join(path, "expected.npz"))
+    exp = {k: exp[k][:T] for k in exp}
+    out = target.forward(exp["ids"], exp["positions"], target.new_cache(32))
+    assert_close(out.logits, exp["logits"], RTOL, "kimi_int4 cuda logits (int4 kept)")
+
+
 def test_causal_forward_matches_hf(case):
     name, target, exp, _ = case
     exp = {k: exp[k][:T] for k in exp}

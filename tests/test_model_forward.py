@@ -30,6 +30,7 @@ def test_the_goldens_cover_what_the_issue_asks_for():
     assert any(c.first_k_dense_replace > 0 for c in cfgs.values())
     assert {c.model_type for c in cfgs.values()} == {"deepseek_v2", "deepseek_v3", "kimi_k2"}
     assert any(c.weight_block_size for c in cfgs.values())
+    assert any(c.int4_group_size for c in cfgs.values())
     total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(DATA) for f in fs)
     assert total < 3 << 20
 

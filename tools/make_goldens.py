@@ -104,7 +104,21 @@ CASES = {
                  rope_parameters={"rope_type": "yarn", "rope_theta": 50000.0, "factor": 4.0,
                                   "original_max_position_embeddings": 32, "beta_fast": 1.0,
                                   "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0})),
+    # Kimi K2 Thinking / K2.5 / K2.6 as released: compressed-tensors pack-quantized INT4 routed
+    # experts (symmetric, group 32, packed and quantized by the compressed-tensors library), the
+    # released ignore list (attention, shared experts, the dense MLP and lm_head stay bf16)
+    "kimi_int4": dict(
+        family="v3", dtype="bf16", seed=8, layers=2, offset=2, released=True, int4_group=32,
+        model_type="kimi_k2",
+        cfg=dict(q_lora_rank=24, n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
+                 first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.827,
+                 moe_intermediate_size=32, rope_interleave=True, max_position_embeddings=128,
+                 rope_parameters={"rope_type": "yarn", "rope_theta": 50000.0, "factor": 4.0,
+                                  "original_max_position_embeddings": 32, "beta_fast": 1.0,
+                                  "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0})),
 }
+# The ignore list of Kimi K2 Thinking's quantization_config (the modules left in bf16).
+KIMI_INT4_IGNORE = ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"]
 
 T_SEQ = 14                      # tokens in the causal golden
 PREFIX = 5                      # cached tokens before the tree
@@ -172,6 +186,22 @@ def quantize_fp8(w, block):
     return q, scale, q.float() * full
 
 
+def quantize_int4(w, group):
+    """Symmetric INT4 in groups of ``group`` inputs, by the compressed-tensors library: bf16 scales
+    amax / 7.5 (as its minmax observer with a symmetric 4-bit range), ``quantize`` to int8 values in
+    [-8, 7], ``pack_to_int32``; returns (packed int32, scale bf16, dequantized float32)."""
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import quantize
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=group)
+    o, i = w.shape
+    amax = w.reshape(o, i // group, group).abs().amax(-1).clamp(min=1e-8)
+    scale = (amax / 7.5).to(torch.bfloat16).float()                       # [o, i / group]
+    q = quantize(w, scale, torch.zeros_like(scale, dtype=torch.int8), args, dtype=torch.int8)
+    deq = q.float() * scale.repeat_interleave(group, 1)
+    return pack_to_int32(q, 4), scale.to(torch.bfloat16), deq
+
+
 FP8_PARTS = ("q_a_proj", "q_b_proj", "q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj",
              "gate_proj", "up_proj", "down_proj")
 
@@ -182,6 +212,13 @@ def store_dtype(state, case):
     save, run = {}, {}
     for name, w in state.items():
         keep_f32 = name.endswith("gate.weight") or name.endswith("e_score_correction_bias")
+        if case.get("int4_group") and ".mlp.experts." in name and name.endswith("_proj.weight"):
+            packed, scale, deq = quantize_int4(w, case["int4_group"])
+            module = name.removesuffix(".weight")
+            save[module + ".weight_packed"], save[module + ".weight_scale"] = packed, scale
+            save[module + ".weight_shape"] = torch.tensor(list(w.shape))
+            run[name] = deq
+            continue
         if case.get("fp8_block") and name.endswith(".weight") and name.split(".")[-2] in FP8_PARTS:
             q, s, deq = quantize_fp8(w, case["fp8_block"])
             save[name], save[name + "_scale_inv"], run[name] = q, s, deq
@@ -247,6 +284,15 @@ def released_config(config, case):
     if case.get("fp8_block"):
         c["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3",
                                     "quant_method": "fp8", "weight_block_size": list(case["fp8_block"])}
+    if case.get("int4_group"):
+        weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                   "group_size": case["int4_group"], "dynamic": False, "actorder": None, "observer": "minmax",
+                   "block_structure": None, "observer_kwargs": {}}
+        c["quantization_config"] = {
+            "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None,
+                                          "output_activations": None, "format": "pack-quantized"}},
+            "ignore": KIMI_INT4_IGNORE, "kv_cache_scheme": None, "global_compression_ratio": None}
     return c
 
 
@@ -336,7 +382,7 @@ def make_case(name, case):
 def check_reload(directory, case, model, ids, positions, logits):
     """HF itself reads the written checkpoint back to the same logits (names and config are
     ones transformers understands). Skipped for fp8 (a custom block size) and kimi_k2."""
-    if case.get("fp8_block"):
+    if case.get("fp8_block") or case.get("int4_group"):
         return
     cls = type(model)
     again = cls.from_pretrained(directory, torch_dtype=torch.float32).eval()

@@ -14,7 +14,7 @@ from numba import config, float32, int32, uint8, uint16, uint32, uint64
 from numba.core.types import float16
 
 from .._device import device_function
-from ..dtypes import E4M3_TABLE, WEIGHT_DTYPES, BlockScaled
+from ..dtypes import E4M3_TABLE, WEIGHT_DTYPES, BlockScaled, Int4Grouped
 
 _SIM = bool(config.ENABLE_CUDASIM)
 if not _SIM:
@@ -29,13 +29,15 @@ def _weight_kind(w, name: str = "weights") -> str:
     one (float8 bytes + block scales); a ValueError naming ``name`` otherwise."""
     if isinstance(w, BlockScaled):
         return "e4m3"
+    if isinstance(w, Int4Grouped):
+        return "int4"
     kind = KINDS.get(np.dtype(w.dtype))
     if kind is None:
         raise ValueError(f"{name} must be float32, float16 or bfloat16 bits (uint16), got {np.dtype(w.dtype)}")
     return kind
 
 
-ELEM = {"f32": float32, "f16": float16, "bf16": uint16, "e4m3": uint8}    # storage type of one weight
+ELEM = {"f32": float32, "f16": float16, "bf16": uint16, "e4m3": uint8, "int4": uint32}   # storage of one weight
 PER_WORD = {"f32": 2, "f16": 4, "bf16": 4}                 # weights per uint64 word
 
 
@@ -80,7 +82,13 @@ else:
         return _libdevice.int_as_float(int32(bits)) * float32(1.329227995784916e36)    # 2**120
 
 
-WIDEN = {"f32": _widen_f32, "f16": _widen_f16, "bf16": bf16_to_f32, "e4m3": e4m3_to_f32}
+@device_function
+def int4_to_f32(b):
+    """int4 as compressed-tensors packs it (the low 4 bits of an integer hold q + 8) -> float32 q."""
+    return float32(int32(uint32(b) & uint32(0xF)) - int32(8))
+
+
+WIDEN = {"f32": _widen_f32, "f16": _widen_f16, "bf16": bf16_to_f32, "e4m3": e4m3_to_f32, "int4": int4_to_f32}
 
 # Element e of a uint64 word of packed weights (little endian: element 0 in the low bits), and
 # the two float32 halves of a word. The simulator has no libdevice bit casts: numpy views.

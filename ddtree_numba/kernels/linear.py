@@ -59,7 +59,7 @@ from numba import config, cuda, float32, int64, uint32, uint64
 
 from .._checks import check_array, check_precision
 from .._device import ceil_div, device_function, float32_out, launcher_result, rows_device, to_device
-from ..dtypes import BlockScaled, fp8_block_supported
+from ..dtypes import QUANTIZED, BlockScaled, Int4Grouped, fp8_block_supported
 from ._mma import mma_bf16, pack_bf16x2
 from ._widen import ELEM as STORED, WIDEN, _weight_kind, bf16_to_f32, hi_f32, lo_f32
 
@@ -113,15 +113,20 @@ def _smem(tile, swiglu):
     return 0 if tile.NW == 1 else tile.NW * 4 * tile.MT * tile.RT * (2 if swiglu else 1) * 32 * 4
 
 
+SCALED_KINDS = ("e4m3", "int4")     # quantized weights: their scales multiply the chunk partials
+
+
 def _chunk(kind, block):
-    """k per chunk of the reduction contract: ``KC``, or for float8 weights the largest divisor of
-    KC that keeps a chunk inside one block of their scales (gcd(KC, bi): 64 for DeepSeek's 128)."""
-    return math.gcd(KC, block[1]) if kind == "e4m3" else KC
+    """k per chunk of the reduction contract: ``KC``, or for quantized weights the largest divisor
+    of KC that keeps a chunk inside one block of their scales (gcd(KC, bi): 64 for DeepSeek's 128
+    x 128 fp8 blocks, 32 for Kimi's int4 groups of 32)."""
+    return math.gcd(KC, block[1]) if kind in SCALED_KINDS else KC
 
 
 def _paired(kind, block):
-    """Whether float8 chunks take their k in pairs of steps (``_k_offset``): 64-k chunks only."""
-    return kind == "e4m3" and _chunk(kind, block) == KC
+    """Whether quantized chunks take their k in pairs of steps (``_k_offset``): float8 in 64-k
+    chunks, int4 in chunks of two steps or more (a lane's eight k of two steps are one int32 word)."""
+    return (kind == "int4" and _chunk(kind, block) >= 32) or (kind == "e4m3" and _chunk(kind, block) == KC)
 
 
 @device_function
@@ -152,15 +157,17 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
     (column blocks of 16*MT, row tiles of 8*RT grid-strided, Z); 32*NW threads.
     """
     S = 2 if swiglu else 1                    # matrices: gate (and up)
-    FP8 = kind == "e4m3"                      # float8 bytes, a scale per block of (BO, BI)
+    FP8 = kind in SCALED_KINDS                # quantized (float8 / int4), a scale per block of (BO, BI)
+    INT4 = kind == "int4"                     # eight 4-bit values an int32 word
+    UB = 4 if INT4 else 8                     # bits of one quantized value in a raw unit of four
     BO, BI = block
-    KCH = _chunk(kind, block)                 # k per chunk (KC unless float8 blocks are narrower)
+    KCH = _chunk(kind, block)                 # k per chunk (KC unless the scale blocks are narrower)
     STEPS = KCH // 16
     XSPLIT = precision == "fp32"              # activations as bf16 hi + lo
-    WSPLIT = XSPLIT and kind in ("f32", "f16")   # weights too (bf16 and e4m3 values are exact in bf16)
+    WSPLIT = XSPLIT and kind in ("f32", "f16")   # weights too (bf16, e4m3 and int4 values are exact in bf16)
     RAW = vec and not FP8                     # bf16 words straight from memory
-    RAW8 = vec and FP8                        # float8 words: four bytes (paired: eight)
-    PAIRED = _paired(kind, block)             # the k slots of float8 chunks (``_paired``)
+    RAW8 = vec and FP8                        # quantized units of four values, raw until the mma step
+    PAIRED = _paired(kind, block)             # the k slots of quantized chunks (``_paired``)
     P = 4 * MT * RT                           # accumulator positions a lane holds, per matrix
     OWN = ceil_div(P, NW)                     # positions whose running sums a thread owns
     PS, OWNS = P * S, OWN * S                 # accumulators a lane holds; running sums a thread owns
@@ -195,7 +202,10 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                         elif RAW8:
                             u8 = uint32(0)
                             if n < N and k0 < K:
-                                if PAIRED:            # steps 2i and 2i+1 share a uint64 of 8 bytes
+                                if INT4:              # the word of k0 .. k0+7, its half of k0
+                                    wd = uint32(wuv[z, n, k0 // 8] if s == 1 else wv[z, n, k0 // 8])
+                                    u8 = (wd >> uint32(16 * ((k0 % 8) // 4))) & uint32(0xFFFF)
+                                elif PAIRED:          # steps 2i and 2i+1 share a uint64 of 8 bytes
                                     u64 = wuv[z, n, k0 // 8] if s == 1 else wv[z, n, k0 // 8]
                                     u8 = uint32(u64 >> uint64(32 * (st % 2)))
                                 else:
@@ -242,13 +252,13 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
             for mt in range(MT):
                 for s in range(S):
                     ai = ((st * MT + mt) * S + s) * 4
-                    if RAW8:                  # float8 bytes of rows g, g+8 -> bf16 pairs, exactly
+                    if RAW8:                  # quantized values of rows g, g+8 -> bf16 pairs, exactly
                         r0 = wa[ai]
                         r1 = wa[ai + 1]
-                        a0 = pack_bf16x2(widen(r0), widen(r0 >> uint32(8)))
-                        a2 = pack_bf16x2(widen(r0 >> uint32(16)), widen(r0 >> uint32(24)))
-                        a1 = pack_bf16x2(widen(r1), widen(r1 >> uint32(8)))
-                        a3 = pack_bf16x2(widen(r1 >> uint32(16)), widen(r1 >> uint32(24)))
+                        a0 = pack_bf16x2(widen(r0), widen(r0 >> uint32(UB)))
+                        a2 = pack_bf16x2(widen(r0 >> uint32(2 * UB)), widen(r0 >> uint32(3 * UB)))
+                        a1 = pack_bf16x2(widen(r1), widen(r1 >> uint32(UB)))
+                        a3 = pack_bf16x2(widen(r1 >> uint32(2 * UB)), widen(r1 >> uint32(3 * UB)))
                     else:
                         a0, a1, a2, a3 = wa[ai], wa[ai + 1], wa[ai + 2], wa[ai + 3]
                     for rt in range(RT):
@@ -323,7 +333,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
         z = _nonneg(cuda.blockIdx.z)
         col0 = _nonneg(cuda.blockIdx.x) * BN
         N = w.shape[1]
-        K = w.shape[2]
+        K = w.shape[2] * 8 if INT4 else w.shape[2]   # int4: eight values a word
         C = (K + KCH - 1) // KCH
         rounds = (C + NW - 1) // NW           # the same for every warp: mma and syncs stay uniform
         if grouped:
@@ -337,6 +347,9 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
         if RAW:                               # constants: numba prunes the other branches
             wv = w.view(np.uint64)
             wuv = w_up.view(np.uint64)
+        elif INT4:
+            wv = w
+            wuv = w_up
         elif RAW8 and PAIRED:
             wv = w.view(np.uint64)
             wuv = w_up.view(np.uint64)
@@ -427,7 +440,9 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
     """The staged GEMM (above): the arguments and results of ``_mma_kernel`` for bf16 (uint64
     words) or float8 (uint32 words) weights and activations read as float32 pairs."""
     S = 2 if swiglu else 1
-    FP8 = kind == "e4m3"
+    FP8 = kind in SCALED_KINDS
+    INT4 = kind == "int4"
+    UB = 4 if INT4 else 8
     BO, BI = block
     KCH = _chunk(kind, block)
     STEPS = KCH // 16
@@ -457,7 +472,10 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
                 n = col0 + rem // Q
                 k = c * KCH + 4 * (rem % Q)
                 if n < N and k < K:
-                    if FP8:
+                    if INT4:
+                        wd = uint32(wuv[z, n, k // 8] if s == 1 else wv[z, n, k // 8])
+                        v = uint64((wd >> uint32(16 * ((k % 8) // 4))) & uint32(0xFFFF))
+                    elif FP8:
                         v = uint64(wuv[z, n, k // 4] if s == 1 else wv[z, n, k // 4])
                     else:
                         v = wuv[z, n, k // 4] if s == 1 else wv[z, n, k // 4]
@@ -487,10 +505,10 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
                 s = idx // (BF * Q)
                 rem = idx - s * BF * Q
                 v = wst[i]
-                if FP8:                       # four float8 bytes -> four bf16, exactly
+                if FP8:                       # four quantized values -> four bf16, exactly
                     b = uint32(v)
-                    lo = pack_bf16x2(widen(b), widen(b >> uint32(8)))
-                    hi = pack_bf16x2(widen(b >> uint32(16)), widen(b >> uint32(24)))
+                    lo = pack_bf16x2(widen(b), widen(b >> uint32(UB)))
+                    hi = pack_bf16x2(widen(b >> uint32(2 * UB)), widen(b >> uint32(3 * UB)))
                     v = uint64(lo) | (uint64(hi) << uint64(32))
                 wsm[s, rem // Q, rem % Q] = v
         for i in range(NXW):
@@ -553,7 +571,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
         z = _nonneg(cuda.blockIdx.z)
         col0 = _nonneg(cuda.blockIdx.x) * BF
         N = w.shape[1]
-        K = w.shape[2]
+        K = w.shape[2] * 8 if INT4 else w.shape[2]   # int4: eight values a word
         C = (K + KCH - 1) // KCH
         if grouped:
             start = offsets[z]
@@ -563,7 +581,10 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
             end = n_rows[0]
         xc = z * x_gs
         oc = z * o_gs
-        if FP8:
+        if INT4:
+            wv = w
+            wuv = w_up
+        elif FP8:
             wv = w.view(np.uint32)
             wuv = w_up.view(np.uint32)
         else:
@@ -702,18 +723,21 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index, max_rows, a
     grouped, gather = offsets is not None, row_index is not None
     kind = _weight_kind(w)
     swiglu = w_up is not None
-    block, scale, scale_up = (0, 0), out, out    # the scales stand in for themselves unless float8
-    if kind == "e4m3":
+    block, scale, scale_up = (0, 0), out, out    # the scales stand in for themselves unless quantized
+    if kind in SCALED_KINDS:
         if not fp8_block_supported(w.block) or (swiglu and w_up.block != w.block):
-            raise ValueError(f"float8 weights in blocks {w.block} (and {w_up.block if swiglu else w.block}): the "
-                             "GEMMs take one block size whose input side is a multiple of 16")
+            raise ValueError(f"quantized weights in blocks {w.block} (and {w_up.block if swiglu else w.block}): "
+                             "the GEMMs take one block size whose input side is a multiple of 16")
+        if kind == "int4" and w.in_features % 8:
+            raise ValueError(f"int4 weights with {w.in_features} inputs: the GEMMs take a multiple of 8 (whole words)")
         block, scale = w.block, w.scale
         scale_up = w_up.scale if swiglu else scale
         w = w.data
         w_up = w_up.data if swiglu else None
     word = 4 if kind == "e4m3" and not _paired(kind, block) else 8
-    vec = kind in ("bf16", "e4m3") and _vec_ok(w, word) and (not swiglu or _vec_ok(w_up, word))
-    xvec = _xvec_ok(x, x_gs, w.shape[2])
+    vec = kind == "int4" or (kind in ("bf16", "e4m3") and _vec_ok(w, word) and (not swiglu or _vec_ok(w_up, word)))
+    n_k = w.shape[2] * 8 if kind == "int4" else w.shape[2]
+    xvec = _xvec_ok(x, x_gs, n_k)
     Z, N = w.shape[0], w.shape[1]
     check_precision(precision)
     rows = min(max_rows, tile_rows or max_rows)
@@ -722,7 +746,7 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index, max_rows, a
     elif isinstance(tile, _Staged) and not (vec and xvec):
         tile = None                           # the staged kernel reads words only: the register one
     if tile is None:
-        tile = _choose(rows, N, w.shape[2], swiglu, min(Z, live_groups or Z))
+        tile = _choose(rows, N, n_k, swiglu, min(Z, live_groups or Z))
     if isinstance(tile, _Staged):
         kernel = _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, *tile, block=block)
         grid = (ceil_div(N, 16 * tile.MT * tile.WM), max(1, ceil_div(max_rows, 8 * tile.RT * tile.WN)), Z)
@@ -792,22 +816,29 @@ def enqueue_grouped_linear(x, w, out, offsets, max_rows, *, precision, row_index
 
 # -- the public launcher (twin: reference.linear.linear) -------------------------------------
 
+def _quantized_on_device(w, stream):
+    """A ``BlockScaled`` / ``Int4Grouped`` weight with its arrays on the device."""
+    if isinstance(w, Int4Grouped):
+        return Int4Grouped(to_device(w.data, stream), to_device(w.scale, stream), w.group, w.in_features)
+    return BlockScaled(to_device(w.data, stream), to_device(w.scale, stream), w.block)
+
+
 def linear(x, weight, *, precision="fp32", out=None, stream=0):
     """``y = x @ weight.T`` on the GPU's tensor cores under the reduction contract above.
 
-    x [T, K] float32, weight [N, K] float32 / float16 / uint16 (bfloat16 bits), or a
-    ``dtypes.BlockScaled`` float8 matrix (numpy or device arrays; blocks whose input side is a
-    multiple of 16) -> y [T, N] float32. ``precision``: 'fp32' (faithful, the default here) or
+    x [T, K] float32, weight [N, K] float32 / float16 / uint16 (bfloat16 bits), or a quantized
+    matrix, ``dtypes.BlockScaled`` (float8) or ``dtypes.Int4Grouped`` (numpy or device arrays;
+    scale blocks whose input side is a multiple of 16) -> y [T, N] float32. ``precision``: 'fp32' (faithful, the default here) or
     'bf16' (module docstring). numpy in, numpy out; device arrays in, device array out.
     """
     check_array("x", x, 2, np.float32)
     _weight_kind(weight, "weight")
-    if isinstance(weight, BlockScaled):
+    if isinstance(weight, QUANTIZED):
         if weight.ndim != 2:
             raise ValueError(f"weight must be one matrix, got shape {list(weight.shape)}")
         if not fp8_block_supported(weight.block):
-            raise ValueError(f"float8 weight blocks {weight.block}: the input side must be a multiple of 16")
-        weight_dev = BlockScaled(to_device(weight.data, stream), to_device(weight.scale, stream), weight.block)
+            raise ValueError(f"quantized weight blocks {weight.block}: the input side must be a multiple of 16")
+        weight_dev = _quantized_on_device(weight, stream)
     else:
         check_array("weight", weight, 2, weight.dtype)
         weight_dev = None

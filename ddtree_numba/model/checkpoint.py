@@ -17,12 +17,13 @@ import struct
 
 import numpy as np
 
-from ..dtypes import BlockScaled, bf16_to_float32
+from ..dtypes import BlockScaled, Int4Grouped, bf16_to_float32
 from .config import ModelConfig
 
 _PLAIN = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I64": np.int64,
           "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 _RAW = {"BF16": np.uint16, "F8_E4M3": np.uint8}
+INT4_PARTS = (".weight_packed", ".weight_scale", ".weight_shape")   # a compressed-tensors INT4 Linear
 _FLOATS = ("F32", "F16", "F64", "BF16", "F8_E4M3")
 # bytes per element of every safetensors dtype (the header's sizes are checked against them)
 _ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
@@ -167,6 +168,24 @@ class SafetensorsIndex:
         _check_finite(name, w)
         return w
 
+    def int4(self, module: str, shape: tuple[int, int], group: int, keep: bool) -> np.ndarray | Int4Grouped:
+        """An INT4 Linear (``module`` + ``.weight_packed`` / ``.weight_scale`` / ``.weight_shape``) as
+        an ``Int4Grouped`` (``keep``) or dequantized float32, after its stored shape and its scales
+        (finite) are checked."""
+        packed, dtype = self.raw(module + ".weight_packed")
+        if dtype != "I32":
+            raise ValueError(f"tensor {module}.weight_packed has dtype {dtype}; packed int4 words are I32")
+        declared, _ = self.raw(module + ".weight_shape")
+        if [int(v) for v in np.asarray(declared).reshape(-1)] != list(shape):
+            raise ValueError(f"tensor {module}.weight_shape holds {np.asarray(declared).tolist()}; the config "
+                             f"implies {list(shape)}")
+        scale = self.float32(module + ".weight_scale", (1, 1))
+        try:
+            w = Int4Grouped(np.ascontiguousarray(packed), scale, group, shape[1])
+        except ValueError as err:
+            raise ValueError(f"{module}: {err}") from None
+        return w if keep else w.dequantize()
+
     def _fp8(self, name: str, raw: np.ndarray, block: tuple[int, int]) -> BlockScaled:
         scale_name = name + "_scale_inv"
         if scale_name not in self:
@@ -232,6 +251,35 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def int4_modules(cfg: ModelConfig, shapes: dict) -> dict[str, tuple[int, int]]:
+    """The Linear modules an INT4 checkpoint stores packed, name -> [out, in]: every matrix the
+    forward reads except the embedding and the MoE router (neither is an ``nn.Linear``) and the
+    modules its ignore list names."""
+    out = {}
+    for name, shape in shapes.items():
+        module = name.removesuffix(".weight")
+        if (len(shape) == 2 and name.endswith(".weight") and name != "model.embed_tokens.weight"
+                and not name.endswith("mlp.gate.weight") and cfg.is_int4(module)):
+            out[module] = shape
+    return out
+
+
+def stored_shapes(cfg: ModelConfig, shapes: dict) -> dict[str, tuple[int, ...]]:
+    """``shapes`` as the checkpoint stores them: an INT4 module's ``.weight`` [out, in] becomes
+    ``.weight_packed`` [out, ceil(in/8)] int32, ``.weight_scale`` [out, in / group] and
+    ``.weight_shape`` [2]."""
+    packed = int4_modules(cfg, shapes)
+    stored = {n: s for n, s in shapes.items() if n.removesuffix(".weight") not in packed or not n.endswith(".weight")}
+    g = cfg.int4_group_size
+    for module, (o, i) in packed.items():
+        if i % g:
+            raise ValueError(f"{module}: int4 group_size {g} does not divide its {i} inputs")
+        stored[module + ".weight_packed"] = (o, -(-i // 8))
+        stored[module + ".weight_scale"] = (o, i // g)
+        stored[module + ".weight_shape"] = (2,)
+    return stored
+
+
 # Checkpoints bigger than this show a progress bar while loading.
 PROGRESS_BYTES = 256 << 20
 
@@ -278,30 +326,32 @@ def load_weights(path: str | os.PathLike, cfg: ModelConfig | None = None,
 def read_checkpoint(path: str | os.PathLike, cfg: ModelConfig | None = None, progress: bool | None = None,
                     keep_fp8: bool = False) -> tuple[ModelConfig, dict[str, np.ndarray], "SafetensorsIndex"]:
     """``load_weights``, and the ``SafetensorsIndex`` it read them through (for the stored dtypes).
-    ``keep_fp8``: fp8 matrices come back as stored (``BlockScaled``) instead of dequantized."""
+    ``keep_fp8``: quantized matrices come back as stored (fp8: ``BlockScaled``, INT4:
+    ``Int4Grouped``) instead of dequantized."""
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise ValueError(f"checkpoint path {path} is not a directory")
     cfg = cfg or ModelConfig.from_json(path)
     index = SafetensorsIndex(path)
     shapes = expected_shapes(cfg)
-    missing = [n for n in shapes if n not in index]
+    stored = stored_shapes(cfg, shapes)
+    missing = [n for n in stored if n not in index]
     if missing:
         raise ValueError(f"checkpoint is missing tensor {first_and_more(missing)}")
-    for name, shape in shapes.items():
+    for name, shape in stored.items():
         got = tuple(index.entries[name][1]["shape"])
         if got != shape:
             raise ValueError(f"tensor {name} has shape {list(got)}; the config implies {list(shape)}")
-    extra = unread_tensors(index, shapes, skip_prefixes=mtp_prefixes(cfg, index))
+    extra = unread_tensors(index, stored, skip_prefixes=mtp_prefixes(cfg, index))
     if extra:
         raise ValueError(f"checkpoint holds tensor {first_and_more(extra)}, which the config does not read: config.json "
                          f"and the weights disagree (num_hidden_layers={cfg.num_hidden_layers}, "
                          f"n_routed_experts={cfg.n_routed_experts}, topk_method={cfg.topk_method!r}, "
                          f"tie_word_embeddings={cfg.tie_word_embeddings})")
-    total = sum(index.nbytes(n) for n in shapes)
+    total = sum(index.nbytes(n) for n in stored)
     if progress is None:
         progress = total > PROGRESS_BYTES
-    names = list(shapes)
+    packed = int4_modules(cfg, shapes)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -309,10 +359,16 @@ def read_checkpoint(path: str | os.PathLike, cfg: ModelConfig | None = None, pro
     block = cfg.weight_block_size or (128, 128)
     weights = {}
     try:
-        for name in names:
-            weights[name] = index.weight(name, block, keep_fp8)
+        for name in shapes:
+            module = name.removesuffix(".weight")
+            if module in packed and name.endswith(".weight"):
+                weights[name] = index.int4(module, packed[module], cfg.int4_group_size, keep_fp8)
+                nbytes = sum(index.nbytes(module + part) for part in INT4_PARTS)
+            else:
+                weights[name] = index.weight(name, block, keep_fp8)
+                nbytes = index.nbytes(name)
             if bar is not None:
-                bar.update(index.nbytes(name))
+                bar.update(nbytes)
     finally:
         if bar is not None:
             bar.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from dataclasses import dataclass
 
 TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
@@ -73,6 +74,23 @@ class ModelConfig:
     rope_scaling: RopeScaling | None
     weight_block_size: tuple[int, int] | None = None   # from quantization_config (fp8 checkpoints)
     num_nextn_predict_layers: int = 0                  # DeepSeek's MTP layers after the last (not run)
+    int4_group_size: int | None = None                 # compressed-tensors pack-quantized INT4 (Kimi K2.x)
+    quant_ignore: tuple[str, ...] = ()                 # its ignore list: module names and "re:" regexes
+
+    def is_int4(self, module: str) -> bool:
+        """Whether Linear module ``module`` (e.g. 'model.layers.1.mlp.experts.0.down_proj') is
+        stored as INT4: an INT4 checkpoint's Linears are, except those its ignore list names
+        (exactly, or by a "re:" regex matched at the start of the name, as compressed-tensors
+        matches them)."""
+        if self.int4_group_size is None:
+            return False
+        for entry in self.quant_ignore:
+            if entry.startswith("re:"):
+                if re.match(entry[3:], module):
+                    return False
+            elif entry == module:
+                return False
+        return True
 
     # -- derived sizes ---------------------------------------------------------------------
     @property
@@ -98,6 +116,9 @@ class ModelConfig:
         """Parse a ``config.json`` dict; see the module docstring."""
         if not isinstance(d, dict):
             raise ValueError(f"config must be a dict, got {type(d).__name__}")
+        if isinstance(d.get("text_config"), dict):     # Kimi K2.5 / K2.6: the text model nested
+            d = {**d["text_config"], "quantization_config": d.get("quantization_config")
+                 or d["text_config"].get("quantization_config")}
         model_type = d.get("model_type", "deepseek_v3")
         if model_type not in _FAMILY_DEFAULTS:
             raise ValueError(
@@ -119,7 +140,7 @@ class ModelConfig:
         kwargs = {f.name: None for f in dataclasses.fields(cls)}
         for key in kwargs:
             if key in ("model_type", "rope_theta", "rope_scaling", "weight_block_size", "q_lora_rank",
-                       "num_nextn_predict_layers"):
+                       "num_nextn_predict_layers", "int4_group_size", "quant_ignore"):
                 continue
             kwargs[key] = get(key)
         kwargs.update(
@@ -127,9 +148,10 @@ class ModelConfig:
             q_lora_rank=d["q_lora_rank"],
             rope_theta=float(rope_theta),
             rope_scaling=rope_scaling,
-            weight_block_size=_parse_quantization(d.get("quantization_config")),
             num_nextn_predict_layers=d.get("num_nextn_predict_layers") or 0,
+            int4_group_size=None, quant_ignore=(),
         )
+        kwargs.update(_parse_quantization(d.get("quantization_config")))
         cfg = cls(**_coerce(kwargs))
         cfg.validate()
         return cfg
@@ -159,6 +181,9 @@ class ModelConfig:
             d["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
                                         "activation_scheme": "dynamic",
                                         "weight_block_size": list(wbs)}
+        group, ignore = d.pop("int4_group_size"), d.pop("quant_ignore")
+        if group is not None:
+            d["quantization_config"] = int4_quantization_config(group, ignore)
         return d
 
     def replace(self, **changes) -> "ModelConfig":
@@ -375,17 +400,77 @@ def _parse_rope(d, defaults):
     )
 
 
-def _parse_quantization(q):
-    """weight_block_size for fp8 e4m3 block-scaled checkpoints; None when unquantised."""
+def int4_quantization_config(group_size: int, ignore) -> dict:
+    """The ``quantization_config`` of a compressed-tensors pack-quantized INT4 checkpoint, as Kimi
+    K2 Thinking / K2.5 / K2.6 ship it (symmetric int4 weights in groups along the input, no
+    activation quantization)."""
+    return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+            "config_groups": {"group_0": {
+                "targets": ["Linear"], "format": "pack-quantized", "input_activations": None, "output_activations": None,
+                "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                            "group_size": int(group_size), "dynamic": False, "actorder": None, "observer": "minmax"}}},
+            "ignore": list(ignore)}
+
+
+def _parse_quantization(q) -> dict:
+    """The ModelConfig fields of a ``quantization_config``: fp8 e4m3 block scales
+    (``weight_block_size``) or compressed-tensors pack-quantized INT4 (``int4_group_size``,
+    ``quant_ignore``); a ValueError naming any other scheme or setting."""
     if not q:
-        return None
+        return {}
+    if not isinstance(q, dict):
+        raise ValueError(f"quantization_config must be an object, got {type(q).__name__}")
     method = q.get("quant_method")
+    if method == "compressed-tensors":
+        return _parse_compressed_tensors(q)
     if method != "fp8":
-        raise ValueError(f"quantization_config quant_method {method!r} is not supported (only fp8 block scales)")
+        raise ValueError(f"quantization_config quant_method {method!r} is not supported (only fp8 block scales "
+                         "and compressed-tensors pack-quantized INT4)")
     fmt = q.get("fmt", "e4m3")
     if fmt != "e4m3":
         raise ValueError(f"quantization_config fmt {fmt!r} is not supported (only e4m3)")
     block = q.get("weight_block_size", [128, 128])
     if not (isinstance(block, (list, tuple)) and len(block) == 2):
         raise ValueError(f"quantization_config weight_block_size must be two integers, got {block!r}")
-    return (int(block[0]), int(block[1]))
+    return {"weight_block_size": (int(block[0]), int(block[1]))}
+
+
+def _parse_compressed_tensors(q: dict) -> dict:
+    fmt = q.get("format")
+    groups = q.get("config_groups")
+    if not isinstance(groups, dict) or len(groups) != 1:
+        raise ValueError(f"quantization_config config_groups: one group is supported, got "
+                         f"{len(groups) if isinstance(groups, dict) else groups!r}")
+    (gname, group), = groups.items()
+    for f in (fmt, group.get("format") or fmt):
+        if f != "pack-quantized":
+            raise ValueError(f"quantization_config format {f!r} is not supported (only pack-quantized)")
+    if group.get("targets") != ["Linear"]:
+        raise ValueError(f"quantization_config {gname} targets {group.get('targets')!r}: only ['Linear'] is supported")
+    for key in ("input_activations", "output_activations"):
+        if group.get(key):
+            raise ValueError(f"quantization_config {gname} {key} {group[key]!r}: activation quantization is not "
+                             "supported (weights only, w4a16)")
+    w = group.get("weights") or {}
+    checks = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group"}
+    for key, want in checks.items():
+        if w.get(key) != want:
+            raise ValueError(f"quantization_config {gname} weights {key} {w.get(key)!r} is not supported "
+                             f"(only {want!r})")
+    if w.get("dynamic") not in (None, False) or w.get("actorder") not in (None, False):
+        raise ValueError(f"quantization_config {gname} weights: dynamic {w.get('dynamic')!r} / actorder "
+                         f"{w.get('actorder')!r} are not supported")
+    size = w.get("group_size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 8 or size % 8:
+        raise ValueError(f"quantization_config {gname} weights group_size must be a positive multiple of 8, "
+                         f"got {size!r}")
+    ignore = q.get("ignore") or []
+    if not isinstance(ignore, list) or not all(isinstance(e, str) for e in ignore):
+        raise ValueError(f"quantization_config ignore must be a list of names, got {ignore!r}")
+    for e in ignore:
+        if e.startswith("re:"):
+            try:
+                re.compile(e[3:])
+            except re.error as err:
+                raise ValueError(f"quantization_config ignore entry {e!r} is not a valid regex: {err}") from None
+    return {"int4_group_size": size, "quant_ignore": tuple(ignore)}

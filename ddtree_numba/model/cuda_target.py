@@ -28,7 +28,7 @@ from numba import cuda
 from .. import kernels as kn
 from .._checks import check_array, check_int, check_keep_values, check_precision
 from .._device import capture_graph, ceil_div, is_device, replay_graph
-from ..dtypes import WEIGHT_DTYPES, BlockScaled, check_weight_dtype, to_storage, widened
+from ..dtypes import QUANTIZED, WEIGHT_DTYPES, BlockScaled, Int4Grouped, check_weight_dtype, to_storage, widened
 from ..reference.mla import absorption_weights
 from .config import ModelConfig
 from .target import ForwardOutput, RopeTables, _layer_weights, check_finite_output, check_forward_inputs, rope_tables
@@ -69,12 +69,16 @@ class DeviceLayer:
 
 def device_matrix(a, dtype: str):
     """A host matrix (or stack) on the device: float32 numpy stored as weight dtype ``dtype``; a
-    ``BlockScaled`` (fp8) kept as stored, its bytes and scales uploaded; None stays None."""
+    ``BlockScaled`` (fp8) or ``Int4Grouped`` (int4) kept as stored, its words and scales uploaded;
+    None stays None."""
     if a is None:
         return None
     if isinstance(a, BlockScaled):
         return BlockScaled(cuda.to_device(np.ascontiguousarray(a.data)), cuda.to_device(np.ascontiguousarray(a.scale)),
                            a.block)
+    if isinstance(a, Int4Grouped):
+        return Int4Grouped(cuda.to_device(np.ascontiguousarray(a.data)), cuda.to_device(np.ascontiguousarray(a.scale)),
+                           a.group, a.in_features)
     return cuda.to_device(to_storage(a, dtype))
 
 
@@ -86,9 +90,10 @@ def device_layers_from_host(cfg: ModelConfig, layers, dtype: str) -> list[Device
     mat = lambda a: device_matrix(a, dtype)  # noqa: E731
     out = []
     for lw in layers:
-        w_uk_t, w_uv = absorption_weights(lw.kv_b_proj, cfg.num_attention_heads, cfg.qk_nope_head_dim)
-        # fp8 absorbed weights whose blocks straddle heads come back dequantized: kept exactly
-        absorbed = (lambda a: device_matrix(a, "float32")) if isinstance(lw.kv_b_proj, BlockScaled) else mat
+        kv_b = lw.kv_b_proj if isinstance(lw.kv_b_proj, BlockScaled) else widened(lw.kv_b_proj)
+        w_uk_t, w_uv = absorption_weights(kv_b, cfg.num_attention_heads, cfg.qk_nope_head_dim)
+        # quantized absorbed weights that come back dequantized (fp8 blocks straddling heads, int4) stay exact
+        absorbed = (lambda a: device_matrix(a, "float32")) if isinstance(lw.kv_b_proj, QUANTIZED) else mat
         out.append(DeviceLayer(
             input_layernorm=f32(lw.input_layernorm),
             post_attention_layernorm=f32(lw.post_attention_layernorm),
@@ -279,10 +284,12 @@ class CudaTarget:
 
     @property
     def weight_storage(self) -> str:
-        """How the matrices are stored: a weight dtype, or 'float8_e4m3 block-scaled + <dtype>'."""
+        """How the matrices are stored: a weight dtype, after the quantized formats kept as stored
+        ('float8_e4m3 block-scaled + bfloat16', 'int4 grouped + bfloat16')."""
         dtype = next(name for name, d in WEIGHT_DTYPES.items() if d == np.dtype(self.embed_tokens.dtype))
-        fp8 = any(isinstance(w, BlockScaled) for lw in self.layers for w in vars(lw).values())
-        return f"float8_e4m3 block-scaled + {dtype}" if fp8 else dtype
+        kinds = sorted({w.dtype_name for lw in self.layers for w in vars(lw).values() if isinstance(w, QUANTIZED)})
+        names = {"float8_e4m3": "float8_e4m3 block-scaled", "int4": "int4 grouped"}
+        return " + ".join([names[k] for k in kinds] + [dtype])
 
     # -- construction ----------------------------------------------------------------------
     @classmethod

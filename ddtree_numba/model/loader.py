@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..dtypes import FLOAT8, BlockScaled, check_weight_dtype, fp8_block_supported, lossless_weight_dtype, widened
+from ..dtypes import (FLOAT8, QUANTIZED, BlockScaled, Int4Grouped, check_weight_dtype, fp8_block_supported,
+                      lossless_weight_dtype, widened)
 from .checkpoint import SafetensorsIndex, first_and_more, matrix_dtypes, read_checkpoint, unread_tensors
 from .config import read_config_json
 from .drafter import DrafterConfig, NumpyDrafter, drafter_shapes
@@ -88,16 +89,23 @@ def device_name(backend: str) -> str:
     return f"cpu ({platform.machine()})"
 
 
+def int4_supported(w: Int4Grouped) -> bool:
+    """Whether the GPU GEMMs take an int4 matrix as packed: groups a multiple of 16 inputs (the
+    tensor-core k step) and whole words a row (inputs a multiple of 8)."""
+    return fp8_block_supported(w.block) and w.in_features % 8 == 0
+
+
 def load_target(path: str | os.PathLike, backend: str = "numpy", progress: bool | None = None,
                 weight_dtype: str | None = None, precision: str | None = None, gemm_tile=None):
     """Load an HF-format DeepSeek-V3 / V2 / Kimi-K2 checkpoint directory (config.json + safetensors).
 
     backend 'numpy' (a ``NumpyTarget``), 'cuda' (a ``CudaTarget``) or 'auto' (``resolve_backend``).
     ``weight_dtype`` (cuda only): how matrices are stored on the GPU, 'float32', 'float16' or
-    'bfloat16' (fp8 ones dequantized into it), or 'float8': an fp8 checkpoint's block-scaled
+    'bfloat16' (quantized ones dequantized into it), or 'float8': an fp8 checkpoint's block-scaled
     matrices kept as stored, a byte a weight (``dtypes.BlockScaled``). None keeps what the
-    checkpoint stores: fp8 matrices as stored, the others in their own dtype when every one has it
-    (bf16 or fp16) and float32 otherwise, so nothing is rounded. ``precision`` (cuda only): the
+    checkpoint stores: fp8 and int4 (compressed-tensors, ``dtypes.Int4Grouped``) matrices as stored,
+    the others in their own dtype when every one has it (bf16 or fp16) and float32 otherwise, so
+    nothing is rounded. ``precision`` (cuda only): the
     tensor-core GEMMs' arithmetic, 'bf16' (the default: activations rounded to bf16 at each GEMM
     input, as bf16 inference does) or 'fp32' (faithful to float32; what the HF-golden tests use);
     numpy always runs float32. ``gemm_tile`` (cuda only): force one GEMM tile (``CudaTarget``);
@@ -125,12 +133,17 @@ def load_target(path: str | os.PathLike, backend: str = "numpy", progress: bool 
         if weight_dtype == FLOAT8:
             raise ValueError(f"weight_dtype 'float8': the GPU GEMMs take fp8 blocks whose input side is a multiple "
                              f"of 16, got weight_block_size {list(cfg.weight_block_size)}")
-        weights = {n: widened(w) for n, w in weights.items()}     # None: dequantized, stored losslessly below
-        fp8 = []
-    # what is not fp8 is kept exactly; the MoE router's gate is float32 whatever it is stored as
-    weight_dtype = lossless_weight_dtype(matrix_dtypes(index, [n for n in weights if n not in fp8
-                                                               and not n.endswith("mlp.gate.weight")])) \
-        if weight_dtype in (None, FLOAT8) else weight_dtype
+        weights = {n: widened(w) if isinstance(w, BlockScaled) else w for n, w in weights.items()}
+    # int4 (compressed-tensors) stays packed when the GEMMs take its groups and rows, else float32
+    weights = {n: widened(w) if isinstance(w, Int4Grouped) and not int4_supported(w) else w
+               for n, w in weights.items()}
+    kept = [n for n, w in weights.items() if isinstance(w, QUANTIZED)]
+    if weight_dtype in (None, FLOAT8):
+        # what is not quantized is kept exactly; the MoE router's gate is float32 whatever it is stored
+        # as; int4 dequantized above (not in the index under its own name) needs float32
+        plain = [n for n in weights if n not in kept and not n.endswith("mlp.gate.weight")]
+        weight_dtype = ("float32" if any(n not in index for n in plain)
+                        else lossless_weight_dtype(matrix_dtypes(index, plain)))
     return CudaTarget.from_weights(cfg, weights, weight_dtype, precision=precision or "bf16", gemm_tile=gemm_tile)
 
 

@@ -7,9 +7,10 @@ runs). 'bf16' and 'fp32' are the twins of the GPU's tensor-core GEMMs (``kernels
 the same bf16 operands rounded at the same points, their products summed exactly, so the
 kernel differs from the twin only by its float32 accumulation (``accumulation_bound``).
 
-A float8 weight (``dtypes.BlockScaled``) enters the tensor-core GEMM as its e4m3 values, which
-bf16 holds exactly, and its block scales multiply the chunk partials: the twin's weight is the
-exact (float64) product of value and scale, never rounded to bf16.
+A quantized weight (``dtypes.BlockScaled`` float8, ``dtypes.Int4Grouped`` int4) enters the
+tensor-core GEMM as its values, which bf16 holds exactly, and its block scales multiply the chunk
+partials: the twin's weight is the exact (float64) product of value and scale, never rounded to
+bf16.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._checks import check_precision
-from ..dtypes import BlockScaled, bf16_to_float32, to_bf16_bits
+from ..dtypes import QUANTIZED, bf16_to_float32, to_bf16_bits
 
 U32 = 2.0 ** -23           # one float32 rounding, relative, allowing truncation as well as nearest
 
@@ -39,7 +40,7 @@ def gemm_terms(x: np.ndarray, weight: np.ndarray, precision: str) -> list[tuple[
     adds, in the order it adds them within a k step: 'bf16': (bf16(x), bf16(w)); 'fp32': (xh, wh),
     (xl, wh), (xh, wl) of the bf16 splits (wl = 0 for bf16 weights, so the kernels skip it). A
     ``BlockScaled`` weight is taken exactly (float64 e4m3 x scale): (bf16(x), w), or (xh, w), (xl, w)."""
-    if isinstance(weight, BlockScaled):
+    if isinstance(weight, QUANTIZED):
         w = weight.dequantize(np.float64)
         if precision == "bf16":
             return [(bf16_round(x), w)]
@@ -62,7 +63,7 @@ def linear(x: np.ndarray, weight, precision: str | None = None) -> np.ndarray:
     their products summed exactly in float64 and rounded once; module docstring).
     """
     if precision is None:
-        if isinstance(weight, BlockScaled):
+        if isinstance(weight, QUANTIZED):
             weight = weight.dequantize()
         return np.matmul(x, weight.T, dtype=np.float32)              # [T, O]
     y = sum(np.matmul(a.astype(np.float64), b.T.astype(np.float64)) for a, b in gemm_terms(x, weight, precision))
@@ -79,7 +80,7 @@ def accumulation_bound(x: np.ndarray, weight, precision: str, chunk: int = 64) -
     terms = gemm_terms(x, weight, precision)
     k = x.shape[-1]
     per_chunk = 1
-    if isinstance(weight, BlockScaled):
+    if isinstance(weight, QUANTIZED):
         chunk, per_chunk = np.gcd(chunk, weight.block[1]), 2
     roundings = 2 * len(terms) * -(-k // 16) + per_chunk * -(-k // chunk) + 2    # 2: an mma may round twice
     mag = sum(np.abs(a).astype(np.float64) @ np.abs(b).T.astype(np.float64) for a, b in terms)
