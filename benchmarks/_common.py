@@ -147,6 +147,19 @@ def random_fp8(shape, scale, seed, stream=0, block=(128, 128)):
     return BlockScaled(a.reshape(shape), cuda.to_device(sc, stream=stream), block)
 
 
+def random_int4(shape, scale, seed, stream=0, group=32):
+    """A ``dtypes.Int4Grouped`` matrix (or stack) made on the GPU: random int32 words (every nibble
+    uniform over [-8, 7]) from the counter hash, every group scale ``scale / 8`` (so |w| <= scale).
+    Benchmarks only."""
+    from numba import cuda
+    from ddtree_numba.dtypes import Int4Grouped
+    lead, (rows, cols) = tuple(shape[:-2]), shape[-2:]
+    words = random_bf16(lead + (rows, 2 * -(-cols // 8)), 1.0, seed, stream)     # two uint16 a word
+    data = words.view(np.int32) if hasattr(words, "view") else words
+    sc = np.full(lead + (rows, -(-cols // group)), scale / 8, np.float32)
+    return Int4Grouped(data.reshape(lead + (rows, -(-cols // 8))), cuda.to_device(sc, stream=stream), group, cols)
+
+
 def time_host(fn, reps=20, warmup=2) -> float:
     """Median wall time of ``fn()`` in microseconds."""
     for _ in range(warmup):

@@ -8,6 +8,8 @@ unless --no-append.
 
 ``--weights fp8``: every weight is float8 e4m3 with 128 x 128 block scales (``dtypes.BlockScaled``,
 DeepSeek-V3's checkpoint format), multiplied as stored: a byte a weight, half the bf16 bytes.
+``--weights int4``: int4 in groups of 32 (``dtypes.Int4Grouped``, Kimi K2.x's compressed-tensors
+packing): half a byte a weight; results in gemm_int4.json.
 
 Every enqueue variant runs with bfloat16 weights generated on the GPU: q_proj 2048->3072, kv_a
 2048->576, o_proj 2048->2048 (accumulating into the residual), the per-head query absorption
@@ -37,8 +39,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import COPY_BW, append_rows, mma_ceiling, random_bf16, random_fp8, time_gpu  # noqa: E402
-from ddtree_numba.dtypes import BlockScaled, bf16_to_float32  # noqa: E402
+from _common import COPY_BW, append_rows, mma_ceiling, random_bf16, random_fp8, random_int4, time_gpu  # noqa: E402
+from ddtree_numba.dtypes import BlockScaled, Int4Grouped, bf16_to_float32  # noqa: E402
 from ddtree_numba.reference.linear import accumulation_bound, linear as twin, swiglu_bound  # noqa: E402
 
 REPS = 10                 # launches per captured graph
@@ -69,12 +71,15 @@ class Gpu:
         self.cuda = cuda
         self.stream = cuda.stream()
         self.seed = 1
-        self.fp8 = weights == "fp8"
-        self.wbytes = 1 if self.fp8 else 2          # bytes a weight
+        self.weights = weights
+        self.fp8 = weights != "bf16"                # quantized: fp8 or int4
+        self.wbytes = {"bf16": 2, "fp8": 1, "int4": 0.5}[weights]   # bytes a weight
 
     def bf16(self, shape, scale):
         """Random weights of the run's storage: bf16 bits, or float8 + 128 x 128 block scales."""
         self.seed += 1
+        if self.weights == "int4":
+            return random_int4(shape, scale, self.seed - 1, self.stream)
         if self.fp8:
             return random_fp8(shape, scale, self.seed - 1, self.stream)
         return random_bf16(shape, scale, self.seed - 1, self.stream)
@@ -93,6 +98,9 @@ def weight_rows(w_host, rows):
     """Weight rows ``rows`` of a host copy (uint16 bf16 bits, or a BlockScaled of host arrays) as
     the twin takes them: float32, or a BlockScaled whose blocks are one row tall (each row keeps
     its own block scales)."""
+    if isinstance(w_host, Int4Grouped):
+        return Int4Grouped(np.ascontiguousarray(w_host.data[rows]), np.ascontiguousarray(w_host.scale[rows]),
+                           w_host.group, w_host.in_features)
     if isinstance(w_host, BlockScaled):
         bo, bi = w_host.block
         return BlockScaled(np.ascontiguousarray(w_host.data[rows]), np.ascontiguousarray(w_host.scale[rows // bo]), (1, bi))
@@ -101,6 +109,9 @@ def weight_rows(w_host, rows):
 
 def host_copy(w, z=None):
     """A device weight (or group z of it) on the host."""
+    if isinstance(w, Int4Grouped):
+        pick = (lambda a: a.copy_to_host()) if z is None else (lambda a: a[z].copy_to_host())  # noqa: E731
+        return Int4Grouped(pick(w.data), pick(w.scale), w.group, w.in_features)
     if isinstance(w, BlockScaled):
         if z is None:
             return BlockScaled(w.data.copy_to_host(), w.scale.copy_to_host(), w.block)
@@ -381,8 +392,8 @@ def main():
     ap.add_argument("--sweep", default="", help="case-name substrings to try alternative tiles on")
     ap.add_argument("--budget", type=float, default=400.0, help="seconds; the sweep stops past it")
     ap.add_argument("--no-peer", action="store_true")
-    ap.add_argument("--weights", choices=("bf16", "fp8"), default="bf16",
-                    help="weight storage: bf16, or float8 e4m3 with 128 x 128 block scales")
+    ap.add_argument("--weights", choices=("bf16", "fp8", "int4"), default="bf16",
+                    help="weight storage: bf16, float8 e4m3 with 128 x 128 block scales, or int4 in groups of 32")
     args = ap.parse_args()
     L = importlib.import_module("ddtree_numba.kernels.linear")
     rows = [int(r) for r in args.rows.split(",")]
@@ -457,9 +468,11 @@ def main():
               "GB/s", "peer_us", "us/peer"]
     print("\nSWEEP", *sweep_rows, sep="\n")
     log(f"ALL CHECKS {'OK' if ok else 'FAILED'}")
-    stored = ("float8 e4m3 weights with 128 x 128 block scales (DeepSeek-V3's format, multiplied as stored: "
-              "the scales multiply each 64-k chunk's partial), generated on the GPU; the peer still bf16"
-              if gpu.fp8 else "bf16 weights generated on the GPU")
+    stored = {"fp8": "float8 e4m3 weights with 128 x 128 block scales (DeepSeek-V3's format, multiplied as stored: "
+                     "the scales multiply each 64-k chunk's partial), generated on the GPU; the peer still bf16",
+              "int4": "int4 weights in groups of 32 (Kimi K2.x's compressed-tensors packing, multiplied as stored: "
+                      "the scales multiply each 32-k chunk's partial), generated on the GPU; the peer still bf16",
+              "bf16": "bf16 weights generated on the GPU"}[gpu.weights]
     note = (f"Tensor cores (bf16 mma.sync m16n8k16 from numba), {stored}, f32 "
             f"activations rounded ('bf16') or split in two ('fp32') at the GEMM input. µs: device time per "
             f"launch from a CUDA graph of {REPS} launches (median of 10 replays). Floor: max(bytes / 4.2 TB/s, "
@@ -469,8 +482,10 @@ def main():
             "experts of 64 at random; the tile is picked from the largest group. Checks on the GPU: "
             f"{'all passed' if ok else 'SOME FAILED'} (sampled columns against the twin within its "
             "accumulation bound; row 0 identical for every row count).")
-    title = "GEMM, fp8 weights (benchmarks/gemm.py --weights fp8)" if gpu.fp8 else "GEMM (benchmarks/gemm.py)"
-    append_rows(title, header, table, note, append=not args.no_append, results="gemm_fp8" if gpu.fp8 else "gemm")
+    title = (f"GEMM, {gpu.weights} weights (benchmarks/gemm.py --weights {gpu.weights})" if gpu.fp8
+             else "GEMM (benchmarks/gemm.py)")
+    append_rows(title, header, table, note, append=not args.no_append,
+                results=f"gemm_{gpu.weights}" if gpu.fp8 else "gemm")
     return 0 if ok else 1
 
 

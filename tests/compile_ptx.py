@@ -64,12 +64,14 @@ SIGNATURES = {
         for kind, w in (("f32", "float32"), ("f16", "float16"), ("bf16", "uint16"))
         for ids in ("int32", "int64")],
     # linear: (kind, swiglu, accumulate, grouped, gather, vec, xvec, precision, *tile, block); the
-    # scales (float8 only) are [Z, N/bo, K/bi], else ``out`` stands in for them
+    # scales (float8, int4) are [Z, N/bo, K/bi], else ``out`` stands in for them; int4 always loads words
     "linear._mma_kernel": [
-        ((kind, swiglu, acc, grouped, gather, kind in ("bf16", "e4m3") and vec, vec, precision, *tile, block),
+        ((kind, swiglu, acc, grouped, gather, kind == "int4" or (kind in ("bf16", "e4m3") and vec), vec, precision,
+          *tile, block),
          f"void({F32_2}, int64, {w}[:, :, ::1], {w}[:, :, ::1], {sc}, {sc}, {F32_2}, int64, {I32_1}, {I32_1}, {I32_1})")
         for kind, w, sc, block in (("f32", "float32", F32_2, (0, 0)), ("f16", "float16", F32_2, (0, 0)),
-                                   ("bf16", "uint16", F32_2, (0, 0)), ("e4m3", "uint8", "float32[:, :, ::1]", (128, 128)))
+                                   ("bf16", "uint16", F32_2, (0, 0)), ("e4m3", "uint8", "float32[:, :, ::1]", (128, 128)),
+                                   ("int4", "int32", "float32[:, :, ::1]", (1, 32)))
         for precision in ("bf16", "fp32")
         for (swiglu, acc, grouped, gather, vec), tile in (((False, False, False, False, True), (1, 1, 8)),
                                                           ((False, True, False, False, False), (2, 4, 1)),
@@ -80,7 +82,8 @@ SIGNATURES = {
     "linear._staged_kernel": [
         ((kind, swiglu, acc, grouped, gather, precision, *tile, block),
          f"void({F32_2}, int64, {w}[:, :, ::1], {w}[:, :, ::1], {sc}, {sc}, {F32_2}, int64, {I32_1}, {I32_1}, {I32_1})")
-        for kind, w, sc, block in (("bf16", "uint16", F32_2, (0, 0)), ("e4m3", "uint8", "float32[:, :, ::1]", (128, 128)))
+        for kind, w, sc, block in (("bf16", "uint16", F32_2, (0, 0)), ("e4m3", "uint8", "float32[:, :, ::1]", (128, 128)),
+                                   ("int4", "int32", "float32[:, :, ::1]", (1, 32)))
         for precision in ("bf16", "fp32")
         for (swiglu, acc, grouped, gather), tile in (((False, True, False, False), (4, 2, 2, 4)),
                                                      ((True, False, True, True), (2, 4, 2, 2)),
