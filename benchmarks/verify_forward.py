@@ -2,6 +2,8 @@
 
 Usage (on a GPU machine): python benchmarks/verify_forward.py [--nodes 1 16 64 256] [--layers 27]
     [--prefix 1024] [--no-append] [--peer]
+or, Kimi K2's shape with INT4 routed experts: python benchmarks/verify_forward.py --shape kimi-k2
+    [--layers 3] [--nodes 1 16 64 256]
 
 Moonlight-16B-A3B is a real DeepSeek-V3-architecture checkpoint: 27 layers, hidden 2048, 16 heads,
 no q_lora, kv_lora 512, nope/rope/v 128/64/128, 64 routed experts (top-6, sigmoid + noaux_tc,
@@ -28,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import COPY_BW, MMA_RATE, append_rows, mma_ceiling, random_bf16  # noqa: E402
+from _common import COPY_BW, MMA_RATE, append_rows, mma_ceiling, random_bf16, random_int4  # noqa: E402
 
 MOONLIGHT = dict(
     model_type="deepseek_v3", vocab_size=163840, hidden_size=2048, intermediate_size=11264,
@@ -40,6 +42,20 @@ MOONLIGHT = dict(
     tie_word_embeddings=False, rope_interleave=True,
 )
 PEER_MS = {1: 72.0, 16: 87.0, 64: 47.0, 256: 49.0}   # shared/GPU.md, HF bf16 on this H200 kind
+# Kimi K2 (Instruct / Thinking): 61 layers, the first dense; its routed experts INT4 in groups of 32 as
+# K2 Thinking ships them. The whole model (~590 GB in INT4) does not fit one H200: --layers times a
+# slice of full-shape layers and projects the 61.
+KIMI_K2 = dict(
+    model_type="kimi_k2", vocab_size=163840, hidden_size=7168, intermediate_size=18432,
+    moe_intermediate_size=2048, num_hidden_layers=61, num_attention_heads=64, num_key_value_heads=64,
+    q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+    n_routed_experts=384, n_shared_experts=1, num_experts_per_tok=8, n_group=1, topk_group=1,
+    topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True, routed_scaling_factor=2.827,
+    first_k_dense_replace=1, rms_norm_eps=1e-6, rope_theta=50000.0, max_position_embeddings=131072,
+    tie_word_embeddings=False, rope_interleave=True,
+)
+INT4_GROUP = 32
+INT4_BYTES = 0.5 + 2 / INT4_GROUP        # a weight's share of the checkpoint: a nibble and a bf16 scale per group
 
 
 class RandomBF16:
@@ -58,8 +74,22 @@ class RandomBF16:
         return random_bf16(shape, math.sqrt(3.0 / shape[-1]), self.seed * 7919)
 
 
-def build_target(cfg, precision="bf16"):
-    """A CudaTarget with random bf16 matrices (float32 norms, router and bias)."""
+def random_int4_experts(*shape):
+    """Random int4 experts in groups of 32 (``dtypes.Int4Grouped``), unit-gain scale."""
+    from numba import config, cuda
+    from ddtree_numba.dtypes import Int4Grouped
+    scale = math.sqrt(3.0 / shape[-1])
+    if config.ENABLE_CUDASIM:
+        rng = np.random.default_rng(shape[-1])
+        q = rng.integers(-8, 8, shape)
+        sc = np.full(tuple(shape[:-1]) + (shape[-1] // INT4_GROUP,), scale / 8, np.float32)
+        return Int4Grouped(cuda.to_device(Int4Grouped.pack(q)), cuda.to_device(sc), INT4_GROUP, shape[-1])
+    return random_int4(shape, scale, 1 + shape[-1], group=INT4_GROUP)
+
+
+def build_target(cfg, precision="bf16", int4_experts=False):
+    """A CudaTarget with random bf16 matrices (float32 norms, router and bias); ``int4_experts``:
+    the routed experts int4 in groups of 32 (Kimi K2 Thinking's format)."""
     from numba import cuda
     from ddtree_numba.model.cuda_target import CudaTarget, DeviceLayer
     from ddtree_numba.model.target import rope_tables
@@ -70,16 +100,20 @@ def build_target(cfg, precision="bf16"):
     f32 = lambda a: cuda.to_device(np.ascontiguousarray(a, np.float32))  # noqa: E731
     layers = []
     for i in range(cfg.num_hidden_layers):
+        Q = cfg.q_lora_rank
         lw = DeviceLayer(
             input_layernorm=f32(rng.uniform(0.5, 1.5, M)), post_attention_layernorm=f32(rng.uniform(0.5, 1.5, M)),
-            q_proj=mat(H * (D + R), M), q_a_proj=None, q_a_layernorm=None, q_b_proj=None,
+            q_proj=mat(H * (D + R), M) if Q is None else None,
+            q_a_proj=None if Q is None else mat(Q, M), q_a_layernorm=None if Q is None else f32(rng.uniform(0.5, 1.5, Q)),
+            q_b_proj=None if Q is None else mat(H * (D + R), Q),
             kv_a_proj_with_mqa=mat(C + R, M), kv_a_layernorm=f32(rng.uniform(0.5, 1.5, C)),
             w_uk_t=mat(H, C, D), w_uv=mat(H, Dv, C), o_proj=mat(M, H * Dv))
         if cfg.is_moe_layer(i):
             lw.gate = f32(rng.standard_normal((E, M)) * (3.0 / math.sqrt(M)))
             lw.e_score_correction_bias = f32(0.1 * rng.standard_normal(E))
-            lw.experts_gate_proj, lw.experts_up_proj = mat(E, Ie, M), mat(E, Ie, M)
-            lw.experts_down_proj = mat(E, M, Ie)
+            expert = random_int4_experts if int4_experts else mat
+            lw.experts_gate_proj, lw.experts_up_proj = expert(E, Ie, M), expert(E, Ie, M)
+            lw.experts_down_proj = expert(E, M, Ie)
             Is = Ie * cfg.n_shared_experts
             lw.shared_gate_proj, lw.shared_up_proj, lw.shared_down_proj = mat(Is, M), mat(Is, M), mat(M, Is)
         else:
@@ -101,20 +135,22 @@ def random_tree(rng, n):
     return parents, depth
 
 
-def cost_model(cfg, t, s):
-    """(bytes, FLOPs) one forward of t new tokens over s cache rows must move / do, bf16 weights."""
+def cost_model(cfg, t, s, expert_bytes=2.0):
+    """(bytes, FLOPs) one forward of t new tokens over s cache rows must move / do, bf16 weights
+    (routed experts ``expert_bytes`` a weight: INT4_BYTES for int4)."""
     M, H, C, R = cfg.hidden_size, cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
     D, Dv, E, K, Ie = (cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.n_routed_experts,
                        cfg.num_experts_per_tok, cfg.moe_intermediate_size)
-    attn = H * (D + R) * M + (C + R) * M + H * C * D + H * Dv * C + M * H * Dv   # weights per layer
+    q = H * (D + R) * M if cfg.q_lora_rank is None else cfg.q_lora_rank * (M + H * (D + R))
+    attn = q + (C + R) * M + H * C * D + H * Dv * C + M * H * Dv   # weights per layer
     touched = E * (1.0 - (1.0 - K / E) ** t)                    # distinct experts hit, uniform routing
     shared = 3 * Ie * cfg.n_shared_experts * M
     n_moe = sum(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
     n_dense = cfg.num_hidden_layers - n_moe
     dense = 3 * cfg.intermediate_size * M
-    weight_elems = (cfg.num_hidden_layers * attn + n_dense * dense
-                    + n_moe * (touched * 3 * Ie * M + shared) + cfg.vocab_size * M)
-    bytes_ = 2 * weight_elems + n_moe * E * M * 4 + cfg.num_hidden_layers * s * (C + R) * 4
+    weight_elems = (cfg.num_hidden_layers * attn + n_dense * dense + n_moe * shared + cfg.vocab_size * M)
+    bytes_ = (2 * weight_elems + expert_bytes * n_moe * touched * 3 * Ie * M + n_moe * E * M * 4
+              + cfg.num_hidden_layers * s * (C + R) * 4)
     per_token = (cfg.num_hidden_layers * attn + n_dense * dense + n_moe * (K * 3 * Ie * M + shared + E * M)
                  + cfg.vocab_size * M)
     flops = 2 * t * per_token + cfg.num_hidden_layers * t * H * s * 2 * (C + R + C)
@@ -133,6 +169,9 @@ def main():
     ap.add_argument("--json", metavar="FILE",
                     help="also write {label, nodes, ms (graph), eager_ms, ...} for `ddtree-numba plot --verify-bench`")
     ap.add_argument("--no-breakdown", action="store_true", help="skip the per-kernel breakdown of one layer")
+    ap.add_argument("--shape", choices=["moonlight", "kimi-k2"], default="moonlight",
+                    help="kimi-k2: Kimi K2's full-shape layers with INT4 routed experts (a --layers slice, "
+                         "projected to 61; results in kimi_k2.json)")
     ap.add_argument("--dry-run", action="store_true",
                     help="a tiny config of the same architecture (checks the script, e.g. in the simulator)")
     args = ap.parse_args()
@@ -145,6 +184,9 @@ def main():
     if sim:   # no events or graphs in the simulator: a dry run checks the script only
         time_gpu = lambda fn, stream, reps, warmup: time_host(fn, reps=1, warmup=0)  # noqa: E731
 
+    kimi = args.shape == "kimi-k2"
+    if kimi:
+        return kimi_k2_slice(args)
     shape = dict(MOONLIGHT, num_hidden_layers=args.layers)
     if args.dry_run:
         shape.update(vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=8,
@@ -224,6 +266,74 @@ def main():
                 append=not args.no_append)
     if args.peer:
         measure_peer(cfg, args)
+
+
+def kimi_k2_slice(args):
+    """Kimi K2's shape, INT4 routed experts: a forward of ``--layers`` full-shape layers (the first
+    dense, the rest MoE) at each node count, against the INT4 bytes floor, projected to 61 layers
+    by adding 61 - layers more MoE layers at the measured per-MoE-layer time (the breakdown's)."""
+    from numba import config as numba_config
+    from numba import cuda
+    from ddtree_numba.model.config import ModelConfig
+    from _common import time_gpu, time_host
+    sim = numba_config.ENABLE_CUDASIM
+    if sim:
+        time_gpu = lambda fn, stream, reps, warmup: time_host(fn, reps=1, warmup=0)  # noqa: E731
+    layers = args.layers if args.layers != 27 else 3          # 27 is the Moonlight default
+    shape = dict(KIMI_K2, num_hidden_layers=layers)
+    if args.dry_run:
+        shape.update(vocab_size=64, hidden_size=64, intermediate_size=64, moe_intermediate_size=32,
+                     num_attention_heads=2, num_key_value_heads=2, q_lora_rank=32, kv_lora_rank=16,
+                     qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, n_routed_experts=8, num_experts_per_tok=2)
+    cfg = ModelConfig.from_dict(shape)
+    full = ModelConfig.from_dict(dict(shape, num_hidden_layers=61))
+    target = build_target(cfg, args.precision, int4_experts=True)
+    rng = np.random.default_rng(0)
+    cap = args.prefix + max(args.nodes)
+    cache = target.new_cache(cap)
+    for layer in range(cfg.num_hidden_layers):
+        cache.c_kv[layer].copy_to_device(rng.standard_normal((cap, cfg.kv_lora_rank)).astype(np.float32))
+        cache.k_pe[layer].copy_to_device(rng.standard_normal((cap, cfg.qk_rope_head_dim)).astype(np.float32))
+    cache.length = args.prefix
+    stream = cuda.stream()
+    mma_rate = MMA_RATE if sim else mma_ceiling(stream)
+    rows = []
+    for t in args.nodes:
+        ws = target.workspace(t)
+        parents, depth = random_tree(rng, t)
+        chain = np.arange(-1, ws.rows - 1, dtype=np.int32)
+        chain[:t] = parents
+        ids = np.zeros(ws.rows, np.int32)
+        ids[:t] = rng.integers(0, cfg.vocab_size, t)
+        pos = np.zeros(ws.rows, np.int32)
+        pos[:t] = args.prefix + depth
+        ws.ids.copy_to_device(ids)
+        ws.positions.copy_to_device(pos)
+        ws.parents.copy_to_device(chain)
+        ws.meta.copy_to_device(np.array([args.prefix, t], np.int32))
+        run = (lambda: target.forward_device(ws, cache, (), graph=not sim, stream=stream))
+        ms = time_gpu(run, stream, reps=args.reps, warmup=2) / 1e3
+        assert np.isfinite(ws.logits[:t].copy_to_host()).all(), "non-finite logits"
+        offsets = ws.moe.offsets.copy_to_host()                 # the last MoE layer's routing
+        unique = int((np.diff(offsets) > 0).sum())
+        moe_ms = (sum(layer_breakdown(target, ws, cache, stream).values()) / 1e3) if not sim else ms / layers
+        projected = ms + (61 - layers) * moe_ms
+        b, f = cost_model(cfg, t, args.prefix + t, expert_bytes=INT4_BYTES)
+        floor_ms = max(b / COPY_BW, f / mma_rate) * 1e3
+        b61, f61 = cost_model(full, t, args.prefix + t, expert_bytes=INT4_BYTES)
+        floor61 = max(b61 / COPY_BW, f61 / mma_rate) * 1e3
+        rows.append([t, layers, f"{ms:.2f}", f"{floor_ms:.2f}", f"{ms / floor_ms:.2f}x", f"{moe_ms:.2f}",
+                     f"{projected:.1f}", f"{floor61:.1f}", unique])
+    note = (f"Kimi K2 shape ({cfg.describe()}), routed experts int4 in groups of 32 (kept packed, decoded in "
+            f"the GEMM), the rest bf16; {layers} full-shape layers (the first dense) over a {args.prefix}-row "
+            "latent prefix, a random tree of the given node count, one CUDA-graph replay; floor = max(bytes / "
+            f"4.2 TB/s, FLOPs / {mma_rate / 1e12:.0f} TFLOP/s) with int4 at {INT4_BYTES} B a weight (nibble + bf16 "
+            "group scale, as stored in the checkpoint) and the expected routed experts touched; projected: "
+            "the slice plus 61 - layers MoE layers at the per-MoE-layer time of the breakdown.")
+    header = ["rows", "layers", "ms", "floor_ms", "ms / floor", "moe_layer_ms", "projected_61_layers_ms",
+              "floor_61_layers_ms", "unique_experts"]
+    append_rows("Verify forward, Kimi K2 shape, INT4 experts (benchmarks/verify_forward.py --shape kimi-k2)",
+                header, rows, note, append=not args.no_append, results="kimi_k2")
 
 
 def layer_breakdown(target, ws, cache, stream, reps=5):
