@@ -316,3 +316,22 @@ for precision in ("fp32", "bf16"):
     exact8 = h.astype(np.float64) @ w8.dequantize(np.float64).T
     print(f"fp8 weights, {precision}: max error {np.abs(y - exact8).max() / np.abs(exact8).max():.1e} against the "
           f"fp8 model in float64; argmax equal to the float32 model's at {(y.argmax(-1) == exact.argmax(-1)).mean():.0%}")
+
+# %% [markdown]
+# Kimi K2 Thinking / K2.5 / K2.6 ship their routed experts as INT4 instead: symmetric 4-bit integers
+# with a bf16 scale per group of 32 inputs, eight values packed into each int32 word
+# (compressed-tensors' "pack-quantized" format; `dtypes.Int4Grouped`). The GPU keeps the words and
+# decodes the nibbles inside the GEMM, half a byte a weight. The same lm_head in INT4:
+
+# %%
+from ddtree_numba.dtypes import Int4Grouped
+
+group = 32
+amax = np.abs(w_head).reshape(w_head.shape[0], -1, group).max(-1)                  # [V, M / 32]
+scale4 = np.maximum(amax / 7.5, 1e-30).astype(np.float32)
+q4 = np.clip(np.rint(w_head / np.repeat(scale4, group, axis=1)), -8, 7).astype(np.int64)
+w4 = Int4Grouped(Int4Grouped.pack(q4), scale4, group, w_head.shape[1])
+y4 = ref.linear(h, w4, "bf16")
+print(w4, f"- {w4.data.nbytes / 2 ** 10:.0f} KiB of words; argmax equal to the float32 model's at "
+      f"{(y4.argmax(-1) == exact.argmax(-1)).mean():.0%} of the nodes "
+      f"(max logit change {np.abs(y4 - exact).max() / np.abs(exact).max():.1e}: 4 bits is coarse)")
