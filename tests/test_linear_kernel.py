@@ -363,6 +363,30 @@ def test_int4_grouped_experts_staged_and_register_kernels(rng, precision):
         assert_bits(run(L.TILES[name]), got), name
 
 
+def test_quantized_bad_pairs_and_nan_bytes_are_refused(rng):
+    """A SwiGLU pair of different formats or shapes would be read with the gate's layout; a float8
+    NaN byte would compute as 480 on a GPU: both are named before any launch."""
+    x = xs(rng, (2, 64))
+    offsets = dev(np.array([0, 2], np.int32))
+    out = dev(np.zeros((2, 8), np.float32))
+    gate = int4_weights(rng, (1, 8, 64), 32)
+    for up in (int4_weights(rng, (1, 8, 32), 32), fp8_weights(rng, (1, 8, 64), (1, 32))):
+        with pytest.raises(ValueError, match="SwiGLU pair must be two matrices of one format and shape"):
+            L.enqueue_grouped_linear(dev(x), dev(gate), out, offsets, 2, precision="bf16", w_up=dev(up))
+    w = fp8_weights(rng, (3, 64), (16, 32))
+    w.data[1, 5] = 0xFF
+    with pytest.raises(ValueError, match="NaN bytes"):
+        kn.linear(x, w)
+
+
+def test_staged_tiles_fit_static_shared_memory():
+    """The staged tile chosen for a launch fits the 48 KiB of static shared memory in both
+    precisions (a forced tile that does not is replaced by the chosen one in ``_launch``)."""
+    for swiglu in (False, True):
+        for precision in PRECISIONS:
+            assert L._staged_smem(L._STAGED[swiglu], swiglu, precision) <= L._SMEM_MAX, (swiglu, precision)
+
+
 def test_int4_needs_whole_words_a_row(rng):
     w = Int4Grouped(Int4Grouped.pack(np.zeros((3, 36), np.int64)), np.ones((3, 3), np.float32), 16, 36)
     with pytest.raises(ValueError, match="multiple of 8"):

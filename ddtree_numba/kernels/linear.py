@@ -58,7 +58,7 @@ import numpy as np
 from numba import config, cuda, float32, int64, uint32, uint64
 
 from .._checks import check_array, check_precision
-from .._device import ceil_div, device_function, float32_out, launcher_result, rows_device, to_device
+from .._device import ceil_div, device_function, float32_out, fma, is_device, launcher_result, rows_device, to_device
 from ..dtypes import QUANTIZED, BlockScaled, Int4Grouped, fp8_block_supported
 from ._mma import mma_bf16, pack_bf16x2
 from ._widen import ELEM as STORED, WIDEN, _weight_kind, bf16_to_f32, hi_f32, lo_f32
@@ -295,9 +295,9 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                         for rt in range(RT):
                             for e2 in range(2):
                                 q = ((mt * RT + rt) * 4 + 2 * h + e2) * S
-                                ys[q] = ys[q] + acc[q] * s0
+                                ys[q] = fma(acc[q], s0, ys[q])     # one rounding, GPU and simulator alike
                                 if swiglu:
-                                    ys[q + 1] = ys[q + 1] + acc[q + 1] * s1
+                                    ys[q + 1] = fma(acc[q + 1], s1, ys[q + 1])
             else:
                 for q in range(PS):
                     ys[q] = ys[q] + acc[q]
@@ -313,10 +313,10 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                         c = rnd * NW + w2
                         if c < C:
                             if FP8:
-                                ys[i * S] = ys[i * S] + pbuf[w2, p * S, lane] * block_scale(sc, z, n, N, c)
+                                ys[i * S] = fma(pbuf[w2, p * S, lane], block_scale(sc, z, n, N, c), ys[i * S])
                                 if swiglu:
-                                    ys[i * S + 1] = ys[i * S + 1] + pbuf[w2, p * S + 1, lane] * block_scale(
-                                        scu, z, n, N, c)
+                                    ys[i * S + 1] = fma(pbuf[w2, p * S + 1, lane], block_scale(scu, z, n, N, c),
+                                                        ys[i * S + 1])
                             else:
                                 for s in range(S):
                                     ys[i * S + s] = ys[i * S + s] + pbuf[w2, p * S + s, lane]
@@ -621,9 +621,9 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
                             for rt in range(RT):
                                 for e2 in range(2):
                                     q = ((mt * RT + rt) * 4 + 2 * h + e2) * S
-                                    ys[q] = ys[q] + acc[q] * s0
+                                    ys[q] = fma(acc[q], s0, ys[q])     # one rounding, GPU and simulator alike
                                     if swiglu:
-                                        ys[q + 1] = ys[q + 1] + acc[q + 1] * s1
+                                        ys[q + 1] = fma(acc[q + 1], s1, ys[q + 1])
                 else:
                     for q in range(PS):
                         ys[q] = ys[q] + acc[q]
@@ -725,6 +725,9 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index, max_rows, a
     swiglu = w_up is not None
     block, scale, scale_up = (0, 0), out, out    # the scales stand in for themselves unless quantized
     if kind in SCALED_KINDS:
+        if swiglu and (_weight_kind(w_up) != kind or tuple(w_up.shape) != tuple(w.shape)):
+            raise ValueError(f"a SwiGLU pair must be two matrices of one format and shape, got {kind} "
+                             f"{list(w.shape)} and {_weight_kind(w_up)} {list(w_up.shape)}")
         if not fp8_block_supported(w.block) or (swiglu and w_up.block != w.block):
             raise ValueError(f"quantized weights in blocks {w.block} (and {w_up.block if swiglu else w.block}): "
                              "the GEMMs take one block size whose input side is a multiple of 16")
@@ -747,6 +750,8 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index, max_rows, a
         tile = None                           # the staged kernel reads words only: the register one
     if tile is None:
         tile = _choose(rows, N, n_k, swiglu, min(Z, live_groups or Z))
+    if isinstance(tile, _Staged) and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
+        tile = _STAGED[swiglu]                # a forced tile too big for this launch: the chosen one
     if isinstance(tile, _Staged):
         kernel = _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, *tile, block=block)
         grid = (ceil_div(N, 16 * tile.MT * tile.WM), max(1, ceil_div(max_rows, 8 * tile.RT * tile.WN)), Z)
@@ -836,6 +841,8 @@ def linear(x, weight, *, precision="fp32", out=None, stream=0):
     if isinstance(weight, QUANTIZED):
         if weight.ndim != 2:
             raise ValueError(f"weight must be one matrix, got shape {list(weight.shape)}")
+        if isinstance(weight, BlockScaled) and not is_device(weight.data) and ((weight.data & 0x7F) == 0x7F).any():
+            raise ValueError("weight holds float8 NaN bytes (0x7f / 0xff): e4m3fn has no NaN to compute with")
         if not fp8_block_supported(weight.block):
             raise ValueError(f"quantized weight blocks {weight.block}: the input side must be a multiple of 16")
         weight_dev = _quantized_on_device(weight, stream)
