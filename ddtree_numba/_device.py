@@ -9,6 +9,7 @@ import numpy as np
 from numba import config, cuda
 
 from ._checks import check_array
+from .dtypes import QUANTIZED
 
 # Several stages launch few blocks on purpose (one block builds the tree, one walks it, decode
 # attention at one node); numba would warn about "low occupancy" at each of their launches. The
@@ -69,7 +70,10 @@ def is_device(a) -> bool:
 
 
 def to_device(a, stream=0):
-    """A device view of ``a``: device arrays pass through, numpy arrays are copied over."""
+    """A device view of ``a``: device arrays pass through, numpy arrays are copied over, a
+    quantized weight (``dtypes.QUANTIZED``) gets its arrays so."""
+    if isinstance(a, QUANTIZED):
+        return a.with_arrays(to_device(a.data, stream), to_device(a.scale, stream))
     if is_device(a):
         return a
     return cuda.to_device(np.ascontiguousarray(a), stream=stream)

@@ -138,13 +138,13 @@ class BlockScaled:
         """w as ``dtype`` (host arrays only): float32 rounds each product once; float64 is exact."""
         return e4m3_to_float32(np.asarray(self.data)).astype(dtype) * self.expanded_scale(dtype)
 
+    def with_arrays(self, data, scale) -> "BlockScaled":
+        """The same format over other arrays (the device's copies, a reshape)."""
+        return BlockScaled(data, scale, self.block)
+
     def reshape(self, *shape) -> "BlockScaled":
         """The same matrices with leading axes reshaped (the last two stay)."""
-        lead = tuple(shape[:-2])
-        if tuple(shape[-2:]) != self.shape[-2:]:
-            raise ValueError(f"reshape keeps the matrices' own shape {list(self.shape[-2:])}, got {list(shape)}")
-        return BlockScaled(self.data.reshape(*lead, *self.shape[-2:]),
-                           self.scale.reshape(*lead, *self.scale.shape[-2:]), self.block)
+        return _reshape_leading(self, shape)
 
     @staticmethod
     def stack(mats: list["BlockScaled"]) -> "BlockScaled":
@@ -233,13 +233,13 @@ class Int4Grouped:
         u = u.reshape(*q.shape[:-1], -1, 8) << (4 * np.arange(8, dtype=np.uint32))
         return np.bitwise_or.reduce(u, axis=-1).view(np.int32)
 
+    def with_arrays(self, data, scale) -> "Int4Grouped":
+        """The same format over other arrays (the device's copies, a reshape)."""
+        return Int4Grouped(data, scale, self.group, self.in_features)
+
     def reshape(self, *shape) -> "Int4Grouped":
         """The same matrices with leading axes reshaped (the last two stay)."""
-        if tuple(shape[-2:]) != self.shape[-2:]:
-            raise ValueError(f"reshape keeps the matrices' own shape {list(self.shape[-2:])}, got {list(shape)}")
-        lead = tuple(shape[:-2])
-        return Int4Grouped(self.data.reshape(*lead, *tuple(self.data.shape)[-2:]),
-                           self.scale.reshape(*lead, *tuple(self.scale.shape)[-2:]), self.group, self.in_features)
+        return _reshape_leading(self, shape)
 
     @staticmethod
     def stack(mats: list["Int4Grouped"]) -> "Int4Grouped":
@@ -252,6 +252,15 @@ class Int4Grouped:
 
 
 QUANTIZED = (BlockScaled, Int4Grouped)     # weights kept as stored, dequantized on the numpy backend
+
+
+def _reshape_leading(w, shape):
+    """A quantized stack with its leading axes reshaped; its matrices' own shape stays."""
+    if tuple(shape[-2:]) != w.shape[-2:]:
+        raise ValueError(f"reshape keeps the matrices' own shape {list(w.shape[-2:])}, got {list(shape)}")
+    lead = tuple(shape[:-2])
+    return w.with_arrays(w.data.reshape(*lead, *tuple(w.data.shape)[-2:]),
+                         w.scale.reshape(*lead, *tuple(w.scale.shape)[-2:]))
 
 
 def fp8_block_supported(block) -> bool:

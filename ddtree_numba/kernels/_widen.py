@@ -66,12 +66,12 @@ else:
 
 
 if _SIM:
-    def e4m3_to_f32(b):
+    def _e4m3_to_f32(b):
         """float8 e4m3fn bits (the low byte of an integer) -> float32, exactly."""
         return E4M3_TABLE[int(b) & 0xFF]
 else:
     @device_function
-    def e4m3_to_f32(b):
+    def _e4m3_to_f32(b):
         """float8 e4m3fn bits (the low byte of an integer) -> float32, exactly: the 7 exponent and
         mantissa bits placed at the top of a float32's exponent / mantissa fields give the value
         times 2^-120 (subnormals included: both formats' subnormals scale the same way), which one
@@ -83,12 +83,12 @@ else:
 
 
 @device_function
-def int4_to_f32(b):
+def _int4_to_f32(b):
     """int4 as compressed-tensors packs it (the low 4 bits of an integer hold q + 8) -> float32 q."""
     return float32(int32(uint32(b) & uint32(0xF)) - int32(8))
 
 
-WIDEN = {"f32": _widen_f32, "f16": _widen_f16, "bf16": bf16_to_f32, "e4m3": e4m3_to_f32, "int4": int4_to_f32}
+WIDEN = {"f32": _widen_f32, "f16": _widen_f16, "bf16": bf16_to_f32, "e4m3": _e4m3_to_f32, "int4": _int4_to_f32}
 
 # Element e of a uint64 word of packed weights (little endian: element 0 in the low bits), and
 # the two float32 halves of a word. The simulator has no libdevice bit casts: numpy views.

@@ -59,7 +59,7 @@ from numba import config, cuda, float32, int64, uint32, uint64
 
 from .._checks import check_array, check_precision
 from .._device import ceil_div, device_function, float32_out, fma, is_device, launcher_result, rows_device, to_device
-from ..dtypes import QUANTIZED, BlockScaled, Int4Grouped, fp8_block_supported
+from ..dtypes import QUANTIZED, BlockScaled, fp8_block_supported
 from ._mma import mma_bf16, pack_bf16x2
 from ._widen import ELEM as STORED, WIDEN, _weight_kind, bf16_to_f32, hi_f32, lo_f32
 
@@ -143,6 +143,60 @@ def _k_offset(st, t, paired):
 
 
 @functools.lru_cache(maxsize=None)
+def _epilogue(kind, block, MT, RT, swiglu, accumulate):
+    """The device functions both kernels end a chunk and a tile with, for a warp tile of MT m
+    tiles x RT row tiles (one piece of code, so the register and staged kernels add and store
+    the same way):
+
+    - ``block_scale(sc, z, n, N, c)``: the scale of chunk c of weight row n (quantized kinds);
+    - ``add_chunk(ys, acc, sc, scu, z, col, N, c, g)``: chunk c's chains ``acc`` into the running
+      sums ``ys`` (same layout: position p = (mt*RT + rt)*4 + e at p*S, its up matrix at p*S + 1;
+      features from ``col``), each times its block's scale when quantized;
+    - ``store(out, j, n, oc, ys, q)``: output (j, n) from the sums at ys[q] (and ys[q + 1]):
+      SwiGLU of the pair, added into ``out`` or written.
+    """
+    S = 2 if swiglu else 1
+    SCALED = kind in SCALED_KINDS
+    BO, BI = block
+    KCH = _chunk(kind, block)
+
+    @device_function
+    def block_scale(sc, z, n, N, c):
+        """Rows past N read row N - 1's scale (their outputs are never written)."""
+        return sc[z, min(n, N - 1) // BO, (c * KCH) // BI]
+
+    @device_function
+    def add_chunk(ys, acc, sc, scu, z, col, N, c, g):
+        if SCALED:                            # position p = (mt*RT + rt)*4 + 2h + e2: feature g + 8h
+            for mt in range(MT):
+                for h in range(2):
+                    n = col + mt * 16 + g + 8 * h
+                    s0 = block_scale(sc, z, n, N, c)
+                    s1 = block_scale(scu, z, n, N, c) if swiglu else s0
+                    for rt in range(RT):
+                        for e2 in range(2):
+                            q = ((mt * RT + rt) * 4 + 2 * h + e2) * S
+                            ys[q] = fma(acc[q], s0, ys[q])     # one rounding, GPU and simulator alike
+                            if swiglu:
+                                ys[q + 1] = fma(acc[q + 1], s1, ys[q + 1])
+        else:
+            for q in range(4 * MT * RT * S):
+                ys[q] = ys[q] + acc[q]
+
+    @device_function
+    def store(out, j, n, oc, ys, q):
+        yv = ys[q]
+        if swiglu:
+            yv = yv / (float32(1.0) + _exp(-yv)) * ys[q + 1]
+        if accumulate:
+            out[j, oc + n] = out[j, oc + n] + yv
+        else:
+            out[j, oc + n] = yv
+
+    return block_scale, add_chunk, store
+
+
+@functools.lru_cache(maxsize=None)
 def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision, MT, RT, NW, block=(0, 0)):
     """Every projection of the module (the device tier below is its only caller).
 
@@ -157,10 +211,9 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
     (column blocks of 16*MT, row tiles of 8*RT grid-strided, Z); 32*NW threads.
     """
     S = 2 if swiglu else 1                    # matrices: gate (and up)
-    FP8 = kind in SCALED_KINDS                # quantized (float8 / int4), a scale per block of (BO, BI)
+    FP8 = kind in SCALED_KINDS                # quantized (float8 / int4): scales per block (``_epilogue``)
     INT4 = kind == "int4"                     # eight 4-bit values an int32 word
     UB = 4 if INT4 else 8                     # bits of one quantized value in a raw unit of four
-    BO, BI = block
     KCH = _chunk(kind, block)                 # k per chunk (KC unless the scale blocks are narrower)
     STEPS = KCH // 16
     XSPLIT = precision == "fp32"              # activations as bf16 hi + lo
@@ -276,31 +329,14 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                         acc[q0 + 2 * S] = d[2]
                         acc[q0 + 3 * S] = d[3]
 
-    @device_function
-    def block_scale(sc, z, n, N, c):
-        """The scale of chunk c of weight row n (any n: rows past N read row N - 1's)."""
-        return sc[z, min(n, N - 1) // BO, (c * KCH) // BI]
+    block_scale, add_chunk, store = _epilogue(kind, block, MT, RT, swiglu, accumulate)
 
     @device_function
     def add_partials(rnd, C, warp, lane, acc, ys, pbuf, sc, scu, z, col0, N, g):
         """Round rnd's chunk partials into the running sums, in ascending chunk order (float8:
         each times its block's scale)."""
-        if NW == 1:
-            if FP8:                           # position p = (mt*RT + rt)*4 + 2h + e2: feature g + 8h
-                for mt in range(MT):
-                    for h in range(2):
-                        n = col0 + mt * 16 + g + 8 * h
-                        s0 = block_scale(sc, z, n, N, rnd)
-                        s1 = block_scale(scu, z, n, N, rnd) if swiglu else s0
-                        for rt in range(RT):
-                            for e2 in range(2):
-                                q = ((mt * RT + rt) * 4 + 2 * h + e2) * S
-                                ys[q] = fma(acc[q], s0, ys[q])     # one rounding, GPU and simulator alike
-                                if swiglu:
-                                    ys[q + 1] = fma(acc[q + 1], s1, ys[q + 1])
-            else:
-                for q in range(PS):
-                    ys[q] = ys[q] + acc[q]
+        if NW == 1:                           # chunk rnd, the warp's own: ys has acc's layout
+            add_chunk(ys, acc, sc, scu, z, col0, N, rnd, g)
         else:
             for q in range(PS):
                 pbuf[warp, q, lane] = acc[q]
@@ -403,13 +439,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                     n = col0 + mt * 16 + g + 8 * (e // 2)
                     j = tile0 + rt * 8 + 2 * t + e % 2
                     if j < end and n < N:
-                        yv = ys[i * S]
-                        if swiglu:
-                            yv = yv / (float32(1.0) + _exp(-yv)) * ys[i * S + 1]
-                        if accumulate:
-                            out[j, oc + n] = out[j, oc + n] + yv
-                        else:
-                            out[j, oc + n] = yv
+                        store(out, j, n, oc, ys, i * S)
 
     return kernel
 
@@ -443,7 +473,6 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
     FP8 = kind in SCALED_KINDS
     INT4 = kind == "int4"
     UB = 4 if INT4 else 8
-    BO, BI = block
     KCH = _chunk(kind, block)
     STEPS = KCH // 16
     Q = KCH // 4                              # uint64 words of four bf16 a row of a chunk
@@ -459,6 +488,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
     XL = 2 if XSPLIT else 1
     WS_SHAPE, XS_SHAPE = (S, BF, QP), (XL, BR, QP)
     widen = WIDEN[kind]
+    _, add_chunk, store = _epilogue(kind, block, MT, RT, swiglu, accumulate)
 
     @device_function
     def stage_load(c, tid, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index, wst, xst0, xst1):
@@ -611,22 +641,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
                     stage_load(c + 1, tid, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index,
                                wst, xst0, xst1)
                 mma_chunk(wsm, xsm, wm, wn, g, t, acc)
-                if FP8:
-                    for mt in range(MT):
-                        for h in range(2):
-                            n = col0 + wm * 16 * MT + mt * 16 + g + 8 * h
-                            nn = min(n, N - 1) // BO
-                            s0 = sc[z, nn, (c * KCH) // BI]
-                            s1 = scu[z, nn, (c * KCH) // BI] if swiglu else s0
-                            for rt in range(RT):
-                                for e2 in range(2):
-                                    q = ((mt * RT + rt) * 4 + 2 * h + e2) * S
-                                    ys[q] = fma(acc[q], s0, ys[q])     # one rounding, GPU and simulator alike
-                                    if swiglu:
-                                        ys[q + 1] = fma(acc[q + 1], s1, ys[q + 1])
-                else:
-                    for q in range(PS):
-                        ys[q] = ys[q] + acc[q]
+                add_chunk(ys, acc, sc, scu, z, col0 + wm * 16 * MT, N, c, g)
             for p in range(P):                # the C fragment layout, as in the register kernel
                 e = p % 4
                 mt = p // (4 * RT)
@@ -634,13 +649,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
                 n = col0 + wm * 16 * MT + mt * 16 + g + 8 * (e // 2)
                 j = tile0 + wn * 8 * RT + rt * 8 + 2 * t + e % 2
                 if j < end and n < N:
-                    yv = ys[p * S]
-                    if swiglu:
-                        yv = yv / (float32(1.0) + _exp(-yv)) * ys[p * S + 1]
-                    if accumulate:
-                        out[j, oc + n] = out[j, oc + n] + yv
-                    else:
-                        out[j, oc + n] = yv
+                    store(out, j, n, oc, ys, p * S)
 
     return kernel
 
@@ -821,13 +830,6 @@ def enqueue_grouped_linear(x, w, out, offsets, max_rows, *, precision, row_index
 
 # -- the public launcher (twin: reference.linear.linear) -------------------------------------
 
-def _quantized_on_device(w, stream):
-    """A ``BlockScaled`` / ``Int4Grouped`` weight with its arrays on the device."""
-    if isinstance(w, Int4Grouped):
-        return Int4Grouped(to_device(w.data, stream), to_device(w.scale, stream), w.group, w.in_features)
-    return BlockScaled(to_device(w.data, stream), to_device(w.scale, stream), w.block)
-
-
 def linear(x, weight, *, precision="fp32", out=None, stream=0):
     """``y = x @ weight.T`` on the GPU's tensor cores under the reduction contract above.
 
@@ -845,7 +847,7 @@ def linear(x, weight, *, precision="fp32", out=None, stream=0):
             raise ValueError("weight holds float8 NaN bytes (0x7f / 0xff): e4m3fn has no NaN to compute with")
         if not fp8_block_supported(weight.block):
             raise ValueError(f"quantized weight blocks {weight.block}: the input side must be a multiple of 16")
-        weight_dev = _quantized_on_device(weight, stream)
+        weight_dev = to_device(weight, stream)
     else:
         check_array("weight", weight, 2, weight.dtype)
         weight_dev = None

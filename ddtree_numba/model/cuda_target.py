@@ -27,8 +27,8 @@ from numba import cuda
 
 from .. import kernels as kn
 from .._checks import check_array, check_int, check_keep_values, check_precision
-from .._device import capture_graph, ceil_div, is_device, replay_graph
-from ..dtypes import QUANTIZED, WEIGHT_DTYPES, BlockScaled, Int4Grouped, check_weight_dtype, to_storage, widened
+from .._device import capture_graph, ceil_div, is_device, replay_graph, to_device
+from ..dtypes import QUANTIZED, WEIGHT_DTYPES, BlockScaled, check_weight_dtype, to_storage, widened
 from ..reference.mla import absorption_weights
 from .config import ModelConfig
 from .target import ForwardOutput, RopeTables, _layer_weights, check_finite_output, check_forward_inputs, rope_tables
@@ -73,12 +73,8 @@ def device_matrix(a, dtype: str):
     None stays None."""
     if a is None:
         return None
-    if isinstance(a, BlockScaled):
-        return BlockScaled(cuda.to_device(np.ascontiguousarray(a.data)), cuda.to_device(np.ascontiguousarray(a.scale)),
-                           a.block)
-    if isinstance(a, Int4Grouped):
-        return Int4Grouped(cuda.to_device(np.ascontiguousarray(a.data)), cuda.to_device(np.ascontiguousarray(a.scale)),
-                           a.group, a.in_features)
+    if isinstance(a, QUANTIZED):
+        return to_device(a)
     return cuda.to_device(to_storage(a, dtype))
 
 
