@@ -90,6 +90,21 @@ def mma_ceiling(stream=0, iters=4096) -> float:
 _FILL = []
 
 
+def _hash64():
+    """A device function: the 64-bit counter hash (i * golden ratio + seed, then splitmix64's
+    finalizer) the random weights are drawn from."""
+    from numba import cuda, uint64
+
+    @cuda.jit(device=True)
+    def hash64(i, seed):
+        h = uint64(i) * uint64(0x9E3779B97F4A7C15) + uint64(seed)
+        h = (h ^ (h >> uint64(30))) * uint64(0xBF58476D1CE4E5B9)
+        h = (h ^ (h >> uint64(27))) * uint64(0x94D049BB133111EB)
+        return h ^ (h >> uint64(31))
+
+    return hash64
+
+
 def random_bf16(shape, scale, seed, stream=0):
     """A device uint16 array of bfloat16 bits, uniform(-scale, scale) from a counter hash of the
     index and ``seed``: random weights made on the GPU, no host copy (benchmarks only)."""
@@ -97,15 +112,13 @@ def random_bf16(shape, scale, seed, stream=0):
     if not _FILL:
         from numba import float32, uint16, uint32, uint64
         from numba.cuda import libdevice
+        hash64 = _hash64()
 
         @cuda.jit
         def fill(out, seed, scale):
             i = cuda.grid(1)
             if i < out.shape[0]:
-                h = uint64(i) * uint64(0x9E3779B97F4A7C15) + uint64(seed)
-                h = (h ^ (h >> uint64(30))) * uint64(0xBF58476D1CE4E5B9)
-                h = (h ^ (h >> uint64(27))) * uint64(0x94D049BB133111EB)
-                h = h ^ (h >> uint64(31))
+                h = hash64(i, seed)
                 u = float32(uint32(h >> uint64(40))) * float32(1.0 / 16777216.0)
                 v = (float32(2.0) * u - float32(1.0)) * scale
                 out[i] = uint16(libdevice.float_as_int(v) >> 16)
@@ -127,15 +140,13 @@ def random_fp8(shape, scale, seed, stream=0, block=(128, 128)):
     from ddtree_numba.dtypes import BlockScaled
     if not _FILL8:
         from numba import uint8, uint64
+        hash64 = _hash64()
 
         @cuda.jit
         def fill(out, seed):
             i = cuda.grid(1)
             if i < out.shape[0]:
-                h = uint64(i) * uint64(0x9E3779B97F4A7C15) + uint64(seed)
-                h = (h ^ (h >> uint64(30))) * uint64(0xBF58476D1CE4E5B9)
-                h = (h ^ (h >> uint64(27))) * uint64(0x94D049BB133111EB)
-                h = h ^ (h >> uint64(31))
+                h = hash64(i, seed)
                 expo = (h >> uint64(8)) % uint64(9)
                 out[i] = uint8((h & uint64(0x87)) | (expo << uint64(3)))
         _FILL8.append(fill)

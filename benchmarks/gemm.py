@@ -109,14 +109,10 @@ def weight_rows(w_host, rows):
 
 def host_copy(w, z=None):
     """A device weight (or group z of it) on the host."""
-    if isinstance(w, Int4Grouped):
-        pick = (lambda a: a.copy_to_host()) if z is None else (lambda a: a[z].copy_to_host())  # noqa: E731
-        return Int4Grouped(pick(w.data), pick(w.scale), w.group, w.in_features)
-    if isinstance(w, BlockScaled):
-        if z is None:
-            return BlockScaled(w.data.copy_to_host(), w.scale.copy_to_host(), w.block)
-        return BlockScaled(w.data[z].copy_to_host(), w.scale[z].copy_to_host(), w.block)
-    return w.copy_to_host() if z is None else w[z].copy_to_host()
+    pick = (lambda a: a.copy_to_host()) if z is None else (lambda a: a[z].copy_to_host())  # noqa: E731
+    if isinstance(w, (BlockScaled, Int4Grouped)):
+        return w.with_arrays(pick(w.data), pick(w.scale))
+    return pick(w)
 
 
 def _graph_api():

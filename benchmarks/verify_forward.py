@@ -76,14 +76,15 @@ class RandomBF16:
 
 def random_int4_experts(*shape):
     """Random int4 experts in groups of 32 (``dtypes.Int4Grouped``), unit-gain scale."""
-    from numba import config, cuda
+    from numba import config
+    from ddtree_numba._device import to_device
     from ddtree_numba.dtypes import Int4Grouped
     scale = math.sqrt(3.0 / shape[-1])
     if config.ENABLE_CUDASIM:
         rng = np.random.default_rng(shape[-1])
         q = rng.integers(-8, 8, shape)
         sc = np.full(tuple(shape[:-1]) + (shape[-1] // INT4_GROUP,), scale / 8, np.float32)
-        return Int4Grouped(cuda.to_device(Int4Grouped.pack(q)), cuda.to_device(sc), INT4_GROUP, shape[-1])
+        return to_device(Int4Grouped(Int4Grouped.pack(q), sc, INT4_GROUP, shape[-1]))
     return random_int4(shape, scale, 1 + shape[-1], group=INT4_GROUP)
 
 
@@ -123,6 +124,44 @@ def build_target(cfg, precision="bf16", int4_experts=False):
     embed, head = mat(cfg.vocab_size, M), mat(cfg.vocab_size, M)
     return CudaTarget(cfg, embed, f32(rng.uniform(0.5, 1.5, M)), head, layers, rope_tables(cfg),
                       precision=precision)
+
+
+def device_timer(sim):
+    """``_common.time_gpu``, or in the simulator (no events, no graphs: a dry run checks the
+    script only) one host-timed call."""
+    from _common import time_gpu, time_host
+    if sim:
+        return lambda fn, stream, reps, warmup: time_host(fn, reps=1, warmup=0)
+    return time_gpu
+
+
+def prefilled_cache(target, prefix, cap, rng):
+    """A device latent cache of ``cap`` rows, every row random, the first ``prefix`` live."""
+    cfg = target.config
+    cache = target.new_cache(cap)
+    for layer in range(cfg.num_hidden_layers):
+        cache.c_kv[layer].copy_to_device(rng.standard_normal((cap, cfg.kv_lora_rank)).astype(np.float32))
+        cache.k_pe[layer].copy_to_device(rng.standard_normal((cap, cfg.qk_rope_head_dim)).astype(np.float32))
+    cache.length = prefix
+    return cache
+
+
+def tree_workspace(target, t, prefix, rng):
+    """The workspace for ``t`` new rows, holding a random tree of t nodes after ``prefix`` cached
+    rows: ids, positions (prefix + depth), parents and meta, ready for ``forward_device``."""
+    ws = target.workspace(t)
+    parents, depth = random_tree(rng, t)
+    chain = np.arange(-1, ws.rows - 1, dtype=np.int32)
+    chain[:t] = parents
+    ids = np.zeros(ws.rows, np.int32)
+    ids[:t] = rng.integers(0, target.config.vocab_size, t)
+    pos = np.zeros(ws.rows, np.int32)
+    pos[:t] = prefix + depth
+    ws.ids.copy_to_device(ids)
+    ws.positions.copy_to_device(pos)
+    ws.parents.copy_to_device(chain)
+    ws.meta.copy_to_device(np.array([prefix, t], np.int32))
+    return ws
 
 
 def random_tree(rng, n):
@@ -179,10 +218,8 @@ def main():
     from numba import config as numba_config
     from numba import cuda
     from ddtree_numba.model.config import ModelConfig
-    from _common import time_gpu, time_host
     sim = numba_config.ENABLE_CUDASIM
-    if sim:   # no events or graphs in the simulator: a dry run checks the script only
-        time_gpu = lambda fn, stream, reps, warmup: time_host(fn, reps=1, warmup=0)  # noqa: E731
+    time_gpu = device_timer(sim)
 
     kimi = args.shape == "kimi-k2"
     if kimi:
@@ -196,28 +233,13 @@ def main():
     target = build_target(cfg, args.precision)
     rng = np.random.default_rng(0)
     cap = args.prefix + max(args.nodes)
-    cache = target.new_cache(cap)
-    for layer in range(cfg.num_hidden_layers):
-        cache.c_kv[layer].copy_to_device(rng.standard_normal((cap, cfg.kv_lora_rank)).astype(np.float32))
-        cache.k_pe[layer].copy_to_device(rng.standard_normal((cap, cfg.qk_rope_head_dim)).astype(np.float32))
-    cache.length = args.prefix
+    cache = prefilled_cache(target, args.prefix, cap, rng)
     stream = cuda.stream()
     mma_rate = MMA_RATE if sim else mma_ceiling(stream)
 
     rows, breakdown, times = [], {}, []
     for t in args.nodes:
-        ws = target.workspace(t)
-        parents, depth = random_tree(rng, t)
-        chain = np.arange(-1, ws.rows - 1, dtype=np.int32)
-        chain[:t] = parents
-        ids = np.zeros(ws.rows, np.int32)
-        ids[:t] = rng.integers(0, cfg.vocab_size, t)
-        pos = np.zeros(ws.rows, np.int32)
-        pos[:t] = args.prefix + depth
-        ws.ids.copy_to_device(ids)
-        ws.positions.copy_to_device(pos)
-        ws.parents.copy_to_device(chain)
-        ws.meta.copy_to_device(np.array([args.prefix, t], np.int32))
+        ws = tree_workspace(target, t, args.prefix, rng)
         eager_us = time_gpu(lambda: target.forward_device(ws, cache, (), graph=False, stream=stream),
                             stream, reps=args.reps, warmup=2)
         graph_us = eager_us if sim else time_gpu(
@@ -275,10 +297,8 @@ def kimi_k2_slice(args):
     from numba import config as numba_config
     from numba import cuda
     from ddtree_numba.model.config import ModelConfig
-    from _common import time_gpu, time_host
     sim = numba_config.ENABLE_CUDASIM
-    if sim:
-        time_gpu = lambda fn, stream, reps, warmup: time_host(fn, reps=1, warmup=0)  # noqa: E731
+    time_gpu = device_timer(sim)
     layers = args.layers if args.layers != 27 else 3          # 27 is the Moonlight default
     shape = dict(KIMI_K2, num_hidden_layers=layers)
     if args.dry_run:
@@ -290,27 +310,12 @@ def kimi_k2_slice(args):
     target = build_target(cfg, args.precision, int4_experts=True)
     rng = np.random.default_rng(0)
     cap = args.prefix + max(args.nodes)
-    cache = target.new_cache(cap)
-    for layer in range(cfg.num_hidden_layers):
-        cache.c_kv[layer].copy_to_device(rng.standard_normal((cap, cfg.kv_lora_rank)).astype(np.float32))
-        cache.k_pe[layer].copy_to_device(rng.standard_normal((cap, cfg.qk_rope_head_dim)).astype(np.float32))
-    cache.length = args.prefix
+    cache = prefilled_cache(target, args.prefix, cap, rng)
     stream = cuda.stream()
     mma_rate = MMA_RATE if sim else mma_ceiling(stream)
     rows = []
     for t in args.nodes:
-        ws = target.workspace(t)
-        parents, depth = random_tree(rng, t)
-        chain = np.arange(-1, ws.rows - 1, dtype=np.int32)
-        chain[:t] = parents
-        ids = np.zeros(ws.rows, np.int32)
-        ids[:t] = rng.integers(0, cfg.vocab_size, t)
-        pos = np.zeros(ws.rows, np.int32)
-        pos[:t] = args.prefix + depth
-        ws.ids.copy_to_device(ids)
-        ws.positions.copy_to_device(pos)
-        ws.parents.copy_to_device(chain)
-        ws.meta.copy_to_device(np.array([args.prefix, t], np.int32))
+        ws = tree_workspace(target, t, args.prefix, rng)
         run = (lambda: target.forward_device(ws, cache, (), graph=not sim, stream=stream))
         ms = time_gpu(run, stream, reps=args.reps, warmup=2) / 1e3
         assert np.isfinite(ws.logits[:t].copy_to_host()).all(), "non-finite logits"
