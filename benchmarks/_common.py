@@ -160,14 +160,16 @@ def random_fp8(shape, scale, seed, stream=0, block=(128, 128)):
 
 def random_int4(shape, scale, seed, stream=0, group=32):
     """A ``dtypes.Int4Grouped`` matrix (or stack) made on the GPU: random int32 words (every nibble
-    uniform over [-8, 7]) from the counter hash, every group scale ``scale / 8`` (so |w| <= scale).
+    uniform over [-8, 7]) from the counter hash, every group scale ``scale / 8`` in bf16 bits, as the
+    released checkpoints store them (so |w| <= scale).
     Benchmarks only."""
     from numba import cuda
     from ddtree_numba.dtypes import Int4Grouped
     lead, (rows, cols) = tuple(shape[:-2]), shape[-2:]
     words = random_bf16(lead + (rows, 2 * -(-cols // 8)), 1.0, seed, stream)     # two uint16 a word
     data = words.view(np.int32) if hasattr(words, "view") else words
-    sc = np.full(lead + (rows, -(-cols // group)), scale / 8, np.float32)
+    from ddtree_numba.dtypes import to_bf16_bits
+    sc = to_bf16_bits(np.full(lead + (rows, -(-cols // group)), scale / 8, np.float32))   # bf16, as released
     return Int4Grouped(data.reshape(lead + (rows, -(-cols // 8))), cuda.to_device(sc, stream=stream), group, cols)
 
 

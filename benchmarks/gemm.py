@@ -73,7 +73,7 @@ class Gpu:
         self.seed = 1
         self.weights = weights
         self.fp8 = weights != "bf16"                # quantized: fp8 or int4
-        self.wbytes = {"bf16": 2, "fp8": 1, "int4": 0.5}[weights]   # bytes a weight
+        self.wbytes = {"bf16": 2, "fp8": 1, "int4": 0.5 + 2 / 32}[weights]   # bytes a weight (int4: + its bf16 group scale)
 
     def bf16(self, shape, scale):
         """Random weights of the run's storage: bf16 bits, or float8 + 128 x 128 block scales."""

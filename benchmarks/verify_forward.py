@@ -78,12 +78,12 @@ def random_int4_experts(*shape):
     """Random int4 experts in groups of 32 (``dtypes.Int4Grouped``), unit-gain scale."""
     from numba import config
     from ddtree_numba._device import to_device
-    from ddtree_numba.dtypes import Int4Grouped
+    from ddtree_numba.dtypes import Int4Grouped, to_bf16_bits
     scale = math.sqrt(3.0 / shape[-1])
     if config.ENABLE_CUDASIM:
         rng = np.random.default_rng(shape[-1])
         q = rng.integers(-8, 8, shape)
-        sc = np.full(tuple(shape[:-1]) + (shape[-1] // INT4_GROUP,), scale / 8, np.float32)
+        sc = to_bf16_bits(np.full(tuple(shape[:-1]) + (shape[-1] // INT4_GROUP,), scale / 8, np.float32))
         return to_device(Int4Grouped(Int4Grouped.pack(q), sc, INT4_GROUP, shape[-1]))
     return random_int4(shape, scale, 1 + shape[-1], group=INT4_GROUP)
 

@@ -163,7 +163,8 @@ class Int4Grouped:
                        * scale[..., n, k // group]
 
     data [..., N, ceil(K/8)] int32 (eight 4-bit values q + 8 a word), scale [..., N, ceil(K/group)]
-    float32, K = ``in_features``; numpy arrays on the host, device arrays on the GPU. Kimi K2
+    float32, or bfloat16 bits (uint16) as the released checkpoints store them (the GPU keeps them
+    so: a group of 32 then costs 2 bytes of scale beside its 16 of nibbles), K = ``in_features``; numpy arrays on the host, device arrays on the GPU. Kimi K2
     Thinking / K2.5 / K2.6 store their routed experts this way (group 32). Every q is an integer
     in [-8, 7], exact in bf16, so the GEMM multiplies the nibbles as they are and each group's
     partial sum by its scale (``kernels.linear``), like a ``BlockScaled`` matrix with (1, group)
@@ -178,8 +179,8 @@ class Int4Grouped:
             raise ValueError(f"int4 group size must be a positive multiple of 8, got {group}")
         if np.dtype(data.dtype) != np.int32:
             raise ValueError(f"int4 data must be packed int32 words, got {np.dtype(data.dtype)}")
-        if np.dtype(scale.dtype) != np.float32:
-            raise ValueError(f"int4 group scales must be float32, got {np.dtype(scale.dtype)}")
+        if np.dtype(scale.dtype) not in (np.dtype(np.float32), np.dtype(np.uint16)):
+            raise ValueError(f"int4 group scales must be float32 or bfloat16 bits (uint16), got {np.dtype(scale.dtype)}")
         dshape = tuple(data.shape)
         if len(dshape) < 2 or dshape[-1] != -(-k // 8):
             raise ValueError(f"int4 data has shape {list(dshape)}; {k} inputs pack into {-(-k // 8)} words a row")
@@ -207,7 +208,8 @@ class Int4Grouped:
         return int(self.data.nbytes + self.scale.nbytes)
 
     def __repr__(self) -> str:
-        return f"Int4Grouped(int4 {list(self.shape)}, groups of {self.group})"
+        scales = "bf16" if np.dtype(self.scale.dtype) == np.uint16 else "float32"
+        return f"Int4Grouped(int4 {list(self.shape)}, groups of {self.group}, {scales} scales)"
 
     def values(self) -> np.ndarray:
         """The int4 values q [..., N, K] as int8 (host arrays only)."""
@@ -218,8 +220,13 @@ class Int4Grouped:
 
     def dequantize(self, dtype=np.float32) -> np.ndarray:
         """w as ``dtype`` (host arrays only); exact in float32 too (a 4-bit integer times a float32)."""
-        scale = np.repeat(np.asarray(self.scale, dtype), self.group, axis=-1)[..., :self.in_features]
+        scale = np.repeat(self.scales_f32().astype(dtype), self.group, axis=-1)[..., :self.in_features]
         return self.values().astype(dtype) * scale
+
+    def scales_f32(self) -> np.ndarray:
+        """The group scales as float32 (exactly; host arrays only)."""
+        sc = np.asarray(self.scale)
+        return bf16_to_float32(sc) if sc.dtype == np.uint16 else sc
 
     @staticmethod
     def pack(q: np.ndarray) -> np.ndarray:

@@ -21,6 +21,10 @@ import ddtree_numba
 import ddtree_numba.kernels as kernels_pkg
 
 F32_2, U32_2, I32_2 = "float32[:, ::1]", "uint32[:, ::1]", "int32[:, ::1]"
+# the quantized GEMM variants: (kind, stored weights, scales, block, scales' storage)
+_QUANT_KINDS = (("e4m3", "uint8", "float32[:, :, ::1]", (128, 128), "f32"),
+                ("int4", "int32", "float32[:, :, ::1]", (1, 32), "f32"),
+                ("int4", "int32", "uint16[:, :, ::1]", (1, 32), "bf16"))
 I32_1, F64_1, I16 = "int32[::1]", "float64[::1]", "int16"
 
 SIGNATURES = {
@@ -63,15 +67,16 @@ SIGNATURES = {
         ((kind,), f"void({ids}[::1], {w}[:, ::1], {F32_2}, {I32_1})")
         for kind, w in (("f32", "float32"), ("f16", "float16"), ("bf16", "uint16"))
         for ids in ("int32", "int64")],
-    # linear: (kind, swiglu, accumulate, grouped, gather, vec, xvec, precision, *tile, block); the
-    # scales (float8, int4) are [Z, N/bo, K/bi], else ``out`` stands in for them; int4 always loads words
+    # linear: (kind, swiglu, accumulate, grouped, gather, vec, xvec, precision, *tile, block, scales);
+    # the scales (float8, int4) are [Z, N/bo, K/bi] (int4's float32 or bf16 bits), else ``out``
+    # stands in for them; int4 always loads words
     "linear._mma_kernel": [
         ((kind, swiglu, acc, grouped, gather, kind == "int4" or (kind in ("bf16", "e4m3") and vec), vec, precision,
-          *tile, block),
+          *tile, block, scales),
          f"void({F32_2}, int64, {w}[:, :, ::1], {w}[:, :, ::1], {sc}, {sc}, {F32_2}, int64, {I32_1}, {I32_1}, {I32_1})")
-        for kind, w, sc, block in (("f32", "float32", F32_2, (0, 0)), ("f16", "float16", F32_2, (0, 0)),
-                                   ("bf16", "uint16", F32_2, (0, 0)), ("e4m3", "uint8", "float32[:, :, ::1]", (128, 128)),
-                                   ("int4", "int32", "float32[:, :, ::1]", (1, 32)))
+        for kind, w, sc, block, scales in _QUANT_KINDS + (
+            ("f32", "float32", F32_2, (0, 0), "f32"), ("f16", "float16", F32_2, (0, 0), "f32"),
+            ("bf16", "uint16", F32_2, (0, 0), "f32"))
         for precision in ("bf16", "fp32")
         for (swiglu, acc, grouped, gather, vec), tile in (((False, False, False, False, True), (1, 1, 8)),
                                                           ((False, True, False, False, False), (2, 4, 1)),
@@ -80,10 +85,9 @@ SIGNATURES = {
                                                           ((False, False, True, False, True), (2, 2, 2)))],
     # staged: (kind, swiglu, accumulate, grouped, gather, precision, WM, WN, MT, RT, block)
     "linear._staged_kernel": [
-        ((kind, swiglu, acc, grouped, gather, precision, *tile, block),
+        ((kind, swiglu, acc, grouped, gather, precision, *tile, block, scales),
          f"void({F32_2}, int64, {w}[:, :, ::1], {w}[:, :, ::1], {sc}, {sc}, {F32_2}, int64, {I32_1}, {I32_1}, {I32_1})")
-        for kind, w, sc, block in (("bf16", "uint16", F32_2, (0, 0)), ("e4m3", "uint8", "float32[:, :, ::1]", (128, 128)),
-                                   ("int4", "int32", "float32[:, :, ::1]", (1, 32)))
+        for kind, w, sc, block, scales in _QUANT_KINDS + (("bf16", "uint16", F32_2, (0, 0), "f32"),)
         for precision in ("bf16", "fp32")
         for (swiglu, acc, grouped, gather), tile in (((False, True, False, False), (4, 2, 2, 4)),
                                                      ((True, False, True, True), (2, 4, 2, 2)),

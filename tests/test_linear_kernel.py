@@ -15,7 +15,7 @@ from numba import cuda
 from conftest import REAL_GPU
 from ddtree_numba import kernels as kn
 from ddtree_numba import reference as ref
-from ddtree_numba.dtypes import E4M3_TABLE, BlockScaled, Int4Grouped, fp8_block_supported
+from ddtree_numba.dtypes import E4M3_TABLE, BlockScaled, Int4Grouped, fp8_block_supported, to_bf16_bits
 from ddtree_numba.reference.linear import accumulation_bound, bf16_round, bf16_split, swiglu_bound
 
 L = importlib.import_module("ddtree_numba.kernels.linear")
@@ -312,21 +312,32 @@ def test_fp8_rejects_blocks_the_mma_cannot_scale(rng):
 
 
 # -- int4 weights packed as compressed-tensors packs them ---------------------------------------
-def int4_weights(rng, shape, group):
-    """An Int4Grouped matrix (or stack): random q in [-8, 7], group scales in [0.25, 2)."""
+def int4_weights(rng, shape, group, bf16_scales=False):
+    """An Int4Grouped matrix (or stack): random q in [-8, 7], group scales in [0.25, 2) (float32,
+    or bf16 bits as the released checkpoints store them)."""
     n, k = shape[-2:]
     q = rng.integers(-8, 8, shape)
     scale = (rng.random(tuple(shape[:-1]) + (-(-k // group),)) * 1.75 + 0.25).astype(np.float32)
+    if bf16_scales:
+        scale = to_bf16_bits(scale)
     return Int4Grouped(Int4Grouped.pack(q), scale, group, k)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("R,K,N,group", [(3, 64, 20, 32),     # two-step paired chunks
-                                         (5, 96, 24, 16),     # one-step chunks
-                                         (9, 128, 37, 64)])   # four-step chunks
-def test_int4_linear_matches_the_twin(rng, precision, R, K, N, group):
-    x, w = xs(rng, (R, K)), int4_weights(rng, (N, K), group)
+@pytest.mark.parametrize("R,K,N,group,bf16_scales", [(3, 64, 20, 32, False),     # two-step paired chunks
+                                                     (3, 64, 20, 32, True),      # scales as released
+                                                     (5, 96, 24, 16, False),     # one-step chunks
+                                                     (9, 128, 37, 64, True)])    # four-step chunks
+def test_int4_linear_matches_the_twin(rng, precision, R, K, N, group, bf16_scales):
+    x, w = xs(rng, (R, K)), int4_weights(rng, (N, K), group, bf16_scales)
     assert_twin(kn.linear(x, w, precision=precision), x, w, precision)
+
+
+def test_int4_bf16_scales_give_the_float32_scales_bits(rng):
+    """bf16 scale bits widen exactly: the same matrix with its scales as float32 gives the same bits."""
+    x, w = xs(rng, (4, 64)), int4_weights(rng, (24, 64), 32, bf16_scales=True)
+    wide = Int4Grouped(w.data, w.scales_f32(), 32, 64)
+    assert_bits(kn.linear(x, w, precision="bf16"), kn.linear(x, wide, precision="bf16"))
 
 
 def test_every_int4_value_enters_the_mma_exactly(rng):
@@ -345,7 +356,7 @@ def test_int4_grouped_experts_staged_and_register_kernels(rng, precision):
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
     x = xs(rng, (14, K)) * np.float32(0.05)             # SwiGLU's silu stays in range
     row_index = rng.integers(0, 14, 11).astype(np.int32)
-    w, wu = int4_weights(rng, (Z, N, K), group), int4_weights(rng, (Z, N, K), group)
+    w, wu = int4_weights(rng, (Z, N, K), group, True), int4_weights(rng, (Z, N, K), group, True)
 
     def run(tile):
         d_out = dev(np.full((11, N), np.nan, np.float32))

@@ -75,13 +75,14 @@ def test_fp8_checkpoint_stays_fp8_on_the_gpu_and_matches_hf():
 
 
 def test_int4_checkpoint_stays_packed_on_the_gpu_and_matches_hf():
-    """Kimi K2's compressed-tensors INT4 experts stay packed on the GPU (int32 words + group scales,
-    the nibbles multiplied as they are), and the forward matches HF's on the dequantized weights."""
+    """Kimi K2's compressed-tensors INT4 experts stay packed on the GPU (int32 words + bf16 group
+    scales, the nibbles multiplied as they are), and the forward matches HF's on the dequantized weights."""
     from ddtree_numba.dtypes import Int4Grouped
     path = os.path.join(DATA, "kimi_int4")
     target = load_cuda_target(path)
     lw = target.layers[1]
     assert isinstance(lw.experts_down_proj, Int4Grouped) and lw.experts_down_proj.data.dtype == np.int32
+    assert lw.experts_down_proj.scale.dtype == np.uint16        # bf16 group scales, as stored: never widened
     assert not isinstance(lw.shared_up_proj, Int4Grouped) and "int4 grouped + bfloat16" in repr(target)
     exp = np.load(os.path.join(path, "expected.npz"))
     exp = {k: exp[k][:T] for k in exp}

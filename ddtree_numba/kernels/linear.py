@@ -61,7 +61,7 @@ from .._checks import check_array, check_precision
 from .._device import ceil_div, device_function, float32_out, fma, is_device, launcher_result, rows_device, to_device
 from ..dtypes import QUANTIZED, BlockScaled, fp8_block_supported
 from ._mma import mma_bf16, pack_bf16x2
-from ._widen import ELEM as STORED, WIDEN, _weight_kind, bf16_to_f32, hi_f32, lo_f32
+from ._widen import ELEM as STORED, KINDS, WIDEN, _weight_kind, bf16_to_f32, hi_f32, lo_f32
 
 KC = 64                    # reduction chunk of the contract above (fixed: changing it changes bits)
 STEPS = KC // 16           # mma k steps a chunk
@@ -143,12 +143,13 @@ def _k_offset(st, t, paired):
 
 
 @functools.lru_cache(maxsize=None)
-def _epilogue(kind, block, MT, RT, swiglu, accumulate):
+def _epilogue(kind, block, MT, RT, swiglu, accumulate, scales="f32"):
     """The device functions both kernels end a chunk and a tile with, for a warp tile of MT m
     tiles x RT row tiles (one piece of code, so the register and staged kernels add and store
     the same way):
 
-    - ``block_scale(sc, z, n, N, c)``: the scale of chunk c of weight row n (quantized kinds);
+    - ``block_scale(sc, z, n, N, c)``: the scale of chunk c of weight row n (quantized kinds), as
+      float32 from its storage ``scales`` ('f32', or 'bf16' bits: int4 group scales as released);
     - ``add_chunk(ys, acc, sc, scu, z, col, N, c, g)``: chunk c's chains ``acc`` into the running
       sums ``ys`` (same layout: position p = (mt*RT + rt)*4 + e at p*S, its up matrix at p*S + 1;
       features from ``col``), each times its block's scale when quantized;
@@ -159,11 +160,12 @@ def _epilogue(kind, block, MT, RT, swiglu, accumulate):
     SCALED = kind in SCALED_KINDS
     BO, BI = block
     KCH = _chunk(kind, block)
+    widen_scale = WIDEN[scales]
 
     @device_function
     def block_scale(sc, z, n, N, c):
         """Rows past N read row N - 1's scale (their outputs are never written)."""
-        return sc[z, min(n, N - 1) // BO, (c * KCH) // BI]
+        return widen_scale(sc[z, min(n, N - 1) // BO, (c * KCH) // BI])
 
     @device_function
     def add_chunk(ys, acc, sc, scu, z, col, N, c, g):
@@ -197,7 +199,8 @@ def _epilogue(kind, block, MT, RT, swiglu, accumulate):
 
 
 @functools.lru_cache(maxsize=None)
-def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision, MT, RT, NW, block=(0, 0)):
+def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision, MT, RT, NW, block=(0, 0),
+                scales="f32"):
     """Every projection of the module (the device tier below is its only caller).
 
     ``kernel(x, x_gs, w, w_up, w_scale, w_up_scale, out, o_gs, n_rows, offsets, row_index)``: for group z
@@ -207,7 +210,9 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
     bf16 weights as uint64 words, float8 as uint32 words (a lane's four k in one word); ``xvec``:
     activations as float32 pairs (K % 4 == 0, even offsets). kind 'e4m3': w / w_up hold float8
     bytes and w_scale / w_up_scale [Z, ceil(N/bo), ceil(K/bi)] their scales, ``block`` = (bo, bi);
-    each chunk partial is multiplied by its block's scale before it is added. Grid:
+    each chunk partial is multiplied by its block's scale before it is added; kind 'int4': w / w_up
+    hold int32 words of eight nibbles and w_scale / w_up_scale [Z, N, ceil(K/group)] their group
+    scales, float32 or bf16 bits (``scales``), ``block`` = (1, group). Grid:
     (column blocks of 16*MT, row tiles of 8*RT grid-strided, Z); 32*NW threads.
     """
     S = 2 if swiglu else 1                    # matrices: gate (and up)
@@ -329,7 +334,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                         acc[q0 + 2 * S] = d[2]
                         acc[q0 + 3 * S] = d[3]
 
-    block_scale, add_chunk, store = _epilogue(kind, block, MT, RT, swiglu, accumulate)
+    block_scale, add_chunk, store = _epilogue(kind, block, MT, RT, swiglu, accumulate, scales)
 
     @device_function
     def add_partials(rnd, C, warp, lane, acc, ys, pbuf, sc, scu, z, col0, N, g):
@@ -466,7 +471,8 @@ def _staged_smem(tile, swiglu, precision, kind="bf16", block=(0, 0)):
 
 
 @functools.lru_cache(maxsize=None)
-def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN, MT, RT, block=(0, 0)):
+def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN, MT, RT, block=(0, 0),
+                   scales="f32"):
     """The staged GEMM (above): the arguments and results of ``_mma_kernel`` for bf16 (uint64
     words) or float8 (uint32 words) weights and activations read as float32 pairs."""
     S = 2 if swiglu else 1
@@ -488,7 +494,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
     XL = 2 if XSPLIT else 1
     WS_SHAPE, XS_SHAPE = (S, BF, QP), (XL, BR, QP)
     widen = WIDEN[kind]
-    _, add_chunk, store = _epilogue(kind, block, MT, RT, swiglu, accumulate)
+    _, add_chunk, store = _epilogue(kind, block, MT, RT, swiglu, accumulate, scales)
 
     @device_function
     def stage_load(c, tid, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index, wst, xst0, xst1):
@@ -733,6 +739,7 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index, max_rows, a
     kind = _weight_kind(w)
     swiglu = w_up is not None
     block, scale, scale_up = (0, 0), out, out    # the scales stand in for themselves unless quantized
+    scales = "f32"
     if kind in SCALED_KINDS:
         if swiglu and (_weight_kind(w_up) != kind or tuple(w_up.shape) != tuple(w.shape)):
             raise ValueError(f"a SwiGLU pair must be two matrices of one format and shape, got {kind} "
@@ -742,8 +749,12 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index, max_rows, a
                              "the GEMMs take one block size whose input side is a multiple of 16")
         if kind == "int4" and w.in_features % 8:
             raise ValueError(f"int4 weights with {w.in_features} inputs: the GEMMs take a multiple of 8 (whole words)")
+        if swiglu and np.dtype(w_up.scale.dtype) != np.dtype(w.scale.dtype):
+            raise ValueError(f"a SwiGLU pair's scales must share a dtype, got {np.dtype(w.scale.dtype)} and "
+                             f"{np.dtype(w_up.scale.dtype)}")
         block, scale = w.block, w.scale
         scale_up = w_up.scale if swiglu else scale
+        scales = KINDS[np.dtype(scale.dtype)]
         w = w.data
         w_up = w_up.data if swiglu else None
     word = 4 if kind == "e4m3" and not _paired(kind, block) else 8
@@ -762,11 +773,13 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index, max_rows, a
     if isinstance(tile, _Staged) and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
         tile = _STAGED[swiglu]                # a forced tile too big for this launch: the chosen one
     if isinstance(tile, _Staged):
-        kernel = _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, *tile, block=block)
+        kernel = _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, *tile, block=block,
+                                scales=scales)
         grid = (ceil_div(N, 16 * tile.MT * tile.WM), max(1, ceil_div(max_rows, 8 * tile.RT * tile.WN)), Z)
         threads = 32 * tile.WM * tile.WN
     else:
-        kernel = _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision, *tile, block=block)
+        kernel = _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision, *tile, block=block,
+                             scales=scales)
         grid = (ceil_div(N, 16 * tile.MT), max(1, ceil_div(max_rows, 8 * tile.RT)), Z)
         threads = 32 * tile.NW
     if grid[0] == 0 or Z == 0:

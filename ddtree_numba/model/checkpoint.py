@@ -170,8 +170,8 @@ class SafetensorsIndex:
 
     def int4(self, module: str, shape: tuple[int, int], group: int, keep: bool) -> np.ndarray | Int4Grouped:
         """An INT4 Linear (``module`` + ``.weight_packed`` / ``.weight_scale`` / ``.weight_shape``) as
-        an ``Int4Grouped`` (``keep``) or dequantized float32, after its stored shape and its scales
-        (finite) are checked."""
+        an ``Int4Grouped`` (``keep``: bf16 scales stay bf16 bits) or dequantized float32, after its
+        stored shape and its scales (finite) are checked."""
         packed, dtype = self.raw(module + ".weight_packed")
         if dtype != "I32":
             raise ValueError(f"tensor {module}.weight_packed has dtype {dtype}; packed int4 words are I32")
@@ -179,7 +179,10 @@ class SafetensorsIndex:
         if [int(v) for v in np.asarray(declared).reshape(-1)] != list(shape):
             raise ValueError(f"tensor {module}.weight_shape holds {np.asarray(declared).tolist()}; the config "
                              f"implies {list(shape)}")
-        scale = self.float32(module + ".weight_scale", (1, 1))
+        scale = self.float32(module + ".weight_scale", (1, 1))       # checked finite
+        raw_scale, scale_dtype = self.raw(module + ".weight_scale")
+        if keep and scale_dtype == "BF16":
+            scale = raw_scale                 # bf16 bits, as released: the GPU keeps them so
         try:
             w = Int4Grouped(np.ascontiguousarray(packed), scale, group, shape[1])
         except ValueError as err:
