@@ -73,6 +73,7 @@ class Gpu:
         self.seed = 1
         self.weights = weights
         self.fp8 = weights != "bf16"                # quantized: fp8 or int4
+        self.kind = {"bf16": "bf16", "fp8": "e4m3", "int4": "int4"}[weights]   # the kernels' name for it
         self.wbytes = {"bf16": 2, "fp8": 1, "int4": 0.5 + 2 / 32}[weights]   # bytes a weight (int4: + its bf16 group scale)
 
     def bf16(self, shape, scale):
@@ -364,20 +365,20 @@ def cfg_name(cfg):
     return f"{cfg.MT}x{cfg.RT} nw{cfg.NW}"
 
 
-def chosen_tile(L, c, fp8):
+def chosen_tile(L, c, kind):
     """The tile ``_launch`` picks for case c (its rule: word loads here, so the staged kernel when
     it qualifies)."""
     rows = c["max_rows"]
     return (L._choose_staged(rows, c["n_cols"], c["swiglu"], c["live"])
-            or L._choose(rows, c["n_cols"], c["K"], c["swiglu"], c["live"]))
+            or L._choose(rows, c["n_cols"], c["K"], c["swiglu"], c["live"], kind))
 
 
-def sweep_cfgs(L, c):
+def sweep_cfgs(L, c, kind):
     """Alternative tiles for one case (tuning runs): warps and warp tiles around the chosen one."""
-    cur = L._choose(c["max_rows"], c["n_cols"], c["K"], c["swiglu"], c["live"])
+    cur = L._choose(c["max_rows"], c["n_cols"], c["K"], c["swiglu"], c["live"], kind)
     alts = {cur._replace(NW=max(1, cur.NW // 2)), cur._replace(NW=min(16, cur.NW * 2)),
             cur._replace(MT=3 - cur.MT), cur._replace(RT=max(1, cur.RT // 2)), cur._replace(RT=min(8, cur.RT * 2))}
-    return [a for a in alts if a != cur and L._smem(a, c["swiglu"]) <= L._SMEM_MAX]
+    return [a for a in alts if a != cur and L._smem(a, c["swiglu"], kind) <= L._SMEM_MAX]
 
 
 def main():
@@ -412,7 +413,7 @@ def main():
     peer_cache = {}
     for R in rows:
         for c in cases(gpu, L, W, X, dX, R, rng):
-            cfg = chosen_tile(L, c, gpu.fp8)
+            cfg = chosen_tile(L, c, gpu.kind)
             peer = float("nan")
             if torch is not None:
                 peer = peer_time(torch, c, R, peer_cache)
@@ -445,7 +446,7 @@ def main():
                 swept.append((c, R))
     for c, R in swept:              # alternative tiles, after the table is complete
         base = graph_time(lambda: c["fn"](None, "bf16"), gpu.stream)
-        for alt in sweep_cfgs(L, c):
+        for alt in sweep_cfgs(L, c, gpu.kind):
             if time.time() - T0 > args.budget:
                 log("sweep budget spent")
                 break

@@ -108,9 +108,13 @@ def _fragment_words(f, hi, lo, i0, i1, split):
         hi[i1] = pack_bf16x2(f[2], f[3])
 
 
-def _smem(tile, swiglu):
-    """Bytes of shared memory a block of ``tile`` uses: the warps' chunk partials, handed over."""
-    return 0 if tile.NW == 1 else tile.NW * 4 * tile.MT * tile.RT * (2 if swiglu else 1) * 32 * 4
+def _smem(tile, swiglu, kind="bf16"):
+    """Bytes of shared memory a block of ``tile`` uses: the warps' chunk partials (and, quantized,
+    their scales), handed over."""
+    if tile.NW == 1:
+        return 0
+    scales = _scale_slots(kind, tile.MT, swiglu) if kind in SCALED_KINDS else 0
+    return tile.NW * (4 * tile.MT * tile.RT * (2 if swiglu else 1) + scales) * 32 * 4
 
 
 SCALED_KINDS = ("e4m3", "int4")     # quantized weights: their scales multiply the chunk partials
@@ -148,11 +152,14 @@ def _epilogue(kind, block, MT, RT, swiglu, accumulate, scales="f32"):
     tiles x RT row tiles (one piece of code, so the register and staged kernels add and store
     the same way):
 
-    - ``block_scale(sc, z, n, N, c)``: the scale of chunk c of weight row n (quantized kinds), as
-      float32 from its storage ``scales`` ('f32', or 'bf16' bits: int4 group scales as released);
-    - ``add_chunk(ys, acc, sc, scu, z, col, N, c, g)``: chunk c's chains ``acc`` into the running
-      sums ``ys`` (same layout: position p = (mt*RT + rt)*4 + e at p*S, its up matrix at p*S + 1;
-      features from ``col``), each times its block's scale when quantized;
+    - ``load_scales(sv, sc, scu, z, col, N, c, C, g)``: the scales of chunk c (clamped to C - 1)
+      for the lane's features g, g + 8 of each m tile from ``col``, as float32 from their storage
+      ``scales`` ('f32', or 'bf16' bits: int4 group scales as released), into ``sv`` [NSV] at
+      (mt*2 + h)*S (+1: the up matrix's). Loaded with the chunk's weights, a chunk ahead, so no
+      add waits on a scale's global load (that wait had doubled each chunk's latency);
+    - ``add_chunk(ys, acc, sv)``: a chunk's chains ``acc`` into the running sums ``ys`` (same
+      layout: position p = (mt*RT + rt)*4 + e at p*S, its up matrix at p*S + 1), each times its
+      block's scale from ``sv`` when quantized;
     - ``store(out, j, n, oc, ys, q)``: output (j, n) from the sums at ys[q] (and ys[q + 1]):
       SwiGLU of the pair, added into ``out`` or written.
     """
@@ -163,18 +170,24 @@ def _epilogue(kind, block, MT, RT, swiglu, accumulate, scales="f32"):
     widen_scale = WIDEN[scales]
 
     @device_function
-    def block_scale(sc, z, n, N, c):
-        """Rows past N read row N - 1's scale (their outputs are never written)."""
-        return widen_scale(sc[z, min(n, N - 1) // BO, (c * KCH) // BI])
+    def load_scales(sv, sc, scu, z, col, N, c, C, g):
+        """Rows past N read row N - 1's scale, chunks past C chunk C - 1's (never used)."""
+        if SCALED:
+            kb = (min(c, C - 1) * KCH) // BI
+            for mt in range(MT):
+                for h in range(2):
+                    nb = min(col + mt * 16 + g + 8 * h, N - 1) // BO
+                    sv[(mt * 2 + h) * S] = widen_scale(sc[z, nb, kb])
+                    if swiglu:
+                        sv[(mt * 2 + h) * S + 1] = widen_scale(scu[z, nb, kb])
 
     @device_function
-    def add_chunk(ys, acc, sc, scu, z, col, N, c, g):
+    def add_chunk(ys, acc, sv):
         if SCALED:                            # position p = (mt*RT + rt)*4 + 2h + e2: feature g + 8h
             for mt in range(MT):
                 for h in range(2):
-                    n = col + mt * 16 + g + 8 * h
-                    s0 = block_scale(sc, z, n, N, c)
-                    s1 = block_scale(scu, z, n, N, c) if swiglu else s0
+                    s0 = sv[(mt * 2 + h) * S]
+                    s1 = sv[(mt * 2 + h) * S + 1] if swiglu else s0
                     for rt in range(RT):
                         for e2 in range(2):
                             q = ((mt * RT + rt) * 4 + 2 * h + e2) * S
@@ -195,7 +208,12 @@ def _epilogue(kind, block, MT, RT, swiglu, accumulate, scales="f32"):
         else:
             out[j, oc + n] = yv
 
-    return block_scale, add_chunk, store
+    return load_scales, add_chunk, store
+
+
+def _scale_slots(kind, MT, swiglu):
+    """Scales a lane holds for a chunk (``_epilogue``'s sv): one per m tile, half and matrix."""
+    return 2 * MT * (2 if swiglu else 1) if kind in SCALED_KINDS else 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -334,29 +352,34 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                         acc[q0 + 2 * S] = d[2]
                         acc[q0 + 3 * S] = d[3]
 
-    block_scale, add_chunk, store = _epilogue(kind, block, MT, RT, swiglu, accumulate, scales)
+    load_scales, add_chunk, store = _epilogue(kind, block, MT, RT, swiglu, accumulate, scales)
+    NSV = _scale_slots(kind, MT, swiglu)
+    SB = (NW, NSV, 32) if NW > 1 and FP8 else (1, 1, 1)
 
     @device_function
-    def add_partials(rnd, C, warp, lane, acc, ys, pbuf, sc, scu, z, col0, N, g):
-        """Round rnd's chunk partials into the running sums, in ascending chunk order (float8:
-        each times its block's scale)."""
+    def add_partials(rnd, C, warp, lane, acc, ys, pbuf, sv, sbuf):
+        """Round rnd's chunk partials into the running sums, in ascending chunk order (quantized:
+        each times its block's scale, loaded with the chunk into sv)."""
         if NW == 1:                           # chunk rnd, the warp's own: ys has acc's layout
-            add_chunk(ys, acc, sc, scu, z, col0, N, rnd, g)
+            add_chunk(ys, acc, sv)
         else:
             for q in range(PS):
                 pbuf[warp, q, lane] = acc[q]
+            if FP8:                           # the owner of a position has the same lane (same g)
+                for q in range(NSV):
+                    sbuf[warp, q, lane] = sv[q]
             cuda.syncthreads()
             for i in range(OWN):
                 p = warp + NW * i
                 if p < P:
-                    n = col0 + (p // (4 * RT)) * 16 + g + 8 * ((p % 4) // 2)
+                    qs = ((p // (4 * RT)) * 2 + (p % 4) // 2) * S     # its scale slot: m tile, half
                     for w2 in range(NW):
                         c = rnd * NW + w2
                         if c < C:
                             if FP8:
-                                ys[i * S] = fma(pbuf[w2, p * S, lane], block_scale(sc, z, n, N, c), ys[i * S])
+                                ys[i * S] = fma(pbuf[w2, p * S, lane], sbuf[w2, qs, lane], ys[i * S])
                                 if swiglu:
-                                    ys[i * S + 1] = fma(pbuf[w2, p * S + 1, lane], block_scale(scu, z, n, N, c),
+                                    ys[i * S + 1] = fma(pbuf[w2, p * S + 1, lane], sbuf[w2, qs + 1, lane],
                                                         ys[i * S + 1])
                             else:
                                 for s in range(S):
@@ -405,6 +428,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
         else:
             xv = x
         pbuf = cuda.shared.array(PB, float32)
+        sbuf = cuda.shared.array(SB, float32)
         # two sets of fragments: chunk r + 1 loads while chunk r is multiplied
         wa0 = cuda.local.array(NA, uint32)    # A fragments (bf16 hi)
         wl0 = cuda.local.array(NAL, uint32)   # A fragments, bf16 lo (WSPLIT)
@@ -414,6 +438,8 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
         wl1 = cuda.local.array(NAL, uint32)
         xb1 = cuda.local.array(NB, uint32)
         xl1 = cuda.local.array(NBL, uint32)
+        sv0 = cuda.local.array(NSV, float32)  # the chunks' scales (quantized kinds)
+        sv1 = cuda.local.array(NSV, float32)
         acc = cuda.local.array(PS, float32)
         ys = cuda.local.array(OWNS, float32)
         f = cuda.local.array(4, float32)
@@ -421,18 +447,21 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
             for q in range(OWNS):
                 ys[q] = float32(0.0)
             load_chunk(warp, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index, g, t, wa0, wl0, xb0, xl0, f)
+            load_scales(sv0, sc, scu, z, col0, N, warp, C, g)
             for rnd in range(0, rounds, 2):
                 if rnd + 1 < rounds:
                     load_chunk((rnd + 1) * NW + warp, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index,
                                g, t, wa1, wl1, xb1, xl1, f)
+                    load_scales(sv1, sc, scu, z, col0, N, (rnd + 1) * NW + warp, C, g)
                 mma_chunk(wa0, wl0, xb0, xl0, acc)
-                add_partials(rnd, C, warp, lane, acc, ys, pbuf, sc, scu, z, col0, N, g)
+                add_partials(rnd, C, warp, lane, acc, ys, pbuf, sv0, sbuf)
                 if rnd + 1 < rounds:
                     if rnd + 2 < rounds:
                         load_chunk((rnd + 2) * NW + warp, xv, xc, wv, wuv, z, col0, N, K, tile0, end,
                                    row_index, g, t, wa0, wl0, xb0, xl0, f)
+                        load_scales(sv0, sc, scu, z, col0, N, (rnd + 2) * NW + warp, C, g)
                     mma_chunk(wa1, wl1, xb1, xl1, acc)
-                    add_partials(rnd + 1, C, warp, lane, acc, ys, pbuf, sc, scu, z, col0, N, g)
+                    add_partials(rnd + 1, C, warp, lane, acc, ys, pbuf, sv1, sbuf)
             # -- write the owned outputs: position p = (mt*RT + rt)*4 + e is feature g + 8*(e//2)
             #    of m tile mt and row 2t + e%2 of row tile rt (the C fragment layout)
             for i in range(OWN):
@@ -494,7 +523,8 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
     XL = 2 if XSPLIT else 1
     WS_SHAPE, XS_SHAPE = (S, BF, QP), (XL, BR, QP)
     widen = WIDEN[kind]
-    _, add_chunk, store = _epilogue(kind, block, MT, RT, swiglu, accumulate, scales)
+    load_scales, add_chunk, store = _epilogue(kind, block, MT, RT, swiglu, accumulate, scales)
+    NSV = _scale_slots(kind, MT, swiglu)
 
     @device_function
     def stage_load(c, tid, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index, wst, xst0, xst1):
@@ -634,6 +664,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
         xst1 = cuda.local.array(NXW, uint64)
         acc = cuda.local.array(PS, float32)
         ys = cuda.local.array(PS, float32)
+        sv = cuda.local.array(NSV, float32)
         f = cuda.local.array(4, float32)
         for tile0 in range(start + cuda.blockIdx.y * BR, end, cuda.gridDim.y * BR):
             for q in range(PS):
@@ -643,11 +674,12 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
                 cuda.syncthreads()            # every warp is done reading the previous chunk
                 stage_store(tid, wst, xst0, xst1, wsm, xsm, f)
                 cuda.syncthreads()
+                load_scales(sv, sc, scu, z, col0 + wm * 16 * MT, N, c, C, g)
                 if c + 1 < C:                 # the next chunk's loads fly while this one multiplies
                     stage_load(c + 1, tid, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index,
                                wst, xst0, xst1)
                 mma_chunk(wsm, xsm, wm, wn, g, t, acc)
-                add_chunk(ys, acc, sc, scu, z, col0 + wm * 16 * MT, N, c, g)
+                add_chunk(ys, acc, sv)
             for p in range(P):                # the C fragment layout, as in the register kernel
                 e = p % 4
                 mt = p // (4 * RT)
@@ -694,7 +726,7 @@ def _choose_staged(max_rows, n_cols, swiglu, n_groups):
 
 
 @functools.lru_cache(maxsize=None)
-def _choose(max_rows, n_cols, n_k, swiglu, n_groups):
+def _choose(max_rows, n_cols, n_k, swiglu, n_groups, kind="bf16"):
     """The tile for a launch of ``n_groups`` live groups holding at most ``max_rows`` rows of
     ``n_cols`` outputs over ``n_k`` inputs: row tiles as tall as the rows need (up to 32), two m
     tiles a warp (one for sparse expert groups of few rows), then as many warps splitting the
@@ -706,7 +738,7 @@ def _choose(max_rows, n_cols, n_k, swiglu, n_groups):
     blocks = ceil_div(n_cols, 16 * mt) * ceil_div(max_rows, 8 * rt) * n_groups
     nw = 1
     while (nw * 2 <= min(_NW_MAX, chunks) and blocks * nw * 2 <= _WARPS_WANTED
-           and _smem(_Tile(mt, rt, nw * 2), swiglu) <= _SMEM_MAX):
+           and _smem(_Tile(mt, rt, nw * 2), swiglu, kind) <= _SMEM_MAX):
         nw *= 2
     return _Tile(mt, rt, nw)
 
@@ -769,7 +801,9 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index, max_rows, a
     elif isinstance(tile, _Staged) and not (vec and xvec):
         tile = None                           # the staged kernel reads words only: the register one
     if tile is None:
-        tile = _choose(rows, N, n_k, swiglu, min(Z, live_groups or Z))
+        tile = _choose(rows, N, n_k, swiglu, min(Z, live_groups or Z), kind)
+    if not isinstance(tile, _Staged) and _smem(tile, swiglu, kind) > _SMEM_MAX:
+        tile = _choose(rows, N, n_k, swiglu, min(Z, live_groups or Z), kind)   # a forced tile too big
     if isinstance(tile, _Staged) and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
         tile = _STAGED[swiglu]                # a forced tile too big for this launch: the chosen one
     if isinstance(tile, _Staged):
