@@ -376,7 +376,10 @@ def test_int4_golden_is_packed_as_compressed_tensors_packs_it():
     np.testing.assert_array_equal(Int4Grouped.pack(w.values()), words)
     q = w.values()
     assert q.min() >= -8 and q.max() <= 7 and len(np.unique(q)) > 8
-    scale = bf16_to_float32(index.raw(INT4_MODULE + ".weight_scale")[0])          # [32, 1]
+    raw_scale = index.raw(INT4_MODULE + ".weight_scale")[0]
+    np.testing.assert_array_equal(w.scale, raw_scale)          # kept: the bf16 bits as stored, never widened
+    scale = bf16_to_float32(raw_scale)                           # [32, 1]
+    np.testing.assert_array_equal(w.dequantize(), q.astype(np.float32) * scale)
     _, plain, _ = read_checkpoint(INT4)
     np.testing.assert_array_equal(plain[INT4_MODULE + ".weight"], q.astype(np.float32) * scale)
     assert not isinstance(kept["model.layers.1.mlp.shared_experts.up_proj.weight"], Int4Grouped)   # ignored
