@@ -73,7 +73,7 @@ def peer_rows(target, prompts, new, device):
     ours = [dd.generate(target, None, p["ids"], new, method="ar").tokens.tolist() for p in prompts]
     equal = sum(a == b for a, b in zip(outs, ours))
     common = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) for a, b in zip(outs, ours)]
-    return ["HF generate (peer)", "-", "-", "1.00", "1.00", "-", "-", "-", f"{tps:.0f}",
+    return ["hf", "-", "-", "1.00", "1.00", "-", "-", "-", f"{tps:.0f}",
             f"{equal}/{len(prompts)} (common prefix {sum(common) / len(common):.0f} tokens)"]
 
 
@@ -121,8 +121,12 @@ def main():
     if args.from_json:
         title += f", tabled from {args.from_json}"
     kw = dict(device=args.device or stats["device"], commit_id=args.commit, date=stats["date"]) if args.from_json else {}
-    append_rows(title, header, rows, note, append=not args.no_append, results="demo_pair",
-                command=stats["command"], **kw)
+    keys = ["method", "budget", "rounds", "mean_acceptance", "tokens_per_forward", "verify_ms", "floor_ms",
+            "round_ms", "tokens_per_s", "equal_ar"]
+    for r in rows:                             # the results file's rows: ar / dflash / ddtree / hf, graph or eager
+        r.append("no")
+    append_rows(title, header + ["graph"], rows, note, append=not args.no_append, results="demo_pair",
+                command=stats["command"], keys=keys + ["graph"], **kw)
 
 
 if __name__ == "__main__":
