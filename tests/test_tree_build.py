@@ -66,6 +66,32 @@ def test_level_build_equals_the_heap_build_bit_for_bit(L, V, budget, seed, kind)
     assert_same_tree(ref.build_tree_levels(lp, ids, budget), ref.build_tree(lp, ids, budget))
 
 
+@settings(max_examples=200, deadline=None)
+@given(P=st.integers(1, 40), R=st.integers(1, 40), budget=st.integers(1, 200), seed=st.integers(0, 2**32 - 1),
+       kind=st.sampled_from(["normal", "ties", "rounding"]))
+def test_a_level_keeps_exactly_the_best_budget_children(P, R, budget, seed, kind):
+    """``_select_level`` (threshold from the capped candidates, ties by binary search) keeps exactly
+    the best ``budget`` children by (-score, parent's path order, rank), as a sort of every child
+    finds them: the caps never lose a child that belongs (a superset would still give the right
+    tree in the end, so this is checked here, where the GPU's fixed level capacity depends on it)."""
+    from ddtree_numba.reference.tree_build import _select_level
+    rng = np.random.default_rng(seed)
+    if kind == "ties":
+        prev = -rng.integers(0, 4, P).astype(np.float64)
+        row = -np.sort(rng.integers(0, 4, R)).astype(np.float64)
+    elif kind == "rounding":                       # unequal parents whose children round to one value
+        prev = -1.0 - 0.01 * rng.integers(0, 6, P)
+        row = -np.sort(np.r_[rng.random(1), np.full(R - 1, 1e18)])
+    else:
+        prev = -np.abs(rng.standard_normal(P)) * 3
+        row = -np.sort(np.abs(rng.standard_normal(R)) * 3)
+    child = (prev[:, None] + row[None, :]).reshape(-1)
+    parent, rank = np.repeat(np.arange(P), R), np.tile(np.arange(R), P)
+    best = np.lexsort((rank, parent, -child))[:budget]          # parents are given in path order
+    want = np.bincount(parent[best], minlength=P)
+    np.testing.assert_array_equal(_select_level(prev, row, budget), want)
+
+
 def test_level_build_follows_the_path_order_when_rounding_ties_children_of_unequal_parents():
     """Twelve depth-1 ranks close together, then a wide gap at depth 2: the parents (r, 0) all score
     above (0, 1) but come after it by path. A -1e18 log-prob (float64 ulp 128 there) rounds their

@@ -54,78 +54,121 @@ def build_tree(lp: np.ndarray, ids: np.ndarray, budget: int) -> Tree:
     )
 
 
+def _kth_largest(scores: np.ndarray, k: int) -> float:
+    """The k-th largest of ``scores`` counted with multiplicity (a GPU radix-selects it); -inf
+    when there are fewer than k."""
+    if scores.shape[0] < k:
+        return -np.inf
+    return float(np.partition(scores, scores.shape[0] - k)[scores.shape[0] - k])
+
+
+def _select_level(prev_score: np.ndarray, row: np.ndarray, budget: int) -> np.ndarray:
+    """How many children each parent keeps, c [P]: the level's best ``budget`` children in the key
+    (-score, parent's path order, rank), parents given in path order with scores ``prev_score``
+    [P] float64, ``row`` = lp[d, :R] float64 descending. Parent p's children score fl(s_p + row[r]),
+    non-increasing in r, so each parent keeps a prefix of its ranks.
+
+    1. Threshold T, the budget-th largest child score, from a small candidate set: with parents
+       ranked by score (i = 0 the best), child (i, r) is kept as a candidate iff (i+1)(r+1) <=
+       budget (at most budget x H(budget) of them: 7.5 k at 1024). Exact: every (j, r') with j <= i,
+       r' <= r scores >= child (i, r) (rounding is monotone); if (i+1)(r+1) > budget, at least
+       budget of those are candidates (a count of lattice points under the hyperbola), so a child
+       left out never scores above the candidates' budget-th score: T is the full set's.
+    2. Per parent, by binary search over all R ranks: gt_p children score > T, ge_p >= T. Every
+       child above T is kept; m = budget - sum(gt) of the ties at T are kept in path order, i.e.
+       parents in path order (an exclusive prefix sum of their ties) and ranks ascending.
+    """
+    P, R = prev_score.shape[0], row.shape[0]
+    by_score = np.argsort(-prev_score, kind="stable")          # any order of equal scores works
+    caps = np.minimum(R, budget // (np.arange(P) + 1))         # ranks kept of the i-th best parent
+    cand = np.concatenate([prev_score[p] + row[:c] for p, c in zip(by_score, caps)]) if P else np.zeros(0)
+    T = _kth_largest(cand, budget)
+    child = prev_score[:, None] + row[None, :]                  # [P, R] (a GPU binary-searches instead)
+    gt = (child > T).sum(axis=1)
+    ge = (child >= T).sum(axis=1)
+    ties = ge - gt
+    m = budget - gt.sum()
+    before = np.cumsum(ties) - ties                             # ties of earlier parents, path order
+    return gt + np.clip(m - before, 0, ties)
+
+
 def build_tree_levels(lp: np.ndarray, ids: np.ndarray, budget: int) -> Tree:
     """``build_tree``'s tree, bit for bit, by a level-synchronous algorithm with no sequential
-    pop chain: the numpy twin of a parallel build (issue 15).
+    pop chain: the numpy twin of the parallel GPU build (issue 15), step for step.
 
     Order nodes by the key (-score, rank path), the heapq's. The tree is the first ``budget`` = B
     nodes G in that order, and G is prefix-closed (a child's score is fl(parent + lp) <= the
     parent's, and on a tie the parent's path is a prefix, so smaller). Level by level:
 
-    - S_1 = the best B depth-1 nodes; S_d = the best B of the children of S_{d-1}, where a child
-      (p, r) of parent p scores fl(score(p) + lp[d-1, r]) and compares by (-score, lex(p), r),
-      lex(p) the parent's rank among S_{d-1} by rank path (children of one depth compare by their
-      parents' paths first, then by their own rank).
+    - S_1 = the best B depth-1 nodes; S_d = the best B of the children of S_{d-1} in the key
+      (-score, parent's path, rank) (``_select_level``: a threshold and its ties, no sort of the
+      children). Each S_d is laid out in path order: parent p's c_p children are contiguous, from
+      an exclusive prefix sum of c over the parents (themselves in path order).
     - G_d (G at depth d) is inside S_d: G_d's parents are in G_{d-1}, inside S_{d-1} by induction;
       and a node of G has fewer than B nodes before it, so it is among the best B of any set
       holding it.
-    - So G is the best B of the union of the S_d, in the key (-score, preorder), preorder being
-      the rank-path order across depths (the union is a tree: a parent's preorder, then its
-      children's subtrees in rank order).
-
-    Every step is a sort or a segmented scan over at most B x min(K, B) candidates per level, L
-    levels in sequence: what a GPU does with many threads a level.
+    - So G is the best B of the union of the S_d in the key (-score, preorder), preorder being the
+      rank-path order across depths. Subtree sizes bottom-up and preorder positions top-down are
+      segmented sums over the contiguous children; then the same threshold selection: nodes above
+      the B-th score, and the ties at it by preorder (a GPU flags them in a preorder bitmap and
+      counts). Pop order is the sort of G by (-score, preorder); a parent's node number is its
+      position there.
     """
     budget = check_build_inputs(lp, ids, budget)
     L, K = lp.shape
     lp64 = lp.astype(np.float64)
     R = min(K, budget)                                 # ranks a parent can contribute
-    levels = []                                        # per depth: score, parent (index into the level above), rank, lex
-    prev_score, prev_lex = np.zeros(1), np.zeros(1, np.int64)      # the root
+    levels = []                                        # per depth, in path order: score, parent, rank, child start
+    prev_score = np.zeros(1)                           # the root
     for d in range(L if budget and K else 0):
-        P = prev_score.shape[0]
-        parent = np.repeat(np.arange(P), R)                          # [P*R]
-        rank = np.tile(np.arange(R), P)                              # [P*R]
-        score = (prev_score[:, None] + lp64[d, :R][None, :]).reshape(-1)   # fl(parent + lp), as the heap
-        best = np.lexsort((rank, prev_lex[parent], -score))[:budget]       # key (-score, lex(p), r)
-        parent, rank, score = parent[best], rank[best], score[best]
-        lex = np.empty(best.shape[0], np.int64)                      # rank-path order within the level
-        lex[np.lexsort((rank, prev_lex[parent]))] = np.arange(best.shape[0])
-        levels.append((score, parent, rank, lex))
-        prev_score, prev_lex = score, lex
-    if not levels:
+        keep = _select_level(prev_score, lp64[d, :R], budget)
+        start = np.cumsum(keep) - keep                 # first child of each parent in S_d
+        parent = np.repeat(np.arange(prev_score.shape[0]), keep)
+        rank = np.arange(parent.shape[0]) - start[parent]
+        score = prev_score[parent] + lp64[d, rank]     # fl(parent + lp), as the heap
+        if levels:
+            levels[-1]["start"], levels[-1]["keep"] = start, keep
+        levels.append(dict(score=score, parent=parent, rank=rank))
+        prev_score = score
+    if not levels or levels[0]["score"].shape[0] == 0:
         return Tree(tokens=np.zeros(0, np.int32), depths=np.zeros(0, np.int32), parents=np.array([-1], np.int32),
                     ranks=np.zeros(0, np.int32), scores=np.zeros(0, np.float64))
-    # preorder of the union tree: subtree sizes bottom-up, then each node's position top-down
-    sizes = [np.ones(lv[0].shape[0], np.int64) for lv in levels]
-    for d in range(len(levels) - 1, 0, -1):
-        np.add.at(sizes[d - 1], levels[d][1], sizes[d])
-    pre, parent_pre = [], np.zeros(1, np.int64)                   # the root at preorder 0
-    for d, (score, parent, rank, lex) in enumerate(levels):
-        order = np.argsort(lex)                                      # siblings contiguous, by rank
-        before = np.zeros(order.shape[0], np.int64)                  # sizes of earlier siblings
-        csum = np.cumsum(sizes[d][order]) - sizes[d][order]
-        first = np.r_[True, parent[order][1:] != parent[order][:-1]]
-        group_start = np.maximum.accumulate(np.where(first, np.arange(order.shape[0]), 0))
-        before[order] = csum - csum[group_start]
-        pre.append(parent_pre[parent] + 1 + before)
-        parent_pre = pre[-1]
-    # the best B of the union, in the key (-score, preorder): the nodes in pop order
-    depth = np.concatenate([np.full(lv[0].shape[0], d + 1) for d, lv in enumerate(levels)])
-    index = np.concatenate([np.arange(lv[0].shape[0]) for lv in levels])
-    score = np.concatenate([lv[0] for lv in levels])
-    order = np.lexsort((np.concatenate(pre), -score))[:budget]
-    node_of = [np.zeros(lv[0].shape[0], np.int64) for lv in levels]     # level index -> node number
+    last = levels[-1]["score"].shape[0]
+    levels[-1]["start"], levels[-1]["keep"] = np.zeros(last, np.int64), np.zeros(last, np.int64)
+    # subtree sizes bottom-up: a node's children are the contiguous run [start, start + keep) below
+    levels[-1]["size"] = np.ones(last, np.int64)
+    for d in range(len(levels) - 2, -1, -1):
+        below = np.r_[0, np.cumsum(levels[d + 1]["size"])]
+        lv = levels[d]
+        lv["size"] = 1 + below[lv["start"] + lv["keep"]] - below[lv["start"]]
+    # preorder top-down: the parent's + 1 + the sizes of earlier siblings (the root at 0)
+    parent_pre, parent_start = np.zeros(1, np.int64), np.zeros(1, np.int64)
+    for lv in levels:
+        csum = np.cumsum(lv["size"]) - lv["size"]
+        lv["pre"] = parent_pre[lv["parent"]] + 1 + csum - csum[parent_start[lv["parent"]]]
+        parent_pre, parent_start = lv["pre"], lv["start"]
+    # G: the best B of the union by (-score, preorder): a threshold, then its ties by preorder
+    score = np.concatenate([lv["score"] for lv in levels])
+    pre = np.concatenate([lv["pre"] for lv in levels])
+    depth = np.concatenate([np.full(lv["score"].shape[0], d + 1) for d, lv in enumerate(levels)])
+    index = np.concatenate([np.arange(lv["score"].shape[0]) for lv in levels])
+    T = _kth_largest(score, budget)
+    tie = score == T
+    flags = np.zeros(pre.max() + 2, np.int64)          # a preorder bitmap of the ties
+    flags[pre[tie]] = 1
+    tie_rank = np.cumsum(flags) - flags                # ties before each preorder position
+    chosen = (score > T) | (tie & (tie_rank[pre] < budget - (score > T).sum()))
+    order = np.flatnonzero(chosen)
+    order = order[np.lexsort((pre[order], -score[order]))]      # pop order
+    node_of = [np.zeros(lv["score"].shape[0], np.int64) for lv in levels]
+    node_of[0] -= 1
     for n, o in enumerate(order, start=1):
         node_of[depth[o] - 1][index[o]] = n
-    tokens, depths, parents, ranks = [], [], [-1], []
-    for o in order:
-        d, i = int(depth[o]), int(index[o])
-        _, parent, rank, _ = levels[d - 1]
-        tokens.append(ids[d - 1, rank[i]]); depths.append(d); ranks.append(rank[i])
-        parents.append(0 if d == 1 else int(node_of[d - 2][parent[i]]))
-    return Tree(tokens=np.asarray(tokens, np.int32), depths=np.asarray(depths, np.int32),
-                parents=np.asarray(parents, np.int32), ranks=np.asarray(ranks, np.int32),
+    d, i = depth[order], index[order]
+    rank = np.array([levels[a - 1]["rank"][b] for a, b in zip(d, i)], np.int64)
+    parents = np.array([0 if a == 1 else node_of[a - 2][levels[a - 1]["parent"][b]] for a, b in zip(d, i)], np.int64)
+    return Tree(tokens=ids[d - 1, rank].astype(np.int32), depths=d.astype(np.int32),
+                parents=np.r_[-1, parents].astype(np.int32), ranks=rank.astype(np.int32),
                 scores=score[order].astype(np.float64))
 
 
