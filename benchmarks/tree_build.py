@@ -107,6 +107,7 @@ def main():
             stream.synchronize()
             lp, ids = ref.topk_logprobs(logits, k)
             assert bufs.to_tree() == ref.build_tree(lp, ids, budget), "GPU tree differs from the twin"
+            assert ref.build_tree_levels(lp, ids, budget) == ref.build_tree(lp, ids, budget), "level twin differs"
 
             def both():
                 kn.topk_logprobs(d_logits, k, out=(lp_d, ids_d), stream=stream)
@@ -119,6 +120,7 @@ def main():
             t_twin = time_host(lambda: ref.build_tree(lp, ids, budget), reps=5)
             t_twin_topk = time_host(lambda: ref.topk_logprobs(logits, k), reps=3)
             t_heapq = time_host(lambda: heapq_build(lp, ids, budget), reps=5)
+            t_levels = time_host(lambda: ref.build_tree_levels(lp, ids, budget), reps=3)
             t_peer = "n/a"
             if torch is not None and torch.cuda.is_available():
                 tl = torch.from_numpy(logits).cuda()
@@ -128,16 +130,21 @@ def main():
                 torch.cuda.synchronize()
                 t_peer = f"{time_host(lambda: (peer(), torch.cuda.synchronize())):.1f}"
             floor = L * V * 4 / COPY_BW * 1e6
-            rows.append([V, budget, f"{t_topk:.1f}", f"{t_build:.1f}", f"{t_both:.1f}", f"{floor:.2f}",
-                         f"{t_host:.1f}", t_peer, f"{t_twin_topk:.0f}", f"{t_twin:.0f}", f"{t_heapq:.0f}"])
+            rows.append([V, budget, L, f"{t_topk:.1f}", f"{t_build:.1f}", f"{t_both:.1f}", f"{floor:.2f}",
+                         f"{t_host:.1f}", t_peer, f"{t_twin_topk:.0f}", f"{t_twin:.0f}", f"{t_levels:.0f}",
+                         f"{t_heapq:.0f}"])
             print(rows[-1], flush=True)
-    header = ["V", "budget", "GPU top-K µs", "GPU build µs", "GPU top-K+build µs", "floor µs",
+    header = ["V", "budget", "L", "GPU top-K µs", "GPU build µs", "GPU top-K+build µs", "floor µs",
               "host wall top-K+build µs", "peer torch top-K µs", "numpy top-K µs", "numpy build µs",
-              "heapq build µs"]
+              "numpy level build µs", "heapq build µs"]
+    keys = ["vocab", "budget", "depths", "topk_us", "build_us", "us", "floor_us", "host_us", "peer_us",
+            "numpy_topk_us", "numpy_build_us", "numpy_levels_us", "heapq_us"]
     note = (f"L = {L} depths. GPU columns: CUDA-event device time, median of 50. Host wall: per call "
             "with launch overhead and a stream sync. Peer: torch.log_softmax + torch.topk on the same GPU "
-            "(wall, synced). numpy/heapq: CPU of the GPU machine.")
-    append_rows("Tree build (benchmarks/tree_build.py)", header, rows, note, append=not args.no_append)
+            "(wall, synced). numpy/heapq: CPU of the GPU machine. Every GPU tree equals the heapq twin's, "
+            "and so does the level-synchronous twin's (build_tree_levels).")
+    append_rows("Tree build (benchmarks/tree_build.py)", header, rows, note, append=not args.no_append,
+                results="tree_build", keys=keys)
 
 
 if __name__ == "__main__":
