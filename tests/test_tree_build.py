@@ -149,6 +149,53 @@ def test_kernel_matches_twin_bit_for_bit(rng, kind):
 
 
 @pytest.mark.kernels
+@pytest.mark.parametrize("kind", ["normal", "ties", "rounding"])
+def test_level_kernel_matches_the_twins_bit_for_bit(rng, kind):
+    """The level-synchronous kernel (no pop chain) gives the heap build's tree: tokens, depths,
+    parents, ranks and score bits, including ties at each level's threshold and rounding ties of
+    unequal parents (the case where ordering children by parent score instead of path goes wrong)."""
+    cases = [(int(rng.integers(1, 5)), int(rng.integers(2, 12)), int(rng.integers(1, 40))), (3, 2, 20), (1, 7, 3),
+             (4, 3, 60)]
+    for L, V, budget in cases:
+        if kind == "rounding":
+            K = 6
+            lp = np.stack([-1.0 - 0.01 * np.arange(K), np.r_[-0.5, -5.0, np.full(K - 2, -1e18)],
+                           np.full(K, -1e18)]).astype(np.float32)
+            ids = np.arange(3 * K, dtype=np.int32).reshape(3, K)
+        else:
+            lp, ids = _draft(rng, L, V, min(budget, V), kind)
+        got = kn.build_tree_levels(lp, ids, budget, threads=THREADS)
+        assert got == ref.build_tree(lp, ids, budget), (kind, L, V, budget)
+        assert got == ref.build_tree_levels(lp, ids, budget)
+
+
+@pytest.mark.kernels
+@settings(max_examples=25, deadline=None)
+@given(L=st.integers(1, 5), V=st.integers(1, 12), budget=st.integers(0, 90),
+       seed=st.integers(0, 2**32 - 1), kind=st.sampled_from(["normal", "ties", "magnitudes"]))
+def test_level_kernel_equals_the_heap_build_on_random_drafts(L, V, budget, seed, kind):
+    rng = np.random.default_rng(seed)
+    if kind == "magnitudes":              # float64 path sums that round
+        x = (np.sign(rng.standard_normal((L, V))) * 10.0 ** rng.integers(-30, 12, (L, V))).astype(np.float32)
+        lp, ids = ref.topk_logprobs(x, min(budget, V) or 1)
+    else:
+        lp, ids = _draft(rng, L, V, min(budget, V) or 1, kind)
+    assert kn.build_tree_levels(lp, ids, budget, threads=THREADS) == ref.build_tree(lp, ids, budget)
+
+
+@pytest.mark.kernels
+def test_level_kernel_reuses_its_scratch_and_fills_device_buffers(rng):
+    lp, ids = _draft(rng, 3, 10, 10)
+    bufs, scratch = kn.TreeBuffers.allocate(12), kn.LevelScratch.allocate(3, 12)
+    for seed in range(2):
+        lp, ids = _draft(np.random.default_rng(seed), 3, 10, 10)
+        assert kn.build_tree_levels(lp, ids, 12, out=bufs, scratch=scratch, threads=4) is bufs
+        assert bufs.to_tree() == ref.build_tree(lp, ids, 12)
+    with pytest.raises(ValueError, match="scratch is for 3 depths x budget 12"):
+        kn.build_tree_levels(lp, ids, 11, scratch=scratch, threads=4)
+
+
+@pytest.mark.kernels
 def test_kernel_into_device_buffers(rng):
     lp, ids = _draft(rng, 3, 10, 10)
     bufs = kn.TreeBuffers.allocate(16)
@@ -156,7 +203,7 @@ def test_kernel_into_device_buffers(rng):
     assert bufs.to_tree() == ref.build_tree(lp, ids, 12)
 
 
-@pytest.mark.parametrize("fn", [ref.build_tree, kn.build_tree])
+@pytest.mark.parametrize("fn", [ref.build_tree, kn.build_tree, ref.build_tree_levels, kn.build_tree_levels])
 def test_bad_input_is_refused(rng, fn):
     lp, ids = _draft(rng, 2, 6, 4)
     with pytest.raises(ValueError, match="budget must be >= 0"):

@@ -14,7 +14,7 @@ Two tiers (docs/DESIGN.md §3):
 """
 
 from .topk import topk_logprobs
-from .tree_build import TreeBuffers, build_tree
+from .tree_build import LevelScratch, TreeBuffers, build_tree, build_tree_levels
 from .visibility import enqueue_visibility_bits, visibility, visibility_bits
 from .accept import follow_tree, sample_post
 from .compact import compact_rows, enqueue_compact_rows, enqueue_copy_rows
@@ -30,7 +30,7 @@ from .embedding import embedding, enqueue_embedding, lm_head
 
 __all__ = [
     # launchers (twins in ddtree_numba.reference)
-    "topk_logprobs", "build_tree", "visibility", "visibility_bits", "follow_tree", "sample_post",
+    "topk_logprobs", "build_tree", "build_tree_levels", "visibility", "visibility_bits", "follow_tree", "sample_post",
     "compact_rows", "linear", "mla_attention_absorbed", "gqa_attention", "moe_route", "moe_experts",
     "swiglu_mlp", "rms_norm", "rope", "rope_cos_sin", "embedding", "lm_head",
     # the device tier

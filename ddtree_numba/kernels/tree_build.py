@@ -21,7 +21,7 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
-from numba import config, cuda, float32, float64, int16, int32
+from numba import config, cuda, float32, float64, int16, int32, int64, uint64
 
 from .._checks import check_build_inputs
 from ..tree import Tree
@@ -271,4 +271,432 @@ def build_tree(lp, ids, budget, *, out=None, stream=0, threads=THREADS):
     _build_tree_kernel(threads)[1, threads, stream](
         to_device(lp, stream), to_device(ids, stream), budget,
         bufs.tokens, bufs.depths, bufs.parents, bufs.ranks, bufs.scores, bufs.n_nodes)
+    return bufs if out is not None else bufs.to_tree(stream)
+
+
+# -- the level-synchronous build: no pop chain (twin: reference.build_tree_levels) ---------------
+# One block of LEVEL_THREADS threads follows the twin step for step: per depth, the parents sorted
+# by score (bitonic, shared memory) give each its cap of candidate ranks; the candidates' B-th
+# score (a radix select on the float64's order-preserving bits) is the level's threshold; binary
+# searches and prefix sums give each parent's kept children (ties at the threshold in path order);
+# the level is written in path order. Then subtree sizes (bottom-up) and preorder (top-down) by
+# prefix sums, the union's B-th score and its ties by a preorder bitmap, and the chosen nodes
+# sorted by (-score, preorder) into pop order. Every float64 sum is the twin's, so the trees are
+# bit-identical; the level data lives in a ``LevelScratch`` in global memory.
+LEVEL_THREADS = 1024
+_INT_MAX = 2**31 - 1
+_NEG_INF = -np.inf
+_SIGN = np.uint64(1 << 63)
+
+if config.ENABLE_CUDASIM:
+    import struct as _struct
+
+    def _order_key(x):
+        """float64 -> uint64 whose unsigned order is the float order (-0.0 just below +0.0)."""
+        b = _struct.unpack("<Q", _struct.pack("<d", float(x)))[0]
+        return np.uint64(~b & 0xFFFFFFFFFFFFFFFF) if b >> 63 else np.uint64(b | (1 << 63))
+
+    def _key_value(k):
+        k = int(k)
+        b = k & ~(1 << 63) if k >> 63 else ~k & 0xFFFFFFFFFFFFFFFF
+        return np.float64(_struct.unpack("<d", _struct.pack("<Q", b))[0])
+else:
+    from numba.cuda import libdevice as _libdevice
+
+    @device_function
+    def _order_key(x):
+        """float64 -> uint64 whose unsigned order is the float order (-0.0 just below +0.0)."""
+        b = uint64(_libdevice.double_as_longlong(x))
+        if b >> uint64(63):
+            return ~b
+        return b | _SIGN
+
+    @device_function
+    def _key_value(k):
+        if k >> uint64(63):
+            b = k & ~_SIGN
+        else:
+            b = ~k
+        return _libdevice.longlong_as_double(int64(b))
+
+
+def level_candidates(budget: int, ranks: int) -> int:
+    """Candidate children a level can hold: sum over parent positions i < budget of
+    min(ranks, budget // (i + 1)) (at most budget x H(budget): 7,689 at 1024)."""
+    return sum(min(ranks, budget // (i + 1)) for i in range(budget))
+
+
+@dataclass(frozen=True)
+class LevelScratch:
+    """Global memory of the level build, for L depths and budget B (reusable across builds)."""
+
+    score: object    # [L, B] float64: level d's nodes in path order
+    parent: object   # [L, B] int32: index of the parent in level d - 1
+    rank: object     # [L, B] int32
+    start: object    # [L, B] int32: first child in level d + 1
+    keep: object     # [L, B] int32: children kept in level d + 1
+    csum: object     # [L, B + 1] int32: exclusive prefix sums of the subtree sizes
+    pre: object      # [L, B] int32: preorder position (root 0)
+    node: object     # [L, B] int32: node number (pop order) of chosen nodes
+    cand: object     # [1, C] float64: a level's candidate scores
+    flags: object    # [L * B + 2] int32: ties by preorder position, then their prefix counts
+
+    @classmethod
+    def allocate(cls, depths: int, budget: int, stream=0) -> "LevelScratch":
+        L, B = max(depths, 1), max(budget, 1)
+
+        def arr(shape, dt):
+            return cuda.device_array(shape, dt, stream=stream)
+        return cls(arr((L, B), np.float64), arr((L, B), np.int32), arr((L, B), np.int32), arr((L, B), np.int32),
+                   arr((L, B), np.int32), arr((L, B + 1), np.int32), arr((L, B), np.int32), arr((L, B), np.int32),
+                   arr((1, level_candidates(B, B)), np.float64), arr(L * B + 2, np.int32))
+
+    def fits(self, depths: int, budget: int) -> bool:
+        return (self.score.shape[0] >= depths and self.score.shape[1] == budget)
+
+
+@functools.lru_cache(maxsize=None)
+def _build_tree_levels_kernel(threads):
+    T = threads
+    NB = MAX_BUDGET
+    SCAN = T                                  # the scan's buffer: a partial sum per thread
+
+    @device_function
+    def scan(src, dst, n, tmp, t):
+        """Exclusive prefix sums of src[:n] into dst[:n] (may be src); every thread returns the
+        total. Each thread sums a contiguous segment, then a Hillis-Steele scan of the segments."""
+        per = (n + T - 1) // T
+        lo = min(n, t * per)
+        hi = min(n, lo + per)
+        s = 0
+        for i in range(lo, hi):
+            s += src[i]
+        tmp[t] = s
+        cuda.syncthreads()
+        off = 1
+        while off < T:
+            v = 0
+            if t >= off:
+                v = tmp[t - off]
+            cuda.syncthreads()
+            tmp[t] += v
+            cuda.syncthreads()
+            off *= 2
+        run = tmp[t] - s
+        for i in range(lo, hi):
+            v = src[i]
+            dst[i] = run
+            run += v
+        total = tmp[T - 1]
+        cuda.syncthreads()                    # tmp is free again
+        return total
+
+    @device_function
+    def upper_bound(a, n, x):
+        """The first index in [0, n) with a[index] > x (a non-decreasing), else n."""
+        lo = 0
+        hi = n
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if a[mid] > x:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    @device_function
+    def children_above(s, row, R, thr, strict):
+        """How many ranks r < R have fl(s + row[r]) > thr (``strict``) or >= thr: a binary search
+        (the sums do not increase with r)."""
+        lo = 0
+        hi = R
+        while lo < hi:
+            mid = (lo + hi) // 2
+            v = s + float64(row[mid])
+            if v > thr or (not strict and v == thr):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    @device_function
+    def better(ss, sk, a, b):
+        """Does entry a sort before entry b: score descending, then key ascending."""
+        return ss[a] > ss[b] or (ss[a] == ss[b] and sk[a] < sk[b])
+
+    @device_function
+    def bitonic(ss, sk, sp, n, t):
+        """Sort entries [0, n) (n a power of two) of (ss, sk, sp) best first."""
+        k = 2
+        while k <= n:
+            j = k // 2
+            while j > 0:
+                for i in range(t, n, T):
+                    other = i ^ j
+                    if other > i:
+                        if (i & k) == 0:
+                            swap = better(ss, sk, other, i)
+                        else:
+                            swap = better(ss, sk, i, other)
+                        if swap:
+                            v = ss[i]
+                            ss[i] = ss[other]
+                            ss[other] = v
+                            w = sk[i]
+                            sk[i] = sk[other]
+                            sk[other] = w
+                            w = sp[i]
+                            sp[i] = sp[other]
+                            sp[other] = w
+                cuda.syncthreads()
+                j //= 2
+            k *= 2
+
+    @device_function
+    def kth_largest(vals, counts, rows, k, hist, bins, tmp, sel, t):
+        """The k-th largest of the float64 vals[d, :counts[d]] for d < rows, with multiplicity
+        (k <= their number): eight 8-bit radix passes over the order-preserving keys, each a
+        shared histogram of the keys that match the digits chosen so far, then a scan of the bins
+        from the top to find the digit holding the k-th."""
+        width = vals.shape[1]
+        prefix = uint64(0)
+        kk = k
+        for p in range(8):
+            shift = uint64(56 - 8 * p)
+            high = uint64(0) if p == 0 else ~((uint64(1) << (shift + uint64(8))) - uint64(1))
+            for b in range(t, 256, T):
+                hist[b] = 0
+            cuda.syncthreads()
+            for idx in range(t, rows * width, T):
+                d = idx // width
+                i = idx - d * width
+                if i < counts[d]:
+                    key = _order_key(vals[d, i])
+                    if (key & high) == prefix:
+                        cuda.atomic.add(hist, int32((key >> shift) & uint64(255)), 1)
+            cuda.syncthreads()
+            for b in range(t, 256, T):        # the bins from the top digit down
+                bins[b] = hist[255 - b]
+            cuda.syncthreads()
+            scan(bins, bins, 256, tmp, t)     # bins[b]: keys in the bins above digit 255 - b
+            for b in range(t, 256, T):
+                above = bins[b]
+                if above < kk and above + hist[255 - b] >= kk:
+                    sel[0] = 255 - b
+                    sel[1] = kk - above
+            cuda.syncthreads()
+            prefix = prefix | (uint64(sel[0]) << shift)
+            kk = sel[1]
+            cuda.syncthreads()                # sel is rewritten by the next pass
+        return _key_value(prefix)
+
+    @cuda.jit
+    def kernel(lp, ids, budget, tokens, depths, parents, ranks, scores, n_nodes,
+               lv_score, lv_parent, lv_rank, lv_start, lv_keep, lv_csum, lv_pre, lv_node, cand, flags):
+        t = cuda.threadIdx.x
+        L = lp.shape[0]
+        K = lp.shape[1]
+        B = budget
+        R = min(K, B)
+        row = cuda.shared.array(NB, float32)             # lp[d, :R]
+        ss = cuda.shared.array(NB, float64)              # sort: scores
+        sk = cuda.shared.array(NB, int32)                # sort: tie key (path index, preorder)
+        sp = cuda.shared.array(NB, int32)                # sort: payload
+        a0 = cuda.shared.array(NB, int32)                # per parent, path order
+        a1 = cuda.shared.array(NB, int32)
+        a2 = cuda.shared.array(NB, int32)
+        tmp = cuda.shared.array(SCAN, int32)
+        hist = cuda.shared.array(256, int32)
+        bins = cuda.shared.array(256, int32)
+        sel = cuda.shared.array(2, int32)
+        counts = cuda.shared.array(MAX_DEPTH, int32)     # nodes of each level
+        one = cuda.shared.array(2, int32)
+        levels = L if (B > 0 and K > 0) else 0
+        for d in range(levels):
+            P = 1 if d == 0 else counts[d - 1]
+            for r in range(t, R, T):
+                row[r] = lp[d, r]
+            NP = 1
+            while NP < P:
+                NP *= 2
+            for i in range(t, NP, T):
+                if i < P:
+                    ss[i] = 0.0 if d == 0 else lv_score[d - 1, i]
+                    sk[i] = i
+                else:
+                    ss[i] = _NEG_INF
+                    sk[i] = _INT_MAX
+                sp[i] = i
+            cuda.syncthreads()
+            bitonic(ss, sk, sp, NP, t)
+            # 1. the threshold: the B-th score of the capped candidates (the i-th best parent
+            #    offers ranks r with (i + 1)(r + 1) <= B)
+            for i in range(t, P, T):
+                a0[i] = min(R, B // (i + 1))
+            cuda.syncthreads()
+            total = scan(a0, a0, P, tmp, t)
+            thr = _NEG_INF
+            if total >= B:
+                for slot in range(t, total, T):
+                    i = upper_bound(a0, P, slot) - 1
+                    cand[0, slot] = ss[i] + float64(row[slot - a0[i]])
+                if t == 0:
+                    one[0] = total
+                cuda.syncthreads()
+                thr = kth_largest(cand, one, 1, B, hist, bins, tmp, sel, t)
+            # 2. per parent (path order): children above the threshold, ties at it in path order
+            for p in range(t, P, T):
+                s = 0.0 if d == 0 else lv_score[d - 1, p]
+                gt = children_above(s, row, R, thr, True)
+                a0[p] = gt
+                a1[p] = children_above(s, row, R, thr, False) - gt
+            cuda.syncthreads()
+            m = B - scan(a0, a2, P, tmp, t)
+            scan(a1, a2, P, tmp, t)                      # a2: ties of earlier parents
+            for p in range(t, P, T):
+                a0[p] = a0[p] + min(max(m - a2[p], 0), a1[p])
+            cuda.syncthreads()
+            count = scan(a0, a1, P, tmp, t)              # a1: first child of each parent
+            for p in range(t, P, T):
+                if d > 0:
+                    lv_start[d - 1, p] = a1[p]
+                    lv_keep[d - 1, p] = a0[p]
+            if t == 0:
+                counts[d] = count
+            for slot in range(t, count, T):
+                p = upper_bound(a1, P, slot) - 1
+                r = slot - a1[p]
+                s = 0.0 if d == 0 else lv_score[d - 1, p]
+                lv_score[d, slot] = s + float64(row[r])
+                lv_parent[d, slot] = p
+                lv_rank[d, slot] = r
+            cuda.syncthreads()
+        if levels == 0:
+            if t == 0:
+                parents[0] = -1
+                n_nodes[0] = 0
+            return
+        for i in range(t, counts[levels - 1], T):        # the deepest level has no children
+            lv_start[levels - 1, i] = 0
+            lv_keep[levels - 1, i] = 0
+        cuda.syncthreads()
+        # subtree sizes bottom-up, kept as exclusive prefix sums (children are contiguous below)
+        for d in range(levels - 1, -1, -1):
+            n = counts[d]
+            for i in range(t, n, T):
+                size = 1
+                if d + 1 < levels:
+                    st = lv_start[d, i]
+                    size = 1 + lv_csum[d + 1, st + lv_keep[d, i]] - lv_csum[d + 1, st]
+                lv_csum[d, i] = size
+            cuda.syncthreads()
+            total = scan(lv_csum[d], lv_csum[d], n, tmp, t)
+            if t == 0:
+                lv_csum[d, n] = total
+            cuda.syncthreads()
+        # preorder top-down: the parent's + 1 + the sizes of earlier siblings
+        for d in range(levels):
+            for i in range(t, counts[d], T):
+                if d == 0:
+                    lv_pre[d, i] = 1 + lv_csum[0, i]
+                else:
+                    p = lv_parent[d, i]
+                    lv_pre[d, i] = lv_pre[d - 1, p] + 1 + lv_csum[d, i] - lv_csum[d, lv_start[d - 1, p]]
+            cuda.syncthreads()
+        # the union's best B by (-score, preorder): its B-th score, ties by a preorder bitmap
+        U = 0
+        for d in range(levels):
+            U += counts[d]
+        thr = _NEG_INF
+        if U > B:
+            thr = kth_largest(lv_score, counts, levels, B, hist, bins, tmp, sel, t)
+        for i in range(t, U + 2, T):
+            flags[i] = 0
+        if t == 0:
+            one[0] = 0
+            one[1] = 0
+        cuda.syncthreads()
+        width = lv_score.shape[1]
+        for idx in range(t, levels * width, T):
+            d = idx // width
+            i = idx - d * width
+            if i < counts[d]:
+                s = lv_score[d, i]
+                if s > thr:
+                    cuda.atomic.add(one, 0, 1)
+                elif s == thr:
+                    flags[lv_pre[d, i]] = 1
+        cuda.syncthreads()
+        scan(flags, flags, U + 2, tmp, t)
+        m = B - one[0]
+        for idx in range(t, levels * width, T):
+            d = idx // width
+            i = idx - d * width
+            if i < counts[d]:
+                s = lv_score[d, i]
+                if s > thr or (s == thr and flags[lv_pre[d, i]] < m):
+                    slot = cuda.atomic.add(one, 1, 1)
+                    ss[slot] = s
+                    sk[slot] = lv_pre[d, i]
+                    sp[slot] = idx
+        cuda.syncthreads()
+        n = one[1]
+        NP = 1
+        while NP < n:
+            NP *= 2
+        for i in range(n + t, NP, T):
+            ss[i] = _NEG_INF
+            sk[i] = _INT_MAX
+            sp[i] = 0
+        cuda.syncthreads()
+        bitonic(ss, sk, sp, NP, t)                       # pop order
+        for j in range(t, n, T):
+            d = sp[j] // width
+            lv_node[d, sp[j] - d * width] = j + 1
+        cuda.syncthreads()
+        for j in range(t, n, T):
+            d = sp[j] // width
+            i = sp[j] - d * width
+            r = lv_rank[d, i]
+            tokens[j] = ids[d, r]
+            depths[j] = d + 1
+            ranks[j] = r
+            scores[j] = ss[j]
+            parents[j + 1] = 0 if d == 0 else lv_node[d - 1, lv_parent[d, i]]
+        if t == 0:
+            parents[0] = -1
+            n_nodes[0] = n
+
+    return kernel
+
+
+def build_tree_levels(lp, ids, budget, *, out=None, scratch=None, stream=0, threads=LEVEL_THREADS):
+    """``build_tree``'s tree by the level-synchronous kernel (no pop chain); twin:
+    ``reference.build_tree_levels``, bit for bit (and so ``reference.build_tree``).
+
+    lp [L, K] float32 (rows descending), ids [L, K] int32, numpy or device. ``scratch``: a
+    ``LevelScratch`` for (L, budget) to reuse (allocated when None). Returns a host ``Tree``, or,
+    when ``out`` (``TreeBuffers``) is given, fills it on ``stream`` and returns it without
+    synchronising.
+    """
+    budget = check_build_inputs(lp, ids, budget)
+    L, K = lp.shape
+    if budget > MAX_BUDGET:
+        raise ValueError(f"budget = {budget} is more than the kernel's MAX_BUDGET = {MAX_BUDGET}")
+    if L > MAX_DEPTH:
+        raise ValueError(f"{L} draft depths is more than the kernel's MAX_DEPTH = {MAX_DEPTH}")
+    check_threads(threads, hi=1024)
+    bufs = out if out is not None else TreeBuffers.allocate(budget, stream)
+    if bufs.capacity < budget:
+        raise ValueError(f"out holds {bufs.capacity} nodes; budget is {budget}")
+    if scratch is None:
+        scratch = LevelScratch.allocate(L, budget, stream)
+    elif not scratch.fits(L, max(budget, 1)):
+        raise ValueError(f"scratch is for {scratch.score.shape[0]} depths x budget {scratch.score.shape[1]}; "
+                         f"this build needs {L} x {budget}")
+    sc = scratch
+    _build_tree_levels_kernel(threads)[1, threads, stream](
+        to_device(lp, stream), to_device(ids, stream), budget,
+        bufs.tokens, bufs.depths, bufs.parents, bufs.ranks, bufs.scores, bufs.n_nodes,
+        sc.score, sc.parent, sc.rank, sc.start, sc.keep, sc.csum, sc.pre, sc.node, sc.cand, sc.flags)
     return bufs if out is not None else bufs.to_tree(stream)
