@@ -490,7 +490,8 @@ def _build_tree_levels_kernel(threads):
             cuda.syncthreads()                # sel is rewritten by the next pass
         return _key_value(prefix)
 
-    @cuda.jit
+    # launch bounds: registers capped so that a block of T (up to 1024) threads fits an SM
+    @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,)))
     def kernel(lp, ids, budget, tokens, depths, parents, ranks, scores, n_nodes,
                lv_score, lv_parent, lv_rank, lv_start, lv_keep, lv_csum, lv_pre, lv_node, cand, flags):
         t = cuda.threadIdx.x
