@@ -54,6 +54,34 @@ def test_kernel_matches_twin_bit_for_bit(rng, kind):
 
 
 @pytest.mark.kernels
+@pytest.mark.parametrize("kind", ["normal", "ties", "masked"])
+@pytest.mark.parametrize("V,k,slices", [(50, 7, 3),      # ragged slices, each holding more than k
+                                        (40, 30, 4),     # slices smaller than k: the merge needs them all
+                                        (9, 4, 16),      # more slices than entries: empty slices
+                                        (100, 100, 5)])  # k = V
+def test_split_rows_match_the_twin_bit_for_bit(rng, kind, V, k, slices):
+    """A row split over several blocks (each a top-K of its slice and a log-sum-exp pair, then one
+    merge) gives the twin's ids and log-prob bits, however the slices fall."""
+    x = _logits(rng, 3, V, kind)
+    lp, ids = kn.topk_logprobs(x, k, threads=THREADS, slices=slices)
+    lp_ref, ids_ref = ref.topk_logprobs(x, k)
+    np.testing.assert_array_equal(ids, ids_ref)
+    np.testing.assert_array_equal(lp.view(np.uint32), lp_ref.view(np.uint32))
+
+
+@pytest.mark.kernels
+def test_split_scratch_is_reused_and_checked(rng):
+    from ddtree_numba.kernels.topk import TopKScratch
+    scratch = TopKScratch.allocate(2, 60, 5, slices=3)
+    for _ in range(2):
+        x = _logits(rng, 2, 60, "ties")
+        lp, ids = kn.topk_logprobs(x, 5, threads=THREADS, slices=3, scratch=scratch)
+        np.testing.assert_array_equal(ids, ref.topk_logprobs(x, 5)[1])
+    with pytest.raises(ValueError, match="scratch is for"):
+        kn.topk_logprobs(x, 6, threads=THREADS, slices=3, scratch=scratch)
+
+
+@pytest.mark.kernels
 def test_kernel_k_equals_v_and_device_arrays(rng):
     from numba import cuda
     x = _logits(rng, 2, 33, "ties")

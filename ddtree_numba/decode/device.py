@@ -183,6 +183,7 @@ def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prom
         layer_ids = cuda.to_device(np.array(layers, np.int32), stream=stream)
         lp = cuda.device_array((L, K), np.float32, stream=stream)
         ids = cuda.device_array((L, K), np.int32, stream=stream)
+        topk_scratch = kn.TopKScratch.allocate(L, V, K, stream)   # between its two kernels
 
     def flag_nonfinite(logits, n_rows, bit):
         grid = (ceil_div(logits.shape[0], 4), ceil_div(logits.shape[1], 64))
@@ -222,7 +223,7 @@ def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prom
             logits_d = drafter.draft_device(features, n_ctx, bonus, dcache, graph=graph, stream=stream)
             log.drafter_forwards += 1
             timer.mark("draft")
-            kn.topk_logprobs(logits_d, K, out=(lp, ids), stream=stream)
+            kn.topk_logprobs(logits_d, K, out=(lp, ids), scratch=topk_scratch, stream=stream)
             timer.mark("topk")
             kn.build_tree(lp, ids, nodes, out=tbufs, stream=stream)
             timer.mark("build")

@@ -9,11 +9,12 @@ Two tiers (docs/DESIGN.md §3):
 - **The device tier**, ``enqueue_*``: what the models and the GPU decode loop are built from.
   Device arrays only, no checks, no allocation, no host sync; the sizes that change between
   calls (live rows, cache length) are read from small device arrays, so a captured CUDA graph
-  replays them. Each names its twin in its docstring. ``TreeBuffers``, ``MLAScratch``,
-  ``GQAScratch``, ``MoEBuffers`` and ``MoERoute`` are the buffers and parameters they take.
+  replays them. Each names its twin in its docstring. ``TreeBuffers``, ``LevelScratch``,
+  ``TopKScratch``, ``MLAScratch``, ``GQAScratch``, ``MoEBuffers`` and ``MoERoute`` are the
+  buffers and parameters they take.
 """
 
-from .topk import topk_logprobs
+from .topk import TopKScratch, topk_logprobs
 from .tree_build import LevelScratch, TreeBuffers, build_tree, build_tree_levels
 from .visibility import enqueue_visibility_bits, visibility, visibility_bits
 from .accept import follow_tree, sample_post
@@ -40,5 +41,5 @@ __all__ = [
     "enqueue_moe_combine", "enqueue_swiglu_mlp", "enqueue_moe_block", "enqueue_rms_norm",
     "enqueue_rope", "enqueue_embedding",
     # buffers and parameters
-    "TreeBuffers", "MLAScratch", "GQAScratch", "MoEBuffers", "MoERoute", "TILES", "PRECISIONS",
+    "TreeBuffers", "LevelScratch", "TopKScratch", "MLAScratch", "GQAScratch", "MoEBuffers", "MoERoute", "TILES", "PRECISIONS",
 ]

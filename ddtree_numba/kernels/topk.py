@@ -1,21 +1,29 @@
 """Top-K log-probabilities per draft depth on the GPU; twin: ``reference.topk.topk_logprobs``.
 
-Shapes: L depths, V vocabulary, K kept tokens (K <= MAX_K).
+Shapes: L depths, V vocabulary, K kept tokens (K <= MAX_K), G slices a row (``_slices``: about one a SLICE entries).
 
-One block per depth, three phases over the row:
-1. log-sum-exp: each thread keeps an online (max, sum-exp) pair in float64 over a strided
-   slice, then a shared-memory tree combines the pairs;
-2. radix select of the K-th largest *composite key* ``(ordered float bits << 32) | (2^32-1-id)``,
-   8 bits a pass, from the top digit down, stopping as soon as the selected bucket is exactly
-   what is still needed. Composite keys are distinct, so the keys >= the threshold are exactly K
-   tokens, and ties in value go to the lower id for free;
-3. the K survivors are gathered into shared memory, bitonic-sorted descending, written out.
+Two launches, so that a row is read by G blocks at once instead of one (issue 15):
+
+1. ``_topk_partial_kernel``, grid (G, L): block (b, row) takes slice b of the row. Its log-sum-exp
+   pair: each thread keeps an online (max, sum-exp) in float64 over a strided part of the slice,
+   then a shared-memory tree combines the threads'. Its min(K, slice) largest entries: a radix
+   select of the K-th largest *composite key* ``(ordered float bits << 32) | (2^32-1-id)``, 8 bits
+   a pass from the top digit down, stopping as soon as the selected bucket is exactly what is
+   still needed. Composite keys are distinct, so the keys >= the threshold are exactly that many
+   tokens, and ties in value go to the lower id for free. They go to a ``TopKScratch``.
+2. ``_topk_merge_kernel``, grid L: the row's log-sum-exp from the slices' pairs (in slice order),
+   the same radix select over the slices' at most G*K candidates, the K survivors bitonic-sorted
+   descending in shared memory, written out.
+
+The float32 log-probabilities do not depend on the order of the float64 reduction (the twin's
+docstring), so any G gives the twin's bits.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from numba import cuda, float32, float64, int32, uint32, uint64
@@ -43,119 +51,54 @@ def _composite_key(bits, v):
 
 
 @functools.lru_cache(maxsize=None)
-def _topk_logprobs_kernel(threads):
+def _block_helpers(threads):
+    """Device functions both top-K kernels share, for blocks of ``threads`` threads."""
     T = threads
 
-    @cuda.jit
-    def kernel(logits, bits, k, lp_out, ids_out):
-        row = cuda.blockIdx.x
-        t = cuda.threadIdx.x
-        V = logits.shape[1]
-        red_m = cuda.shared.array(T, float64)
-        red_s = cuda.shared.array(T, float64)
-        hist = cuda.shared.array(256, int32)
-        suffix = cuda.shared.array(257, int32)
-        chunk = cuda.shared.array(17, int32)
-        sel = cuda.shared.array(2, uint64)        # (desired prefix, mask of decided bits)
-        state = cuda.shared.array(3, int32)       # (still needed, done flag, gathered count)
-        keys = cuda.shared.array(MAX_K, uint64)
+    @device_function
+    def clear(hist, t):
+        for b in range(t, 256, T):
+            hist[b] = 0
 
-        # -- 1. log-sum-exp, float64, online per thread then a fixed tree
-        m = -math.inf
-        s = 0.0
-        for v in range(t, V, T):
-            x = float64(logits[row, v])
-            if x > m:
-                s = s * math.exp(m - x) + 1.0
-                m = x
-            elif x != -math.inf:
-                s += math.exp(x - m)
-        red_m[t] = m
-        red_s[t] = s
+    @device_function
+    def pick_digit(hist, suffix, chunk, sel, state, shift, need, desired, mask, t):
+        """From a complete histogram of one digit: the bucket holding the ``need``-th largest
+        key, published in sel (prefix and mask) and state (still needed; done when the whole
+        bucket is needed). suffix[b] = keys in buckets >= b: 16 chunk sums, a serial suffix over
+        the chunks, a serial suffix inside each chunk (3 barriers)."""
+        for c in range(t, 16, T):
+            acc = 0
+            for b in range(16 * c, 16 * c + 16):
+                acc += hist[b]
+            chunk[c] = acc
+        cuda.syncthreads()  # chunk sums are in
         if t == 0:
-            sel[0] = uint64(0)
-            sel[1] = uint64(0)
-            state[0] = k
-            state[1] = 0
-            state[2] = 0
-        cuda.syncthreads()  # partial pairs and selection state are written
-        stride = T // 2
-        while stride > 0:
-            if t < stride:
-                m1 = red_m[t]
-                m2 = red_m[t + stride]
-                mm = max(m1, m2)
-                if mm != -math.inf:
-                    red_s[t] = red_s[t] * math.exp(m1 - mm) + red_s[t + stride] * math.exp(m2 - mm)
-                    red_m[t] = mm
-            cuda.syncthreads()  # this level of the tree is combined
-            stride //= 2
-        lse = red_m[0] + math.log(red_s[0])
-
-        # -- 2. radix select of the K-th largest composite key, top digit first
-        shift = 56
-        while shift >= 0:
-            if state[1] != 0:
-                break
-            for b in range(t, 256, T):
-                hist[b] = 0
-            cuda.syncthreads()  # histogram cleared
-            desired = sel[0]
-            mask = sel[1]
-            need = state[0]  # read here: it is rewritten below, after several barriers
-            for v in range(t, V, T):
-                key = _composite_key(bits[row, v], v)
-                if key & mask == desired:
-                    # plain shared atomics: warp-aggregating them with match_any_sync measured
-                    # slower on the H200 (docs/PERFORMANCE.md)
-                    cuda.atomic.add(hist, int32((key >> uint64(shift)) & uint64(255)), 1)
-            cuda.syncthreads()  # histogram complete
-            # suffix[b] = number of candidates in buckets >= b: 16 chunk sums, a serial
-            # suffix over the chunks, then a serial suffix inside each chunk (3 barriers)
-            for c in range(t, 16, T):
-                acc = 0
-                for b in range(16 * c, 16 * c + 16):
-                    acc += hist[b]
+            acc = 0
+            chunk[16] = 0
+            for c in range(15, -1, -1):
+                acc += chunk[c]
                 chunk[c] = acc
-            cuda.syncthreads()  # chunk sums are in
-            if t == 0:
-                acc = 0
-                chunk[16] = 0
-                for c in range(15, -1, -1):
-                    acc += chunk[c]
-                    chunk[c] = acc
-                suffix[256] = 0
-            cuda.syncthreads()  # chunk suffixes are in
-            for c in range(t, 16, T):
-                acc = chunk[c + 1]
-                for b in range(16 * c + 15, 16 * c - 1, -1):
-                    acc += hist[b]
-                    suffix[b] = acc
-            cuda.syncthreads()  # suffix sums are complete
-            for b in range(t, 256, T):
-                if suffix[b] >= need and suffix[b + 1] < need:  # the bucket holding the K-th key
-                    sel[0] = desired | (uint64(b) << uint64(shift))
-                    sel[1] = mask | (uint64(255) << uint64(shift))
-                    need_in_bucket = need - suffix[b + 1]
-                    state[0] = need_in_bucket
-                    if suffix[b] - suffix[b + 1] == need_in_bucket:
-                        state[1] = 1  # the whole bucket is needed: the threshold is final
-            cuda.syncthreads()  # selection for this digit is published
-            shift -= 8
+            suffix[256] = 0
+        cuda.syncthreads()  # chunk suffixes are in
+        for c in range(t, 16, T):
+            acc = chunk[c + 1]
+            for b in range(16 * c + 15, 16 * c - 1, -1):
+                acc += hist[b]
+                suffix[b] = acc
+        cuda.syncthreads()  # suffix sums are complete
+        for b in range(t, 256, T):
+            if suffix[b] >= need and suffix[b + 1] < need:  # the bucket holding the need-th key
+                sel[0] = desired | (uint64(b) << uint64(shift))
+                sel[1] = mask | (uint64(255) << uint64(shift))
+                need_in_bucket = need - suffix[b + 1]
+                state[0] = need_in_bucket
+                if suffix[b] - suffix[b + 1] == need_in_bucket:
+                    state[1] = 1  # the whole bucket is needed: the threshold is final
+        cuda.syncthreads()  # selection for this digit is published
 
-        # -- 3. gather the K survivors, bitonic sort descending, write out
-        desired = sel[0]
-        mask = sel[1]
-        for v in range(t, V, T):
-            key = _composite_key(bits[row, v], v)
-            if key & mask >= desired:
-                keys[cuda.atomic.add(state, 2, 1)] = key
-        p = 1
-        while p < k:
-            p *= 2
-        for i in range(k + t, p, T):
-            keys[i] = uint64(0)  # padding sorts last
-        cuda.syncthreads()  # survivors and padding are in place
+    @device_function
+    def sort_desc(keys, p, t):
+        """Bitonic sort of keys[:p] (p a power of two) in descending order."""
         size = 2
         while size <= p:
             half = size // 2
@@ -171,6 +114,181 @@ def _topk_logprobs_kernel(threads):
                 cuda.syncthreads()  # this compare-exchange stage is done
                 half //= 2
             size *= 2
+
+    return clear, pick_digit, sort_desc
+
+
+@functools.lru_cache(maxsize=None)
+def _topk_partial_kernel(threads):
+    """Grid (G, L): block (b, row) takes slice b of the row, [b*S, min(V, (b+1)*S)), S = ceil(V/G).
+    It writes the slice's log-sum-exp pair (max, sum of exp(x - max)), float64, and the composite
+    keys of its min(k, slice) largest entries (unordered) to cand[row, b*k :], their number to
+    cnt[row, b]."""
+    T = threads
+    clear, pick_digit, _ = _block_helpers(T)
+
+    @cuda.jit
+    def kernel(logits, bits, k, part_m, part_s, cand, cnt):
+        b_ = cuda.blockIdx.x
+        row = cuda.blockIdx.y
+        G = cuda.gridDim.x
+        t = cuda.threadIdx.x
+        V = logits.shape[1]
+        S = (V + G - 1) // G
+        lo = min(V, b_ * S)
+        hi = min(V, lo + S)
+        red_m = cuda.shared.array(T, float64)
+        red_s = cuda.shared.array(T, float64)
+        hist = cuda.shared.array(256, int32)
+        suffix = cuda.shared.array(257, int32)
+        chunk = cuda.shared.array(17, int32)
+        sel = cuda.shared.array(2, uint64)        # (desired prefix, mask of decided bits)
+        state = cuda.shared.array(3, int32)       # (still needed, done flag, gathered count)
+        kk = min(k, hi - lo)
+
+        # -- 1. the slice's log-sum-exp, float64, online per thread then a fixed tree
+        m = -math.inf
+        s = 0.0
+        for v in range(lo + t, hi, T):
+            x = float64(logits[row, v])
+            if x > m:
+                s = s * math.exp(m - x) + 1.0
+                m = x
+            elif x != -math.inf:
+                s += math.exp(x - m)
+        red_m[t] = m
+        red_s[t] = s
+        if t == 0:
+            sel[0] = uint64(0)
+            sel[1] = uint64(0)
+            state[0] = kk
+            state[1] = 0
+            state[2] = 0
+        cuda.syncthreads()  # partial pairs and selection state are written
+        stride = T // 2
+        while stride > 0:
+            if t < stride:
+                m1 = red_m[t]
+                m2 = red_m[t + stride]
+                mm = max(m1, m2)
+                if mm != -math.inf:
+                    red_s[t] = red_s[t] * math.exp(m1 - mm) + red_s[t + stride] * math.exp(m2 - mm)
+                    red_m[t] = mm
+            cuda.syncthreads()  # this level of the tree is combined
+            stride //= 2
+        if t == 0:
+            part_m[row, b_] = red_m[0]
+            part_s[row, b_] = red_s[0]
+            cnt[row, b_] = kk
+        if kk <= 0:
+            return
+
+        # -- 2. radix select of the slice's kk-th largest composite key, top digit first
+        shift = 56
+        while shift >= 0:
+            if state[1] != 0:
+                break
+            clear(hist, t)
+            cuda.syncthreads()  # histogram cleared
+            desired = sel[0]
+            mask = sel[1]
+            need = state[0]  # read here: it is rewritten below, after several barriers
+            for v in range(lo + t, hi, T):
+                key = _composite_key(bits[row, v], v)
+                if key & mask == desired:
+                    # plain shared atomics: warp-aggregating them with match_any_sync measured
+                    # slower on the H200 (docs/PERFORMANCE.md)
+                    cuda.atomic.add(hist, int32((key >> uint64(shift)) & uint64(255)), 1)
+            cuda.syncthreads()  # histogram complete
+            pick_digit(hist, suffix, chunk, sel, state, shift, need, desired, mask, t)
+            shift -= 8
+
+        # -- 3. the kk survivors (composite keys are distinct: exactly kk are >= the threshold)
+        desired = sel[0]
+        mask = sel[1]
+        for v in range(lo + t, hi, T):
+            key = _composite_key(bits[row, v], v)
+            if key & mask >= desired:
+                cand[row, b_ * k + cuda.atomic.add(state, 2, 1)] = key
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def _topk_merge_kernel(threads):
+    """Grid L: the row's log-sum-exp from its G slice pairs (combined in slice order), the k
+    largest of the slices' candidate keys (a radix select over at most G*k keys), sorted, out."""
+    T = threads
+    clear, pick_digit, sort_desc = _block_helpers(T)
+
+    @cuda.jit
+    def kernel(logits, k, part_m, part_s, cand, cnt, lp_out, ids_out):
+        row = cuda.blockIdx.x
+        t = cuda.threadIdx.x
+        G = part_m.shape[1]
+        hist = cuda.shared.array(256, int32)
+        suffix = cuda.shared.array(257, int32)
+        chunk = cuda.shared.array(17, int32)
+        sel = cuda.shared.array(2, uint64)
+        state = cuda.shared.array(3, int32)
+        lse_sh = cuda.shared.array(1, float64)
+        keys = cuda.shared.array(MAX_K, uint64)
+        if t == 0:
+            mm = -math.inf
+            for b in range(G):
+                mm = max(mm, part_m[row, b])
+            ss = 0.0
+            for b in range(G):                    # slice order: a fixed sum
+                if part_m[row, b] != -math.inf:
+                    ss += part_s[row, b] * math.exp(part_m[row, b] - mm)
+                else:
+                    ss += part_s[row, b]          # 0, or NaN from NaN logits (flagged by the caller)
+            if ss > 0.0:
+                lse_sh[0] = mm + math.log(ss)
+            elif ss == 0.0:
+                lse_sh[0] = -math.inf             # every entry -inf
+            else:
+                lse_sh[0] = ss                    # NaN
+            sel[0] = uint64(0)
+            sel[1] = uint64(0)
+            state[0] = k
+            state[1] = 0
+            state[2] = 0
+        cuda.syncthreads()
+        lse = lse_sh[0]
+        shift = 56
+        while shift >= 0:
+            if state[1] != 0:
+                break
+            clear(hist, t)
+            cuda.syncthreads()
+            desired = sel[0]
+            mask = sel[1]
+            need = state[0]
+            for idx in range(t, G * k, T):
+                b = idx // k
+                if idx - b * k < cnt[row, b]:
+                    key = cand[row, idx]
+                    if key & mask == desired:
+                        cuda.atomic.add(hist, int32((key >> uint64(shift)) & uint64(255)), 1)
+            cuda.syncthreads()
+            pick_digit(hist, suffix, chunk, sel, state, shift, need, desired, mask, t)
+            shift -= 8
+        desired = sel[0]
+        mask = sel[1]
+        for idx in range(t, G * k, T):
+            b = idx // k
+            if idx - b * k < cnt[row, b]:
+                key = cand[row, idx]
+                if key & mask >= desired:
+                    keys[cuda.atomic.add(state, 2, 1)] = key
+        p = 1
+        while p < k:
+            p *= 2
+        for i in range(k + t, p, T):
+            keys[i] = uint64(0)  # padding sorts last
+        cuda.syncthreads()  # survivors and padding are in place
+        sort_desc(keys, p, t)
         for r in range(t, k, T):
             tok = int32(uint64(_LOW32) - (keys[r] & uint64(_LOW32)))
             ids_out[row, r] = tok
@@ -179,7 +297,39 @@ def _topk_logprobs_kernel(threads):
     return kernel
 
 
-def topk_logprobs(logits, k, *, out=None, stream=0, threads=THREADS):
+SLICE = 8192       # vocabulary entries a slice block takes (at least; up to MAX_SLICES slices a row)
+MAX_SLICES = 16
+
+
+def _slices(vocab: int) -> int:
+    """Slices (blocks) per depth: about one per SLICE entries, at most MAX_SLICES."""
+    return max(1, min(MAX_SLICES, vocab // SLICE))
+
+
+@dataclass(frozen=True)
+class TopKScratch:
+    """Device memory between the two top-K kernels, for L rows, G slices a row and k kept
+    (``allocate`` takes the vocabulary and chooses G as ``topk_logprobs`` does)."""
+
+    part_m: object   # [L, G] float64: each slice's max
+    part_s: object   # [L, G] float64: its sum of exp(x - max)
+    cand: object     # [L, G*k] uint64: its candidates' composite keys
+    cnt: object      # [L, G] int32: how many
+
+    @classmethod
+    def allocate(cls, rows: int, vocab: int, k: int, stream=0, slices: int | None = None) -> "TopKScratch":
+        slices = _slices(vocab) if slices is None else slices
+
+        def arr(shape, dt):
+            return cuda.device_array(shape, dt, stream=stream)
+        return cls(arr((rows, slices), np.float64), arr((rows, slices), np.float64),
+                   arr((rows, slices * max(k, 1)), np.uint64), arr((rows, slices), np.int32))
+
+    def fits(self, rows: int, slices: int, k: int) -> bool:
+        return self.part_m.shape == (rows, slices) and self.cand.shape[1] == slices * max(k, 1)
+
+
+def topk_logprobs(logits, k, *, out=None, stream=0, threads=THREADS, slices=None, scratch=None):
     """Log-softmax of each row and its ``k`` best tokens, on the GPU.
 
     logits [L, V] float32 (numpy or device) -> (lp [L, K] float32, ids [L, K] int32),
@@ -203,9 +353,19 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=THREADS):
     else:
         check_array("out[0]", out[0], 2, np.float32, shape=(L, k))
         check_array("out[1]", out[1], 2, np.int32, shape=(L, k))
+    G = _slices(V) if slices is None else check_int("slices", slices, 1, MAX_SLICES)
+    if scratch is None:
+        scratch = TopKScratch.allocate(L, V, k, stream, slices=G) if L and k else None
+    elif not scratch.fits(L, G, k):
+        raise ValueError(f"scratch is for {list(scratch.part_m.shape)} rows x slices and "
+                         f"{scratch.cand.shape[1] // max(scratch.part_m.shape[1], 1)} kept; this call needs "
+                         f"{[L, G]} and {k}")
     if L and k:
-        _topk_logprobs_kernel(threads)[L, threads, stream](
-            d_logits, d_logits.view(np.uint32), k, out[0], out[1])
+        sc = scratch
+        _topk_partial_kernel(threads)[(G, L), threads, stream](
+            d_logits, d_logits.view(np.uint32), k, sc.part_m, sc.part_s, sc.cand, sc.cnt)
+        _topk_merge_kernel(threads)[L, threads, stream](
+            d_logits, k, sc.part_m, sc.part_s, sc.cand, sc.cnt, out[0], out[1])
     if host:
         return out[0].copy_to_host(stream=stream), out[1].copy_to_host(stream=stream)
     return out

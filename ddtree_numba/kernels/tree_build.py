@@ -320,7 +320,7 @@ else:
         return _libdevice.longlong_as_double(int64(b))
 
 
-def level_candidates(budget: int, ranks: int) -> int:
+def _level_candidates(budget: int, ranks: int) -> int:
     """Candidate children a level can hold: sum over parent positions i < budget of
     min(ranks, budget // (i + 1)) (at most budget x H(budget): 7,689 at 1024)."""
     return sum(min(ranks, budget // (i + 1)) for i in range(budget))
@@ -349,7 +349,7 @@ class LevelScratch:
             return cuda.device_array(shape, dt, stream=stream)
         return cls(arr((L, B), np.float64), arr((L, B), np.int32), arr((L, B), np.int32), arr((L, B), np.int32),
                    arr((L, B), np.int32), arr((L, B + 1), np.int32), arr((L, B), np.int32), arr((L, B), np.int32),
-                   arr((1, level_candidates(B, B)), np.float64), arr(L * B + 2, np.int32))
+                   arr((1, _level_candidates(B, B)), np.float64), arr(L * B + 2, np.int32))
 
     def fits(self, depths: int, budget: int) -> bool:
         return (self.score.shape[0] >= depths and self.score.shape[1] == budget)
