@@ -249,6 +249,16 @@ class TreeBuffers:
                     scores=host["scores"][:n])
 
 
+def _check_limits(lp, ids, budget) -> int:
+    """The build's inputs (``check_build_inputs``) within the kernels' limits; the budget."""
+    budget = check_build_inputs(lp, ids, budget)
+    if budget > MAX_BUDGET:
+        raise ValueError(f"budget = {budget} is more than the kernel's MAX_BUDGET = {MAX_BUDGET}")
+    if lp.shape[0] > MAX_DEPTH:
+        raise ValueError(f"{lp.shape[0]} draft depths is more than the kernel's MAX_DEPTH = {MAX_DEPTH}")
+    return budget
+
+
 def build_tree(lp, ids, budget, *, out=None, stream=0, threads=THREADS):
     """The ``budget`` best rank paths as a tree, built on the GPU.
 
@@ -256,12 +266,8 @@ def build_tree(lp, ids, budget, *, out=None, stream=0, threads=THREADS):
     ``Tree`` bit-identical to ``reference.build_tree``, or, when ``out`` (``TreeBuffers``)
     is given, fills it on ``stream`` and returns it without synchronising.
     """
-    budget = check_build_inputs(lp, ids, budget)
+    budget = _check_limits(lp, ids, budget)
     L, K = lp.shape
-    if budget > MAX_BUDGET:
-        raise ValueError(f"budget = {budget} is more than the kernel's MAX_BUDGET = {MAX_BUDGET}")
-    if L > MAX_DEPTH:
-        raise ValueError(f"{L} draft depths is more than the kernel's MAX_DEPTH = {MAX_DEPTH}")
     if K > MAX_BUDGET:
         raise ValueError(f"K = {K} ranks per depth is more than the kernel takes ({MAX_BUDGET})")
     check_threads(threads, hi=256)  # static shared memory: 48 KiB a block
@@ -680,12 +686,8 @@ def build_tree_levels(lp, ids, budget, *, out=None, scratch=None, stream=0, thre
     when ``out`` (``TreeBuffers``) is given, fills it on ``stream`` and returns it without
     synchronising.
     """
-    budget = check_build_inputs(lp, ids, budget)
+    budget = _check_limits(lp, ids, budget)
     L, K = lp.shape
-    if budget > MAX_BUDGET:
-        raise ValueError(f"budget = {budget} is more than the kernel's MAX_BUDGET = {MAX_BUDGET}")
-    if L > MAX_DEPTH:
-        raise ValueError(f"{L} draft depths is more than the kernel's MAX_DEPTH = {MAX_DEPTH}")
     check_threads(threads, hi=1024)
     bufs = out if out is not None else TreeBuffers.allocate(budget, stream)
     if bufs.capacity < budget:
