@@ -152,6 +152,31 @@ assert [p for _, p in best] == [tuple(int(tree.ranks[j - 1]) for j in tree.path(
 assert np.all(np.diff(tree.scores) <= 0)
 
 # %% [markdown]
+# ### The same tree with no pop chain
+#
+# The heap pops one node at a time: `budget` steps in a row, which a GPU runs on one block, one
+# pop after another. Since a child never scores above its parent, the tree is also reachable
+# level by level: depth `d` keeps the best `budget` children of depth `d - 1`'s survivors,
+# found as a *threshold* (the `budget`-th best child score) plus the ties at it, taken in
+# rank-path order; then the best `budget` nodes over all depths, by score and then preorder.
+# Every step is a sort, a selection or a prefix sum: what the parallel kernel
+# (`kernels.build_tree_levels`) does with a thousand threads. `ref.build_tree_levels` is its
+# twin; below, each level's threshold and how many nodes it keeps.
+
+# %%
+from ddtree_numba.reference.tree_build import select_level     # one level's selection
+
+prev = np.zeros(1)                                          # the root's score
+R = min(lp.shape[1], BUDGET)
+for d in range(lp.shape[0]):
+    keep_per_parent = select_level(prev, lp[d, :R].astype(np.float64), BUDGET)
+    parent = np.repeat(np.arange(prev.shape[0]), keep_per_parent)
+    rank = np.concatenate([np.arange(c) for c in keep_per_parent])
+    prev = prev[parent] + lp[d, rank].astype(np.float64)   # this level's scores, in path order
+    print(f"depth {d + 1}: {len(prev):3d} nodes kept, lowest score {prev.min():7.3f}")
+assert ref.build_tree_levels(lp, ids, BUDGET) == tree       # the heap's tree, bit for bit
+
+# %% [markdown]
 # ## 4 · The tree
 #
 # Depth runs left to right; siblings are stacked in rank order (the drafter's favourite on

@@ -70,11 +70,11 @@ def test_level_build_equals_the_heap_build_bit_for_bit(L, V, budget, seed, kind)
 @given(P=st.integers(1, 40), R=st.integers(1, 40), budget=st.integers(1, 200), seed=st.integers(0, 2**32 - 1),
        kind=st.sampled_from(["normal", "ties", "rounding"]))
 def test_a_level_keeps_exactly_the_best_budget_children(P, R, budget, seed, kind):
-    """``_select_level`` (threshold from the capped candidates, ties by binary search) keeps exactly
+    """``select_level`` (threshold from the capped candidates, ties by binary search) keeps exactly
     the best ``budget`` children by (-score, parent's path order, rank), as a sort of every child
     finds them: the caps never lose a child that belongs (a superset would still give the right
     tree in the end, so this is checked here, where the GPU's fixed level capacity depends on it)."""
-    from ddtree_numba.reference.tree_build import _select_level
+    from ddtree_numba.reference.tree_build import select_level
     rng = np.random.default_rng(seed)
     if kind == "ties":
         prev = -rng.integers(0, 4, P).astype(np.float64)
@@ -89,7 +89,7 @@ def test_a_level_keeps_exactly_the_best_budget_children(P, R, budget, seed, kind
     parent, rank = np.repeat(np.arange(P), R), np.tile(np.arange(R), P)
     best = np.lexsort((rank, parent, -child))[:budget]          # parents are given in path order
     want = np.bincount(parent[best], minlength=P)
-    np.testing.assert_array_equal(_select_level(prev, row, budget), want)
+    np.testing.assert_array_equal(select_level(prev, row, budget), want)
 
 
 def test_level_build_follows_the_path_order_when_rounding_ties_children_of_unequal_parents():

@@ -62,7 +62,7 @@ def _kth_largest(scores: np.ndarray, k: int) -> float:
     return float(np.partition(scores, scores.shape[0] - k)[scores.shape[0] - k])
 
 
-def _select_level(prev_score: np.ndarray, row: np.ndarray, budget: int) -> np.ndarray:
+def select_level(prev_score: np.ndarray, row: np.ndarray, budget: int) -> np.ndarray:
     """How many children each parent keeps, c [P]: the level's best ``budget`` children in the key
     (-score, parent's path order, rank), parents given in path order with scores ``prev_score``
     [P] float64, ``row`` = lp[d, :R] float64 descending. Parent p's children score fl(s_p + row[r]),
@@ -101,7 +101,7 @@ def build_tree_levels(lp: np.ndarray, ids: np.ndarray, budget: int) -> Tree:
     parent's, and on a tie the parent's path is a prefix, so smaller). Level by level:
 
     - S_1 = the best B depth-1 nodes; S_d = the best B of the children of S_{d-1} in the key
-      (-score, parent's path, rank) (``_select_level``: a threshold and its ties, no sort of the
+      (-score, parent's path, rank) (``select_level``: a threshold and its ties, no sort of the
       children). Each S_d is laid out in path order: parent p's c_p children are contiguous, from
       an exclusive prefix sum of c over the parents (themselves in path order).
     - G_d (G at depth d) is inside S_d: G_d's parents are in G_{d-1}, inside S_{d-1} by induction;
@@ -121,7 +121,7 @@ def build_tree_levels(lp: np.ndarray, ids: np.ndarray, budget: int) -> Tree:
     levels = []                                        # per depth, in path order: score, parent, rank, child start
     prev_score = np.zeros(1)                           # the root
     for d in range(L if budget and K else 0):
-        keep = _select_level(prev_score, lp64[d, :R], budget)
+        keep = select_level(prev_score, lp64[d, :R], budget)
         start = np.cumsum(keep) - keep                 # first child of each parent in S_d
         parent = np.repeat(np.arange(prev_score.shape[0]), keep)
         rank = np.arange(parent.shape[0]) - start[parent]
