@@ -32,7 +32,7 @@ from .._checks import check_array, check_int, check_logits_values
 from .._device import check_threads, device_function, is_device, to_device
 
 MAX_K = 1024       # shared-memory sort buffer; the tree build takes budgets up to 1024 too
-THREADS = 256      # threads per block on a GPU (one block per depth; 1024 runs out of registers)
+THREADS = 256      # threads per block on a GPU (1024 runs out of registers)
 _SIGN = 0x80000000
 _LOW32 = 0xFFFFFFFF
 
