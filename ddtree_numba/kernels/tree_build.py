@@ -459,11 +459,12 @@ def _build_tree_levels_kernel(threads):
             k *= 2
 
     @device_function
-    def kth_largest(vals, counts, rows, k, hist, bins, tmp, sel, t):
+    def kth_largest(vals, counts, rows, k, hist, bins, tmp, sel, low, t):
         """The k-th largest of the float64 vals[d, :counts[d]] for d < rows, with multiplicity
-        (k <= their number): eight 8-bit radix passes over the order-preserving keys, each a
-        shared histogram of the keys that match the digits chosen so far, then a scan of the bins
-        from the top to find the digit holding the k-th."""
+        (k <= their number): 8-bit radix passes over the order-preserving keys, each a shared
+        histogram of the keys that match the digits chosen so far, then a scan of the bins from
+        the top to find the digit holding the k-th. Once that bin is needed whole (usually after
+        two or three passes), the k-th is its smallest key: one atomic-min pass ends the search."""
         width = vals.shape[1]
         prefix = uint64(0)
         kk = k
@@ -485,14 +486,30 @@ def _build_tree_levels_kernel(threads):
                 bins[b] = hist[255 - b]
             cuda.syncthreads()
             scan(bins, bins, 256, tmp, t)     # bins[b]: keys in the bins above digit 255 - b
+            if t == 0:
+                low[0] = ~uint64(0)
             for b in range(t, 256, T):
                 above = bins[b]
                 if above < kk and above + hist[255 - b] >= kk:
                     sel[0] = 255 - b
                     sel[1] = kk - above
+                    sel[2] = 1 if hist[255 - b] == kk - above else 0
             cuda.syncthreads()
             prefix = prefix | (uint64(sel[0]) << shift)
             kk = sel[1]
+            if sel[2] != 0 and p < 7:         # the whole bin is needed (uniform: sel is shared)
+                through = ~((uint64(1) << shift) - uint64(1))     # the digits decided so far
+                for idx in range(t, rows * width, T):
+                    d = idx // width
+                    i = idx - d * width
+                    if i < counts[d]:
+                        key = _order_key(vals[d, i])
+                        if (key & through) == prefix:
+                            cuda.atomic.min(low, 0, key)
+                cuda.syncthreads()
+                found = low[0]
+                cuda.syncthreads()            # low and sel are rewritten by the next call
+                return _key_value(found)
             cuda.syncthreads()                # sel is rewritten by the next pass
         return _key_value(prefix)
 
@@ -515,7 +532,8 @@ def _build_tree_levels_kernel(threads):
         tmp = cuda.shared.array(SCAN, int32)
         hist = cuda.shared.array(256, int32)
         bins = cuda.shared.array(256, int32)
-        sel = cuda.shared.array(2, int32)
+        sel = cuda.shared.array(3, int32)
+        low = cuda.shared.array(1, uint64)
         counts = cuda.shared.array(MAX_DEPTH, int32)     # nodes of each level
         one = cuda.shared.array(2, int32)
         levels = L if (B > 0 and K > 0) else 0
@@ -550,7 +568,7 @@ def _build_tree_levels_kernel(threads):
                 if t == 0:
                     one[0] = total
                 cuda.syncthreads()
-                thr = kth_largest(cand, one, 1, B, hist, bins, tmp, sel, t)
+                thr = kth_largest(cand, one, 1, B, hist, bins, tmp, sel, low, t)
             # 2. per parent (path order): children above the threshold, ties at it in path order
             for p in range(t, P, T):
                 s = 0.0 if d == 0 else lv_score[d - 1, p]
@@ -616,7 +634,7 @@ def _build_tree_levels_kernel(threads):
             U += counts[d]
         thr = _NEG_INF
         if U > B:
-            thr = kth_largest(lv_score, counts, levels, B, hist, bins, tmp, sel, t)
+            thr = kth_largest(lv_score, counts, levels, B, hist, bins, tmp, sel, low, t)
         for i in range(t, U + 2, T):
             flags[i] = 0
         if t == 0:
