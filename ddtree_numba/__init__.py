@@ -13,11 +13,11 @@ docs/ (MODEL.md, DECODE.md, PERFORMANCE.md, NOTES.md) say what exists and what w
 """
 
 from . import reference
-from .decode import GenerationResult, generate
+from .decode import GenerationResult, generate, generate_batch
 from .demo import demo_pair
 from .model import ModelConfig, load_drafter, load_target
 from .tree import Tree
 
 __version__ = "0.1.0"
-__all__ = ["GenerationResult", "ModelConfig", "Tree", "demo_pair", "generate", "load_drafter", "load_target",
+__all__ = ["GenerationResult", "ModelConfig", "Tree", "demo_pair", "generate", "generate_batch", "load_drafter", "load_target",
            "reference", "__version__"]

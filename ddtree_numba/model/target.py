@@ -41,6 +41,27 @@ class ForwardOutput:
 
 
 @dataclass(frozen=True)
+class Segment:
+    """One sequence's part of a batched forward (``NumpyTarget.forward_batch``): ``forward``'s
+    arguments. ids [T] int32/int64, positions [T], cache its own ``MLACache``, parents [T] int32
+    or None (causal)."""
+
+    ids: np.ndarray
+    positions: np.ndarray
+    cache: MLACache
+    parents: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class BatchForward:
+    """outputs: a ``ForwardOutput`` per segment, in order; unique_experts [layers] int32: the
+    distinct routed experts the router picked over every row of the batch (0 for dense layers)."""
+
+    outputs: list
+    unique_experts: np.ndarray
+
+
+@dataclass(frozen=True)
 class RopeTables:
     """inv_freq [R/2] float64, attention_factor (cos/sin scale), scale (softmax scale)."""
 
@@ -195,19 +216,42 @@ class NumpyTarget:
         with parents, token i sees every cached row and the new rows ``visibility(parents)``
         allows. -> ForwardOutput(logits [T, V], hidden [T, Y, M]).
         """
+        return self.forward_batch([Segment(ids, positions, cache, parents)], hidden_layer_ids).outputs[0]
+
+    def forward_batch(self, segments: list["Segment"], hidden_layer_ids=()) -> "BatchForward":
+        """One forward over several sequences' rows: ``forward`` of each ``Segment`` (its ids,
+        positions, own cache and parents), with the projections, norms and MoE run over all rows
+        at once and the attention per sequence (a row sees its own sequence's cache and its own
+        ancestors only: the block-diagonal visibility). -> ``BatchForward``: an output per
+        segment, in order, and the distinct routed experts each layer's router picked over all
+        rows (what a batched MoE reads once for every sequence)."""
         cfg = self.config
-        if not isinstance(cache, MLACache):
-            raise ValueError(f"cache must be an MLACache from new_cache(), got {type(cache).__name__}")
-        layers_out = check_forward_inputs(cfg, ids, positions, cache, parents, hidden_layer_ids)
+        if not isinstance(segments, (list, tuple)) or not segments:
+            raise ValueError("forward_batch needs a non-empty list of Segment")
+        starts, masks = [], []
+        for j, seg in enumerate(segments):
+            if not isinstance(seg, Segment):
+                raise ValueError(f"segments[{j}] must be a Segment, got {type(seg).__name__}")
+            if not isinstance(seg.cache, MLACache):
+                raise ValueError(f"segments[{j}].cache must be an MLACache from new_cache(), "
+                                 f"got {type(seg.cache).__name__}")
+            if any(seg.cache is other.cache for other in segments[:j]):
+                raise ValueError(f"segments[{j}] shares its cache with an earlier segment: each sequence "
+                                 "needs its own")
+            layers_out = check_forward_inputs(cfg, seg.ids, seg.positions, seg.cache, seg.parents, hidden_layer_ids)
+            starts.append(seg.cache.reserve(seg.ids.shape[0]))
+            masks.append(mla_mask(starts[-1], seg.ids.shape[0], seg.parents))   # [T_j, S_j]
+        sizes = [seg.ids.shape[0] for seg in segments]
+        rows = np.cumsum([0] + sizes)                                         # segment j: rows[j] .. rows[j+1]
+        ids = np.concatenate([seg.ids for seg in segments])
+        positions = np.concatenate([seg.positions for seg in segments])
         t, h = ids.shape[0], cfg.num_attention_heads
         d, r, dv = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
-        s0 = cache.reserve(t)
-        s1 = s0 + t
-        mask = mla_mask(s0, t, parents)                                       # [T, S]
         cos, sin = rope_cos_sin(positions, self.rope.inv_freq, self.rope.attention_factor)  # [T, R/2]
 
         x = embedding(ids, self.embed_tokens)                                 # [T, M]
         hidden, last, first_bad = {}, cfg.num_hidden_layers - 1, None
+        unique = np.zeros(cfg.num_hidden_layers, np.int32)
         for i, lw in enumerate(self.layers):
             # attention
             a = rms_norm(x, lw.input_layernorm, cfg.rms_norm_eps)             # [T, M]
@@ -218,10 +262,15 @@ class NumpyTarget:
             q = q.reshape(t, h, d + r)                                        # [T, H, D + R]
             q_nope, q_pe = q[:, :, :d], rope(q[:, :, d:], cos, sin, cfg.rope_interleave)  # [T, H, D], [T, H, R]
             c_kv, k_pe = mla_kv_latent(a, lw.kv_a_proj_with_mqa, lw.kv_a_layernorm, cfg.rms_norm_eps)  # [T, C], [T, R]
-            cache.c_kv[i, s0:s1] = c_kv
-            cache.k_pe[i, s0:s1] = rope(k_pe, cos, sin, cfg.rope_interleave)
-            o = mla_attention_absorbed(q_nope, q_pe, cache.c_kv[i, :s1], cache.k_pe[i, :s1],
-                                       lw.kv_b_proj, mask, self.rope.scale)   # [T, H, Dv]
+            k_pe = rope(k_pe, cos, sin, cfg.rope_interleave)
+            o = np.empty((t, h, dv), np.float32)                              # [T, H, Dv]
+            for j, seg in enumerate(segments):                                # each sequence its own cache
+                js, s0 = slice(rows[j], rows[j + 1]), starts[j]
+                s1 = s0 + sizes[j]
+                seg.cache.c_kv[i, s0:s1] = c_kv[js]
+                seg.cache.k_pe[i, s0:s1] = k_pe[js]
+                o[js] = mla_attention_absorbed(q_nope[js], q_pe[js], seg.cache.c_kv[i, :s1], seg.cache.k_pe[i, :s1],
+                                               lw.kv_b_proj, masks[j], self.rope.scale)
             x = x + linear(o.reshape(t, h * dv), lw.o_proj)                   # [T, M]
             # feed-forward
             m = rms_norm(x, lw.post_attention_layernorm, cfg.rms_norm_eps)    # [T, M]
@@ -232,6 +281,7 @@ class NumpyTarget:
                     m, lw.gate, lw.e_score_correction_bias, cfg.scoring_func, cfg.topk_method,
                     cfg.n_group, cfg.topk_group, cfg.num_experts_per_tok, cfg.norm_topk_prob,
                     cfg.routed_scaling_factor)                                # [T, K], [T, K]
+                unique[i] = np.unique(topk_ids).shape[0]
                 y = moe_experts(m, topk_ids, topk_w, lw.experts_gate_proj, lw.experts_up_proj,
                                 lw.experts_down_proj)                         # [T, M]
                 if lw.shared_gate_proj is not None:
@@ -241,7 +291,8 @@ class NumpyTarget:
                 first_bad = i
             if i in layers_out and i != last:
                 hidden[i] = x.copy()
-        cache.length = s1
+        for j, seg in enumerate(segments):
+            seg.cache.length = starts[j] + sizes[j]
         final = rms_norm(x, self.norm, cfg.rms_norm_eps)                     # [T, M]
         if last in layers_out:
             hidden[last] = final                                              # HF's last hidden_states entry
@@ -251,7 +302,9 @@ class NumpyTarget:
             hid = np.stack([hidden[i] for i in layers_out], axis=1)          # [T, Y, M]
         else:
             hid = np.zeros((t, 0, cfg.hidden_size), dtype=np.float32)
-        return ForwardOutput(logits=logits, hidden=hid)
+        outputs = [ForwardOutput(logits=logits[rows[j]:rows[j + 1]], hidden=hid[rows[j]:rows[j + 1]])
+                   for j in range(len(segments))]
+        return BatchForward(outputs=outputs, unique_experts=unique)
 
 
 def random_target(cfg: ModelConfig | None = None, seed: int = 0) -> NumpyTarget:
