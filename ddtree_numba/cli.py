@@ -307,7 +307,7 @@ def _pair_paths(args):
 
 
 def run_sweep(args) -> int:
-    from .stats import acceptance_sweep, format_table
+    from .stats import acceptance_sweep, batch_sweep, format_batch_table, format_table
 
     target_dir, drafter_dir = _pair_paths(args)
     _check_writable("--out", args.out, "sweep")
@@ -330,6 +330,18 @@ def run_sweep(args) -> int:
         prompts = prompts[:args.prompts]
     pair = _load_pair(target_dir, drafter_dir, args.backend, no_progress=True, precision=args.precision)
     target, drafter, backend = pair.target, pair.drafter, pair.backend
+    if args.batch:
+        if len(set(args.batch)) != len(args.batch) or min(args.batch) < 1:
+            raise _CliError(f"--batch must be distinct integers >= 1, got {args.batch}")
+        stats = batch_sweep(target, drafter, [p["ids"] for p in prompts], args.batch, args.max_new_tokens,
+                            args.budgets, progress=False if args.no_progress else None,
+                            info=dict(command="ddtree-numba " + " ".join(args.argv)))
+        print(format_batch_table(stats))
+        with open(args.out, "w") as f:
+            json.dump(stats, f, indent=1)
+            f.write("\n")
+        print(f"batch statistics written to {args.out} ({stats['seconds']:.0f} s, backend {backend})", file=sys.stderr)
+        return 0 if all(r["equal_ar"] for r in stats["rows"]) else 1
     stats = acceptance_sweep(target, drafter, prompts, args.max_new_tokens, args.budgets,
                              graph=args.graph, progress=False if args.no_progress else None,
                              info=dict(target=os.path.abspath(target_dir), drafter=os.path.abspath(drafter_dir),
@@ -355,7 +367,10 @@ def run_plot(args) -> int:
             raise _CliError(f"{what} {path}: {e}") from None
 
     from .stats import check_stats
-    stats = check_stats(read(args.stats, "STATS"), f"STATS {args.stats}")
+    raw = read(args.stats, "STATS")
+    if isinstance(raw, dict) and raw.get("kind") == "batch_sweep":
+        return _plot_batch(raw, args)
+    stats = check_stats(raw, f"STATS {args.stats}")
     if args.verify_bench and not args.cost:
         raise _CliError("--verify-bench is drawn in the cost figure: give --cost (a sweep run with --backend cuda) too")
     cost = read(args.cost, "--cost")
@@ -372,6 +387,24 @@ def run_plot(args) -> int:
     for name, _ in written:
         print(os.path.join(args.out, name))
     print(f"captions in {os.path.join(args.out, 'README.md')}", file=sys.stderr)
+    return 0
+
+
+def _plot_batch(stats, args) -> int:
+    """``ddtree-numba plot`` of a ``sweep --batch`` JSON: one figure, batch_sweep.png."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from .plots import plot_batch_sweep
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "batch_sweep.png")
+    if os.path.exists(path) and not args.overwrite:
+        raise _CliError(f"{path} exists: give another --out, or --overwrite")
+    axes = plot_batch_sweep(stats)
+    axes[0].figure.tight_layout()
+    axes[0].figure.savefig(path, dpi=120)
+    plt.close(axes[0].figure)
+    print(path)
     return 0
 
 
@@ -416,6 +449,9 @@ def _add_pair_commands(sub) -> None:
     s.add_argument("--backend", choices=["auto", "numpy", "cuda"], default="auto")
     _add_precision(s)
     s.add_argument("--graph", action="store_true", help="cuda: replay the forwards as CUDA graphs")
+    s.add_argument("--batch", type=int, nargs="+", metavar="B",
+                   help="batch sizes: run generate_batch (ar and ddtree at --budgets) at each instead, "
+                        "and record tokens/s and the experts a verify reads (`ddtree-numba plot` draws it)")
     s.add_argument("--no-progress", action="store_true")
     p = sub.add_parser("plot", help="figures from a sweep's statistics JSON",
                        description="Write the acceptance figures (PNG) and their captions (README.md).")

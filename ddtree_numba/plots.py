@@ -257,6 +257,44 @@ def plot_acceptance_vs_budget(stats: dict, ax=None):
     return ax
 
 
+def plot_batch_sweep(stats: dict, axes=None):
+    """A ``stats.batch_sweep``: tokens/s against the batch size for ar and ddtree at each budget
+    (left), and the distinct routed experts a verify forward's router picks per MoE layer (right):
+    the reads a batch shares, which is where tree verification on an MoE target pays."""
+    import matplotlib.pyplot as plt
+
+    if stats.get("kind") != "batch_sweep" or not stats.get("rows"):
+        raise ValueError("plot_batch_sweep needs the output of stats.batch_sweep")
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(11.0, 4.0))
+    left, right = axes
+    configs = sorted({(r["method"], r["budget"] or 0) for r in stats["rows"]}, key=lambda c: (c[0] != "ar", c[1]))
+    for method, budget in configs:
+        rows = sorted((r for r in stats["rows"] if r["method"] == method and (r["budget"] or 0) == budget),
+                      key=lambda r: r["batch"])
+        label = "AR" if method == "ar" else f"DDTree, budget {budget}"
+        colour = CHAIN_COLOUR if method == "ar" else None
+        b = [r["batch"] for r in rows]
+        left.plot(b, [r["tokens_per_s"] for r in rows], "o-", label=label, color=colour)
+        if rows[0]["unique_experts"] is not None:
+            right.plot(b, [r["unique_experts"] for r in rows], "o-", label=label, color=colour)
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(stats["batches"])
+        ax.set_xticklabels([str(b) for b in stats["batches"]])
+        ax.set_xlabel("sequences in flight (batch)")
+        ax.grid(alpha=0.3)
+    left.set_ylabel(f"tokens / s ({stats['backend']} backend, {stats['device']})")
+    left.set_title("throughput vs batch")
+    left.legend(fontsize=8)
+    if stats.get("n_routed_experts"):
+        right.axhline(stats["n_routed_experts"], color="grey", ls=":", lw=1, label="all routed experts")
+    right.set_ylabel("distinct routed experts per MoE layer, per verify")
+    right.set_title("experts a verify forward reads")
+    right.legend(fontsize=8)
+    return axes
+
+
 def plot_depth_acceptance(stats: dict, ax=None, budgets=None, conditional: bool = False):
     """Per drafted depth d, the fraction of rounds that accepted at least d drafted tokens
     (``conditional=True``: the rate at depth d given d-1), for the DFlash chain and DDTree at

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from .decode import generate
+from .decode import generate, generate_batch
 from .model.loader import device_name
 
 SCHEMA = 1
@@ -127,6 +127,79 @@ def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budget
         seconds=round(time.perf_counter() - t0, 1))
     header.update(info or {})
     return dict(header, runs=runs, examples=examples)
+
+
+def batch_sweep(target, drafter, prompts, batches=(1, 4, 16, 64), max_new_tokens: int = 64, budgets=(16, 64),
+                progress: bool | None = None, info: dict | None = None) -> dict:
+    """Greedy ``ar`` and ``ddtree`` at each budget with ``generate_batch``, at each batch size:
+    how throughput and the experts a verify forward reads grow with the number of sequences in
+    flight (issue 17).
+
+    prompts   list of 1-D token-id sequences or dicts with ``"ids"`` (as ``acceptance_sweep``); a
+              batch of B takes B of them, cycling through the list
+    batches   batch sizes, distinct integers >= 1
+
+    Returns a JSON-ready dict, ``kind`` 'batch_sweep', with ``rows``: one per batch x method x
+    budget: ``batch``, ``method``, ``budget``, ``tokens_per_s`` (every sequence's tokens over the
+    batch's wall time on this backend), ``mean_acceptance``, ``rows_per_round`` (verify rows),
+    ``unique_experts`` (distinct routed experts the router picked per MoE layer and round, mean;
+    None without a batched forward), ``rounds``, ``equal_ar`` (every sequence's tokens equal its
+    own ar at batch 1).
+    """
+    batches = list(batches)
+    if not batches or any(not isinstance(b, (int, np.integer)) or b < 1 for b in batches) \
+            or len(set(batches)) != len(batches):
+        raise ValueError(f"batches must be distinct integers >= 1, got {batches}")
+    budgets = list(budgets)
+    if any(not isinstance(b, (int, np.integer)) or b < 1 for b in budgets) or len(set(budgets)) != len(budgets):
+        raise ValueError(f"budgets must be distinct integers >= 1, got {budgets}")
+    ids = [np.asarray(p["ids"] if isinstance(p, dict) else p).astype(np.int32) for p in prompts]
+    if not ids:
+        raise ValueError("batch_sweep needs at least one prompt")
+    moe = [i for i in range(target.config.num_hidden_layers) if target.config.is_moe_layer(i)]
+    from tqdm import tqdm
+    plan = [("ar", None)] + [("ddtree", int(b)) for b in sorted(budgets)]
+    n_ref = min(len(ids), max(batches))
+    reference = [generate(target, None, ids[i], max_new_tokens, method="ar").tokens for i in range(n_ref)]
+    rows = []
+    t0 = time.perf_counter()
+    with tqdm(total=len(plan) * len(batches), unit="run", desc="batch sweep",
+              disable=None if progress is None else not progress, leave=False) as bar:
+        for B in sorted(int(b) for b in batches):
+            prompts_b = [ids[i % len(ids)] for i in range(B)]
+            for method, budget in plan:
+                res = generate_batch(target, None if method == "ar" else drafter, prompts_b, max_new_tokens,
+                                     method=method, budget=budget or 1)
+                lengths = np.concatenate([r.acceptance_lengths for r in res])
+                unique = [r.unique_experts for r in res.rounds if r.unique_experts is not None]
+                rows.append(dict(
+                    batch=B, method=method, budget=budget, tokens_per_s=res.tokens_per_s,
+                    mean_acceptance=float(lengths.mean()) if lengths.size else float("nan"),
+                    rows_per_round=float(np.mean([r.rows for r in res.rounds])) if res.rounds else 0.0,
+                    unique_experts=float(np.mean([u[moe] for u in unique])) if unique and moe else None,
+                    rounds=len(res.rounds),
+                    equal_ar=all(np.array_equal(r.tokens, reference[i % len(ids)]) for i, r in enumerate(res))))
+                bar.update(1)
+    return dict(kind="batch_sweep", schema=SCHEMA, backend=getattr(target, "backend", "numpy"),
+                device=device_name(getattr(target, "backend", "numpy")),
+                date=datetime.date.today().isoformat(), platform=platform.platform(),
+                max_new_tokens=int(max_new_tokens), batches=sorted(int(b) for b in batches),
+                budgets=sorted(int(b) for b in budgets), prompts=len(ids),
+                n_routed_experts=int(target.config.n_routed_experts or 0),
+                seconds=time.perf_counter() - t0, rows=rows, **(info or {}))
+
+
+def format_batch_table(stats: dict) -> str:
+    """A ``batch_sweep`` as a plain-text table."""
+    head = f"{'batch':>5} {'method':>7} {'budget':>6} {'tokens/s':>9} {'accept':>6} {'rows/round':>10} " \
+           f"{'experts':>7} {'== ar':>5}"
+    lines = [head]
+    for r in stats["rows"]:
+        ue = "-" if r["unique_experts"] is None else f"{r['unique_experts']:.1f}"
+        lines.append(f"{r['batch']:>5} {r['method']:>7} {r['budget'] or '-':>6} {r['tokens_per_s']:>9.1f} "
+                     f"{r['mean_acceptance']:>6.2f} {r['rows_per_round']:>10.1f} {ue:>7} "
+                     f"{'yes' if r['equal_ar'] else 'NO':>5}")
+    return "\n".join(lines)
 
 
 def check(stats: dict) -> None:

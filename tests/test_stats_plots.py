@@ -234,10 +234,32 @@ def test_cli_demo_sweep_plot(golden_demo_dir, tmp_path, capsys):
     assert (tmp_path / "figs" / "acceptance_vs_budget.png").is_file()
 
 
+def test_cli_batch_sweep_and_its_figure(golden_demo_dir, tmp_path, capsys):
+    """``sweep --batch``: ar and ddtree through generate_batch at each batch size, every sequence
+    equal to its ar, the experts a verify reads growing with the batch; ``plot`` draws it."""
+    path = tmp_path / "b.json"
+    assert cli.main(["sweep", "--out", str(path), "--batch", "1", "3", "--budgets", "4", "--max-new-tokens", "6",
+                     "--backend", "numpy", "--no-progress", "--pair", str(golden_demo_dir)]) == 0
+    s = json.loads(path.read_text())
+    assert s["kind"] == "batch_sweep" and s["batches"] == [1, 3]
+    assert {(r["batch"], r["method"], r["budget"]) for r in s["rows"]} == {
+        (b, m, k) for b in (1, 3) for m, k in (("ar", None), ("ddtree", 4))}
+    assert all(r["equal_ar"] for r in s["rows"])
+    ar = {r["batch"]: r for r in s["rows"] if r["method"] == "ar"}
+    # ar runs every sequence the same rounds, and the batch of 3 holds the batch of 1's sequence:
+    # its routers pick a superset of experts every round
+    assert ar[3]["unique_experts"] >= ar[1]["unique_experts"] > 0
+    assert ar[3]["rows_per_round"] == 3 and ar[1]["rows_per_round"] == 1
+    assert "batch" in capsys.readouterr().out
+    assert cli.main(["plot", str(path), "--out", str(tmp_path / "figs")]) == 0
+    assert (tmp_path / "figs" / "batch_sweep.png").is_file()
+
+
 @pytest.mark.parametrize("argv, msg", [
     (["demo", "--prompts", "0"], "--prompts must be >= 1"),
     (["demo", "--budget", "0", "--backend", "numpy"], "--budget must be >= 1"),
     (["sweep", "--out", "x.json", "--budgets", "0"], "--budgets must all be >= 1"),
+    (["sweep", "--out", "x.json", "--batch", "2", "2", "--backend", "numpy"], "--batch must be distinct"),
     (["sweep", "--out", "x.json", "--target", TARGET], "both --target and --drafter"),
     (["sweep", "--out", "x.json", "--target", TARGET, "--drafter", DRAFTER], "--prompt-ids is needed"),
     (["plot", "/nonexistent.json"], "STATS /nonexistent.json"),
