@@ -139,3 +139,14 @@ def test_the_gpu_loop_refuses_a_drafter_whose_logits_go_non_finite():
     oracle = NaNOracle(prompt, feats, host.config.vocab_size, 0.9, seed=1, block_size=4)
     with pytest.raises(ValueError, match="drafter forward: its logits in round 1 are not finite"):
         dd.generate(gpu, oracle, prompt, 6, budget=4)
+
+
+@pytest.mark.gpu   # several prompts through the cuda target: a forward per sequence (no batched one yet)
+def test_generate_batch_on_cuda_gives_each_sequence_its_ar_tokens():
+    path = os.path.join(DATA, "v3_noaux_tc")
+    host, gpu = dd.load_target(path), load_cuda_target(path)
+    prompts = [_prompt(i, host.config.vocab_size, n=4 + 2 * i) for i in range(3)]
+    batch = dd.generate_batch(gpu, None, prompts, 12, method="ar")
+    for p, res in zip(prompts, batch):
+        np.testing.assert_array_equal(res.tokens, dd.generate(host, None, p, 12, method="ar").tokens)
+    assert batch.rounds and all(r.unique_experts is None for r in batch.rounds)
