@@ -139,13 +139,15 @@ def find_kernels():
 
 
 def variants(name, mod, obj):
-    """(python function, signature) pairs to compile for one kernel."""
+    """(python function, signature, launch bounds) triples to compile for one kernel: the bounds
+    its dispatcher was made with (they decide the registers a thread may use)."""
     for entry in SIGNATURES.get(name, []):
         args, sig = entry if isinstance(entry, tuple) else (None, entry)
         if hasattr(obj, "cache_info"):  # a factory: by its listed args, else by threads per block
-            yield obj(*args).py_func if args is not None else obj(getattr(mod, "THREADS")).py_func, sig
+            disp = obj(*args) if args is not None else obj(getattr(mod, "THREADS"))
         else:
-            yield obj.py_func, sig
+            disp = obj
+        yield disp.py_func, sig, disp.targetoptions.get("launch_bounds")
 
 
 # Instructions a kernel's PTX must hold: the tensor-core intrinsics (kernels/_mma.py) really emitted.
@@ -166,9 +168,9 @@ def main():
     stale = sorted(set(SIGNATURES) - set(found))
     failed = []
     for name in sorted(found):
-        for fn, sig in variants(name, *found[name]):
+        for fn, sig, bounds in variants(name, *found[name]):
             try:
-                ptx, _ = cuda.compile_ptx(fn, sig, cc=(9, 0))
+                ptx, _ = cuda.compile_ptx(fn, sig, cc=(9, 0), launch_bounds=bounds)
                 absent = [i for i in INSTRUCTIONS.get(name, ()) if i not in ptx]
                 if absent:
                     raise AssertionError(f"the PTX lacks {absent}")

@@ -328,7 +328,7 @@ else:
 
 def _level_candidates(budget: int, ranks: int) -> int:
     """Candidate children a level can hold: sum over parent positions i < budget of
-    min(ranks, budget // (i + 1)) (at most budget x H(budget): 7,689 at 1024)."""
+    min(ranks, budget // (i + 1)) (under budget x H(budget): 7,262 at 1024)."""
     return sum(min(ranks, budget // (i + 1)) for i in range(budget))
 
 
@@ -582,6 +582,11 @@ def _build_tree_levels_kernel(threads):
                 a0[p] = a0[p] + min(max(m - a2[p], 0), a1[p])
             cuda.syncthreads()
             count = scan(a0, a1, P, tmp, t)              # a1: first child of each parent
+            if count > B:                                # only from rows not sorted, or NaN inside a
+                if t == 0:                               # row (device inputs are not value-checked):
+                    parents[0] = -1                      # an empty tree, not writes past the levels
+                    n_nodes[0] = 0
+                return
             for p in range(t, P, T):
                 if d > 0:
                     lv_start[d - 1, p] = a1[p]

@@ -16,7 +16,9 @@ def topk_logprobs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     logits [L, V] float32 -> (lp [L, K] float32, ids [L, K] int32), sorted by descending
     logit, ties to the lower token id. The log-sum-exp is accumulated in float64
     (``lp = float32(float64(x) - lse)``), so the float32 result does not depend on the
-    order of the reduction: the kernel reproduces it bit for bit.
+    order of the reduction, except when the last-ulp difference of two orders (or of two exp /
+    log implementations) crosses a float32 rounding midpoint (about 2^-28 a row): the kernel
+    reproduces it bit for bit in every test.
     """
     check_array("logits", logits, 2, np.float32)
     L, V = logits.shape
