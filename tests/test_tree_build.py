@@ -196,6 +196,18 @@ def test_level_kernel_reuses_its_scratch_and_fills_device_buffers(rng):
 
 
 @pytest.mark.kernels
+def test_level_kernel_gives_an_empty_tree_for_unsorted_device_rows():
+    """Device inputs are not value-checked: a row out of order breaks the binary searches, and the
+    kernel would keep more than the budget at a level. It returns an empty tree instead of
+    writing past its level arrays (the simulator bounds-checks every index)."""
+    from numba import cuda
+    lp = np.array([[-0.1, -0.2, -0.3, -0.4], [-9.0, -9.0, -0.01, -0.01]], np.float32)   # row 1 rises
+    ids = np.arange(8, dtype=np.int32).reshape(2, 4)
+    tree = kn.build_tree_levels(cuda.to_device(lp), cuda.to_device(ids), 4, threads=THREADS)
+    assert tree.num_nodes == 0 and tree.parents.tolist() == [-1]
+
+
+@pytest.mark.kernels
 def test_kernel_into_device_buffers(rng):
     lp, ids = _draft(rng, 3, 10, 10)
     bufs = kn.TreeBuffers.allocate(16)
