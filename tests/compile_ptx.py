@@ -33,9 +33,9 @@ SIGNATURES = {
     "topk._topk_merge_kernel": [f"void({F32_2}, int64, float64[:, ::1], float64[:, ::1], uint64[:, ::1], "
                                 f"{I32_2}, {F32_2}, {I32_2})"],
     "tree_build._build_tree_kernel": [
-        f"void({F32_2}, {I32_2}, int64, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {F64_1}, {I32_1})"],
+        f"void({F32_2}, {I32_2}, int64, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {F64_1}, {I32_1})"],
     "tree_build._build_tree_levels_kernel": [
-        ((1024,), f"void({F32_2}, {I32_2}, int64, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {F64_1}, {I32_1}, "
+        ((1024,), f"void({F32_2}, {I32_2}, int64, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {F64_1}, {I32_1}, "
                   f"float64[:, ::1], {I32_2}, {I32_2}, {I32_2}, {I32_2}, {I32_2}, {I32_2}, {I32_2}, "
                   f"float64[:, ::1], {I32_1})")],
     "visibility._visibility_kernel": [f"void({I32_1}, boolean[:, ::1])"],

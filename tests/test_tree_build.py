@@ -196,6 +196,24 @@ def test_level_kernel_reuses_its_scratch_and_fills_device_buffers(rng):
 
 
 @pytest.mark.kernels
+@pytest.mark.parametrize("fn", ["build_tree", "build_tree_levels"])
+def test_the_budget_can_come_from_the_device(rng, fn):
+    """With ``budget_device`` the kernels build min(budget, budget_device[0]) nodes, read when they
+    run (what a captured round replays); a host array is refused."""
+    from numba import cuda
+    build = getattr(kn, fn)
+    lp, ids = _draft(rng, 3, 6, 6, "ties")
+    bufs = kn.TreeBuffers.allocate(12)
+    n_budget = cuda.to_device(np.array([5], np.int32))
+    for value, want in [(5, 5), (40, 12), (-3, 0), (0, 0)]:
+        n_budget.copy_to_device(np.array([value], np.int32))
+        build(lp, ids, 12, out=bufs, budget_device=n_budget, threads=THREADS)
+        assert bufs.to_tree() == ref.build_tree(lp, ids, want), (fn, value)
+    with pytest.raises(ValueError, match="budget_device must be a device array"):
+        build(lp, ids, 12, budget_device=np.array([3], np.int32), threads=THREADS)
+
+
+@pytest.mark.kernels
 def test_level_kernel_gives_an_empty_tree_for_unsorted_device_rows():
     """Device inputs are not value-checked: a row out of order breaks the binary searches, and the
     kernel would keep more than the budget at a level. It returns an empty tree instead of

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 from numba import config, cuda, float32, float64, int16, int32, int64, uint64
 
-from .._checks import check_build_inputs
+from .._checks import check_array, check_build_inputs
 from ..tree import Tree
-from .._device import check_threads, device_function, to_device
+from .._device import check_threads, device_function, is_device, to_device
 
 MAX_BUDGET = 1024
 MAX_DEPTH = 32
@@ -90,10 +90,12 @@ def _build_tree_kernel(threads):
     shuffles = SHUFFLES and T >= 32
 
     @cuda.jit
-    def kernel(lp, ids, budget, tokens, depths, parents, ranks, scores, n_nodes):
+    def kernel(lp, ids, budget, n_budget, tokens, depths, parents, ranks, scores, n_nodes):
         t = cuda.threadIdx.x
         L = lp.shape[0]
         K = lp.shape[1]
+        if n_budget.shape[0] > 0:                  # this launch's budget, from the device
+            budget = max(0, min(budget, n_budget[0]))
         n_score = cuda.shared.array(NB, float64)   # node i's path score (root: 0)
         n_parent = cuda.shared.array(NB, int16)
         n_rank = cuda.shared.array(NB, int16)
@@ -249,6 +251,22 @@ class TreeBuffers:
                     scores=host["scores"][:n])
 
 
+_NO_BUDGET = []     # an empty device array, made once: "no device budget"
+
+
+def _device_budget(budget_device):
+    """The launch's device budget: ``budget_device`` (int32 [1] device array), checked, or an
+    empty array (the kernels then build the host budget)."""
+    if budget_device is None:
+        if not _NO_BUDGET:
+            _NO_BUDGET.append(cuda.device_array(0, np.int32))
+        return _NO_BUDGET[0]
+    check_array("budget_device", budget_device, 1, np.int32, shape=(1,))
+    if not is_device(budget_device):
+        raise ValueError("budget_device must be a device array (it is read by the kernel, for graph replay)")
+    return budget_device
+
+
 def _check_limits(lp, ids, budget) -> int:
     """The build's inputs (``check_build_inputs``) within the kernels' limits; the budget."""
     budget = check_build_inputs(lp, ids, budget)
@@ -259,12 +277,15 @@ def _check_limits(lp, ids, budget) -> int:
     return budget
 
 
-def build_tree(lp, ids, budget, *, out=None, stream=0, threads=THREADS):
+def build_tree(lp, ids, budget, *, out=None, budget_device=None, stream=0, threads=THREADS):
     """The ``budget`` best rank paths as a tree, built on the GPU.
 
     lp [L, K] float32 (rows descending), ids [L, K] int32, numpy or device. Returns a host
     ``Tree`` bit-identical to ``reference.build_tree``, or, when ``out`` (``TreeBuffers``)
-    is given, fills it on ``stream`` and returns it without synchronising.
+    is given, fills it on ``stream`` and returns it without synchronising. ``budget_device``:
+    an int32 [1] device array; the kernel then builds min(budget, budget_device[0]) nodes, read
+    when it runs (so a captured graph replays with the budget of the moment; ``budget`` is the
+    most it may be).
     """
     budget = _check_limits(lp, ids, budget)
     L, K = lp.shape
@@ -275,7 +296,7 @@ def build_tree(lp, ids, budget, *, out=None, stream=0, threads=THREADS):
     if bufs.capacity < budget:
         raise ValueError(f"out holds {bufs.capacity} nodes; budget is {budget}")
     _build_tree_kernel(threads)[1, threads, stream](
-        to_device(lp, stream), to_device(ids, stream), budget,
+        to_device(lp, stream), to_device(ids, stream), budget, _device_budget(budget_device),
         bufs.tokens, bufs.depths, bufs.parents, bufs.ranks, bufs.scores, bufs.n_nodes)
     return bufs if out is not None else bufs.to_tree(stream)
 
@@ -515,12 +536,14 @@ def _build_tree_levels_kernel(threads):
 
     # launch bounds: registers capped so that a block of T (up to 1024) threads fits an SM
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,)))
-    def kernel(lp, ids, budget, tokens, depths, parents, ranks, scores, n_nodes,
+    def kernel(lp, ids, budget, n_budget, tokens, depths, parents, ranks, scores, n_nodes,
                lv_score, lv_parent, lv_rank, lv_start, lv_keep, lv_csum, lv_pre, lv_node, cand, flags):
         t = cuda.threadIdx.x
         L = lp.shape[0]
         K = lp.shape[1]
         B = budget
+        if n_budget.shape[0] > 0:                        # this launch's budget, from the device
+            B = max(0, min(budget, n_budget[0]))
         R = min(K, B)
         row = cuda.shared.array(NB, float32)             # lp[d, :R]
         ss = cuda.shared.array(NB, float64)              # sort: scores
@@ -700,14 +723,15 @@ def _build_tree_levels_kernel(threads):
     return kernel
 
 
-def build_tree_levels(lp, ids, budget, *, out=None, scratch=None, stream=0, threads=LEVEL_THREADS):
+def build_tree_levels(lp, ids, budget, *, out=None, scratch=None, budget_device=None, stream=0,
+                      threads=LEVEL_THREADS):
     """``build_tree``'s tree by the level-synchronous kernel (no pop chain); twin:
     ``reference.build_tree_levels``, bit for bit (and so ``reference.build_tree``).
 
     lp [L, K] float32 (rows descending), ids [L, K] int32, numpy or device. ``scratch``: a
     ``LevelScratch`` for (L, budget) to reuse (allocated when None). Returns a host ``Tree``, or,
     when ``out`` (``TreeBuffers``) is given, fills it on ``stream`` and returns it without
-    synchronising.
+    synchronising. ``budget_device``: as ``build_tree``'s.
     """
     budget = _check_limits(lp, ids, budget)
     L, K = lp.shape
@@ -722,7 +746,7 @@ def build_tree_levels(lp, ids, budget, *, out=None, scratch=None, stream=0, thre
                          f"this build needs {L} x {budget}")
     sc = scratch
     _build_tree_levels_kernel(threads)[1, threads, stream](
-        to_device(lp, stream), to_device(ids, stream), budget,
+        to_device(lp, stream), to_device(ids, stream), budget, _device_budget(budget_device),
         bufs.tokens, bufs.depths, bufs.parents, bufs.ranks, bufs.scores, bufs.n_nodes,
         sc.score, sc.parent, sc.rank, sc.start, sc.keep, sc.csum, sc.pre, sc.node, sc.cand, sc.flags)
     return bufs if out is not None else bufs.to_tree(stream)
