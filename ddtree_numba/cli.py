@@ -336,22 +336,23 @@ def run_sweep(args) -> int:
         stats = batch_sweep(target, drafter, [p["ids"] for p in prompts], args.batch, args.max_new_tokens,
                             args.budgets, progress=False if args.no_progress else None,
                             info=dict(command="ddtree-numba " + " ".join(args.argv)))
-        print(format_batch_table(stats))
-        with open(args.out, "w") as f:
-            json.dump(stats, f, indent=1)
-            f.write("\n")
-        print(f"batch statistics written to {args.out} ({stats['seconds']:.0f} s, backend {backend})", file=sys.stderr)
+        _write_stats(stats, format_batch_table(stats), args.out, "batch statistics", backend)
         return 0 if all(r["equal_ar"] for r in stats["rows"]) else 1
     stats = acceptance_sweep(target, drafter, prompts, args.max_new_tokens, args.budgets,
                              graph=args.graph, progress=False if args.no_progress else None,
                              info=dict(target=os.path.abspath(target_dir), drafter=os.path.abspath(drafter_dir),
                                        command="ddtree-numba " + " ".join(args.argv)))
-    print(format_table(stats))
-    with open(args.out, "w") as f:
+    _write_stats(stats, format_table(stats), args.out, "statistics", backend)
+    return 0 if all(r["equals_ar"] for r in stats["runs"]) else 1
+
+
+def _write_stats(stats: dict, table: str, path: str, what: str, backend: str) -> None:
+    """A sweep's table on stdout, its JSON to ``path``, and where it went on stderr."""
+    print(table)
+    with open(path, "w") as f:
         json.dump(stats, f, indent=1)
         f.write("\n")
-    print(f"statistics written to {args.out} ({stats['seconds']:.0f} s, backend {backend})", file=sys.stderr)
-    return 0 if all(r["equals_ar"] for r in stats["runs"]) else 1
+    print(f"{what} written to {path} ({stats['seconds']:.0f} s, backend {backend})", file=sys.stderr)
 
 
 def run_plot(args) -> int:
