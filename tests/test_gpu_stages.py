@@ -21,6 +21,31 @@ def test_full_size_topk_and_build_match_twins(rng, V, budget):
     assert kn.build_tree(lp, ids, budget) == ref.build_tree(lp_r, ids_r, budget)
 
 
+@pytest.mark.parametrize("V,budget,tie_share", [(163840, 1024, 4), (32000, 1024, 1), (5000, 777, 2)])
+def test_full_size_level_build_matches_the_heap_twin(rng, V, budget, tie_share):
+    """The level build at its default 1024 threads (the shuffle sorts and scans, warp-aggregated
+    histograms) with exact ties in a 1/tie_share part of the vocabulary."""
+    L = 15
+    x = (rng.standard_normal((L, V)) * 2).astype(np.float32)
+    x[:, : V // tie_share] = np.round(x[:, : V // tie_share] * 2)
+    lp, ids = ref.topk_logprobs(x, budget)
+    assert kn.build_tree_levels(lp, ids, budget) == ref.build_tree(lp, ids, budget)
+
+
+def test_level_build_at_full_threads_on_small_random_drafts(rng):
+    """Trees smaller than a warp and than the block: the register sort's padding lanes."""
+    for case in range(120):
+        L, V, budget = int(rng.integers(1, 6)), int(rng.integers(1, 40)), int(rng.integers(0, 300))
+        if case % 3 == 0:
+            x = rng.integers(-2, 2, (L, V)).astype(np.float32)
+        elif case % 3 == 1:
+            x = (np.sign(rng.standard_normal((L, V))) * 10.0 ** rng.integers(-30, 12, (L, V))).astype(np.float32)
+        else:
+            x = (rng.standard_normal((L, V)) * 3).astype(np.float32)
+        lp, ids = ref.topk_logprobs(x, min(budget, V) or 1)
+        assert kn.build_tree_levels(lp, ids, budget) == ref.build_tree(lp, ids, budget), (case, L, V, budget)
+
+
 def test_poisoned_outputs_are_fully_overwritten(rng):
     from numba import cuda
     x = (rng.standard_normal((7, 3000)) * 3).astype(np.float32)

@@ -32,6 +32,7 @@ from numba import config, cuda, float32, float64, int32, uint32, uint64
 
 from .._checks import check_array, check_int, check_logits_values
 from .._device import check_threads, device_function, is_device, to_device
+from ._warp import WARP_OPS, claim, hist_add
 
 MAX_K = 1024       # shared-memory sort buffer; the tree build takes budgets up to 1024 too
 THREADS = 256      # threads per block on a GPU (1024 runs out of registers)
@@ -127,6 +128,7 @@ def _topk_partial_kernel(threads):
     keys of its min(k, slice) largest entries (unordered) to cand[row, b*k :], their number to
     cnt[row, b]."""
     T = threads
+    WARP = WARP_OPS and T % 32 == 0   # warp-aggregated atomics (not the simulator)
     clear, pick_digit, _ = _block_helpers(T)
 
     # launch bounds: registers capped so that a block of T threads always fits an SM
@@ -199,9 +201,12 @@ def _topk_partial_kernel(threads):
             for v in range(lo + t, hi, T):
                 key = _composite_key(bits[row, v], v)
                 if key & mask == desired:
-                    # plain shared atomics: warp-aggregating them with match_any_sync measured
-                    # slower on the H200 (docs/PERFORMANCE.md)
-                    cuda.atomic.add(hist, int32((key >> uint64(shift)) & uint64(255)), 1)
+                    # the digits are concentrated (most logits share their top bits): the
+                    # warp's lanes in the lowest lane's bin add with one atomic (_warp.hist_add)
+                    if WARP:
+                        hist_add(hist, int32((key >> uint64(shift)) & uint64(255)))
+                    else:
+                        cuda.atomic.add(hist, int32((key >> uint64(shift)) & uint64(255)), 1)
             cuda.syncthreads()  # histogram complete
             pick_digit(hist, suffix, chunk, sel, state, shift, need, desired, mask, t)
             shift -= 8
@@ -212,7 +217,10 @@ def _topk_partial_kernel(threads):
         for v in range(lo + t, hi, T):
             key = _composite_key(bits[row, v], v)
             if key & mask >= desired:
-                cand[row, b_ * k + cuda.atomic.add(state, 2, 1)] = key
+                if WARP:
+                    cand[row, b_ * k + claim(state, 2)] = key
+                else:
+                    cand[row, b_ * k + cuda.atomic.add(state, 2, 1)] = key
 
     return kernel
 
@@ -222,6 +230,7 @@ def _topk_merge_kernel(threads):
     """Grid L: the row's log-sum-exp from its G slice pairs (combined in slice order), the k
     largest of the slices' candidate keys (a radix select over at most G*k keys), sorted, out."""
     T = threads
+    WARP = WARP_OPS and T % 32 == 0   # warp-aggregated atomics (not the simulator)
     clear, pick_digit, sort_desc = _block_helpers(T)
 
     # launch bounds: registers capped so that a block of T threads always fits an SM
@@ -274,7 +283,10 @@ def _topk_merge_kernel(threads):
                 if idx - b * k < cnt[row, b]:
                     key = cand[row, idx]
                     if key & mask == desired:
-                        cuda.atomic.add(hist, int32((key >> uint64(shift)) & uint64(255)), 1)
+                        if WARP:
+                            hist_add(hist, int32((key >> uint64(shift)) & uint64(255)))
+                        else:
+                            cuda.atomic.add(hist, int32((key >> uint64(shift)) & uint64(255)), 1)
             cuda.syncthreads()
             pick_digit(hist, suffix, chunk, sel, state, shift, need, desired, mask, t)
             shift -= 8
@@ -285,7 +297,10 @@ def _topk_merge_kernel(threads):
             if idx - b * k < cnt[row, b]:
                 key = cand[row, idx]
                 if key & mask >= desired:
-                    keys[cuda.atomic.add(state, 2, 1)] = key
+                    if WARP:
+                        keys[claim(state, 2)] = key
+                    else:
+                        keys[cuda.atomic.add(state, 2, 1)] = key
         p = 1
         while p < k:
             p *= 2

@@ -26,6 +26,7 @@ from numba import config, cuda, float32, float64, int16, int32, int64, uint64
 from .._checks import check_array, check_build_inputs
 from ..tree import Tree
 from .._device import check_threads, device_function, is_device, to_device
+from ._warp import FULL as FULL_MASK, WARP_OPS, claim, hist_add, warp_inclusive_scan, warp_min_u64, warp_sum
 
 MAX_BUDGET = 1024
 MAX_DEPTH = 32
@@ -386,36 +387,60 @@ class LevelScratch:
 def _build_tree_levels_kernel(threads):
     T = threads
     NB = MAX_BUDGET
-    SCAN = T                                  # the scan's buffer: a partial sum per thread
+    SCAN = max(T, 64)                         # the scan's buffer: a partial sum per thread
+    WARP = WARP_OPS and T % 32 == 0           # shuffles and warp-aggregated atomics (not the simulator)
+    NW = T // 32
 
     @device_function
     def scan(src, dst, n, tmp, t):
         """Exclusive prefix sums of src[:n] into dst[:n] (may be src); every thread returns the
-        total. Each thread sums a contiguous segment, then a Hillis-Steele scan of the segments."""
+        total. Each thread sums a contiguous segment; the segments are scanned with warp
+        shuffles and one warp over the warps' totals (a GPU: 3 barriers), or by Hillis-Steele
+        in shared memory (the simulator, which has no shuffles)."""
         per = (n + T - 1) // T
         lo = min(n, t * per)
         hi = min(n, lo + per)
         s = 0
         for i in range(lo, hi):
             s += src[i]
-        tmp[t] = s
-        cuda.syncthreads()
-        off = 1
-        while off < T:
-            v = 0
-            if t >= off:
-                v = tmp[t - off]
+        if WARP:
+            w = t // 32
+            lane = t % 32
+            x = warp_inclusive_scan(s)
+            if lane == 31:
+                tmp[w] = x
+            cuda.syncthreads()                # every warp's total is in
+            if w == 0:
+                v = 0
+                if lane < NW:
+                    v = tmp[lane]
+                v = warp_inclusive_scan(v)
+                if lane < NW:
+                    tmp[32 + lane] = v
+            cuda.syncthreads()                # the warps' inclusive totals are in
+            run = x - s
+            if w > 0:
+                run += tmp[32 + w - 1]
+            total = tmp[32 + NW - 1]
+        else:
+            tmp[t] = s
             cuda.syncthreads()
-            tmp[t] += v
-            cuda.syncthreads()
-            off *= 2
-        run = tmp[t] - s
+            off = 1
+            while off < T:
+                v = 0
+                if t >= off:
+                    v = tmp[t - off]
+                cuda.syncthreads()
+                tmp[t] += v
+                cuda.syncthreads()
+                off *= 2
+            run = tmp[t] - s
+            total = tmp[T - 1]
         for i in range(lo, hi):
             v = src[i]
             dst[i] = run
             run += v
-        total = tmp[T - 1]
-        cuda.syncthreads()                    # tmp is free again
+        cuda.syncthreads()                    # tmp is free again, dst is complete
         return total
 
     @device_function
@@ -480,6 +505,65 @@ def _build_tree_levels_kernel(threads):
             k *= 2
 
     @device_function
+    def bitonic_warp(ss, sk, sp, n, t):
+        """``bitonic``'s sort when n <= T, a thread an entry held in registers: the stages that
+        pair entries of one warp (distance < 32) exchange by shuffles, the others through shared
+        memory (30 barriers for n = 1024 instead of 55, and no shared traffic in the rest)."""
+        sc = _NEG_INF
+        ky = _INT_MAX
+        pl = 0
+        if t < n:
+            sc = ss[t]
+            ky = sk[t]
+            pl = sp[t]
+        k = 2
+        while k <= n:
+            j = k // 2
+            while j > 0:
+                if j >= 32:
+                    if t < n:
+                        ss[t] = sc
+                        sk[t] = ky
+                        sp[t] = pl
+                    cuda.syncthreads()                # everyone's entry is current in shared memory
+                    o = t ^ j
+                    osc = _NEG_INF
+                    oky = _INT_MAX
+                    opl = 0
+                    if t < n:
+                        osc = ss[o]
+                        oky = sk[o]
+                        opl = sp[o]
+                    cuda.syncthreads()                # partners are read before anyone writes
+                else:
+                    osc = cuda.shfl_xor_sync(FULL_MASK, sc, j)
+                    oky = cuda.shfl_xor_sync(FULL_MASK, ky, j)
+                    opl = cuda.shfl_xor_sync(FULL_MASK, pl, j)
+                other_better = osc > sc or (osc == sc and oky < ky)
+                # best first within each k-run whose bit k is 0, worst first otherwise: the lower
+                # index of a pair keeps the better entry in a best-first run
+                want_better = ((t & j) == 0) == ((t & k) == 0)
+                if other_better == want_better:
+                    sc = osc
+                    ky = oky
+                    pl = opl
+                j //= 2
+            k *= 2
+        if t < n:
+            ss[t] = sc
+            sk[t] = ky
+            sp[t] = pl
+        cuda.syncthreads()                            # the sorted entries are in shared memory
+
+    @device_function
+    def sort_entries(ss, sk, sp, n, t):
+        """Sort entries [0, n) (n a power of two) of (ss, sk, sp) best first."""
+        if WARP and n <= T:
+            bitonic_warp(ss, sk, sp, n, t)
+        else:
+            bitonic(ss, sk, sp, n, t)
+
+    @device_function
     def kth_largest(vals, counts, rows, k, hist, bins, tmp, sel, low, t):
         """The k-th largest of the float64 vals[d, :counts[d]] for d < rows, with multiplicity
         (k <= their number): 8-bit radix passes over the order-preserving keys, each a shared
@@ -501,7 +585,10 @@ def _build_tree_levels_kernel(threads):
                 if i < counts[d]:
                     key = _order_key(vals[d, i])
                     if (key & high) == prefix:
-                        cuda.atomic.add(hist, int32((key >> shift) & uint64(255)), 1)
+                        if WARP:                  # concentrated digits: one atomic per bin a warp
+                            hist_add(hist, int32((key >> shift) & uint64(255)))
+                        else:
+                            cuda.atomic.add(hist, int32((key >> shift) & uint64(255)), 1)
             cuda.syncthreads()
             for b in range(t, 256, T):        # the bins from the top digit down
                 bins[b] = hist[255 - b]
@@ -520,13 +607,23 @@ def _build_tree_levels_kernel(threads):
             kk = sel[1]
             if sel[2] != 0 and p < 7:         # the whole bin is needed (uniform: sel is shared)
                 through = ~((uint64(1) << shift) - uint64(1))     # the digits decided so far
-                for idx in range(t, rows * width, T):
-                    d = idx // width
-                    i = idx - d * width
-                    if i < counts[d]:
-                        key = _order_key(vals[d, i])
-                        if (key & through) == prefix:
+                n_all = rows * width
+                for base in range(0, n_all, T):   # the same trip count in every thread
+                    idx = base + t
+                    key = ~uint64(0)
+                    if idx < n_all:
+                        d = idx // width
+                        i = idx - d * width
+                        if i < counts[d]:
+                            key = _order_key(vals[d, i])
+                            if (key & through) != prefix:
+                                key = ~uint64(0)
+                    if WARP:                      # the warp's minimum, then one atomic
+                        key = warp_min_u64(key)
+                        if t % 32 == 0 and key != ~uint64(0):
                             cuda.atomic.min(low, 0, key)
+                    elif key != ~uint64(0):
+                        cuda.atomic.min(low, 0, key)
                 cuda.syncthreads()
                 found = low[0]
                 cuda.syncthreads()            # low and sel are rewritten by the next call
@@ -576,7 +673,7 @@ def _build_tree_levels_kernel(threads):
                     sk[i] = _INT_MAX
                 sp[i] = i
             cuda.syncthreads()
-            bitonic(ss, sk, sp, NP, t)
+            sort_entries(ss, sk, sp, NP, t)
             # 1. the threshold: the B-th score of the capped candidates (the i-th best parent
             #    offers ranks r with (i + 1)(r + 1) <= B)
             for i in range(t, P, T):
@@ -670,15 +767,22 @@ def _build_tree_levels_kernel(threads):
             one[1] = 0
         cuda.syncthreads()
         width = lv_score.shape[1]
+        above = 0
         for idx in range(t, levels * width, T):
             d = idx // width
             i = idx - d * width
             if i < counts[d]:
                 s = lv_score[d, i]
                 if s > thr:
-                    cuda.atomic.add(one, 0, 1)
+                    above += 1
                 elif s == thr:
                     flags[lv_pre[d, i]] = 1
+        if WARP:
+            above = warp_sum(above)
+            if t % 32 == 0:
+                cuda.atomic.add(one, 0, above)
+        else:
+            cuda.atomic.add(one, 0, above)
         cuda.syncthreads()
         scan(flags, flags, U + 2, tmp, t)
         m = B - one[0]
@@ -688,7 +792,10 @@ def _build_tree_levels_kernel(threads):
             if i < counts[d]:
                 s = lv_score[d, i]
                 if s > thr or (s == thr and flags[lv_pre[d, i]] < m):
-                    slot = cuda.atomic.add(one, 1, 1)
+                    if WARP:
+                        slot = claim(one, 1)
+                    else:
+                        slot = cuda.atomic.add(one, 1, 1)
                     ss[slot] = s
                     sk[slot] = lv_pre[d, i]
                     sp[slot] = idx
@@ -702,7 +809,7 @@ def _build_tree_levels_kernel(threads):
             sk[i] = _INT_MAX
             sp[i] = 0
         cuda.syncthreads()
-        bitonic(ss, sk, sp, NP, t)                       # pop order
+        sort_entries(ss, sk, sp, NP, t)                  # pop order
         for j in range(t, n, T):
             d = sp[j] // width
             lv_node[d, sp[j] - d * width] = j + 1
