@@ -1,0 +1,33 @@
+"""Launch the split top-K and the level build once per budget (after a warm-up), for Nsight
+Compute: ncu -k regex:'topk|levels' python tools/profile_tree.py [V] [budget ...]"""
+
+import sys
+
+import numpy as np
+from numba import cuda
+
+from ddtree_numba import kernels as kn
+
+
+def main():
+    V = int(sys.argv[1]) if len(sys.argv) > 1 else 163840
+    budgets = [int(b) for b in sys.argv[2:]] or [16, 1024]
+    L = 15
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((L, V)).astype(np.float32) * 2
+    for d in range(L):
+        x[d, rng.choice(V, 8, replace=False)] += np.linspace(9, 4, 8, dtype=np.float32)
+    d_x = cuda.to_device(x)
+    for budget in budgets:
+        lp, ids = (cuda.device_array((L, budget), np.float32), cuda.device_array((L, budget), np.int32))
+        sc = kn.TopKScratch.allocate(L, V, budget)
+        bufs, lsc = kn.TreeBuffers.allocate(budget), kn.LevelScratch.allocate(L, budget)
+        for _ in range(2):      # the first compiles; ncu sees both
+            kn.topk_logprobs(d_x, budget, out=(lp, ids), scratch=sc)
+            kn.build_tree_levels(lp, ids, budget, out=bufs, scratch=lsc)
+        cuda.synchronize()
+        print(budget, bufs.to_tree().num_nodes)
+
+
+if __name__ == "__main__":
+    main()
