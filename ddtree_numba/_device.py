@@ -64,6 +64,11 @@ if config.ENABLE_CUDASIM:
     _patch_simulator_shared_arrays()
 
 
+# Line tables in the compiled kernels that opt in, for Nsight Compute's source view
+# (DDTREE_LINEINFO=1; tools/profile_tree.py). Off by default: nothing else changes.
+LINEINFO = os.environ.get("DDTREE_LINEINFO") == "1"
+
+
 def is_device(a) -> bool:
     """True for a numba device array (or the simulator's stand-in)."""
     return not isinstance(a, np.ndarray) and hasattr(a, "copy_to_host")

@@ -1,6 +1,7 @@
 """Top-K log-probabilities per draft depth on the GPU; twin: ``reference.topk.topk_logprobs``.
 
-Shapes: L depths, V vocabulary, K kept tokens (K <= MAX_K), G slices a row (``_slices``: about one a SLICE entries).
+Shapes: L depths, V vocabulary, K kept tokens (K <= MAX_K), G slices a row (``_slices``: about one a
+SLICE entries, G * K <= MERGE_KEYS).
 
 Two launches, so that a row is read by G blocks at once instead of one (issue 15):
 
@@ -31,7 +32,7 @@ import numpy as np
 from numba import config, cuda, float32, float64, int32, uint32, uint64
 
 from .._checks import check_array, check_int, check_logits_values
-from .._device import check_threads, device_function, is_device, to_device
+from .._device import LINEINFO, check_threads, device_function, is_device, to_device
 from ._warp import WARP_OPS, claim, hist_add
 
 MAX_K = 1024       # shared-memory sort buffer; the tree build takes budgets up to 1024 too
@@ -132,7 +133,7 @@ def _topk_partial_kernel(threads):
     clear, pick_digit, _ = _block_helpers(T)
 
     # launch bounds: registers capped so that a block of T threads always fits an SM
-    @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,)))
+    @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
     def kernel(logits, bits, k, part_m, part_s, cand, cnt):
         b_ = cuda.blockIdx.x
         row = cuda.blockIdx.y
@@ -234,7 +235,7 @@ def _topk_merge_kernel(threads):
     clear, pick_digit, sort_desc = _block_helpers(T)
 
     # launch bounds: registers capped so that a block of T threads always fits an SM
-    @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,)))
+    @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
     def kernel(logits, k, part_m, part_s, cand, cnt, lp_out, ids_out):
         row = cuda.blockIdx.x
         t = cuda.threadIdx.x
@@ -316,13 +317,15 @@ def _topk_merge_kernel(threads):
     return kernel
 
 
-SLICE = 8192       # vocabulary entries a slice block takes (at least; up to MAX_SLICES slices a row)
-MAX_SLICES = 16
+SLICE = 2048       # vocabulary entries a slice block takes (at least)
+MAX_SLICES = 64    # slices a row
+MERGE_KEYS = 16384  # at most this many candidate keys a row reach the merge (G * k), unless G is 1
 
 
-def _slices(vocab: int) -> int:
-    """Slices (blocks) per depth: about one per SLICE entries, at most MAX_SLICES."""
-    return max(1, min(MAX_SLICES, vocab // SLICE))
+def _slices(vocab: int, k: int) -> int:
+    """Slices (blocks) a depth: about one per SLICE entries, at most MAX_SLICES, and few enough
+    that the merge's one block sees at most MERGE_KEYS candidates (G * k)."""
+    return max(1, min(MAX_SLICES, vocab // SLICE, MERGE_KEYS // max(k, 1)))
 
 
 @dataclass(frozen=True)
@@ -337,7 +340,7 @@ class TopKScratch:
 
     @classmethod
     def allocate(cls, rows: int, vocab: int, k: int, stream=0, slices: int | None = None) -> "TopKScratch":
-        slices = _slices(vocab) if slices is None else slices
+        slices = _slices(vocab, k) if slices is None else slices
 
         def arr(shape, dt):
             return cuda.device_array(shape, dt, stream=stream)
@@ -372,7 +375,7 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=THREADS, slices=None
     else:
         check_array("out[0]", out[0], 2, np.float32, shape=(L, k))
         check_array("out[1]", out[1], 2, np.int32, shape=(L, k))
-    G = _slices(V) if slices is None else check_int("slices", slices, 1, MAX_SLICES)
+    G = _slices(V, k) if slices is None else check_int("slices", slices, 1, MAX_SLICES)
     if scratch is None:
         scratch = TopKScratch.allocate(L, V, k, stream, slices=G) if L and k else None
     elif not scratch.fits(L, G, k):

@@ -25,7 +25,7 @@ from numba import config, cuda, float32, float64, int16, int32, int64, uint64
 
 from .._checks import check_array, check_build_inputs
 from ..tree import Tree
-from .._device import check_threads, device_function, is_device, to_device
+from .._device import LINEINFO, check_threads, device_function, is_device, to_device
 from ._warp import FULL as FULL_MASK, WARP_OPS, claim, hist_add, warp_inclusive_scan, warp_min_u64, warp_sum
 
 MAX_BUDGET = 1024
@@ -303,7 +303,7 @@ def build_tree(lp, ids, budget, *, out=None, budget_device=None, stream=0, threa
 
 
 # -- the level-synchronous build: no pop chain (twin: reference.build_tree_levels) ---------------
-# One block of LEVEL_THREADS threads follows the twin step for step: per depth, the parents sorted
+# One block (``level_threads(budget)`` threads) follows the twin step for step: per depth, the parents sorted
 # by score (bitonic, shared memory) give each its cap of candidate ranks; the candidates' B-th
 # score (a radix select on the float64's order-preserving bits) is the level's threshold; binary
 # searches and prefix sums give each parent's kept children (ties at the threshold in path order);
@@ -311,7 +311,19 @@ def build_tree(lp, ids, budget, *, out=None, budget_device=None, stream=0, threa
 # prefix sums, the union's B-th score and its ties by a preorder bitmap, and the chosen nodes
 # sorted by (-score, preorder) into pop order. Every float64 sum is the twin's, so the trees are
 # bit-identical; the level data lives in a ``LevelScratch`` in global memory.
-LEVEL_THREADS = 1024
+LEVEL_THREADS = 1024                      # the most threads the level build takes
+
+
+def level_threads(budget: int) -> int:
+    """The level build's block for a budget: the power of two >= budget, 32 to LEVEL_THREADS.
+    A level holds up to about budget x H(budget) candidates, so this is a few a thread; more
+    threads only add the block's control flow and barriers (every warp runs every step)."""
+    t = 32
+    while t < budget and t < LEVEL_THREADS:
+        t *= 2
+    return t
+
+
 _INT_MAX = 2**31 - 1
 _NEG_INF = -np.inf
 _SIGN = np.uint64(1 << 63)
@@ -632,7 +644,7 @@ def _build_tree_levels_kernel(threads):
         return _key_value(prefix)
 
     # launch bounds: registers capped so that a block of T (up to 1024) threads fits an SM
-    @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,)))
+    @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
     def kernel(lp, ids, budget, n_budget, tokens, depths, parents, ranks, scores, n_nodes,
                lv_score, lv_parent, lv_rank, lv_start, lv_keep, lv_csum, lv_pre, lv_node, cand, flags):
         t = cuda.threadIdx.x
@@ -831,18 +843,19 @@ def _build_tree_levels_kernel(threads):
 
 
 def build_tree_levels(lp, ids, budget, *, out=None, scratch=None, budget_device=None, stream=0,
-                      threads=LEVEL_THREADS):
+                      threads=None):
     """``build_tree``'s tree by the level-synchronous kernel (no pop chain); twin:
     ``reference.build_tree_levels``, bit for bit (and so ``reference.build_tree``).
 
     lp [L, K] float32 (rows descending), ids [L, K] int32, numpy or device. ``scratch``: a
     ``LevelScratch`` for (L, budget) to reuse (allocated when None). Returns a host ``Tree``, or,
     when ``out`` (``TreeBuffers``) is given, fills it on ``stream`` and returns it without
-    synchronising. ``budget_device``: as ``build_tree``'s.
+    synchronising. ``budget_device``: as ``build_tree``'s. ``threads``: the block
+    (``level_threads(budget)`` when None).
     """
     budget = _check_limits(lp, ids, budget)
     L, K = lp.shape
-    check_threads(threads, hi=1024)
+    threads = level_threads(budget) if threads is None else check_threads(threads, hi=LEVEL_THREADS)
     bufs = out if out is not None else TreeBuffers.allocate(budget, stream)
     if bufs.capacity < budget:
         raise ValueError(f"out holds {bufs.capacity} nodes; budget is {budget}")
