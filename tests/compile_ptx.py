@@ -28,10 +28,10 @@ _QUANT_KINDS = (("e4m3", "uint8", "float32[:, :, ::1]", (128, 128), "f32"),
 I32_1, F64_1, I16 = "int32[::1]", "float64[::1]", "int16"
 
 SIGNATURES = {
-    "topk._topk_partial_kernel": [f"void({F32_2}, {U32_2}, int64, float64[:, ::1], float64[:, ::1], "
-                                  f"uint64[:, ::1], {I32_2})"],
-    "topk._topk_merge_kernel": [f"void({F32_2}, int64, float64[:, ::1], float64[:, ::1], uint64[:, ::1], "
-                                f"{I32_2}, {F32_2}, {I32_2})"],
+    "topk._topk_partial_kernel": [(args, f"void({F32_2}, {U32_2}, int64, float64[:, ::1], float64[:, ::1], "
+                                         f"uint64[:, ::1], {I32_2})") for args in ((256, 0), (256, 1), (256, 8))],
+    "topk._topk_merge_kernel": [((1024,), f"void({F32_2}, int64, float64[:, ::1], float64[:, ::1], uint64[:, ::1], "
+                                          f"{I32_2}, {F32_2}, {I32_2})")],
     "tree_build._build_tree_kernel": [
         f"void({F32_2}, {I32_2}, int64, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {F64_1}, {I32_1})"],
     "tree_build._build_tree_levels_kernel": [

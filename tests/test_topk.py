@@ -70,6 +70,25 @@ def test_split_rows_match_the_twin_bit_for_bit(rng, kind, V, k, slices):
 
 
 @pytest.mark.kernels
+@pytest.mark.parametrize("k", [3, 2 * THREADS + 1])
+def test_filter_and_its_fallback_match_the_twin(rng, k):
+    """The partial kernel's filter (tau from each thread's kept keys) when its candidates fit,
+    and the radix select it falls back to when more than FILTER_CAP keys pass: every large logit
+    sits in one thread's stride, so the other threads' kept keys set a low tau."""
+    from ddtree_numba.kernels.topk import FILTER_CAP, _keep_per_thread
+    assert _keep_per_thread(k, THREADS) > 0
+    V = (FILTER_CAP // 2 + 8) * THREADS
+    x = _logits(rng, 1, V, "normal")
+    lp, ids = kn.topk_logprobs(x, k, threads=THREADS, slices=1)                 # a spread row
+    np.testing.assert_array_equal(ids, ref.topk_logprobs(x, k)[1])
+    x[0, ::THREADS // 2] += 50.0                 # two threads' strides hold > FILTER_CAP large keys
+    lp, ids = kn.topk_logprobs(x, k, threads=THREADS, slices=1)
+    lp_ref, ids_ref = ref.topk_logprobs(x, k)
+    np.testing.assert_array_equal(ids, ids_ref)
+    np.testing.assert_array_equal(lp.view(np.uint32), lp_ref.view(np.uint32))
+
+
+@pytest.mark.kernels
 def test_split_scratch_is_reused_and_checked(rng):
     from ddtree_numba.kernels.topk import TopKScratch
     scratch = TopKScratch.allocate(2, 60, 5, slices=3)

@@ -122,15 +122,42 @@ def _block_helpers(threads):
     return clear, pick_digit, sort_desc
 
 
+FILTER_CAP = 2048  # shared slots of the partial kernel's filter (candidates >= its threshold)
+MAX_KEEP = 8       # keys a thread keeps while it reads its part of the slice
+
+
+def _keep_per_thread(k: int, threads: int) -> int:
+    """Keys each partial-kernel thread keeps (a power of two): about 2k over the block, so that
+    the block's k-th best kept key is a tight lower bound; 0 turns the filter off (k too large
+    for MAX_KEEP keys a thread)."""
+    need = -(-2 * max(k, 1) // threads)
+    m = 1
+    while m < need:
+        m *= 2
+    return m if m <= MAX_KEEP and m * threads <= FILTER_CAP else 0
+
+
 @functools.lru_cache(maxsize=None)
-def _topk_partial_kernel(threads):
+def _topk_partial_kernel(threads, keep=0):
     """Grid (G, L): block (b, row) takes slice b of the row, [b*S, min(V, (b+1)*S)), S = ceil(V/G).
     It writes the slice's log-sum-exp pair (max, sum of exp(x - max)), float64, and the composite
     keys of its min(k, slice) largest entries (unordered) to cand[row, b*k :], their number to
-    cnt[row, b]."""
+    cnt[row, b].
+
+    ``keep`` > 0 (``_keep_per_thread``): while reading the slice for the log-sum-exp, each thread
+    also keeps its ``keep`` largest keys. The kk-th largest of all kept keys, tau, has at least kk
+    keys of the slice >= it (those kept ones), so the slice's kk largest are the kk largest of the
+    keys >= tau: usually a few more than kk, gathered in shared memory in one more read of the
+    slice and sorted there. Only if more than FILTER_CAP keys pass does the block fall back to the
+    radix select over the slice (``keep`` = 0 always does). Two reads of the slice instead of
+    four to eight."""
     T = threads
+    M = keep
+    NKEEP = max(1, M * T)                       # kept keys of the block (a power of two)
+    MLOC = max(M, 1)
+    CAP = FILTER_CAP
     WARP = WARP_OPS and T % 32 == 0   # warp-aggregated atomics (not the simulator)
-    clear, pick_digit, _ = _block_helpers(T)
+    clear, pick_digit, sort_desc = _block_helpers(T)
 
     # launch bounds: registers capped so that a block of T threads always fits an SM
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
@@ -152,6 +179,13 @@ def _topk_partial_kernel(threads):
         state = cuda.shared.array(3, int32)       # (still needed, done flag, gathered count)
         kk = min(k, hi - lo)
 
+        fkeys = cuda.shared.array(CAP, uint64)    # the filter's kept keys, then its candidates
+        mine = cuda.local.array(MLOC, uint64)   # this thread's largest keys (0: none)
+        for j in range(M):
+            mine[j] = uint64(0)                 # no composite key is 0 (its id part is < 2^31)
+        low_j = 0                               # the slot of this thread's smallest kept key
+        low_key = uint64(0)
+
         # -- 1. the slice's log-sum-exp, float64, online per thread then a fixed tree
         m = -math.inf
         s = 0.0
@@ -162,6 +196,16 @@ def _topk_partial_kernel(threads):
                 m = x
             elif x != -math.inf:
                 s += math.exp(x - m)
+            if M > 0:
+                key = _composite_key(bits[row, v], v)
+                if key > low_key:               # replace the smallest kept key, find the new one
+                    mine[low_j] = key
+                    low_j = 0
+                    low_key = mine[0]
+                    for j in range(1, M):
+                        if mine[j] < low_key:
+                            low_key = mine[j]
+                            low_j = j
         red_m[t] = m
         red_s[t] = s
         if t == 0:
@@ -188,6 +232,39 @@ def _topk_partial_kernel(threads):
             cnt[row, b_] = kk
         if kk <= 0:
             return
+
+        if M > 0:
+            # -- 2a. tau, the kk-th largest kept key: the block's kept keys sorted in shared memory
+            for j in range(M):
+                fkeys[t * M + j] = mine[j]
+            cuda.syncthreads()                  # kept keys are in
+            sort_desc(fkeys, NKEEP, t)
+            tau = fkeys[kk - 1]
+            cuda.syncthreads()                  # everyone has tau before fkeys is reused
+            # -- 2b. the keys >= tau (at least kk), gathered while they fit
+            for v in range(lo + t, hi, T):
+                key = _composite_key(bits[row, v], v)
+                if key >= tau:
+                    slot = claim(state, 2) if WARP else cuda.atomic.add(state, 2, 1)
+                    if slot < CAP:
+                        fkeys[slot] = key
+            cuda.syncthreads()                  # the candidates and their count are in
+            C = state[2]
+            if C <= CAP:
+                P2 = 1
+                while P2 < C:
+                    P2 *= 2
+                for j in range(C + t, P2, T):
+                    fkeys[j] = uint64(0)        # padding sorts last
+                cuda.syncthreads()
+                sort_desc(fkeys, P2, t)
+                for j in range(t, kk, T):
+                    cand[row, b_ * k + j] = fkeys[j]
+                return
+            cuda.syncthreads()                  # every thread has read the count
+            if t == 0:
+                state[2] = 0                    # too many passed: the radix select below
+            cuda.syncthreads()
 
         # -- 2. radix select of the slice's kk-th largest composite key, top digit first
         shift = 56
@@ -384,9 +461,11 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=THREADS, slices=None
                          f"{[L, G]} and {k}")
     if L and k:
         sc = scratch
-        _topk_partial_kernel(threads)[(G, L), threads, stream](
+        keep = _keep_per_thread(k, threads) if threads & (threads - 1) == 0 else 0
+        _topk_partial_kernel(threads, keep)[(G, L), threads, stream](
             d_logits, d_logits.view(np.uint32), k, sc.part_m, sc.part_s, sc.cand, sc.cnt)
-        _topk_merge_kernel(threads)[L, threads, stream](
+        merge_threads = min(1024, 4 * threads)   # L blocks only: each may take a whole SM
+        _topk_merge_kernel(merge_threads)[L, merge_threads, stream](
             d_logits, k, sc.part_m, sc.part_s, sc.cand, sc.cnt, out[0], out[1])
     if host:
         return out[0].copy_to_host(stream=stream), out[1].copy_to_host(stream=stream)

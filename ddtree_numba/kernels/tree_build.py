@@ -578,29 +578,60 @@ def _build_tree_levels_kernel(threads):
     @device_function
     def kth_largest(vals, counts, rows, k, hist, bins, tmp, sel, low, t):
         """The k-th largest of the float64 vals[d, :counts[d]] for d < rows, with multiplicity
-        (k <= their number): 8-bit radix passes over the order-preserving keys, each a shared
-        histogram of the keys that match the digits chosen so far, then a scan of the bins from
-        the top to find the digit holding the k-th. Once that bin is needed whole (usually after
-        two or three passes), the k-th is its smallest key: one atomic-min pass ends the search."""
-        width = vals.shape[1]
-        prefix = uint64(0)
+        (k <= their number), by a radix select on the order-preserving uint64 keys.
+
+        First the keys' min and max: the bits above their highest difference are common to
+        every key, so the passes start there (scores of one level share sign and exponent, and
+        usually more). Each pass is a shared histogram of one 8-bit digit of the keys that match
+        the bits decided so far, then a scan of the bins from the top to find the digit holding
+        the k-th. Once that bin is needed whole, the k-th is its smallest key: one atomic-min
+        pass ends the search."""
+        if t == 0:
+            low[0] = ~uint64(0)
+            low[1] = uint64(0)
+        cuda.syncthreads()                    # low is reset
+        kmin = ~uint64(0)
+        kmax = uint64(0)
+        for d in range(rows):
+            for i in range(t, counts[d], T):
+                key = _order_key(vals[d, i])
+                kmin = min(kmin, key)
+                kmax = max(kmax, key)
+        if WARP:
+            kmin = warp_min_u64(kmin)
+            kmax = ~warp_min_u64(~kmax)
+            if t % 32 == 0:
+                cuda.atomic.min(low, 0, kmin)
+                cuda.atomic.max(low, 1, kmax)
+        else:
+            cuda.atomic.min(low, 0, kmin)
+            cuda.atomic.max(low, 1, kmax)
+        cuda.syncthreads()                    # the keys' range is in
+        kmin = low[0]
+        kmax = low[1]
+        diff = kmin ^ kmax
+        top = -1                              # the highest bit where some keys differ
+        while top < 63 and (diff >> uint64(top + 1)) != uint64(0):
+            top += 1
+        if top < 0:                           # every key is the same
+            cuda.syncthreads()                # low is rewritten by the next call
+            return _key_value(kmin)
+        decided = ~((uint64(1) << uint64(top + 1)) - uint64(1)) if top < 63 else uint64(0)
+        prefix = kmax & decided
         kk = k
-        for p in range(8):
-            shift = uint64(56 - 8 * p)
-            high = uint64(0) if p == 0 else ~((uint64(1) << (shift + uint64(8))) - uint64(1))
+        shift = max(top - 7, 0)
+        while True:
             for b in range(t, 256, T):
                 hist[b] = 0
             cuda.syncthreads()
-            for idx in range(t, rows * width, T):
-                d = idx // width
-                i = idx - d * width
-                if i < counts[d]:
+            for d in range(rows):
+                for i in range(t, counts[d], T):
                     key = _order_key(vals[d, i])
-                    if (key & high) == prefix:
-                        if WARP:                  # concentrated digits: one atomic per bin a warp
-                            hist_add(hist, int32((key >> shift) & uint64(255)))
+                    if (key & decided) == prefix:
+                        if WARP:              # concentrated digits: one atomic per bin a warp
+                            hist_add(hist, int32((key >> uint64(shift)) & uint64(255)))
                         else:
-                            cuda.atomic.add(hist, int32((key >> shift) & uint64(255)), 1)
+                            cuda.atomic.add(hist, int32((key >> uint64(shift)) & uint64(255)), 1)
             cuda.syncthreads()
             for b in range(t, 256, T):        # the bins from the top digit down
                 bins[b] = hist[255 - b]
@@ -615,33 +646,34 @@ def _build_tree_levels_kernel(threads):
                     sel[1] = kk - above
                     sel[2] = 1 if hist[255 - b] == kk - above else 0
             cuda.syncthreads()
-            prefix = prefix | (uint64(sel[0]) << shift)
+            # bits the digit overlaps with earlier ones hold the same value in every matching key
+            prefix = prefix | (uint64(sel[0]) << uint64(shift))
+            decided = decided | (uint64(255) << uint64(shift))
             kk = sel[1]
-            if sel[2] != 0 and p < 7:         # the whole bin is needed (uniform: sel is shared)
-                through = ~((uint64(1) << shift) - uint64(1))     # the digits decided so far
-                n_all = rows * width
-                for base in range(0, n_all, T):   # the same trip count in every thread
-                    idx = base + t
-                    key = ~uint64(0)
-                    if idx < n_all:
-                        d = idx // width
-                        i = idx - d * width
+            if shift == 0:
+                cuda.syncthreads()            # sel is rewritten by the next call
+                return _key_value(prefix)
+            if sel[2] != 0:                   # the whole bin is needed (uniform: sel is shared)
+                for d in range(rows):
+                    for base in range(0, counts[d], T):   # the same trip count in every thread
+                        i = base + t
+                        key = ~uint64(0)
                         if i < counts[d]:
                             key = _order_key(vals[d, i])
-                            if (key & through) != prefix:
+                            if (key & decided) != prefix:
                                 key = ~uint64(0)
-                    if WARP:                      # the warp's minimum, then one atomic
-                        key = warp_min_u64(key)
-                        if t % 32 == 0 and key != ~uint64(0):
+                        if WARP:              # the warp's minimum, then one atomic
+                            key = warp_min_u64(key)
+                            if t % 32 == 0 and key != ~uint64(0):
+                                cuda.atomic.min(low, 0, key)
+                        elif key != ~uint64(0):
                             cuda.atomic.min(low, 0, key)
-                    elif key != ~uint64(0):
-                        cuda.atomic.min(low, 0, key)
                 cuda.syncthreads()
                 found = low[0]
                 cuda.syncthreads()            # low and sel are rewritten by the next call
                 return _key_value(found)
             cuda.syncthreads()                # sel is rewritten by the next pass
-        return _key_value(prefix)
+            shift = max(shift - 8, 0)
 
     # launch bounds: registers capped so that a block of T (up to 1024) threads fits an SM
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
@@ -665,7 +697,7 @@ def _build_tree_levels_kernel(threads):
         hist = cuda.shared.array(256, int32)
         bins = cuda.shared.array(256, int32)
         sel = cuda.shared.array(3, int32)
-        low = cuda.shared.array(1, uint64)
+        low = cuda.shared.array(2, uint64)           # (min, max) scratch of kth_largest
         counts = cuda.shared.array(MAX_DEPTH, int32)     # nodes of each level
         one = cuda.shared.array(2, int32)
         levels = L if (B > 0 and K > 0) else 0
@@ -780,10 +812,8 @@ def _build_tree_levels_kernel(threads):
         cuda.syncthreads()
         width = lv_score.shape[1]
         above = 0
-        for idx in range(t, levels * width, T):
-            d = idx // width
-            i = idx - d * width
-            if i < counts[d]:
+        for d in range(levels):
+            for i in range(t, counts[d], T):
                 s = lv_score[d, i]
                 if s > thr:
                     above += 1
@@ -798,10 +828,8 @@ def _build_tree_levels_kernel(threads):
         cuda.syncthreads()
         scan(flags, flags, U + 2, tmp, t)
         m = B - one[0]
-        for idx in range(t, levels * width, T):
-            d = idx // width
-            i = idx - d * width
-            if i < counts[d]:
+        for d in range(levels):
+            for i in range(t, counts[d], T):
                 s = lv_score[d, i]
                 if s > thr or (s == thr and flags[lv_pre[d, i]] < m):
                     if WARP:
@@ -810,7 +838,7 @@ def _build_tree_levels_kernel(threads):
                         slot = cuda.atomic.add(one, 1, 1)
                     ss[slot] = s
                     sk[slot] = lv_pre[d, i]
-                    sp[slot] = idx
+                    sp[slot] = d * width + i
         cuda.syncthreads()
         n = one[1]
         NP = 1
