@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import config, cuda, float32, float64, int32, uint32, uint64
+from numba import config, cuda, float32, float64, int32, int64, uint32, uint64
 
 from .._checks import check_array, check_int, check_logits_values
 from .._device import LINEINFO, check_threads, device_function, is_device, to_device
@@ -52,6 +52,18 @@ def _composite_key(bits, v):
     else:
         okey = u | uint32(_SIGN)
     return (uint64(okey) << uint64(32)) | uint64(uint32(_LOW32) - uint32(v))
+
+
+@device_function
+def _slice_of(idx, k, inv_k):
+    """idx // k for 0 <= idx < 2^31 without a 64-bit integer division (about 70 instructions on a
+    GPU): a float64 estimate, off by at most one, corrected."""
+    b = int64(float64(idx) * inv_k)
+    if b * k > idx:
+        b -= 1
+    elif (b + 1) * k <= idx:
+        b += 1
+    return b
 
 
 @functools.lru_cache(maxsize=None)
@@ -108,7 +120,8 @@ def _block_helpers(threads):
             half = size // 2
             while half > 0:
                 for i in range(t, p // 2, T):
-                    lo = 2 * half * (i // half) + (i % half)
+                    # the i-th pair: half is a power of two, so bit operations, not a division
+                    lo = ((i & ~(half - 1)) << 1) | (i & (half - 1))
                     hi = lo + half
                     a = keys[lo]
                     b = keys[hi]
@@ -347,6 +360,7 @@ def _topk_merge_kernel(threads):
             state[2] = 0
         cuda.syncthreads()
         lse = lse_sh[0]
+        inv_k = 1.0 / k
         shift = 56
         while shift >= 0:
             if state[1] != 0:
@@ -357,7 +371,7 @@ def _topk_merge_kernel(threads):
             mask = sel[1]
             need = state[0]
             for idx in range(t, G * k, T):
-                b = idx // k
+                b = _slice_of(idx, k, inv_k)
                 if idx - b * k < cnt[row, b]:
                     key = cand[row, idx]
                     if key & mask == desired:
@@ -371,7 +385,7 @@ def _topk_merge_kernel(threads):
         desired = sel[0]
         mask = sel[1]
         for idx in range(t, G * k, T):
-            b = idx // k
+            b = _slice_of(idx, k, inv_k)
             if idx - b * k < cnt[row, b]:
                 key = cand[row, idx]
                 if key & mask >= desired:
