@@ -7,14 +7,17 @@ Two launches, so that a row is read by G blocks at once instead of one (issue 15
 
 1. ``_topk_partial_kernel``, grid (G, L): block (b, row) takes slice b of the row. Its log-sum-exp
    pair: each thread keeps an online (max, sum-exp) in float64 over a strided part of the slice,
-   then a shared-memory tree combines the threads'. Its min(K, slice) largest entries: a radix
-   select of the K-th largest *composite key* ``(ordered float bits << 32) | (2^32-1-id)``, 8 bits
-   a pass from the top digit down, stopping as soon as the selected bucket is exactly what is
-   still needed. Composite keys are distinct, so the keys >= the threshold are exactly that many
-   tokens, and ties in value go to the lower id for free. They go to a ``TopKScratch``.
-2. ``_topk_merge_kernel``, grid L: the row's log-sum-exp from the slices' pairs (in slice order),
-   the same radix select over the slices' at most G*K candidates, the K survivors bitonic-sorted
-   descending in shared memory, written out.
+   then a shared-memory tree combines the threads'. Its min(K, slice) largest entries, by
+   *composite key* ``(ordered float bits << 32) | (2^32-1-id)`` (distinct, so ties in value go to
+   the lower id for free): while reading for the log-sum-exp each thread keeps its few largest
+   keys; the K-th largest kept key (tau) has at least K keys >= it, so a second read gathers the
+   keys >= tau into shared memory and a bitonic sort there picks the K best. If more than
+   FILTER_CAP pass (a slice whose large logits sit in a few threads' strides), a radix select of
+   the K-th largest key, 8 bits a pass from the top digit down, stopping as soon as the selected
+   bucket is exactly what is still needed. They go to a ``TopKScratch``.
+2. ``_topk_merge_kernel``, grid L (up to 1024 threads a block): the row's log-sum-exp from the
+   slices' pairs (in slice order), the radix select over the slices' at most G*K candidates, the K
+   survivors bitonic-sorted descending in shared memory, written out.
 
 The float32 log-probabilities do not depend on the order of the float64 reduction unless the
 log-sum-exp's last-ulp difference (about 1e-15; libdevice's exp / log against numpy's too) crosses a
