@@ -1,6 +1,6 @@
 """GPU tree build (and top-K) for budgets 16..1024 against the numpy twin and a plain heapq build.
 
-Usage (on a GPU machine): python benchmarks/tree_build.py [--quick]
+Usage (on a GPU machine): python benchmarks/tree_build.py [--quick | --kernels | --sweep-threads]
 Prints a table and appends it to docs/PERFORMANCE.md.
 
 Columns: GPU device time (CUDA events, median) for build alone and top-K + build;
@@ -73,6 +73,42 @@ def sweep_threads():
         print(f"budget {budget}: " + ", ".join(cells), flush=True)
 
 
+def per_kernel(V=163840, L=15):
+    """Each kernel alone as a replayed graph (no launch time): the level build at L = 1 and L, and
+    the top-K's partial and merge kernels, at budgets 16, 64 and 1024. Printed, not appended."""
+    from numba import cuda
+    from ddtree_numba import kernels as kn
+    from ddtree_numba import reference as ref
+    from ddtree_numba._device import capture_graph, replay_graph
+    from ddtree_numba.kernels import topk as tk
+    stream = cuda.stream()
+
+    def graph_us(enqueue):
+        exe = capture_graph(enqueue)
+        return time_gpu(lambda: replay_graph(exe, stream), stream, reps=30)
+    x = drafter_logits(np.random.default_rng(0), L, V)
+    dx = cuda.to_device(x)
+    for budget in (16, 64, 1024):
+        lp_h, ids_h = ref.topk_logprobs(x, budget)
+        for depths in (1, L):
+            lp, ids = cuda.to_device(lp_h[:depths].copy()), cuda.to_device(ids_h[:depths].copy())
+            bufs, sc = kn.TreeBuffers.allocate(budget), kn.LevelScratch.allocate(depths, budget)
+            t = graph_us(lambda s: kn.build_tree_levels(lp, ids, budget, out=bufs, scratch=sc, stream=s))
+            print(f"level build, budget {budget}, L = {depths}: {t:.1f} µs", flush=True)
+        G, keep = tk._slices(V, budget), tk._keep_per_thread(budget, tk.THREADS)
+        merge_threads = min(1024, 4 * tk.THREADS)
+        lpd, idd = cuda.device_array((L, budget), np.float32), cuda.device_array((L, budget), np.int32)
+        scr = kn.TopKScratch.allocate(L, V, budget)
+        t = graph_us(lambda s: kn.topk_logprobs(dx, budget, out=(lpd, idd), stream=s, scratch=scr))
+        assert np.array_equal(idd.copy_to_host(), ids_h), "GPU top-K differs from the twin"
+        t_part = graph_us(lambda s: tk._topk_partial_kernel(tk.THREADS, keep)[(G, L), tk.THREADS, s](
+            dx, dx.view(np.uint32), budget, scr.part_m, scr.part_s, scr.cand, scr.cnt))
+        t_merge = graph_us(lambda s: tk._topk_merge_kernel(merge_threads)[L, merge_threads, s](
+            dx, budget, scr.part_m, scr.part_s, scr.cand, scr.cnt, lpd, idd))
+        print(f"top-K, K = {budget}, G = {G}, kept a thread = {keep}: {t:.1f} µs "
+              f"(partial {t_part:.1f}, merge {t_merge:.1f})", flush=True)
+
+
 def main():
     from numba import cuda
     from ddtree_numba import kernels as kn
@@ -83,9 +119,12 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-append", action="store_true")
     ap.add_argument("--sweep-threads", action="store_true", help="build time vs threads per block")
+    ap.add_argument("--kernels", action="store_true", help="each kernel alone, graph replay (printed only)")
     args = ap.parse_args()
     if args.sweep_threads:
         return sweep_threads()
+    if args.kernels:
+        return per_kernel()
     budgets = [16, 64, 256, 1024] if args.quick else [16, 32, 64, 128, 256, 512, 1024]
     L = 15
     try:
