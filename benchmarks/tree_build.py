@@ -201,7 +201,7 @@ def main():
             "floor_us", "host_us", "peer_us",
             "numpy_topk_us", "numpy_build_us", "numpy_levels_us", "heapq_us"]
     note = (f"L = {L} depths. Heap build: one block popping best-first; level build: the level-synchronous "
-            "kernel (kernels.build_tree_levels, one block of level_threads(budget) threads: 32 to 1024). GPU columns: CUDA-event device time, "
+            "kernel (kernels.build_tree_levels, one block of _level_threads(budget) threads: 32 to 1024). GPU columns: CUDA-event device time, "
             "median of 50: top-K, each build alone and top-K + heap build as eager launches; the issue's figure "
             "(top-K + level build) as one captured CUDA graph, replayed. Host wall: per graph replay with a "
             "stream sync. Peer: torch.log_softmax + torch.topk on the same GPU "

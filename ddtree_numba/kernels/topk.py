@@ -169,6 +169,9 @@ def _topk_partial_kernel(threads, keep=0):
     four to eight."""
     T = threads
     M = keep
+    if M and (T & (T - 1) or M > MAX_KEEP or M * T > FILTER_CAP):
+        raise ValueError(f"the filter needs a power-of-two block and keep * threads <= {FILTER_CAP} "
+                         f"(threads = {T}, keep = {M}); the launcher uses _keep_per_thread")
     NKEEP = max(1, M * T)                       # kept keys of the block (a power of two)
     MLOC = max(M, 1)
     CAP = FILTER_CAP
@@ -478,7 +481,7 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=THREADS, slices=None
                          f"{[L, G]} and {k}")
     if L and k:
         sc = scratch
-        keep = _keep_per_thread(k, threads) if threads & (threads - 1) == 0 else 0
+        keep = _keep_per_thread(k, threads) if threads & (threads - 1) == 0 else 0   # keep * threads >= 2k
         _topk_partial_kernel(threads, keep)[(G, L), threads, stream](
             d_logits, d_logits.view(np.uint32), k, sc.part_m, sc.part_s, sc.cand, sc.cnt)
         merge_threads = min(1024, 4 * threads)   # L blocks only: each may take a whole SM

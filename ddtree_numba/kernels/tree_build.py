@@ -303,8 +303,8 @@ def build_tree(lp, ids, budget, *, out=None, budget_device=None, stream=0, threa
 
 
 # -- the level-synchronous build: no pop chain (twin: reference.build_tree_levels) ---------------
-# One block (``level_threads(budget)`` threads) follows the twin step for step: per depth, the parents sorted
-# by score (bitonic, shared memory) give each its cap of candidate ranks; the candidates' B-th
+# One block (``_level_threads(budget)`` threads) follows the twin step for step: per depth, the
+# parents sorted by score (bitonic, shared memory) give each its cap of candidate ranks; the candidates' B-th
 # score (a radix select on the float64's order-preserving bits) is the level's threshold; binary
 # searches and prefix sums give each parent's kept children (ties at the threshold in path order);
 # the level is written in path order. Then subtree sizes (bottom-up) and preorder (top-down) by
@@ -314,7 +314,7 @@ def build_tree(lp, ids, budget, *, out=None, budget_device=None, stream=0, threa
 LEVEL_THREADS = 1024                      # the most threads the level build takes
 
 
-def level_threads(budget: int) -> int:
+def _level_threads(budget: int) -> int:
     """The level build's block for a budget: the power of two >= budget, 32 to LEVEL_THREADS.
     A level holds up to about budget x H(budget) candidates, so this is a few a thread; more
     threads only add the block's control flow and barriers (every warp runs every step)."""
@@ -551,6 +551,8 @@ def _build_tree_levels_kernel(threads):
                     osc = cuda.shfl_xor_sync(FULL_MASK, sc, j)
                     oky = cuda.shfl_xor_sync(FULL_MASK, ky, j)
                     opl = cuda.shfl_xor_sync(FULL_MASK, pl, j)
+                # each lane decides alone: right for a strict order (distinct keys; NaN scores
+                # would duplicate an entry, and none reach a sort: the union never selects them)
                 other_better = osc > sc or (osc == sc and oky < ky)
                 # best first within each k-run whose bit k is 0, worst first otherwise: the lower
                 # index of a pair keeps the better entry in a best-first run
@@ -879,11 +881,11 @@ def build_tree_levels(lp, ids, budget, *, out=None, scratch=None, budget_device=
     ``LevelScratch`` for (L, budget) to reuse (allocated when None). Returns a host ``Tree``, or,
     when ``out`` (``TreeBuffers``) is given, fills it on ``stream`` and returns it without
     synchronising. ``budget_device``: as ``build_tree``'s. ``threads``: the block
-    (``level_threads(budget)`` when None).
+    (``_level_threads(budget)`` when None).
     """
     budget = _check_limits(lp, ids, budget)
     L, K = lp.shape
-    threads = level_threads(budget) if threads is None else check_threads(threads, hi=LEVEL_THREADS)
+    threads = _level_threads(budget) if threads is None else check_threads(threads, hi=LEVEL_THREADS)
     bufs = out if out is not None else TreeBuffers.allocate(budget, stream)
     if bufs.capacity < budget:
         raise ValueError(f"out holds {bufs.capacity} nodes; budget is {budget}")
