@@ -551,8 +551,9 @@ def _build_tree_levels_kernel(threads):
                     osc = cuda.shfl_xor_sync(FULL_MASK, sc, j)
                     oky = cuda.shfl_xor_sync(FULL_MASK, ky, j)
                     opl = cuda.shfl_xor_sync(FULL_MASK, pl, j)
-                # each lane decides alone: right for a strict order (distinct keys; NaN scores
-                # would duplicate an entry, and none reach a sort: the union never selects them)
+                # each lane decides alone: right for a strict order (keys are distinct). A NaN
+                # score (only from device rows nobody checked) would duplicate an entry: indices
+                # stay in bounds, and such a build has no defined tree anyway
                 other_better = osc > sc or (osc == sc and oky < ky)
                 # best first within each k-run whose bit k is 0, worst first otherwise: the lower
                 # index of a pair keeps the better entry in a best-first run
