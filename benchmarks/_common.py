@@ -198,13 +198,15 @@ def _number(v):
 
 def append_rows(title: str, header: list[str], rows: list[list], note: str = "", device: str | None = None,
                 commit_id: str | None = None, date: str | None = None, append: bool = True,
-                results: str | None = None, command: str | None = None, keys: list[str] | None = None) -> None:
+                results: str | None = None, command: str | None = None, keys: list[str] | None = None,
+                values: list[list] | None = None) -> None:
     """Append a dated table to docs/PERFORMANCE.md and print it (``append=False``: print only,
     undated). ``device``, ``commit_id`` and ``date`` default to this machine's GPU, the
     checkout's commit and today (give them when tabling a measurement made elsewhere).
     ``results``: also write ``benchmarks/results/<results>.json`` = {benchmark, device, commit,
     date, command, rows: [{key: value}]} (the latest H200 run is committed), the keys ``keys`` (the
-    names the issues give the results) or else the header's."""
+    names the issues give the results) or else the header's; the values ``values`` (unformatted,
+    one list a row) or else the table's cells."""
     if append:
         device, commit_id = device or device_name(), commit_id or commit()
         date = date or datetime.date.today().isoformat()
@@ -215,7 +217,7 @@ def append_rows(title: str, header: list[str], rows: list[list], note: str = "",
         RESULTS.mkdir(exist_ok=True)
         record = dict(benchmark=results, device=device, commit=commit_id, date=date,
                       command=command or " ".join(sys.argv),
-                      rows=[{h: _number(v) for h, v in zip(keys or header, r)} for r in rows])
+                      rows=[{h: _number(v) for h, v in zip(keys or header, r)} for r in (values or rows)])
         (RESULTS / f"{results}.json").write_text(json.dumps(record, indent=1) + "\n")
     if note:
         lines.append(note + "\n")

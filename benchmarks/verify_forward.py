@@ -16,8 +16,10 @@ Weights are random bf16 made on the GPU (no checkpoint needed); the latent cache
 Per node count: ms eager (every kernel launched from Python) and ms graph (one CUDA-graph replay),
 the bytes the forward must move and its FLOPs, the floor max(bytes / 4.2 TB/s, FLOPs / the mma.sync
 ceiling measured in the same run), GEMMs in ``--precision`` (default bf16),
-and the peer: HF transformers DeepseekV3ForCausalLM in bf16 on the same GPU and shape, as measured
-in shared/GPU.md (``--peer`` measures it again here). Then a per-kernel breakdown of one MoE layer.
+and, with ``--peer``, the peer: HF transformers DeepseekV3ForCausalLM in bf16 on the same GPU and
+shape, measured in this run first (no figure is carried over from another run). Then a per-kernel
+breakdown of one MoE layer. ``results/verify_forward.json`` rows: nodes, ms (graph), eager_ms,
+floor_ms, peer_ms (null without --peer), bytes, flops, ms_per_floor, peer_per_ms.
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ MOONLIGHT = dict(
     first_k_dense_replace=1, rms_norm_eps=1e-5, rope_theta=50000.0, max_position_embeddings=8192,
     tie_word_embeddings=False, rope_interleave=True,
 )
-PEER_MS = {1: 72.0, 16: 87.0, 64: 47.0, 256: 49.0}   # shared/GPU.md, HF bf16 on this H200 kind
 # Kimi K2 (Instruct / Thinking): 61 layers, the first dense; its routed experts INT4 in groups of 32 as
 # K2 Thinking ships them. The whole model (~590 GB in INT4) does not fit one H200: --layers times a
 # slice of full-shape layers and projects the 61.
@@ -230,6 +231,8 @@ def main():
                      num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
                      v_head_dim=8, n_routed_experts=8, num_experts_per_tok=2)
     cfg = ModelConfig.from_dict(shape)
+    # the peer first, in this run, and its GPU memory given back before our target is built
+    peer_ms = measure_peer(cfg, args) if args.peer else {}
     target = build_target(cfg, args.precision)
     rng = np.random.default_rng(0)
     cap = args.prefix + max(args.nodes)
@@ -237,7 +240,7 @@ def main():
     stream = cuda.stream()
     mma_rate = MMA_RATE if sim else mma_ceiling(stream)
 
-    rows, breakdown, times = [], {}, []
+    rows, values, breakdown, times = [], [], {}, []
     for t in args.nodes:
         ws = tree_workspace(target, t, args.prefix, rng)
         eager_us = time_gpu(lambda: target.forward_device(ws, cache, (), graph=False, stream=stream),
@@ -250,11 +253,14 @@ def main():
         assert np.isfinite(logits).all(), "non-finite logits"
         b, f = cost_model(cfg, t, args.prefix + t)
         floor_ms = max(b / COPY_BW, f / mma_rate) * 1e3
-        peer = PEER_MS.get(t)
+        peer = peer_ms.get(t)
         rows.append([t, f"{eager_us / 1e3:.2f}", f"{graph_us / 1e3:.2f}", f"{b / 1e9:.2f} GB",
                      f"{f / 1e12:.3f} TFLOP", f"{floor_ms:.2f}", f"{graph_us / 1e3 / floor_ms:.2f}x",
-                     f"{peer:.0f}" if peer else "-",
+                     f"{peer:.1f}" if peer else "-",
                      f"{peer / (graph_us / 1e3):.2f}x" if peer else "-"])
+        values.append([t, round(eager_us / 1e3, 3), round(graph_us / 1e3, 3), int(b), int(f), round(floor_ms, 3),
+                       round(graph_us / 1e3 / floor_ms, 3), round(peer, 2) if peer else None,
+                       round(peer / (graph_us / 1e3), 3) if peer else None])
         if not args.no_breakdown:
             breakdown[t] = {"(simulator)": 0.0} if sim else layer_breakdown(target, ws, cache, stream)
 
@@ -263,11 +269,12 @@ def main():
             f"max(bytes / 4.2 TB/s, FLOPs / {mma_rate / 1e12:.0f} TFLOP/s, the mma.sync ceiling measured in this "
             f"run); GEMMs on tensor cores in precision {args.precision}; bytes count every weight read once (routed "
             "experts: the expected number touched under uniform routing) and the f32 latent cache; "
-            "peer = HF DeepseekV3ForCausalLM bf16 on the same GPU (shared/GPU.md).")
+            "peer = HF DeepseekV3ForCausalLM bf16 on the same GPU, measured in this run (--peer; '-' without it).")
     header = ["nodes", "eager ms", "graph ms", "bytes", "FLOPs", "floor ms", "graph / floor",
               "peer ms", "peer / graph"]
+    keys = ["nodes", "eager_ms", "ms", "bytes", "flops", "floor_ms", "ms_per_floor", "peer_ms", "peer_per_ms"]
     append_rows("Verify forward, Moonlight-16B-A3B shape (benchmarks/verify_forward.py)", header, rows, note,
-                append=not args.no_append, results="verify_forward")
+                append=not args.no_append, results="verify_forward", keys=keys, values=values)
     if args.json:
         import datetime
         import json
@@ -286,8 +293,6 @@ def main():
     bhead = ["kernel (one MoE layer), µs"] + [f"{t} nodes" for t in args.nodes]
     append_rows("Verify forward, per-kernel time of one MoE layer (eager, CUDA events)", bhead, brows,
                 append=not args.no_append)
-    if args.peer:
-        measure_peer(cfg, args)
 
 
 def kimi_k2_slice(args):
@@ -375,8 +380,10 @@ def layer_breakdown(target, ws, cache, stream, reps=5):
     return {k: float(np.median(v)) for k, v in samples.items()}
 
 
-def measure_peer(cfg, args):
-    """HF transformers' DeepseekV3ForCausalLM, bf16, same shape, random weights, sdpa."""
+def measure_peer(cfg, args) -> dict:
+    """HF transformers' DeepseekV3ForCausalLM, bf16, same shape, random weights, sdpa: the median
+    ms of a forward of t new tokens over the prefix, for each t of --nodes -> {t: ms}. The model
+    and its cache are freed before returning."""
     import time
     import torch
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
@@ -385,6 +392,7 @@ def measure_peer(cfg, args):
     hf.num_hidden_layers = args.layers
     with torch.device("cuda"):
         model = DeepseekV3ForCausalLM(hf).to(torch.bfloat16).eval()
+    peer = {}
     for t in args.nodes:
         ids = torch.randint(0, cfg.vocab_size, (1, args.prefix), device="cuda")
         with torch.no_grad():
@@ -399,7 +407,11 @@ def measure_peer(cfg, args):
                 torch.cuda.synchronize()
                 times.append((time.perf_counter() - t0) * 1e3)
                 past.crop(args.prefix)
-        print(f"peer HF bf16, {t} new tokens over {args.prefix}: {np.median(times):.1f} ms")
+        peer[t] = float(np.median(times))
+        print(f"peer HF bf16, {t} new tokens over {args.prefix}: {peer[t]:.1f} ms", flush=True)
+    del model, past, out
+    torch.cuda.empty_cache()
+    return peer
 
 
 if __name__ == "__main__":
