@@ -116,6 +116,21 @@ def check_build_inputs(lp, ids, budget) -> int:
     return budget
 
 
+def check_batch_build_inputs(lp, ids, budget) -> int:
+    """``build_trees``' inputs: lp [S, L, K] float32 and ids [S, L, K] int32, each sequence's
+    [L, K] as ``build_tree`` takes them (host arrays checked sequence by sequence), budget >= 0."""
+    check_array("lp", lp, 3, np.float32)
+    check_array("ids", ids, 3, np.int32, shape=lp.shape)
+    budget = check_int("budget", budget, 0)
+    if is_host(lp):
+        for s in range(lp.shape[0]):
+            try:
+                check_build_inputs(lp[s], ids[s], budget)
+            except ValueError as err:
+                raise ValueError(f"sequence {s}: {err}") from None
+    return budget
+
+
 def check_sample_inputs(logits, temperature, seed) -> tuple[float, int]:
     """``sample_post``'s inputs: logits [N+1, V] float32 (host: no NaN / +inf, a finite entry per
     row), temperature finite >= 0, seed in [0, 2**64); returns (temperature, seed)."""

@@ -255,3 +255,58 @@ def test_kernel_limits_are_refused(rng):
     lp33, ids33 = _draft(rng, 33, 3, 2)
     with pytest.raises(ValueError, match="MAX_DEPTH"):
         kn.build_tree(lp33, ids33, 4)
+
+
+# -- a batch of trees in one launch (issue 17: a block a sequence) -------------------------------
+
+def _batch(rng, S, L, V, k):
+    drafts = [_draft(rng, L, V, k, "ties" if s % 2 else "normal") for s in range(S)]
+    return np.stack([d[0] for d in drafts]), np.stack([d[1] for d in drafts])
+
+
+def test_batch_twin_is_the_single_build_of_each_sequence(rng):
+    lp, ids = _batch(rng, 4, 3, 7, 7)
+    trees = ref.build_trees(lp, ids, 20)
+    assert len(trees) == 4
+    for s in range(4):
+        assert trees[s] == ref.build_tree(lp[s], ids[s], 20)
+    assert ref.build_trees(lp[:0], ids[:0], 5) == []
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("budget", [0, 1, 13, 40])
+def test_batch_kernel_builds_each_sequence_in_its_own_block(rng, budget):
+    """Every sequence's tree equals its own heap build (tokens, depths, parents, ranks, score
+    bits), so the block of one sequence reads only its rows and writes only its row."""
+    lp, ids = _batch(rng, 5, 3, 6, 6)
+    ids = ids + (100 * np.arange(5, dtype=np.int32))[:, None, None]       # each sequence's own tokens
+    got = kn.build_trees(lp, ids, budget, threads=THREADS)
+    want = ref.build_trees(lp, ids, budget)
+    assert len(got) == 5 and all(g == w for g, w in zip(got, want))
+
+
+@pytest.mark.kernels
+def test_batch_kernel_into_device_buffers_and_the_device_budget(rng):
+    from numba import cuda
+    lp, ids = _batch(rng, 3, 2, 5, 5)
+    bufs = kn.TreeBatchBuffers.allocate(4, 16)
+    assert kn.build_trees(cuda.to_device(lp), cuda.to_device(ids), 12, out=bufs, threads=THREADS) is bufs
+    assert bufs.to_trees()[:3] == ref.build_trees(lp, ids, 12)
+    n_budget = cuda.to_device(np.array([5], np.int32))
+    kn.build_trees(lp, ids, 12, out=bufs, budget_device=n_budget, threads=THREADS)
+    assert bufs.to_trees()[:3] == ref.build_trees(lp, ids, 5)
+    with pytest.raises(ValueError, match="out holds 4 trees of 16 nodes"):
+        kn.build_trees(np.concatenate([lp, lp]), np.concatenate([ids, ids]), 12, out=bufs)
+
+
+@pytest.mark.parametrize("fn", [ref.build_trees, kn.build_trees])
+def test_batch_bad_input_is_refused(rng, fn):
+    lp, ids = _batch(rng, 2, 2, 6, 4)
+    with pytest.raises(ValueError, match="lp must be 3-D"):
+        fn(lp[0], ids[0], 4)
+    with pytest.raises(ValueError, match="ids has shape"):
+        fn(lp, ids[:, :, :3], 4)
+    bad = lp.copy()
+    bad[1] = -bad[1]
+    with pytest.raises(ValueError, match="sequence 1: lp must be log-probabilities"):
+        fn(bad, ids, 4)

@@ -15,7 +15,7 @@ Two tiers (docs/DESIGN.md §3):
 """
 
 from .topk import TopKScratch, topk_logprobs
-from .tree_build import LevelScratch, TreeBuffers, build_tree, build_tree_levels
+from .tree_build import LevelScratch, TreeBatchBuffers, TreeBuffers, build_tree, build_tree_levels, build_trees
 from .visibility import enqueue_visibility_bits, visibility, visibility_bits
 from .accept import follow_tree, sample_post
 from .compact import compact_rows, enqueue_compact_rows, enqueue_copy_rows
@@ -31,7 +31,7 @@ from .embedding import embedding, enqueue_embedding, lm_head
 
 __all__ = [
     # launchers (twins in ddtree_numba.reference)
-    "topk_logprobs", "build_tree", "build_tree_levels", "visibility", "visibility_bits", "follow_tree", "sample_post",
+    "topk_logprobs", "build_tree", "build_tree_levels", "build_trees", "visibility", "visibility_bits", "follow_tree", "sample_post",
     "compact_rows", "linear", "mla_attention_absorbed", "gqa_attention", "moe_route", "moe_experts",
     "swiglu_mlp", "rms_norm", "rope", "rope_cos_sin", "embedding", "lm_head",
     # the device tier
@@ -41,5 +41,5 @@ __all__ = [
     "enqueue_moe_combine", "enqueue_swiglu_mlp", "enqueue_moe_block", "enqueue_rms_norm",
     "enqueue_rope", "enqueue_embedding",
     # buffers and parameters
-    "TreeBuffers", "LevelScratch", "TopKScratch", "MLAScratch", "GQAScratch", "MoEBuffers", "MoERoute", "TILES", "PRECISIONS",
+    "TreeBuffers", "TreeBatchBuffers", "LevelScratch", "TopKScratch", "MLAScratch", "GQAScratch", "MoEBuffers", "MoERoute", "TILES", "PRECISIONS",
 ]

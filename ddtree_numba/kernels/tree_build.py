@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import config, cuda, float32, float64, int16, int32, int64, uint64
 
-from .._checks import check_array, check_build_inputs
+from .._checks import check_array, check_batch_build_inputs, check_build_inputs
 from ..tree import Tree
 from .._device import LINEINFO, check_threads, device_function, is_device, to_device
 from ._warp import FULL as FULL_MASK, WARP_OPS, claim, hist_add, warp_inclusive_scan, warp_min_u64, warp_sum
@@ -91,7 +91,17 @@ def _build_tree_kernel(threads):
     shuffles = SHUFFLES and T >= 32
 
     @cuda.jit
-    def kernel(lp, ids, budget, n_budget, tokens, depths, parents, ranks, scores, n_nodes):
+    def kernel(lp_all, ids_all, budget, n_budget, tokens_all, depths_all, parents_all, ranks_all, scores_all,
+               n_nodes):
+        # a block a tree: block s builds sequence s's (a single build is a batch of one)
+        b_ = cuda.blockIdx.x
+        lp = lp_all[b_]
+        ids = ids_all[b_]
+        tokens = tokens_all[b_]
+        depths = depths_all[b_]
+        parents = parents_all[b_]
+        ranks = ranks_all[b_]
+        scores = scores_all[b_]
         t = cuda.threadIdx.x
         L = lp.shape[0]
         K = lp.shape[1]
@@ -215,7 +225,7 @@ def _build_tree_kernel(threads):
             parents[i] = n_parent[i]
         if t == 0:
             parents[0] = -1
-            n_nodes[0] = n
+            n_nodes[b_] = n
 
     return kernel
 
@@ -250,6 +260,44 @@ class TreeBuffers:
         return Tree(tokens=host["tokens"][:n], depths=host["depths"][:n],
                     parents=host["parents"][:n + 1], ranks=host["ranks"][:n],
                     scores=host["scores"][:n])
+
+
+@dataclass(frozen=True)
+class TreeBatchBuffers:
+    """Device buffers a batched GPU build (``build_trees``) writes into, a row a sequence;
+    ``n_nodes[s]`` says how many entries of row s are used."""
+
+    tokens: object   # [S, budget]   int32
+    depths: object   # [S, budget]   int32
+    parents: object  # [S, budget+1] int32
+    ranks: object    # [S, budget]   int32
+    scores: object   # [S, budget]   float64
+    n_nodes: object  # [S]           int32
+
+    @classmethod
+    def allocate(cls, trees: int, budget: int, stream=0) -> "TreeBatchBuffers":
+        def arr(shape, dt):
+            return cuda.device_array(shape, dt, stream=stream)
+        S = trees
+        return cls(arr((S, budget), np.int32), arr((S, budget), np.int32), arr((S, budget + 1), np.int32),
+                   arr((S, budget), np.int32), arr((S, budget), np.float64), arr(S, np.int32))
+
+    @property
+    def trees(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def capacity(self) -> int:
+        return int(self.tokens.shape[1])
+
+    def to_trees(self, stream=0) -> list:
+        """Copy the used parts back as host ``Tree``s, one a sequence."""
+        n = self.n_nodes.copy_to_host(stream=stream)
+        host = {f: getattr(self, f).copy_to_host(stream=stream)
+                for f in ("tokens", "depths", "parents", "ranks", "scores")}
+        return [Tree(tokens=host["tokens"][s, :k], depths=host["depths"][s, :k],
+                     parents=host["parents"][s, :k + 1], ranks=host["ranks"][s, :k], scores=host["scores"][s, :k])
+                for s, k in enumerate(int(x) for x in n)]
 
 
 _NO_BUDGET = []     # an empty device array, made once: "no device budget"
@@ -296,10 +344,42 @@ def build_tree(lp, ids, budget, *, out=None, budget_device=None, stream=0, threa
     bufs = out if out is not None else TreeBuffers.allocate(budget, stream)
     if bufs.capacity < budget:
         raise ValueError(f"out holds {bufs.capacity} nodes; budget is {budget}")
+    cap = bufs.capacity                             # a batch of one: [1, ...] views of the same memory
     _build_tree_kernel(threads)[1, threads, stream](
-        to_device(lp, stream), to_device(ids, stream), budget, _device_budget(budget_device),
-        bufs.tokens, bufs.depths, bufs.parents, bufs.ranks, bufs.scores, bufs.n_nodes)
+        to_device(lp, stream).reshape(1, L, K), to_device(ids, stream).reshape(1, L, K), budget,
+        _device_budget(budget_device), bufs.tokens.reshape(1, cap), bufs.depths.reshape(1, cap),
+        bufs.parents.reshape(1, cap + 1), bufs.ranks.reshape(1, cap), bufs.scores.reshape(1, cap), bufs.n_nodes)
     return bufs if out is not None else bufs.to_tree(stream)
+
+
+def build_trees(lp, ids, budget, *, out=None, budget_device=None, stream=0, threads=THREADS):
+    """``build_tree`` for each sequence of a batch, in one launch (a block a sequence).
+
+    lp [S, L, K] float32 (rows descending), ids [S, L, K] int32, numpy or device. Returns S host
+    ``Tree``s, each bit-identical to ``reference.build_tree`` of its sequence (the twin:
+    ``reference.build_trees``), or, when ``out`` (``TreeBatchBuffers`` for at least S trees) is
+    given, fills its first S rows on ``stream`` and returns it without synchronising.
+    ``budget_device``: as ``build_tree``'s, one budget for every sequence.
+    """
+    budget = check_batch_build_inputs(lp, ids, budget)
+    S, L, K = lp.shape
+    if budget > MAX_BUDGET:
+        raise ValueError(f"budget = {budget} is more than the kernel's MAX_BUDGET = {MAX_BUDGET}")
+    if L > MAX_DEPTH:
+        raise ValueError(f"{L} draft depths is more than the kernel's MAX_DEPTH = {MAX_DEPTH}")
+    if K > MAX_BUDGET:
+        raise ValueError(f"K = {K} ranks per depth is more than the kernel takes ({MAX_BUDGET})")
+    check_threads(threads, hi=256)  # static shared memory: 48 KiB a block
+    bufs = out if out is not None else TreeBatchBuffers.allocate(max(S, 1), budget, stream)
+    if bufs.capacity < budget or bufs.trees < S:
+        raise ValueError(f"out holds {bufs.trees} trees of {bufs.capacity} nodes; this build needs {S} of {budget}")
+    if S:
+        _build_tree_kernel(threads)[S, threads, stream](
+            to_device(lp, stream), to_device(ids, stream), budget, _device_budget(budget_device),
+            bufs.tokens, bufs.depths, bufs.parents, bufs.ranks, bufs.scores, bufs.n_nodes)
+    if out is not None:
+        return bufs
+    return bufs.to_trees(stream)[:S]
 
 
 # -- the level-synchronous build: no pop chain (twin: reference.build_tree_levels) ---------------

@@ -17,7 +17,7 @@ import itertools
 
 import numpy as np
 
-from .._checks import check_build_inputs
+from .._checks import check_batch_build_inputs, check_build_inputs
 from ..tree import Tree
 
 
@@ -52,6 +52,13 @@ def build_tree(lp: np.ndarray, ids: np.ndarray, budget: int) -> Tree:
         ranks=np.asarray(ranks, np.int32),
         scores=np.asarray(scores, np.float64),
     )
+
+
+def build_trees(lp: np.ndarray, ids: np.ndarray, budget: int) -> list[Tree]:
+    """``build_tree`` for each sequence of a batch: lp [S, L, K] float32, ids [S, L, K] int32 ->
+    S trees, in order (the kernel builds them in one launch, a block each)."""
+    budget = check_batch_build_inputs(lp, ids, budget)
+    return [build_tree(lp[s], ids[s], budget) for s in range(lp.shape[0])]
 
 
 def _kth_largest(scores: np.ndarray, k: int) -> float:
