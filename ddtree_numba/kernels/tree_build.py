@@ -12,7 +12,8 @@ then thread 0 over the warps' winners (a shared-memory tree in the simulator, wh
 no shuffles). Thread 0 then records the node, replaces the popped slot with its first
 child and appends its next sibling; the ranks of lp that fit are copied to shared memory
 first, so a pop touches no global memory. Two barriers a pop. Every step matches the
-twin's float64 arithmetic, so the trees are bit-identical.
+twin's float64 arithmetic, so the trees are bit-identical. The kernel takes a batch: lp / ids
+[S, L, K], a block a sequence (``build_trees``); ``build_tree`` launches a batch of one.
 """
 
 from __future__ import annotations
