@@ -1,6 +1,7 @@
 """Warp-level helpers for the top-K and tree-build kernels (a GPU only).
 
-The CUDA simulator has no shuffles, ballots or active masks, so every kernel that uses these
+The CUDA simulator has no shuffles, ballots or active masks. ``hist_add`` and ``claim`` are plain
+atomic adds there, so kernels call them unconditionally; a kernel that uses the shuffles
 branches on ``WARP_OPS`` (a constant at compile time) and keeps a plain shared-memory path for
 the simulator. Both paths compute the same thing; the warp path is held to the twins by the
 same tests on the H200.
@@ -79,7 +80,21 @@ if WARP_OPS:
             off *= 2
         return x
 else:
-    def _no_warp_ops(*args):
-        raise RuntimeError("warp operations do not exist in the CUDA simulator (branch on WARP_OPS)")
+    # The simulator runs a kernel's threads as Python threads and swaps a fake ``cuda`` module into
+    # the launching kernel's globals only, so these use its atomics directly: one add a lane.
+    from numba.cuda.simulator.kernelapi import FakeCUDAAtomic
 
-    hist_add = claim = warp_sum = warp_min_u64 = warp_inclusive_scan = _no_warp_ops
+    _ATOMIC = FakeCUDAAtomic()
+
+    def hist_add(hist, b):
+        """hist[b] += 1 (the simulator: a plain atomic add)."""
+        _ATOMIC.add(hist, b, 1)
+
+    def claim(counter, i):
+        """A distinct slot from counter[i] (the simulator: a plain atomic add)."""
+        return _ATOMIC.add(counter, i, 1)
+
+    def _no_warp_ops(*args):
+        raise RuntimeError("warp shuffles do not exist in the CUDA simulator (branch on WARP_OPS)")
+
+    warp_sum = warp_min_u64 = warp_inclusive_scan = _no_warp_ops

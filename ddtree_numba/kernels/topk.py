@@ -36,7 +36,7 @@ from numba import config, cuda, float32, float64, int32, int64, uint32, uint64
 
 from .._checks import check_array, check_int, check_logits_values
 from .._device import LINEINFO, check_threads, device_function, is_device, to_device
-from ._warp import WARP_OPS, claim, hist_add
+from ._warp import claim, hist_add
 
 MAX_K = 1024       # shared-memory sort buffer; the tree build takes budgets up to 1024 too
 THREADS = 256      # threads per block on a GPU (1024 runs out of registers)
@@ -67,6 +67,16 @@ def _slice_of(idx, k, inv_k):
     elif (b + 1) * k <= idx:
         b += 1
     return b
+
+
+@device_function
+def _candidate(cand, cnt, row, idx, k, inv_k):
+    """(present, key) of entry idx of a row of the merge's candidates: slice b = idx // k holds its
+    first cnt[row, b] entries."""
+    b = _slice_of(idx, k, inv_k)
+    if idx - b * k < cnt[row, b]:
+        return True, cand[row, idx]
+    return False, uint64(0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -175,7 +185,6 @@ def _topk_partial_kernel(threads, keep=0):
     NKEEP = max(1, M * T)                       # kept keys of the block (a power of two)
     MLOC = max(M, 1)
     CAP = FILTER_CAP
-    WARP = WARP_OPS and T % 32 == 0   # warp-aggregated atomics (not the simulator)
     clear, pick_digit, sort_desc = _block_helpers(T)
 
     # launch bounds: registers capped so that a block of T threads always fits an SM
@@ -264,7 +273,7 @@ def _topk_partial_kernel(threads, keep=0):
             for v in range(lo + t, hi, T):
                 key = _composite_key(bits[row, v], v)
                 if key >= tau:
-                    slot = claim(state, 2) if WARP else cuda.atomic.add(state, 2, 1)
+                    slot = claim(state, 2)
                     if slot < CAP:
                         fkeys[slot] = key
             cuda.syncthreads()                  # the candidates and their count are in
@@ -300,10 +309,7 @@ def _topk_partial_kernel(threads, keep=0):
                 if key & mask == desired:
                     # the digits are concentrated (most logits share their top bits): the
                     # warp's lanes in the lowest lane's bin add with one atomic (_warp.hist_add)
-                    if WARP:
-                        hist_add(hist, int32((key >> uint64(shift)) & uint64(255)))
-                    else:
-                        cuda.atomic.add(hist, int32((key >> uint64(shift)) & uint64(255)), 1)
+                    hist_add(hist, int32((key >> uint64(shift)) & uint64(255)))
             cuda.syncthreads()  # histogram complete
             pick_digit(hist, suffix, chunk, sel, state, shift, need, desired, mask, t)
             shift -= 8
@@ -314,10 +320,7 @@ def _topk_partial_kernel(threads, keep=0):
         for v in range(lo + t, hi, T):
             key = _composite_key(bits[row, v], v)
             if key & mask >= desired:
-                if WARP:
-                    cand[row, b_ * k + claim(state, 2)] = key
-                else:
-                    cand[row, b_ * k + cuda.atomic.add(state, 2, 1)] = key
+                cand[row, b_ * k + claim(state, 2)] = key
 
     return kernel
 
@@ -327,7 +330,6 @@ def _topk_merge_kernel(threads):
     """Grid L: the row's log-sum-exp from its G slice pairs (combined in slice order), the k
     largest of the slices' candidate keys (a radix select over at most G*k keys), sorted, out."""
     T = threads
-    WARP = WARP_OPS and T % 32 == 0   # warp-aggregated atomics (not the simulator)
     clear, pick_digit, sort_desc = _block_helpers(T)
 
     # launch bounds: registers capped so that a block of T threads always fits an SM
@@ -377,28 +379,18 @@ def _topk_merge_kernel(threads):
             mask = sel[1]
             need = state[0]
             for idx in range(t, G * k, T):
-                b = _slice_of(idx, k, inv_k)
-                if idx - b * k < cnt[row, b]:
-                    key = cand[row, idx]
-                    if key & mask == desired:
-                        if WARP:
-                            hist_add(hist, int32((key >> uint64(shift)) & uint64(255)))
-                        else:
-                            cuda.atomic.add(hist, int32((key >> uint64(shift)) & uint64(255)), 1)
+                present, key = _candidate(cand, cnt, row, idx, k, inv_k)
+                if present and key & mask == desired:
+                    hist_add(hist, int32((key >> uint64(shift)) & uint64(255)))
             cuda.syncthreads()
             pick_digit(hist, suffix, chunk, sel, state, shift, need, desired, mask, t)
             shift -= 8
         desired = sel[0]
         mask = sel[1]
         for idx in range(t, G * k, T):
-            b = _slice_of(idx, k, inv_k)
-            if idx - b * k < cnt[row, b]:
-                key = cand[row, idx]
-                if key & mask >= desired:
-                    if WARP:
-                        keys[claim(state, 2)] = key
-                    else:
-                        keys[cuda.atomic.add(state, 2, 1)] = key
+            present, key = _candidate(cand, cnt, row, idx, k, inv_k)
+            if present and key & mask >= desired:
+                keys[claim(state, 2)] = key
         p = 1
         while p < k:
             p *= 2

@@ -33,8 +33,6 @@ MAX_BUDGET = 1024
 MAX_DEPTH = 32
 THREADS = 128
 LP_CACHE = 4096    # float32 entries of lp kept in shared memory (static shared stays < 48 KiB)
-# Warp shuffles on a GPU; the CUDA simulator has none, so it runs the shared-memory tree.
-SHUFFLES = not config.ENABLE_CUDASIM
 
 
 @device_function
@@ -89,7 +87,7 @@ def _build_tree_kernel(threads):
     T = threads
     NB = MAX_BUDGET + 1
     WARPS = max(T // 32, 1)
-    shuffles = SHUFFLES and T >= 32
+    shuffles = WARP_OPS and T >= 32          # the simulator has none: a shared-memory tree
 
     @cuda.jit
     def kernel(lp_all, ids_all, budget, n_budget, tokens_all, depths_all, parents_all, ranks_all, scores_all,
@@ -253,14 +251,16 @@ class TreeBuffers:
     def capacity(self) -> int:
         return int(self.tokens.shape[0])
 
+    def as_batch(self) -> "TreeBatchBuffers":
+        """These buffers as a batch of one tree: [1, ...] views of the same memory."""
+        cap = self.capacity
+        return TreeBatchBuffers(self.tokens.reshape(1, cap), self.depths.reshape(1, cap),
+                                self.parents.reshape(1, cap + 1), self.ranks.reshape(1, cap),
+                                self.scores.reshape(1, cap), self.n_nodes)
+
     def to_tree(self, stream=0) -> Tree:
         """Copy the used part back as a host ``Tree``."""
-        n = int(self.n_nodes.copy_to_host(stream=stream)[0])
-        host = {f: getattr(self, f).copy_to_host(stream=stream)
-                for f in ("tokens", "depths", "parents", "ranks", "scores")}
-        return Tree(tokens=host["tokens"][:n], depths=host["depths"][:n],
-                    parents=host["parents"][:n + 1], ranks=host["ranks"][:n],
-                    scores=host["scores"][:n])
+        return self.as_batch().to_trees(stream)[0]
 
 
 @dataclass(frozen=True)
@@ -317,14 +317,26 @@ def _device_budget(budget_device):
     return budget_device
 
 
-def _check_limits(lp, ids, budget) -> int:
-    """The build's inputs (``check_build_inputs``) within the kernels' limits; the budget."""
-    budget = check_build_inputs(lp, ids, budget)
+def _check_limits(budget: int, depths: int) -> int:
+    """A checked budget and draft depth count within the kernels' limits; returns the budget."""
     if budget > MAX_BUDGET:
         raise ValueError(f"budget = {budget} is more than the kernel's MAX_BUDGET = {MAX_BUDGET}")
-    if lp.shape[0] > MAX_DEPTH:
-        raise ValueError(f"{lp.shape[0]} draft depths is more than the kernel's MAX_DEPTH = {MAX_DEPTH}")
+    if depths > MAX_DEPTH:
+        raise ValueError(f"{depths} draft depths is more than the kernel's MAX_DEPTH = {MAX_DEPTH}")
     return budget
+
+
+def _launch_heap_build(lp, ids, budget, budget_device, bufs, stream, threads):
+    """The heap kernel over device lp / ids [S, L, K] into ``TreeBatchBuffers`` bufs, a block a
+    tree (inputs already checked by the launcher)."""
+    S, L, K = lp.shape
+    if K > MAX_BUDGET:
+        raise ValueError(f"K = {K} ranks per depth is more than the kernel takes ({MAX_BUDGET})")
+    check_threads(threads, hi=256)  # static shared memory: 48 KiB a block
+    if S:
+        _build_tree_kernel(threads)[S, threads, stream](
+            lp, ids, budget, _device_budget(budget_device),
+            bufs.tokens, bufs.depths, bufs.parents, bufs.ranks, bufs.scores, bufs.n_nodes)
 
 
 def build_tree(lp, ids, budget, *, out=None, budget_device=None, stream=0, threads=THREADS):
@@ -337,19 +349,13 @@ def build_tree(lp, ids, budget, *, out=None, budget_device=None, stream=0, threa
     when it runs (so a captured graph replays with the budget of the moment; ``budget`` is the
     most it may be).
     """
-    budget = _check_limits(lp, ids, budget)
+    budget = _check_limits(check_build_inputs(lp, ids, budget), lp.shape[0])
     L, K = lp.shape
-    if K > MAX_BUDGET:
-        raise ValueError(f"K = {K} ranks per depth is more than the kernel takes ({MAX_BUDGET})")
-    check_threads(threads, hi=256)  # static shared memory: 48 KiB a block
     bufs = out if out is not None else TreeBuffers.allocate(budget, stream)
     if bufs.capacity < budget:
         raise ValueError(f"out holds {bufs.capacity} nodes; budget is {budget}")
-    cap = bufs.capacity                             # a batch of one: [1, ...] views of the same memory
-    _build_tree_kernel(threads)[1, threads, stream](
-        to_device(lp, stream).reshape(1, L, K), to_device(ids, stream).reshape(1, L, K), budget,
-        _device_budget(budget_device), bufs.tokens.reshape(1, cap), bufs.depths.reshape(1, cap),
-        bufs.parents.reshape(1, cap + 1), bufs.ranks.reshape(1, cap), bufs.scores.reshape(1, cap), bufs.n_nodes)
+    _launch_heap_build(to_device(lp, stream).reshape(1, L, K), to_device(ids, stream).reshape(1, L, K), budget,
+                       budget_device, bufs.as_batch(), stream, threads)     # a batch of one
     return bufs if out is not None else bufs.to_tree(stream)
 
 
@@ -362,25 +368,13 @@ def build_trees(lp, ids, budget, *, out=None, budget_device=None, stream=0, thre
     given, fills its first S rows on ``stream`` and returns it without synchronising.
     ``budget_device``: as ``build_tree``'s, one budget for every sequence.
     """
-    budget = check_batch_build_inputs(lp, ids, budget)
-    S, L, K = lp.shape
-    if budget > MAX_BUDGET:
-        raise ValueError(f"budget = {budget} is more than the kernel's MAX_BUDGET = {MAX_BUDGET}")
-    if L > MAX_DEPTH:
-        raise ValueError(f"{L} draft depths is more than the kernel's MAX_DEPTH = {MAX_DEPTH}")
-    if K > MAX_BUDGET:
-        raise ValueError(f"K = {K} ranks per depth is more than the kernel takes ({MAX_BUDGET})")
-    check_threads(threads, hi=256)  # static shared memory: 48 KiB a block
+    budget = _check_limits(check_batch_build_inputs(lp, ids, budget), lp.shape[1])
+    S = lp.shape[0]
     bufs = out if out is not None else TreeBatchBuffers.allocate(max(S, 1), budget, stream)
     if bufs.capacity < budget or bufs.trees < S:
         raise ValueError(f"out holds {bufs.trees} trees of {bufs.capacity} nodes; this build needs {S} of {budget}")
-    if S:
-        _build_tree_kernel(threads)[S, threads, stream](
-            to_device(lp, stream), to_device(ids, stream), budget, _device_budget(budget_device),
-            bufs.tokens, bufs.depths, bufs.parents, bufs.ranks, bufs.scores, bufs.n_nodes)
-    if out is not None:
-        return bufs
-    return bufs.to_trees(stream)[:S]
+    _launch_heap_build(to_device(lp, stream), to_device(ids, stream), budget, budget_device, bufs, stream, threads)
+    return bufs if out is not None else bufs.to_trees(stream)[:S]
 
 
 # -- the level-synchronous build: no pop chain (twin: reference.build_tree_levels) ---------------
@@ -481,7 +475,7 @@ def _build_tree_levels_kernel(threads):
     T = threads
     NB = MAX_BUDGET
     SCAN = max(T, 64)                         # the scan's buffer: a partial sum per thread
-    WARP = WARP_OPS and T % 32 == 0           # shuffles and warp-aggregated atomics (not the simulator)
+    WARP = WARP_OPS and T % 32 == 0           # full-warp shuffles (not the simulator)
     NW = T // 32
 
     @device_function
@@ -712,10 +706,8 @@ def _build_tree_levels_kernel(threads):
                 for i in range(t, counts[d], T):
                     key = _order_key(vals[d, i])
                     if (key & decided) == prefix:
-                        if WARP:              # concentrated digits: one atomic per bin a warp
-                            hist_add(hist, int32((key >> uint64(shift)) & uint64(255)))
-                        else:
-                            cuda.atomic.add(hist, int32((key >> uint64(shift)) & uint64(255)), 1)
+                        # concentrated digits: one atomic per bin a warp (_warp.hist_add)
+                        hist_add(hist, int32((key >> uint64(shift)) & uint64(255)))
             cuda.syncthreads()
             for b in range(t, 256, T):        # the bins from the top digit down
                 bins[b] = hist[255 - b]
@@ -916,10 +908,7 @@ def _build_tree_levels_kernel(threads):
             for i in range(t, counts[d], T):
                 s = lv_score[d, i]
                 if s > thr or (s == thr and flags[lv_pre[d, i]] < m):
-                    if WARP:
-                        slot = claim(one, 1)
-                    else:
-                        slot = cuda.atomic.add(one, 1, 1)
+                    slot = claim(one, 1)
                     ss[slot] = s
                     sk[slot] = lv_pre[d, i]
                     sp[slot] = d * width + i
@@ -965,7 +954,7 @@ def build_tree_levels(lp, ids, budget, *, out=None, scratch=None, budget_device=
     synchronising. ``budget_device``: as ``build_tree``'s. ``threads``: the block
     (``_level_threads(budget)`` when None).
     """
-    budget = _check_limits(lp, ids, budget)
+    budget = _check_limits(check_build_inputs(lp, ids, budget), lp.shape[0])
     L, K = lp.shape
     threads = _level_threads(budget) if threads is None else check_threads(threads, hi=LEVEL_THREADS)
     bufs = out if out is not None else TreeBuffers.allocate(budget, stream)
