@@ -50,6 +50,17 @@ def _example_records(res, budget, prompt_index, rounds) -> list[dict]:
     return out
 
 
+def _distinct_counts(name: str, values, allow_empty: bool = False) -> list:
+    """``values`` as an ascending list of distinct integers >= 1, or a ``ValueError`` naming it."""
+    values = list(values)
+    if (not values and not allow_empty) or any(not isinstance(v, (int, np.integer)) or v < 1 for v in values):
+        raise ValueError(f"{name} must be a {'' if allow_empty else 'non-empty '}list of integers >= 1, "
+                         f"got {values}")
+    if len(set(values)) != len(values):
+        raise ValueError(f"{name} must be distinct, got {values}")
+    return sorted(int(v) for v in values)
+
+
 def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budgets=DEFAULT_BUDGETS,
                      example_budget: int | None = 64, example_rounds: int = 4, stop_token_ids=(),
                      graph: bool = False, progress: bool | None = None, info: dict | None = None,
@@ -71,12 +82,7 @@ def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budget
     and the header (backend, device, budgets, prompts, tokens). Raises ``ValueError`` on an empty
     prompt list or a bad budget; an ``equals_ar`` False is recorded, not raised (see ``check``).
     """
-    budgets = list(budgets)
-    if not budgets or any(not isinstance(b, (int, np.integer)) or b < 1 for b in budgets):
-        raise ValueError(f"budgets must be a non-empty list of integers >= 1, got {budgets}")
-    if len(set(budgets)) != len(budgets):
-        raise ValueError(f"budgets must be distinct, got {budgets}")
-    budgets = sorted(int(b) for b in budgets)
+    budgets = _distinct_counts("budgets", budgets)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     items = [p if isinstance(p, dict) else {"ids": p} for p in prompts]
@@ -146,26 +152,21 @@ def batch_sweep(target, drafter, prompts, batches=(1, 4, 16, 64), max_new_tokens
     None without a batched forward), ``rounds``, ``equal_ar`` (every sequence's tokens equal its
     own ar at batch 1).
     """
-    batches = list(batches)
-    if not batches or any(not isinstance(b, (int, np.integer)) or b < 1 for b in batches) \
-            or len(set(batches)) != len(batches):
-        raise ValueError(f"batches must be distinct integers >= 1, got {batches}")
-    budgets = list(budgets)
-    if any(not isinstance(b, (int, np.integer)) or b < 1 for b in budgets) or len(set(budgets)) != len(budgets):
-        raise ValueError(f"budgets must be distinct integers >= 1, got {budgets}")
+    batches = _distinct_counts("batches", batches)
+    budgets = _distinct_counts("budgets", budgets, allow_empty=True)
     ids = [np.asarray(p["ids"] if isinstance(p, dict) else p).astype(np.int32) for p in prompts]
     if not ids:
         raise ValueError("batch_sweep needs at least one prompt")
     moe = [i for i in range(target.config.num_hidden_layers) if target.config.is_moe_layer(i)]
     from tqdm import tqdm
-    plan = [("ar", None)] + [("ddtree", int(b)) for b in sorted(budgets)]
+    plan = [("ar", None)] + [("ddtree", b) for b in budgets]
     n_ref = min(len(ids), max(batches))
     reference = [generate(target, None, ids[i], max_new_tokens, method="ar").tokens for i in range(n_ref)]
     rows = []
     t0 = time.perf_counter()
     with tqdm(total=len(plan) * len(batches), unit="run", desc="batch sweep",
               disable=None if progress is None else not progress, leave=False) as bar:
-        for B in sorted(int(b) for b in batches):
+        for B in batches:
             prompts_b = [ids[i % len(ids)] for i in range(B)]
             for method, budget in plan:
                 res = generate_batch(target, None if method == "ar" else drafter, prompts_b, max_new_tokens,
@@ -183,8 +184,7 @@ def batch_sweep(target, drafter, prompts, batches=(1, 4, 16, 64), max_new_tokens
     return dict(kind="batch_sweep", schema=SCHEMA, backend=getattr(target, "backend", "numpy"),
                 device=device_name(getattr(target, "backend", "numpy")),
                 date=datetime.date.today().isoformat(), platform=platform.platform(),
-                max_new_tokens=int(max_new_tokens), batches=sorted(int(b) for b in batches),
-                budgets=sorted(int(b) for b in budgets), prompts=len(ids),
+                max_new_tokens=int(max_new_tokens), batches=batches, budgets=budgets, prompts=len(ids),
                 n_routed_experts=int(target.config.n_routed_experts or 0),
                 seconds=time.perf_counter() - t0, rows=rows, **(info or {}))
 

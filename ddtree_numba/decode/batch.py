@@ -27,11 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model.protocols import Drafter, Target
-from ..reference.accept import follow_tree, sample_post
-from ..reference.topk import topk_logprobs
-from ..reference.tree_build import build_tree
-from .host import _ROOT_ONLY, _StageTimer
-from .rounds import GenerationResult, RoundLog, check_generate_inputs, round_seed
+from ..reference.accept import sample_post
+from .host import _StageTimer, _accept_and_compact, _draft_tree
+from .rounds import RoundLog, check_generate_inputs, round_seed
 
 
 @dataclass(frozen=True)
@@ -128,18 +126,8 @@ def generate_batch(target: Target, drafter: Drafter | None, prompts, max_new_tok
         trees = []
         for s in live:                                # drafts and trees, one per live sequence
             s.r += 1
-            if method == "ar":
-                trees.append(_ROOT_ONLY)
-                continue
-            free = s.tcache.capacity - s.start
-            with timer("draft"):
-                logits_d = drafter.draft(s.pending, s.bonus, s.dcache)      # [L, V]
-            s.log.drafter_forwards += 1
-            chain = method == "dflash"
-            with timer("topk"):
-                lp, ids = topk_logprobs(logits_d, 1 if chain else min(budget, vocab))   # [L, K]
-            with timer("build"):
-                trees.append(build_tree(lp, ids, min(logits_d.shape[0] if chain else budget, free - 1)))
+            trees.append(_draft_tree(drafter, s.pending, s.bonus, s.dcache, method, budget, vocab,
+                                     s.tcache.capacity - s.start, timer, s.log))
         with timer("verify"):                         # every live sequence's tree in one forward
             segs = [(np.concatenate([[s.bonus], tree.tokens]).astype(np.int32),
                      s.start + np.concatenate([[0], tree.depths]).astype(np.int32),
@@ -148,12 +136,8 @@ def generate_batch(target: Target, drafter: Drafter | None, prompts, max_new_tok
         accepted = 0
         for s, tree, out in zip(live, trees, outs):
             s.log.target_forwards += 1
-            with timer("accept"):
-                post = sample_post(out.logits, temperature, round_seed(seed, s.r))   # [N+1]
-                keep, new_bonus = follow_tree(tree, post)                          # [n], int
-            with timer("compact"):
-                s.tcache.compact(s.start, keep)
-                s.pending = out.hidden[keep]                                      # [n, Y, M]
+            _, keep, new_bonus, s.pending = _accept_and_compact(out, tree, s.tcache, s.start, temperature,
+                                                                round_seed(seed, s.r), timer)
             s.start += len(keep)
             accepted += len(keep)
             if s.log.commit([s.bonus] + [int(tree.tokens[j - 1]) for j in keep[1:]], tree.num_nodes):

@@ -44,6 +44,34 @@ class _StageTimer:
         self.times[stage] += time.perf_counter() - t0
 
 
+def _draft_tree(drafter, pending, bonus, dcache, method, budget, vocab, free, timer, log) -> Tree:
+    """One round's tree: the root alone for ``ar``; else the drafter's distributions [L, V], their
+    top-K [L, K] and the build (``dflash``: the argmax chain), at most free - 1 nodes (the cache's
+    room besides the root)."""
+    if method == "ar":
+        return _ROOT_ONLY
+    with timer("draft"):
+        logits_d = drafter.draft(pending, bonus, dcache)                    # [L, V]
+    log.drafter_forwards += 1
+    chain = method == "dflash"
+    with timer("topk"):
+        lp, ids = topk_logprobs(logits_d, 1 if chain else min(budget, vocab))  # [L, K]
+    with timer("build"):
+        return build_tree(lp, ids, min(logits_d.shape[0] if chain else budget, free - 1))
+
+
+def _accept_and_compact(res, tree, tcache, start, temperature, seed, timer):
+    """Steps 5-7 of a round on the verify forward's output ``res``: the target's choices post
+    [N+1], the accepted nodes keep [n] and the next bonus token, the cache rows of keep compacted
+    to start.. and the features the drafter reads next, res.hidden[keep] [n, Y, M]."""
+    with timer("accept"):
+        post = sample_post(res.logits, temperature, seed)                  # [N+1]
+        keep, new_bonus = follow_tree(tree, post)                          # [n], int
+    with timer("compact"):
+        tcache.compact(start, keep)
+    return post, keep, new_bonus, res.hidden[keep]
+
+
 def generate_host(target: Target, drafter: Drafter | None, *, prompt, n_new, method, budget, temperature, seed,
                   stops, max_tokens, progress, trace=False) -> GenerationResult:
     """The body of ``decode.generate`` for the host loop, on checked arguments (prompt [P] int32,
@@ -67,18 +95,7 @@ def generate_host(target: Target, drafter: Drafter | None, *, prompt, n_new, met
             r += 1
             free = tcache.capacity - start                                   # >= 2 here (see checks)
             root = np.array([bonus], np.int32)
-            if method == "ar":
-                tree = _ROOT_ONLY
-            else:
-                with timer("draft"):
-                    logits_d = drafter.draft(pending, bonus, dcache)        # [L, V]
-                log.drafter_forwards += 1
-                chain = method == "dflash"
-                with timer("topk"):
-                    lp, ids = topk_logprobs(logits_d, 1 if chain else min(budget, vocab))  # [L, K]
-                with timer("build"):
-                    nodes = min(logits_d.shape[0] if chain else budget, free - 1)
-                    tree = build_tree(lp, ids, nodes)
+            tree = _draft_tree(drafter, pending, bonus, dcache, method, budget, vocab, free, timer, log)
             with timer("verify"):
                 res = target.forward(
                     np.concatenate([root, tree.tokens]),                     # [N+1]
@@ -86,12 +103,8 @@ def generate_host(target: Target, drafter: Drafter | None, *, prompt, n_new, met
                     tcache, parents=tree.parents if method == "ddtree" else None,
                     hidden_layer_ids=layers)
             log.target_forwards += 1
-            with timer("accept"):
-                post = sample_post(res.logits, temperature, round_seed(seed, r))  # [N+1]
-                keep, new_bonus = follow_tree(tree, post)                   # [n], int
-            with timer("compact"):
-                tcache.compact(start, keep)
-                pending = res.hidden[keep]                                  # [n, Y, M]
+            post, keep, new_bonus, pending = _accept_and_compact(res, tree, tcache, start, temperature,
+                                                                 round_seed(seed, r), timer)
             if trace:
                 log.traces.append(RoundTrace(start, bonus, tree, post, keep))
             start += len(keep)
