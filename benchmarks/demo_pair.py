@@ -35,7 +35,8 @@ def table(stats, weight_bytes):
     rows = []
     for r in summary_rows(stats):
         rows.append([r["method"], r["budget"] or "-", r["rounds"], f"{r['mean_acceptance']:.2f}",
-                     f"{r['tokens_per_forward']:.2f}", f"{r['verify_ms']:.2f}", f"{floor_ms:.3f}",
+                     f"{r['tokens_per_forward']:.2f}", f"{r['verify_ms']:.2f}" if r["verify_ms"] else "-",
+                     f"{floor_ms:.3f}",
                      f"{r['round_ms']:.2f}", f"{r['tokens_per_s']:.0f}", "yes" if r["all_equal_ar"] else "NO"])
     return rows
 
@@ -86,6 +87,8 @@ def main():
     ap.add_argument("--device", help="with --from-json: the device it ran on (default: the JSON's)")
     ap.add_argument("--commit", help="with --from-json: the commit it ran at")
     ap.add_argument("--no-append", action="store_true")
+    ap.add_argument("--eager", action="store_true",
+                    help="launch each stage from Python (timed per stage) instead of one CUDA graph a round")
     ap.add_argument("--peer", action="store_true", help="also time HF transformers' greedy generate, same run")
     ap.add_argument("--peer-device", default="cuda", help="where the peer runs (cpu: a check without a GPU)")
     args = ap.parse_args()
@@ -101,7 +104,7 @@ def main():
         t_dir, d_dir = dd.demo_pair()
         target = dd.load_target(t_dir, backend="cuda", progress=False)
         stats = acceptance_sweep(target, dd.load_drafter(d_dir, target), meta["prompts"], args.new, args.budgets,
-                                 progress=False, info=dict(command="python benchmarks/demo_pair.py"))
+                                 graph=False if args.eager else None, progress=False, info=dict(command="python benchmarks/demo_pair.py"))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(stats, f, indent=1)
@@ -113,9 +116,13 @@ def main():
         rows.append(peer_rows(target, meta["prompts"], args.new, args.peer_device))
         peer_note = (f"Peer: HF transformers' greedy generate on the same target (bf16, {args.peer_device}), same "
                      "prompts and token counts, this run; its last column: generations equal to this package's ar.")
+    graph = any(r["stage_times_s"].get("round", 0.0) > 0 for r in stats["runs"])   # rounds replayed as graphs
+    how = ("each round replayed as one CUDA graph (verify not timed apart: '-')" if graph else
+           "eager launches, each stage timed")
     note = (f"Demo pair (`{stats['command']}`, {stats['backend']} backend, {stats['device']}): "
             f"{len(stats['prompts'])} held-out prompts x {stats['max_new_tokens']} greedy tokens, every round "
-            "on the GPU, eager launches, warmed up; per-round CUDA-event means. Floor: the target's weight "
+            f"on the GPU, {how}, warmed up; per-round CUDA-event means; tokens/s over each call's wall "
+            "clock (prefill included). Floor: the target's weight "
             f"bytes over 4.2 TB/s. {peer_note}")
     title = "Demo pair, DDTree budget sweep on the GPU (benchmarks/demo_pair.py)"
     if args.from_json:
@@ -124,7 +131,7 @@ def main():
     keys = ["method", "budget", "rounds", "mean_acceptance", "tokens_per_forward", "verify_ms", "floor_ms",
             "round_ms", "tokens_per_s", "equal_ar"]
     for r in rows:                             # the results file's rows: ar / dflash / ddtree / hf, graph or eager
-        r.append("no")
+        r.append("-" if r[0] == "hf" else ("yes" if graph else "no"))
     append_rows(title, header + ["graph"], rows, note, append=not args.no_append, results="demo_pair",
                 command=stats["command"], keys=keys + ["graph"], **kw)
 

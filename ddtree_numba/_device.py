@@ -163,15 +163,18 @@ def _stream_handle(stream) -> int:
     return stream.handle.value if hasattr(stream.handle, "value") else int(stream.handle)
 
 
-def capture_graph(enqueue):
-    """Capture ``enqueue(stream)`` into an instantiated CUDA graph and return it. ``enqueue`` runs
-    once uncaptured first (compiling and loading every kernel outside the capture), then once
-    under capture on a fresh stream. A real GPU only."""
+def capture_graph(enqueue, warm_up: bool = True):
+    """Capture ``enqueue(stream)`` into an instantiated CUDA graph and return it. With
+    ``warm_up``, ``enqueue`` runs once uncaptured first (compiling and loading every kernel
+    outside the capture); then once under capture on a fresh stream, which records the launches
+    without running them. ``warm_up=False`` is for a caller that has just run the same launches
+    itself (the decode loop's first round). A real GPU only."""
     from cuda.bindings import runtime as rt
     stream = cuda.stream()
     handle = _stream_handle(stream)
-    enqueue(stream)                 # warm-up: compile and load every kernel outside the capture
-    stream.synchronize()
+    if warm_up:
+        enqueue(stream)             # compile and load every kernel outside the capture
+        stream.synchronize()
     _check_cuda(rt.cudaStreamBeginCapture(handle, rt.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed))
     enqueue(stream)
     graph = _check_cuda(rt.cudaStreamEndCapture(handle))

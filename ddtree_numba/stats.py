@@ -63,7 +63,7 @@ def _distinct_counts(name: str, values, allow_empty: bool = False) -> list:
 
 def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budgets=DEFAULT_BUDGETS,
                      example_budget: int | None = 64, example_rounds: int = 4, stop_token_ids=(),
-                     graph: bool = False, progress: bool | None = None, info: dict | None = None,
+                     graph: bool | None = None, progress: bool | None = None, info: dict | None = None,
                      warmup: bool | None = None) -> dict:
     """Greedy ``ar``, ``dflash`` and ``ddtree`` at every budget on every prompt.
 
@@ -73,7 +73,7 @@ def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budget
     example_budget    also trace the first prompt at this budget (host loop) and keep its first
                       ``example_rounds`` rounds (tree, target choices, accepted path); None: none
     progress          a tqdm bar over the runs (None: only when stderr is a terminal)
-    warmup            first decode a few tokens of the first prompt with every configuration, so
+    warmup            first decode the first prompt with every configuration, so
                       the timed runs do not include kernel compilation (None: on the cuda backend)
     info              extra keys for the JSON's header (say, which checkpoints)
 
@@ -103,7 +103,9 @@ def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budget
     runs, examples = [], []
     if warmup if warmup is not None else getattr(target, "backend", "numpy") == "cuda":
         for method, budget in plan:
-            generate(target, None if method == "ar" else drafter, ids[0], min(8, max_new_tokens), method=method,
+            # all the new tokens: the same cache size, so the cuda backend's round graph is the
+            # one the timed runs replay (decode.device.rounds_for)
+            generate(target, None if method == "ar" else drafter, ids[0], max_new_tokens, method=method,
                      budget=budget or 1, graph=graph)
     t0 = time.perf_counter()
     # tqdm's disable=None: a bar only when stderr is a terminal
@@ -127,7 +129,7 @@ def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budget
     header = dict(
         schema=SCHEMA, date=datetime.date.today().isoformat(), backend=getattr(target, "backend", "numpy"),
         device=device_name(getattr(target, "backend", "numpy")), python=platform.python_version(), max_new_tokens=int(max_new_tokens),
-        budgets=budgets, graph=bool(graph), vocab_size=int(target.config.vocab_size),
+        budgets=budgets, graph="auto" if graph is None else bool(graph), vocab_size=int(target.config.vocab_size),
         block_size=int(getattr(drafter, "block_size", 0)),
         prompts=[dict(module=p.get("module"), num_ids=int(len(q))) for p, q in zip(items, ids)],
         seconds=round(time.perf_counter() - t0, 1))

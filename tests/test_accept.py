@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numba import cuda
 
 from conftest import THREADS
 from ddtree_numba import kernels as kn
@@ -113,3 +114,13 @@ def test_sample_post_bad_input_is_refused(fn):
         fn(x, -0.1, 0)
     with pytest.raises(ValueError, match="seed"):
         fn(x, 1.0, -1)
+
+
+def test_round_seed_on_the_device_matches_twin():
+    """The decode loop's device seed of round r (read when a captured round replays) equals the
+    host's ``round_seed``."""
+    out = cuda.device_array(1, np.uint64)
+    for seed, r in [(0, 0), (7, 1), (7, 2), (2**64 - 1, 2**31 - 1), (123456789, 40)]:
+        kn.enqueue_round_seed(cuda.to_device(np.array([seed], np.uint64)), cuda.to_device(np.array([r], np.int32)), out)
+        assert int(out.copy_to_host()[0]) == ref.round_seed(seed, r), (seed, r)
+    assert ref.round_seed(7, 1) != ref.round_seed(7, 2)

@@ -150,3 +150,42 @@ def test_generate_batch_on_cuda_gives_each_sequence_its_ar_tokens():
     for p, res in zip(prompts, batch):
         np.testing.assert_array_equal(res.tokens, dd.generate(host, None, p, 12, method="ar").tokens)
     assert batch.rounds and all(r.unique_experts is None for r in batch.rounds)
+
+
+@pytest.mark.gpu   # the simulator cannot capture graphs
+def test_the_round_graph_replays_the_eager_rounds_bit_for_bit():
+    """Each round captured as one CUDA graph (decode.device.DeviceRound) and replayed: the same
+    tokens, acceptance and tree sizes as eager rounds, for every method, at T = 0 and T > 0 (the
+    round's seed is computed on the device), on a first call (round 1 eager, then captured) and
+    on a second call (the kept graph replayed from round 1); greedy tokens equal ar's."""
+    target_dir, drafter_dir = dd.demo_pair()
+    gpu = dd.load_target(target_dir, backend="cuda", progress=False)
+    drafter = dd.load_drafter(drafter_dir, gpu)
+    from ddtree_numba.demo import demo_metadata
+    prompts = [p["ids"] for p in demo_metadata()["prompts"][:2]]
+    for prompt in prompts:
+        ar = dd.generate(gpu, None, prompt, 48, method="ar", graph=False).tokens
+        for method, budget, temperature in [("ar", 1, 0.0), ("dflash", 1, 0.0), ("ddtree", 16, 0.0),
+                                            ("ddtree", 64, 0.0), ("ddtree", 16, 0.8)]:
+            kw = dict(method=method, budget=budget, temperature=temperature, seed=7)
+            d = None if method == "ar" else drafter
+            eager = dd.generate(gpu, d, prompt, 48, graph=False, **kw)
+            for call in range(2):
+                res = dd.generate(gpu, d, prompt, 48, graph=True, **kw)
+                what = f"{method} {budget} T={temperature} call {call}"
+                np.testing.assert_array_equal(res.tokens, eager.tokens, err_msg=what)
+                np.testing.assert_array_equal(res.acceptance_lengths, eager.acceptance_lengths, err_msg=what)
+                np.testing.assert_array_equal(res.tree_sizes, eager.tree_sizes, err_msg=what)
+                assert res.stage_times["round"] > 0, what
+                if temperature == 0:
+                    np.testing.assert_array_equal(res.tokens, ar, err_msg=what)
+            assert eager.stage_times["round"] == 0 and eager.stage_times["verify"] > 0
+
+
+def test_graph_true_is_refused_where_a_round_cannot_be_captured():
+    path = os.path.join(DATA, "v3_noaux_tc")
+    gpu = load_cuda_target(path)
+    oracle = DeviceOracle(np.arange(12, dtype=np.int32), np.zeros((12, 2, gpu.config.hidden_size), np.float32),
+                          gpu.config.vocab_size, 0.9, seed=1)
+    with pytest.raises(ValueError, match="graph=True needs a real GPU"):
+        dd.generate(gpu, oracle, np.array([1, 2, 3], np.int32), 2, budget=4, graph=True)

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 
 import numpy as np
 from numba import config as numba_config
 from numba import cuda
 
 from .. import kernels as kn
-from .._device import ceil_div
+from .._device import capture_graph, ceil_div, replay_graph
 from ..model.protocols import DeviceDrafter, DeviceTarget
 from .rounds import STAGES, GenerationResult, RoundLog, round_seed
 
@@ -35,16 +36,28 @@ THREADS = 128
 
 
 # -- glue kernels ----------------------------------------------------------------------------------
+# The round's state lives on the device, so one captured graph replays every round:
+# state [3] int32 = (cache rows before the round, round number, cache rows allowed).
 
 @cuda.jit
-def _verify_inputs_kernel(bonus, tokens, depths, tree_parents, n_nodes, start, ids, positions,
+def _round_begin_kernel(state, cap, budget):
+    """Start round state[1] + 1 and set its tree budget, min(cap, rows allowed - cache rows - 1):
+    as many nodes as still fit."""
+    if cuda.grid(1) == 0:
+        state[1] += 1
+        budget[0] = max(0, min(cap, state[2] - state[0] - 1))
+
+
+@cuda.jit
+def _verify_inputs_kernel(bonus, tokens, depths, tree_parents, n_nodes, state, ids, positions,
                           parents, meta, report):
-    """The verify forward's inputs for the tree after ``bonus`` at cache row ``start``:
+    """The verify forward's inputs for the tree after ``bonus`` at cache row start = state[0]:
     ids = [bonus, tokens], positions = start + [0, depths], parents = the tree's, then a chain
     over the unused rows; meta = (start, N + 1); the report's non-finite flag cleared.
     ``n_nodes`` [1] int32 device (0: no tree)."""
     i = cuda.grid(1)
     t = n_nodes[0] + 1
+    start = state[0]
     if i < ids.shape[0]:
         if i == 0:
             ids[0] = bonus[0]
@@ -76,15 +89,18 @@ def _nonfinite_kernel(x, n_rows, bit, report):
 
 
 @cuda.jit
-def _after_accept_kernel(keep, info, tokens, n_nodes, start, start_n, n_new, bonus, report):
+def _after_accept_kernel(keep, info, tokens, n_nodes, state, start_n, n_new, bonus, report):
     """After ``follow_tree``: start_n = (start, n) for the cache compaction, n_new = n context
-    rows for the drafter, bonus = the new bonus, and report = [n, new bonus, N, non-finite flag,
-    accepted tokens...] for the host (``tokens[keep[j] - 1]``, j = 1 .. n-1)."""
+    rows for the drafter, bonus = the new bonus, state[0] = start + n (the next round's start),
+    and report = [n, new bonus, N, non-finite flag, accepted tokens...] for the host
+    (``tokens[keep[j] - 1]``, j = 1 .. n-1). Only thread 0 reads or writes ``state``."""
     j = cuda.grid(1)
     n = info[0]
     if j == 0:
+        start = state[0]
         start_n[0] = start
         start_n[1] = n
+        state[0] = start + n
         n_new[0] = n
         bonus[0] = info[1]
         report[0] = n
@@ -145,114 +161,216 @@ def _check_finite(report, what: str, stream) -> None:
                              "loop (trace=True) names the first layer whose output is not")
 
 
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+class DeviceRound:
+    """Everything one decode configuration keeps on the device between rounds, and the round's
+    CUDA graph: the caches, the tree buffers, the round's state and scratch.
+
+    A configuration is (drafter, method, K ranks, cap tree nodes, cache rows, feature rows), the
+    last two rounded up to powers of two. The verify and draft workspaces are the models' own
+    (``target.workspace``, ``drafter.workspace``), shared with other configurations: a round
+    carries nothing in them from one round to the next, and the scratch they pointed at when the
+    graph was captured is held here, so the graph's pointers stay valid if a larger cache makes
+    the models allocate a new one. Generations with the same configuration reuse it (caches
+    reset, graph replayed): ``rounds_for`` keeps the last few per target.
+    """
+
+    def __init__(self, target: DeviceTarget, drafter: DeviceDrafter | None, method: str, K: int, cap: int,
+                 capacity: int, feature_rows: int):
+        cfg = target.config
+        self.target, self.drafter, self.method = target, drafter, method
+        self.K, self.cap, self.capacity = K, cap, capacity
+        self.layers = () if method == "ar" else tuple(drafter.target_layer_ids)
+        self.exe = None                      # the round's CUDA graph, once captured
+        self.temperature = None              # the temperature it was captured at
+        self.generations = 0                 # prefills so far (the caches are reset from the second)
+        self.held = ()                       # scratch the graph points at (see the class docstring)
+        i32 = lambda n: cuda.device_array(n, np.int32)              # noqa: E731
+        self.tcache = target.new_cache(capacity)
+        self.tbufs = kn.TreeBuffers.allocate(max(cap, 1), 0)         # ar: an empty "tree"
+        self.tbufs.n_nodes.copy_to_device(np.zeros(1, np.int32))
+        self.ws = target.workspace(self.tbufs.capacity + 1)           # verify rows
+        self.post, self.keep = i32(self.tbufs.capacity + 1), i32(self.tbufs.capacity + 1)
+        self.info, self.bonus, self.start_n, self.n_ctx = i32(2), i32(1), i32(2), i32(1)
+        self.report = i32(4 + self.tbufs.capacity)   # [n, bonus, N, non-finite flags, tokens...]
+        self.state = i32(3)                  # (cache rows, round, rows allowed): the glue kernels'
+        self.budget = i32(1)                 # this round's tree budget
+        self.seed = cuda.device_array(1, np.uint64)         # the generation's seed
+        self.round_seed = cuda.device_array(1, np.uint64)   # this round's
+        if method != "ar":
+            L, V = drafter.block_size - 1, cfg.vocab_size
+            self.dcache = drafter.new_cache(capacity)
+            self.draft_rows = cuda.to_device(np.array([L], np.int32))   # every draft's L rows
+            self.features = cuda.device_array((feature_rows, len(self.layers) * cfg.hidden_size), np.float32)
+            self.layer_ids = cuda.to_device(np.array(self.layers, np.int32))
+            self.rows_in_order = cuda.to_device(np.arange(feature_rows, dtype=np.int32))   # the prefill's keep
+            self.lp = cuda.device_array((L, K), np.float32)
+            self.ids = cuda.device_array((L, K), np.int32)
+            self.topk_scratch = kn.TopKScratch.allocate(L, V, K, 0)  # between its two kernels
+
+    def flag_nonfinite(self, logits, n_rows, bit, stream):
+        grid = (ceil_div(logits.shape[0], 4), ceil_div(logits.shape[1], 64))
+        _nonfinite_kernel[grid, (4, 64), stream](logits, n_rows, bit, self.report)
+
+    def gather(self, hidden, rows_keep, n_rows, rows, stream):
+        """features[j] = the drafter's layers of hidden row rows_keep[j], j < n_rows[0]."""
+        grid = (rows, ceil_div(self.features.shape[1], THREADS))
+        _gather_features_kernel[grid, (1, THREADS), stream](hidden, self.layer_ids, rows_keep, n_rows,
+                                                            self.features)
+
+    def prefill(self, prompt, max_tokens: int, temperature: float, seed: int, graph: bool, stream) -> None:
+        """Reset the caches and the round state, run the prompt, sample its bonus and gather the
+        drafter's first context rows (enqueued; the caller syncs)."""
+        target, p = self.target, prompt.shape[0]
+        self.tcache.reset()
+        self.state.copy_to_device(np.array([p, 0, max_tokens], np.int32), stream=stream)
+        self.seed.copy_to_device(np.array([seed], np.uint64), stream=stream)
+        wp = target.workspace(p)
+        wp.ids.copy_to_device(np.pad(prompt, (0, wp.rows - p)).astype(np.int32), stream=stream)
+        wp.positions.copy_to_device(np.arange(wp.rows, dtype=np.int32), stream=stream)
+        wp.parents.copy_to_device(np.arange(-1, wp.rows - 1, dtype=np.int32), stream=stream)
+        wp.meta.copy_to_device(np.array([0, p], np.int32), stream=stream)
+        target.forward_device(wp, self.tcache, self.layers, graph=graph, stream=stream)
+        self.report[3:4].copy_to_device(np.zeros(1, np.int32), stream=stream)
+        self.flag_nonfinite(wp.logits, wp.n_rows, TARGET_BIT, stream)
+        kn.sample_post(wp.logits[p - 1:p], temperature, round_seed(seed, 0), out=self.bonus, stream=stream)
+        if self.method != "ar":
+            if self.generations:
+                self.dcache.reset()           # a kept configuration (a CudaDrafter's cache)
+            self.n_ctx.copy_to_device(np.array([p], np.int32), stream=stream)
+            self.gather(wp.hidden, self.rows_in_order, self.n_ctx, p, stream)
+        self.tcache.length = p
+        self.generations += 1
+
+    def enqueue_round(self, temperature: float, stream, mark=lambda stage: None) -> None:
+        """One round, every size read from the device (so it can be captured): draft -> top-K ->
+        build -> verify -> accept -> compaction -> the drafter's next context rows, and the
+        report the host reads. ``mark(stage)`` is called after each stage (eager runs time them)."""
+        ws, tbufs, n_out = self.ws, self.tbufs, self.tbufs.capacity + 1
+        _round_begin_kernel[1, 1, stream](self.state, self.cap, self.budget)
+        kn.enqueue_round_seed(self.seed, self.state[1:2], self.round_seed, stream=stream)
+        if self.method != "ar":
+            logits_d = self.drafter.draft_device(self.features, self.n_ctx, self.bonus, self.dcache, stream=stream)
+            mark("draft")
+            kn.topk_logprobs(logits_d, self.K, out=(self.lp, self.ids), scratch=self.topk_scratch, stream=stream)
+            mark("topk")
+            kn.build_tree(self.lp, self.ids, self.cap, out=tbufs, budget_device=self.budget, stream=stream)
+            mark("build")
+        _verify_inputs_kernel[ceil_div(ws.rows, THREADS), THREADS, stream](
+            self.bonus, tbufs.tokens, tbufs.depths, tbufs.parents, tbufs.n_nodes, self.state,
+            ws.ids, ws.positions, ws.parents, ws.meta, self.report)          # (clears the flags)
+        if self.method != "ar":
+            self.flag_nonfinite(logits_d, self.draft_rows, DRAFTER_BIT, stream)
+        self.target.forward_device(ws, self.tcache, self.layers, stream=stream)
+        self.flag_nonfinite(ws.logits, ws.n_rows, TARGET_BIT, stream)
+        mark("verify")
+        kn.sample_post(ws.logits[:n_out], temperature, 0, out=self.post, seed_device=self.round_seed,
+                       stream=stream)
+        kn.follow_tree(tbufs, self.post, out=(self.keep, self.info), stream=stream)
+        _after_accept_kernel[ceil_div(n_out, THREADS), THREADS, stream](
+            self.keep, self.info, tbufs.tokens, tbufs.n_nodes, self.state, self.start_n, self.n_ctx,
+            self.bonus, self.report)
+        mark("accept")
+        self.tcache.enqueue_compact(self.start_n, self.keep, n_max=n_out, stream=stream)
+        if self.method != "ar":
+            self.gather(ws.hidden, self.keep, self.n_ctx, n_out, stream)
+        mark("compact")
+
+    def capture(self, temperature: float) -> None:
+        """Capture ``enqueue_round`` as this configuration's CUDA graph (not run: the caller has
+        just run the same launches eagerly, which compiled every kernel and made every scratch)."""
+        self.exe = capture_graph(lambda s: self.enqueue_round(temperature, s), warm_up=False)
+        self.temperature = temperature
+        self.held = (self.ws.mla_scratch,) + (() if self.method == "ar" else
+                                               (self.drafter.workspace(self.features.shape[0]).scratch,))
+
+
+_ROUNDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # target -> {key: DeviceRound}
+KEPT_ROUNDS = 8                       # configurations kept per target (least recently used dropped)
+
+
+def rounds_for(target, drafter, method: str, K: int, cap: int, max_tokens: int, feature_rows: int,
+               keep: bool) -> DeviceRound:
+    """The ``DeviceRound`` of this configuration: a kept one (``keep``: a capturable drafter or
+    none), else a new one."""
+    capacity, feature_rows = _pow2(max_tokens), _pow2(feature_rows)
+    if not keep:
+        return DeviceRound(target, drafter, method, K, cap, capacity, feature_rows)
+    kept = _ROUNDS.setdefault(target, {})
+    key = (id(drafter), method, K, cap, capacity, feature_rows)
+    dr = kept.pop(key, None)
+    if dr is None:
+        dr = DeviceRound(target, drafter, method, K, cap, capacity, feature_rows)
+        while len(kept) >= KEPT_ROUNDS:
+            kept.pop(next(iter(kept)))
+    kept[key] = dr                        # most recently used last
+    return dr
+
+
+def capturable(drafter, method: str) -> bool:
+    """Whether a round of this pair can be captured as a CUDA graph: a real GPU, and a drafter
+    whose ``draft_device`` never syncs or allocates after its first call (it says so with
+    ``capturable = True``, as ``CudaDrafter`` does), or none (``ar``)."""
+    return not SIM and (method == "ar" or bool(getattr(drafter, "capturable", False)))
+
+
 def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prompt, n_new, method, budget,
-                    temperature, seed, stops, max_tokens, progress, graph=False) -> GenerationResult:
+                    temperature, seed, stops, max_tokens, progress, graph=None) -> GenerationResult:
     """The body of ``decode.generate`` for a device target (and drafter), on checked arguments
-    (prompt [P] int32, n_new >= 1, stops a set of ids)."""
+    (prompt [P] int32, n_new >= 1, stops a set of ids).
+
+    ``graph``: replay each round as one CUDA graph (the first round of a new configuration runs
+    eagerly, then is captured); None: whenever ``capturable``. Eager rounds time each stage;
+    graph rounds time the whole round (``stage_times["round"]``).
+    """
     t_start = time.perf_counter()
+    can = capturable(drafter, method)
+    if graph is None:
+        graph = can
+    elif graph and not can:
+        raise ValueError("graph=True needs a real GPU and a drafter whose draft can be captured "
+                         "(capturable = True, as CudaDrafter); the CUDA simulator cannot capture graphs"
+                         if not SIM else "graph=True needs a real GPU: the CUDA simulator cannot capture graphs")
     stream = cuda.stream()
     timer = _EventTimer(stream, STAGES)
-    cfg = target.config
-    V = cfg.vocab_size
-    layers = () if method == "ar" else tuple(drafter.target_layer_ids)
     chain = method == "dflash"
     L = 0 if method == "ar" else drafter.block_size - 1
-    K = 1 if chain else min(budget, V)
+    K = 1 if chain else min(budget, target.config.vocab_size)
     cap = 0 if method == "ar" else (L if chain else budget)       # tree nodes at most
     p = prompt.shape[0]
     log = RoundLog(method, p, n_new, stops, progress)
+    dr = rounds_for(target, drafter, method, K, cap, max_tokens, max(p, cap + 1), keep=can)
 
-    tcache = target.new_cache(max_tokens)
-    tbufs = kn.TreeBuffers.allocate(max(cap, 1), stream)           # ar: an empty "tree"
-    ws = target.workspace(tbufs.capacity + 1)                      # verify rows
-    wp = target.workspace(p)                                       # prefill rows
-    if cap == 0:
-        tbufs.n_nodes.copy_to_device(np.zeros(1, np.int32), stream=stream)
-    post = cuda.device_array(tbufs.capacity + 1, np.int32, stream=stream)
-    keep = cuda.device_array(tbufs.capacity + 1, np.int32, stream=stream)
-    info = cuda.device_array(2, np.int32, stream=stream)
-    bonus = cuda.device_array(1, np.int32, stream=stream)
-    start_n = cuda.device_array(2, np.int32, stream=stream)        # (start, n) of the compaction
-    n_ctx = cuda.device_array(1, np.int32, stream=stream)          # drafter's new context rows
-    report = cuda.device_array(4 + tbufs.capacity, np.int32, stream=stream)
-    if method != "ar":
-        dcache = drafter.new_cache(max_tokens)
-        draft_rows = cuda.to_device(np.array([L], np.int32), stream=stream)   # every draft's L rows
-        Y, M = len(layers), cfg.hidden_size
-        features = cuda.device_array((max(p, cap + 1), Y * M), np.float32, stream=stream)
-        layer_ids = cuda.to_device(np.array(layers, np.int32), stream=stream)
-        lp = cuda.device_array((L, K), np.float32, stream=stream)
-        ids = cuda.device_array((L, K), np.int32, stream=stream)
-        topk_scratch = kn.TopKScratch.allocate(L, V, K, stream)   # between its two kernels
-
-    def flag_nonfinite(logits, n_rows, bit):
-        grid = (ceil_div(logits.shape[0], 4), ceil_div(logits.shape[1], 64))
-        _nonfinite_kernel[grid, (4, 64), stream](logits, n_rows, bit, report)
-
-    def gather(hidden, rows_keep, n_rows, rows):
-        """features[j] = the drafter's layers of hidden row rows_keep[j], j < n_rows[0]."""
-        grid = (rows, ceil_div(features.shape[1], THREADS))
-        _gather_features_kernel[grid, (1, THREADS), stream](hidden, layer_ids, rows_keep, n_rows, features)
-
-    # prefill: the prompt, its last row's token, and the drafter's first context rows
     timer.mark()
-    wp.ids.copy_to_device(np.pad(prompt, (0, wp.rows - p)).astype(np.int32), stream=stream)
-    wp.positions.copy_to_device(np.arange(wp.rows, dtype=np.int32), stream=stream)
-    wp.parents.copy_to_device(np.arange(-1, wp.rows - 1, dtype=np.int32), stream=stream)
-    wp.meta.copy_to_device(np.array([0, p], np.int32), stream=stream)
-    target.forward_device(wp, tcache, layers, graph=graph, stream=stream)
-    report[3:4].copy_to_device(np.zeros(1, np.int32), stream=stream)
-    flag_nonfinite(wp.logits, wp.n_rows, TARGET_BIT)
-    kn.sample_post(wp.logits[p - 1:p], temperature, round_seed(seed, 0), out=bonus, stream=stream)
-    if method != "ar":
-        prefill_keep = cuda.to_device(np.arange(p, dtype=np.int32), stream=stream)
-        n_ctx.copy_to_device(np.array([p], np.int32), stream=stream)
-        gather(wp.hidden, prefill_keep, n_ctx, p)
+    dr.prefill(prompt, max_tokens, temperature, seed, graph, stream)
     timer.mark("prefill")
-    bonus_h = int(bonus.copy_to_host(stream=stream)[0])
-    _check_finite(report, "the prefill", stream)
+    bonus_h = int(dr.bonus.copy_to_host(stream=stream)[0])
+    _check_finite(dr.report, "the prefill", stream)
     timer.collect()
     log.target_forwards += 1
-    tcache.length = start = p
+    start = p
     r = 0
     while not log.bonus_ends(bonus_h):
         r += 1
-        free = tcache.capacity - start
+        if graph and dr.exe is not None and dr.temperature == temperature:
+            replay_graph(dr.exe, stream)
+            timer.mark("round")
+        else:
+            dr.enqueue_round(temperature, stream, timer.mark)
         if method != "ar":
-            nodes = min(cap, free - 1)
-            logits_d = drafter.draft_device(features, n_ctx, bonus, dcache, graph=graph, stream=stream)
             log.drafter_forwards += 1
-            timer.mark("draft")
-            kn.topk_logprobs(logits_d, K, out=(lp, ids), scratch=topk_scratch, stream=stream)
-            timer.mark("topk")
-            kn.build_tree(lp, ids, nodes, out=tbufs, stream=stream)
-            timer.mark("build")
-        grid = ceil_div(ws.rows, THREADS)
-        _verify_inputs_kernel[grid, THREADS, stream](
-            bonus, tbufs.tokens, tbufs.depths, tbufs.parents, tbufs.n_nodes, start,
-            ws.ids, ws.positions, ws.parents, ws.meta, report)          # (clears the flags)
-        if method != "ar":
-            flag_nonfinite(logits_d, draft_rows, DRAFTER_BIT)
-        target.forward_device(ws, tcache, layers, graph=graph, stream=stream)
-        flag_nonfinite(ws.logits, ws.n_rows, TARGET_BIT)
         log.target_forwards += 1
-        timer.mark("verify")
-        kn.sample_post(ws.logits[:tbufs.capacity + 1], temperature, round_seed(seed, r), out=post,
-                       stream=stream)
-        kn.follow_tree(tbufs, post, out=(keep, info), stream=stream)
-        _after_accept_kernel[ceil_div(tbufs.capacity + 1, THREADS), THREADS, stream](
-            keep, info, tbufs.tokens, tbufs.n_nodes, start, start_n, n_ctx, bonus, report)
-        timer.mark("accept")
-        tcache.enqueue_compact(start_n, keep, n_max=tbufs.capacity + 1, stream=stream)
-        if method != "ar":
-            gather(ws.hidden, keep, n_ctx, tbufs.capacity + 1)
-        timer.mark("compact")
-        rep = report.copy_to_host(stream=stream)                   # the round's one sync
+        rep = dr.report.copy_to_host(stream=stream)                # the round's one sync
         timer.collect()
         n, new_bonus, n_tree = int(rep[0]), int(rep[1]), int(rep[2])
         _check_finite(rep, f"round {r}", stream)
+        if graph and (dr.exe is None or dr.temperature != temperature):
+            dr.capture(temperature)           # after a first eager round: everything is compiled
         start += n
-        tcache.length = start
+        dr.tcache.length = start
         if log.commit([bonus_h] + [int(x) for x in rep[4:3 + n]], n_tree):
             break
         bonus_h = new_bonus

@@ -18,7 +18,7 @@ def device_loop_applies(target: Target, drafter: Drafter | None, method: str) ->
 def generate(target: Target, drafter: Drafter | None, prompt_ids, max_new_tokens: int, method: str = "ddtree",
              budget: int = 64, temperature: float = 0.0, seed: int = 0, stop_token_ids=(),
              max_tokens: int | None = None, trace: bool = False, progress=None,
-             graph: bool = False, allow_long_context: bool = False) -> GenerationResult:
+             graph: bool | None = None, allow_long_context: bool = False) -> GenerationResult:
     """Generate up to ``max_new_tokens`` after ``prompt_ids`` with ``method``.
 
     ``ddtree``: docs/DESIGN.md §1's round with a tree of ``budget`` nodes (>= 1); ``dflash``: the
@@ -35,8 +35,11 @@ def generate(target: Target, drafter: Drafter | None, prompt_ids, max_new_tokens
 
     Which loop runs (``GenerationResult.loop``): with a cuda target and a cuda drafter (or none,
     for ``ar``) every round stays on the GPU (``decode.device``): the host reads back only the
-    accepted tokens, ``stage_times`` are CUDA-event times, and ``graph=True`` replays the target's
-    and drafter's forwards as CUDA graphs. Otherwise, and for ``trace=True`` (host trees per
+    accepted tokens and ``stage_times`` are CUDA-event times. There ``graph`` (None: whenever it
+    can, i.e. on a real GPU with a ``CudaDrafter`` or none) replays each round as one CUDA graph,
+    captured after the first round of a configuration and kept for later calls
+    (``decode.device.DeviceRound``); ``graph=False`` launches every stage eagerly and times each
+    one. Otherwise, and for ``trace=True`` (host trees per
     round), the host loop (``decode.host``) calls each stage.
     """
     a = check_generate_inputs(target, drafter, prompt_ids, max_new_tokens, method, budget, temperature, seed,

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._checks import check_int
-from ..reference.accept import splitmix64
+from ..reference.accept import round_seed  # noqa: F401  (decode.round_seed, re-exported)
 from ..tree import Tree
 
 METHODS = ("ddtree", "dflash", "ar")
-STAGES = ("prefill", "draft", "topk", "build", "verify", "accept", "compact")
+# "round": a whole round replayed as one CUDA graph (its stages cannot be timed apart)
+STAGES = ("prefill", "draft", "topk", "build", "verify", "accept", "compact", "round")
 LOOPS = ("host", "device")
 # what a result's stage_times were measured with
 STAGE_CLOCKS = {
@@ -59,7 +60,8 @@ class GenerationResult:
     target_forwards     int         target forwards, the prefill included
     drafter_forwards    int         drafter forwards (0 for ``ar``)
     stage_times         dict        seconds per stage (prefill, draft, topk, build, verify, accept,
-                                    compact), measured as ``stage_clock`` says
+                                    compact), measured as ``stage_clock`` says; "round": the
+                                    rounds replayed as one CUDA graph each (not split by stage)
     elapsed_s           float       wall clock of the whole call
     loop                str         which loop ran: "host" (stages called from Python, trees on the
                                     host) or "device" (every round on the GPU)
@@ -205,13 +207,6 @@ def commit_tokens(out: list, tokens, stops, n_new: int) -> bool:
         if len(out) == n_new:
             return False
     return False
-
-
-def round_seed(seed: int, r: int) -> int:
-    """The sampling seed of round r (0 = the prefill): splitmix64 of (seed, r), so rounds draw
-    independent tokens and ``sample_post``'s draws stay a pure function of (seed, round, node, token)."""
-    with np.errstate(over="ignore"):
-        return int(splitmix64(np.uint64(seed) ^ splitmix64(np.uint64(r))))
 
 
 @dataclass(frozen=True)

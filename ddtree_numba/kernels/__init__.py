@@ -17,7 +17,7 @@ Two tiers (docs/DESIGN.md §3):
 from .topk import TopKScratch, topk_logprobs
 from .tree_build import LevelScratch, TreeBatchBuffers, TreeBuffers, build_tree, build_tree_levels, build_trees
 from .visibility import enqueue_visibility_bits, visibility, visibility_bits
-from .accept import follow_tree, sample_post
+from .accept import enqueue_round_seed, follow_tree, sample_post
 from .compact import compact_rows, enqueue_compact_rows, enqueue_copy_rows
 from .._checks import PRECISIONS
 from .linear import TILES, enqueue_grouped_linear, enqueue_linear, enqueue_linear_heads, enqueue_swiglu, linear
@@ -35,7 +35,7 @@ __all__ = [
     "compact_rows", "linear", "mla_attention_absorbed", "gqa_attention", "moe_route", "moe_experts",
     "swiglu_mlp", "rms_norm", "rope", "rope_cos_sin", "embedding", "lm_head",
     # the device tier
-    "enqueue_visibility_bits", "enqueue_compact_rows", "enqueue_copy_rows", "enqueue_linear",
+    "enqueue_visibility_bits", "enqueue_round_seed", "enqueue_compact_rows", "enqueue_copy_rows", "enqueue_linear",
     "enqueue_linear_heads", "enqueue_swiglu", "enqueue_grouped_linear", "enqueue_mla_attention",
     "enqueue_gqa_attention", "enqueue_moe_route", "enqueue_moe_sort", "enqueue_moe_experts",
     "enqueue_moe_combine", "enqueue_swiglu_mlp", "enqueue_moe_block", "enqueue_rms_norm",

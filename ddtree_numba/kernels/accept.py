@@ -22,10 +22,28 @@ _NONE = 2**31 - 1
 
 @device_function
 def _splitmix64(x):
+    """The splitmix64 finaliser on a uint64 (wrapping), as ``reference.accept.splitmix64``."""
     x = x + uint64(0x9E3779B97F4A7C15)
     x = (x ^ (x >> uint64(30))) * uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> uint64(27))) * uint64(0x94D049BB133111EB)
     return x ^ (x >> uint64(31))
+
+
+@cuda.jit
+def _round_seed_kernel(seed, rounds, out):
+    if cuda.grid(1) == 0:
+        out[0] = _splitmix64(seed[0] ^ _splitmix64(uint64(rounds[0])))
+
+
+def enqueue_round_seed(seed, rounds, out, *, stream=0) -> None:
+    """out[0] = the sampling seed of round rounds[0], as ``reference.accept.round_seed`` gives it
+    for (seed[0], rounds[0]), computed when the kernel runs (a captured round replays with each
+    round's seed).
+    seed [1] uint64, rounds [>= 1] int32 (rounds[0] >= 0), out [1] uint64: device arrays."""
+    check_array("seed", seed, 1, np.uint64, shape=(1,))
+    check_array("rounds", rounds, 1, np.int32)
+    check_array("out", out, 1, np.uint64, shape=(1,))
+    _round_seed_kernel[1, 1, stream](seed, rounds, out)
 
 
 @functools.lru_cache(maxsize=None)
@@ -33,8 +51,9 @@ def _sample_post_kernel(threads):
     T = threads
 
     @cuda.jit
-    def kernel(logits, temperature, seed, post):
+    def kernel(logits, temperature, seeds, post):
         row = cuda.blockIdx.x
+        seed = seeds[0]
         t = cuda.threadIdx.x
         V = logits.shape[1]
         red_val = cuda.shared.array(T, float64)
@@ -70,12 +89,18 @@ def _sample_post_kernel(threads):
     return kernel
 
 
-def sample_post(logits, temperature, seed, *, out=None, stream=0, threads=THREADS):
+def sample_post(logits, temperature, seed, *, out=None, seed_device=None, stream=0, threads=THREADS):
     """The target's token at every node: arg-max at T = 0, else the seeded Gumbel-max draw.
 
     logits [N+1, V] float32 -> post [N+1] int32; the same draws as ``reference.sample_post``.
+    ``seed_device``: a uint64 [1] device array whose value is the seed, read when the kernel runs
+    (a captured round replays with each round's own seed); ``seed`` is then ignored.
     """
     temperature, seed = check_sample_inputs(logits, temperature, seed)
+    if seed_device is None:
+        seed_device = to_device(np.array([seed], np.uint64), stream)
+    else:
+        check_array("seed_device", seed_device, 1, np.uint64, shape=(1,))
     check_threads(threads)
     n = logits.shape[0]
     if out is None:
@@ -85,7 +110,7 @@ def sample_post(logits, temperature, seed, *, out=None, stream=0, threads=THREAD
         post = out
     if n:
         _sample_post_kernel(threads)[n, threads, stream](
-            to_device(logits, stream), temperature, np.uint64(seed), post)
+            to_device(logits, stream), temperature, seed_device, post)
     if out is None and not is_device(logits):
         return post.copy_to_host(stream=stream)
     return post

@@ -202,6 +202,7 @@ class CudaDrafter:
     arguments and results (numpy out); ``draft_device`` keeps everything on the device."""
 
     backend = "cuda"
+    capturable = True       # draft_device allocates and syncs nothing after its first call
 
     def __init__(self, cfg: DrafterConfig, weights: dict[str, np.ndarray], target,
                  weight_dtype: str = "float32"):

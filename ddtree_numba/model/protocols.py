@@ -98,7 +98,9 @@ class DeviceTarget(Target, Protocol):
 
 @runtime_checkable
 class DeviceDrafter(Drafter, Protocol):
-    """A drafter whose draft can be enqueued from device inputs (``CudaDrafter``)."""
+    """A drafter whose draft can be enqueued from device inputs (``CudaDrafter``). One that sets
+    ``capturable = True`` promises that ``draft_device`` neither syncs nor allocates after its
+    first call, so the device loop may capture a whole round as a CUDA graph."""
 
     def draft_device(self, features, n, bonus, cache: Cache, *, graph: bool = False, stream=0):
         """features [Nf, Y*M] f32, n [1] i32 (rows of features that are new), bonus [1] i32, all

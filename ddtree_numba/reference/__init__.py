@@ -3,7 +3,7 @@
 from .topk import topk_logprobs
 from .tree_build import build_tree, build_tree_levels, build_trees, enumerate_paths
 from .visibility import visibility, visibility_bits
-from .accept import follow_tree, sample_post
+from .accept import follow_tree, round_seed, sample_post
 from .compact import compact_rows, naive_gather_in_order, naive_row_hazards
 from .embedding import embedding, lm_head
 from .linear import linear

@@ -29,6 +29,13 @@ def splitmix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+def round_seed(seed: int, r: int) -> int:
+    """The sampling seed of round r (0 = the prefill): splitmix64 of (seed, r), so rounds draw
+    independent tokens and ``sample_post``'s draws stay a pure function of (seed, round, node, token)."""
+    with np.errstate(over="ignore"):
+        return int(splitmix64(np.uint64(seed) ^ splitmix64(np.uint64(r))))
+
+
 def uniform_open(seed: int, row: np.ndarray, col: np.ndarray) -> np.ndarray:
     """A float64 in (0, 1) for each (seed, row, col): 53 hashed bits, centred in their cell."""
     with np.errstate(over="ignore"):
