@@ -181,6 +181,37 @@ def capture_graph(enqueue, warm_up: bool = True):
     return _check_cuda(rt.cudaGraphInstantiate(graph, 0))
 
 
+def capture_graphs(enqueue) -> list:
+    """Capture ``enqueue(stream, cut)`` as a sequence of instantiated CUDA graphs: each call of
+    ``cut()`` closes the graph captured so far and begins the next (so replaying them in order,
+    with events between, times each part). No warm-up run (as ``capture_graph(warm_up=False)``);
+    a last, empty part after the final ``cut()`` is dropped. A real GPU only."""
+    from cuda.bindings import runtime as rt
+    stream = cuda.stream()
+    handle = _stream_handle(stream)
+    mode = rt.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed
+    graphs = []
+
+    def close():
+        graph = _check_cuda(rt.cudaStreamEndCapture(handle))
+        res = rt.cudaGraphGetNodes(graph, 0)             # (error, nodes, count): count only
+        _check_cuda(res[0])
+        return _check_cuda(rt.cudaGraphInstantiate(graph, 0)) if int(res[-1]) else None
+
+    def cut():
+        exe = close()
+        if exe is not None:
+            graphs.append(exe)
+        _check_cuda(rt.cudaStreamBeginCapture(handle, mode))
+
+    _check_cuda(rt.cudaStreamBeginCapture(handle, mode))
+    enqueue(stream, cut)
+    last = close()
+    if last is not None:
+        graphs.append(last)
+    return graphs
+
+
 def replay_graph(exe, stream=0) -> None:
     """Launch an instantiated graph (``capture_graph``) on ``stream``."""
     from cuda.bindings import runtime as rt

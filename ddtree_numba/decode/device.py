@@ -27,7 +27,7 @@ from numba import config as numba_config
 from numba import cuda
 
 from .. import kernels as kn
-from .._device import capture_graph, ceil_div, replay_graph
+from .._device import capture_graph, capture_graphs, ceil_div, replay_graph
 from ..model.protocols import DeviceDrafter, DeviceTarget
 from .rounds import STAGES, GenerationResult, RoundLog, round_seed
 
@@ -184,8 +184,7 @@ class DeviceRound:
         self.target, self.drafter, self.method = target, drafter, method
         self.K, self.cap, self.capacity = K, cap, capacity
         self.layers = () if method == "ar" else tuple(drafter.target_layer_ids)
-        self.exe = None                      # the round's CUDA graph, once captured
-        self.temperature = None              # the temperature it was captured at
+        self.graphs = {}                     # mode (True | "stages") -> (temperature, [(stage, graph)])
         self.generations = 0                 # prefills so far (the caches are reset from the second)
         self.held = ()                       # scratch the graph points at (see the class docstring)
         i32 = lambda n: cuda.device_array(n, np.int32)              # noqa: E731
@@ -279,12 +278,26 @@ class DeviceRound:
             self.gather(ws.hidden, self.keep, self.n_ctx, n_out, stream)
         mark("compact")
 
-    def capture(self, temperature: float) -> None:
-        """Capture ``enqueue_round`` as this configuration's CUDA graph (not run: the caller has
-        just run the same launches eagerly, which compiled every kernel and made every scratch)."""
-        self.exe = capture_graph(lambda s: self.enqueue_round(temperature, s), warm_up=False)
-        self.temperature = temperature
-        self.held = (self.ws.mla_scratch,) + (() if self.method == "ar" else
+    def replays(self, mode, temperature: float) -> list:
+        """[(stage, graph)] to replay for a round in ``mode`` at ``temperature``; [] when none
+        was captured for them."""
+        temp, parts = self.graphs.get(mode, (None, []))
+        return parts if mode and temp == temperature else []
+
+    def capture(self, mode, temperature: float) -> None:
+        """Capture ``enqueue_round`` (not run: the caller has just run the same launches eagerly,
+        which compiled every kernel and made every scratch): mode True as one CUDA graph, mode
+        "stages" as one graph per stage (replayed in order with events between: each stage's
+        device time)."""
+        if mode == "stages":
+            names = []
+            exes = capture_graphs(lambda s, cut: self.enqueue_round(temperature, s,
+                                                                    lambda stage: (names.append(stage), cut())))
+            parts = list(zip(names, exes))
+        else:
+            parts = [("round", capture_graph(lambda s: self.enqueue_round(temperature, s), warm_up=False))]
+        self.graphs[mode] = (temperature, parts)
+        self.held += (self.ws.mla_scratch,) + (() if self.method == "ar" else
                                                (self.drafter.workspace(self.features.shape[0]).scratch,))
 
 
@@ -322,11 +335,14 @@ def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prom
     """The body of ``decode.generate`` for a device target (and drafter), on checked arguments
     (prompt [P] int32, n_new >= 1, stops a set of ids).
 
-    ``graph``: replay each round as one CUDA graph (the first round of a new configuration runs
-    eagerly, then is captured); None: whenever ``capturable``. Eager rounds time each stage;
-    graph rounds time the whole round (``stage_times["round"]``).
+    ``graph``: True replays each round as one CUDA graph (the first round of a new configuration
+    runs eagerly, then is captured), timed as a whole (``stage_times["round"]``); "stages": one
+    graph per stage, replayed in order with events between (each stage's device time, for
+    profiling); False: every stage launched from Python; None: True whenever ``capturable``.
     """
     t_start = time.perf_counter()
+    if graph not in (None, False, True, "stages"):
+        raise ValueError(f"graph must be None, False, True or 'stages', got {graph!r}")
     can = capturable(drafter, method)
     if graph is None:
         graph = can
@@ -355,10 +371,11 @@ def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prom
     r = 0
     while not log.bonus_ends(bonus_h):
         r += 1
-        if graph and dr.exe is not None and dr.temperature == temperature:
-            replay_graph(dr.exe, stream)
-            timer.mark("round")
-        else:
+        parts = dr.replays(graph, temperature)
+        for stage, exe in parts:
+            replay_graph(exe, stream)
+            timer.mark(stage)
+        if not parts:
             dr.enqueue_round(temperature, stream, timer.mark)
         if method != "ar":
             log.drafter_forwards += 1
@@ -367,8 +384,8 @@ def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prom
         timer.collect()
         n, new_bonus, n_tree = int(rep[0]), int(rep[1]), int(rep[2])
         _check_finite(rep, f"round {r}", stream)
-        if graph and (dr.exe is None or dr.temperature != temperature):
-            dr.capture(temperature)           # after a first eager round: everything is compiled
+        if graph and not parts:
+            dr.capture(graph, temperature)    # after a first eager round: everything is compiled
         start += n
         dr.tcache.length = start
         if log.commit([bonus_h] + [int(x) for x in rep[4:3 + n]], n_tree):

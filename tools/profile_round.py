@@ -1,0 +1,70 @@
+"""Where a device round's time goes on the GPU: the demo pair's rounds replayed as one CUDA graph
+per stage (``generate(..., graph="stages")``), with CUDA events between the stages.
+
+Usage (a GPU machine): python tools/profile_round.py [--budgets 16 64] [--new 128] [--prompts 8]
+    [--kernels BUDGET]
+
+Prints, per method and budget, the mean device time per round of each stage (draft, topk,
+build, verify, accept, compact) and of the whole round, over the held-out prompts after a
+warm-up. Splitting the graph adds a few microseconds a stage (each part is its own launch).
+``--kernels B``: instead, one ddtree round at budget B replayed under the CUDA profiler API
+(run it under ``ncu --profile-from-start off --graph-profiling node --metrics
+gpu__time_duration.sum --csv``) for each kernel's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--budgets", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--kernels", type=int, metavar="BUDGET")
+    args = ap.parse_args()
+
+    import ddtree_numba as dd
+    from ddtree_numba.decode.device import rounds_for
+    from ddtree_numba.demo import demo_metadata
+    from numba import cuda
+    t_dir, d_dir = dd.demo_pair()
+    target = dd.load_target(t_dir, backend="cuda", progress=False)
+    drafter = dd.load_drafter(d_dir, target)
+    prompts = [np.asarray(p["ids"], np.int32) for p in demo_metadata()["prompts"][:args.prompts]]
+    if args.kernels:
+        b = args.kernels
+        dd.generate(target, drafter, prompts[0], args.new, budget=b, graph=True)     # captures the round
+        p = len(prompts[0])
+        dr = rounds_for(target, drafter, "ddtree", min(b, target.config.vocab_size), b, p + args.new + b + 1,
+                        max(p, b + 1), keep=True)
+        dr.prefill(prompts[0], p + args.new + b + 1, 0.0, 0, True, 0)
+        (_, exe), = dr.graphs[True][1]
+        from ddtree_numba._device import replay_graph
+        cuda.synchronize()
+        cuda.profile_start()
+        replay_graph(exe)
+        cuda.synchronize()
+        cuda.profile_stop()
+        return
+    stages = ("draft", "topk", "build", "verify", "accept", "compact")
+    print(f"{'method':>7} {'budget':>6} {'rounds':>6} " + " ".join(f"{s:>8}" for s in stages) + f" {'round':>8}  (µs a round)")
+    for method, budget in [("ar", 1), ("dflash", 1)] + [("ddtree", b) for b in args.budgets]:
+        d = None if method == "ar" else drafter
+        dd.generate(target, d, prompts[0], args.new, method=method, budget=budget, graph="stages")   # warm-up
+        times, rounds = dict.fromkeys(stages, 0.0), 0
+        for p in prompts:
+            res = dd.generate(target, d, p, args.new, method=method, budget=budget, graph="stages")
+            rounds += len(res.acceptance_lengths)
+            for s in stages:
+                times[s] += res.stage_times[s]
+        us = {s: 1e6 * times[s] / rounds for s in stages}
+        print(f"{method:>7} {budget if method == 'ddtree' else '-':>6} {rounds:>6} "
+              + " ".join(f"{us[s]:>8.1f}" for s in stages) + f" {sum(us.values()):>8.1f}")
+
+
+if __name__ == "__main__":
+    main()
