@@ -54,11 +54,13 @@ _Tiles = namedtuple("_Tiles", "RM KT TM TN NT TX2 SPLIT")
 
 def _gpu_tiles(dh: int) -> _Tiles:
     """H200 tiles: 128 threads, 32 rows x 32 keys (16 x 16 past Dh 128, to stay under 48 KiB:
-    Q [Dh, RM] and K / V [Dh, KT] staged), splits of 128 keys (B = 16, Hq = 32, Hkv = 8 and
-    4096 context rows: 16 row blocks x 33 splits, about four waves of 132 SMs)."""
+    Q [Dh, RM] and K / V [Dh, KT] staged), splits of 32 keys: a block's tiles run one after
+    another (each a chain of barriers), so short splits are what spread a drafter's few hundred
+    context keys over the SMs (at 128-key splits, the demo drafter's attention took ~65 µs a
+    layer on 24 blocks)."""
     if dh <= 128:
-        return _Tiles(32, 32, 2, 4, 128, 32, 128)
-    return _Tiles(16, 16, 1, 2, 128, 32, 128)
+        return _Tiles(32, 32, 2, 4, 128, 32, 32)
+    return _Tiles(16, 16, 1, 2, 128, 32, 32)
 
 
 # The simulator runs every thread as a Python thread: 8 threads, 4 rows x 4 keys, splits of

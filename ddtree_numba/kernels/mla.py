@@ -58,8 +58,11 @@ THREADS = 8 if config.ENABLE_CUDASIM else 128   # softmax kernel: threads per qu
 COMBINE_THREADS = 8 if config.ENABLE_CUDASIM else 128
 _MASKED = -1.0                                     # p of a key the query does not see
 # Keys a chunk of a query's softmax takes, by visible index (module docstring). Fixed: changing it
-# changes the bits. The simulator's is small so that its tiny caches still split into chunks.
-KEY_CHUNK = 4 if config.ENABLE_CUDASIM else 512
+# changes the bits. It also bounds the p @ c_kv kernel's serial chain per output (a block per
+# chunk): at 512 one verify of the demo pair's ~350 keys ran on 8 latency-bound blocks, ~50 µs a
+# layer; 128 spreads it over 4x the blocks. The simulator's is small so that its tiny caches
+# still split into chunks.
+KEY_CHUNK = 4 if config.ENABLE_CUDASIM else 128
 
 # (bm, bn, bk, tm, tn): block tile rows x columns, reduction step, thread tile rows x columns.
 # Rows are query rows (i, h); columns are keys (scores) or latent channels (p @ c_kv).
