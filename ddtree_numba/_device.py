@@ -212,6 +212,12 @@ def capture_graphs(enqueue) -> list:
     return graphs
 
 
+def destroy_graph(exe) -> None:
+    """Free an instantiated graph (``capture_graph``) that will not be replayed again."""
+    from cuda.bindings import runtime as rt
+    _check_cuda(rt.cudaGraphExecDestroy(exe))
+
+
 def replay_graph(exe, stream=0) -> None:
     """Launch an instantiated graph (``capture_graph``) on ``stream``."""
     from cuda.bindings import runtime as rt

@@ -153,11 +153,15 @@ def test_generate_batch_on_cuda_gives_each_sequence_its_ar_tokens():
 
 
 @pytest.mark.gpu   # the simulator cannot capture graphs
-def test_the_round_graph_replays_the_eager_rounds_bit_for_bit():
+def test_the_round_graph_replays_the_eager_rounds_bit_for_bit(monkeypatch):
     """Each round captured as one CUDA graph (decode.device.DeviceRound) and replayed: the same
     tokens, acceptance and tree sizes as eager rounds, for every method, at T = 0 and T > 0 (the
     round's seed is computed on the device), on a first call (round 1 eager, then captured) and
-    on a second call (the kept graph replayed from round 1); greedy tokens equal ar's."""
+    on a second call (the kept graph replayed from round 1); greedy tokens equal ar's. Only two
+    configurations are kept, so the second prompt finds them dropped and made again (a demo
+    sweep of nine configurations once replayed a dropped cache's prefill graph)."""
+    import ddtree_numba.decode.device as device
+    monkeypatch.setattr(device, "KEPT_ROUNDS", 2)
     target_dir, drafter_dir = dd.demo_pair()
     gpu = dd.load_target(target_dir, backend="cuda", progress=False)
     drafter = dd.load_drafter(drafter_dir, gpu)

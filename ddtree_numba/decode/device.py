@@ -27,7 +27,7 @@ from numba import config as numba_config
 from numba import cuda
 
 from .. import kernels as kn
-from .._device import capture_graph, capture_graphs, ceil_div, replay_graph
+from .._device import capture_graph, capture_graphs, ceil_div, destroy_graph, replay_graph
 from ..model.protocols import DeviceDrafter, DeviceTarget
 from .rounds import STAGES, GenerationResult, RoundLog, round_seed
 
@@ -185,6 +185,7 @@ class DeviceRound:
         self.K, self.cap, self.capacity = K, cap, capacity
         self.layers = () if method == "ar" else tuple(drafter.target_layer_ids)
         self.graphs = {}                     # mode (True | "stages") -> (temperature, [(stage, graph)])
+        self.prefill_graphs = {}             # prefill workspace rows -> its forward's graph
         self.generations = 0                 # prefills so far (the caches are reset from the second)
         self.held = ()                       # scratch the graph points at (see the class docstring)
         i32 = lambda n: cuda.device_array(n, np.int32)              # noqa: E731
@@ -232,7 +233,16 @@ class DeviceRound:
         wp.positions.copy_to_device(np.arange(wp.rows, dtype=np.int32), stream=stream)
         wp.parents.copy_to_device(np.arange(-1, wp.rows - 1, dtype=np.int32), stream=stream)
         wp.meta.copy_to_device(np.array([0, p], np.int32), stream=stream)
-        target.forward_device(wp, self.tcache, self.layers, graph=graph, stream=stream)
+        if not graph:
+            target.forward_device(wp, self.tcache, self.layers, stream=stream)
+        else:                                 # this configuration's own graph of the prefill forward
+            exe = self.prefill_graphs.get(wp.rows)
+            if exe is None:
+                # the warm-up run and the capture write the same rows: the prompt's, twice
+                exe = self.prefill_graphs[wp.rows] = capture_graph(
+                    lambda s: target.forward_device(wp, self.tcache, self.layers, stream=s))
+                self.held += (wp.mla_scratch,)
+            replay_graph(exe, stream)
         self.report[3:4].copy_to_device(np.zeros(1, np.int32), stream=stream)
         self.flag_nonfinite(wp.logits, wp.n_rows, TARGET_BIT, stream)
         kn.sample_post(wp.logits[p - 1:p], temperature, round_seed(seed, 0), out=self.bonus, stream=stream)
@@ -278,6 +288,15 @@ class DeviceRound:
             self.gather(ws.hidden, self.keep, self.n_ctx, n_out, stream)
         mark("compact")
 
+    def close(self) -> None:
+        """Free the graphs (a configuration dropped by ``rounds_for``; its buffers go with it)."""
+        for _, parts in self.graphs.values():
+            for _, exe in parts:
+                destroy_graph(exe)
+        for exe in self.prefill_graphs.values():
+            destroy_graph(exe)
+        self.graphs, self.prefill_graphs = {}, {}
+
     def replays(self, mode, temperature: float) -> list:
         """[(stage, graph)] to replay for a round in ``mode`` at ``temperature``; [] when none
         was captured for them."""
@@ -302,7 +321,7 @@ class DeviceRound:
 
 
 _ROUNDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # target -> {key: DeviceRound}
-KEPT_ROUNDS = 8                       # configurations kept per target (least recently used dropped)
+KEPT_ROUNDS = 16                      # configurations kept per target (least recently used dropped)
 
 
 def rounds_for(target, drafter, method: str, K: int, cap: int, max_tokens: int, feature_rows: int,
@@ -318,7 +337,7 @@ def rounds_for(target, drafter, method: str, K: int, cap: int, max_tokens: int, 
     if dr is None:
         dr = DeviceRound(target, drafter, method, K, cap, capacity, feature_rows)
         while len(kept) >= KEPT_ROUNDS:
-            kept.pop(next(iter(kept)))
+            kept.pop(next(iter(kept))).close()
     kept[key] = dr                        # most recently used last
     return dr
 

@@ -203,7 +203,7 @@ class Workspace:
     logits: object              # [T, V]
     hidden: object              # [L, T, M] per-layer hidden states (requested layers; ForwardOutput says which)
     mla_scratch: object = None  # MLAScratch: scores [T*H, >= S], sized by the largest cache seen
-    graphs: dict = field(default_factory=dict)   # (cache id, hidden layers) -> CUDA graph exec
+    graphs: dict = field(default_factory=dict)   # (cache id, hidden layers) -> (CUDA graph exec, cache)
 
     @property
     def n_rows(self):
@@ -393,10 +393,13 @@ class CudaTarget:
         if numba_config.ENABLE_CUDASIM:
             raise ValueError("graph=True needs a real GPU: the CUDA simulator cannot capture graphs")
         key = (id(cache), tuple(hidden_layer_ids))
-        exe = ws.graphs.get(key)
-        if exe is None:
-            exe = ws.graphs[key] = capture_graph(lambda s: self._enqueue_forward(ws, cache, hidden_layer_ids, s))
-        replay_graph(exe, stream)
+        entry = ws.graphs.get(key)
+        if entry is None:
+            exe = capture_graph(lambda s: self._enqueue_forward(ws, cache, hidden_layer_ids, s))
+            # the graph holds the cache's raw pointers, and the key its id: keeping the cache
+            # alive keeps both valid (a freed cache's id may be reused by a new one)
+            entry = ws.graphs[key] = (exe, cache)
+        replay_graph(entry[0], stream)
 
     def _enqueue_forward(self, ws: Workspace, cache: DeviceMLACache, hidden_layer_ids, stream) -> None:
         kn.enqueue_visibility_bits(ws.parents, ws.vis_bits, stream=stream)    # ancestor bits of the new rows
