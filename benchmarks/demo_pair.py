@@ -130,10 +130,13 @@ def main():
     kw = dict(device=args.device or stats["device"], commit_id=args.commit, date=stats["date"]) if args.from_json else {}
     keys = ["method", "budget", "rounds", "mean_acceptance", "tokens_per_forward", "verify_ms", "floor_ms",
             "round_ms", "tokens_per_s", "equal_ar"]
-    for r in rows:                             # the results file's rows: ar / dflash / ddtree / hf, graph or eager
-        r.append("-" if r[0] == "hf" else ("yes" if graph else "no"))
+    values = []                                # the results file's rows: ar / dflash / ddtree / hf
+    for r in rows:
+        ours = r[0] != "hf"
+        values.append(r[:9] + [r[9] == "yes" if ours else r[9], graph if ours else None])
+        r.append(("yes" if graph else "no") if ours else "-")
     append_rows(title, header + ["graph"], rows, note, append=not args.no_append, results="demo_pair",
-                command=stats["command"], keys=keys + ["graph"], **kw)
+                command=stats["command"], keys=keys + ["graph"], values=values, **kw)
 
 
 if __name__ == "__main__":
