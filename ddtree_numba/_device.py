@@ -178,14 +178,17 @@ def capture_graph(enqueue, warm_up: bool = True):
     _check_cuda(rt.cudaStreamBeginCapture(handle, rt.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed))
     enqueue(stream)
     graph = _check_cuda(rt.cudaStreamEndCapture(handle))
-    return _check_cuda(rt.cudaGraphInstantiate(graph, 0))
+    exe = _check_cuda(rt.cudaGraphInstantiate(graph, 0))
+    _check_cuda(rt.cudaGraphDestroy(graph))         # the instantiated graph is independent of it
+    return exe
 
 
 def capture_graphs(enqueue) -> list:
     """Capture ``enqueue(stream, cut)`` as a sequence of instantiated CUDA graphs: each call of
     ``cut()`` closes the graph captured so far and begins the next (so replaying them in order,
-    with events between, times each part). No warm-up run (as ``capture_graph(warm_up=False)``);
-    a last, empty part after the final ``cut()`` is dropped. A real GPU only."""
+    with events between, times each part): one entry per ``cut()``, None for a part that
+    launched nothing, then the part after the last ``cut()`` unless it is empty. No warm-up run
+    (as ``capture_graph(warm_up=False)``). A real GPU only."""
     from cuda.bindings import runtime as rt
     stream = cuda.stream()
     handle = _stream_handle(stream)
@@ -196,12 +199,12 @@ def capture_graphs(enqueue) -> list:
         graph = _check_cuda(rt.cudaStreamEndCapture(handle))
         res = rt.cudaGraphGetNodes(graph, 0)             # (error, nodes, count): count only
         _check_cuda(res[0])
-        return _check_cuda(rt.cudaGraphInstantiate(graph, 0)) if int(res[-1]) else None
+        exe = _check_cuda(rt.cudaGraphInstantiate(graph, 0)) if int(res[-1]) else None
+        _check_cuda(rt.cudaGraphDestroy(graph))
+        return exe
 
     def cut():
-        exe = close()
-        if exe is not None:
-            graphs.append(exe)
+        graphs.append(close())
         _check_cuda(rt.cudaStreamBeginCapture(handle, mode))
 
     _check_cuda(rt.cudaStreamBeginCapture(handle, mode))

@@ -181,6 +181,7 @@ def test_the_round_graph_replays_the_eager_rounds_bit_for_bit(monkeypatch):
                 np.testing.assert_array_equal(res.acceptance_lengths, eager.acceptance_lengths, err_msg=what)
                 np.testing.assert_array_equal(res.tree_sizes, eager.tree_sizes, err_msg=what)
                 assert (res.stage_times["round"] > 0) == (graph is True), what
+                assert any(graph in r.graphs for r in device._ROUNDS[gpu].values()), what   # replayed, not eager
                 if temperature == 0:
                     np.testing.assert_array_equal(res.tokens, ar, err_msg=what)
             assert eager.stage_times["round"] == 0 and eager.stage_times["verify"] > 0
@@ -193,3 +194,42 @@ def test_graph_true_is_refused_where_a_round_cannot_be_captured():
                           gpu.config.vocab_size, 0.9, seed=1)
     with pytest.raises(ValueError, match="graph=True needs a real GPU"):
         dd.generate(gpu, oracle, np.array([1, 2, 3], np.int32), 2, budget=4, graph=True)
+
+
+def test_a_kept_configuration_serves_the_next_call_from_a_clean_state():
+    """The device loop keeps a configuration's caches and round state for later calls with the
+    same sizes (a GPU replays its captured round from the first): every call starts clean
+    (caches, round number, seeds and report reset at the prefill) and the configuration is
+    reused, not rebuilt. ar at T > 0 draws the host loop's tokens (the round's seed made on the
+    device); ddtree with a cache that ends exactly at the last token (8 rows, a power of two:
+    nothing to spare) clips its trees as the host loop does and keeps ar's tokens. One dense
+    layer: the simulator spends seconds a forward."""
+    import dataclasses
+    from ddtree_numba.decode import device
+    from ddtree_numba.kernels import TILES
+    from ddtree_numba.model import ModelConfig, random_drafter, random_target
+    from ddtree_numba.model.cuda_target import CudaTarget
+    host = random_target(dataclasses.replace(ModelConfig.tiny(), num_hidden_layers=1), seed=2)
+    gpu = CudaTarget.from_host(host, precision="fp32", gemm_tile=None if REAL_GPU else TILES["small"])
+    prompts = [np.array([5, 9, 2, 7, 1], np.int32), np.array([1, 3, 3, 8, 4], np.int32)]
+
+    def calls(drafter, order, **kw):
+        """The prompts in ``order`` through one kept configuration: (prompt, result) pairs."""
+        out, kept = [], []
+        for i in order:
+            res = dd.generate(gpu, drafter, prompts[i], 3, **kw)
+            assert res.loop == "device"
+            out.append((prompts[i], res))
+            kept.append(set(map(id, device._ROUNDS[gpu].values())))
+        assert all(k == kept[0] for k in kept), "the configuration was rebuilt between calls"
+        return out
+
+    for p, res in calls(None, (0, 1, 0), method="ar", temperature=0.7, seed=11):
+        want = dd.generate(host, None, p, 3, method="ar", temperature=0.7, seed=11)
+        np.testing.assert_array_equal(res.tokens, want.tokens)
+    d_host, d_gpu = random_drafter(host, block_size=4, seed=3), random_drafter(gpu, block_size=4, seed=3)
+    for p, res in calls(d_gpu, (1, 0), method="ddtree", budget=3, max_tokens=8):
+        want = dd.generate(host, d_host, p, 3, method="ddtree", budget=3, max_tokens=8)
+        np.testing.assert_array_equal(res.tokens, dd.generate(host, None, p, 3, method="ar").tokens)
+        np.testing.assert_array_equal(res.tree_sizes, want.tree_sizes)
+        assert want.tree_sizes.min() < 3, want.tree_sizes       # the cache's end did clip the trees

@@ -41,12 +41,13 @@ def main():
         p = len(prompts[0])
         dr = rounds_for(target, drafter, "ddtree", min(b, target.config.vocab_size), b, p + args.new + b + 1,
                         max(p, b + 1), keep=True)
-        dr.prefill(prompts[0], p + args.new + b + 1, 0.0, 0, True, 0)
+        stream = cuda.stream()
+        dr.prefill(prompts[0], p + args.new + b + 1, 0.0, 0, True, stream)
         (_, exe), = dr.graphs[True][1]
         from ddtree_numba._device import replay_graph
         cuda.synchronize()
         cuda.profile_start()
-        replay_graph(exe)
+        replay_graph(exe, stream)
         cuda.synchronize()
         cuda.profile_stop()
         return

@@ -181,7 +181,11 @@ class DeviceRound:
     def __init__(self, target: DeviceTarget, drafter: DeviceDrafter | None, method: str, K: int, cap: int,
                  capacity: int, feature_rows: int):
         cfg = target.config
-        self.target, self.drafter, self.method = target, drafter, method
+        # weak: _ROUNDS is keyed weakly by the target, and the drafter refers to it too
+        self.target = weakref.proxy(target)
+        self.drafter = None if drafter is None else weakref.proxy(drafter)
+        self.drafter_ref = None if drafter is None else weakref.ref(drafter)
+        self.method = method
         self.K, self.cap, self.capacity = K, cap, capacity
         self.layers = () if method == "ar" else tuple(drafter.target_layer_ids)
         self.graphs = {}                     # mode (True | "stages") -> (temperature, [(stage, graph)])
@@ -238,7 +242,9 @@ class DeviceRound:
         else:                                 # this configuration's own graph of the prefill forward
             exe = self.prefill_graphs.get(wp.rows)
             if exe is None:
-                # the warm-up run and the capture write the same rows: the prompt's, twice
+                # capture_graph warms up on its own stream: the inputs copied above must be in
+                # first. The warm-up run and the capture write the same rows, the prompt's.
+                stream.synchronize()
                 exe = self.prefill_graphs[wp.rows] = capture_graph(
                     lambda s: target.forward_device(wp, self.tcache, self.layers, stream=s))
                 self.held += (wp.mla_scratch,)
@@ -308,11 +314,13 @@ class DeviceRound:
         which compiled every kernel and made every scratch): mode True as one CUDA graph, mode
         "stages" as one graph per stage (replayed in order with events between: each stage's
         device time)."""
+        for _, old in self.graphs.pop(mode, (None, []))[1]:     # captured at another temperature
+            destroy_graph(old)
         if mode == "stages":
             names = []
             exes = capture_graphs(lambda s, cut: self.enqueue_round(temperature, s,
                                                                     lambda stage: (names.append(stage), cut())))
-            parts = list(zip(names, exes))
+            parts = [(stage, exe) for stage, exe in zip(names, exes) if exe is not None]
         else:
             parts = [("round", capture_graph(lambda s: self.enqueue_round(temperature, s), warm_up=False))]
         self.graphs[mode] = (temperature, parts)
@@ -326,14 +334,17 @@ KEPT_ROUNDS = 16                      # configurations kept per target (least re
 
 def rounds_for(target, drafter, method: str, K: int, cap: int, max_tokens: int, feature_rows: int,
                keep: bool) -> DeviceRound:
-    """The ``DeviceRound`` of this configuration: a kept one (``keep``: a capturable drafter or
-    none), else a new one."""
+    """The ``DeviceRound`` of this configuration: a kept one (``keep``: ``reusable``), else a new
+    one."""
     capacity, feature_rows = _pow2(max_tokens), _pow2(feature_rows)
     if not keep:
         return DeviceRound(target, drafter, method, K, cap, capacity, feature_rows)
     kept = _ROUNDS.setdefault(target, {})
     key = (id(drafter), method, K, cap, capacity, feature_rows)
     dr = kept.pop(key, None)
+    if dr is not None and drafter is not None and dr.drafter_ref() is not drafter:
+        dr.close()                            # a new drafter at a dropped one's id
+        dr = None
     if dr is None:
         dr = DeviceRound(target, drafter, method, K, cap, capacity, feature_rows)
         while len(kept) >= KEPT_ROUNDS:
@@ -342,11 +353,17 @@ def rounds_for(target, drafter, method: str, K: int, cap: int, max_tokens: int, 
     return dr
 
 
+def reusable(drafter, method: str) -> bool:
+    """Whether this pair's ``DeviceRound`` can serve later calls: no drafter (``ar``), or one whose
+    ``draft_device`` never syncs or allocates after its first call and whose cache ``reset()``s
+    (it says so with ``capturable = True``, as ``CudaDrafter`` does)."""
+    return method == "ar" or bool(getattr(drafter, "capturable", False))
+
+
 def capturable(drafter, method: str) -> bool:
-    """Whether a round of this pair can be captured as a CUDA graph: a real GPU, and a drafter
-    whose ``draft_device`` never syncs or allocates after its first call (it says so with
-    ``capturable = True``, as ``CudaDrafter`` does), or none (``ar``)."""
-    return not SIM and (method == "ar" or bool(getattr(drafter, "capturable", False)))
+    """Whether a round of this pair can be captured as a CUDA graph: ``reusable`` on a real GPU
+    (the simulator cannot capture)."""
+    return not SIM and reusable(drafter, method)
 
 
 def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prompt, n_new, method, budget,
@@ -377,7 +394,7 @@ def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prom
     cap = 0 if method == "ar" else (L if chain else budget)       # tree nodes at most
     p = prompt.shape[0]
     log = RoundLog(method, p, n_new, stops, progress)
-    dr = rounds_for(target, drafter, method, K, cap, max_tokens, max(p, cap + 1), keep=can)
+    dr = rounds_for(target, drafter, method, K, cap, max_tokens, max(p, cap + 1), keep=reusable(drafter, method))
 
     timer.mark()
     dr.prefill(prompt, max_tokens, temperature, seed, graph, stream)

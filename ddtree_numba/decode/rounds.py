@@ -246,8 +246,13 @@ def _memory_bytes(backend: str) -> int | None:
 
 def _forward_bytes(cfg, rows: int, cache_rows: int) -> int:
     """float32 bytes of the largest buffers of one forward of ``rows`` tokens over ``cache_rows``
-    cache rows: logits, attention scores of every head, every layer's hidden state."""
-    return 4 * rows * (cfg.vocab_size + cfg.num_attention_heads * cache_rows + cfg.num_hidden_layers * cfg.hidden_size)
+    cache rows: logits, attention scores of every head and their per-chunk partial outputs (the
+    GPU's 128-key chunks, ``kernels.mla.KEY_CHUNK``), every layer's hidden state; the row counts
+    rounded up to powers of two, as the cuda backend allocates them."""
+    rows, cache_rows = 1 << (rows - 1).bit_length(), 1 << (cache_rows - 1).bit_length()
+    chunks = -(-cache_rows // 128)
+    heads = cfg.num_attention_heads * (cache_rows + chunks * (cfg.kv_lora_rank or 0))
+    return 4 * rows * (cfg.vocab_size + heads + cfg.num_hidden_layers * cfg.hidden_size)
 
 
 def check_generate_inputs(target, drafter, prompt_ids, max_new_tokens, method, budget, temperature, seed,
