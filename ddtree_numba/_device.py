@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import sys
 
@@ -131,6 +133,114 @@ def device_function(fn):
         # means the same there, as long as it does not use the ``cuda`` module itself (none does).
         return fn
     return cuda.jit(device=True, forceinline=True)(fn)
+
+
+# -- kernels cached on disk (DDTREE_CACHE=1) -------------------------------------------------------
+# numba's own cache=True keys a kernel on its bytecode and a pickle of its closure cells, under the
+# mtime of its own source file. Here most kernels come from factories (closures over tile sizes and
+# device functions), and a cell that reaches an @intrinsic (the tensor-core mma, kernels/_mma.py)
+# pickles with a per-process UUID: those kernels would compile again in every process. So the
+# package's cache keys a kernel on a fingerprint of its closure (constants by value, functions and
+# dispatchers by qualified name and, recursively, their own closures) and on one hash of every
+# source file of the package (a change to a device function in another module must not load a
+# stale kernel). One index file per kernel variant. Opt-in until measured on a GPU.
+CACHE = os.environ.get("DDTREE_CACHE") == "1" and not config.ENABLE_CUDASIM
+CACHE_DIR = os.environ.get("DDTREE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ddtree_numba")
+
+
+def closure_fingerprint(fn, _depth: int = 0) -> str:
+    """A string that names what ``fn``'s closure holds, the same in every process: numbers,
+    strings, None and numba / numpy types by value, tuples element by element, functions and
+    dispatchers by module and qualified name plus their own closures. Anything else falls back to
+    its repr (an address in it makes the key miss, never match wrongly)."""
+    import numpy as _np
+
+    def one(v, depth):
+        if v is None or isinstance(v, (bool, int, float, str, bytes, _np.generic, _np.dtype)):
+            return repr(v)
+        if isinstance(v, (tuple, list)):
+            return "(" + ",".join(one(x, depth) for x in v) + ")"
+        inner = getattr(v, "py_func", None) or getattr(v, "_defn", None) or v   # dispatcher, intrinsic
+        if callable(inner) and hasattr(inner, "__qualname__"):
+            name = f"{getattr(inner, '__module__', '?')}.{inner.__qualname__}"
+            if depth < 8 and getattr(inner, "__closure__", None):
+                name += "[" + closure_fingerprint(inner, depth + 1) + "]"
+            return name
+        return repr(v)                     # numba types (float32, ...) print their name
+
+    cells = getattr(fn, "__closure__", None) or ()
+    return ",".join(one(c.cell_contents, _depth) for c in cells)
+
+
+@functools.lru_cache(maxsize=None)
+def package_stamp() -> str:
+    """sha256 over every source file of the package, in path order: the cache's freshness."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in sorted(os.walk(root)):
+        dirnames.sort()
+        for name in sorted(filenames):
+            if name.endswith(".py"):
+                path = os.path.join(dirpath, name)
+                h.update(os.path.relpath(path, root).encode())
+                with open(path, "rb") as f:
+                    h.update(f.read())
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_classes():
+    """The numba-cuda cache subclasses (made on first use: numba-cuda internals, GPU only)."""
+    import numba_cuda
+    from numba.cuda.core.caching import _CacheLocator
+    from numba.cuda.dispatcher import CUDACache, CUDACacheImpl
+
+    class Locator(_CacheLocator):
+        def __init__(self, py_func, py_file):
+            self._variant = hashlib.sha256(closure_fingerprint(py_func).encode()).hexdigest()[:16]
+            self._lineno = py_func.__code__.co_firstlineno
+
+        def get_cache_path(self):
+            return CACHE_DIR
+
+        def get_source_stamp(self):
+            return package_stamp()
+
+        def get_disambiguator(self):       # one index file per variant of a factory's kernel
+            return f"{self._lineno}-{self._variant}"
+
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            return cls(py_func, py_file)
+
+    class Impl(CUDACacheImpl):
+        _locator_classes = [Locator]
+
+    class PackageCache(CUDACache):
+        _impl_class = Impl
+
+        def __init__(self, py_func, options):
+            self._options = repr(sorted(options.items()))
+            super().__init__(py_func)
+
+        def _index_key(self, sig, codegen):
+            code = hashlib.sha256(self._py_func.__code__.co_code).hexdigest()
+            closure = hashlib.sha256(closure_fingerprint(self._py_func).encode()).hexdigest()
+            key = (sig, codegen.magic_tuple(), numba_cuda.__version__, (code, closure, self._options))
+            if self._launch_config_key is not None:
+                key += (("launch_config", self._launch_config_key),)
+            return key
+
+    return PackageCache
+
+
+def cached(dispatcher):
+    """Decorate a ``cuda.jit`` kernel (written above ``@cuda.jit``): with ``DDTREE_CACHE=1`` on a
+    GPU its compiled code is saved under ``DDTREE_CACHE_DIR`` (default ``~/.cache/ddtree_numba``)
+    and loaded by later processes; otherwise the dispatcher as it is."""
+    if CACHE:
+        dispatcher._cache = _cache_classes()(dispatcher.py_func, dict(dispatcher.targetoptions))
+    return dispatcher
 
 
 # -- the fused multiply-add every reduction contract is written in --------------------------------

@@ -162,7 +162,33 @@ class _H200:
     compute_capability = (9, 0)
 
 
+class _Codegen:
+    """What the cache key reads of a code generator: the H200's (CUDA runtime, cc) stand-in."""
+
+    def magic_tuple(self):
+        return ((12, 0), (9, 0))
+
+
+def fingerprints():
+    """For every kernel variant: its on-disk cache key (``_device.cached``'s numba-cuda cache,
+    built here without a GPU), as one hash, and the cache file name it would use. Printed as
+    ``name index-file key-hash`` lines; run twice, the lines must agree (tests/test_kernel_registry.py)."""
+    import hashlib
+    import os
+    import tempfile
+    from ddtree_numba._device import _cache_classes
+    os.environ.setdefault("DDTREE_CACHE_DIR", tempfile.mkdtemp())
+    cache_class = _cache_classes()
+    for name, (mod, obj) in sorted(find_kernels().items()):
+        for fn, sig, bounds in variants(name, mod, obj):
+            cache = cache_class(fn, {"launch_bounds": bounds})
+            key = hashlib.sha256(repr(cache._index_key(sig, _Codegen())).encode()).hexdigest()[:16]
+            print(name, cache._impl.filename_base, key)
+
+
 def main():
+    if sys.argv[1:] == ["--fingerprints"]:
+        return fingerprints()
     # A kernel that calls a device function compiles it for the *current* device's compute
     # capability; there is none on a CPU-only machine, so name the H200's.
     numba_cuda_dispatcher.get_current_device = lambda: _H200()

@@ -69,3 +69,22 @@ def test_every_kernel_compiles_to_ptx_for_compute_capability_9_0():
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_kernel_has_an_on_disk_cache_key_that_is_the_same_in_every_process():
+    """``_device.cached`` (DDTREE_CACHE=1): each kernel variant's cache key, built with the real
+    numba-cuda cache classes (no GPU needed to build a key), is the same in two processes with
+    different hash seeds (numba's own key for the tensor-core GEMMs is not: an intrinsic pickles
+    with a per-process UUID) and differs between variants (a shared key would load the wrong
+    kernel)."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    script = Path(__file__).with_name("compile_ptx.py")
+    outs = []
+    for seed in ("1", "2"):
+        proc = subprocess.run([sys.executable, str(script), "--fingerprints"], env=dict(env, PYTHONHASHSEED=seed),
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        outs.append(proc.stdout.splitlines())
+    assert outs[0] == outs[1] and len(outs[0]) > 100
+    keys = [line.split()[2] for line in outs[0]]
+    assert len(set(keys)) == len(keys)

@@ -27,7 +27,7 @@ from numba import config as numba_config
 from numba import cuda
 
 from .. import kernels as kn
-from .._device import capture_graph, capture_graphs, ceil_div, destroy_graph, replay_graph
+from .._device import cached, capture_graph, capture_graphs, ceil_div, destroy_graph, replay_graph
 from ..model.protocols import DeviceDrafter, DeviceTarget
 from .rounds import STAGES, GenerationResult, RoundLog, round_seed
 
@@ -39,6 +39,7 @@ THREADS = 128
 # The round's state lives on the device, so one captured graph replays every round:
 # state [3] int32 = (cache rows before the round, round number, cache rows allowed).
 
+@cached
 @cuda.jit
 def _round_begin_kernel(state, cap, budget):
     """Start round state[1] + 1 and set its tree budget, min(cap, rows allowed - cache rows - 1):
@@ -48,6 +49,7 @@ def _round_begin_kernel(state, cap, budget):
         budget[0] = max(0, min(cap, state[2] - state[0] - 1))
 
 
+@cached
 @cuda.jit
 def _verify_inputs_kernel(bonus, tokens, depths, tree_parents, n_nodes, state, ids, positions,
                           parents, meta, report):
@@ -76,6 +78,7 @@ def _verify_inputs_kernel(bonus, tokens, depths, tree_parents, n_nodes, state, i
             parents[i] = i - 1
 
 
+@cached
 @cuda.jit
 def _nonfinite_kernel(x, n_rows, bit, report):
     """report[3] |= bit when a live row of x (rows < n_rows[0]) holds NaN or infinity: x is a
@@ -88,6 +91,7 @@ def _nonfinite_kernel(x, n_rows, bit, report):
             report[3] = report[3] | bit
 
 
+@cached
 @cuda.jit
 def _after_accept_kernel(keep, info, tokens, n_nodes, state, start_n, n_new, bonus, report):
     """After ``follow_tree``: start_n = (start, n) for the cache compaction, n_new = n context
@@ -110,6 +114,7 @@ def _after_accept_kernel(keep, info, tokens, n_nodes, state, start_n, n_new, bon
         report[3 + j] = tokens[keep[j] - 1]
 
 
+@cached
 @cuda.jit
 def _gather_features_kernel(hidden, layer_ids, keep, n_rows, features):
     """features[j, y*M + c] = hidden[layer_ids[y], keep[j], c] for j < n_rows[0]: the target's

@@ -13,7 +13,7 @@ from numba import cuda, float64, int32, uint64
 
 from .._checks import check_array, check_follow_inputs, check_sample_inputs
 from ..tree import Tree
-from .._device import check_threads, device_function, is_device, to_device
+from .._device import cached, check_threads, device_function, is_device, to_device
 from .tree_build import TreeBuffers
 
 THREADS = 256
@@ -29,6 +29,7 @@ def _splitmix64(x):
     return x ^ (x >> uint64(31))
 
 
+@cached
 @cuda.jit
 def _round_seed_kernel(seed, rounds, out):
     if cuda.grid(1) == 0:
@@ -50,6 +51,7 @@ def enqueue_round_seed(seed, rounds, out, *, stream=0) -> None:
 def _sample_post_kernel(threads):
     T = threads
 
+    @cached
     @cuda.jit
     def kernel(logits, temperature, seeds, post):
         row = cuda.blockIdx.x
@@ -120,6 +122,7 @@ def sample_post(logits, temperature, seed, *, out=None, seed_device=None, stream
 def _follow_tree_kernel(threads):
     T = threads
 
+    @cached
     @cuda.jit
     def kernel(parents, tokens, n_nodes, post, keep, info):
         t = cuda.threadIdx.x

@@ -22,13 +22,14 @@ import numpy as np
 from numba import cuda
 
 from .._checks import check_array, check_compact_inputs
-from .._device import ceil_div, is_device, to_device
+from .._device import cached, ceil_div, is_device, to_device
 
 THREADS = 128
 BLOCK_2D = (4, 64)
 METHODS = ("columns", "scratch")
 
 
+@cached
 @cuda.jit
 def _compact_rows_columns_kernel(rows, start_n, keep):
     c = cuda.grid(1)
@@ -40,6 +41,7 @@ def _compact_rows_columns_kernel(rows, start_n, keep):
                 rows[start + i, c] = rows[start + src, c]
 
 
+@cached
 @cuda.jit
 def _compact_rows_gather_kernel(rows, start_n, keep, scratch):
     i, c = cuda.grid(2)
@@ -47,6 +49,7 @@ def _compact_rows_gather_kernel(rows, start_n, keep, scratch):
         scratch[i, c] = rows[start_n[0] + keep[i], c]
 
 
+@cached
 @cuda.jit
 def _compact_rows_copy_back_kernel(rows, start_n, scratch):
     i, c = cuda.grid(2)
@@ -54,6 +57,7 @@ def _compact_rows_copy_back_kernel(rows, start_n, scratch):
         rows[start_n[0] + i, c] = scratch[i, c]
 
 
+@cached
 @cuda.jit
 def _compact_rows_naive_kernel(rows, start_n, keep):
     """UNSAFE, kept to demonstrate the hazard: one thread per (row, column), in place."""

@@ -18,7 +18,7 @@ import numpy as np
 from numba import config, cuda
 
 from .._checks import check_array
-from .._device import float32_out, is_device, launcher_result, rows_device, to_device
+from .._device import cached, float32_out, is_device, launcher_result, rows_device, to_device
 from ._widen import WIDEN, _weight_kind
 from .linear import linear
 
@@ -31,6 +31,7 @@ THREADS = 8 if config.ENABLE_CUDASIM else 256
 def _embedding_kernel(kind: str):
     widen = WIDEN[kind]
 
+    @cached
     @cuda.jit
     def kernel(ids, table, out, n_rows):
         r = cuda.blockIdx.x

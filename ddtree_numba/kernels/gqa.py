@@ -40,7 +40,7 @@ import numpy as np
 from numba import config, cuda, float32
 
 from .._checks import check_array
-from .._device import ceil_div, float32_out, fma, launcher_result, to_device
+from .._device import cached, ceil_div, float32_out, fma, launcher_result, to_device
 
 _SIM = bool(config.ENABLE_CUDASIM)
 THREADS = 8 if _SIM else 128          # combine kernel: threads per block
@@ -101,6 +101,7 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask):
     N_ACC, N_O = TM * TN, TM2 * TN2
     NEG = -math.inf
 
+    @cached
     @cuda.jit
     def kernel(q, k_ctx, v_ctx, k_blk, v_blk, mask, meta, scale, o_part, ml_part):
         s = meta[0]
@@ -251,6 +252,7 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask):
     return kernel
 
 
+@cached
 @cuda.jit
 def _gqa_combine_kernel(o_part, ml_part, meta, split, has_blk, out):
     """out[i, h*Dh + d] = (chain over splits c of o_c * exp(m_c - M)) / (chain of l_c * exp(m_c - M))

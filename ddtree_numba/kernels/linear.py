@@ -58,7 +58,7 @@ import numpy as np
 from numba import config, cuda, float32, int64, uint32, uint64
 
 from .._checks import check_array, check_precision
-from .._device import ceil_div, device_function, float32_out, fma, is_device, launcher_result, rows_device, to_device
+from .._device import cached, ceil_div, device_function, float32_out, fma, is_device, launcher_result, rows_device, to_device
 from ..dtypes import QUANTIZED, BlockScaled, fp8_block_supported
 from ._mma import mma_bf16, pack_bf16x2
 from ._widen import ELEM as STORED, KINDS, WIDEN, _weight_kind, bf16_to_f32, hi_f32, lo_f32
@@ -387,6 +387,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
             cuda.syncthreads()                # pbuf is rewritten next round
 
     # launch bounds: registers capped so that a block of 32*NW threads always fits an SM
+    @cached
     @(cuda.jit if _SIM else cuda.jit(launch_bounds=(32 * NW,)))
     def kernel(x, x_gs, w, w_up, sc, scu, out, o_gs, n_rows, offsets, row_index):
         tid = _nonneg(cuda.threadIdx.x)
@@ -625,6 +626,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
                         acc[q0 + 2 * S] = d[2]
                         acc[q0 + 3 * S] = d[3]
 
+    @cached
     @(cuda.jit if _SIM else cuda.jit(launch_bounds=(NT,)))
     def kernel(x, x_gs, w, w_up, sc, scu, out, o_gs, n_rows, offsets, row_index):
         tid = _nonneg(cuda.threadIdx.x)

@@ -48,7 +48,7 @@ import numpy as np
 from numba import config, cuda, float32, int32, uint32
 
 from .._checks import check_array, check_precision
-from .._device import (ceil_div, device_function, float32_out, fma,
+from .._device import (cached, ceil_div, device_function, float32_out, fma,
                        is_device, launcher_result, rows_device, to_device)
 from ..reference.mla import absorption_weights
 from ..dtypes import STORAGE_DTYPES
@@ -112,6 +112,7 @@ def _mla_scores_kernel(bm, bn, bk, tm, tn):
     NT = TX * TY
     BM1, BN1 = bm + 1, bn + 1   # padded shared rows (shapes must be constants to the compiler)
 
+    @cached
     @cuda.jit
     def kernel(q_lat, q_pe, c_kv, k_pe, meta, scale, scores):
         C, R = c_kv.shape[1], k_pe.shape[1]
@@ -219,6 +220,7 @@ def _mla_softmax_kernel(threads):
     T = threads
     K = KEY_CHUNK
 
+    @cached
     @cuda.jit
     def kernel(scores, vis_bits, meta, n_heads, m_part, bounds):
         k = cuda.blockIdx.x
@@ -274,6 +276,7 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
     NT = TX * TY
     BM1 = bm + 1   # padded shared rows (shapes must be constants to the compiler)
 
+    @cached
     @cuda.jit
     def kernel(p, c_kv, meta, n_heads, bounds, o_part, l_part):
         C = c_kv.shape[1]
@@ -357,6 +360,7 @@ def _mla_combine_kernel(threads):
     Grid: (ceil(C / threads), Tq*H) blocks of ``threads``."""
     T = threads
 
+    @cached
     @cuda.jit
     def kernel(o_part, l_part, m_part, meta, n_heads, out_lat):
         r = cuda.blockIdx.y

@@ -36,7 +36,7 @@ import numpy as np
 from numba import config, cuda, float32, int32, uint32
 
 from .._checks import check_array, check_int, check_precision
-from .._device import (ceil_div, device_function, float32_out, fma,
+from .._device import (cached, ceil_div, device_function, float32_out, fma,
                        is_device, launcher_result, rows_device, to_device)
 from ..dtypes import STORAGE_DTYPES
 from ._widen import KINDS
@@ -156,6 +156,7 @@ def _route_kernel(threads):
     """
     T = threads
 
+    @cached
     @cuda.jit
     def kernel(logits, bias, scoring, method, n_group, topk_group, top_k, norm, scale, n_rows,
                topk_ids, topk_weights):
@@ -276,6 +277,7 @@ def _sort_kernel(threads):
     """
     T = threads
 
+    @cached
     @cuda.jit
     def kernel(topk_ids, topk_weights, n_rows, bitmap, word_prefix, offsets, slot_token,
                slot_weight, token_slot):
@@ -348,6 +350,7 @@ def _combine_kernel(has_shared: bool, residual: bool):
     out[r, c] = out[r, c] + acc (``residual``) or acc.
     expert_out [R*K, M], slot_weight [R*K], token_slot [R, K], shared_out [R, M], out [R, M]."""
 
+    @cached
     @cuda.jit
     def kernel(expert_out, slot_weight, token_slot, shared_out, out, n_rows):
         c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x

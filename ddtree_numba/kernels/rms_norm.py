@@ -19,7 +19,7 @@ import numpy as np
 from numba import config, cuda, float32
 
 from .._checks import check_array
-from .._device import float32_out, fma, launcher_result, rows_device, to_device
+from .._device import cached, float32_out, fma, launcher_result, rows_device, to_device
 
 # Threads per block (a power of two: the tree halves it). 256 covers hidden 2048 in 8 loads a
 # thread; the simulator runs every thread as a Python thread and every barrier costs it
@@ -31,6 +31,7 @@ THREADS = 2 if config.ENABLE_CUDASIM else 256
 def _rms_norm_kernel(threads):
     T = threads
 
+    @cached
     @cuda.jit
     def kernel(x, weight, eps, out, n_rows, out_row0, use_row0):
         r = cuda.blockIdx.x

@@ -19,7 +19,7 @@ import numpy as np
 from numba import config, cuda, float32, float64
 
 from .._checks import check_array
-from .._device import ceil_div, device_function, float32_out, is_device, launcher_result, to_device
+from .._device import cached, ceil_div, device_function, float32_out, is_device, launcher_result, to_device
 
 # Threads per block. A row of queries holds H * R2 pairs (16 * 32 = 512 for DeepSeek-V3); the
 # simulator runs every thread as a Python thread, so it gets a small block.
@@ -50,6 +50,7 @@ def _rotate(src, sr, sc, dst, dr, dc, i, r2, interleave, c, s):
     dst[dr, dc + ib] = b * c + a * s
 
 
+@cached
 @cuda.jit
 def _rope_cos_sin_kernel(positions, inv_freq, attention_factor, cos, sin):
     j = cuda.grid(1)
@@ -62,6 +63,7 @@ def _rope_cos_sin_kernel(positions, inv_freq, attention_factor, cos, sin):
         sin[t, i] = s
 
 
+@cached
 @cuda.jit
 def _rope_table_kernel(x, cos, sin, interleave, out):
     """x, out [T, G * Rd] (G rope vectors a row), cos / sin [T, R2]; one block per row."""
@@ -75,6 +77,7 @@ def _rope_table_kernel(x, cos, sin, interleave, out):
         _rotate(x, r, g * rdim, out, r, g * rdim, i, r2, interleave, cos[r, i], sin[r, i])
 
 
+@cached
 @cuda.jit
 def _rope_kernel(src, src_col0, src_gs, dst, dst_col0, dst_gs, groups, rdim, positions, inv_freq,
                  attention_factor, interleave, n_rows, dst_row0, use_row0):

@@ -35,7 +35,7 @@ import numpy as np
 from numba import config, cuda, float32, float64, int32, int64, uint32, uint64
 
 from .._checks import check_array, check_int, check_logits_values
-from .._device import LINEINFO, check_threads, device_function, is_device, to_device
+from .._device import LINEINFO, cached, check_threads, device_function, is_device, to_device
 from ._warp import claim, hist_add
 
 MAX_K = 1024       # shared-memory sort buffer; the tree build takes budgets up to 1024 too
@@ -188,6 +188,7 @@ def _topk_partial_kernel(threads, keep=0):
     clear, pick_digit, sort_desc = _block_helpers(T)
 
     # launch bounds: registers capped so that a block of T threads always fits an SM
+    @cached
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
     def kernel(logits, bits, k, part_m, part_s, cand, cnt):
         b_ = cuda.blockIdx.x
@@ -333,6 +334,7 @@ def _topk_merge_kernel(threads):
     clear, pick_digit, sort_desc = _block_helpers(T)
 
     # launch bounds: registers capped so that a block of T threads always fits an SM
+    @cached
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
     def kernel(logits, k, part_m, part_s, cand, cnt, lp_out, ids_out):
         row = cuda.blockIdx.x

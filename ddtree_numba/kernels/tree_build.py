@@ -26,7 +26,7 @@ from numba import config, cuda, float32, float64, int16, int32, int64, uint64
 
 from .._checks import check_array, check_batch_build_inputs, check_build_inputs
 from ..tree import Tree
-from .._device import LINEINFO, check_threads, device_function, is_device, to_device
+from .._device import LINEINFO, cached, check_threads, device_function, is_device, to_device
 from ._warp import FULL as FULL_MASK, WARP_OPS, claim, hist_add, warp_inclusive_scan, warp_min_u64, warp_sum
 
 MAX_BUDGET = 1024
@@ -89,6 +89,7 @@ def _build_tree_kernel(threads):
     WARPS = max(T // 32, 1)
     shuffles = WARP_OPS and T >= 32          # the simulator has none: a shared-memory tree
 
+    @cached
     @cuda.jit
     def kernel(lp_all, ids_all, budget, n_budget, tokens_all, depths_all, parents_all, ranks_all, scores_all,
                n_nodes):
@@ -752,6 +753,7 @@ def _build_tree_levels_kernel(threads):
             shift = max(shift - 8, 0)
 
     # launch bounds: registers capped so that a block of T (up to 1024) threads fits an SM
+    @cached
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
     def kernel(lp, ids, budget, n_budget, tokens, depths, parents, ranks, scores, n_nodes,
                lv_score, lv_parent, lv_rank, lv_start, lv_keep, lv_csum, lv_pre, lv_node, cand, flags):

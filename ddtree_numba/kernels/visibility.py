@@ -13,11 +13,12 @@ import numpy as np
 from numba import cuda, uint32
 
 from .._checks import check_array, check_parents_values
-from .._device import ceil_div, is_device, to_device
+from .._device import cached, ceil_div, is_device, to_device
 
 BLOCK = (16, 16)
 
 
+@cached
 @cuda.jit
 def _visibility_kernel(parents, vis):
     i, j = cuda.grid(2)
@@ -29,6 +30,7 @@ def _visibility_kernel(parents, vis):
         vis[i, j] = a == j
 
 
+@cached
 @cuda.jit
 def _visibility_bits_kernel(parents, bits):
     i, w = cuda.grid(2)

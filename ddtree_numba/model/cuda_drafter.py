@@ -31,7 +31,7 @@ from numba import cuda
 
 from .. import kernels as kn
 from .._checks import check_array, check_int
-from .._device import capture_graph, is_device, replay_graph
+from .._device import cached, capture_graph, is_device, replay_graph
 from ..dtypes import check_weight_dtype, to_storage
 from .drafter import DrafterConfig, NumpyDrafter
 from .target import check_finite_output
@@ -41,6 +41,7 @@ META_THREADS = 8 if numba_config.ENABLE_CUDASIM else 128    # the draft-meta ker
 
 # -- glue: the sizes of one draft, from device values ----------------------------------------
 
+@cached
 @cuda.jit
 def _draft_meta_kernel(status, n_in, bonus, capacity, n_cap, n_q_heads, n_kv_heads, mask_id,
                        write_block, ids, pos_ctx, pos_blk, meta):
