@@ -82,3 +82,21 @@ def test_bad_keep_is_refused(fn):
         fn(rows, 11, np.array([0], np.int32))
     with pytest.raises(ValueError, match="int32"):
         fn(rows, 0, np.array([0, 1], np.int64))
+
+
+@pytest.mark.kernels
+def test_a_stack_of_layers_compacts_in_one_launch_as_each_layer_alone(rng):
+    """The device tier's [layers, S, W] form (a cache's every layer, one launch): each layer as
+    the twin compacts it; rows past start + n and the prefix untouched."""
+    from numba import cuda
+    rows = rng.standard_normal((3, 30, 9)).astype(np.float32)
+    keep = np.array([0, 2, 3, 7, 11], np.int32)
+    d_rows = cuda.to_device(rows)
+    kn.enqueue_compact_rows(d_rows, cuda.to_device(np.array([5, len(keep)], np.int32)), cuda.to_device(keep),
+                            n_max=len(keep))
+    want = rows.copy()
+    for layer in want:
+        ref.compact_rows(layer, 5, keep)
+    np.testing.assert_array_equal(d_rows.copy_to_host(), want)
+    with pytest.raises(ValueError, match="scratch scheme"):
+        kn.enqueue_compact_rows(d_rows, None, None, n_max=1, method="scratch")

@@ -8,7 +8,8 @@ safe schemes:
 
 - ``columns``: one thread per column walks the rows in increasing i. Row ``start+keep[i]``
   is read at step i, and the only writes before it went to rows ``start+i' < start+i <=
-  start+keep[i]``, so nothing it reads was overwritten. One launch, no scratch.
+  start+keep[i]``, so nothing it reads was overwritten. One launch, no scratch; a stack of
+  layers [layers, S, W] (a cache) in the same launch, a block row per layer.
 - ``scratch``: gather every kept row into a scratch buffer, then copy back (two launches:
   the launch boundary is the grid-wide barrier the in-place gather lacks).
 
@@ -32,13 +33,16 @@ METHODS = ("columns", "scratch")
 @cached
 @cuda.jit
 def _compact_rows_columns_kernel(rows, start_n, keep):
+    """rows [layers, S, W]: one thread per (column, layer) (grid y = layer), so a cache's every
+    layer compacts in one launch."""
     c = cuda.grid(1)
-    if c < rows.shape[1]:
+    layer = cuda.blockIdx.y
+    if c < rows.shape[2]:
         start = start_n[0]
         for i in range(1, start_n[1]):  # increasing i: every read precedes the writes that reach it
             src = keep[i]
             if src != i:
-                rows[start + i, c] = rows[start + src, c]
+                rows[layer, start + i, c] = rows[layer, start + src, c]
 
 
 @cached
@@ -72,13 +76,18 @@ def enqueue_compact_rows(rows, start_n, keep, *, n_max, method="columns", scratc
     """rows[start + i] = rows[start + keep[i]] for i < n, (start, n) = start_n[0:2], on the device;
     twin: ``reference.compact.compact_rows``.
 
-    rows [S, W], start_n [2] int32 device, keep [>= n] int32 device; ``n_max`` bounds n (it sizes
-    the grid of the scratch scheme, whose ``scratch`` is [>= n_max, W] of rows' dtype).
+    rows [S, W] contiguous, or (``columns`` only) [layers, S, W]: every layer's rows move alike,
+    in one launch (a cache's layers). start_n [2] int32 device, keep [>= n] int32 device; ``n_max``
+    bounds n (it sizes the grid of the scratch scheme, whose ``scratch`` is [>= n_max, W] of rows'
+    dtype).
     """
-    W = rows.shape[1]
+    W = rows.shape[rows.ndim - 1]          # (the simulator's shapes take no negative index)
     if method == "columns":
-        _compact_rows_columns_kernel[ceil_div(W, THREADS), THREADS, stream](rows, start_n, keep)
+        stack = rows if rows.ndim == 3 else rows.reshape((1,) + tuple(rows.shape))
+        _compact_rows_columns_kernel[(ceil_div(W, THREADS), stack.shape[0]), THREADS, stream](stack, start_n, keep)
     elif method == "scratch":
+        if rows.ndim != 2:
+            raise ValueError(f"the scratch scheme compacts one [S, W] array, got {rows.ndim} dimensions")
         grid = (ceil_div(n_max, BLOCK_2D[0]), ceil_div(W, BLOCK_2D[1]))
         _compact_rows_gather_kernel[grid, BLOCK_2D, stream](rows, start_n, keep, scratch)
         _compact_rows_copy_back_kernel[grid, BLOCK_2D, stream](rows, start_n, scratch)
