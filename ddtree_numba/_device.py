@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import sys
+import warnings
 
 import numpy as np
 from numba import config, cuda
@@ -135,7 +137,7 @@ def device_function(fn):
     return cuda.jit(device=True, forceinline=True)(fn)
 
 
-# -- kernels cached on disk (DDTREE_CACHE=1) -------------------------------------------------------
+# -- kernels cached on disk (on by default; DDTREE_CACHE=0 turns it off) -----------------------------
 # numba's own cache=True keys a kernel on its bytecode and a pickle of its closure cells, under the
 # mtime of its own source file. Here most kernels come from factories (closures over tile sizes and
 # device functions), and a cell that reaches an @intrinsic (the tensor-core mma, kernels/_mma.py)
@@ -143,9 +145,41 @@ def device_function(fn):
 # package's cache keys a kernel on a fingerprint of its closure (constants by value, functions and
 # dispatchers by qualified name and, recursively, their own closures) and on one hash of every
 # source file of the package (a change to a device function in another module must not load a
-# stale kernel). One index file per kernel variant. Opt-in until measured on a GPU.
-CACHE = os.environ.get("DDTREE_CACHE") == "1" and not config.ENABLE_CUDASIM
+# stale kernel). One index file per kernel variant. Measured on the H200 (docs/PERFORMANCE.md): a
+# second process reaches the demo's first token in 2.2 s instead of 35.6 s.
+CACHE = os.environ.get("DDTREE_CACHE", "1") != "0" and not config.ENABLE_CUDASIM
 CACHE_DIR = os.environ.get("DDTREE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ddtree_numba")
+_compile_bars: list = []        # the open ``compile_progress`` contexts' state, innermost last
+_unwritable_warned: list = []
+
+
+@contextlib.contextmanager
+def compile_progress(desc: str = "compiling GPU kernels"):
+    """While open, each kernel that is compiled (not loaded from the on-disk cache) ticks a tqdm
+    bar, made at the first one, so a warm-up that compiles shows it and one that loads shows
+    nothing. Nested contexts share the outer bar."""
+    if _compile_bars:
+        yield
+        return
+    state = {"desc": desc, "bar": None}
+    _compile_bars.append(state)
+    try:
+        yield
+    finally:
+        _compile_bars.pop()
+        if state["bar"] is not None:
+            state["bar"].close()
+
+
+def _compile_tick(name: str) -> None:
+    if not _compile_bars:
+        return
+    state = _compile_bars[0]
+    if state["bar"] is None:
+        from tqdm.auto import tqdm
+        state["bar"] = tqdm(desc=state["desc"], unit="kernel", leave=False)
+    state["bar"].set_postfix_str(name, refresh=False)
+    state["bar"].update(1)
 
 
 def closure_fingerprint(fn, _depth: int = 0) -> str:
@@ -231,13 +265,29 @@ def _cache_classes():
                 key += (("launch_config", self._launch_config_key),)
             return key
 
+        def load_overload(self, sig, target_context):
+            data = super().load_overload(sig, target_context)
+            if data is None:                   # the dispatcher compiles it now
+                _compile_tick(self._py_func.__qualname__.split(".<locals>")[0])
+            return data
+
+        def save_overload(self, sig, data):
+            try:
+                super().save_overload(sig, data)
+            except OSError as exc:             # an unwritable cache: compile every time, say so once
+                if not _unwritable_warned:
+                    _unwritable_warned.append(True)
+                    warnings.warn(f"ddtree_numba: cannot write the kernel cache {CACHE_DIR} ({exc}); "
+                                  "kernels will compile in every process (set DDTREE_CACHE_DIR, or "
+                                  "DDTREE_CACHE=0 to silence this)", RuntimeWarning, stacklevel=2)
+
     return PackageCache
 
 
 def cached(dispatcher):
-    """Decorate a ``cuda.jit`` kernel (written above ``@cuda.jit``): with ``DDTREE_CACHE=1`` on a
-    GPU its compiled code is saved under ``DDTREE_CACHE_DIR`` (default ``~/.cache/ddtree_numba``)
-    and loaded by later processes; otherwise the dispatcher as it is."""
+    """Decorate a ``cuda.jit`` kernel (written above ``@cuda.jit``): on a GPU its compiled code is
+    saved under ``DDTREE_CACHE_DIR`` (default ``~/.cache/ddtree_numba``) and loaded by later
+    processes; with ``DDTREE_CACHE=0``, or in the simulator, the dispatcher as it is."""
     if CACHE:
         dispatcher._cache = _cache_classes()(dispatcher.py_func, dict(dispatcher.targetoptions))
     return dispatcher

@@ -177,10 +177,13 @@ class MethodTotals:
 
 def warm_up(target, drafter, ids, budget: int) -> float:
     """Decode a few tokens with every method the demo times, so kernel compilation stays out of
-    the timed runs (it matters on cuda); returns the seconds it took."""
+    the timed runs (it matters on cuda; a bar counts the kernels that compile, if any are not in
+    the on-disk cache yet); returns the seconds it took."""
+    from ._device import compile_progress
     t0 = time.perf_counter()
-    generate(target, drafter, np.asarray(ids, np.int32), 8, method="ddtree", budget=budget)
-    generate(target, None, np.asarray(ids, np.int32), 8, method="ar")
+    with compile_progress("compiling GPU kernels (once: they are cached on disk)"):
+        generate(target, drafter, np.asarray(ids, np.int32), 8, method="ddtree", budget=budget)
+        generate(target, None, np.asarray(ids, np.int32), 8, method="ar")
     return time.perf_counter() - t0
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from ..model.protocols import Drafter, Target
 from .host import generate_host
@@ -44,13 +44,22 @@ def generate(target: Target, drafter: Drafter | None, prompt_ids, max_new_tokens
     """
     a = check_generate_inputs(target, drafter, prompt_ids, max_new_tokens, method, budget, temperature, seed,
                               max_tokens, stop_token_ids, allow_long_context)
-    with _progress_hook(progress, a.n_new, method) as hook:
+    with _progress_hook(progress, a.n_new, method) as hook, _compiling(progress):
         kw = dict(prompt=a.prompt, n_new=a.n_new, method=method, budget=a.budget, temperature=a.temperature,
                   seed=a.seed, stops=a.stops, max_tokens=a.max_tokens, progress=hook)
         if a.n_new > 0 and not trace and device_loop_applies(target, drafter, method):
             from .device import generate_device          # numba.cuda only where a device loop runs
             return generate_device(target, drafter, graph=graph, **kw)
         return generate_host(target, drafter, trace=trace, **kw)
+
+
+def _compiling(progress):
+    """With a progress bar asked for, a second bar while GPU kernels compile (only kernels not
+    yet in the on-disk cache compile: ``_device.compile_progress``)."""
+    if progress is None or progress is False:
+        return nullcontext()
+    from .._device import compile_progress
+    return compile_progress()
 
 
 @contextmanager

@@ -53,11 +53,14 @@ _Tiles = namedtuple("_Tiles", "RM KT TM TN NT TX2 SPLIT")
 
 
 def _gpu_tiles(dh: int) -> _Tiles:
-    """H200 tiles: 128 threads, 32 rows x 32 keys (16 x 16 past Dh 128, to stay under 48 KiB:
-    Q [Dh, RM] and K / V [Dh, KT] staged), splits of 32 keys: a block's tiles run one after
-    another (each a chain of barriers), so short splits are what spread a drafter's few hundred
-    context keys over the SMs (at 128-key splits, the demo drafter's attention took ~65 µs a
-    layer on 24 blocks)."""
+    """H200 tiles: splits of 32 keys in tiles of 32 (a block's tiles run one after another, each
+    a chain of barriers, so short splits are what spread a drafter's few hundred context keys over
+    the SMs: at 128-key splits the demo drafter's attention took ~65 µs a layer on 24 blocks).
+    Up to Dh 64, 256 threads on 16 rows, a thread 1 x 2 scores (tools/tune_tiles.py on the H200:
+    the demo drafter's attention 21.1 -> 15.3 µs a layer); to Dh 128, 128 threads on 32 rows x 32
+    keys; past it 16 x 16, to stay under 48 KiB (Q [Dh, RM] and K / V [Dh, KT] staged)."""
+    if dh <= 64:
+        return _Tiles(16, 32, 1, 2, 256, 32, 32)
     if dh <= 128:
         return _Tiles(32, 32, 2, 4, 128, 32, 32)
     return _Tiles(16, 16, 1, 2, 128, 32, 32)
@@ -305,7 +308,7 @@ class GQAScratch:
 # -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
 
 def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=None, v_blk=None, mask=None,
-                          stream=0):
+                          tiles=None, stream=0):
     """out[i, h*Dh:(h+1)*Dh] = softmax_j(scale * q[i, h] . key_j) @ value_j for i < t, over the
     keys j: context rows [0, s) of k_ctx / v_ctx, then block rows [0, t) of k_blk / v_blk
     (none when k_blk is None); group h // (Hq / Hkv). Rows i >= t of out are not written.
@@ -315,6 +318,8 @@ def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=N
     None, meta [>= 2] int32 device = (s, t), scale float, out [Tq, Hq*Dh] f32, scratch a
     ``GQAScratch`` for >= Tq rows and >= S_cap + Tq keys (S_cap without block keys), mask
     [>= t, >= s (+ t)] bool device or None (all keys seen). The grid is sized for Tq, S_cap.
+    ``tiles`` overrides ``_tiles`` (tools/tune_tiles.py); its KT and SPLIT must be ``_tiles``'s,
+    which fix the bits and the scratch's splits.
     """
     tq = q.shape[0]
     dh = scratch.o.shape[2]
@@ -322,6 +327,10 @@ def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=N
     g = hq // hkv
     has_blk = k_blk is not None
     cfg = _tiles(dh)
+    if tiles is not None:
+        if (tiles.KT, tiles.SPLIT) != (cfg.KT, cfg.SPLIT):
+            raise ValueError(f"tiles {tiles}: KT and SPLIT fix the bits and must stay {cfg.KT} and {cfg.SPLIT}")
+        cfg = tiles
     max_keys = k_ctx.shape[0] + (tq if has_blk else 0)
     if tq == 0 or max_keys == 0:
         return

@@ -727,19 +727,34 @@ def _choose_staged(max_rows, n_cols, swiglu, n_groups):
     return tile if max_rows >= _STAGED_ROWS and blocks >= _STAGED_BLOCKS else None
 
 
+_SMALL_WEIGHTS = 1 << 20      # a launch over at most this many weights (per group) is latency-bound
+_SMALL_ROWS = 32
+
+
 @functools.lru_cache(maxsize=None)
 def _choose(max_rows, n_cols, n_k, swiglu, n_groups, kind="bf16"):
     """The tile for a launch of ``n_groups`` live groups holding at most ``max_rows`` rows of
     ``n_cols`` outputs over ``n_k`` inputs: row tiles as tall as the rows need (up to 32), two m
     tiles a warp (one for sparse expert groups of few rows), then as many warps splitting the
     chunks as it takes to put about ``_WARPS_WANTED`` warps to work (no more than the chunks, and
-    shared memory allows). Measured on the H200 (benchmarks/gemm.py --sweep)."""
-    rt = 1 if max_rows <= 8 else 2 if max_rows <= 16 else 4
-    mt = 1 if n_groups > 1 and max_rows <= 8 else 2    # two m tiles: each activation load feeds two mma
+    shared memory allows). Measured on the H200 (benchmarks/gemm.py --sweep).
+
+    A small launch (at most ``_SMALL_ROWS`` rows over at most ``_SMALL_WEIGHTS`` weights a group,
+    as in the demo pair) is latency-bound, not bandwidth-bound: there one m tile and one row tile
+    a warp and up to four warps splitting the chunks, so that many short warps run side by side
+    (tools/tune_tiles.py on the H200: 17 rows, K 256 -> N 768, 5.4 -> 3.9 µs; K 768 -> N 256,
+    8.6 -> 7.2 µs; one row, 3.9 -> 3.4 µs)."""
+    small = max_rows <= _SMALL_ROWS and n_cols * n_k <= _SMALL_WEIGHTS and not _SIM
+    if small:
+        rt, mt, nw_max = 1, 1, 4
+    else:
+        rt = 1 if max_rows <= 8 else 2 if max_rows <= 16 else 4
+        mt = 1 if n_groups > 1 and max_rows <= 8 else 2    # two m tiles: each activation load feeds two mma
+        nw_max = _NW_MAX
     chunks = max(1, ceil_div(n_k, KC))
     blocks = ceil_div(n_cols, 16 * mt) * ceil_div(max_rows, 8 * rt) * n_groups
     nw = 1
-    while (nw * 2 <= min(_NW_MAX, chunks) and blocks * nw * 2 <= _WARPS_WANTED
+    while (nw * 2 <= min(nw_max, chunks) and (small or blocks * nw * 2 <= _WARPS_WANTED)
            and _smem(_Tile(mt, rt, nw * 2), swiglu, kind) <= _SMEM_MAX):
         nw *= 2
     return _Tile(mt, rt, nw)

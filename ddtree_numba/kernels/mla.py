@@ -66,14 +66,23 @@ KEY_CHUNK = 4 if config.ENABLE_CUDASIM else 128
 
 # (bm, bn, bk, tm, tn): block tile rows x columns, reduction step, thread tile rows x columns.
 # Rows are query rows (i, h); columns are keys (scores) or latent channels (p @ c_kv).
-# The H200 picks by the launch's maximum row count Tq * H (``_tiles``): decode spreads a
-# handful of rows over many small blocks, verify tiles 8 x 8 per thread so the shared-memory
-# loads stay at a quarter of the FMAs. Design values, to be tuned on the H200.
+# The H200 picks by the launch's maximum row count Tq * H and the latent width C (``_tiles``):
+# decode spreads a handful of rows over many small blocks; a wide latent (DeepSeek's 512) tiles
+# 8 x 8 per thread so the shared-memory loads stay at a quarter of the FMAs; a narrow one (the
+# demo pair's 64) is latency-bound, and one output a thread over 16 x 16 blocks is fastest
+# (tools/tune_tiles.py on the H200: the demo's verify attention 48.6 -> 33.4 µs a layer at 17
+# rows, 68 -> 48 µs at 65).
 _GPU_TILES = (
     (64, ((16, 16, 32, 1, 1), (16, 8, 32, 1, 1))),        # Tq*H <= 64: decode
     (512, ((32, 64, 16, 2, 4), (32, 64, 16, 2, 4))),      # <= 512
     (2048, ((64, 64, 16, 4, 4), (64, 64, 16, 4, 4))),     # <= 2048
     (None, ((128, 128, 16, 8, 8), (128, 128, 16, 8, 8))),  # larger verify / prefill
+)
+_NARROW_LATENT = 128          # C up to this: the narrow tiles below
+_GPU_TILES_NARROW = (
+    (64, ((16, 16, 32, 1, 1), (16, 16, 16, 1, 1))),
+    (512, ((16, 32, 16, 1, 2), (16, 16, 16, 1, 1))),
+    (None, ((16, 64, 16, 1, 4), (16, 16, 16, 1, 1))),
 )
 # Under the simulator every thread is a Python thread and every block costs tens of ms: few
 # small blocks, ragged tiles (bk = 3 and 5 cross the C boundary and end off their multiples).
@@ -86,9 +95,11 @@ _SIM_TILES = (
 )
 
 
-def _tiles(max_rows: int):
-    """(scores tiles, pv tiles) for a launch of at most ``max_rows`` = Tq * H query rows."""
-    for bound, tiles in (_SIM_TILES if config.ENABLE_CUDASIM else _GPU_TILES):
+def _tiles(max_rows: int, latent: int = 512):
+    """(scores tiles, pv tiles) for a launch of at most ``max_rows`` = Tq * H query rows over a
+    latent of ``latent`` channels."""
+    table = _GPU_TILES_NARROW if latent <= _NARROW_LATENT else _GPU_TILES
+    for bound, tiles in (_SIM_TILES if config.ENABLE_CUDASIM else table):
         if bound is None or max_rows <= bound:
             return tiles
 
@@ -423,7 +434,7 @@ def enqueue_mla_attention(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, s
     H = q_lat.shape[1] // C
     s_cap = c_kv.shape[0]
     scores = scratch.scores
-    st, pt = tiles if tiles is not None else _tiles(tq * H)
+    st, pt = tiles if tiles is not None else _tiles(tq * H, C)
     scale = np.float32(scale)
 
     bm, bn, bk, tm, tn = st

@@ -1,0 +1,140 @@
+"""Time the attention kernels and the GEMMs of a demo-pair round under candidate tiles, on a GPU.
+
+Usage (a GPU machine): python tools/tune_tiles.py [--repeat 20]
+
+Tiles never change the bits (MLA: its tile shapes; GQA: every field but KT and SPLIT; GEMMs:
+``_Tile``), so they are free to tune. Each candidate is launched ``--repeat`` times inside one
+captured CUDA graph, replayed a few times; the table gives the mean µs a launch (the launch gap
+inside a graph included) at the demo pair's shapes: MLA over 330 cached keys for 1 and 17 new rows
+(8 heads, latent 64, rope 16), the drafter's GQA over 330 context keys + 16 block rows (8 query
+heads, 4 kv heads, head dim 32), and the target's and drafter's projections at 1, 16 and 17 rows.
+The tables in kernels/mla.py, kernels/gqa.py and kernels/linear.py hold the winners.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+
+def timed(enqueue, repeat):
+    """Mean µs of one ``enqueue(stream)`` inside a graph of ``repeat`` of them."""
+    from numba import cuda
+    from ddtree_numba._device import capture_graph, replay_graph
+    exe = capture_graph(lambda s: [enqueue(s) for _ in range(repeat)])
+    stream = cuda.stream()
+    replay_graph(exe, stream)
+    best = np.inf
+    for _ in range(5):
+        a, b = cuda.event(), cuda.event()
+        a.record(stream)
+        replay_graph(exe, stream)
+        b.record(stream)
+        b.synchronize()
+        best = min(best, cuda.event_elapsed_time(a, b) * 1000 / repeat)
+    return best
+
+
+def report(name, results):
+    base = results[0][1]
+    for tiles, us in sorted(results, key=lambda r: r[1]):
+        mark = "  (current)" if tiles == results[0][0] else ""
+        print(f"  {name:10s} {str(tiles):44s} {us:7.2f} µs  x{base / us:4.2f}{mark}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--keys", type=int, default=330, help="cached / context keys (the demo's ~330)")
+    ap.add_argument("--quick", action="store_true", help="two candidates a kernel, one shape (a smoke run)")
+    args = ap.parse_args()
+    cut = (lambda xs: xs[:2]) if args.quick else (lambda xs: xs)
+    from numba import cuda
+    import importlib
+    gqa, linear, mla = (importlib.import_module(f"ddtree_numba.kernels.{m}") for m in ("gqa", "linear", "mla"))
+    rng = np.random.default_rng(0)
+    dev = lambda a: cuda.to_device(np.ascontiguousarray(a))
+    R = args.repeat
+
+    # -- MLA: H = 8, C = 64, R = 16, 330 cached keys (--keys), a 512-row cache
+    H, C, RD, S0 = 8, 64, 16, args.keys
+    CAP = 1 << (S0 + 80).bit_length()
+    c_kv, k_pe = dev(rng.standard_normal((CAP, C), np.float32)), dev(rng.standard_normal((CAP, RD), np.float32))
+    mla_cands = [(32, 64, 16, 2, 4), (16, 32, 16, 1, 2), (16, 16, 16, 1, 1), (8, 32, 16, 1, 1), (8, 64, 16, 1, 2),
+                 (16, 64, 16, 1, 4), (32, 32, 16, 2, 2), (16, 32, 8, 1, 2), (8, 16, 16, 1, 1), (4, 64, 16, 1, 2),
+                 (16, 16, 32, 1, 1), (16, 8, 32, 1, 1)]
+    for t, tq in cut(((17, 32), (1, 1), (65, 80))):
+        q_lat = dev(rng.standard_normal((tq, H * C), np.float32))
+        q_pe = dev(rng.standard_normal((tq, H * RD), np.float32))
+        out = cuda.device_array((tq, H * C), np.float32)
+        meta = dev(np.array([S0, t], np.int32))
+        parents = np.arange(-1, t - 1, dtype=np.int32)
+        bits = np.zeros((tq, max(1, -(-tq // 32))), np.uint32)
+        for i in range(t):
+            j = i
+            while j >= 0:
+                bits[i, j // 32] |= np.uint32(1 << (j % 32))
+                j = parents[j]
+        vis = dev(bits)
+        scratch = mla.MLAScratch(tq, H, CAP, C)
+        st0, pt0 = mla._tiles(tq * H, C)
+        print(f"MLA, {t} new rows (buffer {tq}), {S0} cached keys:")
+        for which in ("scores", "pv"):
+            res = []
+            for cand in cut([st0 if which == "scores" else pt0] + mla_cands):
+                tiles = (cand, pt0) if which == "scores" else (st0, cand)
+                try:
+                    us = timed(lambda s: mla.enqueue_mla_attention(q_lat, q_pe, c_kv, k_pe, out, vis_bits=vis, meta=meta,
+                                                                   scale=0.1, scratch=scratch, tiles=tiles, stream=s), R)
+                    res.append((cand, us))
+                except Exception as exc:        # a candidate too big for this launch
+                    print(f"  {which} {cand}: {type(exc).__name__}: {str(exc)[:80]}")
+            report(which, res)
+
+    # -- GQA: Hq = 8, Hkv = 4, Dh = 32, 330 context keys + 16 block rows
+    Hq, Hkv, DH, S, T = 8, 4, 32, S0, 16
+    q = dev(rng.standard_normal((T, Hq * DH), np.float32))
+    k_ctx, v_ctx = (dev(rng.standard_normal((CAP, Hkv * DH), np.float32)) for _ in range(2))
+    k_blk, v_blk = (dev(rng.standard_normal((T, Hkv * DH), np.float32)) for _ in range(2))
+    out = cuda.device_array((T, Hq * DH), np.float32)
+    meta = dev(np.array([S, T], np.int32))
+    scratch = gqa.GQAScratch(T, Hq, DH, CAP + T)
+    T0 = gqa._tiles(DH)
+    KT, SP = T0.KT, T0.SPLIT
+    cands = [T0] + [gqa._Tiles(*c, SP) for c in (
+        (16, KT, 1, 4, 128, 32), (8, KT, 1, 2, 128, 32), (8, KT, 1, 4, 64, 32), (16, KT, 2, 2, 128, 32),
+        (4, KT, 1, 1, 128, 32), (16, KT, 1, 2, 256, 32), (8, KT, 1, 1, 256, 32), (4, KT, 1, 2, 64, 32))]
+    print(f"GQA, {T} queries, {S} context keys + {T} block keys:")
+    res = []
+    for cand in cut(cands):
+        try:
+            us = timed(lambda s: gqa.enqueue_gqa_attention(q, k_ctx, v_ctx, out, meta=meta, scale=0.1, scratch=scratch,
+                                                           k_blk=k_blk, v_blk=v_blk, tiles=cand, stream=s), R)
+            res.append((tuple(cand[:6]), us))
+        except Exception as exc:
+            print(f"  {cand}: {type(exc).__name__}: {str(exc)[:80]}")
+    report("gqa", res)
+
+    # -- GEMMs (bf16 weights): the demo's K x N at 1, 16 and 17 rows
+    Tl = linear._Tile
+    for rows in cut((17, 1)):
+        n_rows = dev(np.array([rows], np.int32))
+        for k, n in cut(((256, 768), (256, 128), (768, 256), (256, 264))):
+            x = dev(rng.standard_normal((32, k), np.float32))
+            w = dev((rng.standard_normal((n, k), np.float32).view(np.uint32) >> 16).astype(np.uint16))
+            out = cuda.device_array((32, n), np.float32)
+            chosen = linear._choose(rows, n, k, False, 1)
+            res = []
+            for cand in cut([chosen] + [Tl(mt, rt, nw) for mt in (1, 2) for rt in (1, 2, 4) for nw in (1, 2, 4)
+                                        if 8 * rt < 2 * max(rows, 8) and nw <= max(1, k // 64)]):
+                if res and cand == chosen:
+                    continue
+                us = timed(lambda s: linear.enqueue_linear(x, w, out, n_rows, precision="bf16", tile=cand, stream=s), R)
+                res.append((tuple(cand), us))
+            print(f"GEMM {rows} rows, K {k} -> N {n}:")
+            report("linear", res)
+
+
+if __name__ == "__main__":
+    main()
