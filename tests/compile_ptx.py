@@ -66,7 +66,8 @@ SIGNATURES = {
         f"{I32_1}, {I32_1}, {I32_1})"],
     # -- the forward (model) kernels --
     "rms_norm._rms_norm_kernel": [
-        f"void({F32_2}, float32[::1], float32, {F32_2}, {I32_1}, {I32_1}, boolean)"],
+        ((256, pair), f"void({F32_2}, float32[::1], float32, {F32_2}, {I32_1}, {I32_1}, boolean, int64, "
+                      f"float32[::1], {F32_2}, {I32_1}, boolean, int64)") for pair in (False, True)],
     "rope._rope_cos_sin_kernel": [
         f"void({p}[::1], {F64_1}, float64, {F32_2}, {F32_2})" for p in ("int32", "int64")],
     "rope._rope_table_kernel": [f"void({F32_2}, {F32_2}, {F32_2}, boolean, {F32_2})"],

@@ -80,6 +80,27 @@ def test_rms_norm_enqueue_offsets_wide_input_and_live_rows(rng):
     np.testing.assert_array_equal(d_one.copy_to_host()[0], d_out.copy_to_host()[7, :m])
 
 
+def test_two_norms_of_one_buffer_in_one_launch_give_each_norm_alone(rng):
+    """``second=``: MLA's q_a and kv latents, side by side in one buffer, normed in one launch
+    (the second from its column offset into rows after a cache offset): each equals its own
+    launch bit for bit, and nothing else is written."""
+    q, c, r, n, R = 6, 5, 3, 3, 4
+    x = rng.standard_normal((R, q + c + r)).astype(np.float32)        # [T, Q + C + R]
+    wq, wc = (rng.standard_normal(k).astype(np.float32) for k in (q, c))
+    dx = cuda.to_device(x)
+    out_q, out_c = np.full((R, q), POISON, np.float32), np.full((9, c), POISON, np.float32)
+    dq, dc = cuda.to_device(out_q), cuda.to_device(out_c)
+    enqueue_rms_norm(dx, cuda.to_device(wq), 1e-6, dq, i32(n), second=(cuda.to_device(wc), dc, q, i32(4)))
+    alone_q, alone_c = cuda.to_device(out_q), cuda.to_device(np.full((R, c), POISON, np.float32))
+    enqueue_rms_norm(dx, cuda.to_device(wq), 1e-6, alone_q, i32(n))
+    enqueue_rms_norm(cuda.to_device(np.ascontiguousarray(x[:, q:q + c])), cuda.to_device(wc), 1e-6, alone_c, i32(n))
+    want_q, want_c = alone_q.copy_to_host(), out_c.copy()
+    want_c[4:4 + n] = alone_c.copy_to_host()[:n]
+    np.testing.assert_array_equal(dq.copy_to_host(), want_q)
+    np.testing.assert_array_equal(dc.copy_to_host(), want_c)
+    assert_rel(want_c[4:4 + n], ref.rms_norm(x[:n, q:q + c], wc, 1e-6))
+
+
 # -- RoPE -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("freqs", ["default", "yarn"])

@@ -28,21 +28,28 @@ THREADS = 2 if config.ENABLE_CUDASIM else 256
 
 
 @functools.lru_cache(maxsize=None)
-def _rms_norm_kernel(threads):
+def _rms_norm_kernel(threads, pair=False):
+    """Row r = blockIdx.x of job blockIdx.y: job 0 normalizes x[r, col0 : col0 + M] with
+    ``weight`` into ``out``; with ``pair``, job 1 x[r, col1 : col1 + M1] with ``weight1`` into
+    ``out1`` (two norms of one buffer in one launch: MLA's query and kv latents)."""
     T = threads
 
     @cached
     @cuda.jit
-    def kernel(x, weight, eps, out, n_rows, out_row0, use_row0):
+    def kernel(x, weight, eps, out, n_rows, out_row0, use_row0, col0,
+               weight1, out1, out_row1, use_row1, col1):
         r = cuda.blockIdx.x
         if r >= n_rows[0]:
             return  # the whole block leaves together: no thread is left at a barrier
         t = cuda.threadIdx.x
-        M = weight.shape[0]
         part = cuda.shared.array(T, float32)
+        w, dst, c0, ro = weight, out, col0, r + (out_row0[0] if use_row0 else 0)
+        if pair and cuda.blockIdx.y == 1:
+            w, dst, c0, ro = weight1, out1, col1, r + (out_row1[0] if use_row1 else 0)
+        M = w.shape[0]
         acc = float32(0.0)
         for k in range(t, M, T):
-            v = x[r, k]
+            v = x[r, c0 + k]
             acc = fma(v, v, acc)
         part[t] = acc
         cuda.syncthreads()  # every partial is in
@@ -56,29 +63,37 @@ def _rms_norm_kernel(threads):
         var = part[0] / float32(M)
         # float32() keeps the simulator (where math.sqrt returns a Python float) in float32
         inv = float32(float32(1.0) / float32(math.sqrt(var + eps)))
-        ro = r + (out_row0[0] if use_row0 else 0)
         for k in range(t, M, T):
-            out[ro, k] = weight[k] * (x[r, k] * inv)
+            dst[ro, k] = w[k] * (x[r, c0 + k] * inv)
 
     return kernel
 
 
 # -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
 
-def enqueue_rms_norm(x, weight, eps, out, n_rows, *, out_row0=None, stream=0):
-    """out[row0 + r, :M] = rms_norm(x[r, :M]) for r < n_rows[0], M = weight.shape[0]; twin:
-    ``reference.rms_norm.rms_norm``.
+def enqueue_rms_norm(x, weight, eps, out, n_rows, *, out_row0=None, src_col0=0, second=None, stream=0):
+    """out[row0 + r, :M] = rms_norm(x[r, c0 : c0 + M]) for r < n_rows[0], M = weight.shape[0],
+    c0 = ``src_col0``; twin: ``reference.rms_norm.rms_norm``.
 
-    x [R, Wx >= M] float32 (only the first M columns are read: e.g. the kv latent of a
-    [T, C + R] buffer), weight [M] float32, eps float, out [>= row0 + n, Wo >= M] float32 (columns
-    past M untouched), n_rows [>= 1] int32 device, out_row0 [>= 1] int32 device (row0 =
-    out_row0[0], e.g. the cache length) or None (row0 = 0). The grid is R blocks.
+    x [R, Wx >= c0 + M] float32 (e.g. the kv latent of a [T, C + R] buffer), weight [M] float32,
+    eps float, out [>= row0 + n, Wo >= M] float32 (columns past M untouched), n_rows [>= 1] int32
+    device, out_row0 [>= 1] int32 device (row0 = out_row0[0], e.g. the cache length) or None
+    (row0 = 0). ``second`` = (weight1, out1, src_col1, out_row1 or None): a second norm of the
+    same rows of x, with the same eps, in the same launch (each row's bits as if alone). The grid
+    is R blocks (x 2 with ``second``).
     """
     if x.shape[0] == 0:
         return
     use_row0 = out_row0 is not None
-    _rms_norm_kernel(THREADS)[x.shape[0], THREADS, stream](
-        x, weight, np.float32(eps), out, n_rows, out_row0 if use_row0 else n_rows, use_row0)
+    row0 = out_row0 if use_row0 else n_rows
+    if second is None:
+        weight1, out1, col1, row1 = weight, out, 0, None
+    else:
+        weight1, out1, col1, row1 = second
+    use_row1 = row1 is not None
+    _rms_norm_kernel(THREADS, second is not None)[(x.shape[0], 1 if second is None else 2), THREADS, stream](
+        x, weight, np.float32(eps), out, n_rows, row0, use_row0, src_col0,
+        weight1, out1, row1 if use_row1 else n_rows, use_row1, col1)
 
 
 # -- the public launcher ----------------------------------------------------------------------

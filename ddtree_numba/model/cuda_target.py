@@ -61,6 +61,23 @@ class DeviceLayer:
     shared_gate_proj: object = None      # [Ie*n_shared, M]
     shared_up_proj: object = None        # [Ie*n_shared, M]
     shared_down_proj: object = None      # [M, Ie*n_shared]
+    qkv_a_proj: object = None            # [Q+C+R, M]: q_a_proj and kv_a_proj_with_mqa as one matrix
+                                         # (those two are its row views), set by ``__post_init__``
+
+    def __post_init__(self):
+        """Stack q_a_proj over kv_a_proj_with_mqa into one matrix, both read by one GEMM (both
+        project the same normed input: one launch a layer fewer, the same bits by the GEMM's
+        reduction contract); the two fields become row views of it, so nothing is stored twice.
+        Only plain (unquantized) matrices of one storage dtype and input width."""
+        qa, kva = self.q_a_proj, self.kv_a_proj_with_mqa
+        if (self.qkv_a_proj is not None or qa is None or kva is None or isinstance(qa, QUANTIZED)
+                or isinstance(kva, QUANTIZED) or qa.dtype != kva.dtype or qa.shape[1] != kva.shape[1]):
+            return
+        q = qa.shape[0]
+        fused = cuda.device_array((q + kva.shape[0], qa.shape[1]), qa.dtype)
+        fused[:q].copy_to_device(qa)
+        fused[q:].copy_to_device(kva)
+        self.qkv_a_proj, self.q_a_proj, self.kv_a_proj_with_mqa = fused, fused[:q], fused[q:]
 
     @property
     def is_moe(self) -> bool:
@@ -190,6 +207,7 @@ class Workspace:
     x: object                   # [T, M] residual stream
     normed: object              # [T, M] RMS-normed input of attention / FFN
     q_a: object                 # [T, Q] (q_lora only)
+    qkv_a: object               # [T, Q+C+R] q_a and kv side by side (a layer with ``qkv_a_proj``)
     q_a_normed: object          # [T, Q]
     q: object                   # [T, H*(D+R)] query: per head D nope then R rope values
     kv: object                  # [T, C+R] latent (before norm) and rope key (before rotation)
@@ -233,6 +251,7 @@ def new_workspace(cfg: ModelConfig, rows: int) -> Workspace:
         meta=cuda.to_device(np.zeros(2, np.int32)),
         vis_bits=cuda.device_array((rows, ceil_div(rows, 32)), np.uint32),
         x=f32(rows, M), normed=f32(rows, M), q_a=f32(rows, Q), q_a_normed=f32(rows, Q),
+        qkv_a=f32(rows, Q + C + R if cfg.q_lora_rank else 1),
         q=f32(rows, H * (D + R)), kv=f32(rows, C + R), q_pe=f32(rows, H * R),
         q_lat=f32(rows, H * C), o_lat=f32(rows, H * C), o=f32(rows, H * Dv),
         act=f32(rows, cfg.intermediate_size if has_dense else 1), moe=moe,
@@ -427,21 +446,33 @@ class CudaTarget:
         def input_norm(s):
             kn.enqueue_rms_norm(ws.x, lw.input_layernorm, eps, ws.normed, n, stream=s)
 
+        fused = lw.q_proj is None and lw.qkv_a_proj is not None     # q_a and kv_a in one GEMM
+        Q = lw.q_a_proj.shape[0] if lw.q_a_proj is not None else 0
+        kv_buf, kv_col = (ws.qkv_a, Q) if fused else (ws.kv, 0)       # where the kv latent and rope key are
+
         def q_projection(s):
             if lw.q_proj is not None:
                 kn.enqueue_linear(ws.normed, lw.q_proj, ws.q, n, **gemm, stream=s)
+            elif fused:
+                kn.enqueue_linear(ws.normed, lw.qkv_a_proj, ws.qkv_a, n, **gemm, stream=s)
+                # both latents' norms in one launch: q_a's, and the kv latent's straight into cache row s0 + r
+                kn.enqueue_rms_norm(ws.qkv_a, lw.q_a_layernorm, eps, ws.q_a_normed, n,
+                                    second=(lw.kv_a_layernorm, c_kv, Q, ws.s0), stream=s)
+                kn.enqueue_linear(ws.q_a_normed, lw.q_b_proj, ws.q, n, **gemm, stream=s)
             else:
                 kn.enqueue_linear(ws.normed, lw.q_a_proj, ws.q_a, n, **gemm, stream=s)
                 kn.enqueue_rms_norm(ws.q_a, lw.q_a_layernorm, eps, ws.q_a_normed, n, stream=s)
                 kn.enqueue_linear(ws.q_a_normed, lw.q_b_proj, ws.q, n, **gemm, stream=s)
 
         def kv_a_projection(s):
-            kn.enqueue_linear(ws.normed, lw.kv_a_proj_with_mqa, ws.kv, n, **gemm, stream=s)
+            if not fused:                   # else done with q_a above
+                kn.enqueue_linear(ws.normed, lw.kv_a_proj_with_mqa, ws.kv, n, **gemm, stream=s)
 
         def latent_norm_rope(s):
-            # the latent's norm and the rotated rope key go straight into cache row s0 + r
-            kn.enqueue_rms_norm(ws.kv, lw.kv_a_layernorm, eps, c_kv, n, out_row0=ws.s0, stream=s)
-            kn.enqueue_rope(ws.kv, k_pe, ws.positions, self.inv_freq, n, rdim=R, src_col0=C,
+            # the latent's norm (fused: done above) and the rotated rope key go straight into cache row s0 + r
+            if not fused:
+                kn.enqueue_rms_norm(ws.kv, lw.kv_a_layernorm, eps, c_kv, n, out_row0=ws.s0, stream=s)
+            kn.enqueue_rope(kv_buf, k_pe, ws.positions, self.inv_freq, n, rdim=R, src_col0=kv_col + C,
                             dst_row0=ws.s0, stream=s, **rope)
             kn.enqueue_rope(ws.q, ws.q_pe, ws.positions, self.inv_freq, n, rdim=R, groups=H, src_col0=D,
                             src_stride=D + R, dst_stride=R, stream=s, **rope)
