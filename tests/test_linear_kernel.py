@@ -494,15 +494,25 @@ def test_grouped_row_matches_the_plain_projection_of_that_row(rng):
         assert not np.isnan(got).any()
 
 
-def test_choose_fills_the_gpu_with_warps_only_up_to_the_chunks():
+def test_choose_fills_the_gpu_with_warps_only_up_to_the_chunks(monkeypatch):
     """Few rows split the chunks over warps (bounded by the chunk count and shared memory); the
-    row tile grows with the rows."""
-    t = L._choose(1, 64, 64 * 3, False, 1)
-    assert t.NW <= 3 and t.RT == 1
-    assert L._choose(32, 64, 512, False, 1).RT == 4
-    for rows in (1, 16, 64, 1024):
-        tile = L._choose(rows, 7168, 7168, True, 1)
-        assert L._smem(tile, True) <= L._SMEM_MAX
+    row tile grows with the rows. On a real GPU a small launch (at most 32 rows over at most 2^20
+    weights) takes one row tile and one m tile a warp instead; the simulator keeps the general
+    rule (its tiles are exercised by the tests at small shapes). Both regimes are checked here,
+    whichever backend runs the suite."""
+    for sim in (True, False):
+        monkeypatch.setattr(L, "_SIM", sim)
+        L._choose.cache_clear()
+        t = L._choose(1, 64, 64 * 3, False, 1)
+        assert t.NW <= 3 and t.RT == 1
+        assert L._choose(32, 4096, 512, False, 1).RT == 4          # 2^21 weights: not small
+        small = L._choose(32, 64, 512, False, 1)
+        assert (small.RT, small.MT) == ((4, 2) if sim else (1, 1))
+        assert small.NW <= (L._NW_MAX if sim else 4)
+        for rows in (1, 16, 64, 1024):
+            tile = L._choose(rows, 7168, 7168, True, 1)
+            assert L._smem(tile, True) <= L._SMEM_MAX
+    L._choose.cache_clear()
 
 
 @pytest.mark.skipif(REAL_GPU, reason="the simulator's emulation of mma.sync")
