@@ -62,12 +62,14 @@ SIGNATURES = {
         f"void(float32[:, :, ::1], {I32_1}, {I32_1}, {I32_1}, {F32_2})"],
     # -- the drafter's glue (model/cuda_drafter.py) --
     "model.cuda_drafter._draft_meta_kernel": [
-        f"void({I32_1}, {I32_1}, {I32_1}, int64, int64, int64, int64, int64, boolean, {I32_1}, "
-        f"{I32_1}, {I32_1}, {I32_1})"],
+        f"void({I32_1}, {I32_1}, {I32_1}, int64, int64, int64, boolean, {I32_1}, {I32_1})"],
     # -- the forward (model) kernels --
     "rms_norm._rms_norm_kernel": [
         ((256, pair), f"void({F32_2}, float32[::1], float32, {F32_2}, {I32_1}, {I32_1}, boolean, int64, "
                       f"float32[::1], {F32_2}, {I32_1}, boolean, int64)") for pair in (False, True)],
+    "rms_norm._qkv_norm_rope_kernel": [
+        ((256,), f"void({q}, {I32_1}, float32[::1], float32[::1], float32, {F64_1}, boolean, int64, int64, "
+                 f"{F32_2}, {F32_2})") for q in (F32_2, "float32[:, :]")],
     "rope._rope_cos_sin_kernel": [
         f"void({p}[::1], {F64_1}, float64, {F32_2}, {F32_2})" for p in ("int32", "int64")],
     "rope._rope_table_kernel": [f"void({F32_2}, {F32_2}, {F32_2}, boolean, {F32_2})"],
@@ -121,7 +123,11 @@ SIGNATURES = {
         ((dh, *kernels_pkg.gqa._gpu_tiles(dh), blk, msk),
          f"void({F32_2}, {F32_2}, {F32_2}, {F32_2}, {F32_2}, boolean[:, ::1], {I32_1}, float32, "
          f"float32[:, :, ::1], float32[:, :, ::1])")
-        for dh in (64, 128, 256) for blk, msk in ((True, False), (False, False), (False, True))],
+        for dh in (64, 128, 256) for blk, msk in ((True, False), (False, False), (False, True))] + [
+        # a DFlash drafter's q / k / v: column views of one stacked projection (strided rows)
+        ((dh, *kernels_pkg.gqa._gpu_tiles(dh), True, False),
+         f"void(float32[:, :], {F32_2}, {F32_2}, float32[:, :], float32[:, :], boolean[:, ::1], {I32_1}, "
+         f"float32, float32[:, :, ::1], float32[:, :, ::1])") for dh in (32, 64, 128)],
     "gqa._gqa_combine_kernel": [
         f"void(float32[:, :, ::1], float32[:, :, ::1], {I32_1}, int64, boolean, {F32_2})"],
 }

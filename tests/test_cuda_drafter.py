@@ -142,28 +142,25 @@ def test_input_checks(targets):
 
 
 def test_draft_meta_from_device_sizes():
-    """The drafter's glue kernel, the per-draft sizes: positions, block ids, live counts and the
-    cache length, all from device values; too many rows append nothing and raise the overflow flag."""
+    """The drafter's glue kernel, the per-draft sizes: block ids, live counts and the cache
+    length, all from device values; too many rows append nothing and raise the overflow flag."""
     status = cuda.to_device(np.array([5, 0], np.int32))
     n, bonus = cuda.to_device(np.array([3], np.int32)), cuda.to_device(np.array([42], np.int32))
-    ids, pos_ctx, pos_blk, meta = (cuda.to_device(np.full(k, -7, np.int32)) for k in (4, 6, 4, 8))
-    args = (ids, pos_ctx, pos_blk, meta)
+    ids, meta = (cuda.to_device(np.full(k, -7, np.int32)) for k in (4, 6))
 
-    def draft_meta(status, n, bonus, capacity, n_cap, n_q_heads, n_kv_heads, mask_id, *out, write_block=True):
+    def draft_meta(status, n, bonus, capacity, n_cap, mask_id, write_block=True):
         cuda_drafter._draft_meta_kernel[1, cuda_drafter.META_THREADS](
-            status, n, bonus, capacity, n_cap, n_q_heads, n_kv_heads, mask_id, write_block, *out)
-    draft_meta(status, n, bonus, 12, 6, 6, 2, 95, *args)        # capacity 12, n_cap 6
+            status, n, bonus, capacity, n_cap, mask_id, write_block, ids, meta)
+    draft_meta(status, n, bonus, 12, 6, 95)        # capacity 12, n_cap 6
     np.testing.assert_array_equal(status.copy_to_host(), [8, 0])
-    np.testing.assert_array_equal(meta.copy_to_host(), [5, 3, 8, 4, 6, 8, 24, 3])
+    np.testing.assert_array_equal(meta.copy_to_host(), [5, 3, 8, 4, 3, 7])   # (s0, n, s0+n, B, B-1, B+n)
     np.testing.assert_array_equal(ids.copy_to_host(), [42, 95, 95, 95])
-    np.testing.assert_array_equal(pos_ctx.copy_to_host(), np.arange(5, 11))
-    np.testing.assert_array_equal(pos_blk.copy_to_host(), np.arange(8, 12))
-    draft_meta(status, n, bonus, 12, 6, 6, 2, 95, *args, write_block=False)
+    draft_meta(status, n, bonus, 12, 6, 95, write_block=False)
     np.testing.assert_array_equal(status.copy_to_host(), [11, 0])
     for bad_n, cap in ((2, 12), (7, 40), (-1, 40)):                      # past capacity, past n_cap
         ids.copy_to_device(np.arange(4, dtype=np.int32))
         n.copy_to_device(np.array([bad_n], np.int32))
-        draft_meta(status, n, bonus, cap, 6, 6, 2, 95, *args, write_block=False)
+        draft_meta(status, n, bonus, cap, 6, 95, write_block=False)
         np.testing.assert_array_equal(status.copy_to_host(), [11, 1])
         np.testing.assert_array_equal(meta.copy_to_host()[:3], [11, 0, 11])
         np.testing.assert_array_equal(ids.copy_to_host(), np.arange(4))  # ids left as written

@@ -101,6 +101,52 @@ def test_two_norms_of_one_buffer_in_one_launch_give_each_norm_alone(rng):
     assert_rel(want_c[4:4 + n], ref.rms_norm(x[:n, q:q + c], wc, 1e-6))
 
 
+def test_qkv_norm_rope_is_each_heads_norm_then_rope(rng):
+    """A DFlash layer's fused q / k norm + RoPE over one stacked q | k | v projection (block rows,
+    then new context rows): the block's q and k heads equal ``enqueue_rms_norm`` over a per-head
+    view then ``enqueue_rope`` bit for bit, in place, its v untouched; a context row's key lands
+    normed and rotated in the cache row s0 + c and its value copied there; nothing else written.
+    And all of it within rounding of the twin, ``reference.rms_norm.head_norm_rope``."""
+    hq, hkv, dh, nb, nf, n, s0, cap, eps = 4, 2, 8, 3, 4, 2, 5, 10, 1e-6
+    inv_freq = ref.rope_inv_freq(dh, 10000.0)
+    qkv = rng.standard_normal((nb + nf, (hq + 2 * hkv) * dh)).astype(np.float32)
+    wq, wk = (rng.standard_normal(dh).astype(np.float32) for _ in range(2))
+    k_cache = np.full((cap, hkv * dh), POISON, np.float32)
+    v_cache = np.full((cap, hkv * dh), POISON, np.float32)
+    d_qkv, d_k, d_v = cuda.to_device(qkv), cuda.to_device(k_cache), cuda.to_device(v_cache)
+    meta = i32(s0, n, s0 + n, nb, nb - 1, nb + n)
+    kn.enqueue_qkv_norm_rope(d_qkv, meta, cuda.to_device(wq), cuda.to_device(wk), eps, cuda.to_device(inv_freq),
+                             n_q_heads=hq, n_kv_heads=hkv, interleave=False, k_cache=d_k, v_cache=d_v)
+    got, got_k, got_v = d_qkv.copy_to_host(), d_k.copy_to_host(), d_v.copy_to_host()
+
+    def alone(x, w, heads, positions):          # the two launches the fused one replaces
+        rows = x.shape[0]
+        d = cuda.to_device(np.ascontiguousarray(x))
+        enqueue_rms_norm(d.reshape(rows * heads, dh), cuda.to_device(w), eps, d.reshape(rows * heads, dh),
+                         i32(rows * heads))
+        enqueue_rope(d, d, cuda.to_device(np.asarray(positions, np.int32)), cuda.to_device(inv_freq), i32(rows),
+                     rdim=dh, interleave=False, groups=heads, src_stride=dh, dst_stride=dh)
+        return d.copy_to_host()
+
+    nq, nk = hq * dh, hkv * dh
+    blk_pos, ctx_pos = np.arange(s0 + n, s0 + n + nb), np.arange(s0, s0 + n)
+    want = qkv.copy()
+    want[:nb, :nq] = alone(qkv[:nb, :nq], wq, hq, blk_pos)
+    want[:nb, nq:nq + nk] = alone(qkv[:nb, nq:nq + nk], wk, hkv, blk_pos)
+    want_k, want_v = k_cache.copy(), v_cache.copy()
+    want_k[s0:s0 + n] = alone(qkv[nb:nb + n, nq:nq + nk], wk, hkv, ctx_pos)
+    want_v[s0:s0 + n] = qkv[nb:nb + n, nq + nk:]
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got_k, want_k)
+    np.testing.assert_array_equal(got_v, want_v)
+
+    def twin(x, w, heads, positions):
+        cos, sin = ref.rope_cos_sin(positions, inv_freq)
+        return ref.head_norm_rope(x.reshape(-1, heads, dh), w, eps, cos, sin, interleave=False).reshape(x.shape)
+    assert_rel(got[:nb, :nq], twin(qkv[:nb, :nq], wq, hq, blk_pos))
+    assert_rel(got_k[s0:s0 + n], twin(qkv[nb:nb + n, nq:nq + nk], wk, hkv, ctx_pos))
+
+
 # -- RoPE -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("freqs", ["default", "yarn"])

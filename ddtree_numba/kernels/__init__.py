@@ -25,7 +25,7 @@ from .mla import MLAScratch, enqueue_mla_attention, mla_attention_absorbed
 from .gqa import GQAScratch, enqueue_gqa_attention, gqa_attention
 from .moe import (MoEBuffers, MoERoute, enqueue_moe_block, enqueue_moe_combine, enqueue_moe_experts,
                   enqueue_moe_route, enqueue_moe_sort, enqueue_swiglu_mlp, moe_experts, moe_route, swiglu_mlp)
-from .rms_norm import enqueue_rms_norm, rms_norm
+from .rms_norm import enqueue_qkv_norm_rope, enqueue_rms_norm, rms_norm
 from .rope import enqueue_rope, rope, rope_cos_sin
 from .embedding import embedding, enqueue_embedding, lm_head
 
@@ -38,7 +38,7 @@ __all__ = [
     "enqueue_visibility_bits", "enqueue_round_seed", "enqueue_compact_rows", "enqueue_copy_rows", "enqueue_linear",
     "enqueue_linear_heads", "enqueue_swiglu", "enqueue_grouped_linear", "enqueue_mla_attention",
     "enqueue_gqa_attention", "enqueue_moe_route", "enqueue_moe_sort", "enqueue_moe_experts",
-    "enqueue_moe_combine", "enqueue_swiglu_mlp", "enqueue_moe_block", "enqueue_rms_norm",
+    "enqueue_moe_combine", "enqueue_swiglu_mlp", "enqueue_moe_block", "enqueue_rms_norm", "enqueue_qkv_norm_rope",
     "enqueue_rope", "enqueue_embedding",
     # buffers and parameters
     "TreeBuffers", "TreeBatchBuffers", "LevelScratch", "TopKScratch", "MLAScratch", "GQAScratch", "MoEBuffers", "MoERoute", "TILES", "PRECISIONS",

@@ -19,12 +19,40 @@ import numpy as np
 from numba import config, cuda, float32
 
 from .._checks import check_array
-from .._device import cached, float32_out, fma, launcher_result, rows_device, to_device
+from .._device import cached, device_function, float32_out, fma, launcher_result, rows_device, to_device
+from .rope import _cos_sin, _rotate
 
 # Threads per block (a power of two: the tree halves it). 256 covers hidden 2048 in 8 loads a
 # thread; the simulator runs every thread as a Python thread and every barrier costs it
 # milliseconds, so it gets two threads (one level of the tree).
 THREADS = 2 if config.ENABLE_CUDASIM else 256
+
+
+@device_function
+def _inv_rms(x, r, c0, m, eps, part, t, T):
+    """1 / sqrt(mean(x[r, c0 : c0 + m]^2) + eps) in float32, by the T threads of a block (t is
+    this thread; ``part`` a shared float32 [T]): thread t sums x^2 over k = t, t + T, ... with an
+    fma chain in ascending k, then a shared-memory tree halves the T partials. Every thread of
+    the block must call it (it holds barriers); every thread gets the result. Shared with the
+    fused per-head norm below so that both give a head the same bits. (In the simulator it is a
+    plain function that must live in the module of the kernels calling it: the simulator swaps
+    ``cuda`` in the kernel's own module only.)"""
+    acc = float32(0.0)
+    for k in range(t, m, T):
+        v = x[r, c0 + k]
+        acc = fma(v, v, acc)
+    part[t] = acc
+    cuda.syncthreads()  # every partial is in
+    stride = T // 2
+    while stride > 0:
+        if t < stride:
+            part[t] = part[t] + part[t + stride]
+        cuda.syncthreads()  # this level of the tree is done before the next reads it
+        stride //= 2
+    # the twin's order: var = sum / M, inv = 1 / sqrt(var + eps), out = w * (x * inv)
+    var = part[0] / float32(m)
+    # float32() keeps the simulator (where math.sqrt returns a Python float) in float32
+    return float32(float32(1.0) / float32(math.sqrt(var + eps)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,24 +75,59 @@ def _rms_norm_kernel(threads, pair=False):
         if pair and cuda.blockIdx.y == 1:
             w, dst, c0, ro = weight1, out1, col1, r + (out_row1[0] if use_row1 else 0)
         M = w.shape[0]
-        acc = float32(0.0)
-        for k in range(t, M, T):
-            v = x[r, c0 + k]
-            acc = fma(v, v, acc)
-        part[t] = acc
-        cuda.syncthreads()  # every partial is in
-        stride = T // 2
-        while stride > 0:
-            if t < stride:
-                part[t] = part[t] + part[t + stride]
-            cuda.syncthreads()  # this level of the tree is done before the next reads it
-            stride //= 2
-        # the twin's order: var = sum / M, inv = 1 / sqrt(var + eps), out = w * (x * inv)
-        var = part[0] / float32(M)
-        # float32() keeps the simulator (where math.sqrt returns a Python float) in float32
-        inv = float32(float32(1.0) / float32(math.sqrt(var + eps)))
+        inv = _inv_rms(x, r, c0, M, eps, part, t, T)
         for k in range(t, M, T):
             dst[ro, k] = w[k] * (x[r, c0 + k] * inv)
+
+    return kernel
+
+
+MAX_HEAD_DIM = 256          # the fused per-head norm stages one head in shared memory
+
+
+@functools.lru_cache(maxsize=None)
+def _qkv_norm_rope_kernel(threads):
+    """Block (r, g): head g of row r of a stacked q | k | v projection, rows [0, B) the block's
+    and rows [B, B + n) new context rows (``enqueue_qkv_norm_rope``)."""
+    T = threads
+
+    @cached
+    @cuda.jit
+    def kernel(qkv, meta, q_norm, k_norm, eps, inv_freq, interleave, n_q, n_kv, k_cache, v_cache):
+        r = cuda.blockIdx.x
+        g = cuda.blockIdx.y
+        s0, n, nb = meta[0], meta[1], meta[3]
+        c = r - nb                      # the context row (r >= nb)
+        if r < nb:
+            if g >= n_q + n_kv:
+                return                  # a block row's values stay where they are
+            pos = s0 + n + r
+        else:
+            if c >= n or g < n_q:
+                return                  # past the new context rows, or a context row's query
+            pos = s0 + c
+        # (every return above is block-uniform: no thread is left at a barrier)
+        t = cuda.threadIdx.x
+        part = cuda.shared.array(T, float32)
+        head = cuda.shared.array((1, MAX_HEAD_DIM), float32)
+        dh = q_norm.shape[0]
+        c0 = g * dh
+        if g < n_q + n_kv:              # a query or key head: normed, then rotated
+            w = q_norm if g < n_q else k_norm
+            inv = _inv_rms(qkv, r, c0, dh, eps, part, t, T)
+            for k in range(t, dh, T):
+                head[0, k] = w[k] * (qkv[r, c0 + k] * inv)      # rms_norm's expression
+            cuda.syncthreads()          # the normed head is staged (and fully read) before writes
+            r2 = dh // 2
+            for i in range(t, r2, T):
+                cs, sn = _cos_sin(pos, inv_freq[i], 1.0)
+                if r < nb:              # the block's q and k, rotated in place
+                    _rotate(head, 0, 0, qkv, r, c0, i, r2, interleave, cs, sn)
+                else:                   # a context key, rotated into the cache row s0 + c
+                    _rotate(head, 0, 0, k_cache, s0 + c, (g - n_q) * dh, i, r2, interleave, cs, sn)
+        else:                           # a context value, copied into the cache row s0 + c
+            for k in range(t, dh, T):
+                v_cache[s0 + c, (g - n_q - n_kv) * dh + k] = qkv[r, c0 + k]
 
     return kernel
 
@@ -94,6 +157,28 @@ def enqueue_rms_norm(x, weight, eps, out, n_rows, *, out_row0=None, src_col0=0, 
     _rms_norm_kernel(THREADS, second is not None)[(x.shape[0], 1 if second is None else 2), THREADS, stream](
         x, weight, np.float32(eps), out, n_rows, row0, use_row0, src_col0,
         weight1, out1, row1 if use_row1 else n_rows, use_row1, col1)
+
+
+def enqueue_qkv_norm_rope(qkv, meta, q_norm, k_norm, eps, inv_freq, *, n_q_heads, n_kv_heads,
+                          interleave, k_cache, v_cache, stream=0):
+    """Qwen3 attention's per-head q / k norm and RoPE (a DFlash drafter layer), over one stacked
+    q | k | v projection of the block rows and the new context rows, in one launch; twin:
+    ``reference.rms_norm.head_norm_rope`` per head.
+
+    qkv [B + Nf, (Hq + 2 Hkv) * Dh] float32: rows [0, B) the block (positions s0 + n + j), rows
+    [B, B + n) the new context rows (positions s0 + c); meta [>= 4] int32 device = (s0, n, _,
+    B); q_norm / k_norm [Dh] float32; inv_freq [Dh/2] float64; k_cache / v_cache [S_cap,
+    Hkv*Dh] float32 (this layer's). The block's q and k heads are normed and rotated in place
+    (its v untouched); a context row's key is normed and rotated into k_cache[s0 + c] and its
+    value copied into v_cache[s0 + c] (its query ignored). Each head's bits equal
+    ``enqueue_rms_norm`` over a [rows * heads, Dh] view then ``enqueue_rope`` (the same
+    reduction, ``_inv_rms``; the same rotation). The grid is (B + Nf) x (Hq + 2 Hkv) blocks.
+    """
+    if qkv.shape[0] == 0:
+        return
+    _qkv_norm_rope_kernel(THREADS)[(qkv.shape[0], n_q_heads + 2 * n_kv_heads), THREADS, stream](
+        qkv, meta, q_norm, k_norm, np.float32(eps), inv_freq, bool(interleave), int(n_q_heads),
+        int(n_kv_heads), k_cache, v_cache)
 
 
 # -- the public launcher ----------------------------------------------------------------------

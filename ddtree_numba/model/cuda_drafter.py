@@ -7,11 +7,14 @@ B block rows, M hidden size, Y target layers read, Hq / Hkv query / key-value he
 dim, I MLP width, V vocab (the target's), L drafter layers.
 
 Every stage is a kernel of ``ddtree_numba.kernels`` enqueued through its device tier
-(``enqueue_*``: GEMMs under the reduction contract of ``kernels.linear``, RMSNorm, NeoX RoPE, the
-embedding gather, GQA attention); q_norm / k_norm are per-head norms over a [rows * heads, Dh]
-view of the projection. Sizes that change between drafts (cache length s0, new context rows
-n, the bonus token) are read on the device: ``_draft_meta_kernel`` (glue, below) turns them into positions,
-block ids and the live row counts of ``Workspace.meta`` at the start of every draft, and
+(``enqueue_*``: GEMMs under the reduction contract of ``kernels.linear``, RMSNorm, the embedding
+gather, GQA attention). A layer is 9 launches: input norm, one GEMM for the q | k | v of the block
+rows and the new context rows together, one launch for the per-head q_norm / k_norm and the
+rotate-half RoPE that also appends the context keys and values to the cache
+(``enqueue_qkv_norm_rope``), attention (2), o_proj, post norm, SwiGLU (2). Sizes that change
+between drafts (cache length s0, new context rows n, the bonus token) are read on the device:
+``_draft_meta_kernel`` (glue, below) turns them into block ids and the live row counts of
+``Workspace.meta`` at the start of every draft, and
 advances the cache length, so a draft allocates nothing, syncs nothing, and can be captured
 once as a CUDA graph and replayed.
 
@@ -33,6 +36,7 @@ from .. import kernels as kn
 from .._checks import check_array, check_int
 from .._device import cached, capture_graph, is_device, replay_graph
 from ..dtypes import check_weight_dtype, to_storage
+from ..kernels.rms_norm import MAX_HEAD_DIM
 from .drafter import DrafterConfig, NumpyDrafter
 from .target import check_finite_output
 
@@ -43,15 +47,13 @@ META_THREADS = 8 if numba_config.ENABLE_CUDASIM else 128    # the draft-meta ker
 
 @cached
 @cuda.jit
-def _draft_meta_kernel(status, n_in, bonus, capacity, n_cap, n_q_heads, n_kv_heads, mask_id,
-                       write_block, ids, pos_ctx, pos_blk, meta):
+def _draft_meta_kernel(status, n_in, bonus, capacity, n_cap, mask_id, write_block, ids, meta):
     """The drafter's per-draft sizes, from device values only (a captured graph replays it).
 
     status [2] int32 = (cache length s0, overflow flag), n_in [1] int32 = n new context rows
     (0 <= n <= n_cap, s0 + n <= capacity, else n is taken as 0 and status[1] set to 1), bonus
-    [1] int32. Writes pos_ctx [n_cap] = s0 + r, pos_blk [B] = s0 + n + j, ids [B] =
-    (bonus, mask_id, ...) if ``write_block``, meta [8] = (s0, n, s0 + n, B, n*Hkv, B*Hkv,
-    B*Hq, B - 1) and advances status[0] to s0 + n. One block.
+    [1] int32. Writes ids [B] = (bonus, mask_id, ...) if ``write_block``, meta [6] = (s0, n,
+    s0 + n, B, B - 1, B + n) and advances status[0] to s0 + n. One block.
     """
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
@@ -61,11 +63,8 @@ def _draft_meta_kernel(status, n_in, bonus, capacity, n_cap, n_q_heads, n_kv_hea
     if not ok:
         n = 0
     nb = ids.shape[0]
-    for r in range(tid, n_cap, nt):
-        pos_ctx[r] = s0 + r
-    for j in range(tid, nb, nt):
-        pos_blk[j] = s0 + n + j
-        if write_block:
+    if write_block:
+        for j in range(tid, nb, nt):
             ids[j] = bonus[0] if j == 0 else mask_id
     cuda.syncthreads()  # every thread has read status[0] before it moves
     if tid == 0:
@@ -73,10 +72,8 @@ def _draft_meta_kernel(status, n_in, bonus, capacity, n_cap, n_q_heads, n_kv_hea
         meta[1] = n
         meta[2] = s0 + n
         meta[3] = nb
-        meta[4] = n * n_kv_heads
-        meta[5] = nb * n_kv_heads
-        meta[6] = nb * n_q_heads
-        meta[7] = nb - 1
+        meta[4] = nb - 1
+        meta[5] = nb + n
         status[0] = s0 + n
         if not ok:
             status[1] = 1
@@ -84,13 +81,16 @@ def _draft_meta_kernel(status, n_in, bonus, capacity, n_cap, n_q_heads, n_kv_hea
 
 @dataclass
 class DeviceDrafterLayer:
-    """One drafter layer's device weights: matrices [out, in] in the storage dtype, norms f32."""
+    """One drafter layer's device weights: matrices [out, in] in the storage dtype, norms f32.
+    q_proj, k_proj and v_proj are stacked into one matrix (one GEMM gives a row's q | k | v);
+    the three fields are its row views, so nothing is stored twice."""
 
     input_layernorm: object             # [M] f32
     post_attention_layernorm: object    # [M] f32
-    q_proj: object                      # [Hq*Dh, M]
-    k_proj: object                      # [Hkv*Dh, M]
-    v_proj: object                      # [Hkv*Dh, M]
+    qkv_proj: object                    # [(Hq + 2 Hkv)*Dh, M]
+    q_proj: object                      # [Hq*Dh, M]   rows of qkv_proj
+    k_proj: object                      # [Hkv*Dh, M]  rows of qkv_proj
+    v_proj: object                      # [Hkv*Dh, M]  rows of qkv_proj
     o_proj: object                      # [M, Hq*Dh]
     q_norm: object                      # [Dh] f32
     k_norm: object                      # [Dh] f32
@@ -141,28 +141,26 @@ class DrafterWorkspace:
     """Every device buffer one draft needs, for up to ``rows`` new context rows and ``block``
     block rows; a draft allocates nothing.
 
-    ``meta`` (written on the device by ``_draft_meta_kernel``) = (s0, n, s0 + n, B, n*Hkv,
-    B*Hkv, B*Hq, B - 1): its one-element slices are the live row counts of the kernels.
+    ``meta`` (written on the device by ``_draft_meta_kernel``) = (s0, n, s0 + n, B, B - 1,
+    B + n): its one-element slices are the live row counts of the kernels.
+
+    A layer's attention input is one buffer, ``xin`` = [the block's normed rows; the new
+    context rows], so that one GEMM projects both (``qkv``): the block rows need q, k and v,
+    the context rows k and v for the cache (their q is computed and ignored).
     """
 
     rows: int
     block: int
-    meta: object                # [8] int32
+    meta: object                # [6] int32
     n_in: object                # [1] int32 n, written by the host API
     bonus_in: object            # [1] int32 bonus, written by the host API
     ids: object                 # [B] int32 block token ids
-    pos_ctx: object             # [Nf] int32 context positions s0 + r
-    pos_blk: object             # [B] int32 block positions s0 + n + j
     feat: object                # [Nf, Y*M] features of the host API (the device API reads the caller's)
     ctx_raw: object             # [Nf, M] fc(features)
-    ctx: object                 # [Nf, M] hidden_norm(fc(features))
-    ck: object                  # [Nf, Hkv*Dh] context keys before rope (normed in place)
-    cv: object                  # [Nf, Hkv*Dh] context values, copied into the cache
+    xin: object                 # [B + Nf, M] input_layernorm(x), then hidden_norm(fc(features))
+    qkv: object                 # [B + Nf, (Hq + 2 Hkv)*Dh] xin @ qkv_proj (block q, k normed and rotated in place)
     x: object                   # [B, M] residual stream
-    h: object                   # [B, M] normed input of attention / MLP; the final hidden at the end
-    q: object                   # [B, Hq*Dh] queries (normed and rotated in place)
-    kb: object                  # [B, Hkv*Dh] block keys (normed and rotated in place)
-    vb: object                  # [B, Hkv*Dh] block values
+    h: object                   # [B, M] normed input of the MLP; the final hidden at the end
     o: object                   # [B, Hq*Dh] attention output
     act: object                 # [B, I] SwiGLU activation
     logits: object              # [B-1, V] logits of the positions after the bonus
@@ -171,15 +169,14 @@ class DrafterWorkspace:
 
     def __post_init__(self):
         self.n_ctx = self.meta[1:2]           # n
-        self.s0 = self.meta[0:1]              # cache rows before this draft (where rows go)
-        self.start_n = self.meta[0:2]         # (s0, n): appends the values (compaction's copy-back)
         self.att_meta = self.meta[2:4]        # (s0 + n, B): the attention's (s, t)
         self.n_blk = self.meta[3:4]           # B
-        self.n_ctx_heads = self.meta[4:5]     # n * Hkv
-        self.n_blk_kv_heads = self.meta[5:6]  # B * Hkv
-        self.n_blk_q_heads = self.meta[6:7]   # B * Hq
-        self.n_logits = self.meta[7:8]        # B - 1
+        self.n_logits = self.meta[4:5]        # B - 1
+        self.n_xin = self.meta[5:6]           # B + n: the live rows of xin and qkv
         self.h_tail = self.h[1:]              # [B-1, M] the positions after the bonus
+        b = self.block
+        self.h_blk = self.xin[:b]             # [B, M] the block's normed attention input
+        self.ctx = self.xin[b:]               # [Nf, M] hidden_norm(fc(features))
 
 
 def new_drafter_workspace(cfg: DrafterConfig, vocab: int, rows: int, block: int) -> DrafterWorkspace:
@@ -189,10 +186,9 @@ def new_drafter_workspace(cfg: DrafterConfig, vocab: int, rows: int, block: int)
     f32 = lambda *shape: cuda.device_array(shape, np.float32)  # noqa: E731
     i32 = lambda n: cuda.to_device(np.zeros(n, np.int32))      # noqa: E731
     return DrafterWorkspace(
-        rows=rows, block=block, meta=i32(8), n_in=i32(1), bonus_in=i32(1), ids=i32(block),
-        pos_ctx=i32(rows), pos_blk=i32(block), feat=f32(rows, Y * M), ctx_raw=f32(rows, M),
-        ctx=f32(rows, M), ck=f32(rows, Hkv * Dh), cv=f32(rows, Hkv * Dh), x=f32(block, M),
-        h=f32(block, M), q=f32(block, Hq * Dh), kb=f32(block, Hkv * Dh), vb=f32(block, Hkv * Dh),
+        rows=rows, block=block, meta=i32(6), n_in=i32(1), bonus_in=i32(1), ids=i32(block),
+        feat=f32(rows, Y * M), ctx_raw=f32(rows, M), xin=f32(block + rows, M),
+        qkv=f32(block + rows, (Hq + 2 * Hkv) * Dh), x=f32(block, M), h=f32(block, M),
         o=f32(block, Hq * Dh), act=f32(block, cfg.intermediate_size),
         logits=f32(max(1, block - 1), vocab))
 
@@ -221,13 +217,19 @@ class CudaDrafter:
         self.hidden_norm = vec("hidden_norm.weight")      # [M] f32
         self.norm = vec("norm.weight")                    # [M] f32
         self.layers = []
+        nq, nk = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+        if cfg.head_dim > MAX_HEAD_DIM:
+            raise ValueError(f"drafter head_dim {cfg.head_dim} exceeds the cuda backend's "
+                             f"{MAX_HEAD_DIM} (the fused q / k norm stages a head in shared memory)")
         for i in range(cfg.num_hidden_layers):
             p, a = f"layers.{i}.", f"layers.{i}.self_attn."
+            qkv = cuda.to_device(to_storage(np.concatenate(
+                [host.w[a + f"{x}_proj.weight"] for x in "qkv"]), dt))     # [(Hq + 2 Hkv)*Dh, M]
             self.layers.append(DeviceDrafterLayer(
                 input_layernorm=vec(p + "input_layernorm.weight"),
                 post_attention_layernorm=vec(p + "post_attention_layernorm.weight"),
-                q_proj=mat(a + "q_proj.weight"), k_proj=mat(a + "k_proj.weight"),
-                v_proj=mat(a + "v_proj.weight"), o_proj=mat(a + "o_proj.weight"),
+                qkv_proj=qkv, q_proj=qkv[:nq], k_proj=qkv[nq:nq + nk], v_proj=qkv[nq + nk:],
+                o_proj=mat(a + "o_proj.weight"),
                 q_norm=vec(a + "q_norm.weight"), k_norm=vec(a + "k_norm.weight"),
                 gate_proj=mat(p + "mlp.gate_proj.weight"), up_proj=mat(p + "mlp.up_proj.weight"),
                 down_proj=mat(p + "mlp.down_proj.weight")))
@@ -398,38 +400,27 @@ class CudaDrafter:
         nf = features.shape[0]
         gemm = target.gemm_args          # the target's precision and tile for every projection
         _draft_meta_kernel[1, META_THREADS, stream](
-            cache.status, n, bonus, int(cache.capacity), int(nf), int(Hq), int(Hkv), int(cfg.mask_token_id),
-            bool(write_block), ws.ids, ws.pos_ctx, ws.pos_blk, ws.meta)
-        # context features: hidden_norm(fc(features))                              [n, M]
+            cache.status, n, bonus, int(cache.capacity), int(nf), int(cfg.mask_token_id), bool(write_block),
+            ws.ids, ws.meta)
+        # context features: hidden_norm(fc(features)), into the rows of xin after the block's   [n, M]
         kn.enqueue_linear(features, self.fc, ws.ctx_raw, ws.n_ctx, **gemm, stream=stream)
         kn.enqueue_rms_norm(ws.ctx_raw, self.hidden_norm, eps, ws.ctx, ws.n_ctx, stream=stream)
         kn.enqueue_embedding(ws.ids, target.embed_tokens, ws.x, ws.n_blk, stream=stream)   # [B, M]
-        ck_heads = ws.ck.reshape(ws.rows * Hkv, Dh)                    # per-head views for the norms
-        q_heads = ws.q.reshape(ws.block * Hq, Dh)
-        kb_heads = ws.kb.reshape(ws.block * Hkv, Dh)
+        nq, nk = Hq * Dh, Hkv * Dh
+        q, kb, vb = ws.qkv[:ws.block, :nq], ws.qkv[:ws.block, nq:nq + nk], ws.qkv[:ws.block, nq + nk:]
         scale = float(Dh) ** -0.5
-        heads = dict(rdim=Dh, src_stride=Dh, dst_stride=Dh, interleave=False)    # Qwen3's rotate-half rope
         for i, lw in enumerate(self.layers):
             k_cache, v_cache = cache.k[i], cache.v[i]                  # [S_cap, Hkv*Dh]
-            # the context rows' keys (k_norm, rope at s0 + r, straight into the cache) and values
-            kn.enqueue_linear(ws.ctx, lw.k_proj, ws.ck, ws.n_ctx, **gemm, stream=stream)
-            kn.enqueue_rms_norm(ck_heads, lw.k_norm, eps, ck_heads, ws.n_ctx_heads, stream=stream)
-            kn.enqueue_rope(ws.ck, k_cache, ws.pos_ctx, self.inv_freq, ws.n_ctx, groups=Hkv,
-                            dst_row0=ws.s0, stream=stream, **heads)
-            kn.enqueue_linear(ws.ctx, lw.v_proj, ws.cv, ws.n_ctx, **gemm, stream=stream)
-            kn.enqueue_copy_rows(v_cache, ws.start_n, ws.cv, stream=stream)      # appended at s0
-            # the block: queries, keys and values at positions s0 + n + j (never cached)
-            kn.enqueue_rms_norm(ws.x, lw.input_layernorm, eps, ws.h, ws.n_blk, stream=stream)
-            kn.enqueue_linear(ws.h, lw.q_proj, ws.q, ws.n_blk, **gemm, stream=stream)
-            kn.enqueue_rms_norm(q_heads, lw.q_norm, eps, q_heads, ws.n_blk_q_heads, stream=stream)
-            kn.enqueue_rope(ws.q, ws.q, ws.pos_blk, self.inv_freq, ws.n_blk, groups=Hq, stream=stream, **heads)
-            kn.enqueue_linear(ws.h, lw.k_proj, ws.kb, ws.n_blk, **gemm, stream=stream)
-            kn.enqueue_rms_norm(kb_heads, lw.k_norm, eps, kb_heads, ws.n_blk_kv_heads, stream=stream)
-            kn.enqueue_rope(ws.kb, ws.kb, ws.pos_blk, self.inv_freq, ws.n_blk, groups=Hkv, stream=stream,
-                            **heads)
-            kn.enqueue_linear(ws.h, lw.v_proj, ws.vb, ws.n_blk, **gemm, stream=stream)
+            # one GEMM projects the block (q, k, v at positions s0 + n + j, never cached) and
+            # the new context rows (k, v at s0 + c); one launch norms and rotates the block's q
+            # and k in place and appends the context rows' keys and values to the cache
+            kn.enqueue_rms_norm(ws.x, lw.input_layernorm, eps, ws.h_blk, ws.n_blk, stream=stream)
+            kn.enqueue_linear(ws.xin, lw.qkv_proj, ws.qkv, ws.n_xin, **gemm, stream=stream)
+            kn.enqueue_qkv_norm_rope(ws.qkv, ws.meta, lw.q_norm, lw.k_norm, eps, self.inv_freq,
+                                     n_q_heads=Hq, n_kv_heads=Hkv, interleave=False,   # Qwen3's rotate-half
+                                     k_cache=k_cache, v_cache=v_cache, stream=stream)
             # non-causal attention over the context rows then the block, o_proj into the residual
-            kn.enqueue_gqa_attention(ws.q, k_cache, v_cache, ws.o, k_blk=ws.kb, v_blk=ws.vb,
+            kn.enqueue_gqa_attention(q, k_cache, v_cache, ws.o, k_blk=kb, v_blk=vb,
                                      meta=ws.att_meta, scale=scale, scratch=ws.scratch, stream=stream)
             kn.enqueue_linear(ws.o, lw.o_proj, ws.x, ws.n_blk, accumulate=True, **gemm, stream=stream)
             kn.enqueue_rms_norm(ws.x, lw.post_attention_layernorm, eps, ws.h, ws.n_blk, stream=stream)

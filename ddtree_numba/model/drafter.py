@@ -34,8 +34,8 @@ from ..reference.embedding import embedding, lm_head
 from ..reference.gqa import gqa_attention
 from ..reference.linear import linear
 from ..reference.moe import swiglu_mlp
-from ..reference.rms_norm import rms_norm
-from ..reference.rope import rope, rope_cos_sin, rope_inv_freq
+from ..reference.rms_norm import head_norm_rope, rms_norm
+from ..reference.rope import rope_cos_sin, rope_inv_freq
 from .target import check_finite_output
 
 
@@ -251,13 +251,13 @@ class NumpyDrafter:
 
             def keys_values(h, cos, sin):
                 k = linear(h, w[a + "k_proj.weight"]).reshape(-1, hkv, dh)  # [., Hkv, Dh]
-                k = rope(rms_norm(k, w[a + "k_norm.weight"], eps), cos, sin, interleave=False)
+                k = head_norm_rope(k, w[a + "k_norm.weight"], eps, cos, sin, interleave=False)
                 return k, linear(h, w[a + "v_proj.weight"]).reshape(-1, hkv, dh)
 
             cache.k[i, s0:s1], cache.v[i, s0:s1] = keys_values(ctx, cos_c, sin_c)
             h = rms_norm(x, w[p + "input_layernorm.weight"], eps)          # [B, M]
             q = linear(h, w[a + "q_proj.weight"]).reshape(nb, hq, dh)       # [B, Hq, Dh]
-            q = rope(rms_norm(q, w[a + "q_norm.weight"], eps), cos_b, sin_b, interleave=False)
+            q = head_norm_rope(q, w[a + "q_norm.weight"], eps, cos_b, sin_b, interleave=False)
             k_b, v_b = keys_values(h, cos_b, sin_b)                         # [B, Hkv, Dh] each
             k = np.concatenate([cache.k[i, :s1], k_b])                      # [S + B, Hkv, Dh]
             v = np.concatenate([cache.v[i, :s1], v_b])                      # [S + B, Hkv, Dh]
