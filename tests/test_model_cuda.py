@@ -213,6 +213,9 @@ def test_q_a_and_kv_a_in_one_gemm_give_the_bits_of_two():
     for name in ("c_kv", "k_pe"):
         np.testing.assert_array_equal(getattr(caches[0], name).copy_to_host()[:, :3],
                                       getattr(caches[1], name).copy_to_host()[:, :3], err_msg=name)
+    # each workspace holds the buffers of its own path only
+    assert fused.workspace(3).q_a.shape == fused.workspace(3).kv.shape == (1, 1)
+    assert split.workspace(3).qkv_a.shape == (1, 1) and split.workspace(3).kv.shape == (4, 16 + 8)
 
 
 @pytest.mark.gpu

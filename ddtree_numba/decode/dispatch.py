@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 from ..model.protocols import Drafter, Target
 from .host import generate_host
@@ -44,7 +44,7 @@ def generate(target: Target, drafter: Drafter | None, prompt_ids, max_new_tokens
     """
     a = check_generate_inputs(target, drafter, prompt_ids, max_new_tokens, method, budget, temperature, seed,
                               max_tokens, stop_token_ids, allow_long_context)
-    with _progress_hook(progress, a.n_new, method) as hook, _compiling(progress):
+    with _progress_hook(progress, a.n_new, method) as hook:
         kw = dict(prompt=a.prompt, n_new=a.n_new, method=method, budget=a.budget, temperature=a.temperature,
                   seed=a.seed, stops=a.stops, max_tokens=a.max_tokens, progress=hook)
         if a.n_new > 0 and not trace and device_loop_applies(target, drafter, method):
@@ -53,26 +53,22 @@ def generate(target: Target, drafter: Drafter | None, prompt_ids, max_new_tokens
         return generate_host(target, drafter, trace=trace, **kw)
 
 
-def _compiling(progress):
-    """With a progress bar asked for, a second bar while GPU kernels compile (only kernels not
-    yet in the on-disk cache compile: ``_device.compile_progress``)."""
-    if progress is None or progress is False:
-        return nullcontext()
-    from .._device import compile_progress
-    return compile_progress()
-
-
 @contextmanager
 def _progress_hook(progress, total: int, method: str):
     """``progress`` as the loops call it: None / False -> none; True -> a tqdm bar over the new
-    tokens (closed at the end); a callable -> itself. Anything else is a ``ValueError``."""
+    tokens (closed at the end); a callable -> itself. Anything else is a ``ValueError``. With a
+    bar or a callable, a second bar shows while GPU kernels compile (only those not yet in the
+    on-disk cache: ``_device.compile_progress``)."""
     if progress is None or progress is False:
         yield None
-    elif progress is True:
-        from tqdm.auto import tqdm
-        with tqdm(total=total, unit="tok", desc=method, leave=False) as bar:
-            yield lambda n: bar.update(n - bar.n)
-    elif callable(progress):
-        yield progress
-    else:
+        return
+    if progress is not True and not callable(progress):
         raise ValueError(f"progress must be True, False, None or a callable, got {progress!r}")
+    from .._device import compile_progress
+    with compile_progress():
+        if progress is True:
+            from tqdm.auto import tqdm
+            with tqdm(total=total, unit="tok", desc=method, leave=False) as bar:
+                yield lambda n: bar.update(n - bar.n)
+        else:
+            yield progress

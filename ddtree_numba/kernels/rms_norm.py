@@ -134,16 +134,17 @@ def _qkv_norm_rope_kernel(threads):
 
 # -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
 
-def enqueue_rms_norm(x, weight, eps, out, n_rows, *, out_row0=None, src_col0=0, second=None, stream=0):
-    """out[row0 + r, :M] = rms_norm(x[r, c0 : c0 + M]) for r < n_rows[0], M = weight.shape[0],
-    c0 = ``src_col0``; twin: ``reference.rms_norm.rms_norm``.
+def enqueue_rms_norm(x, weight, eps, out, n_rows, *, out_row0=None, second=None, stream=0):
+    """out[row0 + r, :M] = rms_norm(x[r, :M]) for r < n_rows[0], M = weight.shape[0]; twin:
+    ``reference.rms_norm.rms_norm``.
 
-    x [R, Wx >= c0 + M] float32 (e.g. the kv latent of a [T, C + R] buffer), weight [M] float32,
-    eps float, out [>= row0 + n, Wo >= M] float32 (columns past M untouched), n_rows [>= 1] int32
-    device, out_row0 [>= 1] int32 device (row0 = out_row0[0], e.g. the cache length) or None
-    (row0 = 0). ``second`` = (weight1, out1, src_col1, out_row1 or None): a second norm of the
-    same rows of x, with the same eps, in the same launch (each row's bits as if alone). The grid
-    is R blocks (x 2 with ``second``).
+    x [R, Wx >= M] float32, weight [M] float32, eps float, out [>= row0 + n, Wo >= M] float32
+    (columns past M untouched), n_rows [>= 1] int32 device, out_row0 [>= 1] int32 device (row0 =
+    out_row0[0], e.g. the cache length) or None (row0 = 0). ``second`` = (weight1, out1,
+    src_col1, out_row1 or None): a second norm of the same rows of x, of the M1 =
+    weight1.shape[0] columns from ``src_col1`` (e.g. the kv latent of a stacked [T, Q + C + R]
+    buffer), with the same eps, in the same launch (each row's bits as if alone). The grid is R
+    blocks (x 2 with ``second``).
     """
     if x.shape[0] == 0:
         return
@@ -155,7 +156,7 @@ def enqueue_rms_norm(x, weight, eps, out, n_rows, *, out_row0=None, src_col0=0, 
         weight1, out1, col1, row1 = second
     use_row1 = row1 is not None
     _rms_norm_kernel(THREADS, second is not None)[(x.shape[0], 1 if second is None else 2), THREADS, stream](
-        x, weight, np.float32(eps), out, n_rows, row0, use_row0, src_col0,
+        x, weight, np.float32(eps), out, n_rows, row0, use_row0, 0,
         weight1, out1, row1 if use_row1 else n_rows, use_row1, col1)
 
 

@@ -206,11 +206,12 @@ class Workspace:
     vis_bits: object            # [T, ceil(T/32)] uint32 ancestor bits among the new rows
     x: object                   # [T, M] residual stream
     normed: object              # [T, M] RMS-normed input of attention / FFN
-    q_a: object                 # [T, Q] (q_lora only)
-    qkv_a: object               # [T, Q+C+R] q_a and kv side by side (a layer with ``qkv_a_proj``)
+    q_a: object                 # [T, Q] (a q_lora layer without ``qkv_a_proj``; else [1, 1])
+    qkv_a: object               # [T, Q+C+R] q_a and kv side by side (a layer with ``qkv_a_proj``; else [1, 1])
     q_a_normed: object          # [T, Q]
     q: object                   # [T, H*(D+R)] query: per head D nope then R rope values
-    kv: object                  # [T, C+R] latent (before norm) and rope key (before rotation)
+    kv: object                  # [T, C+R] latent (before norm) and rope key (before rotation) (a layer
+                                #   without ``qkv_a_proj``; else [1, 1])
     q_pe: object                # [T, H*R] rotated rope queries
     q_lat: object               # [T, H*C] queries in the latent space
     o_lat: object               # [T, H*C] attention output in the latent space
@@ -233,7 +234,10 @@ class Workspace:
         return self.meta[0:1]
 
 
-def new_workspace(cfg: ModelConfig, rows: int) -> Workspace:
+def new_workspace(cfg: ModelConfig, rows: int, stacked: tuple[bool, ...] = ()) -> Workspace:
+    """The buffers for forwards of up to ``rows`` tokens; ``stacked`` says, per layer, whether it
+    projects q_a and kv in one GEMM (``DeviceLayer.qkv_a_proj``): only the buffers of the paths
+    the layers take are allocated (the others are [1, 1] placeholders)."""
     rows = check_int("rows", rows, 1)
     H, C, R = cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
     D, Dv, M = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.hidden_size
@@ -241,6 +245,7 @@ def new_workspace(cfg: ModelConfig, rows: int) -> Workspace:
     has_moe = any(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
     has_dense = any(not cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
     Q = cfg.q_lora_rank or 1
+    plain = not stacked or not all(stacked)       # some layer projects q_a and kv apart
     moe = kn.MoEBuffers(rows, cfg.n_routed_experts, cfg.num_experts_per_tok, M, cfg.moe_intermediate_size,
                      shared_inter=cfg.moe_intermediate_size * (cfg.n_shared_experts or 0)) if has_moe else None
     return Workspace(
@@ -250,9 +255,11 @@ def new_workspace(cfg: ModelConfig, rows: int) -> Workspace:
         parents=cuda.to_device(np.arange(-1, rows - 1, dtype=np.int32)),
         meta=cuda.to_device(np.zeros(2, np.int32)),
         vis_bits=cuda.device_array((rows, ceil_div(rows, 32)), np.uint32),
-        x=f32(rows, M), normed=f32(rows, M), q_a=f32(rows, Q), q_a_normed=f32(rows, Q),
-        qkv_a=f32(rows, Q + C + R if cfg.q_lora_rank else 1),
-        q=f32(rows, H * (D + R)), kv=f32(rows, C + R), q_pe=f32(rows, H * R),
+        x=f32(rows, M), normed=f32(rows, M), q_a_normed=f32(rows, Q),
+        q_a=f32(rows, Q) if cfg.q_lora_rank and plain else f32(1, 1),
+        qkv_a=f32(rows, Q + C + R) if any(stacked) else f32(1, 1),
+        kv=f32(rows, C + R) if plain else f32(1, 1),
+        q=f32(rows, H * (D + R)), q_pe=f32(rows, H * R),
         q_lat=f32(rows, H * C), o_lat=f32(rows, H * C), o=f32(rows, H * Dv),
         act=f32(rows, cfg.intermediate_size if has_dense else 1), moe=moe,
         logits=f32(rows, cfg.vocab_size), hidden=f32(cfg.num_hidden_layers, rows, M),
@@ -345,7 +352,8 @@ class CudaTarget:
         of two), made on first use and kept. Kernels pick their tiles by these row counts."""
         size = 1 << (int(rows) - 1).bit_length()
         if size not in self._workspaces:
-            self._workspaces[size] = new_workspace(self.config, size)
+            stacked = tuple(lw.q_proj is None and lw.qkv_a_proj is not None for lw in self.layers)
+            self._workspaces[size] = new_workspace(self.config, size, stacked)
         return self._workspaces[size]
 
     # -- the forward -----------------------------------------------------------------------
