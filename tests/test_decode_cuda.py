@@ -233,3 +233,35 @@ def test_a_kept_configuration_serves_the_next_call_from_a_clean_state():
         np.testing.assert_array_equal(res.tokens, dd.generate(host, None, p, 3, method="ar").tokens)
         np.testing.assert_array_equal(res.tree_sizes, want.tree_sizes)
         assert want.tree_sizes.min() < 3, want.tree_sizes       # the cache's end did clip the trees
+
+
+def test_rounds_launched_ahead_commit_the_tokens_of_one_at_a_time(monkeypatch):
+    """The device loop launches the next round before it reads this one's report (rounds in
+    flight): the tokens are the host loop's, each round's report is read from its own buffer,
+    a round launched ahead is never counted, and when a stop token ends the generation with a
+    round in flight that round is waited for and the configuration serves the next call. ar on
+    a one-layer target (one token a round, so rounds run ahead from the first)."""
+    import dataclasses
+    from ddtree_numba.decode import device
+    from ddtree_numba.kernels import TILES
+    from ddtree_numba.model import ModelConfig, random_target
+    from ddtree_numba.model.cuda_target import CudaTarget
+    host = random_target(dataclasses.replace(ModelConfig.tiny(), num_hidden_layers=1), seed=7)
+    gpu = CudaTarget.from_host(host, precision="fp32", gemm_tile=None if REAL_GPU else TILES["small"])
+    launched = []
+    enqueue = device.DeviceRound.enqueue_round
+    monkeypatch.setattr(device.DeviceRound, "enqueue_round",
+                        lambda self, *a, **k: (launched.append(1), enqueue(self, *a, **k))[1])
+    prompt = np.array([4, 8, 15, 16], np.int32)
+    want = dd.generate(host, None, prompt, 4, method="ar").tokens
+    assert len(set(want.tolist())) == 4                  # distinct tokens: a report read twice shows
+    res = dd.generate(gpu, None, prompt, 4, method="ar", graph=False)
+    np.testing.assert_array_equal(res.tokens, want)
+    assert len(launched) == res.target_forwards - 1 == 3   # every round read; none ran past the end
+    launched.clear()                                       # the 2nd token (round 1's bonus) stops it,
+    res = dd.generate(gpu, None, prompt, 4, method="ar", stop_token_ids=[int(want[1])], graph=False)
+    np.testing.assert_array_equal(res.tokens, want[:2])    # with round 2 already launched
+    assert res.stopped and len(launched) == res.target_forwards == 2  # round 2 ran, unread
+    if REAL_GPU:        # (the simulator runs one launch at a time: nothing is ever in flight there)
+        res = dd.generate(gpu, None, prompt, 4, method="ar")             # the same configuration, clean
+        np.testing.assert_array_equal(res.tokens, want)

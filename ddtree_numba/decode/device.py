@@ -146,12 +146,14 @@ class _EventTimer:
             ev.record(self.stream)
             self.marks.append((stage, ev))
 
-    def collect(self):
+    def collect(self, in_flight: int = 0):
         """After a sync: add the intervals between marks to their stages (a mark names the
-        stage that ends at it)."""
-        for (_, a), (stage, b) in zip(self.marks[:-1], self.marks[1:]):
+        stage that ends at it). The last ``in_flight`` marks belong to a round launched ahead,
+        not yet done: they wait for the next collect."""
+        done = len(self.marks) - in_flight
+        for (_, a), (stage, b) in zip(self.marks[:done - 1], self.marks[1:done]):
             self.times[stage] += (b - a) if SIM else cuda.event_elapsed_time(a, b) * 1e-3
-        self.marks = self.marks[-1:] if self.marks else []
+        self.marks = self.marks[max(done - 1, 0):]
 
 
 TARGET_BIT, DRAFTER_BIT = 1, 2      # report[3]: whose logits went non-finite
@@ -205,6 +207,9 @@ class DeviceRound:
         self.post, self.keep = i32(self.tbufs.capacity + 1), i32(self.tbufs.capacity + 1)
         self.info, self.bonus, self.start_n, self.n_ctx = i32(2), i32(1), i32(2), i32(1)
         self.report = i32(4 + self.tbufs.capacity)   # [n, bonus, N, non-finite flags, tokens...]
+        # two page-locked host copies of the report: the host reads one round's while the next
+        # round, launched ahead, copies into the other
+        self.host_reports = tuple(cuda.pinned_array(self.report.shape, np.int32) for _ in range(2))
         self.state = i32(3)                  # (cache rows, round, rows allowed): the glue kernels'
         self.budget = i32(1)                 # this round's tree budget
         self.seed = cuda.device_array(1, np.uint64)         # the generation's seed
@@ -409,27 +414,54 @@ def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prom
     timer.collect()
     log.target_forwards += 1
     start = p
-    r = 0
-    while not log.bonus_ends(bonus_h):
-        r += 1
-        parts = dr.replays(graph, temperature)
+    # tokens a round can commit at most; then the next bonus may end the generation (bonus_ends)
+    most = 1 if method == "ar" else L + 1
+    launched = 0
+
+    def launch(parts):
+        """Enqueue one round (its graphs, or its launches) and the copy of its report into a
+        host buffer; returns (host report, event recorded after the copy, eager?, timer marks made)."""
+        nonlocal launched
+        marks = len(timer.marks)
         for stage, exe in parts:
             replay_graph(exe, stream)
             timer.mark(stage)
         if not parts:
             dr.enqueue_round(temperature, stream, timer.mark)
-        if method != "ar":
-            log.drafter_forwards += 1
-        log.target_forwards += 1
-        rep = dr.report.copy_to_host(stream=stream)                # the round's one sync
-        timer.collect()
-        n, new_bonus, n_tree = int(rep[0]), int(rep[1]), int(rep[2])
-        _check_finite(rep, f"round {r}", stream)
-        if graph and not parts:
-            dr.capture(graph, temperature)    # after a first eager round: everything is compiled
-        start += n
-        dr.tcache.length = start
-        if log.commit([bonus_h] + [int(x) for x in rep[4:3 + n]], n_tree):
-            break
-        bonus_h = new_bonus
+        host = dr.host_reports[launched % 2]
+        launched += 1
+        dr.report.copy_to_host(host, stream=stream)
+        done = cuda.event()
+        done.record(stream)
+        return host, done, not parts, len(timer.marks) - marks
+
+    # Rounds in flight: the next round is launched before the host reads this one's report
+    # (every size a round needs is on the device), so the GPU does not wait while the host
+    # commits tokens. Not while a first eager round is still to be captured (graph modes), and
+    # only when the round before cannot end the generation by length; if a stop token ends it
+    # instead, the round ahead runs to no purpose and is waited for below (its report unread).
+    ahead = None
+    try:
+        while not log.bonus_ends(bonus_h):
+            parts = dr.replays(graph, temperature)
+            current = ahead if ahead is not None else launch(parts)
+            ahead = launch(parts) if (parts or not graph) and len(log.tokens) + most + 1 < n_new else None
+            host, done, eager, _ = current
+            done.synchronize()                                          # the round's one wait
+            timer.collect(in_flight=0 if ahead is None else ahead[3])
+            rep = host.copy()
+            if method != "ar":
+                log.drafter_forwards += 1
+            log.target_forwards += 1
+            n, new_bonus, n_tree = int(rep[0]), int(rep[1]), int(rep[2])
+            _check_finite(rep, f"round {log.target_forwards - 1}", stream)
+            if graph and eager:
+                dr.capture(graph, temperature)    # after a first eager round: everything is compiled
+            start += n
+            dr.tcache.length = start
+            if log.commit([bonus_h] + [int(x) for x in rep[4:3 + n]], n_tree):
+                break
+            bonus_h = new_bonus
+    finally:
+        stream.synchronize()          # a round launched ahead past the end (the configuration is reused)
     return log.result(timer.times, time.perf_counter() - t_start, loop="device", stage_clock=timer.clock)
