@@ -75,7 +75,8 @@ SIGNATURES = {
     "rope._rope_table_kernel": [f"void({F32_2}, {F32_2}, {F32_2}, boolean, {F32_2})"],
     "rope._rope_kernel": [
         f"void({F32_2}, int64, int64, {F32_2}, int64, int64, int64, int64, {I32_1}, {F64_1}, "
-        f"float64, boolean, {I32_1}, {I32_1}, boolean)"],
+        f"float64, boolean, {I32_1}, {I32_1}, boolean, {F32_2}, int64, int64, {F32_2}, int64, int64, int64, "
+        f"{I32_1}, boolean)"],
     "embedding._embedding_kernel": [
         ((kind,), f"void({ids}[::1], {w}[:, ::1], {F32_2}, {I32_1})")
         for kind, w in (("f32", "float32"), ("f16", "float16"), ("bf16", "uint16"))

@@ -223,6 +223,39 @@ def test_enqueue_rope_k_pe_into_cache_rows(rng, interleave):
     np.testing.assert_array_equal(got[s0 + n:], cache0[s0 + n:])
 
 
+def test_two_ropes_in_one_launch_give_each_rope_alone(rng):
+    """``second=``: MLA's rope key (into cache rows after s0) and every head's rope query, at the
+    same positions, in one launch: each equals its own launch bit for bit; nothing else written."""
+    T, H, D, C, Rd, n, s0 = 5, 3, 2, 4, 12, 3, 2
+    kv = rng.standard_normal((T, C + Rd)).astype(np.float32)            # [c_kv | k_pe]
+    q = rng.standard_normal((T, H * (D + Rd))).astype(np.float32)      # heads of [nope | rope]
+    positions = (s0 + np.arange(T)).astype(np.int32)
+    inv, af = yarn()
+    d_kv, d_q, d_pos, d_inv = (cuda.to_device(a) for a in (kv, q, positions, inv))
+    cache0, qpe0 = np.full((9, Rd), POISON, np.float32), np.full((T, H * Rd), POISON, np.float32)
+    outs = []
+    for paired in (True, False):
+        d_cache, d_qpe = cuda.to_device(cache0), cuda.to_device(qpe0)
+        key = dict(rdim=Rd, src_col0=C, dst_row0=i32(s0), attention_factor=af, interleave=True)
+        query = dict(groups=H, src_col0=D, src_stride=D + Rd, dst_stride=Rd)
+        if paired:
+            enqueue_rope(d_kv, d_cache, d_pos, d_inv, i32(n), **key, second=dict(src=d_q, dst=d_qpe, **query))
+        else:
+            enqueue_rope(d_kv, d_cache, d_pos, d_inv, i32(n), **key)
+            enqueue_rope(d_q, d_qpe, d_pos, d_inv, i32(n), rdim=Rd, attention_factor=af, interleave=True, **query)
+        outs.append((d_cache.copy_to_host(), d_qpe.copy_to_host()))
+    for got, alone in zip(*outs):
+        np.testing.assert_array_equal(got, alone)
+    cache, qpe = outs[0]
+    np.testing.assert_array_equal(cache[:s0], cache0[:s0])
+    np.testing.assert_array_equal(cache[s0 + n:], cache0[s0 + n:])
+    np.testing.assert_array_equal(qpe[n:], qpe0[n:])
+    cos, sin = ref.rope_cos_sin(positions[:n], inv, af)
+    assert_rel(qpe[:n], ref.rope(q[:n].reshape(n, H, D + Rd)[:, :, D:], cos, sin, True).reshape(n, H * Rd))
+    with pytest.raises(ValueError, match="second takes"):
+        enqueue_rope(d_kv, cuda.to_device(cache0), d_pos, d_inv, i32(n), **key, second=dict(src=d_q, dst=d_q, group=2))
+
+
 @pytest.mark.parametrize("interleave", [True, False])
 def test_enqueue_rope_in_place(rng, interleave):
     T, H, D, Rd, n = 4, 2, 2, 6, 3

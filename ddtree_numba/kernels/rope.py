@@ -80,7 +80,10 @@ def _rope_table_kernel(x, cos, sin, interleave, out):
 @cached
 @cuda.jit
 def _rope_kernel(src, src_col0, src_gs, dst, dst_col0, dst_gs, groups, rdim, positions, inv_freq,
-                 attention_factor, interleave, n_rows, dst_row0, use_row0):
+                 attention_factor, interleave, n_rows, dst_row0, use_row0,
+                 src1, src1_col0, src1_gs, dst1, dst1_col0, dst1_gs, groups1, dst1_row0, use1_row0):
+    """Row r = blockIdx.x of job blockIdx.y: job 0 rotates (src, dst, ...), job 1 (src1, dst1,
+    ...): two sets of rope vectors of the same rows, at the same positions, in one launch."""
     r = cuda.blockIdx.x
     if r >= n_rows[0]:
         return  # the whole block leaves together: no thread is left at the barrier
@@ -95,18 +98,27 @@ def _rope_kernel(src, src_col0, src_gs, dst, dst_col0, dst_gs, groups, rdim, pos
         cs[i] = c
         sn[i] = s
     cuda.syncthreads()  # the row's cos / sin are staged
-    ro = r + (dst_row0[0] if use_row0 else 0)
-    for p in range(t, groups * r2, T):
-        g = p // r2
-        i = p - g * r2
-        _rotate(src, r, src_col0 + g * src_gs, dst, ro, dst_col0 + g * dst_gs, i, r2, interleave,
-                cs[i], sn[i])
+    if cuda.blockIdx.y == 0:
+        ro = r + (dst_row0[0] if use_row0 else 0)
+        for p in range(t, groups * r2, T):
+            g = p // r2
+            i = p - g * r2
+            _rotate(src, r, src_col0 + g * src_gs, dst, ro, dst_col0 + g * dst_gs, i, r2, interleave,
+                    cs[i], sn[i])
+    else:
+        ro = r + (dst1_row0[0] if use1_row0 else 0)
+        for p in range(t, groups1 * r2, T):
+            g = p // r2
+            i = p - g * r2
+            _rotate(src1, r, src1_col0 + g * src1_gs, dst1, ro, dst1_col0 + g * dst1_gs, i, r2, interleave,
+                    cs[i], sn[i])
 
 
 # -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
 
 def enqueue_rope(src, dst, positions, inv_freq, n_rows, *, rdim, interleave, groups=1, src_col0=0,
-                 src_stride=0, dst_col0=0, dst_stride=0, attention_factor=1.0, dst_row0=None, stream=0):
+                 src_stride=0, dst_col0=0, dst_stride=0, attention_factor=1.0, dst_row0=None, second=None,
+                 stream=0):
     """Rotate rope vectors from a strided source into a strided destination, the angles computed
     from the positions; twin: ``reference.rope.rope`` (with ``rope_cos_sin``).
 
@@ -119,14 +131,29 @@ def enqueue_rope(src, dst, positions, inv_freq, n_rows, *, rdim, interleave, gro
     dst when the source and destination positions coincide (in place). The grid is R blocks.
     E.g. q_pe of every head: src q [T, H*(D+Rd)], src_col0 D, src_stride D+Rd -> dst [T, H*Rd],
     dst_stride Rd; k_pe: src kv [T, C+Rd], src_col0 C -> the cache rows, dst_row0 = cache length.
+    ``second`` = dict(src=, dst=, groups=, src_col0=, src_stride=, dst_col0=, dst_stride=,
+    dst_row0=) (the same defaults): a second set of rope vectors of the same rows (src with at
+    least R rows), the same positions and angles, in the same launch (each vector's bits as if
+    alone; MLA's k_pe and q_pe). The grid is R blocks (x 2 with ``second``).
     """
     if src.shape[0] == 0:
         return
     use_row0 = dst_row0 is not None
-    _rope_kernel[src.shape[0], THREADS, stream](
-        src, int(src_col0), int(src_stride), dst, int(dst_col0), int(dst_stride), int(groups), int(rdim),
-        positions, inv_freq, float(attention_factor), bool(interleave), n_rows,
-        dst_row0 if use_row0 else n_rows, use_row0)
+    job = (src, int(src_col0), int(src_stride), dst, int(dst_col0), int(dst_stride), int(groups),
+           dst_row0 if use_row0 else n_rows, use_row0)
+    if second is None:
+        job1 = job
+    else:
+        b = dict(groups=1, src_col0=0, src_stride=0, dst_col0=0, dst_stride=0, dst_row0=None)
+        if not {"src", "dst"} <= set(second) <= set(b) | {"src", "dst"}:
+            raise ValueError(f"second takes src, dst and {sorted(b)}, got {sorted(second)}")
+        b |= second
+        use1 = b["dst_row0"] is not None
+        job1 = (b["src"], int(b["src_col0"]), int(b["src_stride"]), b["dst"], int(b["dst_col0"]),
+                int(b["dst_stride"]), int(b["groups"]), b["dst_row0"] if use1 else n_rows, use1)
+    _rope_kernel[(src.shape[0], 1 if second is None else 2), THREADS, stream](
+        *job[:7], int(rdim), positions, inv_freq, float(attention_factor), bool(interleave), n_rows,
+        *job[7:], *job1)
 
 
 # -- the public launchers -----------------------------------------------------------------------

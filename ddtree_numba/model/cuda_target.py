@@ -480,10 +480,11 @@ class CudaTarget:
             # the latent's norm (fused: done above) and the rotated rope key go straight into cache row s0 + r
             if not fused:
                 kn.enqueue_rms_norm(ws.kv, lw.kv_a_layernorm, eps, c_kv, n, out_row0=ws.s0, stream=s)
+            # both rotations in one launch: the rope key into the cache, every head's rope query
             kn.enqueue_rope(kv_buf, k_pe, ws.positions, self.inv_freq, n, rdim=R, src_col0=kv_col + C,
-                            dst_row0=ws.s0, stream=s, **rope)
-            kn.enqueue_rope(ws.q, ws.q_pe, ws.positions, self.inv_freq, n, rdim=R, groups=H, src_col0=D,
-                            src_stride=D + R, dst_stride=R, stream=s, **rope)
+                            dst_row0=ws.s0, stream=s, **rope,
+                            second=dict(src=ws.q, dst=ws.q_pe, groups=H, src_col0=D, src_stride=D + R,
+                                        dst_stride=R))
 
         def query_absorption(s):
             kn.enqueue_linear_heads(ws.q, D + R, lw.w_uk_t, ws.q_lat, n, **gemm, stream=s)
