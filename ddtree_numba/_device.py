@@ -132,7 +132,8 @@ def device_function(fn):
     if config.ENABLE_CUDASIM:
         # The simulator would wrap every call in a swap of the module's ``cuda`` global, under a
         # lock all the block's threads contend for (milliseconds a call): a plain Python function
-        # means the same there, as long as it does not use the ``cuda`` module itself (none does).
+        # means the same there, as long as any ``cuda`` it uses (a barrier) is that of the module
+        # of the kernels calling it, which the simulator swaps (kernels/rms_norm.py's _inv_rms).
         return fn
     return cuda.jit(device=True, forceinline=True)(fn)
 

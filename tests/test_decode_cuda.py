@@ -258,6 +258,7 @@ def test_rounds_launched_ahead_commit_the_tokens_of_one_at_a_time(monkeypatch):
     res = dd.generate(gpu, None, prompt, 4, method="ar", graph=False)
     np.testing.assert_array_equal(res.tokens, want)
     assert len(launched) == res.target_forwards - 1 == 3   # every round read; none ran past the end
+    assert res.stage_times["verify"] > 0 and res.stage_times["accept"] > 0    # finished rounds timed
     launched.clear()                                       # the 2nd token (round 1's bonus) stops it,
     res = dd.generate(gpu, None, prompt, 4, method="ar", stop_token_ids=[int(want[1])], graph=False)
     np.testing.assert_array_equal(res.tokens, want[:2])    # with round 2 already launched

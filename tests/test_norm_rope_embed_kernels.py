@@ -107,7 +107,8 @@ def test_qkv_norm_rope_is_each_heads_norm_then_rope(rng):
     view then ``enqueue_rope`` bit for bit, in place, its v untouched; a context row's key lands
     normed and rotated in the cache row s0 + c and its value copied there; nothing else written.
     And all of it within rounding of the twin, ``reference.rms_norm.head_norm_rope``."""
-    hq, hkv, dh, nb, nf, n, s0, cap, eps = 4, 2, 8, 3, 4, 2, 5, 10, 1e-6
+    # dh / 2 odd: a rotated pair's two values are staged by different threads, in the simulator too
+    hq, hkv, dh, nb, nf, n, s0, cap, eps = 4, 2, 10, 3, 4, 2, 5, 10, 1e-6
     inv_freq = ref.rope_inv_freq(dh, 10000.0)
     qkv = rng.standard_normal((nb + nf, (hq + 2 * hkv) * dh)).astype(np.float32)
     wq, wk = (rng.standard_normal(dh).astype(np.float32) for _ in range(2))
@@ -145,6 +146,10 @@ def test_qkv_norm_rope_is_each_heads_norm_then_rope(rng):
         return ref.head_norm_rope(x.reshape(-1, heads, dh), w, eps, cos, sin, interleave=False).reshape(x.shape)
     assert_rel(got[:nb, :nq], twin(qkv[:nb, :nq], wq, hq, blk_pos))
     assert_rel(got_k[s0:s0 + n], twin(qkv[nb:nb + n, nq:nq + nk], wk, hkv, ctx_pos))
+    big = cuda.to_device(np.ones(300, np.float32))               # a head past MAX_HEAD_DIM (256)
+    with pytest.raises(ValueError, match="MAX_HEAD_DIM"):
+        kn.enqueue_qkv_norm_rope(d_qkv, meta, big, big, eps, cuda.to_device(inv_freq), n_q_heads=hq,
+                                 n_kv_heads=hkv, interleave=False, k_cache=d_k, v_cache=d_v)
 
 
 # -- RoPE -----------------------------------------------------------------------------------

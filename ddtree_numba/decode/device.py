@@ -385,6 +385,9 @@ def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prom
     runs eagerly, then is captured), timed as a whole (``stage_times["round"]``); "stages": one
     graph per stage, replayed in order with events between (each stage's device time, for
     profiling); False: every stage launched from Python; None: True whenever ``capturable``.
+    Rounds run one ahead of the host (docs/DECODE.md "Rounds in flight"); when a stop token ends
+    the generation, the round already launched ahead runs unread: it is in neither the forward
+    counts nor ``stage_times``.
     """
     t_start = time.perf_counter()
     if graph not in (None, False, True, "stages"):
@@ -462,6 +465,11 @@ def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prom
             if log.commit([bonus_h] + [int(x) for x in rep[4:3 + n]], n_tree):
                 break
             bonus_h = new_bonus
-    finally:
-        stream.synchronize()          # a round launched ahead past the end (the configuration is reused)
+    except BaseException:
+        try:
+            stream.synchronize()      # a round in flight (the configuration is reused) ...
+        except Exception:             # ... unless the stream is broken: the first error is the one to see
+            pass
+        raise
+    stream.synchronize()              # a round launched ahead past the end (the configuration is reused)
     return log.result(timer.times, time.perf_counter() - t_start, loop="device", stage_clock=timer.clock)

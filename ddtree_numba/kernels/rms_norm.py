@@ -1,9 +1,11 @@
-"""RMSNorm on the GPU; twin: ``reference.rms_norm.rms_norm``.
+"""RMSNorm on the GPU; twin: ``reference.rms_norm.rms_norm``. And a DFlash drafter layer's
+per-head q / k norm fused with its RoPE and cache append (``enqueue_qkv_norm_rope``; twin
+``reference.rms_norm.head_norm_rope``), one block per (row, head), the same reduction.
 
 Shapes: R buffer rows (n = n_rows[0] of them live), M normalized features, Wx >= M columns of
 the input buffer, Wo >= M columns of the output buffer.
 
-One block per row. Thread t sums ``x[r, k]^2`` over k = t, t + T, ... with an fma chain in
+One block per row (``_rms_norm_kernel``). Thread t sums ``x[r, k]^2`` over k = t, t + T, ... with an fma chain in
 ascending k, then a shared-memory tree halves the T partials. The order depends only on T and
 M, never on the row count, so a row's norm is bit-identical alone or in a batch (docs/DESIGN.md
 §4). The twin (numpy's pairwise mean) sums in another order: equal within float32 rounding, not
@@ -175,6 +177,8 @@ def enqueue_qkv_norm_rope(qkv, meta, q_norm, k_norm, eps, inv_freq, *, n_q_heads
     ``enqueue_rms_norm`` over a [rows * heads, Dh] view then ``enqueue_rope`` (the same
     reduction, ``_inv_rms``; the same rotation). The grid is (B + Nf) x (Hq + 2 Hkv) blocks.
     """
+    if q_norm.shape[0] > MAX_HEAD_DIM:        # the one check: shared memory stages a head
+        raise ValueError(f"head dim {q_norm.shape[0]} exceeds MAX_HEAD_DIM = {MAX_HEAD_DIM}")
     if qkv.shape[0] == 0:
         return
     _qkv_norm_rope_kernel(THREADS)[(qkv.shape[0], n_q_heads + 2 * n_kv_heads), THREADS, stream](

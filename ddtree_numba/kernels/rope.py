@@ -134,7 +134,9 @@ def enqueue_rope(src, dst, positions, inv_freq, n_rows, *, rdim, interleave, gro
     ``second`` = dict(src=, dst=, groups=, src_col0=, src_stride=, dst_col0=, dst_stride=,
     dst_row0=) (the same defaults): a second set of rope vectors of the same rows (src with at
     least R rows), the same positions and angles, in the same launch (each vector's bits as if
-    alone; MLA's k_pe and q_pe). The grid is R blocks (x 2 with ``second``).
+    alone; MLA's k_pe and q_pe). The two jobs run in different blocks, so neither's source may
+    overlap the other's destination (in place holds within a job). The grid is R blocks (x 2
+    with ``second``).
     """
     if src.shape[0] == 0:
         return

@@ -234,10 +234,10 @@ class Workspace:
         return self.meta[0:1]
 
 
-def new_workspace(cfg: ModelConfig, rows: int, stacked: tuple[bool, ...] = ()) -> Workspace:
+def new_workspace(cfg: ModelConfig, rows: int, stacked: tuple[bool, ...] | None = None) -> Workspace:
     """The buffers for forwards of up to ``rows`` tokens; ``stacked`` says, per layer, whether it
     projects q_a and kv in one GEMM (``DeviceLayer.qkv_a_proj``): only the buffers of the paths
-    the layers take are allocated (the others are [1, 1] placeholders)."""
+    the layers take are allocated (the others are [1, 1] placeholders); None allocates both."""
     rows = check_int("rows", rows, 1)
     H, C, R = cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
     D, Dv, M = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.hidden_size
@@ -245,7 +245,7 @@ def new_workspace(cfg: ModelConfig, rows: int, stacked: tuple[bool, ...] = ()) -
     has_moe = any(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
     has_dense = any(not cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
     Q = cfg.q_lora_rank or 1
-    plain = not stacked or not all(stacked)       # some layer projects q_a and kv apart
+    plain = stacked is None or not all(stacked)   # some layer projects q_a and kv apart
     moe = kn.MoEBuffers(rows, cfg.n_routed_experts, cfg.num_experts_per_tok, M, cfg.moe_intermediate_size,
                      shared_inter=cfg.moe_intermediate_size * (cfg.n_shared_experts or 0)) if has_moe else None
     return Workspace(
@@ -257,7 +257,7 @@ def new_workspace(cfg: ModelConfig, rows: int, stacked: tuple[bool, ...] = ()) -
         vis_bits=cuda.device_array((rows, ceil_div(rows, 32)), np.uint32),
         x=f32(rows, M), normed=f32(rows, M), q_a_normed=f32(rows, Q),
         q_a=f32(rows, Q) if cfg.q_lora_rank and plain else f32(1, 1),
-        qkv_a=f32(rows, Q + C + R) if any(stacked) else f32(1, 1),
+        qkv_a=f32(rows, Q + C + R) if stacked is None or any(stacked) else f32(1, 1),
         kv=f32(rows, C + R) if plain else f32(1, 1),
         q=f32(rows, H * (D + R)), q_pe=f32(rows, H * R),
         q_lat=f32(rows, H * C), o_lat=f32(rows, H * C), o=f32(rows, H * Dv),
@@ -298,7 +298,7 @@ class CudaTarget:
         self._route = kn.MoERoute(cfg.scoring_func, cfg.topk_method, cfg.n_group, cfg.topk_group,
                                   cfg.num_experts_per_tok, bool(cfg.norm_topk_prob),
                                   float(cfg.routed_scaling_factor)) if has_moe else None
-        self._workspaces: dict[int, Workspace] = {}
+        self._workspaces: dict[tuple, Workspace] = {}   # (rows, stacked per layer) -> buffers
 
     def __repr__(self) -> str:
         return f"CudaTarget({self.config.describe()}, {self.weight_storage} weights, {self.precision} GEMMs)"
@@ -351,10 +351,11 @@ class CudaTarget:
         """The preallocated buffers for forwards of up to ``rows`` tokens (rounded up to a power
         of two), made on first use and kept. Kernels pick their tiles by these row counts."""
         size = 1 << (int(rows) - 1).bit_length()
-        if size not in self._workspaces:
-            stacked = tuple(lw.q_proj is None and lw.qkv_a_proj is not None for lw in self.layers)
-            self._workspaces[size] = new_workspace(self.config, size, stacked)
-        return self._workspaces[size]
+        stacked = tuple(lw.q_proj is None and lw.qkv_a_proj is not None for lw in self.layers)
+        key = (size, stacked)        # (a layer's path decides which latent buffers exist)
+        if key not in self._workspaces:
+            self._workspaces[key] = new_workspace(self.config, size, stacked)
+        return self._workspaces[key]
 
     # -- the forward -----------------------------------------------------------------------
     def forward(self, ids, positions, cache: DeviceMLACache, parents=None, hidden_layer_ids=(),

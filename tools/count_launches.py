@@ -1,0 +1,65 @@
+"""Count the kernel launches of one device round of the demo pair, by stage and by kernel.
+
+    python tools/count_launches.py [--method ddtree|dflash|ar] [--budget 16]
+
+Runs on the CPU under the CUDA simulator, and runs nothing: after the models are loaded, every
+launch is recorded instead of executed (``FakeCUDAKernel.__getitem__`` patched), while one
+``DeviceRound.enqueue_round`` enqueues a round. A round's launches do not depend on the values on
+the device, so the count is the GPU's (the kernel names are the simulator's picks: for the same
+launch the GPU may pick the other GEMM kernel, ``_mma_kernel`` or ``_staged_kernel``). On the H200 a launch in a captured graph costs about
+2.3 µs (docs/PERFORMANCE.md), which is what sets the demo pair's round: this is the table to keep
+when fusing kernels.
+"""
+
+import argparse
+import collections
+import os
+import sys
+
+os.environ["NUMBA_ENABLE_CUDASIM"] = "1"      # before numba is imported
+
+from numba.cuda.simulator import kernel as sim_kernel  # noqa: E402
+
+from ddtree_numba.decode import device  # noqa: E402
+from ddtree_numba.demo import demo_pair  # noqa: E402
+from ddtree_numba.model import loader  # noqa: E402
+
+NEXT = {"draft": "topk", "topk": "build", "build": "verify", "verify": "accept", "accept": "compact",
+        "compact": "after"}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--method", default="ddtree", choices=("ddtree", "dflash", "ar"))
+    ap.add_argument("--budget", type=int, default=16)
+    args = ap.parse_args(argv)
+
+    pair = loader.load_pair(*demo_pair(), backend="cuda")
+    drafter = None if args.method == "ar" else pair.drafter
+    L = 0 if drafter is None else drafter.block_size - 1
+    K, cap = {"ar": (1, 0), "dflash": (1, L), "ddtree": (args.budget, args.budget)}[args.method]
+    rnd = device.DeviceRound(pair.target, drafter, args.method, K, cap, 64, 16)
+
+    stage = ["draft" if drafter is not None else "verify"]
+    counts = collections.defaultdict(collections.Counter)
+    launch = sim_kernel.FakeCUDAKernel.__getitem__
+
+    def record(self, config):
+        launch(self, config)                      # the launch configuration is still checked
+        name = getattr(self.fn, "__qualname__", "?").replace(".<locals>.kernel", "")
+        return lambda *a, **k: counts[stage[0]].update([name])
+
+    sim_kernel.FakeCUDAKernel.__getitem__ = record
+    rnd.enqueue_round(0.0, 0, lambda done: stage.__setitem__(0, NEXT[done]))
+    total = 0
+    print(f"{args.method}" + (f", budget {args.budget}" if args.method == "ddtree" else "") + ": launches a round")
+    for name, per_kernel in counts.items():
+        n = sum(per_kernel.values())
+        total += n
+        print(f"  {name:8s} {n:4d}   " + ", ".join(f"{k} x{v}" for k, v in per_kernel.most_common()))
+    print(f"  {'total':8s} {total:4d}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
