@@ -98,20 +98,15 @@ def _rope_kernel(src, src_col0, src_gs, dst, dst_col0, dst_gs, groups, rdim, pos
         cs[i] = c
         sn[i] = s
     cuda.syncthreads()  # the row's cos / sin are staged
-    if cuda.blockIdx.y == 0:
-        ro = r + (dst_row0[0] if use_row0 else 0)
-        for p in range(t, groups * r2, T):
-            g = p // r2
-            i = p - g * r2
-            _rotate(src, r, src_col0 + g * src_gs, dst, ro, dst_col0 + g * dst_gs, i, r2, interleave,
-                    cs[i], sn[i])
-    else:
+    x, xc, xs, y, yc, ys, n_groups = src, src_col0, src_gs, dst, dst_col0, dst_gs, groups
+    ro = r + (dst_row0[0] if use_row0 else 0)
+    if cuda.blockIdx.y == 1:
+        x, xc, xs, y, yc, ys, n_groups = src1, src1_col0, src1_gs, dst1, dst1_col0, dst1_gs, groups1
         ro = r + (dst1_row0[0] if use1_row0 else 0)
-        for p in range(t, groups1 * r2, T):
-            g = p // r2
-            i = p - g * r2
-            _rotate(src1, r, src1_col0 + g * src1_gs, dst1, ro, dst1_col0 + g * dst1_gs, i, r2, interleave,
-                    cs[i], sn[i])
+    for p in range(t, n_groups * r2, T):
+        g = p // r2
+        i = p - g * r2
+        _rotate(x, r, xc + g * xs, y, ro, yc + g * ys, i, r2, interleave, cs[i], sn[i])
 
 
 # -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
