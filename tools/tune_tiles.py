@@ -1,13 +1,15 @@
 """Time the attention kernels and the GEMMs of a demo-pair round under candidate tiles, on a GPU.
 
-Usage (a GPU machine): python tools/tune_tiles.py [--repeat 20]
+Usage (a GPU machine): python tools/tune_tiles.py [--repeat 20] [--gemm-rows 17 1 33 65]
 
 Tiles never change the bits (MLA: its tile shapes; GQA: every field but KT and SPLIT; GEMMs:
 ``_Tile``), so they are free to tune. Each candidate is launched ``--repeat`` times inside one
 captured CUDA graph, replayed a few times; the table gives the mean µs a launch (the launch gap
 inside a graph included) at the demo pair's shapes: MLA over 330 cached keys for 1 and 17 new rows
 (8 heads, latent 64, rope 16), the drafter's GQA over 330 context keys + 16 block rows (8 query
-heads, 4 kv heads, head dim 32), and the target's and drafter's projections at 1, 16 and 17 rows.
+heads, 4 kv heads, head dim 32), and the target's and drafter's projections (the stacked ones
+too: the drafter's q | k | v, K 256 -> N 512; the target's q_a | kv_a, K 256 -> N 208) at the
+``--gemm-rows`` (17 and 1 by default; 33 and 65 are the verify rows of budgets 32 and 64).
 The tables in kernels/mla.py, kernels/gqa.py and kernels/linear.py hold the winners.
 """
 
@@ -48,6 +50,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--keys", type=int, default=330, help="cached / context keys (the demo's ~330)")
     ap.add_argument("--quick", action="store_true", help="two candidates a kernel, one shape (a smoke run)")
+    ap.add_argument("--gemm-rows", type=int, nargs="+", default=[17, 1], help="the GEMMs' live rows")
     args = ap.parse_args()
     cut = (lambda xs: xs[:2]) if args.quick else (lambda xs: xs)
     from numba import cuda
@@ -116,14 +119,15 @@ def main():
             print(f"  {cand}: {type(exc).__name__}: {str(exc)[:80]}")
     report("gqa", res)
 
-    # -- GEMMs (bf16 weights): the demo's K x N at 1, 16 and 17 rows
+    # -- GEMMs (bf16 weights): the demo's K x N at --gemm-rows rows
     Tl = linear._Tile
-    for rows in cut((17, 1)):
+    buf = 1 << (max(args.gemm_rows) - 1).bit_length()        # the workspace's rows, a power of two
+    for rows in cut(tuple(args.gemm_rows)):
         n_rows = dev(np.array([rows], np.int32))
-        for k, n in cut(((256, 768), (256, 128), (768, 256), (256, 264))):
-            x = dev(rng.standard_normal((32, k), np.float32))
+        for k, n in cut(((256, 768), (256, 128), (768, 256), (256, 264), (256, 512), (256, 208))):
+            x = dev(rng.standard_normal((buf, k), np.float32))
             w = dev((rng.standard_normal((n, k), np.float32).view(np.uint32) >> 16).astype(np.uint16))
-            out = cuda.device_array((32, n), np.float32)
+            out = cuda.device_array((buf, n), np.float32)
             chosen = linear._choose(rows, n, k, False, 1)
             res = []
             for cand in cut([chosen] + [Tl(mt, rt, nw) for mt in (1, 2) for rt in (1, 2, 4) for nw in (1, 2, 4)
