@@ -65,7 +65,7 @@ SIGNATURES = {
         f"void({I32_1}, {I32_1}, {I32_1}, int64, int64, int64, boolean, {I32_1}, {I32_1})"],
     # -- the forward (model) kernels --
     "rms_norm._rms_norm_kernel": [
-        ((256, pair), f"void({F32_2}, float32[::1], float32, {F32_2}, {I32_1}, {I32_1}, boolean, int64, "
+        ((256, pair), f"void({F32_2}, float32[::1], float32, {F32_2}, {I32_1}, {I32_1}, boolean, "
                       f"float32[::1], {F32_2}, {I32_1}, boolean, int64)") for pair in (False, True)],
     "rms_norm._qkv_norm_rope_kernel": [
         ((256,), f"void({q}, {I32_1}, float32[::1], float32[::1], float32, {F64_1}, boolean, int64, int64, "

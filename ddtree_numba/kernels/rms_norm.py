@@ -59,21 +59,21 @@ def _inv_rms(x, r, c0, m, eps, part, t, T):
 
 @functools.lru_cache(maxsize=None)
 def _rms_norm_kernel(threads, pair=False):
-    """Row r = blockIdx.x of job blockIdx.y: job 0 normalizes x[r, col0 : col0 + M] with
+    """Row r = blockIdx.x of job blockIdx.y: job 0 normalizes x[r, :M] with
     ``weight`` into ``out``; with ``pair``, job 1 x[r, col1 : col1 + M1] with ``weight1`` into
     ``out1`` (two norms of one buffer in one launch: MLA's query and kv latents)."""
     T = threads
 
     @cached
     @cuda.jit
-    def kernel(x, weight, eps, out, n_rows, out_row0, use_row0, col0,
+    def kernel(x, weight, eps, out, n_rows, out_row0, use_row0,
                weight1, out1, out_row1, use_row1, col1):
         r = cuda.blockIdx.x
         if r >= n_rows[0]:
             return  # the whole block leaves together: no thread is left at a barrier
         t = cuda.threadIdx.x
         part = cuda.shared.array(T, float32)
-        w, dst, c0, ro = weight, out, col0, r + (out_row0[0] if use_row0 else 0)
+        w, dst, c0, ro = weight, out, 0, r + (out_row0[0] if use_row0 else 0)
         if pair and cuda.blockIdx.y == 1:
             w, dst, c0, ro = weight1, out1, col1, r + (out_row1[0] if use_row1 else 0)
         M = w.shape[0]
@@ -158,7 +158,7 @@ def enqueue_rms_norm(x, weight, eps, out, n_rows, *, out_row0=None, second=None,
         weight1, out1, col1, row1 = second
     use_row1 = row1 is not None
     _rms_norm_kernel(THREADS, second is not None)[(x.shape[0], 1 if second is None else 2), THREADS, stream](
-        x, weight, np.float32(eps), out, n_rows, row0, use_row0, 0,
+        x, weight, np.float32(eps), out, n_rows, row0, use_row0,
         weight1, out1, row1 if use_row1 else n_rows, use_row1, col1)
 
 

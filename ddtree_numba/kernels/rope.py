@@ -111,6 +111,13 @@ def _rope_kernel(src, src_col0, src_gs, dst, dst_col0, dst_gs, groups, rdim, pos
 
 # -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
 
+def _rope_job(n_rows, src, dst, groups=1, src_col0=0, src_stride=0, dst_col0=0, dst_stride=0, dst_row0=None):
+    """One job's arguments of ``_rope_kernel`` (the defaults of ``enqueue_rope``'s own)."""
+    use_row0 = dst_row0 is not None
+    return (src, int(src_col0), int(src_stride), dst, int(dst_col0), int(dst_stride), int(groups),
+            dst_row0 if use_row0 else n_rows, use_row0)
+
+
 def enqueue_rope(src, dst, positions, inv_freq, n_rows, *, rdim, interleave, groups=1, src_col0=0,
                  src_stride=0, dst_col0=0, dst_stride=0, attention_factor=1.0, dst_row0=None, second=None,
                  stream=0):
@@ -135,19 +142,15 @@ def enqueue_rope(src, dst, positions, inv_freq, n_rows, *, rdim, interleave, gro
     """
     if src.shape[0] == 0:
         return
-    use_row0 = dst_row0 is not None
-    job = (src, int(src_col0), int(src_stride), dst, int(dst_col0), int(dst_stride), int(groups),
-           dst_row0 if use_row0 else n_rows, use_row0)
+    job = _rope_job(n_rows, src, dst, groups, src_col0, src_stride, dst_col0, dst_stride, dst_row0)
     if second is None:
         job1 = job
     else:
-        b = dict(groups=1, src_col0=0, src_stride=0, dst_col0=0, dst_stride=0, dst_row0=None)
-        if not {"src", "dst"} <= set(second) <= set(b) | {"src", "dst"}:
-            raise ValueError(f"second takes src, dst and {sorted(b)}, got {sorted(second)}")
-        b |= second
-        use1 = b["dst_row0"] is not None
-        job1 = (b["src"], int(b["src_col0"]), int(b["src_stride"]), b["dst"], int(b["dst_col0"]),
-                int(b["dst_stride"]), int(b["groups"]), b["dst_row0"] if use1 else n_rows, use1)
+        try:
+            job1 = _rope_job(n_rows, **second)
+        except TypeError as exc:
+            raise ValueError("second takes src, dst, groups, src_col0, src_stride, dst_col0, dst_stride and "
+                             f"dst_row0: {exc}") from None
     _rope_kernel[(src.shape[0], 1 if second is None else 2), THREADS, stream](
         *job[:7], int(rdim), positions, inv_freq, float(attention_factor), bool(interleave), n_rows,
         *job[7:], *job1)

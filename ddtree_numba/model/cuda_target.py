@@ -80,6 +80,11 @@ class DeviceLayer:
         self.qkv_a_proj, self.q_a_proj, self.kv_a_proj_with_mqa = fused, fused[:q], fused[q:]
 
     @property
+    def stacked_latents(self) -> bool:
+        """Whether this layer projects q_a and kv in one GEMM (``qkv_a_proj``; not for q_proj)."""
+        return self.q_proj is None and self.qkv_a_proj is not None
+
+    @property
     def is_moe(self) -> bool:
         return self.gate is not None
 
@@ -351,7 +356,7 @@ class CudaTarget:
         """The preallocated buffers for forwards of up to ``rows`` tokens (rounded up to a power
         of two), made on first use and kept. Kernels pick their tiles by these row counts."""
         size = 1 << (int(rows) - 1).bit_length()
-        stacked = tuple(lw.q_proj is None and lw.qkv_a_proj is not None for lw in self.layers)
+        stacked = tuple(lw.stacked_latents for lw in self.layers)
         key = (size, stacked)        # (a layer's path decides which latent buffers exist)
         if key not in self._workspaces:
             self._workspaces[key] = new_workspace(self.config, size, stacked)
@@ -455,7 +460,7 @@ class CudaTarget:
         def input_norm(s):
             kn.enqueue_rms_norm(ws.x, lw.input_layernorm, eps, ws.normed, n, stream=s)
 
-        fused = lw.q_proj is None and lw.qkv_a_proj is not None     # q_a and kv_a in one GEMM
+        fused = lw.stacked_latents                                  # q_a and kv_a in one GEMM
         Q = lw.q_a_proj.shape[0] if lw.q_a_proj is not None else 0
         kv_buf, kv_col = (ws.qkv_a, Q) if fused else (ws.kv, 0)       # where the kv latent and rope key are
 
