@@ -496,7 +496,7 @@ def test_grouped_row_matches_the_plain_projection_of_that_row(rng):
 
 def test_choose_fills_the_gpu_with_warps_only_up_to_the_chunks(monkeypatch):
     """Few rows split the chunks over warps (bounded by the chunk count and shared memory); the
-    row tile grows with the rows. On a real GPU a small launch (at most 32 rows over at most 2^20
+    row tile grows with the rows. On a real GPU a small launch (at most 128 rows over at most 2^20
     weights) takes one row tile and one m tile a warp instead; the simulator keeps the general
     rule (its tiles are exercised by the tests at small shapes). Both regimes are checked here,
     whichever backend runs the suite."""
@@ -509,6 +509,9 @@ def test_choose_fills_the_gpu_with_warps_only_up_to_the_chunks(monkeypatch):
         small = L._choose(32, 64, 512, False, 1)
         assert (small.RT, small.MT) == ((4, 2) if sim else (1, 1))
         assert small.NW <= (L._NW_MAX if sim else 4)
+        wide = L._choose(128, 64, 512, False, 1)                  # budget 64's verify workspace
+        assert (wide.RT, wide.MT) == ((4, 2) if sim else (1, 1))
+        assert L._choose(256, 64, 512, False, 1).RT == 4          # past _SMALL_ROWS: the general rule
         for rows in (1, 16, 64, 1024):
             tile = L._choose(rows, 7168, 7168, True, 1)
             assert L._smem(tile, True) <= L._SMEM_MAX
