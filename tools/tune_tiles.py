@@ -1,6 +1,6 @@
 """Time the attention kernels and the GEMMs of a demo-pair round under candidate tiles, on a GPU.
 
-Usage (a GPU machine): python tools/tune_tiles.py [--repeat 20] [--gemm-rows 17 1 33 65]
+Usage (a GPU machine): python tools/tune_tiles.py [--repeat 20] [--gemm-rows 17 1 33 65] [--only mla gqa gemm]
 
 Tiles never change the bits (MLA: its tile shapes; GQA: every field but KT and SPLIT; GEMMs:
 ``_Tile``), so they are free to tune. Each candidate is launched ``--repeat`` times inside one
@@ -51,6 +51,8 @@ def main():
     ap.add_argument("--keys", type=int, default=330, help="cached / context keys (the demo's ~330)")
     ap.add_argument("--quick", action="store_true", help="two candidates a kernel, one shape (a smoke run)")
     ap.add_argument("--gemm-rows", type=int, nargs="+", default=[17, 1], help="the GEMMs' live rows")
+    ap.add_argument("--only", choices=["mla", "gqa", "gemm"], nargs="+", default=["mla", "gqa", "gemm"],
+                    help="which kernels to time")
     args = ap.parse_args()
     cut = (lambda xs: xs[:2]) if args.quick else (lambda xs: xs)
     from numba import cuda
@@ -67,7 +69,7 @@ def main():
     mla_cands = [(32, 64, 16, 2, 4), (16, 32, 16, 1, 2), (16, 16, 16, 1, 1), (8, 32, 16, 1, 1), (8, 64, 16, 1, 2),
                  (16, 64, 16, 1, 4), (32, 32, 16, 2, 2), (16, 32, 8, 1, 2), (8, 16, 16, 1, 1), (4, 64, 16, 1, 2),
                  (16, 16, 32, 1, 1), (16, 8, 32, 1, 1)]
-    for t, tq in cut(((17, 32), (1, 1), (65, 80))):
+    for t, tq in cut(((17, 32), (1, 1), (65, 128), (257, 512))) if "mla" in args.only else ():
         q_lat = dev(rng.standard_normal((tq, H * C), np.float32))
         q_pe = dev(rng.standard_normal((tq, H * RD), np.float32))
         out = cuda.device_array((tq, H * C), np.float32)
@@ -81,15 +83,17 @@ def main():
                 j = parents[j]
         vis = dev(bits)
         scratch = mla.MLAScratch(tq, H, CAP, C)
-        st0, pt0 = mla._tiles(tq * H, C)
-        print(f"MLA, {t} new rows (buffer {tq}), {S0} cached keys:")
+        st0, pt0 = mla._four_launch_tiles(tq * H, C)
+        print(f"MLA, {t} new rows (buffer {tq}), {S0} cached keys (chosen: {mla._tiles(tq * H, C, RD)}):")
+        run = lambda tiles: lambda s: mla.enqueue_mla_attention(q_lat, q_pe, c_kv, k_pe, out, vis_bits=vis, meta=meta,
+                                                               scale=0.1, scratch=scratch, tiles=tiles, stream=s)
+        report("two-launch", [(mla.FUSED, timed(run(mla.FUSED), R)), ((st0, pt0), timed(run((st0, pt0)), R))])
         for which in ("scores", "pv"):
             res = []
             for cand in cut([st0 if which == "scores" else pt0] + mla_cands):
                 tiles = (cand, pt0) if which == "scores" else (st0, cand)
                 try:
-                    us = timed(lambda s: mla.enqueue_mla_attention(q_lat, q_pe, c_kv, k_pe, out, vis_bits=vis, meta=meta,
-                                                                   scale=0.1, scratch=scratch, tiles=tiles, stream=s), R)
+                    us = timed(run(tiles), R)
                     res.append((cand, us))
                 except Exception as exc:        # a candidate too big for this launch
                     print(f"  {which} {cand}: {type(exc).__name__}: {str(exc)[:80]}")
@@ -110,19 +114,20 @@ def main():
         (4, KT, 1, 1, 128, 32), (16, KT, 1, 2, 256, 32), (8, KT, 1, 1, 256, 32), (4, KT, 1, 2, 64, 32))]
     print(f"GQA, {T} queries, {S} context keys + {T} block keys:")
     res = []
-    for cand in cut(cands):
+    for cand in cut(cands) if "gqa" in args.only else ():
         try:
             us = timed(lambda s: gqa.enqueue_gqa_attention(q, k_ctx, v_ctx, out, meta=meta, scale=0.1, scratch=scratch,
                                                            k_blk=k_blk, v_blk=v_blk, tiles=cand, stream=s), R)
             res.append((tuple(cand[:6]), us))
         except Exception as exc:
             print(f"  {cand}: {type(exc).__name__}: {str(exc)[:80]}")
-    report("gqa", res)
+    if res:
+        report("gqa", res)
 
     # -- GEMMs (bf16 weights): the demo's K x N at --gemm-rows rows
     Tl = linear._Tile
     buf = 1 << (max(args.gemm_rows) - 1).bit_length()        # the workspace's rows, a power of two
-    for rows in cut(tuple(args.gemm_rows)):
+    for rows in cut(tuple(args.gemm_rows)) if "gemm" in args.only else ():
         n_rows = dev(np.array([rows], np.int32))
         for k, n in cut(((256, 768), (256, 128), (768, 256), (256, 264), (256, 512), (256, 208))):
             x = dev(rng.standard_normal((buf, k), np.float32))

@@ -36,7 +36,8 @@ def main():
     for t in args.rows:
         cache = prefilled_cache(target, args.keys, 1 << (args.keys + t).bit_length(), rng)
         ws = tree_workspace(target, t, args.keys, rng)
-        layer_breakdown(target, ws, cache, stream, reps=1, layers=layers)        # compiles
+        target.forward_device(ws, cache, (), graph=False, stream=stream)        # compiles, sizes the scratch
+        stream.synchronize()
         table[t] = layer_breakdown(target, ws, cache, stream, layers=layers)
     names = list(table[args.rows[0]])
     print(f"{'stage (µs, all layers)':28s}" + "".join(f"{t:>9d}" for t in args.rows))
