@@ -346,9 +346,8 @@ def kimi_k2_slice(args):
                 header, rows, note, append=not args.no_append, results="kimi_k2")
 
 
-def layer_breakdown(target, ws, cache, stream, reps=5, layers=(1,)):
-    """Median µs per stage of layer 1 (an MoE layer), or summed over ``layers``, timed with events
-    between the enqueues.
+def layer_breakdown(target, ws, cache, stream, reps=5):
+    """Median µs per stage of layer 1 (an MoE layer), timed with events between the enqueues.
 
     A spin kernel first holds the stream for 20 ms, so every launch of the layer is queued
     before the GPU reaches it: the events then measure device time, not Python launch time."""
@@ -372,16 +371,12 @@ def layer_breakdown(target, ws, cache, stream, reps=5, layers=(1,)):
             marks.append((name, ev))
 
         mark("start")
-        for layer in layers:
-            for name, enqueue in target.layer_stages(ws, cache, layer):
-                enqueue(stream)
-                mark(name)
+        for name, enqueue in target.layer_stages(ws, cache, 1):
+            enqueue(stream)
+            mark(name)
         marks[-1][1].synchronize()
-        rep = {}
         for (_, a), (name, b) in zip(marks[:-1], marks[1:]):
-            rep[name] = rep.get(name, 0.0) + cuda.event_elapsed_time(a, b) * 1e3
-        for name, us in rep.items():
-            samples.setdefault(name, []).append(us)
+            samples.setdefault(name, []).append(cuda.event_elapsed_time(a, b) * 1e3)
     return {k: float(np.median(v)) for k, v in samples.items()}
 
 

@@ -119,8 +119,6 @@ SIGNATURES = {
     "mla._mla_pv_kernel": [
         (tiles, f"void({F32_2}, {F32_2}, {I32_1}, int64, int32[:, :, ::1], float32[:, :, ::1], {F32_2})")
         for tiles in sorted({t[1] for _, t in kernels_pkg.mla._GPU_TILES + kernels_pkg.mla._GPU_TILES_NARROW})],
-    "mla._mla_chunk_kernel": [((128,), f"void({F32_2}, {F32_2}, {F32_2}, {F32_2}, {U32_2}, {I32_1}, float32, {F32_2}, "
-                                        f"{F32_2}, float32[:, :, ::1], {F32_2})")],
     "mla._mla_combine_kernel": [((128,), f"void(float32[:, :, ::1], {F32_2}, {F32_2}, {I32_1}, int64, {F32_2})")],
     "gqa._gqa_split_kernel": [
         ((dh, *kernels_pkg.gqa._gpu_tiles(dh), blk, msk),

@@ -9,7 +9,7 @@ from numba import cuda
 
 from ddtree_numba import kernels as kn
 from ddtree_numba import reference as ref
-from ddtree_numba.kernels.mla import _SIM_TILES, FUSED, MLAScratch, enqueue_mla_attention
+from ddtree_numba.kernels.mla import _SIM_TILES, MLAScratch, enqueue_mla_attention
 
 pytestmark = pytest.mark.kernels
 
@@ -204,29 +204,6 @@ def test_batch_row_is_bit_identical_alone_and_among_more_rows(rng):
     big = run_core(q_lat, q_pe, c_kv, k_pe, causal, s0, t, 0.6)
     np.testing.assert_array_equal(bits_of(small), bits_of(big[:t]))
     assert np.isnan(big[t:]).all()
-
-
-@pytest.mark.parametrize("c, r", [(7, 3), (5, 0), (130, 2)])    # 130: a wide latent forced through it
-def test_two_launch_path_gives_the_four_launch_bits(rng, c, r):
-    """``FUSED`` does the scores, softmax and p @ c_kv of a chunk in one block: the same chains in
-    the same order as the four-launch path, so the same bits, over trees with scattered ancestors,
-    several key chunks (the simulator's KEY_CHUNK is 4), dead rows left unwritten."""
-    h, s0, t, tq = 2, 9, 7, 9
-    q_lat, q_pe, c_kv, k_pe = core_inputs(rng, tq, s0 + t + 2, h, c, r)
-    bits = np.zeros((tq, 1), np.uint32)
-    bits[:t] = ref.visibility_bits(random_parents(rng, t))
-    bits[t:] = 0xFFFFFFFF
-    fused = run_core(q_lat, q_pe, c_kv, k_pe, bits, s0, t, 1.3, tiles=FUSED)
-    for tiles in (_SIM_TILES[0][1], _SIM_TILES[2][1]):
-        four = run_core(q_lat, q_pe, c_kv, k_pe, bits, s0, t, 1.3, tiles=tiles)
-        np.testing.assert_array_equal(bits_of(fused), bits_of(four))
-    assert np.isnan(fused[t:]).all()
-
-
-def test_two_launch_path_refuses_a_query_row_past_its_shared_memory(rng):
-    q_lat, q_pe, c_kv, k_pe = core_inputs(rng, 2, 4, 1, 250, 8)
-    with pytest.raises(ValueError, match="C \\+ R <= 256"):
-        run_core(q_lat, q_pe, c_kv, k_pe, np.ones((2, 1), np.uint32), 2, 2, 1.0, tiles=FUSED)
 
 
 # -- bad input -------------------------------------------------------------------------------

@@ -83,11 +83,10 @@ def main():
                 j = parents[j]
         vis = dev(bits)
         scratch = mla.MLAScratch(tq, H, CAP, C)
-        st0, pt0 = mla._four_launch_tiles(tq * H, C)
-        print(f"MLA, {t} new rows (buffer {tq}), {S0} cached keys (chosen: {mla._tiles(tq * H, C, RD)}):")
+        st0, pt0 = mla._tiles(tq * H, C)
+        print(f"MLA, {t} new rows (buffer {tq}), {S0} cached keys:")
         run = lambda tiles: lambda s: mla.enqueue_mla_attention(q_lat, q_pe, c_kv, k_pe, out, vis_bits=vis, meta=meta,
                                                                scale=0.1, scratch=scratch, tiles=tiles, stream=s)
-        report("two-launch", [(mla.FUSED, timed(run(mla.FUSED), R)), ((st0, pt0), timed(run((st0, pt0)), R))])
         for which in ("scores", "pv"):
             res = []
             for cand in cut([st0 if which == "scores" else pt0] + mla_cands):

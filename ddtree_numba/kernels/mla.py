@@ -23,7 +23,7 @@ Masked keys are skipped by a select, never added as a zero (``0 * v + acc`` can 
 accumulator into +0). Chunks give the PV work (and decode) several blocks a query row; within a
 chunk the sums are single chains.
 
-Four launches, scores and partials kept in a global scratch (``MLAScratch``), or two (below):
+Four launches, scores and partials kept in a global scratch (``MLAScratch``):
 
 1. ``_mla_scores_kernel``: a register-tiled GEMM of query rows (i, h) against key rows; a key
    tile (all C + R columns, streamed in steps of ``bk``) sits in shared memory once per block
@@ -35,10 +35,6 @@ Four launches, scores and partials kept in a global scratch (``MLAScratch``), or
    each output a chain over the keys in ascending order; every thread also carries the sum l of
    its rows (redundant across the column threads, but it keeps l a chain with no extra pass).
 4. ``_mla_combine_kernel``: the chunks of each output, rescaled and added in ascending order.
-
-**Two launches for a narrow latent** (``FUSED``: C <= 128, as in the demo pair, where every
-launch is latency-bound): ``_mla_chunk_kernel`` does 1-3 for one (chunk, query row) in one block
--- the same chains in the same order, so the same bits -- then ``_mla_combine_kernel``.
 
 Tile shapes are chosen from the arrays' shapes (``_tiles``); they never change the bits.
 """
@@ -99,23 +95,9 @@ _SIM_TILES = (
 )
 
 
-FUSED = "fused"             # the tiles value that picks the two-launch path
-FUSED_THREADS = 8 if config.ENABLE_CUDASIM else 128
-FUSED_MAX_DIM = 256         # C + R of the two-launch path (its query row sits in shared memory)
-_FUSED_ROWS = 2048          # Tq * H up to this: the two-launch path for a narrow latent
-
-
-def _tiles(max_rows: int, latent: int = 512, rope: int = 0):
+def _tiles(max_rows: int, latent: int = 512):
     """(scores tiles, pv tiles) for a launch of at most ``max_rows`` = Tq * H query rows over a
-    latent of ``latent`` channels and ``rope`` rope channels, or ``FUSED`` for the two-launch
-    path (a narrow latent, up to ``_FUSED_ROWS`` rows)."""
-    if latent <= _NARROW_LATENT and latent + rope <= FUSED_MAX_DIM and max_rows <= _FUSED_ROWS:
-        return FUSED
-    return _four_launch_tiles(max_rows, latent)
-
-
-def _four_launch_tiles(max_rows: int, latent: int):
-    """The four-launch path's (scores tiles, pv tiles) from the tables above."""
+    latent of ``latent`` channels."""
     table = _GPU_TILES_NARROW if latent <= _NARROW_LATENT else _GPU_TILES
     for bound, tiles in (_SIM_TILES if config.ENABLE_CUDASIM else table):
         if bound is None or max_rows <= bound:
@@ -383,88 +365,6 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
 
 
 @functools.lru_cache(maxsize=None)
-def _mla_chunk_kernel(threads):
-    """Chunk k (blockIdx.x) of query row r = i*H + h (blockIdx.y) < t*H, in one block: the
-    scores of its keys (as ``_mla_scores_kernel``), their max and p (as ``_mla_softmax_kernel``),
-    then o_part[k, r], l_part[k, r] (as ``_mla_pv_kernel``) and m_part[r, k] -- each value the
-    same chain in the same order as there, so the same bits. A chunk past the query's keys writes
-    m = -inf only. scores[r] holds the chunk's p between the steps. Grid: (chunks of the
-    capacity, Tq*H) blocks of ``threads``; C + R <= FUSED_MAX_DIM."""
-    T = threads
-    K = KEY_CHUNK
-
-    @cached
-    @cuda.jit
-    def kernel(q_lat, q_pe, c_kv, k_pe, vis_bits, meta, scale, scores, m_part, o_part, l_part):
-        k = cuda.blockIdx.x
-        r = cuda.blockIdx.y
-        tid = cuda.threadIdx.x
-        C, R = c_kv.shape[1], k_pe.shape[1]
-        H = q_lat.shape[1] // C
-        s0 = meta[0]
-        if r >= meta[1] * H:
-            return
-        i = r // H
-        h = r - i * H
-        n_vis = _visible_count(vis_bits, i, s0)   # every thread: no barrier before the exit below
-        if k * K >= n_vis:
-            if tid == 0:
-                m_part[r, k] = -math.inf
-            return
-        a = _visible_position(vis_bits, i, k * K, s0)
-        b = _visible_position(vis_bits, i, min((k + 1) * K, n_vis) - 1, s0) + 1
-        q_sh = cuda.shared.array(FUSED_MAX_DIM, float32)          # [q_lat[i, h] | q_pe[i, h]]
-        red = cuda.shared.array(T, float32)
-        for d in range(tid, C + R, T):
-            if d < C:
-                q_sh[d] = q_lat[i, h * C + d]
-            else:
-                q_sh[d] = q_pe[i, h * R + d - C]
-        cuda.syncthreads()  # the query row is in
-        m = float32(-math.inf)
-        for s in range(a + tid, b, T):              # a key a thread: one fma chain over d ascending
-            if _visible(vis_bits, i, s, s0):
-                acc = float32(0.0)
-                for d in range(C):
-                    acc = fma(q_sh[d], c_kv[s, d], acc)
-                for d in range(R):
-                    acc = fma(q_sh[C + d], k_pe[s, d], acc)
-                score = acc * scale
-                scores[r, s] = score
-                m = max(m, score)
-        red[tid] = m
-        cuda.syncthreads()  # every thread's partial max is in
-        stride = T // 2
-        while stride > 0:  # max is exact: any reduction order gives the same bits
-            if tid < stride:
-                red[tid] = max(red[tid], red[tid + stride])
-            cuda.syncthreads()  # this level is done
-            stride //= 2
-        m = red[0]
-        for s in range(a + tid, b, T):              # the keys this thread scored: no barrier needed
-            if _visible(vis_bits, i, s, s0):
-                scores[r, s] = math.exp(scores[r, s] - m)
-            else:
-                scores[r, s] = float32(_MASKED)
-        cuda.syncthreads()  # every p is in
-        for c in range(tid, C, T):                  # a channel a thread: chains over keys ascending
-            o = float32(0.0)
-            l = float32(0.0)
-            for s in range(a, b):
-                p = scores[r, s]
-                if p >= float32(0.0):               # a masked key is skipped, not added as zero
-                    l = l + p
-                    o = fma(p, c_kv[s, c], o)
-            o_part[k, r, c] = o
-            if c == 0:
-                l_part[k, r] = l
-        if tid == 0:
-            m_part[r, k] = m
-
-    return kernel
-
-
-@functools.lru_cache(maxsize=None)
 def _mla_combine_kernel(threads):
     """out_lat[i, h*C + c] = (sum_k w_k o_part[k, r, c]) / (sum_k w_k l_part[k, r]), w_k =
     exp(m_k - max_k m_k), the sums over the row's chunks in ascending k, r = i*H + h < t*H.
@@ -528,32 +428,14 @@ def enqueue_mla_attention(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, s
     f32, k_pe [S_cap, R] f32 (the new rows already written at s0 .. s0+t-1), vis_bits [Tq, W]
     uint32, meta [2] int32 device = (s0, t), out_lat [Tq, H*C] f32, scratch ``MLAScratch`` with
     at least Tq*H rows and S_cap columns. The grid is sized for Tq and S_cap. ``tiles``
-    overrides ``_tiles`` (tests): a (scores, pv) pair, or ``FUSED``.
+    overrides ``_tiles`` (tests).
     """
-    tq, C, R = q_lat.shape[0], c_kv.shape[1], k_pe.shape[1]
-    H = q_lat.shape[1] // C
-    tiles = tiles if tiles is not None else _tiles(tq * H, C, R)
-    scale = np.float32(scale)
-    if tiles == FUSED:
-        if C + R > FUSED_MAX_DIM:
-            raise ValueError(f"the two-launch MLA path takes C + R <= {FUSED_MAX_DIM}, got {C} + {R}")
-        _mla_chunk_kernel(FUSED_THREADS)[(scratch.m_part.shape[1], tq * H), FUSED_THREADS, stream](
-            q_lat, q_pe, c_kv, k_pe, vis_bits, meta, scale, scratch.scores, scratch.m_part, scratch.o_part,
-            scratch.l_part)
-    else:
-        _mla_partials(q_lat, q_pe, c_kv, k_pe, vis_bits, meta, scale, scratch, tiles, stream)
-    grid = (ceil_div(C, COMBINE_THREADS), tq * H)
-    _mla_combine_kernel(COMBINE_THREADS)[grid, COMBINE_THREADS, stream](scratch.o_part, scratch.l_part,
-                                                                        scratch.m_part, meta, H, out_lat)
-
-
-def _mla_partials(q_lat, q_pe, c_kv, k_pe, vis_bits, meta, scale, scratch, tiles, stream):
-    """Kernels 1-3 of the four-launch path: every chunk's o_part, l_part and m_part."""
     tq, C = q_lat.shape[0], c_kv.shape[1]
     H = q_lat.shape[1] // C
     s_cap = c_kv.shape[0]
     scores = scratch.scores
-    st, pt = tiles
+    st, pt = tiles if tiles is not None else _tiles(tq * H, C)
+    scale = np.float32(scale)
 
     bm, bn, bk, tm, tn = st
     grid = (ceil_div(s_cap, bn), ceil_div(tq * H, bm))
@@ -568,6 +450,9 @@ def _mla_partials(q_lat, q_pe, c_kv, k_pe, vis_bits, meta, scale, scratch, tiles
     grid = (ceil_div(C, bn), ceil_div(tq * H, bm), nch)
     _mla_pv_kernel(*pt)[grid, (bn // tn, bm // tm), stream](scores, c_kv, meta, H, scratch.bounds,
                                                             scratch.o_part, scratch.l_part)
+    grid = (ceil_div(C, COMBINE_THREADS), tq * H)
+    _mla_combine_kernel(COMBINE_THREADS)[grid, COMBINE_THREADS, stream](scratch.o_part, scratch.l_part,
+                                                                        scratch.m_part, meta, H, out_lat)
 
 
 # -- host helpers ---------------------------------------------------------------------------
