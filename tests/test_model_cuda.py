@@ -193,6 +193,46 @@ def test_logits_are_batch_invariant_alone_in_a_batch_and_as_a_tree_node():
         np.testing.assert_array_equal(alone[k], tree_logits[node], err_msg=f"node {node}: alone vs tree")
 
 
+def test_a_batched_forward_gives_each_sequence_the_bits_of_its_own_forward():
+    """``forward_batch``: a causal step and a tree, after caches of different lengths, in one
+    forward. Each one's logits, hidden states and new cache rows are bit for bit those of its own
+    ``forward`` (the projections and the MoE over all rows, each sequence's cache writes and
+    attention over its own rows: the block-diagonal visibility); the unique routed experts are the
+    numpy twin's (``NumpyTarget.forward_batch``) over the same rows."""
+    from ddtree_numba.kernels import TILES
+    from ddtree_numba.model import ModelConfig, random_target
+    from ddtree_numba.model.target import Segment
+    host = random_target(ModelConfig.tiny(num_hidden_layers=1, first_k_dense_replace=0), seed=6)   # one MoE layer
+    target = CudaTarget.from_host(host, precision="bf16", gemm_tile=None if REAL_GPU else TILES["small"])
+    rng = np.random.default_rng(3)
+    V = target.config.vocab_size
+    segs, solo, host_segs = [], [], []
+    for n, tree in [(3, None), (5, np.array([-1, 0, 0, 1], np.int32))]:
+        prefix = rng.integers(0, V, n).astype(np.int32)
+        t = 2 if tree is None else len(tree)
+        ids = rng.integers(0, V, t).astype(np.int32)
+        pos = (n + (np.arange(t) if tree is None else np.array([0, 1, 1, 2]))).astype(np.int32)
+        batched, alone, on_host = target.new_cache(12), target.new_cache(12), host.new_cache(12)
+        target.forward(prefix, np.arange(n, dtype=np.int32), batched)
+        host.forward(prefix, np.arange(n, dtype=np.int32), on_host)
+        for name in ("c_kv", "k_pe"):                        # the same prefix rows, copied
+            getattr(alone, name).copy_to_device(getattr(batched, name))
+        alone.length = n
+        segs.append(Segment(ids, pos, batched, tree))
+        host_segs.append(Segment(ids, pos, on_host, tree))
+        solo.append((alone, target.forward(ids, pos, alone, parents=tree, hidden_layer_ids=(0,))))
+    out = target.forward_batch(segs, hidden_layer_ids=(0,))
+    for j, (seg, got, (cache, want)) in enumerate(zip(segs, out.outputs, solo)):
+        np.testing.assert_array_equal(got.logits, want.logits, err_msg=f"sequence {j}")
+        np.testing.assert_array_equal(got.hidden, want.hidden, err_msg=f"sequence {j}")
+        assert seg.cache.length == cache.length
+        for name in ("c_kv", "k_pe"):
+            np.testing.assert_array_equal(getattr(seg.cache, name).copy_to_host()[:, :cache.length],
+                                          getattr(cache, name).copy_to_host()[:, :cache.length], err_msg=name)
+    np.testing.assert_array_equal(out.unique_experts, host.forward_batch(host_segs).unique_experts)
+    assert out.unique_experts.max() > 0                     # the MoE layer was counted
+
+
 def test_q_a_and_kv_a_in_one_gemm_give_the_bits_of_two():
     """A q_lora layer stacks q_a_proj over kv_a_proj_with_mqa (``DeviceLayer.qkv_a_proj``): one
     GEMM and one launch for both latent norms. Logits and cached latents equal the two-GEMM path

@@ -14,9 +14,12 @@ costs nothing afterwards. Each sequence draws from ``round_seed(seed, its round)
 batched (at any temperature, up to the backend's arithmetic: numpy's BLAS may round a row
 differently in a larger matrix, which can only matter at an exact near-tie).
 
-The cuda backend has no batched forward yet: its sequences run the same lockstep rounds with a
-target forward each (same tokens, no shared expert reads); ``BatchResult.rounds`` then reports no
-unique-expert counts.
+On the cuda backend ``CudaTarget.forward_batch`` is the same one forward: the GEMMs and the MoE
+launched once over every live sequence's rows, each sequence's cache writes and attention
+launched over its own rows (each sequence's bits are those of its own forward). The rounds are
+driven from the host, launch by launch: the device-resident, graph-captured round
+(``decode.device``) is single-sequence so far. A target without ``forward_batch`` gets a forward
+per sequence in the same rounds (same tokens, no shared expert reads, no unique-expert counts).
 """
 
 from __future__ import annotations

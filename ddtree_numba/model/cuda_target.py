@@ -19,7 +19,7 @@ ascending id), so a token's logits are the same bits alone, in a batch, or as a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numba import config as numba_config
@@ -31,7 +31,7 @@ from .._device import capture_graph, ceil_div, is_device, replay_graph, to_devic
 from ..dtypes import QUANTIZED, WEIGHT_DTYPES, BlockScaled, check_weight_dtype, to_storage, widened
 from ..reference.mla import absorption_weights
 from .config import ModelConfig
-from .target import ForwardOutput, RopeTables, _layer_weights, check_finite_output, check_forward_inputs, rope_tables
+from .target import BatchForward, ForwardOutput, RopeTables, Segment, _layer_weights, check_finite_output, check_forward_inputs, rope_tables
 
 
 @dataclass
@@ -271,6 +271,17 @@ def new_workspace(cfg: ModelConfig, rows: int, stacked: tuple[bool, ...] | None 
     )
 
 
+def _row_view(ws: Workspace, row0: int, n: int, meta) -> Workspace:
+    """Rows ``row0 .. row0 + n`` of ``ws`` as a workspace of their own for one sequence of a
+    batch: every per-row buffer a view (no copy), ``meta`` [2] int32 device = (its cache length,
+    n), the attention scratch shared (the sequences' launches run one after another)."""
+    rows = lambda a: a[row0:row0 + n] if a.shape[0] == ws.rows else a      # noqa: E731  ([1, 1] placeholders stay)
+    return replace(ws, rows=n, meta=meta, hidden=None, moe=None, graphs={},
+                   **{f: rows(getattr(ws, f)) for f in ("ids", "positions", "parents", "vis_bits", "x", "normed",
+                                                        "q_a", "qkv_a", "q_a_normed", "q", "kv", "q_pe", "q_lat",
+                                                        "o_lat", "o", "act", "logits")})
+
+
 # -- the target ------------------------------------------------------------------------------
 
 class CudaTarget:
@@ -408,17 +419,93 @@ class CudaTarget:
             hid = np.zeros((t, 0, self.config.hidden_size), np.float32)
         return ForwardOutput(logits=logits, hidden=hid)
 
+    def forward_batch(self, segments: list[Segment], hidden_layer_ids=()) -> BatchForward:
+        """One forward over several sequences' rows, as ``NumpyTarget.forward_batch``: ``forward``
+        of each ``Segment`` (its ids, positions, own ``DeviceMLACache`` and parents), the
+        embedding, projections, norms, MoE and lm_head launched once over all rows (the expert
+        weights read once for every sequence), the cache writes and the attention once per
+        sequence over its own rows, cache and tree (``layer_stages(parts=)``: the block-diagonal
+        visibility). Each sequence's logits, hidden states and cache rows are bit for bit those of
+        its own ``forward`` (every kernel's arithmetic of a row is independent of the other rows).
+        -> ``BatchForward``: an output per segment, in order, and the distinct routed experts the
+        router picked in each layer over all rows (0 for a dense layer)."""
+        cfg = self.config
+        if not isinstance(segments, (list, tuple)) or not segments:
+            raise ValueError("forward_batch needs a non-empty list of Segment")
+        layers_out = ()
+        for j, seg in enumerate(segments):
+            if not isinstance(seg, Segment):
+                raise ValueError(f"segments[{j}] must be a Segment, got {type(seg).__name__}")
+            if not isinstance(seg.cache, DeviceMLACache):
+                raise ValueError(f"segments[{j}].cache must be a DeviceMLACache from new_cache(), "
+                                 f"got {type(seg.cache).__name__}")
+            if any(seg.cache is other.cache for other in segments[:j]):
+                raise ValueError(f"segments[{j}] shares its cache with an earlier segment: each sequence "
+                                 "needs its own")
+            layers_out = check_forward_inputs(cfg, seg.ids, seg.positions, seg.cache, seg.parents, hidden_layer_ids)
+            seg.cache.reserve(seg.ids.shape[0])
+        sizes = [seg.ids.shape[0] for seg in segments]
+        rows = np.cumsum([0] + sizes)                                         # segment j: rows[j] .. rows[j+1]
+        t = int(rows[-1])
+        ws = self.workspace(t)
+        pad = lambda parts: np.concatenate(parts + [np.zeros(ws.rows - t, np.int32)]).astype(np.int32)  # noqa: E731
+        ws.ids.copy_to_device(pad([np.asarray(seg.ids, np.int32) for seg in segments]))
+        ws.positions.copy_to_device(pad([np.asarray(seg.positions, np.int32) for seg in segments]))
+        chains = [np.arange(-1, n - 1, dtype=np.int32) if seg.parents is None else np.asarray(seg.parents, np.int32)
+                  for seg, n in zip(segments, sizes)]
+        ws.parents.copy_to_device(pad(chains))                                # each tree over its own rows
+        ws.meta.copy_to_device(np.array([0, t], np.int32))                    # the row-wise stages: t rows
+        self._size_scratch(ws, max(seg.cache.capacity for seg in segments))
+        parts = [(_row_view(ws, int(rows[j]), sizes[j], cuda.to_device(np.array([seg.cache.length, sizes[j]], np.int32))),
+                  seg.cache) for j, seg in enumerate(segments)]
+        moe_layers = [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)]
+        offsets = cuda.device_array((cfg.num_hidden_layers, (cfg.n_routed_experts or 0) + 1), np.int32)
+        for p, _ in parts:
+            kn.enqueue_visibility_bits(p.parents, p.vis_bits)                 # ancestor bits of its rows
+        kn.enqueue_embedding(ws.ids, self.embed_tokens, ws.x, ws.n_rows)
+        last = cfg.num_hidden_layers - 1
+        for i in range(cfg.num_hidden_layers):
+            for _, enqueue in self.layer_stages(ws, None, i, parts=parts):
+                enqueue(0)
+            if i in moe_layers:                   # expert e was picked iff its counting-sort span is not empty
+                offsets[i].copy_to_device(ws.moe.offsets)
+            if i in layers_out and i != last:
+                ws.hidden[i].copy_to_device(ws.x)
+        kn.enqueue_rms_norm(ws.x, self.norm, cfg.rms_norm_eps, ws.normed, ws.n_rows)
+        if last in layers_out:
+            ws.hidden[last].copy_to_device(ws.normed)
+        kn.enqueue_linear(ws.normed, self.lm_head, ws.logits, ws.n_rows, **self.gemm_args)
+        logits = ws.logits[:t].copy_to_host()                                 # [T, V]
+        check_finite_output("target", "logits", logits, None)
+        for seg, n in zip(segments, sizes):
+            seg.cache.length += n
+        unique = np.zeros(cfg.num_hidden_layers, np.int32)
+        if moe_layers:
+            spans = np.diff(offsets.copy_to_host(), axis=1)                   # [L, E] rows routed to each expert
+            unique[moe_layers] = (spans[moe_layers] > 0).sum(axis=1)
+        if layers_out:
+            hid = np.stack([ws.hidden[i][:t].copy_to_host() for i in layers_out], axis=1)   # [T, Y, M]
+        else:
+            hid = np.zeros((t, 0, cfg.hidden_size), np.float32)
+        outputs = [ForwardOutput(logits=logits[rows[j]:rows[j + 1]], hidden=hid[rows[j]:rows[j + 1]])
+                   for j in range(len(segments))]
+        return BatchForward(outputs=outputs, unique_experts=unique)
+
+    def _size_scratch(self, ws: Workspace, capacity: int) -> None:
+        """The attention's scratch: scores of every (row, head) over a cache of ``capacity`` rows;
+        made again only for a larger cache."""
+        if ws.mla_scratch is None or ws.mla_scratch.scores.shape[1] < capacity:
+            ws.mla_scratch = kn.MLAScratch(ws.rows, self.config.num_attention_heads, capacity,
+                                           self.config.kv_lora_rank)
+            ws.graphs.clear()                                          # they point at the old one
+
     def forward_device(self, ws: Workspace, cache: DeviceMLACache, hidden_layer_ids=(), graph=False,
                        stream=0) -> None:
         """Enqueue one forward with inputs already in ``ws`` (ids, positions, parents, meta =
         (cache.length, t)): fills ``ws.logits[:t]`` and ``ws.hidden[l, :t]`` for the requested
         layers and writes the new latent rows at ``cache.length + [0, t)``. Does not advance
         ``cache.length`` (the caller knows t)."""
-        if ws.mla_scratch is None or ws.mla_scratch.scores.shape[1] < cache.capacity:
-            # attention scores of every (row, head) over the whole cache; sized once per capacity
-            ws.mla_scratch = kn.MLAScratch(ws.rows, self.config.num_attention_heads, cache.capacity,
-                                           self.config.kv_lora_rank)
-            ws.graphs.clear()                                          # they point at the old one
+        self._size_scratch(ws, cache.capacity)
         if not graph:
             self._enqueue_forward(ws, cache, hidden_layer_ids, stream)
             return
@@ -447,14 +534,18 @@ class CudaTarget:
             ws.hidden[last].copy_to_device(ws.normed, stream=stream)
         kn.enqueue_linear(ws.normed, self.lm_head, ws.logits, ws.n_rows, **self.gemm_args, stream=stream)
 
-    def layer_stages(self, ws: Workspace, cache: DeviceMLACache, i: int):
+    def layer_stages(self, ws: Workspace, cache: DeviceMLACache | None, i: int, parts=None):
         """Decoder layer i over ws.x in place, as its named stages: a list of (name, enqueue)
         where ``enqueue(stream)`` launches that stage's kernels. The forward runs them in order;
-        a benchmark can put events between them (benchmarks/verify_forward.py)."""
+        a benchmark can put events between them (benchmarks/verify_forward.py).
+
+        ``parts``: for a batch of sequences (``forward_batch``), their (row view of ws, own
+        cache) pairs; the stages that write a cache or attend over one run once per part, the
+        others once over all of ws's rows. None: the one part (ws, cache)."""
         cfg, lw = self.config, self.layers[i]
         H, D, R, C = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
         eps, n, gemm = cfg.rms_norm_eps, ws.n_rows, self.gemm_args
-        c_kv, k_pe = cache.c_kv[i], cache.k_pe[i]                            # [S, C], [S, R]
+        parts = [(ws, cache)] if parts is None else parts
         rope = dict(interleave=cfg.rope_interleave, attention_factor=self.rope.attention_factor)
 
         def input_norm(s):
@@ -462,7 +553,7 @@ class CudaTarget:
 
         fused = lw.stacked_latents                                  # q_a and kv_a in one GEMM
         Q = lw.q_a_proj.shape[0] if lw.q_a_proj is not None else 0
-        kv_buf, kv_col = (ws.qkv_a, Q) if fused else (ws.kv, 0)       # where the kv latent and rope key are
+        kv_col = Q if fused else 0                                  # where the kv latent and rope key are
 
         def q_projection(s):
             if lw.q_proj is not None:
@@ -470,8 +561,9 @@ class CudaTarget:
             elif fused:
                 kn.enqueue_linear(ws.normed, lw.qkv_a_proj, ws.qkv_a, n, **gemm, stream=s)
                 # both latents' norms in one launch: q_a's, and the kv latent's straight into cache row s0 + r
-                kn.enqueue_rms_norm(ws.qkv_a, lw.q_a_layernorm, eps, ws.q_a_normed, n,
-                                    second=(lw.kv_a_layernorm, c_kv, Q, ws.s0), stream=s)
+                for p, cache in parts:
+                    kn.enqueue_rms_norm(p.qkv_a, lw.q_a_layernorm, eps, p.q_a_normed, p.n_rows,
+                                        second=(lw.kv_a_layernorm, cache.c_kv[i], Q, p.s0), stream=s)
                 kn.enqueue_linear(ws.q_a_normed, lw.q_b_proj, ws.q, n, **gemm, stream=s)
             else:
                 kn.enqueue_linear(ws.normed, lw.q_a_proj, ws.q_a, n, **gemm, stream=s)
@@ -484,20 +576,23 @@ class CudaTarget:
 
         def latent_norm_rope(s):
             # the latent's norm (fused: done above) and the rotated rope key go straight into cache row s0 + r
-            if not fused:
-                kn.enqueue_rms_norm(ws.kv, lw.kv_a_layernorm, eps, c_kv, n, out_row0=ws.s0, stream=s)
-            # both rotations in one launch: the rope key into the cache, every head's rope query
-            kn.enqueue_rope(kv_buf, k_pe, ws.positions, self.inv_freq, n, rdim=R, src_col0=kv_col + C,
-                            dst_row0=ws.s0, stream=s, **rope,
-                            second=dict(src=ws.q, dst=ws.q_pe, groups=H, src_col0=D, src_stride=D + R,
-                                        dst_stride=R))
+            for p, cache in parts:
+                if not fused:
+                    kn.enqueue_rms_norm(p.kv, lw.kv_a_layernorm, eps, cache.c_kv[i], p.n_rows, out_row0=p.s0,
+                                        stream=s)
+                # both rotations in one launch: the rope key into the cache, every head's rope query
+                kn.enqueue_rope(p.qkv_a if fused else p.kv, cache.k_pe[i], p.positions, self.inv_freq, p.n_rows,
+                                rdim=R, src_col0=kv_col + C, dst_row0=p.s0, stream=s, **rope,
+                                second=dict(src=p.q, dst=p.q_pe, groups=H, src_col0=D, src_stride=D + R,
+                                            dst_stride=R))
 
         def query_absorption(s):
             kn.enqueue_linear_heads(ws.q, D + R, lw.w_uk_t, ws.q_lat, n, **gemm, stream=s)
 
         def attention(s):
-            kn.enqueue_mla_attention(ws.q_lat, ws.q_pe, c_kv, k_pe, ws.o_lat, vis_bits=ws.vis_bits,
-                                     meta=ws.meta, scale=self.rope.scale, scratch=ws.mla_scratch, stream=s)
+            for p, cache in parts:                  # a sequence sees its own cache and its own tree only
+                kn.enqueue_mla_attention(p.q_lat, p.q_pe, cache.c_kv[i], cache.k_pe[i], p.o_lat, vis_bits=p.vis_bits,
+                                         meta=p.meta, scale=self.rope.scale, scratch=ws.mla_scratch, stream=s)
 
         def output_absorption(s):
             kn.enqueue_linear_heads(ws.o_lat, C, lw.w_uv, ws.o, n, **gemm, stream=s)
