@@ -233,6 +233,39 @@ def test_a_batched_forward_gives_each_sequence_the_bits_of_its_own_forward():
     assert out.unique_experts.max() > 0                     # the MoE layer was counted
 
 
+@pytest.mark.gpu
+def test_a_batched_forward_replayed_as_a_graph_gives_the_eager_bits():
+    """``forward_batch(graph=True)``: the layout captured once, replayed with the caches' lengths
+    read on the device (here rewound and replayed again): the eager bits every time."""
+    from ddtree_numba.model import ModelConfig, random_target
+    from ddtree_numba.model.target import Segment
+    host = random_target(ModelConfig.tiny(), seed=2)
+    target = CudaTarget.from_host(host)
+    rng = np.random.default_rng(1)
+    V = target.config.vocab_size
+    caches, segs = [], []
+    for n, tree in [(4, None), (6, np.array([-1, 0, 0, 1, 1], np.int32))]:
+        cache = target.new_cache(16)
+        target.forward(rng.integers(0, V, n).astype(np.int32), np.arange(n, dtype=np.int32), cache)
+        t = 3 if tree is None else len(tree)
+        pos = (n + (np.arange(t) if tree is None else np.array([0, 1, 1, 2, 2]))).astype(np.int32)
+        caches.append((cache, n))
+        segs.append(Segment(rng.integers(0, V, t).astype(np.int32), pos, cache, tree))
+    runs = []
+    for graph in (False, True, True):
+        out = target.forward_batch(segs, hidden_layer_ids=(1,), graph=graph)
+        runs.append((out, [c.c_kv.copy_to_host()[:, n:c.length] for c, n in caches]))
+        for c, n in caches:
+            c.length = n                                      # rewind: the next run writes the same rows
+    for out, rows in runs[1:]:
+        for got, want in zip(out.outputs, runs[0][0].outputs):
+            np.testing.assert_array_equal(got.logits, want.logits)
+            np.testing.assert_array_equal(got.hidden, want.hidden)
+        np.testing.assert_array_equal(out.unique_experts, runs[0][0].unique_experts)
+        for got, want in zip(rows, runs[0][1]):
+            np.testing.assert_array_equal(got, want)
+
+
 def test_q_a_and_kv_a_in_one_gemm_give_the_bits_of_two():
     """A q_lora layer stacks q_a_proj over kv_a_proj_with_mqa (``DeviceLayer.qkv_a_proj``): one
     GEMM and one launch for both latent norms. Logits and cached latents equal the two-GEMM path

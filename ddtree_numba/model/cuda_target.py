@@ -271,6 +271,22 @@ def new_workspace(cfg: ModelConfig, rows: int, stacked: tuple[bool, ...] | None 
     )
 
 
+@dataclass
+class BatchLaunch:
+    """Where ``CudaTarget.enqueue_batch`` put a batched forward: the workspace (logits [T, V],
+    hidden [L, T, M]), the segments' row bounds ``rows`` [S + 1], the hidden layers kept, the
+    (row view, cache) parts with their metas [S, 2] int32 device, each MoE layer's counting-sort
+    offsets [L, E + 1] int32 device, and the captured graph (None when eager)."""
+
+    ws: Workspace
+    rows: np.ndarray
+    hidden_layer_ids: tuple
+    parts: list
+    metas: object
+    offsets: object
+    graph: object = None
+
+
 def _row_view(ws: Workspace, row0: int, n: int, meta) -> Workspace:
     """Rows ``row0 .. row0 + n`` of ``ws`` as a workspace of their own for one sequence of a
     batch: every per-row buffer a view (no copy), ``meta`` [2] int32 device = (its cache length,
@@ -419,7 +435,7 @@ class CudaTarget:
             hid = np.zeros((t, 0, self.config.hidden_size), np.float32)
         return ForwardOutput(logits=logits, hidden=hid)
 
-    def forward_batch(self, segments: list[Segment], hidden_layer_ids=()) -> BatchForward:
+    def forward_batch(self, segments: list[Segment], hidden_layer_ids=(), graph: bool = False) -> BatchForward:
         """One forward over several sequences' rows, as ``NumpyTarget.forward_batch``: ``forward``
         of each ``Segment`` (its ids, positions, own ``DeviceMLACache`` and parents), the
         embedding, projections, norms, MoE and lm_head launched once over all rows (the expert
@@ -427,8 +443,35 @@ class CudaTarget:
         sequence over its own rows, cache and tree (``layer_stages(parts=)``: the block-diagonal
         visibility). Each sequence's logits, hidden states and cache rows are bit for bit those of
         its own ``forward`` (every kernel's arithmetic of a row is independent of the other rows).
+        ``graph``: replay a CUDA graph of this layout (segment sizes, caches, hidden layers),
+        captured on first use; the cache lengths are read on the device, so they may change.
         -> ``BatchForward``: an output per segment, in order, and the distinct routed experts the
         router picked in each layer over all rows (0 for a dense layer)."""
+        cfg = self.config
+        launch = self.enqueue_batch(segments, hidden_layer_ids, graph=graph)
+        ws, t, rows = launch.ws, launch.rows[-1], launch.rows
+        logits = ws.logits[:t].copy_to_host()                                 # [T, V]
+        check_finite_output("target", "logits", logits, None)
+        for seg, n in zip(segments, np.diff(rows)):
+            seg.cache.length += int(n)
+        moe_layers = [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)]
+        unique = np.zeros(cfg.num_hidden_layers, np.int32)
+        if moe_layers:
+            spans = np.diff(launch.offsets.copy_to_host(), axis=1)            # [L, E] rows routed to each expert
+            unique[moe_layers] = (spans[moe_layers] > 0).sum(axis=1)
+        if launch.hidden_layer_ids:
+            hid = np.stack([ws.hidden[i][:t].copy_to_host() for i in launch.hidden_layer_ids], axis=1)  # [T, Y, M]
+        else:
+            hid = np.zeros((t, 0, cfg.hidden_size), np.float32)
+        outputs = [ForwardOutput(logits=logits[rows[j]:rows[j + 1]], hidden=hid[rows[j]:rows[j + 1]])
+                   for j in range(len(segments))]
+        return BatchForward(outputs=outputs, unique_experts=unique)
+
+    def enqueue_batch(self, segments: list[Segment], hidden_layer_ids=(), graph: bool = False,
+                      stream=0) -> "BatchLaunch":
+        """``forward_batch`` up to its readback: checks the segments, uploads their inputs and
+        enqueues the forward (or replays its graph) on ``stream``; no sync, the caches' lengths
+        not advanced. -> ``BatchLaunch`` (where the results are; benchmarks time this)."""
         cfg = self.config
         if not isinstance(segments, (list, tuple)) or not segments:
             raise ValueError("forward_batch needs a non-empty list of Segment")
@@ -442,54 +485,43 @@ class CudaTarget:
             if any(seg.cache is other.cache for other in segments[:j]):
                 raise ValueError(f"segments[{j}] shares its cache with an earlier segment: each sequence "
                                  "needs its own")
-            layers_out = check_forward_inputs(cfg, seg.ids, seg.positions, seg.cache, seg.parents, hidden_layer_ids)
+            layers_out = tuple(check_forward_inputs(cfg, seg.ids, seg.positions, seg.cache, seg.parents,
+                                                    hidden_layer_ids))
             seg.cache.reserve(seg.ids.shape[0])
+        if graph and numba_config.ENABLE_CUDASIM:
+            raise ValueError("graph=True needs a real GPU: the CUDA simulator cannot capture graphs")
         sizes = [seg.ids.shape[0] for seg in segments]
         rows = np.cumsum([0] + sizes)                                         # segment j: rows[j] .. rows[j+1]
         t = int(rows[-1])
         ws = self.workspace(t)
         pad = lambda parts: np.concatenate(parts + [np.zeros(ws.rows - t, np.int32)]).astype(np.int32)  # noqa: E731
-        ws.ids.copy_to_device(pad([np.asarray(seg.ids, np.int32) for seg in segments]))
-        ws.positions.copy_to_device(pad([np.asarray(seg.positions, np.int32) for seg in segments]))
+        ws.ids.copy_to_device(pad([np.asarray(seg.ids, np.int32) for seg in segments]), stream=stream)
+        ws.positions.copy_to_device(pad([np.asarray(seg.positions, np.int32) for seg in segments]), stream=stream)
         chains = [np.arange(-1, n - 1, dtype=np.int32) if seg.parents is None else np.asarray(seg.parents, np.int32)
                   for seg, n in zip(segments, sizes)]
-        ws.parents.copy_to_device(pad(chains))                                # each tree over its own rows
-        ws.meta.copy_to_device(np.array([0, t], np.int32))                    # the row-wise stages: t rows
+        ws.parents.copy_to_device(pad(chains), stream=stream)                 # each tree over its own rows
+        ws.meta.copy_to_device(np.array([0, t], np.int32), stream=stream)     # the row-wise stages: t rows
         self._size_scratch(ws, max(seg.cache.capacity for seg in segments))
-        parts = [(_row_view(ws, int(rows[j]), sizes[j], cuda.to_device(np.array([seg.cache.length, sizes[j]], np.int32))),
-                  seg.cache) for j, seg in enumerate(segments)]
-        moe_layers = [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)]
-        offsets = cuda.device_array((cfg.num_hidden_layers, (cfg.n_routed_experts or 0) + 1), np.int32)
-        for p, _ in parts:
-            kn.enqueue_visibility_bits(p.parents, p.vis_bits)                 # ancestor bits of its rows
-        kn.enqueue_embedding(ws.ids, self.embed_tokens, ws.x, ws.n_rows)
-        last = cfg.num_hidden_layers - 1
-        for i in range(cfg.num_hidden_layers):
-            for _, enqueue in self.layer_stages(ws, None, i, parts=parts):
-                enqueue(0)
-            if i in moe_layers:                   # expert e was picked iff its counting-sort span is not empty
-                offsets[i].copy_to_device(ws.moe.offsets)
-            if i in layers_out and i != last:
-                ws.hidden[i].copy_to_device(ws.x)
-        kn.enqueue_rms_norm(ws.x, self.norm, cfg.rms_norm_eps, ws.normed, ws.n_rows)
-        if last in layers_out:
-            ws.hidden[last].copy_to_device(ws.normed)
-        kn.enqueue_linear(ws.normed, self.lm_head, ws.logits, ws.n_rows, **self.gemm_args)
-        logits = ws.logits[:t].copy_to_host()                                 # [T, V]
-        check_finite_output("target", "logits", logits, None)
-        for seg, n in zip(segments, sizes):
-            seg.cache.length += n
-        unique = np.zeros(cfg.num_hidden_layers, np.int32)
-        if moe_layers:
-            spans = np.diff(offsets.copy_to_host(), axis=1)                   # [L, E] rows routed to each expert
-            unique[moe_layers] = (spans[moe_layers] > 0).sum(axis=1)
-        if layers_out:
-            hid = np.stack([ws.hidden[i][:t].copy_to_host() for i in layers_out], axis=1)   # [T, Y, M]
-        else:
-            hid = np.zeros((t, 0, cfg.hidden_size), np.float32)
-        outputs = [ForwardOutput(logits=logits[rows[j]:rows[j + 1]], hidden=hid[rows[j]:rows[j + 1]])
-                   for j in range(len(segments))]
-        return BatchForward(outputs=outputs, unique_experts=unique)
+        key = ("batch", tuple(sizes), tuple(id(seg.cache) for seg in segments), layers_out)
+        launch = ws.graphs.get(key) if graph else None
+        if launch is None:
+            # each sequence: a row view of ws whose meta is a row of ``metas`` (cache length, rows)
+            metas = cuda.device_array((len(segments), 2), np.int32)
+            parts = [(_row_view(ws, int(rows[j]), sizes[j], metas[j]), seg.cache) for j, seg in enumerate(segments)]
+            offsets = cuda.device_array((cfg.num_hidden_layers, (cfg.n_routed_experts or 0) + 1), np.int32)
+            launch = BatchLaunch(ws, rows, layers_out, parts, metas, offsets)
+        launch.metas.copy_to_device(np.array([[seg.cache.length, n] for seg, n in zip(segments, sizes)], np.int32),
+                                    stream=stream)
+        if not graph:
+            self._enqueue_forward(ws, launch.parts, layers_out, stream, launch.offsets)
+            return launch
+        if launch.graph is None:
+            # the graph holds the caches' pointers and the key their ids: the launch keeps them alive
+            launch.graph = capture_graph(lambda s: self._enqueue_forward(ws, launch.parts, layers_out, s,
+                                                                         launch.offsets))
+            ws.graphs[key] = launch
+        replay_graph(launch.graph, stream)
+        return launch
 
     def _size_scratch(self, ws: Workspace, capacity: int) -> None:
         """The attention's scratch: scores of every (row, head) over a cache of ``capacity`` rows;
@@ -507,26 +539,32 @@ class CudaTarget:
         ``cache.length`` (the caller knows t)."""
         self._size_scratch(ws, cache.capacity)
         if not graph:
-            self._enqueue_forward(ws, cache, hidden_layer_ids, stream)
+            self._enqueue_forward(ws, [(ws, cache)], hidden_layer_ids, stream)
             return
         if numba_config.ENABLE_CUDASIM:
             raise ValueError("graph=True needs a real GPU: the CUDA simulator cannot capture graphs")
         key = (id(cache), tuple(hidden_layer_ids))
         entry = ws.graphs.get(key)
         if entry is None:
-            exe = capture_graph(lambda s: self._enqueue_forward(ws, cache, hidden_layer_ids, s))
+            exe = capture_graph(lambda s: self._enqueue_forward(ws, [(ws, cache)], hidden_layer_ids, s))
             # the graph holds the cache's raw pointers, and the key its id: keeping the cache
             # alive keeps both valid (a freed cache's id may be reused by a new one)
             entry = ws.graphs[key] = (exe, cache)
         replay_graph(entry[0], stream)
 
-    def _enqueue_forward(self, ws: Workspace, cache: DeviceMLACache, hidden_layer_ids, stream) -> None:
-        kn.enqueue_visibility_bits(ws.parents, ws.vis_bits, stream=stream)    # ancestor bits of the new rows
+    def _enqueue_forward(self, ws: Workspace, parts, hidden_layer_ids, stream, offsets=None) -> None:
+        """One forward over ws's rows: ``parts`` the (row view, cache) pairs of its sequences
+        (``layer_stages``; one forward: [(ws, cache)]). ``offsets`` [L, E+1] device, if given,
+        keeps each MoE layer's counting-sort offsets (``forward_batch``'s expert counts)."""
+        for p, _ in parts:
+            kn.enqueue_visibility_bits(p.parents, p.vis_bits, stream=stream)    # ancestor bits of its new rows
         kn.enqueue_embedding(ws.ids, self.embed_tokens, ws.x, ws.n_rows, stream=stream)
         last = len(self.layers) - 1
         for i in range(len(self.layers)):
-            for _, enqueue in self.layer_stages(ws, cache, i):
+            for _, enqueue in self.layer_stages(ws, None, i, parts=parts):
                 enqueue(stream)
+            if offsets is not None and self.config.is_moe_layer(i):
+                offsets[i].copy_to_device(ws.moe.offsets, stream=stream)
             if i in hidden_layer_ids and i != last:
                 ws.hidden[i].copy_to_device(ws.x, stream=stream)
         kn.enqueue_rms_norm(ws.x, self.norm, self.config.rms_norm_eps, ws.normed, ws.n_rows, stream=stream)
