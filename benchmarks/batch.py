@@ -7,9 +7,10 @@ Random bf16 weights (``verify_forward.build_target``) and S sequences, each with
 cache of ``--prefix`` random rows. A round of ``ar`` verifies one token a sequence; a round of
 ``ddtree`` at budget B verifies a random tree of B + 1 nodes a sequence (``verify_forward.
 random_tree``, positions prefix + depth). Each round is one ``CudaTarget.forward_batch`` over all
-S sequences' rows (``enqueue_batch``: the GEMMs and the MoE once over every row, each sequence's
-attention over its own cache), replayed as one CUDA graph, timed by CUDA events (median of
-``--reps``; no host readback).
+S sequences' rows (``enqueue_batch``: the GEMMs and the MoE once over every row, the attention
+of every sequence over its own cache in one launch set over a cache pool, or with
+``--separate-caches`` a launch set a sequence), replayed as one CUDA graph, timed by CUDA events
+(median of ``--reps``; no host readback).
 
 What is and is not in the figures:
 - **Acceptance is replayed, not measured here**: random weights accept nothing, so a ddtree round
@@ -61,6 +62,8 @@ def main():
     ap.add_argument("--prefix", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--max-rows", type=int, default=4096, help="skip layouts verifying more rows")
+    ap.add_argument("--separate-caches", action="store_true",
+                    help="a cache a sequence (the attention launched per sequence), not one pool")
     ap.add_argument("--no-append", action="store_true")
     ap.add_argument("--dry-run", action="store_true",
                     help="a tiny config of the same architecture, eager (checks the script, e.g. in the simulator)")
@@ -83,7 +86,14 @@ def main():
     target = build_target(cfg)
     rng = np.random.default_rng(0)
     cap = args.prefix + max(args.budgets) + 1
-    caches = [prefilled_cache(target, args.prefix, cap, rng) for _ in range(max(args.batches))]
+    if args.separate_caches:
+        caches = [prefilled_cache(target, args.prefix, cap, rng) for _ in range(max(args.batches))]
+    else:                                    # one pool: every sequence's attention in one launch set
+        pool = target.new_cache_pool(max(args.batches), cap)
+        for name in ("c_kv", "k_pe"):
+            arr = getattr(pool, name)
+            getattr(pool, name).copy_to_device(rng.standard_normal(arr.shape, np.float32))
+        caches = pool.caches
     moe_layers = [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)]
     stream = cuda.stream()
 
@@ -119,8 +129,10 @@ def main():
             print(f"{method} budget {b} batch {batch}: {us / 1e3:.2f} ms a round, {tps:,.0f} tokens/s", flush=True)
 
     note = (f"Moonlight-16B-A3B shape, {cfg.num_hidden_layers} layers, random bf16 weights, each sequence its own "
-            f"{args.prefix}-row latent cache; one verify forward (CudaTarget.forward_batch, a CUDA graph) a round for "
-            "all sequences: ar 1 token a sequence, ddtree a random tree of budget + 1 nodes a sequence. Tokens a "
+            f"{args.prefix}-row latent cache ("
+            + ("separate caches, the attention launched per sequence" if args.separate_caches
+               else "slots of one pool, the attention of every sequence in one launch set")
+            + "); one verify forward (CudaTarget.forward_batch, a CUDA graph) a round for all sequences: ar 1 token a sequence, ddtree a random tree of budget + 1 nodes a sequence. Tokens a "
             "round replayed from the demo pair's measured mean acceptance (results/demo_pair.json), not measured "
             "here; the drafter, tree build and accept are not timed. Unique experts: the mean over the MoE "
             "layers of the distinct routed experts picked in the round (of "

@@ -112,14 +112,17 @@ SIGNATURES = {
                                   f"float32[::1], {I32_2})")],
     "moe._combine_kernel": [((shared, residual), f"void({F32_2}, float32[::1], {I32_2}, {F32_2}, {F32_2}, {I32_1})")
                             for shared in (False, True) for residual in (False, True)],
+    # the latent cache: one sequence's [1, S, C] (contiguous), or a pool's layer [slots, S, C] (strided slots)
     "mla._mla_scores_kernel": [
-        (tiles, f"void({F32_2}, {F32_2}, {F32_2}, {F32_2}, {I32_1}, float32, {F32_2})")
-        for tiles in sorted({t[0] for _, t in kernels_pkg.mla._GPU_TILES + kernels_pkg.mla._GPU_TILES_NARROW})],
-    "mla._mla_softmax_kernel": [((128,), f"void({F32_2}, {U32_2}, {I32_1}, int64, {F32_2}, int32[:, :, ::1])")],
+        (tiles, f"void({F32_2}, {F32_2}, {cache}, {cache}, {I32_1}, {I32_2}, float32, {F32_2})")
+        for tiles in sorted({t[0] for _, t in kernels_pkg.mla._GPU_TILES + kernels_pkg.mla._GPU_TILES_NARROW})
+        for cache in ("float32[:, :, ::1]", "float32[:, :, :]")],
+    "mla._mla_softmax_kernel": [((128,), f"void({F32_2}, {U32_2}, {I32_1}, {I32_2}, int64, {F32_2}, int32[:, :, ::1])")],
     "mla._mla_pv_kernel": [
-        (tiles, f"void({F32_2}, {F32_2}, {I32_1}, int64, int32[:, :, ::1], float32[:, :, ::1], {F32_2})")
-        for tiles in sorted({t[1] for _, t in kernels_pkg.mla._GPU_TILES + kernels_pkg.mla._GPU_TILES_NARROW})],
-    "mla._mla_combine_kernel": [((128,), f"void(float32[:, :, ::1], {F32_2}, {F32_2}, {I32_1}, int64, {F32_2})")],
+        (tiles, f"void({F32_2}, {cache}, {I32_1}, {I32_2}, int64, int32[:, :, ::1], float32[:, :, ::1], {F32_2})")
+        for tiles in sorted({t[1] for _, t in kernels_pkg.mla._GPU_TILES + kernels_pkg.mla._GPU_TILES_NARROW})
+        for cache in ("float32[:, :, ::1]", "float32[:, :, :]")],
+    "mla._mla_combine_kernel": [((128,), f"void(float32[:, :, ::1], {F32_2}, {F32_2}, {I32_1}, {I32_2}, int64, {F32_2})")],
     "gqa._gqa_split_kernel": [
         ((dh, *kernels_pkg.gqa._gpu_tiles(dh), blk, msk),
          f"void({F32_2}, {F32_2}, {F32_2}, {F32_2}, {F32_2}, boolean[:, ::1], {I32_1}, float32, "

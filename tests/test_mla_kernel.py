@@ -206,6 +206,39 @@ def test_batch_row_is_bit_identical_alone_and_among_more_rows(rng):
     assert np.isnan(big[t:]).all()
 
 
+def test_sequences_in_one_launch_get_the_bits_of_their_own_launches(rng):
+    """``seqs``: three sequences (a causal step, two trees; different cached lengths) in one
+    launch set over a pool of four cache slots, the slots not in row order. Each sequence's rows
+    equal its own launch's bits; a row of no sequence is left unwritten."""
+    h, c, r, cap = 2, 6, 3, 20
+    layout = [(2, 9, None), (5, 3, "random"), (4, 12, "build")]            # (t, s0, tree)
+    slots = [2, 0, 3]
+    pool_ckv = rng.standard_normal((4, cap, c)).astype(np.float32)        # [slots, S_cap, C]
+    pool_kpe = rng.standard_normal((4, cap, r)).astype(np.float32)
+    total = sum(t for t, _, _ in layout) + 1                              # one spare row at the end
+    q_lat, q_pe, _, _ = core_inputs(rng, total, 1, h, c, r)
+    bits = np.zeros((total, 1), np.uint32)
+    seqs, alone, row0 = [], [], 0
+    for (t, s0, tree), slot in zip(layout, slots):
+        parents = {None: lambda: np.arange(-1, t - 1, dtype=np.int32), "random": lambda: random_parents(rng, t),
+                   "build": lambda: tree_from_build(rng, t)}[tree]()
+        bits[row0:row0 + t] = ref.visibility_bits(parents)
+        alone.append(run_core(q_lat[row0:row0 + t], q_pe[row0:row0 + t], pool_ckv[slot], pool_kpe[slot],
+                              bits[row0:row0 + t], s0, t, 0.8))
+        seqs.append((s0, t, row0, slot))
+        row0 += t
+    out = cuda.to_device(np.full((total, h * c), np.nan, np.float32))
+    enqueue_mla_attention(cuda.to_device(q_lat), cuda.to_device(q_pe), cuda.to_device(pool_ckv),
+                          cuda.to_device(pool_kpe), out, vis_bits=cuda.to_device(bits),
+                          meta=cuda.to_device(np.zeros(2, np.int32)), scale=0.8,
+                          scratch=MLAScratch(total, h, cap, c), seqs=cuda.to_device(np.array(seqs, np.int32)),
+                          max_rows=max(t for t, _, _ in layout))
+    got = out.copy_to_host()
+    for (_, t, row0, _), want in zip(seqs, alone):
+        np.testing.assert_array_equal(bits_of(got[row0:row0 + t]), bits_of(want))
+    assert np.isnan(got[-1]).all()
+
+
 # -- bad input -------------------------------------------------------------------------------
 
 def test_bad_inputs_raise(rng):

@@ -195,10 +195,11 @@ def test_logits_are_batch_invariant_alone_in_a_batch_and_as_a_tree_node():
 
 def test_a_batched_forward_gives_each_sequence_the_bits_of_its_own_forward():
     """``forward_batch``: a causal step and a tree, after caches of different lengths, in one
-    forward. Each one's logits, hidden states and new cache rows are bit for bit those of its own
-    ``forward`` (the projections and the MoE over all rows, each sequence's cache writes and
-    attention over its own rows: the block-diagonal visibility); the unique routed experts are the
-    numpy twin's (``NumpyTarget.forward_batch``) over the same rows."""
+    forward, with separate caches and with two slots of one pool. Each one's logits, hidden states
+    and new cache rows are bit for bit those of its own ``forward`` (the projections and the MoE
+    over all rows, each sequence's cache writes and attention over its own rows and cache: the
+    block-diagonal visibility); the unique routed experts are the numpy twin's
+    (``NumpyTarget.forward_batch``) over the same rows."""
     from ddtree_numba.kernels import TILES
     from ddtree_numba.model import ModelConfig, random_target
     from ddtree_numba.model.target import Segment
@@ -206,8 +207,9 @@ def test_a_batched_forward_gives_each_sequence_the_bits_of_its_own_forward():
     target = CudaTarget.from_host(host, precision="bf16", gemm_tile=None if REAL_GPU else TILES["small"])
     rng = np.random.default_rng(3)
     V = target.config.vocab_size
-    segs, solo, host_segs = [], [], []
-    for n, tree in [(3, None), (5, np.array([-1, 0, 0, 1], np.int32))]:
+    pool = target.new_cache_pool(3, 12).caches               # slots 2 and 0: not in the segments' order
+    segs, pooled, solo, host_segs = [], [], [], []
+    for n, tree, slot in [(3, None, 2), (5, np.array([-1, 0, 0, 1], np.int32), 0)]:
         prefix = rng.integers(0, V, n).astype(np.int32)
         t = 2 if tree is None else len(tree)
         ids = rng.integers(0, V, t).astype(np.int32)
@@ -215,21 +217,27 @@ def test_a_batched_forward_gives_each_sequence_the_bits_of_its_own_forward():
         batched, alone, on_host = target.new_cache(12), target.new_cache(12), host.new_cache(12)
         target.forward(prefix, np.arange(n, dtype=np.int32), batched)
         host.forward(prefix, np.arange(n, dtype=np.int32), on_host)
-        for name in ("c_kv", "k_pe"):                        # the same prefix rows, copied
-            getattr(alone, name).copy_to_device(getattr(batched, name))
-        alone.length = n
+        for cache in (alone, pool[slot]):                    # the same prefix rows, copied
+            for name in ("c_kv", "k_pe"):
+                getattr(cache, name).copy_to_device(getattr(batched, name))
+            cache.length = n
         segs.append(Segment(ids, pos, batched, tree))
+        pooled.append(Segment(ids, pos, pool[slot], tree))
         host_segs.append(Segment(ids, pos, on_host, tree))
         solo.append((alone, target.forward(ids, pos, alone, parents=tree, hidden_layer_ids=(0,))))
-    out = target.forward_batch(segs, hidden_layer_ids=(0,))
-    for j, (seg, got, (cache, want)) in enumerate(zip(segs, out.outputs, solo)):
-        np.testing.assert_array_equal(got.logits, want.logits, err_msg=f"sequence {j}")
-        np.testing.assert_array_equal(got.hidden, want.hidden, err_msg=f"sequence {j}")
-        assert seg.cache.length == cache.length
-        for name in ("c_kv", "k_pe"):
-            np.testing.assert_array_equal(getattr(seg.cache, name).copy_to_host()[:, :cache.length],
-                                          getattr(cache, name).copy_to_host()[:, :cache.length], err_msg=name)
-    np.testing.assert_array_equal(out.unique_experts, host.forward_batch(host_segs).unique_experts)
+    # separate caches: the attention a launch set per sequence; one pool: one launch set for all
+    for batch in (segs, pooled):
+        out = target.forward_batch(batch, hidden_layer_ids=(0,))
+        for j, (seg, got, (cache, want)) in enumerate(zip(batch, out.outputs, solo)):
+            np.testing.assert_array_equal(got.logits, want.logits, err_msg=f"sequence {j}")
+            np.testing.assert_array_equal(got.hidden, want.hidden, err_msg=f"sequence {j}")
+            assert seg.cache.length == cache.length
+            for name in ("c_kv", "k_pe"):
+                np.testing.assert_array_equal(getattr(seg.cache, name).copy_to_host()[:, :cache.length],
+                                              getattr(cache, name).copy_to_host()[:, :cache.length], err_msg=name)
+        np.testing.assert_array_equal(out.unique_experts, host.forward_batch(host_segs).unique_experts)
+        for c in host_segs:
+            c.cache.truncate(c.cache.length - len(c.ids))
     assert out.unique_experts.max() > 0                     # the MoE layer was counted
 
 

@@ -15,8 +15,10 @@ batched (at any temperature, up to the backend's arithmetic: numpy's BLAS may ro
 differently in a larger matrix, which can only matter at an exact near-tie).
 
 On the cuda backend ``CudaTarget.forward_batch`` is the same one forward: the GEMMs and the MoE
-launched once over every live sequence's rows, each sequence's cache writes and attention
-launched over its own rows (each sequence's bits are those of its own forward). The rounds are
+launched once over every live sequence's rows, each sequence's cache writes over its own rows,
+and the attention of all of them in one launch set over a pool of caches (``new_cache_pool``: a
+slot a sequence, each as large as the largest sequence needs); each sequence's bits are those of
+its own forward. The rounds are
 driven from the host, launch by launch: the device-resident, graph-captured round
 (``decode.device``) is single-sequence so far. A target without ``forward_batch`` gets a forward
 per sequence in the same rounds (same tokens, no shared expert reads, no unique-expert counts).
@@ -107,9 +109,13 @@ def generate_batch(target: Target, drafter: Drafter | None, prompts, max_new_tok
     vocab = target.config.vocab_size
     batched = hasattr(target, "forward_batch")
     seqs, rounds = [], []
-    for a in args:
+    # a target with cache pools (cuda) gives every sequence a slot of one: one attention launch set
+    # a verify for all of them; each slot as large as the largest sequence needs
+    pool = (target.new_cache_pool(len(args), max(a.max_tokens for a in args)).caches
+            if hasattr(target, "new_cache_pool") else None)
+    for j, a in enumerate(args):
         log = RoundLog(method, int(a.prompt.shape[0]), a.n_new, a.stops)
-        tcache = target.new_cache(a.max_tokens) if a.n_new > 0 else None
+        tcache = (pool[j] if pool else target.new_cache(a.max_tokens)) if a.n_new > 0 else None
         dcache = drafter.new_cache(a.max_tokens) if a.n_new > 0 and method != "ar" else None
         seqs.append(_Sequence(log, tcache, dcache, None, int(a.prompt.shape[0]), -1, done=a.n_new == 0))
     live = [s for s in seqs if not s.done]

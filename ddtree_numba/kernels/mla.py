@@ -115,9 +115,10 @@ def _visible(vis_bits, i, s, s0):
 
 @functools.lru_cache(maxsize=None)
 def _mla_scores_kernel(bm, bn, bk, tm, tn):
-    """scores[r, s] = scale * ([q_lat | q_pe][r] . [c_kv | k_pe][s]) for r = i*H + h < t*H and
-    s < s0 + t, one fma chain over d ascending. Block: (bn // tn, bm // tm) threads; grid:
-    (ceil(S_cap / bn), ceil(Tq*H / bm)). Thread (tx, ty) owns rows ty + (bm // tm) * m and keys
+    """For sequence z (blockIdx.z; ``_sequence``): scores[row0*H + r, s] = scale * ([q_lat |
+    q_pe][row0 + i, h] . [c_kv | k_pe][slot, s]) for r = i*H + h < t*H and s < s0 + t, one fma
+    chain over d ascending. Block: (bn // tn, bm // tm) threads; grid: (ceil(S_cap / bn),
+    ceil(Tq*H / bm), sequences). Thread (tx, ty) owns rows ty + (bm // tm) * m and keys
     tx + (bn // tn) * j, so a warp reads consecutive shared words."""
     TX, TY = bn // tn, bm // tm
     NT = TX * TY
@@ -125,12 +126,13 @@ def _mla_scores_kernel(bm, bn, bk, tm, tn):
 
     @cached
     @cuda.jit
-    def kernel(q_lat, q_pe, c_kv, k_pe, meta, scale, scores):
-        C, R = c_kv.shape[1], k_pe.shape[1]
+    def kernel(q_lat, q_pe, c_kv, k_pe, meta, seqs, scale, scores):
+        C, R = c_kv.shape[2], k_pe.shape[2]
         D = C + R
         H = q_lat.shape[1] // C
-        s_end = meta[0] + meta[1]
-        rows = meta[1] * H
+        row0, t, s0, slot = _sequence(meta, seqs, cuda.blockIdx.z)
+        s_end = s0 + t
+        rows = t * H
         r0 = cuda.blockIdx.y * bm
         n0 = cuda.blockIdx.x * bn
         if r0 >= rows or n0 >= s_end:  # the whole block leaves: no barrier is skipped
@@ -156,9 +158,9 @@ def _mla_scores_kernel(bm, bn, bk, tm, tn):
                     i = r // H
                     h = r - i * H
                     if d < C:
-                        v = q_lat[i, h * C + d]
+                        v = q_lat[row0 + i, h * C + d]
                     else:
-                        v = q_pe[i, h * R + d - C]
+                        v = q_pe[row0 + i, h * R + d - C]
                 a_sh[kk, rr] = v
             for e in range(tid, bn * bk, NT):   # d fastest: coalesced reads of a latent row
                 nn = e // bk
@@ -168,9 +170,9 @@ def _mla_scores_kernel(bm, bn, bk, tm, tn):
                 v = float32(0.0)
                 if s < s_end and d < D:
                     if d < C:
-                        v = c_kv[s, d]
+                        v = c_kv[slot, s, d]
                     else:
-                        v = k_pe[s, d - C]
+                        v = k_pe[slot, s, d - C]
                 b_sh[kk, nn] = v
             cuda.syncthreads()  # both tiles are in
             for k in range(min(bk, D - d0)):  # the chain stops at d = D - 1: no padded terms
@@ -188,9 +190,20 @@ def _mla_scores_kernel(bm, bn, bk, tm, tn):
                 for j in range(tn):
                     s = n0 + tx + TX * j
                     if s < s_end:
-                        scores[r, s] = acc[m, j] * scale
+                        scores[row0 * H + r, s] = acc[m, j] * scale
 
     return kernel
+
+
+@device_function
+def _sequence(meta, seqs, z):
+    """(row0, t, s0, slot) of sequence z of a launch: its first query row, its new rows, its
+    cached rows and its cache's slot (the first index of c_kv / k_pe). A batch gives seqs [S, 4],
+    a row (s0, t, row0, slot) a sequence (its first two columns a one-sequence meta); one sequence
+    gives an empty seqs and meta = (s0, t): (0, t, s0, 0)."""
+    if seqs.shape[0] == 0:
+        return 0, meta[1], meta[0], 0
+    return seqs[z, 2], seqs[z, 1], seqs[z, 0], seqs[z, 3]
 
 
 @device_function
@@ -223,24 +236,25 @@ def _visible_count(vis_bits, i, s0):
 
 @functools.lru_cache(maxsize=None)
 def _mla_softmax_kernel(threads):
-    """Chunk k (blockIdx.x) of query row r = i*H + h (blockIdx.y) < t*H: its keys are the visible
-    ones of visible index [k*KEY_CHUNK, (k+1)*KEY_CHUNK), cache positions [a, b). In place over
-    scores[r, a:b]: p = exp(score - m_k) for visible keys, _MASKED for the others; m_k -> m_part[r,
-    k], (a, b) -> bounds[r, k] ((0, 0) and m = -inf for a chunk past the query's keys). Grid:
-    (chunks of the capacity, Tq*H) blocks of ``threads``."""
+    """Chunk k (blockIdx.x) of query row r = i*H + h (blockIdx.y) < t*H of sequence z
+    (blockIdx.z), scratch row g = row0*H + r: its keys are the visible ones of visible index
+    [k*KEY_CHUNK, (k+1)*KEY_CHUNK), cache positions [a, b). In place over scores[g, a:b]: p =
+    exp(score - m_k) for visible keys, _MASKED for the others; m_k -> m_part[g, k], (a, b) ->
+    bounds[g, k] ((0, 0) and m = -inf for a chunk past the query's keys). Grid: (chunks of the
+    capacity, Tq*H, sequences) blocks of ``threads``."""
     T = threads
     K = KEY_CHUNK
 
     @cached
     @cuda.jit
-    def kernel(scores, vis_bits, meta, n_heads, m_part, bounds):
+    def kernel(scores, vis_bits, meta, seqs, n_heads, m_part, bounds):
         k = cuda.blockIdx.x
-        r = cuda.blockIdx.y
         tid = cuda.threadIdx.x
-        s0 = meta[0]
-        if r >= meta[1] * n_heads:
+        row0, t, s0, slot = _sequence(meta, seqs, cuda.blockIdx.z)
+        if cuda.blockIdx.y >= t * n_heads:
             return
-        i = r // n_heads
+        r = row0 * n_heads + cuda.blockIdx.y        # its scratch row
+        i = row0 + cuda.blockIdx.y // n_heads       # its query row (its mask row)
         n_vis = _visible_count(vis_bits, i, s0)   # every thread: no barrier before the exit below
         if k * K >= n_vis:
             if tid == 0:
@@ -279,20 +293,24 @@ def _mla_softmax_kernel(threads):
 
 @functools.lru_cache(maxsize=None)
 def _mla_pv_kernel(bm, bn, bk, tm, tn):
-    """Chunk k (blockIdx.z): o_part[k, r, c] = chain over its keys s in [a, b) = bounds[r, k],
-    ascending, of p[r, s] * c_kv[s, c], and l_part[k, r] = the chain of p[r, s] (p >= 0; _MASKED
-    marks the rest), for r = i*H + h < t*H. Block: (bn // tn, bm // tm) threads; grid:
-    (ceil(C / bn), ceil(Tq*H / bm), chunks)."""
+    """Chunk k of sequence z (blockIdx.z = z * chunks + k): o_part[k, g, c] = chain over its keys
+    s in [a, b) = bounds[g, k], ascending, of p[g, s] * c_kv[slot, s, c], and l_part[k, g] = the
+    chain of p[g, s] (p >= 0; _MASKED marks the rest), for scratch rows g = row0*H + r, r = i*H + h
+    < t*H. Block: (bn // tn, bm // tm) threads; grid: (ceil(C / bn), ceil(Tq*H / bm), sequences *
+    chunks)."""
     TX, TY = bn // tn, bm // tm
     NT = TX * TY
     BM1 = bm + 1   # padded shared rows (shapes must be constants to the compiler)
 
     @cached
     @cuda.jit
-    def kernel(p, c_kv, meta, n_heads, bounds, o_part, l_part):
-        C = c_kv.shape[1]
-        rows = meta[1] * n_heads
-        k = cuda.blockIdx.z
+    def kernel(p, c_kv, meta, seqs, n_heads, bounds, o_part, l_part):
+        C = c_kv.shape[2]
+        nch = bounds.shape[1]
+        k = cuda.blockIdx.z % nch
+        row0, t, s0, slot = _sequence(meta, seqs, cuda.blockIdx.z // nch)
+        rows = t * n_heads
+        g0 = row0 * n_heads                          # the sequence's first scratch row
         r0 = cuda.blockIdx.y * bm
         c0 = cuda.blockIdx.x * bn
         if r0 >= rows:  # the whole block leaves: no barrier is skipped
@@ -308,8 +326,8 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
         b = cuda.local.array(tn, float32)
         for rr in range(tid, bm, NT):
             r = r0 + rr
-            lo_sh[rr] = bounds[r, k, 0] if r < rows else 0
-            hi_sh[rr] = bounds[r, k, 1] if r < rows else 0
+            lo_sh[rr] = bounds[g0 + r, k, 0] if r < rows else 0
+            hi_sh[rr] = bounds[g0 + r, k, 1] if r < rows else 0
         for m in range(tm):
             l[m] = float32(0.0)
             for j in range(tn):
@@ -329,7 +347,7 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
                 s = sb + kk
                 v = float32(_MASKED)
                 if r < rows and lo_sh[rr] <= s and s < hi_sh[rr]:
-                    v = p[r, s]
+                    v = p[g0 + r, s]
                 p_sh[kk, rr] = v
             for e in range(tid, bk * bn, NT):   # channel fastest: coalesced reads of a latent row
                 kk = e // bn
@@ -338,7 +356,7 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
                 c = c0 + cc
                 v = float32(0.0)
                 if s < hi and c < C:
-                    v = c_kv[s, c]
+                    v = c_kv[slot, s, c]
                 v_sh[kk, cc] = v
             cuda.syncthreads()  # both tiles are in
             for kk in range(bk):  # ascending keys: the chains of the contract above
@@ -357,28 +375,30 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
                 for j in range(tn):
                     c = c0 + tx + TX * j
                     if c < C:
-                        o_part[k, r, c] = acc[m, j]
+                        o_part[k, g0 + r, c] = acc[m, j]
                 if cuda.blockIdx.x == 0 and tx == 0:
-                    l_part[k, r] = l[m]
+                    l_part[k, g0 + r] = l[m]
 
     return kernel
 
 
 @functools.lru_cache(maxsize=None)
 def _mla_combine_kernel(threads):
-    """out_lat[i, h*C + c] = (sum_k w_k o_part[k, r, c]) / (sum_k w_k l_part[k, r]), w_k =
-    exp(m_k - max_k m_k), the sums over the row's chunks in ascending k, r = i*H + h < t*H.
-    Grid: (ceil(C / threads), Tq*H) blocks of ``threads``."""
+    """out_lat[row0 + i, h*C + c] = (sum_k w_k o_part[k, g, c]) / (sum_k w_k l_part[k, g]), w_k
+    = exp(m_k - max_k m_k), the sums over the row's chunks in ascending k, g = row0*H + i*H + h,
+    i < t, for sequence z (blockIdx.z). Grid: (ceil(C / threads), Tq*H, sequences) blocks of
+    ``threads``."""
     T = threads
 
     @cached
     @cuda.jit
-    def kernel(o_part, l_part, m_part, meta, n_heads, out_lat):
-        r = cuda.blockIdx.y
+    def kernel(o_part, l_part, m_part, meta, seqs, n_heads, out_lat):
         c = cuda.blockIdx.x * T + cuda.threadIdx.x
         C = o_part.shape[2]
-        if r >= meta[1] * n_heads or c >= C:
+        row0, t, s0, slot = _sequence(meta, seqs, cuda.blockIdx.z)
+        if cuda.blockIdx.y >= t * n_heads or c >= C:
             return
+        r = row0 * n_heads + cuda.blockIdx.y
         big = float32(-math.inf)
         for k in range(m_part.shape[1]):
             big = max(big, m_part[r, k])
@@ -389,9 +409,9 @@ def _mla_combine_kernel(threads):
                 w = math.exp(m_part[r, k] - big)
                 o = o + w * o_part[k, r, c]
                 l = l + w * l_part[k, r]
-        i = r // n_heads
-        h = r - i * n_heads
-        out_lat[i, h * C + c] = o / l
+        i = cuda.blockIdx.y // n_heads
+        h = cuda.blockIdx.y - i * n_heads
+        out_lat[row0 + i, h * C + c] = o / l
 
     return kernel
 
@@ -414,12 +434,13 @@ class MLAScratch:
         self.bounds = cuda.device_array((rows, nch, 2), np.int32, stream=stream)           # [Tq*H, NCH, 2]
         self.o_part = cuda.device_array((nch, rows, max(1, latent)), np.float32, stream=stream)  # [NCH, Tq*H, C]
         self.l_part = cuda.device_array((nch, rows), np.float32, stream=stream)            # [NCH, Tq*H]
+        self.no_sequences = cuda.device_array((0, 4), np.int32, stream=stream)   # a one-sequence launch's seqs
 
 
 # -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
 
 def enqueue_mla_attention(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, scratch,
-                          tiles=None, stream=0):
+                          tiles=None, seqs=None, max_rows=None, stream=0):
     """out_lat[i, h*C:(h+1)*C] = softmax_s(scale * (q_lat[i,h] . c_kv[s] + q_pe[i,h] . k_pe[s]))
     @ c_kv over the keys query i sees, for i < t; rows i >= t are not written. Twin: the
     attention of ``reference.mla.mla_attention_absorbed`` between its two absorptions.
@@ -429,30 +450,41 @@ def enqueue_mla_attention(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, s
     uint32, meta [2] int32 device = (s0, t), out_lat [Tq, H*C] f32, scratch ``MLAScratch`` with
     at least Tq*H rows and S_cap columns. The grid is sized for Tq and S_cap. ``tiles``
     overrides ``_tiles`` (tests).
+
+    **Several sequences in one launch set** (``CudaTarget.forward_batch``): ``seqs`` [S, 4] int32
+    device, a row (s0, t, row0, slot) per sequence: its queries are rows row0 .. row0 + t of
+    q_lat / q_pe / vis_bits / out_lat (vis_bits over its own new rows), its keys rows 0 .. s0 + t
+    of c_kv[slot] / k_pe[slot], now [slots, S_cap, C] and [slots, S_cap, R]; ``meta`` is not read;
+    ``max_rows`` (host) bounds every t. Each sequence gets the bits of its own launch.
     """
-    tq, C = q_lat.shape[0], c_kv.shape[1]
+    C = c_kv.shape[1 if seqs is None else 2]
     H = q_lat.shape[1] // C
-    s_cap = c_kv.shape[0]
+    if seqs is None:
+        n_seq, tq = 1, q_lat.shape[0]
+        c_kv, k_pe, seqs = c_kv.reshape(1, *c_kv.shape), k_pe.reshape(1, *k_pe.shape), scratch.no_sequences
+    else:
+        n_seq, tq = seqs.shape[0], max_rows
+    s_cap = c_kv.shape[1]
     scores = scratch.scores
     st, pt = tiles if tiles is not None else _tiles(tq * H, C)
     scale = np.float32(scale)
 
     bm, bn, bk, tm, tn = st
-    grid = (ceil_div(s_cap, bn), ceil_div(tq * H, bm))
+    grid = (ceil_div(s_cap, bn), ceil_div(tq * H, bm), n_seq)
     _mla_scores_kernel(*st)[grid, (bn // tn, bm // tm), stream](
-        q_lat, q_pe, c_kv, k_pe, meta, scale, scores)
+        q_lat, q_pe, c_kv, k_pe, meta, seqs, scale, scores)
 
     nch = scratch.m_part.shape[1]
-    _mla_softmax_kernel(THREADS)[(nch, tq * H), THREADS, stream](scores, vis_bits, meta, H, scratch.m_part,
-                                                                  scratch.bounds)
+    _mla_softmax_kernel(THREADS)[(nch, tq * H, n_seq), THREADS, stream](scores, vis_bits, meta, seqs, H,
+                                                                         scratch.m_part, scratch.bounds)
 
     bm, bn, bk, tm, tn = pt
-    grid = (ceil_div(C, bn), ceil_div(tq * H, bm), nch)
-    _mla_pv_kernel(*pt)[grid, (bn // tn, bm // tm), stream](scores, c_kv, meta, H, scratch.bounds,
+    grid = (ceil_div(C, bn), ceil_div(tq * H, bm), nch * n_seq)
+    _mla_pv_kernel(*pt)[grid, (bn // tn, bm // tm), stream](scores, c_kv, meta, seqs, H, scratch.bounds,
                                                             scratch.o_part, scratch.l_part)
-    grid = (ceil_div(C, COMBINE_THREADS), tq * H)
+    grid = (ceil_div(C, COMBINE_THREADS), tq * H, n_seq)
     _mla_combine_kernel(COMBINE_THREADS)[grid, COMBINE_THREADS, stream](scratch.o_part, scratch.l_part,
-                                                                        scratch.m_part, meta, H, out_lat)
+                                                                        scratch.m_part, meta, seqs, H, out_lat)
 
 
 # -- host helpers ---------------------------------------------------------------------------

@@ -137,16 +137,21 @@ class DeviceMLACache:
 
     c_kv [L, S, C] float32 (RMS-normed latents), k_pe [L, S, R] float32 (rotated rope keys): the
     same rows as ``MLACache``, read in place by the attention kernel. ``length`` is kept on the
-    host (the decode loop knows it) and written to ``Workspace.meta`` at each forward.
+    host (the decode loop knows it) and written to ``Workspace.meta`` at each forward. A cache of
+    a ``DeviceCachePool`` is slot ``slot`` of the pool's arrays (``pool``; else None).
     """
 
-    def __init__(self, cfg: ModelConfig, capacity: int):
+    def __init__(self, cfg: ModelConfig, capacity: int, pool: "DeviceCachePool | None" = None, slot: int = 0):
         capacity = check_int("max_tokens", capacity, 1)
         self.capacity = capacity
         self.length = 0
+        self.pool, self.slot = pool, slot
         L, C, R = cfg.num_hidden_layers, cfg.kv_lora_rank, cfg.qk_rope_head_dim
-        self.c_kv = cuda.device_array((L, capacity, C), np.float32)   # [L, S, C]
-        self.k_pe = cuda.device_array((L, capacity, R), np.float32)   # [L, S, R]
+        if pool is None:
+            self.c_kv = cuda.device_array((L, capacity, C), np.float32)   # [L, S, C]
+            self.k_pe = cuda.device_array((L, capacity, R), np.float32)   # [L, S, R]
+        else:
+            self.c_kv, self.k_pe = pool.c_kv[slot], pool.k_pe[slot]    # views of the pool's slot
         self._start_n = cuda.device_array(2, np.int32)                # (start, n) of a host compact()
         self._keep = cuda.device_array(capacity, np.int32)            # [<= S] keep of a host compact()
 
@@ -193,6 +198,22 @@ class DeviceMLACache:
         ``n_max``. No sync; ``length`` is the caller's to update (the decode loop knows n)."""
         kn.enqueue_compact_rows(self.c_kv, start_n, keep, n_max=n_max, stream=stream)   # every layer at once
         kn.enqueue_compact_rows(self.k_pe, start_n, keep, n_max=n_max, stream=stream)
+
+
+class DeviceCachePool:
+    """The latent caches of ``slots`` sequences in one pair of device arrays, so that one attention
+    launch set serves all of them (``CudaTarget.forward_batch``): c_kv [slots, L, S, C], k_pe
+    [slots, L, S, R]; ``caches[j]`` is slot j's ``DeviceMLACache`` (its arrays views of the slot,
+    each used as any cache). Fixed slots: every sequence gets the same capacity S (the largest
+    it needs), so a pool of unequal sequences holds idle rows."""
+
+    def __init__(self, cfg: ModelConfig, slots: int, capacity: int):
+        slots = check_int("slots", slots, 1)
+        capacity = check_int("max_tokens", capacity, 1)
+        L, C, R = cfg.num_hidden_layers, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+        self.c_kv = cuda.device_array((slots, L, capacity, C), np.float32)   # [slots, L, S, C]
+        self.k_pe = cuda.device_array((slots, L, capacity, R), np.float32)   # [slots, L, S, R]
+        self.caches = [DeviceMLACache(cfg, capacity, pool=self, slot=j) for j in range(slots)]
 
 
 @dataclass
@@ -275,14 +296,17 @@ def new_workspace(cfg: ModelConfig, rows: int, stacked: tuple[bool, ...] | None 
 class BatchLaunch:
     """Where ``CudaTarget.enqueue_batch`` put a batched forward: the workspace (logits [T, V],
     hidden [L, T, M]), the segments' row bounds ``rows`` [S + 1], the hidden layers kept, the
-    (row view, cache) parts with their metas [S, 2] int32 device, each MoE layer's counting-sort
-    offsets [L, E + 1] int32 device, and the captured graph (None when eager)."""
+    (row view, cache) parts, ``seqs`` [S, 4] int32 device = (cache length, rows, first row, pool
+    slot) a sequence (its first two columns are its part's meta), the pool when every cache is a
+    slot of one (then one attention launch set for all), each MoE layer's counting-sort offsets
+    [L, E + 1] int32 device, and the captured graph (None when eager)."""
 
     ws: Workspace
     rows: np.ndarray
     hidden_layer_ids: tuple
     parts: list
-    metas: object
+    seqs: object
+    pool: "DeviceCachePool | None"
     offsets: object
     graph: object = None
 
@@ -378,6 +402,11 @@ class CudaTarget:
     def new_cache(self, max_tokens: int) -> DeviceMLACache:
         """An empty device latent cache with room for ``max_tokens`` rows per layer."""
         return DeviceMLACache(self.config, max_tokens)
+
+    def new_cache_pool(self, slots: int, max_tokens: int) -> DeviceCachePool:
+        """``slots`` device latent caches of ``max_tokens`` rows in one pool (``.caches``): a batch
+        of them gets its attention in one launch set (``forward_batch``)."""
+        return DeviceCachePool(self.config, slots, max_tokens)
 
     def workspace(self, rows: int) -> Workspace:
         """The preallocated buffers for forwards of up to ``rows`` tokens (rounded up to a power
@@ -504,21 +533,23 @@ class CudaTarget:
         self._size_scratch(ws, max(seg.cache.capacity for seg in segments))
         key = ("batch", tuple(sizes), tuple(id(seg.cache) for seg in segments), layers_out)
         launch = ws.graphs.get(key) if graph else None
+        pool = segments[0].cache.pool
+        pool = pool if all(seg.cache.pool is pool for seg in segments) else None
         if launch is None:
-            # each sequence: a row view of ws whose meta is a row of ``metas`` (cache length, rows)
-            metas = cuda.device_array((len(segments), 2), np.int32)
-            parts = [(_row_view(ws, int(rows[j]), sizes[j], metas[j]), seg.cache) for j, seg in enumerate(segments)]
+            # each sequence: a row view of ws whose meta is its row of ``seqs`` (cache length, rows)
+            seqs = cuda.device_array((len(segments), 4), np.int32)
+            parts = [(_row_view(ws, int(rows[j]), sizes[j], seqs[j, 0:2]), seg.cache) for j, seg in enumerate(segments)]
             offsets = cuda.device_array((cfg.num_hidden_layers, (cfg.n_routed_experts or 0) + 1), np.int32)
-            launch = BatchLaunch(ws, rows, layers_out, parts, metas, offsets)
-        launch.metas.copy_to_device(np.array([[seg.cache.length, n] for seg, n in zip(segments, sizes)], np.int32),
-                                    stream=stream)
+            launch = BatchLaunch(ws, rows, layers_out, parts, seqs, pool, offsets)
+        launch.seqs.copy_to_device(np.array([[seg.cache.length, n, r0, seg.cache.slot]
+                                             for seg, n, r0 in zip(segments, sizes, rows)], np.int32), stream=stream)
         if not graph:
-            self._enqueue_forward(ws, launch.parts, layers_out, stream, launch.offsets)
+            self._enqueue_forward(ws, launch.parts, layers_out, stream, launch.offsets, launch)
             return launch
         if launch.graph is None:
             # the graph holds the caches' pointers and the key their ids: the launch keeps them alive
             launch.graph = capture_graph(lambda s: self._enqueue_forward(ws, launch.parts, layers_out, s,
-                                                                         launch.offsets))
+                                                                         launch.offsets, launch))
             ws.graphs[key] = launch
         replay_graph(launch.graph, stream)
         return launch
@@ -552,16 +583,17 @@ class CudaTarget:
             entry = ws.graphs[key] = (exe, cache)
         replay_graph(entry[0], stream)
 
-    def _enqueue_forward(self, ws: Workspace, parts, hidden_layer_ids, stream, offsets=None) -> None:
+    def _enqueue_forward(self, ws: Workspace, parts, hidden_layer_ids, stream, offsets=None, batch=None) -> None:
         """One forward over ws's rows: ``parts`` the (row view, cache) pairs of its sequences
         (``layer_stages``; one forward: [(ws, cache)]). ``offsets`` [L, E+1] device, if given,
-        keeps each MoE layer's counting-sort offsets (``forward_batch``'s expert counts)."""
+        keeps each MoE layer's counting-sort offsets (``forward_batch``'s expert counts); ``batch``
+        the ``BatchLaunch`` of a batch."""
         for p, _ in parts:
             kn.enqueue_visibility_bits(p.parents, p.vis_bits, stream=stream)    # ancestor bits of its new rows
         kn.enqueue_embedding(ws.ids, self.embed_tokens, ws.x, ws.n_rows, stream=stream)
         last = len(self.layers) - 1
         for i in range(len(self.layers)):
-            for _, enqueue in self.layer_stages(ws, None, i, parts=parts):
+            for _, enqueue in self.layer_stages(ws, None, i, parts=parts, batch=batch):
                 enqueue(stream)
             if offsets is not None and self.config.is_moe_layer(i):
                 offsets[i].copy_to_device(ws.moe.offsets, stream=stream)
@@ -572,14 +604,16 @@ class CudaTarget:
             ws.hidden[last].copy_to_device(ws.normed, stream=stream)
         kn.enqueue_linear(ws.normed, self.lm_head, ws.logits, ws.n_rows, **self.gemm_args, stream=stream)
 
-    def layer_stages(self, ws: Workspace, cache: DeviceMLACache | None, i: int, parts=None):
+    def layer_stages(self, ws: Workspace, cache: DeviceMLACache | None, i: int, parts=None, batch=None):
         """Decoder layer i over ws.x in place, as its named stages: a list of (name, enqueue)
         where ``enqueue(stream)`` launches that stage's kernels. The forward runs them in order;
         a benchmark can put events between them (benchmarks/verify_forward.py).
 
         ``parts``: for a batch of sequences (``forward_batch``), their (row view of ws, own
-        cache) pairs; the stages that write a cache or attend over one run once per part, the
-        others once over all of ws's rows. None: the one part (ws, cache)."""
+        cache) pairs; the stages that write a cache run once per part, the others once over all of
+        ws's rows. The attention runs once per part too, unless ``batch`` (its ``BatchLaunch``)
+        has every cache in one pool: then one launch set over the pool serves every sequence.
+        None: the one part (ws, cache)."""
         cfg, lw = self.config, self.layers[i]
         H, D, R, C = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
         eps, n, gemm = cfg.rms_norm_eps, ws.n_rows, self.gemm_args
@@ -628,6 +662,12 @@ class CudaTarget:
             kn.enqueue_linear_heads(ws.q, D + R, lw.w_uk_t, ws.q_lat, n, **gemm, stream=s)
 
         def attention(s):
+            if batch is not None and batch.pool is not None:       # every sequence in one launch set
+                kn.enqueue_mla_attention(ws.q_lat, ws.q_pe, batch.pool.c_kv[:, i], batch.pool.k_pe[:, i], ws.o_lat,
+                                         vis_bits=ws.vis_bits, meta=ws.meta, scale=self.rope.scale,
+                                         scratch=ws.mla_scratch, seqs=batch.seqs,
+                                         max_rows=int(np.diff(batch.rows).max()), stream=s)
+                return
             for p, cache in parts:                  # a sequence sees its own cache and its own tree only
                 kn.enqueue_mla_attention(p.q_lat, p.q_pe, cache.c_kv[i], cache.k_pe[i], p.o_lat, vis_bits=p.vis_bits,
                                          meta=p.meta, scale=self.rope.scale, scratch=ws.mla_scratch, stream=s)
