@@ -334,6 +334,9 @@ def capture_graph(enqueue, warm_up: bool = True):
     stream = cuda.stream()
     handle = _stream_handle(stream)
     if warm_up:
+        # the fresh stream is not ordered after the caller's: its inputs (uploaded there, from
+        # pageable memory, so possibly still in flight) must land before the warm-up reads them
+        cuda.synchronize()
         enqueue(stream)             # compile and load every kernel outside the capture
         stream.synchronize()
     _check_cuda(rt.cudaStreamBeginCapture(handle, rt.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed))

@@ -193,7 +193,7 @@ def test_logits_are_batch_invariant_alone_in_a_batch_and_as_a_tree_node():
         np.testing.assert_array_equal(alone[k], tree_logits[node], err_msg=f"node {node}: alone vs tree")
 
 
-def test_a_batched_forward_gives_each_sequence_the_bits_of_its_own_forward():
+def test_a_batched_forward_gives_each_sequence_the_bits_of_its_own_forward(monkeypatch):
     """``forward_batch``: a causal step and a tree, after caches of different lengths, in one
     forward, with separate caches and with two slots of one pool. Each one's logits, hidden states
     and new cache rows are bit for bit those of its own ``forward`` (the projections and the MoE
@@ -207,7 +207,11 @@ def test_a_batched_forward_gives_each_sequence_the_bits_of_its_own_forward():
     target = CudaTarget.from_host(host, precision="bf16", gemm_tile=None if REAL_GPU else TILES["small"])
     rng = np.random.default_rng(3)
     V = target.config.vocab_size
-    pool = target.new_cache_pool(3, 12).caches               # slots 2 and 0: not in the segments' order
+    pool_obj = target.new_cache_pool(3, 12)
+    for name in ("c_kv", "k_pe"):                            # poison: nothing but the new rows may be written
+        arr = getattr(pool_obj, name)
+        arr.copy_to_device(np.full(arr.shape, np.nan, np.float32))
+    pool = pool_obj.caches                                   # slots 2 and 0: not in the segments' order
     segs, pooled, solo, host_segs = [], [], [], []
     for n, tree, slot in [(3, None, 2), (5, np.array([-1, 0, 0, 1], np.int32), 0)]:
         prefix = rng.integers(0, V, n).astype(np.int32)
@@ -217,17 +221,25 @@ def test_a_batched_forward_gives_each_sequence_the_bits_of_its_own_forward():
         batched, alone, on_host = target.new_cache(12), target.new_cache(12), host.new_cache(12)
         target.forward(prefix, np.arange(n, dtype=np.int32), batched)
         host.forward(prefix, np.arange(n, dtype=np.int32), on_host)
-        for cache in (alone, pool[slot]):                    # the same prefix rows, copied
+        for cache in (alone, pool[slot]):                    # the same prefix rows, copied; NaN after them
             for name in ("c_kv", "k_pe"):
-                getattr(cache, name).copy_to_device(getattr(batched, name))
+                rows = np.full(getattr(cache, name).shape, np.nan, np.float32)
+                rows[:, :n] = getattr(batched, name).copy_to_host()[:, :n]
+                getattr(cache, name).copy_to_device(rows)
             cache.length = n
         segs.append(Segment(ids, pos, batched, tree))
         pooled.append(Segment(ids, pos, pool[slot], tree))
         host_segs.append(Segment(ids, pos, on_host, tree))
         solo.append((alone, target.forward(ids, pos, alone, parents=tree, hidden_layer_ids=(0,))))
     # separate caches: the attention a launch set per sequence; one pool: one launch set for all
+    import ddtree_numba.kernels as kernels
+    attention, launches = kernels.enqueue_mla_attention, []
+    monkeypatch.setattr(kernels, "enqueue_mla_attention",
+                        lambda *a, **kw: launches.append(kw.get("seqs") is not None) or attention(*a, **kw))
     for batch in (segs, pooled):
+        launches.clear()
         out = target.forward_batch(batch, hidden_layer_ids=(0,))
+        assert launches == ([False, False] if batch is segs else [True])     # the pooled launch set was used
         for j, (seg, got, (cache, want)) in enumerate(zip(batch, out.outputs, solo)):
             np.testing.assert_array_equal(got.logits, want.logits, err_msg=f"sequence {j}")
             np.testing.assert_array_equal(got.hidden, want.hidden, err_msg=f"sequence {j}")
@@ -239,39 +251,48 @@ def test_a_batched_forward_gives_each_sequence_the_bits_of_its_own_forward():
         for c in host_segs:
             c.cache.truncate(c.cache.length - len(c.ids))
     assert out.unique_experts.max() > 0                     # the MoE layer was counted
+    c_kv = pool_obj.c_kv.copy_to_host()                      # [slots, L, S, C]
+    assert np.isnan(c_kv[1]).all()                           # the idle slot untouched
+    for seg in pooled:
+        assert np.isnan(c_kv[seg.cache.slot, :, seg.cache.length:]).all()   # nothing past the new rows
 
 
 @pytest.mark.gpu
-def test_a_batched_forward_replayed_as_a_graph_gives_the_eager_bits():
-    """``forward_batch(graph=True)``: the layout captured once, replayed with the caches' lengths
-    read on the device (here rewound and replayed again): the eager bits every time."""
+@pytest.mark.parametrize("pooled", [False, True])
+def test_a_batched_forward_replayed_as_a_graph_gives_the_eager_bits(pooled):
+    """``forward_batch(graph=True)``: the layout captured once (separate caches, or slots of one
+    pool: one attention launch set) and replayed with the caches' lengths read on the device:
+    at the captured lengths and at shorter ones, the eager bits of those lengths."""
     from ddtree_numba.model import ModelConfig, random_target
     from ddtree_numba.model.target import Segment
-    host = random_target(ModelConfig.tiny(), seed=2)
+    host = random_target(ModelConfig.tiny(q_lora_rank=None), seed=2)       # the non-fused latent path
     target = CudaTarget.from_host(host)
     rng = np.random.default_rng(1)
     V = target.config.vocab_size
+    pool = target.new_cache_pool(3, 16).caches if pooled else None
     caches, segs = [], []
-    for n, tree in [(4, None), (6, np.array([-1, 0, 0, 1, 1], np.int32))]:
-        cache = target.new_cache(16)
+    for j, (n, tree) in enumerate([(4, None), (6, np.array([-1, 0, 0, 1, 1], np.int32))]):
+        cache = pool[2 - j] if pooled else target.new_cache(16)
         target.forward(rng.integers(0, V, n).astype(np.int32), np.arange(n, dtype=np.int32), cache)
         t = 3 if tree is None else len(tree)
         pos = (n + (np.arange(t) if tree is None else np.array([0, 1, 1, 2, 2]))).astype(np.int32)
         caches.append((cache, n))
         segs.append(Segment(rng.integers(0, V, t).astype(np.int32), pos, cache, tree))
-    runs = []
-    for graph in (False, True, True):
-        out = target.forward_batch(segs, hidden_layer_ids=(1,), graph=graph)
-        runs.append((out, [c.c_kv.copy_to_host()[:, n:c.length] for c, n in caches]))
+
+    def run(graph, back):                        # the forward after rewinding each cache by ``back`` rows
         for c, n in caches:
-            c.length = n                                      # rewind: the next run writes the same rows
-    for out, rows in runs[1:]:
-        for got, want in zip(out.outputs, runs[0][0].outputs):
-            np.testing.assert_array_equal(got.logits, want.logits)
-            np.testing.assert_array_equal(got.hidden, want.hidden)
-        np.testing.assert_array_equal(out.unique_experts, runs[0][0].unique_experts)
-        for got, want in zip(rows, runs[0][1]):
-            np.testing.assert_array_equal(got, want)
+            c.length = n - back
+        out = target.forward_batch(segs, hidden_layer_ids=(1,), graph=graph)
+        return out, [c.c_kv.copy_to_host()[:, n - back:c.length] for c, n in caches]
+
+    for back in (0, 1, 0):
+        (want, want_rows), (got, got_rows) = run(False, back), run(True, back)
+        for g, w in zip(got.outputs, want.outputs):
+            np.testing.assert_array_equal(g.logits, w.logits, err_msg=f"rewound {back}")
+            np.testing.assert_array_equal(g.hidden, w.hidden, err_msg=f"rewound {back}")
+        np.testing.assert_array_equal(got.unique_experts, want.unique_experts)
+        for g, w in zip(got_rows, want_rows):
+            np.testing.assert_array_equal(g, w)
 
 
 def test_q_a_and_kv_a_in_one_gemm_give_the_bits_of_two():

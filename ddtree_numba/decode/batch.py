@@ -111,11 +111,12 @@ def generate_batch(target: Target, drafter: Drafter | None, prompts, max_new_tok
     seqs, rounds = [], []
     # a target with cache pools (cuda) gives every sequence a slot of one: one attention launch set
     # a verify for all of them; each slot as large as the largest sequence needs
-    pool = (target.new_cache_pool(len(args), max(a.max_tokens for a in args)).caches
-            if hasattr(target, "new_cache_pool") else None)
-    for j, a in enumerate(args):
+    decoding = [a for a in args if a.n_new > 0]
+    pool = (iter(target.new_cache_pool(len(decoding), max(a.max_tokens for a in decoding)).caches)
+            if decoding and hasattr(target, "new_cache_pool") else None)
+    for a in args:
         log = RoundLog(method, int(a.prompt.shape[0]), a.n_new, a.stops)
-        tcache = (pool[j] if pool else target.new_cache(a.max_tokens)) if a.n_new > 0 else None
+        tcache = (next(pool) if pool else target.new_cache(a.max_tokens)) if a.n_new > 0 else None
         dcache = drafter.new_cache(a.max_tokens) if a.n_new > 0 and method != "ar" else None
         seqs.append(_Sequence(log, tcache, dcache, None, int(a.prompt.shape[0]), -1, done=a.n_new == 0))
     live = [s for s in seqs if not s.done]

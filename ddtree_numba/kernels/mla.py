@@ -455,7 +455,8 @@ def enqueue_mla_attention(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, s
     device, a row (s0, t, row0, slot) per sequence: its queries are rows row0 .. row0 + t of
     q_lat / q_pe / vis_bits / out_lat (vis_bits over its own new rows), its keys rows 0 .. s0 + t
     of c_kv[slot] / k_pe[slot], now [slots, S_cap, C] and [slots, S_cap, R]; ``meta`` is not read;
-    ``max_rows`` (host) bounds every t. Each sequence gets the bits of its own launch.
+    ``max_rows`` (host) bounds every t. Each sequence gets the bits of its own launch. One
+    sequence's c_kv and k_pe must be contiguous (they are viewed as [1, S_cap, C]).
     """
     C = c_kv.shape[1 if seqs is None else 2]
     H = q_lat.shape[1] // C
@@ -479,6 +480,9 @@ def enqueue_mla_attention(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, s
                                                                          scratch.m_part, scratch.bounds)
 
     bm, bn, bk, tm, tn = pt
+    if nch * n_seq > 65535:                 # the grid's z: chunks of every sequence
+        raise ValueError(f"{n_seq} sequences x {nch} key chunks of {KEY_CHUNK} exceed the grid's 65535 z "
+                         "blocks: fewer sequences a launch, or smaller caches")
     grid = (ceil_div(C, bn), ceil_div(tq * H, bm), nch * n_seq)
     _mla_pv_kernel(*pt)[grid, (bn // tn, bm // tm), stream](scores, c_kv, meta, seqs, H, scratch.bounds,
                                                             scratch.o_part, scratch.l_part)

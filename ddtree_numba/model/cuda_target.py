@@ -27,11 +27,12 @@ from numba import cuda
 
 from .. import kernels as kn
 from .._checks import check_array, check_int, check_keep_values, check_precision
-from .._device import capture_graph, ceil_div, is_device, replay_graph, to_device
+from .._device import capture_graph, ceil_div, destroy_graph, is_device, replay_graph, to_device
 from ..dtypes import QUANTIZED, WEIGHT_DTYPES, BlockScaled, check_weight_dtype, to_storage, widened
 from ..reference.mla import absorption_weights
 from .config import ModelConfig
-from .target import BatchForward, ForwardOutput, RopeTables, Segment, _layer_weights, check_finite_output, check_forward_inputs, rope_tables
+from .target import (BatchForward, ForwardOutput, RopeTables, Segment, _layer_weights, check_finite_output,
+                     check_forward_inputs, check_segments, rope_tables)
 
 
 @dataclass
@@ -502,21 +503,7 @@ class CudaTarget:
         enqueues the forward (or replays its graph) on ``stream``; no sync, the caches' lengths
         not advanced. -> ``BatchLaunch`` (where the results are; benchmarks time this)."""
         cfg = self.config
-        if not isinstance(segments, (list, tuple)) or not segments:
-            raise ValueError("forward_batch needs a non-empty list of Segment")
-        layers_out = ()
-        for j, seg in enumerate(segments):
-            if not isinstance(seg, Segment):
-                raise ValueError(f"segments[{j}] must be a Segment, got {type(seg).__name__}")
-            if not isinstance(seg.cache, DeviceMLACache):
-                raise ValueError(f"segments[{j}].cache must be a DeviceMLACache from new_cache(), "
-                                 f"got {type(seg.cache).__name__}")
-            if any(seg.cache is other.cache for other in segments[:j]):
-                raise ValueError(f"segments[{j}] shares its cache with an earlier segment: each sequence "
-                                 "needs its own")
-            layers_out = tuple(check_forward_inputs(cfg, seg.ids, seg.positions, seg.cache, seg.parents,
-                                                    hidden_layer_ids))
-            seg.cache.reserve(seg.ids.shape[0])
+        layers_out = tuple(check_segments(cfg, segments, DeviceMLACache, hidden_layer_ids))
         if graph and numba_config.ENABLE_CUDASIM:
             raise ValueError("graph=True needs a real GPU: the CUDA simulator cannot capture graphs")
         sizes = [seg.ids.shape[0] for seg in segments]
@@ -560,7 +547,9 @@ class CudaTarget:
         if ws.mla_scratch is None or ws.mla_scratch.scores.shape[1] < capacity:
             ws.mla_scratch = kn.MLAScratch(ws.rows, self.config.num_attention_heads, capacity,
                                            self.config.kv_lora_rank)
-            ws.graphs.clear()                                          # they point at the old one
+            for entry in ws.graphs.values():                           # they point at the old one
+                destroy_graph(entry.graph if isinstance(entry, BatchLaunch) else entry[0])
+            ws.graphs.clear()
 
     def forward_device(self, ws: Workspace, cache: DeviceMLACache, hidden_layer_ids=(), graph=False,
                        stream=0) -> None:

@@ -226,21 +226,9 @@ class NumpyTarget:
         segment, in order, and the distinct routed experts each layer's router picked over all
         rows (what a batched MoE reads once for every sequence)."""
         cfg = self.config
-        if not isinstance(segments, (list, tuple)) or not segments:
-            raise ValueError("forward_batch needs a non-empty list of Segment")
-        starts, masks = [], []
-        for j, seg in enumerate(segments):
-            if not isinstance(seg, Segment):
-                raise ValueError(f"segments[{j}] must be a Segment, got {type(seg).__name__}")
-            if not isinstance(seg.cache, MLACache):
-                raise ValueError(f"segments[{j}].cache must be an MLACache from new_cache(), "
-                                 f"got {type(seg.cache).__name__}")
-            if any(seg.cache is other.cache for other in segments[:j]):
-                raise ValueError(f"segments[{j}] shares its cache with an earlier segment: each sequence "
-                                 "needs its own")
-            layers_out = check_forward_inputs(cfg, seg.ids, seg.positions, seg.cache, seg.parents, hidden_layer_ids)
-            starts.append(seg.cache.reserve(seg.ids.shape[0]))
-            masks.append(mla_mask(starts[-1], seg.ids.shape[0], seg.parents))   # [T_j, S_j]
+        layers_out = check_segments(cfg, segments, MLACache, hidden_layer_ids)
+        starts = [seg.cache.length for seg in segments]
+        masks = [mla_mask(s0, seg.ids.shape[0], seg.parents) for s0, seg in zip(starts, segments)]   # [T_j, S_j]
         sizes = [seg.ids.shape[0] for seg in segments]
         rows = np.cumsum([0] + sizes)                                         # segment j: rows[j] .. rows[j+1]
         ids = np.concatenate([seg.ids for seg in segments])
@@ -305,6 +293,29 @@ class NumpyTarget:
         outputs = [ForwardOutput(logits=logits[rows[j]:rows[j + 1]], hidden=hid[rows[j]:rows[j + 1]])
                    for j in range(len(segments))]
         return BatchForward(outputs=outputs, unique_experts=unique)
+
+
+def check_segments(cfg: ModelConfig, segments, cache_type: type, hidden_layer_ids=()) -> list:
+    """A ``forward_batch``'s segments: a non-empty list of ``Segment``, each with its own cache of
+    ``cache_type`` with room for its rows and ``forward``'s inputs (``check_forward_inputs``);
+    the caches' rows reserved. -> the hidden layers to keep; a ``ValueError`` naming the segment
+    otherwise."""
+    if not isinstance(segments, (list, tuple)) or not segments:
+        raise ValueError("forward_batch needs a non-empty list of Segment")
+    layers_out = []
+    for j, seg in enumerate(segments):
+        if not isinstance(seg, Segment):
+            raise ValueError(f"segments[{j}] must be a Segment, got {type(seg).__name__}")
+        if not isinstance(seg.cache, cache_type):
+            name = cache_type.__name__
+            raise ValueError(f"segments[{j}].cache must be {'an' if name.startswith('MLA') else 'a'} {name} "
+                             f"from new_cache(), got {type(seg.cache).__name__}")
+        if any(seg.cache is other.cache for other in segments[:j]):
+            raise ValueError(f"segments[{j}] shares its cache with an earlier segment: each sequence "
+                             "needs its own")
+        layers_out = check_forward_inputs(cfg, seg.ids, seg.positions, seg.cache, seg.parents, hidden_layer_ids)
+        seg.cache.reserve(seg.ids.shape[0])
+    return layers_out
 
 
 def random_target(cfg: ModelConfig | None = None, seed: int = 0) -> NumpyTarget:
