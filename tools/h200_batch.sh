@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The first H200 run after 6144fc3 (the MLA kernels' sequence table, cache pools, forward_batch):
 # the GPU tests of the changed kernels and loops, compute-sanitizer memcheck over a forward and a
-# pooled batched forward (tools/sanitize_forward.py), the demo pair (same tokens and speed as at
+# pooled batched forward (tools/sanitize_forward.py), the demo pair --peer (same tokens and speed as at
 # ba69dd6 expected), then benchmarks/batch.py with one pool and with separate caches.
 # Run from the repo root with .whl carried; logs to $OUT.
 set -u
@@ -21,7 +21,7 @@ if [ -z "${SKIP_SANITIZER:-}" ]; then
   echo "memcheck rc=$?"; tail -3 "$OUT/sanitizer_memcheck.log"
 fi
 if [ -z "${SKIP_DEMO:-}" ]; then
-  timeout $(left ${DEMO_UNTIL:-420}) python3 benchmarks/demo_pair.py --budgets 16 32 64 2>&1 | tail -10
+  timeout $(left ${DEMO_UNTIL:-440}) python3 benchmarks/demo_pair.py --peer 2>&1 | tail -14
   cp benchmarks/results/demo_pair.json "$OUT/results/" 2>/dev/null
 fi
 if [ -z "${SKIP_BATCH:-}" ]; then
