@@ -470,7 +470,7 @@ class CudaTarget:
         of each ``Segment`` (its ids, positions, own ``DeviceMLACache`` and parents), the
         embedding, projections, norms, MoE and lm_head launched once over all rows (the expert
         weights read once for every sequence), the cache writes and the attention once per
-        sequence over its own rows, cache and tree (``layer_stages(parts=)``: the block-diagonal
+        sequence over its own rows, cache and tree (``layer_stages(batch=)``: the block-diagonal
         visibility). Each sequence's logits, hidden states and cache rows are bit for bit those of
         its own ``forward`` (every kernel's arithmetic of a row is independent of the other rows).
         ``graph``: replay a CUDA graph of this layout (segment sizes, caches, hidden layers),
@@ -531,12 +531,11 @@ class CudaTarget:
         launch.seqs.copy_to_device(np.array([[seg.cache.length, n, r0, seg.cache.slot]
                                              for seg, n, r0 in zip(segments, sizes, rows)], np.int32), stream=stream)
         if not graph:
-            self._enqueue_forward(ws, launch.parts, layers_out, stream, launch.offsets, launch)
+            self._enqueue_forward(ws, None, layers_out, stream, launch)
             return launch
         if launch.graph is None:
             # the graph holds the caches' pointers and the key their ids: the launch keeps them alive
-            launch.graph = capture_graph(lambda s: self._enqueue_forward(ws, launch.parts, layers_out, s,
-                                                                         launch.offsets, launch))
+            launch.graph = capture_graph(lambda s: self._enqueue_forward(ws, None, layers_out, s, launch))
             ws.graphs[key] = launch
         replay_graph(launch.graph, stream)
         return launch
@@ -559,33 +558,34 @@ class CudaTarget:
         ``cache.length`` (the caller knows t)."""
         self._size_scratch(ws, cache.capacity)
         if not graph:
-            self._enqueue_forward(ws, [(ws, cache)], hidden_layer_ids, stream)
+            self._enqueue_forward(ws, cache, hidden_layer_ids, stream)
             return
         if numba_config.ENABLE_CUDASIM:
             raise ValueError("graph=True needs a real GPU: the CUDA simulator cannot capture graphs")
         key = (id(cache), tuple(hidden_layer_ids))
         entry = ws.graphs.get(key)
         if entry is None:
-            exe = capture_graph(lambda s: self._enqueue_forward(ws, [(ws, cache)], hidden_layer_ids, s))
+            exe = capture_graph(lambda s: self._enqueue_forward(ws, cache, hidden_layer_ids, s))
             # the graph holds the cache's raw pointers, and the key its id: keeping the cache
             # alive keeps both valid (a freed cache's id may be reused by a new one)
             entry = ws.graphs[key] = (exe, cache)
         replay_graph(entry[0], stream)
 
-    def _enqueue_forward(self, ws: Workspace, parts, hidden_layer_ids, stream, offsets=None, batch=None) -> None:
-        """One forward over ws's rows: ``parts`` the (row view, cache) pairs of its sequences
-        (``layer_stages``; one forward: [(ws, cache)]). ``offsets`` [L, E+1] device, if given,
-        keeps each MoE layer's counting-sort offsets (``forward_batch``'s expert counts); ``batch``
-        the ``BatchLaunch`` of a batch."""
+    def _enqueue_forward(self, ws: Workspace, cache: DeviceMLACache | None, hidden_layer_ids, stream,
+                         batch: BatchLaunch | None = None) -> None:
+        """One forward over ws's rows into ``cache``, or for a batch (``batch``, its ``BatchLaunch``)
+        over its parts, keeping each MoE layer's counting-sort offsets in ``batch.offsets``
+        (``forward_batch``'s expert counts)."""
+        parts = [(ws, cache)] if batch is None else batch.parts
         for p, _ in parts:
             kn.enqueue_visibility_bits(p.parents, p.vis_bits, stream=stream)    # ancestor bits of its new rows
         kn.enqueue_embedding(ws.ids, self.embed_tokens, ws.x, ws.n_rows, stream=stream)
         last = len(self.layers) - 1
         for i in range(len(self.layers)):
-            for _, enqueue in self.layer_stages(ws, None, i, parts=parts, batch=batch):
+            for _, enqueue in self.layer_stages(ws, cache, i, batch=batch):
                 enqueue(stream)
-            if offsets is not None and self.config.is_moe_layer(i):
-                offsets[i].copy_to_device(ws.moe.offsets, stream=stream)
+            if batch is not None and self.config.is_moe_layer(i):
+                batch.offsets[i].copy_to_device(ws.moe.offsets, stream=stream)
             if i in hidden_layer_ids and i != last:
                 ws.hidden[i].copy_to_device(ws.x, stream=stream)
         kn.enqueue_rms_norm(ws.x, self.norm, self.config.rms_norm_eps, ws.normed, ws.n_rows, stream=stream)
@@ -593,20 +593,20 @@ class CudaTarget:
             ws.hidden[last].copy_to_device(ws.normed, stream=stream)
         kn.enqueue_linear(ws.normed, self.lm_head, ws.logits, ws.n_rows, **self.gemm_args, stream=stream)
 
-    def layer_stages(self, ws: Workspace, cache: DeviceMLACache | None, i: int, parts=None, batch=None):
+    def layer_stages(self, ws: Workspace, cache: DeviceMLACache | None, i: int, batch: BatchLaunch | None = None):
         """Decoder layer i over ws.x in place, as its named stages: a list of (name, enqueue)
         where ``enqueue(stream)`` launches that stage's kernels. The forward runs them in order;
         a benchmark can put events between them (benchmarks/verify_forward.py).
 
-        ``parts``: for a batch of sequences (``forward_batch``), their (row view of ws, own
-        cache) pairs; the stages that write a cache run once per part, the others once over all of
-        ws's rows. The attention runs once per part too, unless ``batch`` (its ``BatchLaunch``)
-        has every cache in one pool: then one launch set over the pool serves every sequence.
+        ``batch``: a batch of sequences (``forward_batch``'s ``BatchLaunch``; ``cache`` unused):
+        the stages that write a cache run once per part (a row view of ws and its own cache), the
+        others once over all of ws's rows. The attention runs once per part too, unless every
+        cache is a slot of one pool: then one launch set over the pool serves every sequence.
         None: the one part (ws, cache)."""
         cfg, lw = self.config, self.layers[i]
         H, D, R, C = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
         eps, n, gemm = cfg.rms_norm_eps, ws.n_rows, self.gemm_args
-        parts = [(ws, cache)] if parts is None else parts
+        parts = [(ws, cache)] if batch is None else batch.parts
         rope = dict(interleave=cfg.rope_interleave, attention_factor=self.rope.attention_factor)
 
         def input_norm(s):
