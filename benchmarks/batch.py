@@ -23,6 +23,10 @@ What is and is not in the figures:
 - ``unique_experts``: the distinct routed experts the router picked in a round, the mean over the
   MoE layers (uniform-ish under random weights; at most ``n_routed_experts`` = 64).
 - Layouts of more than ``--max-rows`` verified rows are skipped (logits alone are 0.66 MB a row).
+- The floor of a round: max(bytes / 4.2 TB/s, FLOPs / the mma.sync ceiling measured in this run),
+  ``verify_forward.cost_model`` for all the rows (weights read once, routed experts as uniform
+  routing touches them) plus every sequence's own latent cache. No peer column yet: HF
+  transformers has no batched tree verify to set beside it.
 
 Rows of ``results/batch.json``: batch, method, budget, tokens_per_s, unique_experts, ms_per_round
 (and rows, tokens_per_round).
@@ -38,8 +42,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, append_rows  # noqa: E402
-from verify_forward import MOONLIGHT, build_target, device_timer, prefilled_cache, random_tree  # noqa: E402
+from _common import COPY_BW, MMA_RATE, RESULTS, append_rows, mma_ceiling  # noqa: E402
+from verify_forward import (MOONLIGHT, build_target, cost_model, device_timer, prefilled_cache,  # noqa: E402
+                            random_tree)
 
 
 def demo_acceptance(budgets) -> dict:
@@ -96,6 +101,8 @@ def main():
         caches = pool.caches
     moe_layers = [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)]
     stream = cuda.stream()
+    mma_rate = MMA_RATE if sim else mma_ceiling(stream)
+    C, R = cfg.kv_lora_rank, cfg.qk_rope_head_dim
 
     rows, values = [], []
     for method, budget in [("ar", 1)] + [("ddtree", b) for b in args.budgets]:
@@ -122,10 +129,14 @@ def main():
             unique = float(np.mean(out.unique_experts[moe_layers])) if moe_layers else 0.0
             tps = batch * tokens / (us / 1e6)
             b = budget if method == "ddtree" else "-"
-            rows.append([batch, method, b, batch * per_seq, f"{tokens:.2f}", f"{us / 1e3:.2f}", f"{tps:,.0f}",
-                         f"{unique:.1f}"])
-            values.append([batch, method, b, batch * per_seq, round(tokens, 3), round(us / 1e3, 3), round(tps, 1),
-                           round(unique, 2)])
+            # one cost model over every row, each sequence's cache read once (cost_model counts one)
+            n_bytes, flops = cost_model(cfg, batch * per_seq, args.prefix + per_seq)
+            n_bytes += (batch - 1) * cfg.num_hidden_layers * (args.prefix + per_seq) * (C + R) * 4
+            floor_ms = max(n_bytes / COPY_BW, flops / mma_rate) * 1e3
+            rows.append([batch, method, b, batch * per_seq, f"{tokens:.2f}", f"{us / 1e3:.2f}", f"{floor_ms:.2f}",
+                         f"{us / 1e3 / floor_ms:.1f}x", f"{tps:,.0f}", f"{unique:.1f}"])
+            values.append([batch, method, b, batch * per_seq, round(tokens, 3), round(us / 1e3, 3), round(floor_ms, 3),
+                           round(us / 1e3 / floor_ms, 2), round(tps, 1), round(unique, 2)])
             print(f"{method} budget {b} batch {batch}: {us / 1e3:.2f} ms a round, {tps:,.0f} tokens/s", flush=True)
 
     note = (f"Moonlight-16B-A3B shape, {cfg.num_hidden_layers} layers, random bf16 weights, each sequence its own "
@@ -134,13 +145,15 @@ def main():
                else "slots of one pool, the attention of every sequence in one launch set")
             + "); one verify forward (CudaTarget.forward_batch, a CUDA graph) a round for all sequences: ar 1 token a sequence, ddtree a random tree of budget + 1 nodes a sequence. Tokens a "
             "round replayed from the demo pair's measured mean acceptance (results/demo_pair.json), not measured "
-            "here; the drafter, tree build and accept are not timed. Unique experts: the mean over the MoE "
+            "here; the drafter, tree build and accept are not timed. Floor = max(bytes / 4.2 TB/s, FLOPs / "
+            f"{mma_rate / 1e12:.0f} TFLOP/s, the mma.sync ceiling measured in this run), weights once and every "
+            "sequence's cache; no peer (HF has no batched tree verify). Unique experts: the mean over the MoE "
             "layers of the distinct routed experts picked in the round (of "
             f"{cfg.n_routed_experts}).")
-    header = ["batch", "method", "budget", "rows verified", "tokens a round", "ms a round", "tokens/s",
-              "unique experts"]
-    keys = ["batch", "method", "budget", "rows", "tokens_per_round", "ms_per_round", "tokens_per_s",
-            "unique_experts"]
+    header = ["batch", "method", "budget", "rows verified", "tokens a round", "ms a round", "floor ms",
+              "ms / floor", "tokens/s", "unique experts"]
+    keys = ["batch", "method", "budget", "rows", "tokens_per_round", "ms_per_round", "floor_ms", "ms_per_floor",
+            "tokens_per_s", "unique_experts"]
     append_rows("Batches of trees, Moonlight-16B-A3B shape (benchmarks/batch.py)", header, rows, note,
                 append=not args.no_append, results="batch", keys=keys, values=values)
 
