@@ -458,6 +458,15 @@ def enqueue_mla_attention(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, s
     ``max_rows`` (host) bounds every t. Each sequence gets the bits of its own launch. One
     sequence's c_kv and k_pe must be contiguous (they are viewed as [1, S_cap, C]).
     """
+    for _, launch in mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, vis_bits=vis_bits, meta=meta, scale=scale,
+                                  scratch=scratch, tiles=tiles, seqs=seqs, max_rows=max_rows, stream=stream):
+        launch()
+
+
+def mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, scratch, tiles=None, seqs=None,
+                 max_rows=None, stream=0):
+    """The launches of ``enqueue_mla_attention`` (same arguments), in order, as (name, launch())
+    pairs: ``tools/mla_stages.py`` times them one by one."""
     C = c_kv.shape[1 if seqs is None else 2]
     H = q_lat.shape[1] // C
     if seqs is None:
@@ -470,25 +479,27 @@ def enqueue_mla_attention(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, s
     st, pt = tiles if tiles is not None else _tiles(tq * H, C)
     scale = np.float32(scale)
 
-    bm, bn, bk, tm, tn = st
-    grid = (ceil_div(s_cap, bn), ceil_div(tq * H, bm), n_seq)
-    _mla_scores_kernel(*st)[grid, (bn // tn, bm // tm), stream](
-        q_lat, q_pe, c_kv, k_pe, meta, seqs, scale, scores)
-
     nch = scratch.m_part.shape[1]
-    _mla_softmax_kernel(THREADS)[(nch, tq * H, n_seq), THREADS, stream](scores, vis_bits, meta, seqs, H,
-                                                                         scratch.m_part, scratch.bounds)
-
-    bm, bn, bk, tm, tn = pt
-    if nch * n_seq > 65535:                 # the grid's z: chunks of every sequence
+    if nch * n_seq > 65535:                 # the pv grid's z: chunks of every sequence
         raise ValueError(f"{n_seq} sequences x {nch} key chunks of {KEY_CHUNK} exceed the grid's 65535 z "
                          "blocks: fewer sequences a launch, or smaller caches")
-    grid = (ceil_div(C, bn), ceil_div(tq * H, bm), nch * n_seq)
-    _mla_pv_kernel(*pt)[grid, (bn // tn, bm // tm), stream](scores, c_kv, meta, seqs, H, scratch.bounds,
-                                                            scratch.o_part, scratch.l_part)
-    grid = (ceil_div(C, COMBINE_THREADS), tq * H, n_seq)
-    _mla_combine_kernel(COMBINE_THREADS)[grid, COMBINE_THREADS, stream](scratch.o_part, scratch.l_part,
-                                                                        scratch.m_part, meta, seqs, H, out_lat)
+    bm, bn, bk, tm, tn = st
+    scores_grid = (ceil_div(s_cap, bn), ceil_div(tq * H, bm), n_seq)
+    scores_block = (bn // tn, bm // tm)
+    bm, bn, bk, tm, tn = pt
+    pv_grid = (ceil_div(C, bn), ceil_div(tq * H, bm), nch * n_seq)
+    pv_block = (bn // tn, bm // tm)
+    return [
+        ("scores", lambda: _mla_scores_kernel(*st)[scores_grid, scores_block, stream](
+            q_lat, q_pe, c_kv, k_pe, meta, seqs, scale, scores)),
+        ("softmax", lambda: _mla_softmax_kernel(THREADS)[(nch, tq * H, n_seq), THREADS, stream](
+            scores, vis_bits, meta, seqs, H, scratch.m_part, scratch.bounds)),
+        ("pv", lambda: _mla_pv_kernel(*pt)[pv_grid, pv_block, stream](
+            scores, c_kv, meta, seqs, H, scratch.bounds, scratch.o_part, scratch.l_part)),
+        ("combine", lambda: _mla_combine_kernel(COMBINE_THREADS)[
+            (ceil_div(C, COMBINE_THREADS), tq * H, n_seq), COMBINE_THREADS, stream](
+            scratch.o_part, scratch.l_part, scratch.m_part, meta, seqs, H, out_lat)),
+    ]
 
 
 # -- host helpers ---------------------------------------------------------------------------
