@@ -9,6 +9,9 @@ case ``SxT`` is S sequences of one cache pool, each a random tree of T rows (one
 ``--repeat`` times in one captured CUDA graph (``tune_tiles.timed``); the table gives µs a launch,
 the launch gap inside a graph included. The inputs are random: the timings stand, the values do
 not matter. Prints a markdown table; appends nothing.
+
+``--tune``: also time the scores and p @ c_kv launches under each of ``CANDIDATES`` (tiles never
+change the bits), and print each case's best against the tile ``kernels.mla._tiles`` picks.
 """
 
 from __future__ import annotations
@@ -25,6 +28,12 @@ SHAPES = {  # heads, latent C, rope R
     "moonlight": (16, 512, 64),
     "demo": (8, 64, 16),
 }
+
+
+# (bm, bn, bk, tm, tn) candidates for both the scores and the p @ c_kv kernels
+CANDIDATES = [(16, 16, 32, 1, 1), (16, 16, 32, 2, 2), (16, 32, 16, 2, 2), (16, 32, 32, 2, 2), (16, 64, 16, 2, 4),
+              (32, 32, 16, 2, 2), (32, 64, 16, 4, 4), (64, 64, 16, 4, 4), (64, 128, 16, 4, 8),
+              (128, 128, 16, 8, 8)]
 
 
 def random_parents(rng, n):
@@ -62,9 +71,10 @@ def main():
     ap.add_argument("--cases", nargs="+", default=["1", "16", "64", "256", "1024", "16x1", "16x17"])
     ap.add_argument("--prefix", type=int, default=1024, help="cached rows before each tree (demo: 330)")
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--tune", action="store_true", help="time the candidate tiles too")
     args = ap.parse_args()
     from tune_tiles import timed
-    from ddtree_numba.kernels.mla import mla_launches
+    from ddtree_numba.kernels.mla import _tiles, mla_launches
 
     rng = np.random.default_rng(0)
     for shape in args.shape:
@@ -79,6 +89,18 @@ def main():
             us = [timed(lambda s, i=i: launches(s)[i][1](), args.repeat) for i in range(len(names))]
             whole = timed(lambda s: [go() for _, go in launches(s)], args.repeat)
             table.append((case, us, whole))
+            if args.tune:
+                picked = _tiles(t * heads, latent)
+                for which, name in ((0, "scores"), (1, "pv")):
+                    times = []
+                    for cand in CANDIDATES:
+                        tiles = (cand, picked[1]) if which == 0 else (picked[0], cand)
+                        go = lambda s, tiles=tiles: dict(mla_launches(**a, **kw, tiles=tiles, stream=s))[name]()
+                        times.append((timed(go, args.repeat), cand))
+                    now = dict((c, u) for u, c in times).get(picked[which]) or us[names.index(name)]
+                    best = min(times)
+                    print(f"{shape} {case} {name}: picked {picked[which]} {now:.1f} µs; best {best[1]} "
+                          f"{best[0]:.1f} µs; " + ", ".join(f"{c}: {u:.1f}" for u, c in sorted(times)[:4]))
         print(f"\nMLA attention, {shape} shape (H {heads}, C {latent}, R {rope}), {prefix} cached rows, µs a launch")
         print("| case | " + " | ".join(names) + " | whole |")
         print("|---" * (len(names) + 2) + "|")

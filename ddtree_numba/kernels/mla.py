@@ -73,8 +73,8 @@ KEY_CHUNK = 4 if config.ENABLE_CUDASIM else 128
 # (tools/tune_tiles.py on the H200: the demo's verify attention 48.6 -> 33.4 µs a layer at 17
 # rows, 68 -> 48 µs at 65).
 _GPU_TILES = (
-    (64, ((16, 16, 32, 1, 1), (16, 8, 32, 1, 1))),        # Tq*H <= 64: decode
-    (512, ((32, 64, 16, 2, 4), (32, 64, 16, 2, 4))),      # <= 512
+    (64, ((16, 16, 32, 2, 2), (16, 32, 16, 2, 2))),       # Tq*H <= 64: decode
+    (512, ((32, 64, 16, 4, 4), (32, 64, 16, 4, 4))),      # <= 512
     (2048, ((64, 64, 16, 4, 4), (64, 64, 16, 4, 4))),     # <= 2048
     (None, ((128, 128, 16, 8, 8), (128, 128, 16, 8, 8))),  # larger verify / prefill
 )
@@ -119,9 +119,16 @@ def _mla_scores_kernel(bm, bn, bk, tm, tn):
     q_pe][row0 + i, h] . [c_kv | k_pe][slot, s]) for r = i*H + h < t*H and s < s0 + t, one fma
     chain over d ascending. Block: (bn // tn, bm // tm) threads; grid: (ceil(S_cap / bn),
     ceil(Tq*H / bm), sequences). Thread (tx, ty) owns rows ty + (bm // tm) * m and keys
-    tx + (bn // tn) * j, so a warp reads consecutive shared words."""
+    tx + (bn // tn) * j, so a warp reads consecutive shared words.
+
+    Double-buffered: while the block multiplies step d0's tiles out of one shared buffer, each
+    thread's loads of step d0 + bk are in flight into registers, stored to the other buffer
+    after; one barrier a step. Each thread's load slots (which query row / key, which d within
+    the step) are fixed for the whole kernel, so their index arithmetic is done once."""
     TX, TY = bn // tn, bm // tm
     NT = TX * TY
+    LA = -(-(bm * bk) // NT)    # a-tile (query) elements a thread loads a step
+    LB = -(-(bn * bk) // NT)    # b-tile (key) elements
     BM1, BN1 = bm + 1, bn + 1   # padded shared rows (shapes must be constants to the compiler)
 
     @cached
@@ -139,51 +146,77 @@ def _mla_scores_kernel(bm, bn, bk, tm, tn):
             return
         tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
         tid = ty * TX + tx
-        a_sh = cuda.shared.array((bk, BM1), float32)   # [d, row]; +1: transposed stores spread over banks
-        b_sh = cuda.shared.array((bk, BN1), float32)   # [d, key]
+        a_sh = cuda.shared.array((2, bk, BM1), float32)   # [buffer, d, row]; +1: transposed stores spread over banks
+        b_sh = cuda.shared.array((2, bk, BN1), float32)   # [buffer, d, key]
         acc = cuda.local.array((tm, tn), float32)
         a = cuda.local.array(tm, float32)
         b = cuda.local.array(tn, float32)
+        a_row = cuda.local.array(LA, int32)     # load slot u: its query row (-1: none), head, tile row, d
+        a_head = cuda.local.array(LA, int32)
+        b_key = cuda.local.array(LB, int32)     # load slot u: its key (-1: none)
+        a_reg = cuda.local.array(LA, float32)   # the next step's tiles, in flight
+        b_reg = cuda.local.array(LB, float32)
+        for u in range(LA):                     # d fastest: coalesced reads of a query row
+            e = tid + NT * u
+            r = r0 + e // bk
+            a_row[u] = -1
+            a_head[u] = 0
+            if e < bm * bk and r < rows:
+                i = r // H
+                a_row[u] = row0 + i
+                a_head[u] = r - i * H
+        for u in range(LB):                     # d fastest: coalesced reads of a latent row
+            e = tid + NT * u
+            s = n0 + e // bk
+            b_key[u] = s if e < bn * bk and s < s_end else -1
         for m in range(tm):
             for j in range(tn):
                 acc[m, j] = float32(0.0)
-        for d0 in range(0, D, bk):
-            for e in range(tid, bm * bk, NT):   # d fastest: coalesced reads of a query row
-                rr = e // bk
-                kk = e - rr * bk
-                r = r0 + rr
-                d = d0 + kk
-                v = float32(0.0)
-                if r < rows and d < D:
-                    i = r // H
-                    h = r - i * H
-                    if d < C:
-                        v = q_lat[row0 + i, h * C + d]
-                    else:
-                        v = q_pe[row0 + i, h * R + d - C]
-                a_sh[kk, rr] = v
-            for e in range(tid, bn * bk, NT):   # d fastest: coalesced reads of a latent row
-                nn = e // bk
-                kk = e - nn * bk
-                s = n0 + nn
-                d = d0 + kk
-                v = float32(0.0)
-                if s < s_end and d < D:
-                    if d < C:
-                        v = c_kv[slot, s, d]
-                    else:
-                        v = k_pe[slot, s, d - C]
-                b_sh[kk, nn] = v
-            cuda.syncthreads()  # both tiles are in
-            for k in range(min(bk, D - d0)):  # the chain stops at d = D - 1: no padded terms
-                for m in range(tm):
-                    a[m] = a_sh[k, ty + TY * m]
-                for j in range(tn):
-                    b[j] = b_sh[k, tx + TX * j]
-                for m in range(tm):
-                    for j in range(tn):
-                        acc[m, j] = fma(a[m], b[j], acc[m, j])
-            cuda.syncthreads()  # every thread is done with the tiles before the next load
+        n_steps = (D + bk - 1) // bk
+        for step in range(-1, n_steps):
+            d1 = (step + 1) * bk                # the step whose tiles are loaded now
+            if step + 1 < n_steps:
+                for u in range(LA):
+                    d = d1 + (tid + NT * u) % bk
+                    v = float32(0.0)
+                    if a_row[u] >= 0 and d < D:
+                        if d < C:
+                            v = q_lat[a_row[u], a_head[u] * C + d]
+                        else:
+                            v = q_pe[a_row[u], a_head[u] * R + d - C]
+                    a_reg[u] = v
+                for u in range(LB):
+                    d = d1 + (tid + NT * u) % bk
+                    v = float32(0.0)
+                    if b_key[u] >= 0 and d < D:
+                        if d < C:
+                            v = c_kv[slot, b_key[u], d]
+                        else:
+                            v = k_pe[slot, b_key[u], d - C]
+                    b_reg[u] = v
+            if step >= 0:
+                cur = step & 1
+                k_end = min(bk, D - step * bk)  # the chain stops at d = D - 1: no padded terms
+                for k in range(bk):
+                    if k < k_end:
+                        for m in range(tm):
+                            a[m] = a_sh[cur, k, ty + TY * m]
+                        for j in range(tn):
+                            b[j] = b_sh[cur, k, tx + TX * j]
+                        for m in range(tm):
+                            for j in range(tn):
+                                acc[m, j] = fma(a[m], b[j], acc[m, j])
+            if step + 1 < n_steps:
+                nxt = (step + 1) & 1            # last read in step - 1: the barrier below it is past
+                for u in range(LA):
+                    e = tid + NT * u
+                    if e < bm * bk:
+                        a_sh[nxt, e % bk, e // bk] = a_reg[u]
+                for u in range(LB):
+                    e = tid + NT * u
+                    if e < bn * bk:
+                        b_sh[nxt, e % bk, e // bk] = b_reg[u]
+            cuda.syncthreads()  # the next tiles are in; every thread is done with this step's
         for m in range(tm):
             r = r0 + ty + TY * m
             if r < rows:
@@ -297,9 +330,11 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
     s in [a, b) = bounds[g, k], ascending, of p[g, s] * c_kv[slot, s, c], and l_part[k, g] = the
     chain of p[g, s] (p >= 0; _MASKED marks the rest), for scratch rows g = row0*H + r, r = i*H + h
     < t*H. Block: (bn // tn, bm // tm) threads; grid: (ceil(C / bn), ceil(Tq*H / bm), sequences *
-    chunks)."""
+    chunks). Double-buffered as ``_mla_scores_kernel``: one barrier a step of ``bk`` keys."""
     TX, TY = bn // tn, bm // tm
     NT = TX * TY
+    LA = -(-(bm * bk) // NT)    # p-tile elements a thread loads a step
+    LB = -(-(bn * bk) // NT)    # latent-tile elements
     BM1 = bm + 1   # padded shared rows (shapes must be constants to the compiler)
 
     @cached
@@ -317,13 +352,15 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
             return
         tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
         tid = ty * TX + tx
-        p_sh = cuda.shared.array((bk, BM1), float32)   # [key, row]; +1: transposed stores spread over banks
-        v_sh = cuda.shared.array((bk, bn), float32)       # [key, channel]
+        p_sh = cuda.shared.array((2, bk, BM1), float32)   # [buffer, key, row]; +1: transposed stores spread over banks
+        v_sh = cuda.shared.array((2, bk, bn), float32)     # [buffer, key, channel]
         lo_sh = cuda.shared.array(bm, int32)               # each row's chunk: positions [lo, hi)
         hi_sh = cuda.shared.array(bm, int32)
         acc = cuda.local.array((tm, tn), float32)
         l = cuda.local.array(tm, float32)
         b = cuda.local.array(tn, float32)
+        p_reg = cuda.local.array(LA, float32)   # the next step's tiles, in flight
+        v_reg = cuda.local.array(LB, float32)
         for rr in range(tid, bm, NT):
             r = r0 + rr
             lo_sh[rr] = bounds[g0 + r, k, 0] if r < rows else 0
@@ -339,36 +376,48 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
             if hi_sh[rr] > lo_sh[rr]:
                 lo = min(lo, lo_sh[rr])
                 hi = max(hi, hi_sh[rr])
-        for sb in range(lo, hi, bk):
-            for e in range(tid, bm * bk, NT):   # key fastest: coalesced reads of a p row
-                rr = e // bk
-                kk = e - rr * bk
-                r = r0 + rr
-                s = sb + kk
-                v = float32(_MASKED)
-                if r < rows and lo_sh[rr] <= s and s < hi_sh[rr]:
-                    v = p[g0 + r, s]
-                p_sh[kk, rr] = v
-            for e in range(tid, bk * bn, NT):   # channel fastest: coalesced reads of a latent row
-                kk = e // bn
-                cc = e - kk * bn
-                s = sb + kk
-                c = c0 + cc
-                v = float32(0.0)
-                if s < hi and c < C:
-                    v = c_kv[slot, s, c]
-                v_sh[kk, cc] = v
-            cuda.syncthreads()  # both tiles are in
-            for kk in range(bk):  # ascending keys: the chains of the contract above
-                for j in range(tn):
-                    b[j] = v_sh[kk, tx + TX * j]
-                for m in range(tm):
-                    pm = p_sh[kk, ty + TY * m]
-                    if pm >= float32(0.0):  # a masked key is skipped, not added as zero
-                        l[m] = l[m] + pm
-                        for j in range(tn):
-                            acc[m, j] = fma(pm, b[j], acc[m, j])
-            cuda.syncthreads()  # every thread is done with the tiles before the next load
+        n_steps = (hi - lo + bk - 1) // bk if hi > lo else 0
+        for step in range(-1, n_steps):
+            s1 = lo + (step + 1) * bk           # the first key of the step loaded now
+            if step + 1 < n_steps:
+                for u in range(LA):             # key fastest: coalesced reads of a p row
+                    e = tid + NT * u
+                    rr = e // bk
+                    s = s1 + e % bk
+                    v = float32(_MASKED)
+                    if e < bm * bk and r0 + rr < rows and lo_sh[rr] <= s and s < hi_sh[rr]:
+                        v = p[g0 + r0 + rr, s]
+                    p_reg[u] = v
+                for u in range(LB):             # channel fastest: coalesced reads of a latent row
+                    e = tid + NT * u
+                    s = s1 + e // bn
+                    c = c0 + e % bn
+                    v = float32(0.0)
+                    if e < bn * bk and s < hi and c < C:
+                        v = c_kv[slot, s, c]
+                    v_reg[u] = v
+            if step >= 0:
+                cur = step & 1
+                for kk in range(bk):  # ascending keys: the chains of the contract above
+                    for j in range(tn):
+                        b[j] = v_sh[cur, kk, tx + TX * j]
+                    for m in range(tm):
+                        pm = p_sh[cur, kk, ty + TY * m]
+                        if pm >= float32(0.0):  # a masked key is skipped, not added as zero
+                            l[m] = l[m] + pm
+                            for j in range(tn):
+                                acc[m, j] = fma(pm, b[j], acc[m, j])
+            if step + 1 < n_steps:
+                nxt = (step + 1) & 1            # last read in step - 1: the barrier below it is past
+                for u in range(LA):
+                    e = tid + NT * u
+                    if e < bm * bk:
+                        p_sh[nxt, e % bk, e // bk] = p_reg[u]
+                for u in range(LB):
+                    e = tid + NT * u
+                    if e < bn * bk:
+                        v_sh[nxt, e // bn, e % bn] = v_reg[u]
+            cuda.syncthreads()  # the next tiles are in; every thread is done with this step's
         for m in range(tm):
             r = r0 + ty + TY * m
             if r < rows:
