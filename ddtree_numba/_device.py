@@ -308,6 +308,20 @@ else:
         return cuda.fma(a, b, c)
 
 
+if config.ENABLE_CUDASIM:
+    def nonneg(i):
+        return i
+else:
+    from numba import int64, uint32
+
+    @device_function
+    def nonneg(i):
+        """i (an int32 known >= 0: a thread or block index) as int64 through a zero extension, so
+        the compiler drops the sign fix-ups of floor division and of negative-index wraparound
+        (about five integer instructions a shared-memory load in an inner loop)."""
+        return int64(uint32(i))
+
+
 # -- CUDA graphs: numba launches on a stream under capture are recorded, not run ------------------
 
 def _check_cuda(result):

@@ -5,7 +5,7 @@ Usage (a GPU machine): python tools/mla_stages.py [--shape moonlight demo] [--ca
 
 A case ``t`` is one sequence with a random tree of t new rows after ``--prefix`` cached rows; a
 case ``SxT`` is S sequences of one cache pool, each a random tree of T rows (one launch set,
-``seqs``). Each launch of ``kernels.mla.mla_launches`` (and the whole attention) is repeated
+``seqs``). Each launch of ``kernels.mla._mla_launches`` (and the whole attention) is repeated
 ``--repeat`` times in one captured CUDA graph (``tune_tiles.timed``); the table gives µs a launch,
 the launch gap inside a graph included. The inputs are random: the timings stand, the values do
 not matter. Prints a markdown table; appends nothing.
@@ -44,7 +44,7 @@ def random_parents(rng, n):
 
 
 def case_inputs(rng, heads, latent, rope, prefix, n_seq, t, batched):
-    """Device arrays for ``mla_launches``: n_seq sequences of t tree rows after ``prefix``."""
+    """Device arrays for ``_mla_launches``: n_seq sequences of t tree rows after ``prefix``."""
     from numba import cuda
     from ddtree_numba.kernels.mla import MLAScratch
     from ddtree_numba.reference.visibility import visibility_bits
@@ -74,7 +74,7 @@ def main():
     ap.add_argument("--tune", action="store_true", help="time the candidate tiles too")
     args = ap.parse_args()
     from tune_tiles import timed
-    from ddtree_numba.kernels.mla import _tiles, mla_launches
+    from ddtree_numba.kernels.mla import _tiles, _mla_launches
 
     rng = np.random.default_rng(0)
     for shape in args.shape:
@@ -84,7 +84,7 @@ def main():
         for case in args.cases:
             n_seq, t = (int(v) for v in case.split("x")) if "x" in case else (1, int(case))
             a, kw = case_inputs(rng, heads, latent, rope, prefix, n_seq, t, "x" in case)
-            launches = lambda s: mla_launches(**a, **kw, stream=s)
+            launches = lambda s: _mla_launches(**a, **kw, stream=s)
             names = [n for n, _ in launches(0)]
             us = [timed(lambda s, i=i: launches(s)[i][1](), args.repeat) for i in range(len(names))]
             whole = timed(lambda s: [go() for _, go in launches(s)], args.repeat)
@@ -95,7 +95,7 @@ def main():
                     times = []
                     for cand in CANDIDATES:
                         tiles = (cand, picked[1]) if which == 0 else (picked[0], cand)
-                        go = lambda s, tiles=tiles: dict(mla_launches(**a, **kw, tiles=tiles, stream=s))[name]()
+                        go = lambda s, tiles=tiles: dict(_mla_launches(**a, **kw, tiles=tiles, stream=s))[name]()
                         times.append((timed(go, args.repeat), cand))
                     now = dict((c, u) for u, c in times).get(picked[which]) or us[names.index(name)]
                     best = min(times)

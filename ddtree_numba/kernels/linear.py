@@ -58,7 +58,8 @@ import numpy as np
 from numba import config, cuda, float32, int64, uint32, uint64
 
 from .._checks import check_array, check_precision
-from .._device import cached, ceil_div, device_function, float32_out, fma, is_device, launcher_result, rows_device, to_device
+from .._device import (cached, ceil_div, device_function, float32_out, fma, is_device, launcher_result, nonneg,
+                       rows_device, to_device)
 from ..dtypes import QUANTIZED, BlockScaled, fp8_block_supported
 from ._mma import mma_bf16, pack_bf16x2
 from ._widen import ELEM as STORED, KINDS, WIDEN, _weight_kind, bf16_to_f32, hi_f32, lo_f32
@@ -70,17 +71,6 @@ _SMEM_MAX = 48 * 1024      # static shared memory per block
 
 # MT m16 weight tiles and RT n8 row tiles a warp, NW warps a block splitting the chunks.
 _Tile = namedtuple("_Tile", "MT RT NW")
-
-
-if _SIM:
-    def _nonneg(i):
-        return i
-else:
-    @device_function
-    def _nonneg(i):
-        """i (an int32 known >= 0, e.g. a thread index) as int64 through a zero extension, so
-        the compiler drops the sign fix-ups of floor division and negative-index wraparound."""
-        return int64(uint32(i))
 
 
 @device_function
@@ -390,13 +380,13 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
     @cached
     @(cuda.jit if _SIM else cuda.jit(launch_bounds=(32 * NW,)))
     def kernel(x, x_gs, w, w_up, sc, scu, out, o_gs, n_rows, offsets, row_index):
-        tid = _nonneg(cuda.threadIdx.x)
+        tid = nonneg(cuda.threadIdx.x)
         warp = tid // 32
         lane = tid % 32
         g = lane // 4
         t = lane % 4
-        z = _nonneg(cuda.blockIdx.z)
-        col0 = _nonneg(cuda.blockIdx.x) * BN
+        z = nonneg(cuda.blockIdx.z)
+        col0 = nonneg(cuda.blockIdx.x) * BN
         N = w.shape[1]
         K = w.shape[2] * 8 if INT4 else w.shape[2]   # int4: eight values a word
         C = (K + KCH - 1) // KCH
@@ -629,15 +619,15 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
     @cached
     @(cuda.jit if _SIM else cuda.jit(launch_bounds=(NT,)))
     def kernel(x, x_gs, w, w_up, sc, scu, out, o_gs, n_rows, offsets, row_index):
-        tid = _nonneg(cuda.threadIdx.x)
+        tid = nonneg(cuda.threadIdx.x)
         warp = tid // 32
         lane = tid % 32
         g = lane // 4
         t = lane % 4
         wm = warp % WM
         wn = warp // WM
-        z = _nonneg(cuda.blockIdx.z)
-        col0 = _nonneg(cuda.blockIdx.x) * BF
+        z = nonneg(cuda.blockIdx.z)
+        col0 = nonneg(cuda.blockIdx.x) * BF
         N = w.shape[1]
         K = w.shape[2] * 8 if INT4 else w.shape[2]   # int4: eight values a word
         C = (K + KCH - 1) // KCH

@@ -28,9 +28,9 @@ Four launches, scores and partials kept in a global scratch (``MLAScratch``):
 1. ``_mla_scores_kernel``: a register-tiled GEMM of query rows (i, h) against key rows; a key
    tile (all C + R columns, streamed in steps of ``bk``) sits in shared memory once per block
    and serves every head and query of the block.
-2. ``_mla_softmax_kernel``: one block per (chunk, query row): the chunk's cache positions from
-   the row's visible count (popcounts of its mask words), its max, then p in place of the score
-   (-1 marking a masked key inside the chunk's span).
+2. ``_mla_softmax_kernel``: one block per (chunk, query token), for all its heads: the chunk's
+   cache positions from the token's visible count (popcounts of its mask words), then for each
+   head the chunk's max, then p in place of the score (-1 marking a masked key inside the span).
 3. ``_mla_pv_kernel``: per chunk, a register-tiled GEMM of p against c_kv over the chunk's span,
    each output a chain over the keys in ascending order; every thread also carries the sum l of
    its rows (redundant across the column threads, but it keeps l a chain with no extra pass).
@@ -48,13 +48,14 @@ import numpy as np
 from numba import config, cuda, float32, int32, uint32
 
 from .._checks import check_array, check_precision
-from .._device import (cached, ceil_div, device_function, float32_out, fma,
-                       is_device, launcher_result, rows_device, to_device)
+from .._device import (cached, ceil_div, device_function, float32_out, fma, is_device, launcher_result,
+                       nonneg, rows_device, to_device)
 from ..reference.mla import absorption_weights
 from ..dtypes import STORAGE_DTYPES
 from .linear import enqueue_linear_heads
 
 THREADS = 8 if config.ENABLE_CUDASIM else 128   # softmax kernel: threads per query row
+SOFTMAX_LANES = 4 if config.ENABLE_CUDASIM else 32   # of them, the threads a head's keys are split over
 COMBINE_THREADS = 8 if config.ENABLE_CUDASIM else 128
 _MASKED = -1.0                                     # p of a key the query does not see
 # Keys a chunk of a query's softmax takes, by visible index (module docstring). Fixed: changing it
@@ -130,6 +131,18 @@ def _mla_scores_kernel(bm, bn, bk, tm, tn):
     LA = -(-(bm * bk) // NT)    # a-tile (query) elements a thread loads a step
     LB = -(-(bn * bk) // NT)    # b-tile (key) elements
     BM1, BN1 = bm + 1, bn + 1   # padded shared rows (shapes must be constants to the compiler)
+    UNROLL = 4 if bk % 4 == 0 else 1
+
+    @device_function
+    def outer_product(a_sh, b_sh, cur, k, tx, ty, a, b, acc):
+        """acc[m, j] = fma(query row m's d = k, key j's d = k, acc[m, j]): one link of every chain."""
+        for m in range(tm):
+            a[m] = a_sh[cur, k, ty + TY * m]
+        for j in range(tn):
+            b[j] = b_sh[cur, k, tx + TX * j]
+        for m in range(tm):
+            for j in range(tn):
+                acc[m, j] = fma(a[m], b[j], acc[m, j])
 
     @cached
     @cuda.jit
@@ -140,11 +153,11 @@ def _mla_scores_kernel(bm, bn, bk, tm, tn):
         row0, t, s0, slot = _sequence(meta, seqs, cuda.blockIdx.z)
         s_end = s0 + t
         rows = t * H
-        r0 = cuda.blockIdx.y * bm
-        n0 = cuda.blockIdx.x * bn
+        r0 = nonneg(cuda.blockIdx.y) * bm
+        n0 = nonneg(cuda.blockIdx.x) * bn
         if r0 >= rows or n0 >= s_end:  # the whole block leaves: no barrier is skipped
             return
-        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+        tx, ty = nonneg(cuda.threadIdx.x), nonneg(cuda.threadIdx.y)
         tid = ty * TX + tx
         a_sh = cuda.shared.array((2, bk, BM1), float32)   # [buffer, d, row]; +1: transposed stores spread over banks
         b_sh = cuda.shared.array((2, bk, BN1), float32)   # [buffer, d, key]
@@ -196,16 +209,16 @@ def _mla_scores_kernel(bm, bn, bk, tm, tn):
                     b_reg[u] = v
             if step >= 0:
                 cur = step & 1
-                k_end = min(bk, D - step * bk)  # the chain stops at d = D - 1: no padded terms
-                for k in range(bk):
-                    if k < k_end:
-                        for m in range(tm):
-                            a[m] = a_sh[cur, k, ty + TY * m]
-                        for j in range(tn):
-                            b[j] = b_sh[cur, k, tx + TX * j]
-                        for m in range(tm):
-                            for j in range(tn):
-                                acc[m, j] = fma(a[m], b[j], acc[m, j])
+                if (step + 1) * bk <= D:        # a whole step: unrolled by hand, four links a pass
+                    for k in range(0, bk, UNROLL):
+                        outer_product(a_sh, b_sh, cur, k, tx, ty, a, b, acc)
+                        if UNROLL == 4:
+                            outer_product(a_sh, b_sh, cur, k + 1, tx, ty, a, b, acc)
+                            outer_product(a_sh, b_sh, cur, k + 2, tx, ty, a, b, acc)
+                            outer_product(a_sh, b_sh, cur, k + 3, tx, ty, a, b, acc)
+                else:                           # the chain stops at d = D - 1: no padded terms
+                    for k in range(D - step * bk):
+                        outer_product(a_sh, b_sh, cur, k, tx, ty, a, b, acc)
             if step + 1 < n_steps:
                 nxt = (step + 1) & 1            # last read in step - 1: the barrier below it is past
                 for u in range(LA):
@@ -269,57 +282,67 @@ def _visible_count(vis_bits, i, s0):
 
 @functools.lru_cache(maxsize=None)
 def _mla_softmax_kernel(threads):
-    """Chunk k (blockIdx.x) of query row r = i*H + h (blockIdx.y) < t*H of sequence z
-    (blockIdx.z), scratch row g = row0*H + r: its keys are the visible ones of visible index
-    [k*KEY_CHUNK, (k+1)*KEY_CHUNK), cache positions [a, b). In place over scores[g, a:b]: p =
-    exp(score - m_k) for visible keys, _MASKED for the others; m_k -> m_part[g, k], (a, b) ->
-    bounds[g, k] ((0, 0) and m = -inf for a chunk past the query's keys). Grid: (chunks of the
-    capacity, Tq*H, sequences) blocks of ``threads``."""
+    """Chunk k (blockIdx.x) of query row i (blockIdx.y) < t of sequence z (blockIdx.z), for
+    every head h, scratch row g = row0*H + i*H + h: its keys are the visible ones of visible index
+    [k*KEY_CHUNK, (k+1)*KEY_CHUNK), cache positions [a, b), the same for every head (one mask row).
+    In place over scores[g, a:b]: p = exp(score - m_k) for visible keys, _MASKED for the others;
+    m_k -> m_part[g, k], (a, b) -> bounds[g, k] ((0, 0) and m = -inf for a chunk past the query's
+    keys). Grid: (chunks of the capacity, Tq, sequences) blocks of ``threads``, in groups of
+    ``SOFTMAX_LANES`` threads, a group a head at a time."""
     T = threads
     K = KEY_CHUNK
+    LANES = SOFTMAX_LANES
+    NG = T // LANES
 
     @cached
     @cuda.jit
     def kernel(scores, vis_bits, meta, seqs, n_heads, m_part, bounds):
         k = cuda.blockIdx.x
         tid = cuda.threadIdx.x
+        group = tid // LANES
+        lane = tid - group * LANES
         row0, t, s0, slot = _sequence(meta, seqs, cuda.blockIdx.z)
-        if cuda.blockIdx.y >= t * n_heads:
+        if cuda.blockIdx.y >= t:
             return
-        r = row0 * n_heads + cuda.blockIdx.y        # its scratch row
-        i = row0 + cuda.blockIdx.y // n_heads       # its query row (its mask row)
+        i = row0 + cuda.blockIdx.y                  # its query row (its mask row)
+        g0 = i * n_heads                            # its scratch rows g0 .. g0 + H
         n_vis = _visible_count(vis_bits, i, s0)   # every thread: no barrier before the exit below
         if k * K >= n_vis:
-            if tid == 0:
-                m_part[r, k] = -math.inf
-                bounds[r, k, 0] = 0
-                bounds[r, k, 1] = 0
+            for h in range(tid, n_heads, T):
+                m_part[g0 + h, k] = -math.inf
+                bounds[g0 + h, k, 0] = 0
+                bounds[g0 + h, k, 1] = 0
             return
         a = _visible_position(vis_bits, i, k * K, s0)
         b = _visible_position(vis_bits, i, min((k + 1) * K, n_vis) - 1, s0) + 1
-        red = cuda.shared.array(T, float32)
-        m = float32(-math.inf)
-        for s in range(a + tid, b, T):
-            if _visible(vis_bits, i, s, s0):
-                m = max(m, scores[r, s])
-        red[tid] = m
-        cuda.syncthreads()  # every thread's partial max is in
-        stride = T // 2
-        while stride > 0:  # max is exact: any reduction order gives the same bits
-            if tid < stride:
-                red[tid] = max(red[tid], red[tid + stride])
-            cuda.syncthreads()  # this level is done
-            stride //= 2
-        m = red[0]
-        for s in range(a + tid, b, T):
-            if _visible(vis_bits, i, s, s0):
-                scores[r, s] = math.exp(scores[r, s] - m)
-            else:
-                scores[r, s] = float32(_MASKED)
-        if tid == 0:
-            m_part[r, k] = m
-            bounds[r, k, 0] = a
-            bounds[r, k, 1] = b
+        red = cuda.shared.array(T, float32)         # each thread's partial max
+        head_max = cuda.shared.array(NG, float32)   # each group's head's max
+        for h0 in range(0, n_heads, NG):            # the same trip count in every thread
+            h = h0 + group
+            r = g0 + h
+            m = float32(-math.inf)
+            if h < n_heads:
+                for s in range(a + lane, b, LANES):
+                    if _visible(vis_bits, i, s, s0):
+                        m = max(m, scores[r, s])
+            red[tid] = m
+            cuda.syncthreads()  # every partial max of this pass is in
+            if lane == 0:       # max is exact: any order gives the same bits
+                for e in range(1, LANES):
+                    m = max(m, red[tid + e])
+                head_max[group] = m
+            cuda.syncthreads()  # every group's max is in
+            if h < n_heads:
+                m = head_max[group]
+                for s in range(a + lane, b, LANES):
+                    if _visible(vis_bits, i, s, s0):
+                        scores[r, s] = math.exp(scores[r, s] - m)
+                    else:
+                        scores[r, s] = float32(_MASKED)
+                if lane == 0:
+                    m_part[r, k] = m
+                    bounds[r, k, 0] = a
+                    bounds[r, k, 1] = b
 
     return kernel
 
@@ -336,6 +359,21 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
     LA = -(-(bm * bk) // NT)    # p-tile elements a thread loads a step
     LB = -(-(bn * bk) // NT)    # latent-tile elements
     BM1 = bm + 1   # padded shared rows (shapes must be constants to the compiler)
+    UNROLL = 4 if bk % 4 == 0 else 1
+
+    @device_function
+    def key_product(p_sh, v_sh, cur, kk, tx, ty, b, l, acc):
+        """Key kk of the step into every chain of the thread: l[m] += p and acc[m, j] = fma(p,
+        v[j], acc[m, j]) for each row m that sees it (p >= 0); a masked key is skipped, not added
+        as zero."""
+        for j in range(tn):
+            b[j] = v_sh[cur, kk, tx + TX * j]
+        for m in range(tm):
+            pm = p_sh[cur, kk, ty + TY * m]
+            if pm >= float32(0.0):
+                l[m] = l[m] + pm
+                for j in range(tn):
+                    acc[m, j] = fma(pm, b[j], acc[m, j])
 
     @cached
     @cuda.jit
@@ -346,11 +384,11 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
         row0, t, s0, slot = _sequence(meta, seqs, cuda.blockIdx.z // nch)
         rows = t * n_heads
         g0 = row0 * n_heads                          # the sequence's first scratch row
-        r0 = cuda.blockIdx.y * bm
-        c0 = cuda.blockIdx.x * bn
+        r0 = nonneg(cuda.blockIdx.y) * bm
+        c0 = nonneg(cuda.blockIdx.x) * bn
         if r0 >= rows:  # the whole block leaves: no barrier is skipped
             return
-        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+        tx, ty = nonneg(cuda.threadIdx.x), nonneg(cuda.threadIdx.y)
         tid = ty * TX + tx
         p_sh = cuda.shared.array((2, bk, BM1), float32)   # [buffer, key, row]; +1: transposed stores spread over banks
         v_sh = cuda.shared.array((2, bk, bn), float32)     # [buffer, key, channel]
@@ -398,15 +436,12 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
                     v_reg[u] = v
             if step >= 0:
                 cur = step & 1
-                for kk in range(bk):  # ascending keys: the chains of the contract above
-                    for j in range(tn):
-                        b[j] = v_sh[cur, kk, tx + TX * j]
-                    for m in range(tm):
-                        pm = p_sh[cur, kk, ty + TY * m]
-                        if pm >= float32(0.0):  # a masked key is skipped, not added as zero
-                            l[m] = l[m] + pm
-                            for j in range(tn):
-                                acc[m, j] = fma(pm, b[j], acc[m, j])
+                for kk in range(0, bk, UNROLL):  # ascending keys: the chains of the contract above
+                    key_product(p_sh, v_sh, cur, kk, tx, ty, b, l, acc)
+                    if UNROLL == 4:
+                        key_product(p_sh, v_sh, cur, kk + 1, tx, ty, b, l, acc)
+                        key_product(p_sh, v_sh, cur, kk + 2, tx, ty, b, l, acc)
+                        key_product(p_sh, v_sh, cur, kk + 3, tx, ty, b, l, acc)
             if step + 1 < n_steps:
                 nxt = (step + 1) & 1            # last read in step - 1: the barrier below it is past
                 for u in range(LA):
@@ -507,12 +542,12 @@ def enqueue_mla_attention(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, s
     ``max_rows`` (host) bounds every t. Each sequence gets the bits of its own launch. One
     sequence's c_kv and k_pe must be contiguous (they are viewed as [1, S_cap, C]).
     """
-    for _, launch in mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, vis_bits=vis_bits, meta=meta, scale=scale,
+    for _, launch in _mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, vis_bits=vis_bits, meta=meta, scale=scale,
                                   scratch=scratch, tiles=tiles, seqs=seqs, max_rows=max_rows, stream=stream):
         launch()
 
 
-def mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, scratch, tiles=None, seqs=None,
+def _mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, scratch, tiles=None, seqs=None,
                  max_rows=None, stream=0):
     """The launches of ``enqueue_mla_attention`` (same arguments), in order, as (name, launch())
     pairs: ``tools/mla_stages.py`` times them one by one."""
@@ -541,7 +576,7 @@ def mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, scr
     return [
         ("scores", lambda: _mla_scores_kernel(*st)[scores_grid, scores_block, stream](
             q_lat, q_pe, c_kv, k_pe, meta, seqs, scale, scores)),
-        ("softmax", lambda: _mla_softmax_kernel(THREADS)[(nch, tq * H, n_seq), THREADS, stream](
+        ("softmax", lambda: _mla_softmax_kernel(THREADS)[(nch, tq, n_seq), THREADS, stream](
             scores, vis_bits, meta, seqs, H, scratch.m_part, scratch.bounds)),
         ("pv", lambda: _mla_pv_kernel(*pt)[pv_grid, pv_block, stream](
             scores, c_kv, meta, seqs, H, scratch.bounds, scratch.o_part, scratch.l_part)),
