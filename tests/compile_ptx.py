@@ -27,6 +27,11 @@ _QUANT_KINDS = (("e4m3", "uint8", "float32[:, :, ::1]", (128, 128), "f32"),
                 ("int4", "int32", "uint16[:, :, ::1]", (1, 32), "bf16"))
 I32_1, F64_1, I16 = "int32[::1]", "float64[::1]", "int16"
 
+def _mla_tiles():
+    """Every (scores, pv) tile pair of kernels/mla.py's H200 tables."""
+    return [tiles for pair in kernels_pkg.mla._GPU_TILES.values() for table in pair for _, tiles in table]
+
+
 SIGNATURES = {
     "topk._topk_partial_kernel": [(args, f"void({F32_2}, {U32_2}, int64, float64[:, ::1], float64[:, ::1], "
                                          f"uint64[:, ::1], {I32_2})") for args in ((256, 0), (256, 1), (256, 8))],
@@ -115,12 +120,12 @@ SIGNATURES = {
     # the latent cache: one sequence's [1, S, C] (contiguous), or a pool's layer [slots, S, C] (strided slots)
     "mla._mla_scores_kernel": [
         (tiles, f"void({F32_2}, {F32_2}, {cache}, {cache}, {I32_1}, {I32_2}, float32, {F32_2})")
-        for tiles in sorted({t[0] for _, t in kernels_pkg.mla._GPU_TILES + kernels_pkg.mla._GPU_TILES_NARROW})
+        for tiles in sorted({t[0] for t in _mla_tiles()})
         for cache in ("float32[:, :, ::1]", "float32[:, :, :]")],
     "mla._mla_softmax_kernel": [((128,), f"void({F32_2}, {U32_2}, {I32_1}, {I32_2}, int64, {F32_2}, int32[:, :, ::1])")],
     "mla._mla_pv_kernel": [
         (tiles, f"void({F32_2}, {cache}, {I32_1}, {I32_2}, int64, int32[:, :, ::1], float32[:, :, ::1], {F32_2})")
-        for tiles in sorted({t[1] for _, t in kernels_pkg.mla._GPU_TILES + kernels_pkg.mla._GPU_TILES_NARROW})
+        for tiles in sorted({t[1] for t in _mla_tiles()})
         for cache in ("float32[:, :, ::1]", "float32[:, :, :]")],
     "mla._mla_combine_kernel": [((128,), f"void(float32[:, :, ::1], {F32_2}, {F32_2}, {I32_1}, {I32_2}, int64, {F32_2})")],
     "gqa._gqa_split_kernel": [

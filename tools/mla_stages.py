@@ -90,7 +90,7 @@ def main():
             whole = timed(lambda s: [go() for _, go in launches(s)], args.repeat)
             table.append((case, us, whole))
             if args.tune:
-                picked = _tiles(t * heads, latent)
+                picked = _tiles(t * heads, latent, n_seq)
                 for which, name in ((0, "scores"), (1, "pv")):
                     times = []
                     for cand in CANDIDATES:

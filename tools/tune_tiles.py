@@ -1,16 +1,15 @@
-"""Time the attention kernels and the GEMMs of a demo-pair round under candidate tiles, on a GPU.
+"""Time the drafter's attention and the GEMMs of a demo-pair round under candidate tiles, on a GPU.
 
-Usage (a GPU machine): python tools/tune_tiles.py [--repeat 20] [--gemm-rows 17 1 33 65] [--only mla gqa gemm]
+Usage (a GPU machine): python tools/tune_tiles.py [--repeat 20] [--gemm-rows 17 1 33 65] [--only gqa gemm]
 
-Tiles never change the bits (MLA: its tile shapes; GQA: every field but KT and SPLIT; GEMMs:
+(The target's MLA attention: tools/mla_stages.py --tune.) Tiles never change the bits (GQA: every field but KT and SPLIT; GEMMs:
 ``_Tile``), so they are free to tune. Each candidate is launched ``--repeat`` times inside one
 captured CUDA graph, replayed a few times; the table gives the mean µs a launch (the launch gap
-inside a graph included) at the demo pair's shapes: MLA over 330 cached keys for 1 and 17 new rows
-(8 heads, latent 64, rope 16), the drafter's GQA over 330 context keys + 16 block rows (8 query
+inside a graph included) at the demo pair's shapes: the drafter's GQA over 330 context keys + 16 block rows (8 query
 heads, 4 kv heads, head dim 32), and the target's and drafter's projections (the stacked ones
 too: the drafter's q | k | v, K 256 -> N 512; the target's q_a | kv_a, K 256 -> N 208) at the
 ``--gemm-rows`` (17 and 1 by default; 33 and 65 are the verify rows of budgets 32 and 64).
-The tables in kernels/mla.py, kernels/gqa.py and kernels/linear.py hold the winners.
+The tables in kernels/gqa.py and kernels/linear.py hold the winners.
 """
 
 from __future__ import annotations
@@ -51,52 +50,19 @@ def main():
     ap.add_argument("--keys", type=int, default=330, help="cached / context keys (the demo's ~330)")
     ap.add_argument("--quick", action="store_true", help="two candidates a kernel, one shape (a smoke run)")
     ap.add_argument("--gemm-rows", type=int, nargs="+", default=[17, 1], help="the GEMMs' live rows")
-    ap.add_argument("--only", choices=["mla", "gqa", "gemm"], nargs="+", default=["mla", "gqa", "gemm"],
+    ap.add_argument("--only", choices=["gqa", "gemm"], nargs="+", default=["gqa", "gemm"],
                     help="which kernels to time")
     args = ap.parse_args()
     cut = (lambda xs: xs[:2]) if args.quick else (lambda xs: xs)
     from numba import cuda
     import importlib
-    gqa, linear, mla = (importlib.import_module(f"ddtree_numba.kernels.{m}") for m in ("gqa", "linear", "mla"))
+    gqa, linear = (importlib.import_module(f"ddtree_numba.kernels.{m}") for m in ("gqa", "linear"))
     rng = np.random.default_rng(0)
     dev = lambda a: cuda.to_device(np.ascontiguousarray(a))
     R = args.repeat
 
-    # -- MLA: H = 8, C = 64, R = 16, 330 cached keys (--keys), a 512-row cache
-    H, C, RD, S0 = 8, 64, 16, args.keys
+    S0 = args.keys
     CAP = 1 << (S0 + 80).bit_length()
-    c_kv, k_pe = dev(rng.standard_normal((CAP, C), np.float32)), dev(rng.standard_normal((CAP, RD), np.float32))
-    mla_cands = [(32, 64, 16, 2, 4), (16, 32, 16, 1, 2), (16, 16, 16, 1, 1), (8, 32, 16, 1, 1), (8, 64, 16, 1, 2),
-                 (16, 64, 16, 1, 4), (32, 32, 16, 2, 2), (16, 32, 8, 1, 2), (8, 16, 16, 1, 1), (4, 64, 16, 1, 2),
-                 (16, 16, 32, 1, 1), (16, 8, 32, 1, 1)]
-    for t, tq in cut(((17, 32), (1, 1), (65, 128), (257, 512))) if "mla" in args.only else ():
-        q_lat = dev(rng.standard_normal((tq, H * C), np.float32))
-        q_pe = dev(rng.standard_normal((tq, H * RD), np.float32))
-        out = cuda.device_array((tq, H * C), np.float32)
-        meta = dev(np.array([S0, t], np.int32))
-        parents = np.arange(-1, t - 1, dtype=np.int32)
-        bits = np.zeros((tq, max(1, -(-tq // 32))), np.uint32)
-        for i in range(t):
-            j = i
-            while j >= 0:
-                bits[i, j // 32] |= np.uint32(1 << (j % 32))
-                j = parents[j]
-        vis = dev(bits)
-        scratch = mla.MLAScratch(tq, H, CAP, C)
-        st0, pt0 = mla._tiles(tq * H, C)
-        print(f"MLA, {t} new rows (buffer {tq}), {S0} cached keys:")
-        run = lambda tiles: lambda s: mla.enqueue_mla_attention(q_lat, q_pe, c_kv, k_pe, out, vis_bits=vis, meta=meta,
-                                                               scale=0.1, scratch=scratch, tiles=tiles, stream=s)
-        for which in ("scores", "pv"):
-            res = []
-            for cand in cut([st0 if which == "scores" else pt0] + mla_cands):
-                tiles = (cand, pt0) if which == "scores" else (st0, cand)
-                try:
-                    us = timed(run(tiles), R)
-                    res.append((cand, us))
-                except Exception as exc:        # a candidate too big for this launch
-                    print(f"  {which} {cand}: {type(exc).__name__}: {str(exc)[:80]}")
-            report(which, res)
 
     # -- GQA: Hq = 8, Hkv = 4, Dh = 32, 330 context keys + 16 block rows
     Hq, Hkv, DH, S, T = 8, 4, 32, S0, 16

@@ -67,24 +67,31 @@ KEY_CHUNK = 4 if config.ENABLE_CUDASIM else 128
 
 # (bm, bn, bk, tm, tn): block tile rows x columns, reduction step, thread tile rows x columns.
 # Rows are query rows (i, h); columns are keys (scores) or latent channels (p @ c_kv).
-# The H200 picks by the launch's maximum row count Tq * H and the latent width C (``_tiles``):
-# decode spreads a handful of rows over many small blocks; a wide latent (DeepSeek's 512) tiles
-# 8 x 8 per thread so the shared-memory loads stay at a quarter of the FMAs; a narrow one (the
-# demo pair's 64) is latency-bound, and one output a thread over 16 x 16 blocks is fastest
-# (tools/tune_tiles.py on the H200: the demo's verify attention 48.6 -> 33.4 µs a layer at 17
-# rows, 68 -> 48 µs at 65).
-_GPU_TILES = (
-    (64, ((16, 16, 32, 2, 2), (16, 32, 16, 2, 2))),       # Tq*H <= 64: decode
-    (512, ((32, 64, 16, 4, 4), (32, 64, 16, 4, 4))),      # <= 512
-    (2048, ((64, 64, 16, 4, 4), (64, 64, 16, 4, 4))),     # <= 2048
-    (None, ((128, 128, 16, 8, 8), (128, 128, 16, 8, 8))),  # larger verify / prefill
-)
-_NARROW_LATENT = 128          # C up to this: the narrow tiles below
-_GPU_TILES_NARROW = (
-    (64, ((16, 16, 32, 1, 1), (16, 16, 16, 1, 1))),
-    (512, ((16, 32, 16, 1, 2), (16, 16, 16, 1, 1))),
-    (None, ((16, 64, 16, 1, 4), (16, 16, 16, 1, 1))),
-)
+# The H200 picks by the latent width C, by whether the launch holds one sequence or several, and
+# by each sequence's row bound Tq * H (``_tiles``). Measured with ``tools/mla_stages.py --tune``
+# (docs/PERFORMANCE.md, 2026-12-02): decode spreads a handful of rows over many small blocks
+# (one output a thread for one sequence; 2 x 2 when many sequences fill the GPU anyway), trees
+# and batches take 8 x 8 a thread for the scores and 4 x 8 for p @ c_kv (whose chunk holds only
+# 128 keys, so fewer rows a block keep more blocks busy).
+_GPU_TILES = {   # latent -> (one sequence, several): [(row bound per sequence, (scores, pv))]
+    "wide": (
+        ((64, ((16, 16, 32, 1, 1), (16, 32, 16, 2, 2))),          # decode
+         (512, ((32, 32, 16, 2, 2), (32, 64, 16, 4, 4))),         # trees up to 32 nodes
+         (None, ((128, 128, 16, 8, 8), (64, 128, 16, 4, 8)))),
+        ((64, ((16, 32, 16, 2, 2), (16, 64, 16, 2, 4))),
+         (None, ((128, 128, 16, 8, 8), (64, 128, 16, 4, 8)))),
+    ),
+    "narrow": (     # the demo pair's 64 channels: latency-bound to a few hundred rows
+        ((64, ((16, 16, 32, 1, 1), (16, 16, 16, 1, 1))),
+         (256, ((16, 32, 16, 1, 2), (16, 16, 16, 1, 1))),
+         (1024, ((32, 32, 16, 2, 2), (16, 32, 16, 2, 2))),
+         (4096, ((128, 128, 16, 8, 8), (32, 32, 16, 2, 2))),
+         (None, ((128, 128, 16, 8, 8), (64, 64, 16, 4, 4)))),
+        ((64, ((16, 32, 16, 2, 2), (16, 32, 16, 2, 2))),
+         (None, ((32, 32, 16, 2, 2), (32, 64, 16, 4, 4)))),
+    ),
+}
+_NARROW_LATENT = 128          # C up to this: the narrow tiles
 # Under the simulator every thread is a Python thread and every block costs tens of ms: few
 # small blocks, ragged tiles (bk = 3 and 5 cross the C boundary and end off their multiples).
 # Whole forwards (tests/test_model_cuda.py) launch many rows: there, fewer and larger blocks with
@@ -96,11 +103,14 @@ _SIM_TILES = (
 )
 
 
-def _tiles(max_rows: int, latent: int = 512):
-    """(scores tiles, pv tiles) for a launch of at most ``max_rows`` = Tq * H query rows over a
-    latent of ``latent`` channels."""
-    table = _GPU_TILES_NARROW if latent <= _NARROW_LATENT else _GPU_TILES
-    for bound, tiles in (_SIM_TILES if config.ENABLE_CUDASIM else table):
+def _tiles(max_rows: int, latent: int = 512, sequences: int = 1):
+    """(scores tiles, pv tiles) for a launch of ``sequences`` sequences of at most ``max_rows`` =
+    Tq * H query rows each, over a latent of ``latent`` channels."""
+    if config.ENABLE_CUDASIM:
+        table = _SIM_TILES
+    else:
+        table = _GPU_TILES["narrow" if latent <= _NARROW_LATENT else "wide"][int(sequences > 1)]
+    for bound, tiles in table:
         if bound is None or max_rows <= bound:
             return tiles
 
@@ -560,7 +570,7 @@ def _mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, sc
         n_seq, tq = seqs.shape[0], max_rows
     s_cap = c_kv.shape[1]
     scores = scratch.scores
-    st, pt = tiles if tiles is not None else _tiles(tq * H, C)
+    st, pt = tiles if tiles is not None else _tiles(tq * H, C, n_seq)
     scale = np.float32(scale)
 
     nch = scratch.m_part.shape[1]

@@ -400,14 +400,22 @@ def enqueue_moe_experts(x, experts_gate, experts_up, experts_down, bufs, *, prec
 
     x [R, M] f32, experts_gate / up [E, I, M], experts_down [E, M, I]; ``precision`` and ``tile``
     as in ``enqueue_linear``."""
-    # tiles sized for an expert's typical share (twice the balanced T*K/E), the grid for all T
+    for _, launch in _expert_launches(x, experts_gate, experts_up, experts_down, bufs, precision, tile, stream):
+        launch()
+
+
+def _expert_launches(x, experts_gate, experts_up, experts_down, bufs, precision, tile, stream):
+    """``enqueue_moe_experts``'s two grouped GEMMs as (name, launch()) pairs: tiles sized for an
+    expert's typical share (twice the balanced T*K/E), the grid for all T."""
     typical = 2 * ceil_div(bufs.max_rows * bufs.top_k, bufs.n_experts)
     live = min(bufs.n_experts, bufs.max_rows * bufs.top_k)         # experts that can hold rows
-    enqueue_grouped_linear(x, experts_gate, bufs.act, bufs.offsets, bufs.max_rows,
-                           precision=precision, row_index=bufs.slot_token, w_up=experts_up,
-                           tile_rows=typical, live_groups=live, tile=tile, stream=stream)
-    enqueue_grouped_linear(bufs.act, experts_down, bufs.expert_out, bufs.offsets, bufs.max_rows,
-                           precision=precision, tile_rows=typical, live_groups=live, tile=tile, stream=stream)
+    grouped = dict(precision=precision, tile_rows=typical, live_groups=live, tile=tile, stream=stream)
+    return [
+        ("experts gate|up", lambda: enqueue_grouped_linear(x, experts_gate, bufs.act, bufs.offsets, bufs.max_rows,
+                                                           row_index=bufs.slot_token, w_up=experts_up, **grouped)),
+        ("experts down", lambda: enqueue_grouped_linear(bufs.act, experts_down, bufs.expert_out, bufs.offsets,
+                                                        bufs.max_rows, **grouped)),
+    ]
 
 
 def enqueue_moe_combine(bufs, shared_out, out, n_rows, *, residual, stream=0):
@@ -445,18 +453,37 @@ def enqueue_moe_block(m, x, *, gate, bias, experts_gate, experts_up, experts_dow
     ``MoEBuffers``, n_rows [1] int32 device; ``precision`` (the experts') and ``tile`` as in
     ``enqueue_linear``. The router GEMM is always 'fp32', as HF computes it in float32: a
     rounded router logit could pick another expert."""
-    enqueue_linear(m, gate, bufs.logits, n_rows, precision=ROUTER_PRECISION, tile=tile, stream=stream)
-    enqueue_moe_route(bufs.logits, bufs.zero_bias if bias is None else bias, route,
-                      topk_ids=bufs.topk_ids, topk_weights=bufs.topk_weights, n_rows=n_rows, stream=stream)
-    enqueue_moe_sort(bufs.topk_ids, bufs.topk_weights, bufs, n_rows, stream=stream)
-    enqueue_moe_experts(m, experts_gate, experts_up, experts_down, bufs, precision=precision, tile=tile,
-                        stream=stream)
-    shared_out = None
+    for _, launch in _moe_block_launches(m, x, gate=gate, bias=bias, experts_gate=experts_gate,
+                                         experts_up=experts_up, experts_down=experts_down,
+                                         shared_gate=shared_gate, shared_up=shared_up, shared_down=shared_down,
+                                         route=route, bufs=bufs, n_rows=n_rows, precision=precision, tile=tile,
+                                         stream=stream):
+        launch()
+
+
+def _moe_block_launches(m, x, *, gate, bias, experts_gate, experts_up, experts_down, shared_gate=None,
+                        shared_up=None, shared_down=None, route, bufs, n_rows, precision, tile=None, stream=0):
+    """The launches of ``enqueue_moe_block`` (same arguments), in order, as (name, launch())
+    pairs: ``tools/moe_stages.py`` times them one by one."""
+    launches = [
+        ("router", lambda: enqueue_linear(m, gate, bufs.logits, n_rows, precision=ROUTER_PRECISION, tile=tile,
+                                          stream=stream)),
+        ("route", lambda: enqueue_moe_route(bufs.logits, bufs.zero_bias if bias is None else bias, route,
+                                            topk_ids=bufs.topk_ids, topk_weights=bufs.topk_weights,
+                                            n_rows=n_rows, stream=stream)),
+        ("sort", lambda: enqueue_moe_sort(bufs.topk_ids, bufs.topk_weights, bufs, n_rows, stream=stream)),
+        *_expert_launches(m, experts_gate, experts_up, experts_down, bufs, precision, tile, stream),
+    ]
     if shared_gate is not None:
-        enqueue_swiglu_mlp(m, shared_gate, shared_up, shared_down, bufs.shared_out, act=bufs.shared_act,
-                           n_rows=n_rows, precision=precision, tile=tile, stream=stream)
-        shared_out = bufs.shared_out
-    enqueue_moe_combine(bufs, shared_out, x, n_rows, residual=True, stream=stream)
+        launches += [
+            ("shared gate|up", lambda: enqueue_swiglu(m, shared_gate, shared_up, bufs.shared_act, n_rows,
+                                                      precision=precision, tile=tile, stream=stream)),
+            ("shared down", lambda: enqueue_linear(bufs.shared_act, shared_down, bufs.shared_out, n_rows,
+                                                   precision=precision, tile=tile, stream=stream)),
+        ]
+    launches.append(("combine", lambda: enqueue_moe_combine(bufs, None if shared_gate is None else bufs.shared_out,
+                                                            x, n_rows, residual=True, stream=stream)))
+    return launches
 
 
 # -- public launchers (twins in reference.moe) --------------------------------------------------

@@ -1,0 +1,75 @@
+"""Time the MoE block's launches one by one at the Moonlight-16B-A3B shape, on a GPU.
+
+Usage (a GPU machine): python tools/moe_stages.py [--rows 1 17 65 272 1040] [--repeat 10]
+
+A two-layer Moonlight-shape target with random bf16 weights (benchmarks/verify_forward.py's
+``build_target``; layer 1 is an MoE layer: 64 routed experts, top-6, two shared). For each row
+count (272 = 16 trees of 17 nodes, a batch of ``benchmarks/batch.py``; 1040 = 16 trees of 65) the
+post-attention input is random, so the routing is close to uniform, as with random weights in
+batch.py. Each launch of ``kernels.moe._moe_block_launches`` (and the whole block) is repeated
+``--repeat`` times in one captured CUDA graph (``tune_tiles.timed``); the table gives µs a launch
+and the routed experts that got rows, beside the block's bytes floor (the touched experts'
+weights and the shared experts' once, bf16, at 4.2 TB/s). Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 17, 65, 272, 1040])
+    ap.add_argument("--repeat", type=int, default=10)
+    args = ap.parse_args()
+    from numba import cuda
+    from tune_tiles import timed
+    from verify_forward import MOONLIGHT, build_target
+    from ddtree_numba.kernels.moe import _moe_block_launches
+    from ddtree_numba.model.config import ModelConfig
+
+    cfg = ModelConfig.from_dict(dict(MOONLIGHT, num_hidden_layers=2))
+    target = build_target(cfg, "bf16")
+    lw = target.layers[1]
+    M, I, E = cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts
+    expert_bytes = 3 * M * I * 2
+    shared_bytes = cfg.n_shared_experts * expert_bytes
+    rng = np.random.default_rng(0)
+    names, table = None, []
+    for rows in args.rows:
+        ws = target.workspace(rows)
+        ws.meta.copy_to_device(np.array([0, rows], np.int32))
+        normed = np.zeros((ws.rows, M), np.float32)
+        normed[:rows] = rng.standard_normal((rows, M))
+        ws.normed.copy_to_device(normed)
+        launches = lambda s: _moe_block_launches(
+            ws.normed, ws.x, gate=lw.gate, bias=lw.e_score_correction_bias, experts_gate=lw.experts_gate_proj,
+            experts_up=lw.experts_up_proj, experts_down=lw.experts_down_proj, shared_gate=lw.shared_gate_proj,
+            shared_up=lw.shared_up_proj, shared_down=lw.shared_down_proj, route=target._route, bufs=ws.moe,
+            n_rows=ws.n_rows, **target.gemm_args, stream=s)
+        names = [n for n, _ in launches(0)]
+        for _, go in launches(0):
+            go()
+        offsets = ws.moe.offsets.copy_to_host()
+        touched = int((np.diff(offsets[:E + 1]) > 0).sum())
+        us = [timed(lambda s, i=i: launches(s)[i][1](), args.repeat) for i in range(len(names))]
+        whole = timed(lambda s: [go() for _, go in launches(s)], args.repeat)
+        floor = (touched * expert_bytes + shared_bytes) / 4.2e12 * 1e6
+        table.append((rows, touched, us, whole, floor))
+    print(f"\nMoE block, Moonlight shape (M {M}, {E} experts of {I}, top-{cfg.num_experts_per_tok}, "
+          f"{cfg.n_shared_experts} shared), µs a launch")
+    print("| rows | experts with rows | " + " | ".join(names) + " | whole | bytes floor |")
+    print("|---" * (len(names) + 4) + "|")
+    for rows, touched, us, whole, floor in table:
+        print(f"| {rows} | {touched} | " + " | ".join(f"{u:.1f}" for u in us) + f" | {whole:.1f} | {floor:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
