@@ -493,16 +493,28 @@ def _mla_combine_kernel(threads):
         if cuda.blockIdx.y >= t * n_heads or c >= C:
             return
         r = row0 * n_heads + cuda.blockIdx.y
+        nch = m_part.shape[1]
         big = float32(-math.inf)
-        for k in range(m_part.shape[1]):
+        for k in range(nch):
             big = max(big, m_part[r, k])
+        # four chunks a pass: their loads in flight together, then added in ascending k
+        m4 = cuda.local.array(4, float32)
+        o4 = cuda.local.array(4, float32)
+        l4 = cuda.local.array(4, float32)
         o = float32(0.0)
         l = float32(0.0)
-        for k in range(m_part.shape[1]):
-            if m_part[r, k] > float32(-math.inf):
-                w = math.exp(m_part[r, k] - big)
-                o = o + w * o_part[k, r, c]
-                l = l + w * l_part[k, r]
+        for k0 in range(0, nch, 4):
+            for u in range(4):
+                m4[u] = -math.inf
+                if k0 + u < nch:
+                    m4[u] = m_part[r, k0 + u]
+                    o4[u] = o_part[k0 + u, r, c]
+                    l4[u] = l_part[k0 + u, r]
+            for u in range(4):
+                if m4[u] > float32(-math.inf):
+                    w = math.exp(m4[u] - big)
+                    o = o + w * o4[u]
+                    l = l + w * l4[u]
         i = cuda.blockIdx.y // n_heads
         h = cuda.blockIdx.y - i * n_heads
         out_lat[row0 + i, h * C + c] = o / l
