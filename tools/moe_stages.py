@@ -10,6 +10,9 @@ batch.py. Each launch of ``kernels.moe._moe_block_launches`` (and the whole bloc
 ``--repeat`` times in one captured CUDA graph (``tune_tiles.timed``); the table gives µs a launch
 and the routed experts that got rows, beside the block's bytes floor (the touched experts'
 weights and the shared experts' once, bf16, at 4.2 TB/s). Prints a markdown table.
+
+``--tiles MT,RT,NW ...``: also time the two routed-expert GEMMs under each forced register tile
+(``kernels.linear._Tile``; tiles never change the bits) beside the chosen one.
 """
 
 from __future__ import annotations
@@ -28,11 +31,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 17, 65, 272, 1040])
     ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--tiles", nargs="*", default=[], help="forced expert tiles, MT,RT,NW each")
     args = ap.parse_args()
     from numba import cuda
     from tune_tiles import timed
     from verify_forward import MOONLIGHT, build_target
-    from ddtree_numba.kernels.moe import _moe_block_launches
+    from ddtree_numba.kernels.linear import _Tile
+    from ddtree_numba.kernels.moe import _expert_launches, _moe_block_launches
     from ddtree_numba.model.config import ModelConfig
 
     cfg = ModelConfig.from_dict(dict(MOONLIGHT, num_hidden_layers=2))
@@ -63,6 +68,13 @@ def main():
         whole = timed(lambda s: [go() for _, go in launches(s)], args.repeat)
         floor = (touched * expert_bytes + shared_bytes) / 4.2e12 * 1e6
         table.append((rows, touched, us, whole, floor))
+        for spec in args.tiles:
+            tile = _Tile(*(int(v) for v in spec.split(",")))
+            forced = lambda s: _expert_launches(ws.normed, lw.experts_gate_proj, lw.experts_up_proj,
+                                                lw.experts_down_proj, ws.moe, target.gemm_args["precision"], tile, s)
+            t_us = [timed(lambda s, i=i: forced(s)[i][1](), args.repeat) for i in range(2)]
+            print(f"{rows} rows, expert tile {tuple(tile)}: gate|up {t_us[0]:.1f} µs, down {t_us[1]:.1f} µs "
+                  f"(chosen: {us[names.index('experts gate|up')]:.1f}, {us[names.index('experts down')]:.1f})")
     print(f"\nMoE block, Moonlight shape (M {M}, {E} experts of {I}, top-{cfg.num_experts_per_tok}, "
           f"{cfg.n_shared_experts} shared), µs a launch")
     print("| rows | experts with rows | " + " | ".join(names) + " | whole | bytes floor |")
