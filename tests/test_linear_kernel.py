@@ -515,6 +515,10 @@ def test_choose_fills_the_gpu_with_warps_only_up_to_the_chunks(monkeypatch):
         for rows in (1, 16, 64, 1024):
             tile = L._choose(rows, 7168, 7168, True, 1)
             assert L._smem(tile, True) <= L._SMEM_MAX
+        # expert groups: one row tile a warp up to _GROUPED_ONE_ROW_TILE rows, the general rule past it
+        assert (L._choose(24, 1408, 2048, True, 64).RT, L._choose(24, 1408, 2048, True, 64).MT) == (1, 2)
+        assert L._choose(24, 1408, 2048, True, 1).RT == 4                 # one group: unchanged
+        assert L._choose(L._GROUPED_ONE_ROW_TILE + 1, 1408, 2048, True, 64).RT == 4
     L._choose.cache_clear()
 
 

@@ -719,13 +719,19 @@ def _choose_staged(max_rows, n_cols, swiglu, n_groups):
 
 _SMALL_WEIGHTS = 1 << 20      # a launch over at most this many weights (per group) is latency-bound
 _SMALL_ROWS = 128             # a workspace's rows (a power of two): 128 holds budget 64's 65-row verify
+# Grouped (expert) launches whose groups typically hold up to this many rows take one row tile a
+# warp. Measured on the H200 (tools/moe_stages.py --tiles, Moonlight's 64 experts of 1408 x 2048,
+# a 65-row verify in a 128-row workspace, typical share 24 rows): gate|up 669 -> 345 µs with MT 2,
+# RT 4 -> 1; down 209 -> 206 µs.
+_GROUPED_ONE_ROW_TILE = 32
 
 
 @functools.lru_cache(maxsize=None)
 def _choose(max_rows, n_cols, n_k, swiglu, n_groups, kind="bf16"):
     """The tile for a launch of ``n_groups`` live groups holding at most ``max_rows`` rows of
-    ``n_cols`` outputs over ``n_k`` inputs: row tiles as tall as the rows need (up to 32), two m
-    tiles a warp (one for sparse expert groups of few rows), then as many warps splitting the
+    ``n_cols`` outputs over ``n_k`` inputs: row tiles as tall as the rows need (up to 32; one for
+    expert groups of up to ``_GROUPED_ONE_ROW_TILE`` rows), two m tiles a warp (one for sparse
+    expert groups of few rows), then as many warps splitting the
     chunks as it takes to put about ``_WARPS_WANTED`` warps to work (no more than the chunks, and
     shared memory allows). Measured on the H200 (benchmarks/gemm.py --sweep).
 
@@ -740,6 +746,8 @@ def _choose(max_rows, n_cols, n_k, swiglu, n_groups, kind="bf16"):
         rt, mt, nw_max = 1, 1, 4
     else:
         rt = 1 if max_rows <= 8 else 2 if max_rows <= 16 else 4
+        if n_groups > 1 and max_rows <= _GROUPED_ONE_ROW_TILE:
+            rt = 1            # expert groups of a few rows: more, lighter warps stream the weights
         mt = 1 if n_groups > 1 and max_rows <= 8 else 2    # two m tiles: each activation load feeds two mma
         nw_max = _NW_MAX
     chunks = max(1, ceil_div(n_k, KC))
