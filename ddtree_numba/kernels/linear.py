@@ -55,7 +55,7 @@ import math
 from collections import namedtuple
 
 import numpy as np
-from numba import config, cuda, float32, int64, uint32, uint64
+from numba import config, cuda, float32, uint32, uint64
 
 from .._checks import check_array, check_precision
 from .._device import (cached, ceil_div, device_function, float32_out, fma, is_device, launcher_result, nonneg,

@@ -54,7 +54,7 @@ from ..reference.mla import absorption_weights
 from ..dtypes import STORAGE_DTYPES
 from .linear import enqueue_linear_heads
 
-THREADS = 8 if config.ENABLE_CUDASIM else 128   # softmax kernel: threads per query row
+THREADS = 8 if config.ENABLE_CUDASIM else 128   # softmax kernel: threads per query token (all heads)
 SOFTMAX_LANES = 4 if config.ENABLE_CUDASIM else 32   # of them, the threads a head's keys are split over
 COMBINE_THREADS = 8 if config.ENABLE_CUDASIM else 128
 _MASKED = -1.0                                     # p of a key the query does not see
@@ -70,9 +70,10 @@ KEY_CHUNK = 4 if config.ENABLE_CUDASIM else 128
 # The H200 picks by the latent width C, by whether the launch holds one sequence or several, and
 # by each sequence's row bound Tq * H (``_tiles``). Measured with ``tools/mla_stages.py --tune``
 # (docs/PERFORMANCE.md, 2026-12-02): decode spreads a handful of rows over many small blocks
-# (one output a thread for one sequence; 2 x 2 when many sequences fill the GPU anyway), trees
-# and batches take 8 x 8 a thread for the scores and 4 x 8 for p @ c_kv (whose chunk holds only
-# 128 keys, so fewer rows a block keep more blocks busy).
+# (one output a thread for one sequence; 2 x 2 when many sequences fill the GPU anyway); with the
+# wide latent, trees and batches take 8 x 8 a thread for the scores and 4 x 8 for p @ c_kv (whose
+# chunk holds only 128 keys, so fewer rows a block keep more blocks busy); the narrow latent stays
+# latency-bound longer and takes smaller tiles.
 _GPU_TILES = {   # latent -> (one sequence, several): [(row bound per sequence, (scores, pv))]
     "wide": (
         ((64, ((16, 16, 32, 1, 1), (16, 32, 16, 2, 2))),          # decode
@@ -132,8 +133,8 @@ def _mla_scores_kernel(bm, bn, bk, tm, tn):
     ceil(Tq*H / bm), sequences). Thread (tx, ty) owns rows ty + (bm // tm) * m and keys
     tx + (bn // tn) * j, so a warp reads consecutive shared words.
 
-    Double-buffered: while the block multiplies step d0's tiles out of one shared buffer, each
-    thread's loads of step d0 + bk are in flight into registers, stored to the other buffer
+    Double-buffered: while the block multiplies step s's tiles out of one shared buffer, each
+    thread's loads of step s + 1 are in flight into registers, stored to the other buffer
     after; one barrier a step. Each thread's load slots (which query row / key, which d within
     the step) are fixed for the whole kernel, so their index arithmetic is done once."""
     TX, TY = bn // tn, bm // tm
@@ -174,7 +175,7 @@ def _mla_scores_kernel(bm, bn, bk, tm, tn):
         acc = cuda.local.array((tm, tn), float32)
         a = cuda.local.array(tm, float32)
         b = cuda.local.array(tn, float32)
-        a_row = cuda.local.array(LA, int32)     # load slot u: its query row (-1: none), head, tile row, d
+        a_row = cuda.local.array(LA, int32)     # load slot u: its query row (-1: none) and head
         a_head = cuda.local.array(LA, int32)
         b_key = cuda.local.array(LB, int32)     # load slot u: its key (-1: none)
         a_reg = cuda.local.array(LA, float32)   # the next step's tiles, in flight
@@ -302,6 +303,8 @@ def _mla_softmax_kernel(threads):
     T = threads
     K = KEY_CHUNK
     LANES = SOFTMAX_LANES
+    if T % LANES:
+        raise ValueError(f"softmax threads {T} must be a multiple of its {LANES} lanes a head")
     NG = T // LANES
 
     @cached
@@ -337,7 +340,8 @@ def _mla_softmax_kernel(threads):
                         m = max(m, scores[r, s])
             red[tid] = m
             cuda.syncthreads()  # every partial max of this pass is in
-            if lane == 0:       # max is exact: any order gives the same bits
+            if lane == 0:       # max is exact: any order gives the same value (a -0 / +0 tie may
+                                # differ, which exp(score - m) and exp(m_k - M) do not see)
                 for e in range(1, LANES):
                     m = max(m, red[tid + e])
                 head_max[group] = m

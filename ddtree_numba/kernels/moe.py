@@ -443,7 +443,7 @@ def enqueue_swiglu_mlp(x, gate_w, up_w, down_w, out, *, act, n_rows, precision, 
 
 def enqueue_moe_block(m, x, *, gate, bias, experts_gate, experts_up, experts_down, shared_gate=None,
                       shared_up=None, shared_down=None, route, bufs, n_rows, precision, tile=None, stream=0):
-    """x[r] += routed(m[r]) + shared(m[r]) for r < n_rows[0] <= bufs.max_rows; 7 launches (6
+    """x[r] += routed(m[r]) + shared(m[r]) for r < n_rows[0] <= bufs.max_rows; 8 launches (6
     without shared experts). Twins: ``reference.moe.moe_route``, ``moe_experts`` and
     ``swiglu_mlp`` (the shared experts), as the target's MoE layer adds them.
 
