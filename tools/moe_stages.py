@@ -12,7 +12,8 @@ and the routed experts that got rows, beside the block's bytes floor (the touche
 weights and the shared experts' once, bf16, at 4.2 TB/s). Prints a markdown table.
 
 ``--tiles MT,RT,NW ...``: also time the two routed-expert GEMMs under each forced register tile
-(``kernels.linear._Tile``; tiles never change the bits) beside the chosen one.
+(``kernels.linear._Tile``; tiles never change the bits) beside the chosen one;
+``--router-tiles MT,RT,NW ...`` the same for the router GEMM (fp32, 64 x 2048).
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ def main():
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 17, 65, 272, 1040])
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--tiles", nargs="*", default=[], help="forced expert tiles, MT,RT,NW each")
+    ap.add_argument("--router-tiles", nargs="*", default=[], help="forced router tiles, MT,RT,NW each")
     args = ap.parse_args()
     from numba import cuda
     from tune_tiles import timed
     from verify_forward import MOONLIGHT, build_target
     from ddtree_numba.kernels.linear import _Tile
-    from ddtree_numba.kernels.moe import _expert_launches, _moe_block_launches
+    from ddtree_numba.kernels.linear import enqueue_linear
+    from ddtree_numba.kernels.moe import ROUTER_PRECISION, _expert_launches, _moe_block_launches
     from ddtree_numba.model.config import ModelConfig
 
     cfg = ModelConfig.from_dict(dict(MOONLIGHT, num_hidden_layers=2))
@@ -75,6 +78,11 @@ def main():
             t_us = [timed(lambda s, i=i: forced(s)[i][1](), args.repeat) for i in range(2)]
             print(f"{rows} rows, expert tile {tuple(tile)}: gate|up {t_us[0]:.1f} µs, down {t_us[1]:.1f} µs "
                   f"(chosen: {us[names.index('experts gate|up')]:.1f}, {us[names.index('experts down')]:.1f})")
+        for spec in args.router_tiles:
+            tile = _Tile(*(int(v) for v in spec.split(",")))
+            r_us = timed(lambda s: enqueue_linear(ws.normed, lw.gate, ws.moe.logits, ws.n_rows,
+                                                  precision=ROUTER_PRECISION, tile=tile, stream=s), args.repeat)
+            print(f"{rows} rows, router tile {tuple(tile)}: {r_us:.1f} µs (chosen: {us[names.index('router')]:.1f})")
     print(f"\nMoE block, Moonlight shape (M {M}, {E} experts of {I}, top-{cfg.num_experts_per_tok}, "
           f"{cfg.n_shared_experts} shared), µs a launch")
     print("| rows | experts with rows | " + " | ".join(names) + " | whole | bytes floor |")
