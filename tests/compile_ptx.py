@@ -26,6 +26,7 @@ _QUANT_KINDS = (("e4m3", "uint8", "float32[:, :, ::1]", (128, 128), "f32"),
                 ("int4", "int32", "float32[:, :, ::1]", (1, 32), "f32"),
                 ("int4", "int32", "uint16[:, :, ::1]", (1, 32), "bf16"))
 I32_1, F64_1, I16 = "int32[::1]", "float64[::1]", "int16"
+_ROWS = f"int64, {I32_1}, {I32_2}, int64, int64"    # kernels.rope._dest_rows_args
 
 def _mla_tiles():
     """Every (scores, pv) tile pair of kernels/mla.py's H200 tables."""
@@ -69,9 +70,10 @@ SIGNATURES = {
     "model.cuda_drafter._draft_meta_kernel": [
         f"void({I32_1}, {I32_1}, {I32_1}, int64, int64, int64, boolean, {I32_1}, {I32_1})"],
     # -- the forward (model) kernels --
+    # a destination row rule a job: (mode, row0, sequence table, slot rows, layer row0); rope.PoolRows
     "rms_norm._rms_norm_kernel": [
-        ((256, pair), f"void({F32_2}, float32[::1], float32, {F32_2}, {I32_1}, {I32_1}, boolean, "
-                      f"float32[::1], {F32_2}, {I32_1}, boolean, int64)") for pair in (False, True)],
+        ((256, pair), f"void({F32_2}, float32[::1], float32, {F32_2}, {I32_1}, {_ROWS}, "
+                      f"float32[::1], {F32_2}, int64, {_ROWS})") for pair in (False, True)],
     "rms_norm._qkv_norm_rope_kernel": [
         ((256,), f"void({q}, {I32_1}, float32[::1], float32[::1], float32, {F64_1}, boolean, int64, int64, "
                  f"{F32_2}, {F32_2})") for q in (F32_2, "float32[:, :]")],
@@ -80,8 +82,7 @@ SIGNATURES = {
     "rope._rope_table_kernel": [f"void({F32_2}, {F32_2}, {F32_2}, boolean, {F32_2})"],
     "rope._rope_kernel": [
         f"void({F32_2}, int64, int64, {F32_2}, int64, int64, int64, int64, {I32_1}, {F64_1}, "
-        f"float64, boolean, {I32_1}, {I32_1}, boolean, {F32_2}, int64, int64, {F32_2}, int64, int64, int64, "
-        f"{I32_1}, boolean)"],
+        f"float64, boolean, {I32_1}, {_ROWS}, {F32_2}, int64, int64, {F32_2}, int64, int64, int64, {_ROWS})"],
     "embedding._embedding_kernel": [
         ((kind,), f"void({ids}[::1], {w}[:, ::1], {F32_2}, {I32_1})")
         for kind, w in (("f32", "float32"), ("f16", "float16"), ("bf16", "uint16"))

@@ -193,17 +193,20 @@ def test_logits_are_batch_invariant_alone_in_a_batch_and_as_a_tree_node():
         np.testing.assert_array_equal(alone[k], tree_logits[node], err_msg=f"node {node}: alone vs tree")
 
 
-def test_a_batched_forward_gives_each_sequence_the_bits_of_its_own_forward(monkeypatch):
+@pytest.mark.parametrize("q_lora", [True, False])    # q_a | kv_a stacked (the latents normed with q_a's), or q_proj
+def test_a_batched_forward_gives_each_sequence_the_bits_of_its_own_forward(monkeypatch, q_lora):
     """``forward_batch``: a causal step and a tree, after caches of different lengths, in one
     forward, with separate caches and with two slots of one pool. Each one's logits, hidden states
     and new cache rows are bit for bit those of its own ``forward`` (the projections and the MoE
     over all rows, each sequence's cache writes and attention over its own rows and cache: the
     block-diagonal visibility); the unique routed experts are the numpy twin's
-    (``NumpyTarget.forward_batch``) over the same rows."""
+    (``NumpyTarget.forward_batch``) over the same rows. Two layers (dense, MoE): a pooled cache
+    write lands in its own layer's rows."""
     from ddtree_numba.kernels import TILES
     from ddtree_numba.model import ModelConfig, random_target
     from ddtree_numba.model.target import Segment
-    host = random_target(ModelConfig.tiny(num_hidden_layers=1, first_k_dense_replace=0), seed=6)   # one MoE layer
+    cfg = ModelConfig.tiny() if q_lora else ModelConfig.tiny(q_lora_rank=None)   # layer 0 dense, layer 1 MoE
+    host = random_target(cfg, seed=6)
     target = CudaTarget.from_host(host, precision="bf16", gemm_tile=None if REAL_GPU else TILES["small"])
     rng = np.random.default_rng(3)
     V = target.config.vocab_size
@@ -230,7 +233,7 @@ def test_a_batched_forward_gives_each_sequence_the_bits_of_its_own_forward(monke
         segs.append(Segment(ids, pos, batched, tree))
         pooled.append(Segment(ids, pos, pool[slot], tree))
         host_segs.append(Segment(ids, pos, on_host, tree))
-        solo.append((alone, target.forward(ids, pos, alone, parents=tree, hidden_layer_ids=(0,))))
+        solo.append((alone, target.forward(ids, pos, alone, parents=tree, hidden_layer_ids=(0, 1))))
     # separate caches: the attention a launch set per sequence; one pool: one launch set for all
     import ddtree_numba.kernels as kernels
     attention, launches = kernels.enqueue_mla_attention, []
@@ -238,8 +241,8 @@ def test_a_batched_forward_gives_each_sequence_the_bits_of_its_own_forward(monke
                         lambda *a, **kw: launches.append(kw.get("seqs") is not None) or attention(*a, **kw))
     for batch in (segs, pooled):
         launches.clear()
-        out = target.forward_batch(batch, hidden_layer_ids=(0,))
-        assert launches == ([False, False] if batch is segs else [True])     # the pooled launch set was used
+        out = target.forward_batch(batch, hidden_layer_ids=(0, 1))
+        assert launches == ([False, False] * 2 if batch is segs else [True] * 2)   # the pooled launch set was used
         for j, (seg, got, (cache, want)) in enumerate(zip(batch, out.outputs, solo)):
             np.testing.assert_array_equal(got.logits, want.logits, err_msg=f"sequence {j}")
             np.testing.assert_array_equal(got.hidden, want.hidden, err_msg=f"sequence {j}")

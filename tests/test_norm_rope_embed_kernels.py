@@ -261,6 +261,48 @@ def test_two_ropes_in_one_launch_give_each_rope_alone(rng):
         enqueue_rope(d_kv, cuda.to_device(cache0), d_pos, d_inv, i32(n), **key, second=dict(src=d_q, dst=d_q, group=2))
 
 
+def test_pool_rows_write_each_sequence_into_its_slot_and_layer(rng):
+    """``kernels.PoolRows``: a batch's rows (three sequences, slots out of order, other cache
+    lengths) normed and rotated straight into a flattened [slots, L, S, W] pool, layer 1 of 2, in
+    one launch each: every row lands where its own sequence's launch (``out_row0`` / ``dst_row0``
+    = its cache length, into its slot's layer) puts it, with the same bits, and nothing else of
+    the pool is written."""
+    slots, L, S, C, Rd = 4, 2, 9, 5, 4
+    layout = [(3, 2, 2), (1, 4, 0), (2, 3, 3)]          # (t, s0, slot) a sequence
+    total = sum(t for t, _, _ in layout) + 1               # a spare row of no sequence at the end
+    seqs, row0 = [], 0
+    for t, s0, slot in layout:
+        seqs.append((s0, t, row0, slot))
+        row0 += t
+    kv = rng.standard_normal((total, C + Rd)).astype(np.float32)
+    w = rng.standard_normal(C).astype(np.float32)
+    pos = rng.integers(0, 50, total).astype(np.int32)
+    inv = 1.0 / 10000.0 ** (np.arange(0, Rd, 2) / Rd)
+    n = i32(row0 + 1)                                       # the spare row is live too: it must go nowhere
+    layer = 1
+    rows = kn.PoolRows(cuda.to_device(np.array(seqs, np.int32)), L * S, layer * S)
+    pool_c = cuda.to_device(np.full((slots * L * S, C), np.nan, np.float32))
+    pool_k = cuda.to_device(np.full((slots * L * S, Rd), np.nan, np.float32))
+    enqueue_rms_norm(cuda.to_device(kv), cuda.to_device(w), 1e-5, pool_c, n, out_row0=rows)
+    enqueue_rope(cuda.to_device(kv), pool_k, cuda.to_device(pos), cuda.to_device(inv), n, rdim=Rd, src_col0=C,
+                 interleave=True, dst_row0=rows)
+    got_c = pool_c.copy_to_host().reshape(slots, L, S, C)
+    got_k = pool_k.copy_to_host().reshape(slots, L, S, Rd)
+    want_c = np.full_like(got_c, np.nan)
+    want_k = np.full_like(got_k, np.nan)
+    for s0, t, r0, slot in seqs:                           # each sequence's own launch into its own cache
+        cache_c = cuda.to_device(np.full((S, C), np.nan, np.float32))
+        cache_k = cuda.to_device(np.full((S, Rd), np.nan, np.float32))
+        enqueue_rms_norm(cuda.to_device(kv[r0:r0 + t]), cuda.to_device(w), 1e-5, cache_c, i32(t), out_row0=i32(s0))
+        enqueue_rope(cuda.to_device(kv[r0:r0 + t]), cache_k, cuda.to_device(pos[r0:r0 + t]), cuda.to_device(inv),
+                     i32(t), rdim=Rd, src_col0=C, interleave=True, dst_row0=i32(s0))
+        want_c[slot, layer] = cache_c.copy_to_host()
+        want_k[slot, layer] = cache_k.copy_to_host()
+    np.testing.assert_array_equal(got_c.view(np.uint32), want_c.view(np.uint32))
+    np.testing.assert_array_equal(got_k.view(np.uint32), want_k.view(np.uint32))
+    assert np.isfinite(got_c[2, 1, 2:5]).all() and np.isnan(got_c[1]).all()   # slot 2's rows, slot 1 idle
+
+
 @pytest.mark.parametrize("interleave", [True, False])
 def test_enqueue_rope_in_place(rng, interleave):
     T, H, D, Rd, n = 4, 2, 2, 6, 3

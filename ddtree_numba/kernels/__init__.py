@@ -26,7 +26,7 @@ from .gqa import GQAScratch, enqueue_gqa_attention, gqa_attention
 from .moe import (MoEBuffers, MoERoute, enqueue_moe_block, enqueue_moe_combine, enqueue_moe_experts,
                   enqueue_moe_route, enqueue_moe_sort, enqueue_swiglu_mlp, moe_experts, moe_route, swiglu_mlp)
 from .rms_norm import enqueue_qkv_norm_rope, enqueue_rms_norm, rms_norm
-from .rope import enqueue_rope, rope, rope_cos_sin
+from .rope import PoolRows, enqueue_rope, rope, rope_cos_sin
 from .embedding import embedding, enqueue_embedding, lm_head
 
 __all__ = [
@@ -41,5 +41,5 @@ __all__ = [
     "enqueue_moe_combine", "enqueue_swiglu_mlp", "enqueue_moe_block", "enqueue_rms_norm", "enqueue_qkv_norm_rope",
     "enqueue_rope", "enqueue_embedding",
     # buffers and parameters
-    "TreeBuffers", "TreeBatchBuffers", "LevelScratch", "TopKScratch", "MLAScratch", "GQAScratch", "MoEBuffers", "MoERoute", "TILES", "PRECISIONS",
+    "TreeBuffers", "TreeBatchBuffers", "LevelScratch", "TopKScratch", "MLAScratch", "GQAScratch", "MoEBuffers", "MoERoute", "PoolRows", "TILES", "PRECISIONS",
 ]

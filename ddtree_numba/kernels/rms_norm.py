@@ -22,7 +22,7 @@ from numba import config, cuda, float32
 
 from .._checks import check_array
 from .._device import cached, device_function, float32_out, fma, launcher_result, rows_device, to_device
-from .rope import _cos_sin, _rotate
+from .rope import _cos_sin, _dest_row, _dest_rows_args, _rotate
 
 # Threads per block (a power of two: the tree halves it). 256 covers hidden 2048 in 8 loads a
 # thread; the simulator runs every thread as a Python thread and every barrier costs it
@@ -66,16 +66,20 @@ def _rms_norm_kernel(threads, pair=False):
 
     @cached
     @cuda.jit
-    def kernel(x, weight, eps, out, n_rows, out_row0, use_row0,
-               weight1, out1, out_row1, use_row1, col1):
+    def kernel(x, weight, eps, out, n_rows, mode0, row0_0, seqs0, slot_rows0, layer_row0_0,
+               weight1, out1, col1, mode1, row0_1, seqs1, slot_rows1, layer_row0_1):
         r = cuda.blockIdx.x
         if r >= n_rows[0]:
             return  # the whole block leaves together: no thread is left at a barrier
         t = cuda.threadIdx.x
         part = cuda.shared.array(T, float32)
-        w, dst, c0, ro = weight, out, 0, r + (out_row0[0] if use_row0 else 0)
+        w, dst, c0 = weight, out, 0
+        ro = _dest_row(r, mode0, row0_0, seqs0, slot_rows0, layer_row0_0)
         if pair and cuda.blockIdx.y == 1:
-            w, dst, c0, ro = weight1, out1, col1, r + (out_row1[0] if use_row1 else 0)
+            w, dst, c0 = weight1, out1, col1
+            ro = _dest_row(r, mode1, row0_1, seqs1, slot_rows1, layer_row0_1)
+        if ro < 0:
+            return  # a row of no sequence: the whole block leaves together
         M = w.shape[0]
         inv = _inv_rms(x, r, c0, M, eps, part, t, T)
         for k in range(t, M, T):
@@ -142,24 +146,22 @@ def enqueue_rms_norm(x, weight, eps, out, n_rows, *, out_row0=None, second=None,
 
     x [R, Wx >= M] float32, weight [M] float32, eps float, out [>= row0 + n, Wo >= M] float32
     (columns past M untouched), n_rows [>= 1] int32 device, out_row0 [>= 1] int32 device (row0 =
-    out_row0[0], e.g. the cache length) or None (row0 = 0). ``second`` = (weight1, out1,
-    src_col1, out_row1 or None): a second norm of the same rows of x, of the M1 =
+    out_row0[0], e.g. the cache length) or None (row0 = 0), or a ``PoolRows`` (row r to its
+    sequence's row of a flattened cache pool: a batch's latents into every slot in one launch).
+    ``second`` = (weight1, out1, src_col1, out_row1 or None): a second norm of the same rows of x, of the M1 =
     weight1.shape[0] columns from ``src_col1`` (e.g. the kv latent of a stacked [T, Q + C + R]
     buffer), with the same eps, in the same launch (each row's bits as if alone). The grid is R
     blocks (x 2 with ``second``).
     """
     if x.shape[0] == 0:
         return
-    use_row0 = out_row0 is not None
-    row0 = out_row0 if use_row0 else n_rows
     if second is None:
         weight1, out1, col1, row1 = weight, out, 0, None
     else:
         weight1, out1, col1, row1 = second
-    use_row1 = row1 is not None
     _rms_norm_kernel(THREADS, second is not None)[(x.shape[0], 1 if second is None else 2), THREADS, stream](
-        x, weight, np.float32(eps), out, n_rows, row0, use_row0,
-        weight1, out1, row1 if use_row1 else n_rows, use_row1, col1)
+        x, weight, np.float32(eps), out, n_rows, *_dest_rows_args(out_row0, n_rows),
+        weight1, out1, int(col1), *_dest_rows_args(row1, n_rows))
 
 
 def enqueue_qkv_norm_rope(qkv, meta, q_norm, k_norm, eps, inv_freq, *, n_q_heads, n_kv_heads,

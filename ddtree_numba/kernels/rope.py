@@ -14,6 +14,7 @@ safe, and every row is computed alone: the result does not depend on the row cou
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import config, cuda, float32, float64
@@ -50,6 +51,56 @@ def _rotate(src, sr, sc, dst, dr, dc, i, r2, interleave, c, s):
     dst[dr, dc + ib] = b * c + a * s
 
 
+class PoolRows(NamedTuple):
+    """A destination row per source row in a cache pool, for the cache writes of a batched forward
+    (``CudaTarget.forward_batch``): row r of the batch belongs to the sequence z with row0_z <= r
+    < row0_z + t_z in ``seqs`` [S, 4] int32 device = (s0, t, row0, slot) a sequence, and goes to
+    row slot_z * ``slot_rows`` + ``layer_row0`` + s0_z + (r - row0_z) of the pool's rows flattened
+    to two dimensions ([slots * L * S_cap, W]: ``slot_rows`` = L * S_cap, ``layer_row0`` = layer *
+    S_cap). Given where a launcher takes a ``dst_row0`` / ``out_row0``."""
+
+    seqs: object
+    slot_rows: int
+    layer_row0: int
+
+
+@device_function
+def _pool_row(seqs, r, slot_rows, layer_row0):
+    """Row r's destination in a flattened pool (``PoolRows``), -1 if r is in no sequence."""
+    for z in range(seqs.shape[0]):
+        row0 = seqs[z, 2]
+        if row0 <= r and r < row0 + seqs[z, 1]:
+            return seqs[z, 3] * slot_rows + layer_row0 + seqs[z, 0] + (r - row0)
+    return -1
+
+
+@device_function
+def _dest_row(r, mode, row0, seqs, slot_rows, layer_row0):
+    """Where row r is written: r (mode 0), r + row0[0] (mode 1: after the cache's rows) or its
+    sequence's row in a pool (mode 2, ``PoolRows``; -1 if in none)."""
+    if mode == 1:
+        return r + row0[0]
+    if mode == 2:
+        return _pool_row(seqs, r, slot_rows, layer_row0)
+    return r
+
+
+def _dest_rows_args(row0, fallback):
+    """The kernel arguments (mode, row0 array, seqs, slot_rows, layer_row0) for a launcher's
+    ``dst_row0`` / ``out_row0``: None, a device int32 [1] array, or a ``PoolRows``; ``fallback`` is
+    any int32 device array standing in for the unused ones."""
+    if row0 is None:
+        return 0, fallback, _no_seqs(fallback), 0, 0
+    if isinstance(row0, PoolRows):
+        return 2, fallback, row0.seqs, int(row0.slot_rows), int(row0.layer_row0)
+    return 1, row0, _no_seqs(fallback), 0, 0
+
+
+def _no_seqs(fallback):
+    """An empty [0, 4] int32 view standing in for an unused sequence table."""
+    return fallback.reshape(-1, 1)[:0] if fallback.ndim == 1 else fallback[:0]
+
+
 @cached
 @cuda.jit
 def _rope_cos_sin_kernel(positions, inv_freq, attention_factor, cos, sin):
@@ -80,8 +131,9 @@ def _rope_table_kernel(x, cos, sin, interleave, out):
 @cached
 @cuda.jit
 def _rope_kernel(src, src_col0, src_gs, dst, dst_col0, dst_gs, groups, rdim, positions, inv_freq,
-                 attention_factor, interleave, n_rows, dst_row0, use_row0,
-                 src1, src1_col0, src1_gs, dst1, dst1_col0, dst1_gs, groups1, dst1_row0, use1_row0):
+                 attention_factor, interleave, n_rows, mode0, row0_0, seqs0, slot_rows0, layer_row0_0,
+                 src1, src1_col0, src1_gs, dst1, dst1_col0, dst1_gs, groups1,
+                 mode1, row0_1, seqs1, slot_rows1, layer_row0_1):
     """Row r = blockIdx.x of job blockIdx.y: job 0 rotates (src, dst, ...), job 1 (src1, dst1,
     ...): two sets of rope vectors of the same rows, at the same positions, in one launch."""
     r = cuda.blockIdx.x
@@ -99,10 +151,12 @@ def _rope_kernel(src, src_col0, src_gs, dst, dst_col0, dst_gs, groups, rdim, pos
         sn[i] = s
     cuda.syncthreads()  # the row's cos / sin are staged
     x, xc, xs, y, yc, ys, n_groups = src, src_col0, src_gs, dst, dst_col0, dst_gs, groups
-    ro = r + (dst_row0[0] if use_row0 else 0)
+    ro = _dest_row(r, mode0, row0_0, seqs0, slot_rows0, layer_row0_0)
     if cuda.blockIdx.y == 1:
         x, xc, xs, y, yc, ys, n_groups = src1, src1_col0, src1_gs, dst1, dst1_col0, dst1_gs, groups1
-        ro = r + (dst1_row0[0] if use1_row0 else 0)
+        ro = _dest_row(r, mode1, row0_1, seqs1, slot_rows1, layer_row0_1)
+    if ro < 0:
+        return              # a row of no sequence (past the barrier: every thread leaves)
     for p in range(t, n_groups * r2, T):
         g = p // r2
         i = p - g * r2
@@ -113,9 +167,8 @@ def _rope_kernel(src, src_col0, src_gs, dst, dst_col0, dst_gs, groups, rdim, pos
 
 def _rope_job(n_rows, src, dst, groups=1, src_col0=0, src_stride=0, dst_col0=0, dst_stride=0, dst_row0=None):
     """One job's arguments of ``_rope_kernel`` (the defaults of ``enqueue_rope``'s own)."""
-    use_row0 = dst_row0 is not None
     return (src, int(src_col0), int(src_stride), dst, int(dst_col0), int(dst_stride), int(groups),
-            dst_row0 if use_row0 else n_rows, use_row0)
+            *_dest_rows_args(dst_row0, n_rows))
 
 
 def enqueue_rope(src, dst, positions, inv_freq, n_rows, *, rdim, interleave, groups=1, src_col0=0,
@@ -127,7 +180,8 @@ def enqueue_rope(src, dst, positions, inv_freq, n_rows, *, rdim, interleave, gro
     For r < n = n_rows[0] and g < ``groups``: the ``rdim`` values
     src[r, src_col0 + g*src_stride : ... + rdim] rotated by the angles positions[r] * inv_freq[i]
     (pairs (2i, 2i+1) if ``interleave`` else (i, i + rdim/2)) are written to
-    dst[row0 + r, dst_col0 + g*dst_stride : ... + rdim], row0 = dst_row0[0] or 0.
+    dst[row0 + r, dst_col0 + g*dst_stride : ... + rdim], row0 = dst_row0[0] or 0; with ``dst_row0``
+    a ``PoolRows``, row r goes to its sequence's row of a flattened cache pool instead.
     src [R, Ws] float32, dst [>= row0 + n, Wd] float32, positions [>= n] int32, inv_freq
     [rdim/2] float64 (rdim/2 <= MAX_PAIRS), n_rows / dst_row0 [>= 1] int32 device. src may be
     dst when the source and destination positions coincide (in place). The grid is R blocks.

@@ -214,6 +214,8 @@ class DeviceCachePool:
         L, C, R = cfg.num_hidden_layers, cfg.kv_lora_rank, cfg.qk_rope_head_dim
         self.c_kv = cuda.device_array((slots, L, capacity, C), np.float32)   # [slots, L, S, C]
         self.k_pe = cuda.device_array((slots, L, capacity, R), np.float32)   # [slots, L, S, R]
+        self.c_kv_rows = self.c_kv.reshape(slots * L * capacity, C)          # the same rows, flat:
+        self.k_pe_rows = self.k_pe.reshape(slots * L * capacity, R)          #   the batch's cache writes
         self.caches = [DeviceMLACache(cfg, capacity, pool=self, slot=j) for j in range(slots)]
 
 
@@ -600,13 +602,18 @@ class CudaTarget:
 
         ``batch``: a batch of sequences (``forward_batch``'s ``BatchLaunch``; ``cache`` unused):
         the stages that write a cache run once per part (a row view of ws and its own cache), the
-        others once over all of ws's rows. The attention runs once per part too, unless every
-        cache is a slot of one pool: then one launch set over the pool serves every sequence.
-        None: the one part (ws, cache)."""
+        others once over all of ws's rows. The attention runs once per part too. When every cache
+        is a slot of one pool, one launch serves every sequence instead: the cache writes through
+        ``kernels.PoolRows`` (each row to its slot's row), the attention through the MLA kernels'
+        sequence table. None: the one part (ws, cache)."""
         cfg, lw = self.config, self.layers[i]
         H, D, R, C = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
         eps, n, gemm = cfg.rms_norm_eps, ws.n_rows, self.gemm_args
         parts = [(ws, cache)] if batch is None else batch.parts
+        pool_rows = None                # a pooled batch: each row's cache row in the flattened pool
+        if batch is not None and batch.pool is not None:
+            cap = batch.pool.c_kv.shape[2]
+            pool_rows = kn.PoolRows(batch.seqs, cfg.num_hidden_layers * cap, i * cap)
         rope = dict(interleave=cfg.rope_interleave, attention_factor=self.rope.attention_factor)
 
         def input_norm(s):
@@ -622,7 +629,10 @@ class CudaTarget:
             elif fused:
                 kn.enqueue_linear(ws.normed, lw.qkv_a_proj, ws.qkv_a, n, **gemm, stream=s)
                 # both latents' norms in one launch: q_a's, and the kv latent's straight into cache row s0 + r
-                for p, cache in parts:
+                if pool_rows is not None:           # every sequence's rows into its pool slot at once
+                    kn.enqueue_rms_norm(ws.qkv_a, lw.q_a_layernorm, eps, ws.q_a_normed, n,
+                                        second=(lw.kv_a_layernorm, batch.pool.c_kv_rows, Q, pool_rows), stream=s)
+                for p, cache in (parts if pool_rows is None else ()):
                     kn.enqueue_rms_norm(p.qkv_a, lw.q_a_layernorm, eps, p.q_a_normed, p.n_rows,
                                         second=(lw.kv_a_layernorm, cache.c_kv[i], Q, p.s0), stream=s)
                 kn.enqueue_linear(ws.q_a_normed, lw.q_b_proj, ws.q, n, **gemm, stream=s)
@@ -637,6 +647,15 @@ class CudaTarget:
 
         def latent_norm_rope(s):
             # the latent's norm (fused: done above) and the rotated rope key go straight into cache row s0 + r
+            if pool_rows is not None:               # every sequence's rows into its pool slot at once
+                if not fused:
+                    kn.enqueue_rms_norm(ws.kv, lw.kv_a_layernorm, eps, batch.pool.c_kv_rows, n, out_row0=pool_rows,
+                                        stream=s)
+                kn.enqueue_rope(ws.qkv_a if fused else ws.kv, batch.pool.k_pe_rows, ws.positions, self.inv_freq, n,
+                                rdim=R, src_col0=kv_col + C, dst_row0=pool_rows, stream=s, **rope,
+                                second=dict(src=ws.q, dst=ws.q_pe, groups=H, src_col0=D, src_stride=D + R,
+                                            dst_stride=R))
+                return
             for p, cache in parts:
                 if not fused:
                     kn.enqueue_rms_norm(p.kv, lw.kv_a_layernorm, eps, cache.c_kv[i], p.n_rows, out_row0=p.s0,
