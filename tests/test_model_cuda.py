@@ -254,10 +254,11 @@ def test_a_batched_forward_gives_each_sequence_the_bits_of_its_own_forward(monke
         for c in host_segs:
             c.cache.truncate(c.cache.length - len(c.ids))
     assert out.unique_experts.max() > 0                     # the MoE layer was counted
-    c_kv = pool_obj.c_kv.copy_to_host()                      # [slots, L, S, C]
-    assert np.isnan(c_kv[1]).all()                           # the idle slot untouched
-    for seg in pooled:
-        assert np.isnan(c_kv[seg.cache.slot, :, seg.cache.length:]).all()   # nothing past the new rows
+    for name in ("c_kv", "k_pe"):
+        rows = getattr(pool_obj, name).copy_to_host()        # [slots, L, S, C or R]
+        assert np.isnan(rows[1]).all(), name                 # the idle slot untouched
+        for seg in pooled:
+            assert np.isnan(rows[seg.cache.slot, :, seg.cache.length:]).all(), name   # nothing past the new rows
 
 
 @pytest.mark.gpu

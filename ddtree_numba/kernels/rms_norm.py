@@ -148,7 +148,7 @@ def enqueue_rms_norm(x, weight, eps, out, n_rows, *, out_row0=None, second=None,
     (columns past M untouched), n_rows [>= 1] int32 device, out_row0 [>= 1] int32 device (row0 =
     out_row0[0], e.g. the cache length) or None (row0 = 0), or a ``PoolRows`` (row r to its
     sequence's row of a flattened cache pool: a batch's latents into every slot in one launch).
-    ``second`` = (weight1, out1, src_col1, out_row1 or None): a second norm of the same rows of x, of the M1 =
+    ``second`` = (weight1, out1, src_col1, out_row1: None, a row0 array or a ``PoolRows``): a second norm of the same rows of x, of the M1 =
     weight1.shape[0] columns from ``src_col1`` (e.g. the kv latent of a stacked [T, Q + C + R]
     buffer), with the same eps, in the same launch (each row's bits as if alone). The grid is R
     blocks (x 2 with ``second``).

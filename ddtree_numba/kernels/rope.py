@@ -88,17 +88,23 @@ def _dest_row(r, mode, row0, seqs, slot_rows, layer_row0):
 def _dest_rows_args(row0, fallback):
     """The kernel arguments (mode, row0 array, seqs, slot_rows, layer_row0) for a launcher's
     ``dst_row0`` / ``out_row0``: None, a device int32 [1] array, or a ``PoolRows``; ``fallback`` is
-    any int32 device array standing in for the unused ones."""
+    a 1-D int32 device array standing in for an unused row0."""
     if row0 is None:
-        return 0, fallback, _no_seqs(fallback), 0, 0
+        return 0, fallback, _no_seqs(), 0, 0
     if isinstance(row0, PoolRows):
         return 2, fallback, row0.seqs, int(row0.slot_rows), int(row0.layer_row0)
-    return 1, row0, _no_seqs(fallback), 0, 0
+    return 1, row0, _no_seqs(), 0, 0
 
 
-def _no_seqs(fallback):
-    """An empty [0, 4] int32 view standing in for an unused sequence table."""
-    return fallback.reshape(-1, 1)[:0] if fallback.ndim == 1 else fallback[:0]
+_NO_SEQS = []
+
+
+def _no_seqs():
+    """An empty [0, 4] int32 device array (the type of a real ``seqs``) standing in for an unused
+    sequence table: made once (zero bytes, so no context owns memory behind it)."""
+    if not _NO_SEQS:
+        _NO_SEQS.append(cuda.device_array((0, 4), np.int32))
+    return _NO_SEQS[0]
 
 
 @cached
@@ -181,7 +187,8 @@ def enqueue_rope(src, dst, positions, inv_freq, n_rows, *, rdim, interleave, gro
     src[r, src_col0 + g*src_stride : ... + rdim] rotated by the angles positions[r] * inv_freq[i]
     (pairs (2i, 2i+1) if ``interleave`` else (i, i + rdim/2)) are written to
     dst[row0 + r, dst_col0 + g*dst_stride : ... + rdim], row0 = dst_row0[0] or 0; with ``dst_row0``
-    a ``PoolRows``, row r goes to its sequence's row of a flattened cache pool instead.
+    a ``PoolRows``, row r goes to its sequence's row of a flattened cache pool instead (dst then
+    the pool's [slots * L * S_cap, Wd] rows).
     src [R, Ws] float32, dst [>= row0 + n, Wd] float32, positions [>= n] int32, inv_freq
     [rdim/2] float64 (rdim/2 <= MAX_PAIRS), n_rows / dst_row0 [>= 1] int32 device. src may be
     dst when the source and destination positions coincide (in place). The grid is R blocks.

@@ -301,8 +301,9 @@ class BatchLaunch:
     hidden [L, T, M]), the segments' row bounds ``rows`` [S + 1], the hidden layers kept, the
     (row view, cache) parts, ``seqs`` [S, 4] int32 device = (cache length, rows, first row, pool
     slot) a sequence (its first two columns are its part's meta), the pool when every cache is a
-    slot of one (then one attention launch set for all), each MoE layer's counting-sort offsets
-    [L, E + 1] int32 device, and the captured graph (None when eager)."""
+    slot of one (then one launch of the cache writes and one attention launch set for all), each
+    MoE layer's counting-sort offsets [L, E + 1] int32 device, and the captured graph (None when
+    eager)."""
 
     ws: Workspace
     rows: np.ndarray
