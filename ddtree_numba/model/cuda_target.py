@@ -611,10 +611,14 @@ class CudaTarget:
         H, D, R, C = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
         eps, n, gemm = cfg.rms_norm_eps, ws.n_rows, self.gemm_args
         parts = [(ws, cache)] if batch is None else batch.parts
-        pool_rows = None                # a pooled batch: each row's cache row in the flattened pool
+        # where the new latent and rope-key rows go: (rows, c_kv rows, k_pe rows, destination row
+        # rule) a launch; a pooled batch writes every sequence's rows into its slot in one launch
         if batch is not None and batch.pool is not None:
-            cap = batch.pool.c_kv.shape[2]
-            pool_rows = kn.PoolRows(batch.seqs, cfg.num_hidden_layers * cap, i * cap)
+            pool, cap = batch.pool, batch.pool.c_kv.shape[2]
+            rows = kn.PoolRows(batch.seqs, cfg.num_hidden_layers * cap, i * cap)
+            writes = [(ws, pool.c_kv_rows, pool.k_pe_rows, rows)]
+        else:
+            writes = [(p, cache.c_kv[i], cache.k_pe[i], p.s0) for p, cache in parts]
         rope = dict(interleave=cfg.rope_interleave, attention_factor=self.rope.attention_factor)
 
         def input_norm(s):
@@ -630,12 +634,9 @@ class CudaTarget:
             elif fused:
                 kn.enqueue_linear(ws.normed, lw.qkv_a_proj, ws.qkv_a, n, **gemm, stream=s)
                 # both latents' norms in one launch: q_a's, and the kv latent's straight into cache row s0 + r
-                if pool_rows is not None:           # every sequence's rows into its pool slot at once
-                    kn.enqueue_rms_norm(ws.qkv_a, lw.q_a_layernorm, eps, ws.q_a_normed, n,
-                                        second=(lw.kv_a_layernorm, batch.pool.c_kv_rows, Q, pool_rows), stream=s)
-                for p, cache in (parts if pool_rows is None else ()):
+                for p, c_kv, _, row0 in writes:
                     kn.enqueue_rms_norm(p.qkv_a, lw.q_a_layernorm, eps, p.q_a_normed, p.n_rows,
-                                        second=(lw.kv_a_layernorm, cache.c_kv[i], Q, p.s0), stream=s)
+                                        second=(lw.kv_a_layernorm, c_kv, Q, row0), stream=s)
                 kn.enqueue_linear(ws.q_a_normed, lw.q_b_proj, ws.q, n, **gemm, stream=s)
             else:
                 kn.enqueue_linear(ws.normed, lw.q_a_proj, ws.q_a, n, **gemm, stream=s)
@@ -648,22 +649,12 @@ class CudaTarget:
 
         def latent_norm_rope(s):
             # the latent's norm (fused: done above) and the rotated rope key go straight into cache row s0 + r
-            if pool_rows is not None:               # every sequence's rows into its pool slot at once
+            for p, c_kv, k_pe, row0 in writes:
                 if not fused:
-                    kn.enqueue_rms_norm(ws.kv, lw.kv_a_layernorm, eps, batch.pool.c_kv_rows, n, out_row0=pool_rows,
-                                        stream=s)
-                kn.enqueue_rope(ws.qkv_a if fused else ws.kv, batch.pool.k_pe_rows, ws.positions, self.inv_freq, n,
-                                rdim=R, src_col0=kv_col + C, dst_row0=pool_rows, stream=s, **rope,
-                                second=dict(src=ws.q, dst=ws.q_pe, groups=H, src_col0=D, src_stride=D + R,
-                                            dst_stride=R))
-                return
-            for p, cache in parts:
-                if not fused:
-                    kn.enqueue_rms_norm(p.kv, lw.kv_a_layernorm, eps, cache.c_kv[i], p.n_rows, out_row0=p.s0,
-                                        stream=s)
+                    kn.enqueue_rms_norm(p.kv, lw.kv_a_layernorm, eps, c_kv, p.n_rows, out_row0=row0, stream=s)
                 # both rotations in one launch: the rope key into the cache, every head's rope query
-                kn.enqueue_rope(p.qkv_a if fused else p.kv, cache.k_pe[i], p.positions, self.inv_freq, p.n_rows,
-                                rdim=R, src_col0=kv_col + C, dst_row0=p.s0, stream=s, **rope,
+                kn.enqueue_rope(p.qkv_a if fused else p.kv, k_pe, p.positions, self.inv_freq, p.n_rows,
+                                rdim=R, src_col0=kv_col + C, dst_row0=row0, stream=s, **rope,
                                 second=dict(src=p.q, dst=p.q_pe, groups=H, src_col0=D, src_stride=D + R,
                                             dst_stride=R))
 
