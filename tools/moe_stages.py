@@ -12,8 +12,9 @@ and the routed experts that got rows, beside the block's bytes floor (the touche
 weights and the shared experts' once, bf16, at 4.2 TB/s). Prints a markdown table.
 
 ``--tiles MT,RT,NW ...``: also time the two routed-expert GEMMs under each forced register tile
-(``kernels.linear._Tile``; tiles never change the bits) beside the chosen one;
-``--router-tiles MT,RT,NW ...`` the same for the router GEMM (fp32, 64 x 2048).
+(``kernels.linear._Tile``; four numbers WM,WN,MT,RT force the staged kernel's ``_Staged``; tiles
+never change the bits) beside the chosen one; ``--router-tiles`` the same for the router GEMM
+(fp32, 64 x 2048), ``--shared-tiles`` for the shared experts' two GEMMs.
 """
 
 from __future__ import annotations
@@ -34,14 +35,18 @@ def main():
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--tiles", nargs="*", default=[], help="forced expert tiles, MT,RT,NW each")
     ap.add_argument("--router-tiles", nargs="*", default=[], help="forced router tiles, MT,RT,NW each")
+    ap.add_argument("--shared-tiles", nargs="*", default=[], help="forced shared-expert tiles")
     args = ap.parse_args()
     from numba import cuda
     from tune_tiles import timed
     from verify_forward import MOONLIGHT, build_target
-    from ddtree_numba.kernels.linear import _Tile
-    from ddtree_numba.kernels.linear import enqueue_linear
+    from ddtree_numba.kernels.linear import _Staged, _Tile, enqueue_linear, enqueue_swiglu
     from ddtree_numba.kernels.moe import ROUTER_PRECISION, _expert_launches, _moe_block_launches
     from ddtree_numba.model.config import ModelConfig
+
+    def parse(spec):
+        numbers = [int(v) for v in spec.split(",")]
+        return _Tile(*numbers) if len(numbers) == 3 else _Staged(*numbers)
 
     cfg = ModelConfig.from_dict(dict(MOONLIGHT, num_hidden_layers=2))
     target = build_target(cfg, "bf16")
@@ -72,17 +77,27 @@ def main():
         floor = (touched * expert_bytes + shared_bytes) / 4.2e12 * 1e6
         table.append((rows, touched, us, whole, floor))
         for spec in args.tiles:
-            tile = _Tile(*(int(v) for v in spec.split(",")))
+            tile = parse(spec)
             forced = lambda s: _expert_launches(ws.normed, lw.experts_gate_proj, lw.experts_up_proj,
                                                 lw.experts_down_proj, ws.moe, target.gemm_args["precision"], tile, s)
             t_us = [timed(lambda s, i=i: forced(s)[i][1](), args.repeat) for i in range(2)]
             print(f"{rows} rows, expert tile {tuple(tile)}: gate|up {t_us[0]:.1f} µs, down {t_us[1]:.1f} µs "
                   f"(chosen: {us[names.index('experts gate|up')]:.1f}, {us[names.index('experts down')]:.1f})")
         for spec in args.router_tiles:
-            tile = _Tile(*(int(v) for v in spec.split(",")))
+            tile = parse(spec)
             r_us = timed(lambda s: enqueue_linear(ws.normed, lw.gate, ws.moe.logits, ws.n_rows,
                                                   precision=ROUTER_PRECISION, tile=tile, stream=s), args.repeat)
             print(f"{rows} rows, router tile {tuple(tile)}: {r_us:.1f} µs (chosen: {us[names.index('router')]:.1f})")
+        precision = target.gemm_args["precision"]
+        for spec in args.shared_tiles:
+            tile = parse(spec)
+            shared = [lambda s: enqueue_swiglu(ws.normed, lw.shared_gate_proj, lw.shared_up_proj, ws.moe.shared_act,
+                                               ws.n_rows, precision=precision, tile=tile, stream=s),
+                      lambda s: enqueue_linear(ws.moe.shared_act, lw.shared_down_proj, ws.moe.shared_out, ws.n_rows,
+                                               precision=precision, tile=tile, stream=s)]
+            t_us = [timed(go, args.repeat) for go in shared]
+            print(f"{rows} rows, shared tile {tuple(tile)}: gate|up {t_us[0]:.1f} µs, down {t_us[1]:.1f} µs "
+                  f"(chosen: {us[names.index('shared gate|up')]:.1f}, {us[names.index('shared down')]:.1f})")
     print(f"\nMoE block, Moonlight shape (M {M}, {E} experts of {I}, top-{cfg.num_experts_per_tok}, "
           f"{cfg.n_shared_experts} shared), µs a launch")
     print("| rows | experts with rows | " + " | ".join(names) + " | whole | bytes floor |")
