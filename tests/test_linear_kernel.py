@@ -17,6 +17,7 @@ from ddtree_numba import kernels as kn
 from ddtree_numba import reference as ref
 from ddtree_numba.dtypes import E4M3_TABLE, BlockScaled, Int4Grouped, fp8_block_supported, to_bf16_bits
 from ddtree_numba.reference.linear import accumulation_bound, bf16_round, bf16_split, swiglu_bound
+from ddtree_numba.reference.moe import expert_work_items, work_item_capacity
 
 L = importlib.import_module("ddtree_numba.kernels.linear")
 pytestmark = pytest.mark.kernels
@@ -187,6 +188,11 @@ def test_swiglu(rng, kind, R, precision):
     assert np.all(np.abs(d_out.copy_to_host() - want) <= bound)
 
 
+def items_of(offsets, item_rows=8):
+    """The grouped GEMMs' work items for ``offsets`` (the counting sort's twin), with room to spare."""
+    return expert_work_items(offsets, item_rows, work_item_capacity(len(offsets) - 1, int(offsets[-1]), item_rows) + 2)
+
+
 def _grouped_case(rng, kind, counts, K, N, gather):
     Z = len(counts)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
@@ -208,7 +214,7 @@ def test_grouped_experts(rng, kind, swiglu, gather, counts, precision):
     offsets, x, row_index, (w, wf), (wu, wuf) = _grouped_case(rng, kind, counts, K, N, gather)
     Ro = int(offsets[-1])
     d_out = dev(np.full((Ro, N), np.nan, np.float32))
-    L.enqueue_grouped_linear(dev(x), dev(w), d_out, dev(offsets), max(counts), precision=precision,
+    L.enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets)), max(counts), precision=precision,
                              row_index=None if row_index is None else dev(row_index),
                              w_up=dev(wu) if swiglu else None)
     got = d_out.copy_to_host()
@@ -277,7 +283,7 @@ def test_fp8_grouped_experts_and_heads(rng, swiglu, gather, counts, precision):
     row_index = rng.integers(0, Ro + 3, Ro).astype(np.int32) if gather else None
     w, wu = fp8_weights(rng, (Z, N, K), block), fp8_weights(rng, (Z, N, K), block)
     d_out = dev(np.full((Ro, N), np.nan, np.float32))
-    L.enqueue_grouped_linear(dev(x), dev(w), d_out, dev(offsets), max(counts), precision=precision,
+    L.enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets)), max(counts), precision=precision,
                              row_index=None if row_index is None else dev(row_index),
                              w_up=dev(wu) if swiglu else None)
     got = d_out.copy_to_host()
@@ -360,7 +366,7 @@ def test_int4_grouped_experts_staged_and_register_kernels(rng, precision):
 
     def run(tile):
         d_out = dev(np.full((11, N), np.nan, np.float32))
-        L.enqueue_grouped_linear(dev(x), dev(w), d_out, dev(offsets), max(counts), precision=precision,
+        L.enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets)), max(counts), precision=precision,
                                  row_index=dev(row_index), w_up=dev(wu), tile=tile)
         return d_out.copy_to_host()
 
@@ -378,12 +384,12 @@ def test_quantized_bad_pairs_and_nan_bytes_are_refused(rng):
     """A SwiGLU pair of different formats or shapes would be read with the gate's layout; a float8
     NaN byte would compute as 480 on a GPU: both are named before any launch."""
     x = xs(rng, (2, 64))
-    offsets = dev(np.array([0, 2], np.int32))
+    items = dev(items_of(np.array([0, 2], np.int32)))
     out = dev(np.zeros((2, 8), np.float32))
     gate = int4_weights(rng, (1, 8, 64), 32)
     for up in (int4_weights(rng, (1, 8, 32), 32), fp8_weights(rng, (1, 8, 64), (1, 32))):
         with pytest.raises(ValueError, match="SwiGLU pair must be two matrices of one format and shape"):
-            L.enqueue_grouped_linear(dev(x), dev(gate), out, offsets, 2, precision="bf16", w_up=dev(up))
+            L.enqueue_grouped_linear(dev(x), dev(gate), out, items, 2, precision="bf16", w_up=dev(up))
     w = fp8_weights(rng, (3, 64), (16, 32))
     w.data[1, 5] = 0xFF
     with pytest.raises(ValueError, match="NaN bytes"):
@@ -459,7 +465,7 @@ def test_staged_tiles_give_the_register_kernels_bits(rng, precision, variant):
         elif variant == "swiglu":
             L.enqueue_swiglu(dev(x[:, :K]), dev(w[0]), dev(wu[0]), d_out, rows_dev(R), precision=precision, tile=tile)
         else:
-            L.enqueue_grouped_linear(dev(x[:, :K]), dev(w), d_out, dev(offsets), max(counts), precision=precision,
+            L.enqueue_grouped_linear(dev(x[:, :K]), dev(w), d_out, dev(items_of(offsets)), max(counts), precision=precision,
                                      row_index=dev(row_index) if "gather" in variant else None,
                                      w_up=dev(wu) if "swiglu" in variant else None, tile=tile)
         return d_out.copy_to_host()
@@ -484,9 +490,9 @@ def test_grouped_row_matches_the_plain_projection_of_that_row(rng):
     offsets, x, row_index, (w, _), _ = _grouped_case(rng, "bf16", [1, 9, 2], K, N, True)
     alone = {j: run_linear(x[row_index[j]][None], w[int(np.searchsorted(offsets, j, side="right") - 1)],
                            "bf16")[0] for j in (0, 11)}
-    for tile_rows in (None, 2):
+    for tile_rows, item_rows in ((None, 8), (2, 8), (2, 16)):   # items of 16 rows: two row tiles a block
         d_out = dev(np.full((12, N), np.nan, np.float32))
-        L.enqueue_grouped_linear(dev(x), dev(w), d_out, dev(offsets), 9, precision="bf16",
+        L.enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets, item_rows)), 9, precision="bf16",
                                  row_index=dev(row_index), tile_rows=tile_rows)
         got = d_out.copy_to_host()
         for j, want in alone.items():

@@ -8,6 +8,7 @@ from numba import cuda
 
 from ddtree_numba import kernels as kn
 from ddtree_numba import reference as ref
+from ddtree_numba.reference.moe import expert_work_items, work_item_capacity
 from ddtree_numba.kernels.moe import (MoEBuffers, MoERoute, enqueue_moe_block, enqueue_moe_combine,
                                       enqueue_moe_sort)
 
@@ -156,8 +157,8 @@ def _distinct_ids(rng, T, E, K):
     return np.stack([rng.choice(E, K, replace=False) for _ in range(T)]).astype(np.int32)
 
 
-@pytest.mark.parametrize("n", [0, 1, 13, 37])
-def test_counting_sort_invariants(rng, n):
+@pytest.mark.parametrize("n,item_rows", [(0, 8), (1, 8), (13, 16), (37, 8)])
+def test_counting_sort_invariants(rng, n, item_rows):
     R, E, K = 37, 6, 3  # R > 32: more than one bitmap word
     # experts 0..4 only (expert 5 stays empty); expert 4 in every third row (a crowded one)
     ids = np.stack([np.append(rng.choice(4, K - 1, replace=False), 4) if r % 3 == 0
@@ -165,8 +166,13 @@ def test_counting_sort_invariants(rng, n):
     w = rng.standard_normal((R, K)).astype(np.float32)
     bufs = MoEBuffers(R, E, K, 4, 4)
     bufs.token_slot.copy_to_device(np.full((R, K), -1, np.int32))
-    enqueue_moe_sort(cuda.to_device(ids), cuda.to_device(w), bufs, cuda.to_device(np.array([n], np.int32)))
+    bufs.items.copy_to_device(np.full(bufs.items.shape, -1, np.int32))
+    enqueue_moe_sort(cuda.to_device(ids), cuda.to_device(w), bufs, cuda.to_device(np.array([n], np.int32)),
+                     item_rows=item_rows)
     off = bufs.offsets.copy_to_host()
+    items = bufs.items.copy_to_host()                          # every entry written: the used ones, then empties
+    np.testing.assert_array_equal(items, expert_work_items(off, item_rows, len(items) // 3))
+    assert bufs.item_rows == item_rows and len(bufs.work_items()) == 3 * work_item_capacity(E, R * K, item_rows)
     st = bufs.slot_token.copy_to_host()[: n * K]
     sw = bufs.slot_weight.copy_to_host()[: n * K]
     ts = bufs.token_slot.copy_to_host()
@@ -295,6 +301,34 @@ def test_moe_route_config_checks():
         MoERoute("sigmoid", "noaux_tc", 4, 2, 2, True, 1.0).check_experts(4)
     with pytest.raises(ValueError, match="experts"):
         MoERoute("sigmoid", "greedy", 1, 1, 2, True, 1.0).check_experts(5000)
+
+
+def test_work_items_cover_every_slot_once_in_runs_within_the_capacity(rng):
+    """The twin of the sort's item table, against its definition: every slot of every expert in
+    exactly one item, items of at most ``item_rows`` consecutive slots of one expert, experts and
+    runs ascending; the worst cases fill ``work_item_capacity`` exactly, and more is refused."""
+    for E, S, G in ((5, 0, 8), (5, 3, 8), (6, 40, 8), (64, 102, 16), (3, 70, 32)):
+        for counts in (rng.multinomial(S, np.ones(E) / E), np.eye(E, dtype=int)[0] * S,
+                       np.bincount(np.arange(S) % E, minlength=E)):
+            offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+            cap = work_item_capacity(E, S, G)
+            items = expert_work_items(offsets, G, cap).reshape(cap, 3)
+            used = items[items[:, 2] > items[:, 1]]
+            assert (items[len(used):] == 0).all()                            # then only empty ones
+            slots = np.concatenate([np.arange(a, b) for _, a, b in used] + [np.zeros(0, int)])
+            np.testing.assert_array_equal(slots, np.arange(S))              # each slot once, in order
+            for e, a, b in used:
+                assert offsets[e] <= a < b <= offsets[e + 1] and b - a <= G
+                assert (a - offsets[e]) % G == 0
+            assert len(used) == sum(-(-c // G) for c in counts)
+    # the bound is reached: E experts of one slot each, and the rest in full runs
+    E, G = 4, 8
+    counts = np.array([1, 1, 1, 1 + 3 * G])
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    assert len(expert_work_items(offsets, G, work_item_capacity(E, counts.sum(), G))) == 3 * (E + 3)
+    assert work_item_capacity(E, counts.sum(), G) == E + 3
+    with pytest.raises(ValueError, match="need more than"):
+        expert_work_items(offsets, G, E + 2)
 
 
 def test_combine_sums_experts_in_ascending_id_whatever_the_pick_order():

@@ -206,14 +206,27 @@ def _scale_slots(kind, MT, swiglu):
     return 2 * MT * (2 if swiglu else 1) if kind in SCALED_KINDS else 1
 
 
+@device_function
+def _block_rows(items, n_rows, rows_a_tile, grouped):
+    """The group and rows a block multiplies, as (z, first, end, step): its row tiles start at
+    first, first + step, ... below end. Grouped: work item blockIdx.y of ``items``, (z, first,
+    end) at 3y (its rows, in tiles of ``rows_a_tile``); else group blockIdx.z and rows
+    blockIdx.y * rows_a_tile, grid-strided below n_rows[0]."""
+    y = nonneg(cuda.blockIdx.y)
+    if grouped:
+        return nonneg(items[3 * y]), nonneg(items[3 * y + 1]), nonneg(items[3 * y + 2]), rows_a_tile
+    return nonneg(cuda.blockIdx.z), y * rows_a_tile, nonneg(n_rows[0]), nonneg(cuda.gridDim.y) * rows_a_tile
+
+
 @functools.lru_cache(maxsize=None)
 def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision, MT, RT, NW, block=(0, 0),
                 scales="f32"):
     """Every projection of the module (the device tier below is its only caller).
 
-    ``kernel(x, x_gs, w, w_up, w_scale, w_up_scale, out, o_gs, n_rows, offsets, row_index)``: for group z
-    (blockIdx.z) and rows j in [start, end) (grouped: offsets[z], offsets[z+1]; else 0,
-    n_rows[0]), out[j, z*o_gs + n] (+)= f(x[r, z*x_gs : z*x_gs + K] @ w[z, n]) with
+    ``kernel(x, x_gs, w, w_up, w_scale, w_up_scale, out, o_gs, n_rows, items, row_index)``: for group z
+    and rows j in [start, end) (grouped: work item y = blockIdx.y of ``items``, the triple
+    (z, start, end) at 3y, from ``enqueue_moe_sort``; else z = blockIdx.z and 0, n_rows[0]),
+    out[j, z*o_gs + n] (+)= f(x[r, z*x_gs : z*x_gs + K] @ w[z, n]) with
     r = row_index[j] if ``gather`` else j, and f the identity, or SwiGLU of (w, w_up). ``vec``:
     bf16 weights as uint64 words, float8 as uint32 words (a lane's four k in one word); ``xvec``:
     activations as float32 pairs (K % 4 == 0, even offsets). kind 'e4m3': w / w_up hold float8
@@ -379,24 +392,18 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
     # launch bounds: registers capped so that a block of 32*NW threads always fits an SM
     @cached
     @(cuda.jit if _SIM else cuda.jit(launch_bounds=(32 * NW,)))
-    def kernel(x, x_gs, w, w_up, sc, scu, out, o_gs, n_rows, offsets, row_index):
+    def kernel(x, x_gs, w, w_up, sc, scu, out, o_gs, n_rows, items, row_index):
         tid = nonneg(cuda.threadIdx.x)
         warp = tid // 32
         lane = tid % 32
         g = lane // 4
         t = lane % 4
-        z = nonneg(cuda.blockIdx.z)
         col0 = nonneg(cuda.blockIdx.x) * BN
         N = w.shape[1]
         K = w.shape[2] * 8 if INT4 else w.shape[2]   # int4: eight values a word
         C = (K + KCH - 1) // KCH
         rounds = (C + NW - 1) // NW           # the same for every warp: mma and syncs stay uniform
-        if grouped:
-            start = offsets[z]
-            end = offsets[z + 1]
-        else:
-            start = 0
-            end = n_rows[0]
+        z, first, end, step = _block_rows(items, n_rows, RB, grouped)
         xc = z * x_gs
         oc = z * o_gs
         if RAW:                               # constants: numba prunes the other branches
@@ -434,7 +441,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
         acc = cuda.local.array(PS, float32)
         ys = cuda.local.array(OWNS, float32)
         f = cuda.local.array(4, float32)
-        for tile0 in range(start + cuda.blockIdx.y * RB, end, cuda.gridDim.y * RB):
+        for tile0 in range(first, end, step):
             for q in range(OWNS):
                 ys[q] = float32(0.0)
             load_chunk(warp, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index, g, t, wa0, wl0, xb0, xl0, f)
@@ -618,7 +625,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
 
     @cached
     @(cuda.jit if _SIM else cuda.jit(launch_bounds=(NT,)))
-    def kernel(x, x_gs, w, w_up, sc, scu, out, o_gs, n_rows, offsets, row_index):
+    def kernel(x, x_gs, w, w_up, sc, scu, out, o_gs, n_rows, items, row_index):
         tid = nonneg(cuda.threadIdx.x)
         warp = tid // 32
         lane = tid % 32
@@ -626,17 +633,11 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
         t = lane % 4
         wm = warp % WM
         wn = warp // WM
-        z = nonneg(cuda.blockIdx.z)
         col0 = nonneg(cuda.blockIdx.x) * BF
         N = w.shape[1]
         K = w.shape[2] * 8 if INT4 else w.shape[2]   # int4: eight values a word
         C = (K + KCH - 1) // KCH
-        if grouped:
-            start = offsets[z]
-            end = offsets[z + 1]
-        else:
-            start = 0
-            end = n_rows[0]
+        z, first, end, step = _block_rows(items, n_rows, BR, grouped)
         xc = z * x_gs
         oc = z * o_gs
         if INT4:
@@ -658,7 +659,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
         ys = cuda.local.array(PS, float32)
         sv = cuda.local.array(NSV, float32)
         f = cuda.local.array(4, float32)
-        for tile0 in range(start + cuda.blockIdx.y * BR, end, cuda.gridDim.y * BR):
+        for tile0 in range(first, end, step):
             for q in range(PS):
                 ys[q] = float32(0.0)
             stage_load(0, tid, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index, wst, xst0, xst1)
@@ -724,16 +725,30 @@ _SMALL_ROWS = 128             # a workspace's rows (a power of two): 128 holds b
 # a 65-row verify in a 128-row workspace, typical share 24 rows): gate|up 669 -> 345 µs with MT 2,
 # RT 4 -> 1; down 209 -> 206 µs.
 _GROUPED_ONE_ROW_TILE = 32
+# Expert groups of at most this many typical rows are a GEMV each: one row tile, at least
+# _FEW_ROWS_WARPS warps splitting the chunks, and two m tiles unless SwiGLU (whose two matrices
+# at two m tiles use 254 registers). Measured on the H200 (tools/moe_stages.py --tiles, Moonlight's
+# experts; chosen -> this): down at 1 row 37.7 -> 26.9 µs, at 17 rows 150 -> 104 µs; gate|up at
+# 1 row 46.5 -> 45.2 µs.
+_FEW_ROWS = 8
+_FEW_ROWS_WARPS = 4
+# A launch of at most this many outputs (the router: 64 experts) has too few column blocks to
+# stream its weights: one m tile and one row tile a warp, and as many warps splitting the chunks
+# as there are chunks, up to _NW_MAX. Measured on the H200 (the fp32 router, 64 x 2048): 23.1 ->
+# 11.5 µs at 1 row, 23.8 -> 11.9 at 17, 24.0 -> 12.2 at 65, 37.7 -> 22.9 at 272.
+_NARROW_COLS = 64
 
 
 @functools.lru_cache(maxsize=None)
 def _choose(max_rows, n_cols, n_k, swiglu, n_groups, kind="bf16"):
     """The tile for a launch of ``n_groups`` live groups holding at most ``max_rows`` rows of
     ``n_cols`` outputs over ``n_k`` inputs: row tiles as tall as the rows need (up to 32; one for
-    expert groups of up to ``_GROUPED_ONE_ROW_TILE`` rows), two m tiles a warp (one for sparse
-    expert groups of few rows), then as many warps splitting the
-    chunks as it takes to put about ``_WARPS_WANTED`` warps to work (no more than the chunks, and
-    shared memory allows). Measured on the H200 (benchmarks/gemm.py --sweep).
+    expert groups of up to ``_GROUPED_ONE_ROW_TILE`` rows), two m tiles a warp (one for SwiGLU
+    expert groups of up to ``_FEW_ROWS`` rows, and for narrow launches), then as many warps
+    splitting the chunks as it takes to put about ``_WARPS_WANTED`` warps to work (no more than
+    the chunks, and shared memory allows; at least ``_FEW_ROWS_WARPS`` for expert groups of few
+    rows, all it can for narrow launches). Measured on the H200 (benchmarks/gemm.py --sweep,
+    tools/moe_stages.py --tiles).
 
     A small launch (at most ``_SMALL_ROWS`` rows over at most ``_SMALL_WEIGHTS`` weights a group,
     as in the demo pair) is latency-bound, not bandwidth-bound: there one m tile and one row tile
@@ -742,18 +757,25 @@ def _choose(max_rows, n_cols, n_k, swiglu, n_groups, kind="bf16"):
     8.6 -> 7.2 µs; one row, 3.9 -> 3.4 µs; 65 live rows in a 128-row workspace, every demo shape,
     5.6 -> 3.3-4.5 µs, and 9.0 -> 6.5 µs at K 768 -> N 256)."""
     small = max_rows <= _SMALL_ROWS and n_cols * n_k <= _SMALL_WEIGHTS and not _SIM
-    if small:
+    narrow = n_cols <= _NARROW_COLS and not _SIM
+    few = n_groups > 1 and max_rows <= _FEW_ROWS and not _SIM
+    nw_min = 1
+    if narrow:
+        rt, mt, nw_max = 1, 1, _NW_MAX
+    elif small:
         rt, mt, nw_max = 1, 1, 4
     else:
         rt = 1 if max_rows <= 8 else 2 if max_rows <= 16 else 4
         if n_groups > 1 and max_rows <= _GROUPED_ONE_ROW_TILE:
             rt = 1            # expert groups of a few rows: more, lighter warps stream the weights
-        mt = 1 if n_groups > 1 and max_rows <= 8 else 2    # two m tiles: each activation load feeds two mma
+        mt = 2                # two m tiles: each activation load feeds two mma
         nw_max = _NW_MAX
+        if few:
+            mt, nw_min = (1 if swiglu else 2), _FEW_ROWS_WARPS
     chunks = max(1, ceil_div(n_k, KC))
     blocks = ceil_div(n_cols, 16 * mt) * ceil_div(max_rows, 8 * rt) * n_groups
     nw = 1
-    while (nw * 2 <= min(nw_max, chunks) and (small or blocks * nw * 2 <= _WARPS_WANTED)
+    while (nw * 2 <= min(nw_max, chunks) and (small or narrow or nw < nw_min or blocks * nw * 2 <= _WARPS_WANTED)
            and _smem(_Tile(mt, rt, nw * 2), swiglu, kind) <= _SMEM_MAX):
         nw *= 2
     return _Tile(mt, rt, nw)
@@ -779,14 +801,17 @@ def _xvec_ok(x, x_gs, k) -> bool:
     return x.__cuda_array_interface__["data"][0] % 8 == 0
 
 
-def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index, max_rows, accumulate, precision,
-            stream, tile=None, tile_rows=None, live_groups=None):
-    """Every GEMM of the module: ``tile`` (a ``_Tile``), or None to choose it from the rows and
-    the groups that hold any (``live_groups``, default all)."""
-    grouped, gather = offsets is not None, row_index is not None
+_Plan = namedtuple("_Plan", "tile kind block scales w w_up scale scale_up vec xvec")
+
+
+def _plan(x, x_gs, w, w_up, max_rows, precision, tile=None, tile_rows=None, live_groups=None):
+    """What a launch multiplies and with which tile (``_Plan``): the weights' storage (a quantized
+    matrix unwrapped into its data and scales), whether words can be read, and ``tile`` (a
+    ``_Tile`` or ``_Staged``), or None to choose it from the rows (``tile_rows`` if given, else
+    ``max_rows``) and the groups that hold any (``live_groups``, default all)."""
     kind = _weight_kind(w)
     swiglu = w_up is not None
-    block, scale, scale_up = (0, 0), out, out    # the scales stand in for themselves unless quantized
+    block, scale, scale_up = (0, 0), None, None   # None: no scales (the launch passes stand-ins)
     scales = "f32"
     if kind in SCALED_KINDS:
         if swiglu and (_weight_kind(w_up) != kind or tuple(w_up.shape) != tuple(w.shape)):
@@ -812,33 +837,55 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, offsets, row_index, max_rows, a
     Z, N = w.shape[0], w.shape[1]
     check_precision(precision)
     rows = min(max_rows, tile_rows or max_rows)
+    groups = min(Z, live_groups or Z)
     if tile is None:
-        tile = _choose_staged(rows, N, swiglu, min(Z, live_groups or Z)) if vec and xvec else None
+        tile = _choose_staged(rows, N, swiglu, groups) if vec and xvec else None
     elif isinstance(tile, _Staged) and not (vec and xvec):
         tile = None                           # the staged kernel reads words only: the register one
     if tile is None:
-        tile = _choose(rows, N, n_k, swiglu, min(Z, live_groups or Z), kind)
+        tile = _choose(rows, N, n_k, swiglu, groups, kind)
     if not isinstance(tile, _Staged) and _smem(tile, swiglu, kind) > _SMEM_MAX:
-        tile = _choose(rows, N, n_k, swiglu, min(Z, live_groups or Z), kind)   # a forced tile too big
+        tile = _choose(rows, N, n_k, swiglu, groups, kind)   # a forced tile too big
     if isinstance(tile, _Staged) and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
         tile = _STAGED[swiglu]                # a forced tile too big for this launch: the chosen one
+    return _Plan(tile, kind, block, scales, w, w_up, scale, scale_up, vec, xvec)
+
+
+def rows_a_tile(tile):
+    """The rows one block of ``tile`` multiplies at once (a ``_Tile``'s warp, a ``_Staged`` block)."""
+    return 8 * tile.RT * (tile.WN if isinstance(tile, _Staged) else 1)
+
+
+def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, items, row_index, max_rows, accumulate, precision,
+            stream, tile=None, tile_rows=None, live_groups=None):
+    """Every GEMM of the module, tiled by ``_plan``. Grouped (``items`` given, [3 * Y] int32):
+    a row of blocks a work item, Y rows."""
+    grouped, gather = items is not None, row_index is not None
+    swiglu = w_up is not None
+    plan = _plan(x, x_gs, w, w_up, max_rows, precision, tile, tile_rows, live_groups)
+    tile, kind, block, scales, w, w_up = plan.tile, plan.kind, plan.block, plan.scales, plan.w, plan.w_up
+    Z, N = w.shape[0], w.shape[1]
+    row_blocks = items.shape[0] // 3 if grouped else max(1, ceil_div(max_rows, rows_a_tile(tile)))
     if isinstance(tile, _Staged):
         kernel = _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, *tile, block=block,
                                 scales=scales)
-        grid = (ceil_div(N, 16 * tile.MT * tile.WM), max(1, ceil_div(max_rows, 8 * tile.RT * tile.WN)), Z)
+        cols = ceil_div(N, 16 * tile.MT * tile.WM)
         threads = 32 * tile.WM * tile.WN
     else:
-        kernel = _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision, *tile, block=block,
-                             scales=scales)
-        grid = (ceil_div(N, 16 * tile.MT), max(1, ceil_div(max_rows, 8 * tile.RT)), Z)
+        kernel = _mma_kernel(kind, swiglu, accumulate, grouped, gather, plan.vec, plan.xvec, precision, *tile,
+                             block=block, scales=scales)
+        cols = ceil_div(N, 16 * tile.MT)
         threads = 32 * tile.NW
-    if grid[0] == 0 or Z == 0:
+    grid = (cols, row_blocks, 1 if grouped else Z)
+    if cols == 0 or Z == 0 or row_blocks == 0:
         return
-    idx = n_rows if n_rows is not None else offsets   # stands in for the unused int32 arrays
+    idx = n_rows if n_rows is not None else items   # stands in for the unused int32 arrays
+    scale = out if plan.scale is None else plan.scale
+    scale_up = out if plan.scale_up is None else plan.scale_up
     kernel[grid, threads, stream](x, x_gs, w, w if w_up is None else w_up, scale, scale_up, out, o_gs,
-                                       idx if n_rows is None else n_rows,
-                                       idx if offsets is None else offsets,
-                                       idx if row_index is None else row_index)
+                                  idx if n_rows is None else n_rows,
+                                  idx if items is None else items,
+                                  idx if row_index is None else row_index)
 
 
 # -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
@@ -875,20 +922,29 @@ def enqueue_swiglu(x, w_gate, w_up, out, n_rows, *, precision, tile=None, stream
             n_rows, None, None, x.shape[0], False, precision, stream, tile)
 
 
-def enqueue_grouped_linear(x, w, out, offsets, max_rows, *, precision, row_index=None, w_up=None,
+def enqueue_grouped_linear(x, w, out, items, max_rows, *, precision, row_index=None, w_up=None,
                            tile_rows=None, live_groups=None, tile=None, stream=0):
     """Grouped (expert) projection; twin: the per-expert GEMMs of ``reference.moe.moe_experts``.
 
-    For group z, rows j in [offsets[z], offsets[z+1]): out[j] = f(x[row_index[j] if row_index is
-    not None else j] @ w[z].T), f = identity, or SwiGLU with ``w_up``. x [Rx, K] f32, w / w_up
-    [Z, N, K], out [Ro, N] f32, offsets [Z+1] int32, row_index [Ro] int32; ``max_rows`` bounds the
-    rows of one group (sizes the grid). ``tile_rows``: the rows a group typically holds, which
-    picks the tile (default max_rows): experts of a verify batch hold T*K/E rows on average, and
-    a tile sized for the worst case T would compute mostly padding. ``live_groups``: how many
-    groups hold rows at most (T*K for T tokens of K experts each), which sizes the split of the
-    chunks over warps. The bits do not depend on the tile (the contract)."""
-    _launch(x, 0, w, w_up, out, 0, None, offsets, row_index, max_rows, False, precision, stream,
+    For each work item y of ``items`` [3 * Y] int32, (z, first, end) at 3y (``enqueue_moe_sort``
+    writes them; twin ``reference.moe.expert_work_items``; (0, 0, 0) is an empty one), rows j in
+    [first, end): out[j] = f(x[row_index[j] if row_index is not None else j] @ w[z].T), f =
+    identity, or SwiGLU with ``w_up``. x [Rx, K] f32, w / w_up [Z, N, K], out [Ro, N] f32,
+    row_index [Ro] int32. The grid has a row of blocks a work item, so no block is launched for an
+    expert without rows. ``max_rows`` bounds the rows of one group, ``tile_rows`` is the rows a
+    group typically holds (default max_rows): they pick the tile, as experts of a verify batch
+    hold T*K/E rows on average, and a tile sized for the worst case T would compute mostly
+    padding. ``live_groups``: how many groups hold rows at most (T*K for T tokens of K experts
+    each), which sizes the split of the chunks over warps. The bits do not depend on the tile
+    or the items (the contract)."""
+    _launch(x, 0, w, w_up, out, 0, None, items, row_index, max_rows, False, precision, stream,
             tile, tile_rows=tile_rows, live_groups=live_groups)
+
+
+def grouped_rows_a_tile(x, w, max_rows, *, precision, w_up=None, tile_rows=None, live_groups=None):
+    """The rows a block of ``enqueue_grouped_linear``'s chosen tile multiplies at once (same
+    arguments): work items of this many rows give each block one tile of rows."""
+    return rows_a_tile(_plan(x, 0, w, w_up, max_rows, precision, None, tile_rows, live_groups).tile)
 
 
 # -- the public launcher (twin: reference.linear.linear) -------------------------------------

@@ -16,7 +16,9 @@ One MoE block (``enqueue_moe_block``), every step on the device, no host round t
    offsets[e] + (tokens < r marked for e), so tokens ascend inside an expert and the
    result is the same for any thread count or timing (the only atomics are bit ORs).
 4. grouped SwiGLU GEMM over the gathered token rows and grouped down GEMM
-   (``linear.enqueue_grouped_linear``; grid z = expert, empty experts exit at once).
+   (``linear.enqueue_grouped_linear``): a row of blocks for each work item, a run of an
+   expert's slots as tall as the gate|up tile's rows, which the sort writes beside the offsets;
+   an expert without rows gets no block.
 5. shared experts through ``enqueue_swiglu`` + ``enqueue_linear``.
 6. combine (``_combine_kernel``): per token, out = 0; out = fma(y_e, w_e, out) over its
    experts in ascending id (= ascending slot, since slots are sorted by expert); + shared;
@@ -40,7 +42,8 @@ from .._device import (cached, ceil_div, device_function, float32_out, fma,
                        is_device, launcher_result, rows_device, to_device)
 from ..dtypes import STORAGE_DTYPES
 from ._widen import KINDS
-from .linear import enqueue_grouped_linear, enqueue_linear, enqueue_swiglu
+from ..reference.moe import work_item_capacity
+from .linear import enqueue_grouped_linear, enqueue_linear, enqueue_swiglu, grouped_rows_a_tile
 
 ROUTER_PRECISION = "fp32"   # HF computes the router in float32 whatever the model's dtype
 
@@ -139,11 +142,25 @@ class MoEBuffers:
         self.slot_token = arr(R * K, np.int32)           # [R*K]     slot -> token row
         self.slot_weight = arr(R * K, np.float32)        # [R*K]     slot -> routing weight
         self.token_slot = arr((R, K), np.int32)          # [R, K]    token -> its slots, ascending (= by expert id)
+        # the grouped GEMMs' work items, (expert, first slot, end slot) triples: room for items of
+        # as few as 8 rows (one mma row tile); the sort writes them for ``item_rows``
+        self.items = arr(3 * work_item_capacity(E, R * K, 8), np.int32)   # [3*Y]
+        self.item_rows = 8                               # the rows of an item in ``items`` (the last sort's)
+        self._item_views = {}
         self.act = arr((R * K, I), np.float32)           # [R*K, I]  silu(gate) * up per slot
         self.expert_out = arr((R * K, M), np.float32)    # [R*K, M]  down projection per slot (unweighted)
         self.shared_act = arr((R, Is), np.float32) if Is else None   # [R, Is] shared SwiGLU activation
         self.shared_out = arr((R, M), np.float32) if Is else None    # [R, M]  shared-expert output
         self.zero_bias = cuda.to_device(np.zeros(E, np.float32), stream=stream)  # [E] stands in for no bias
+
+    def work_items(self):
+        """The part of ``items`` the last sort can have filled: [3 * Y] for Y the most work items
+        of ``item_rows`` slots (``reference.moe.work_item_capacity``); made once a size."""
+        view = self._item_views.get(self.item_rows)
+        if view is None:
+            capacity = work_item_capacity(self.n_experts, self.max_rows * self.top_k, self.item_rows)
+            view = self._item_views[self.item_rows] = self.items[:3 * capacity]
+        return view
 
 
 # -- kernels ------------------------------------------------------------------------------------
@@ -273,20 +290,22 @@ def _sort_kernel(threads):
     """One block: group the n * K slots of rows r < n_rows[0] by expert (tokens ascending).
 
     topk_ids [R, K] int32, topk_weights [R, K] f32 -> bitmap / word_prefix [E, W] (scratch),
-    offsets [E+1], slot_token [R*K], slot_weight [R*K], token_slot [R, K] (ascending).
+    offsets [E+1], slot_token [R*K], slot_weight [R*K], token_slot [R, K] (ascending), items
+    [3*Y] (the work items of ``item_rows`` slots, ``reference.moe.expert_work_items``).
     """
     T = threads
 
     @cached
     @cuda.jit
     def kernel(topk_ids, topk_weights, n_rows, bitmap, word_prefix, offsets, slot_token,
-               slot_weight, token_slot):
+               slot_weight, token_slot, items, item_rows):
         t = cuda.threadIdx.x
         n = n_rows[0]
         K = topk_ids.shape[1]
         E = bitmap.shape[0]
         nw = (n + 31) // 32
         tot = cuda.shared.array(T, int32)
+        tot_items = cuda.shared.array(T, int32)
 
         for i in range(t, E * nw, T):  # clear the words live rows use
             bitmap[i // nw, i % nw] = uint32(0)
@@ -302,6 +321,7 @@ def _sort_kernel(threads):
         e0 = min(t * chunk, E)
         e1 = min(e0 + chunk, E)
         own = 0
+        own_items = 0
         for e in range(e0, e1):
             c = 0
             for w in range(nw):
@@ -309,21 +329,36 @@ def _sort_kernel(threads):
                 c += cuda.popc(bitmap[e, w])
             offsets[e + 1] = c  # the count for now; the running offset below
             own += c
+            own_items += (c + item_rows - 1) // item_rows
         tot[t] = own
+        tot_items[t] = own_items
         cuda.syncthreads()  # every thread's total is in
         s = 1
-        while s < T:  # inclusive scan of tot (Hillis-Steele)
+        while s < T:  # inclusive scans of tot and tot_items (Hillis-Steele)
             v = tot[t - s] if t >= s else 0
+            vi = tot_items[t - s] if t >= s else 0
             cuda.syncthreads()  # all reads of this step before its writes
             tot[t] += v
+            tot_items[t] += vi
             cuda.syncthreads()  # all writes before the next step's reads
             s *= 2
         base = tot[t] - own
+        y = tot_items[t] - own_items  # the first work item of this thread's experts
         if t == 0:
             offsets[0] = 0
-        for e in range(e0, e1):
-            base += offsets[e + 1]
+        for e in range(e0, e1):  # expert e's work items: its slots in runs of item_rows
+            c = offsets[e + 1]
+            for first in range(base, base + c, item_rows):
+                items[3 * y] = e
+                items[3 * y + 1] = first
+                items[3 * y + 2] = min(first + item_rows, base + c)
+                y += 1
+            base += c
             offsets[e + 1] = base
+        for i in range(tot_items[T - 1] + t, items.shape[0] // 3, T):  # the unused items: empty
+            items[3 * i] = 0
+            items[3 * i + 1] = 0
+            items[3 * i + 2] = 0
         cuda.syncthreads()  # offsets and prefixes are visible to the block
 
         for rr in range(t, n, T):  # one thread per token row
@@ -384,14 +419,19 @@ def enqueue_moe_route(logits, bias, route, *, topk_ids, topk_weights, n_rows, st
         n_rows, topk_ids, topk_weights)
 
 
-def enqueue_moe_sort(topk_ids, topk_weights, bufs, n_rows, *, stream=0):
+def enqueue_moe_sort(topk_ids, topk_weights, bufs, n_rows, *, item_rows=8, stream=0):
     """Counting sort of rows r < n_rows[0] by expert into ``bufs`` (offsets, slot_token,
-    slot_weight, token_slot); twin: the grouping of ``reference.moe.moe_experts``.
+    slot_weight, token_slot), and the grouped GEMMs' work items of ``item_rows`` slots (a
+    multiple of 8; recorded as ``bufs.item_rows``, which sizes their grids); twins: the grouping
+    of ``reference.moe.moe_experts``, ``reference.moe.expert_work_items``.
 
     topk_ids [R, K] int32 (distinct per row), topk_weights [R, K] f32."""
+    if item_rows < 8 or item_rows % 8:
+        raise ValueError(f"item_rows must be a positive multiple of 8 (an mma row tile), got {item_rows}")
+    bufs.item_rows = item_rows
     _sort_kernel(SORT_THREADS)[1, SORT_THREADS, stream](
         topk_ids, topk_weights, n_rows, bufs.bitmap, bufs.word_prefix, bufs.offsets,
-        bufs.slot_token, bufs.slot_weight, bufs.token_slot)
+        bufs.slot_token, bufs.slot_weight, bufs.token_slot, bufs.items, item_rows)
 
 
 def enqueue_moe_experts(x, experts_gate, experts_up, experts_down, bufs, *, precision, tile=None, stream=0):
@@ -404,16 +444,30 @@ def enqueue_moe_experts(x, experts_gate, experts_up, experts_down, bufs, *, prec
         launch()
 
 
-def _expert_launches(x, experts_gate, experts_up, experts_down, bufs, precision, tile, stream):
-    """``enqueue_moe_experts``'s two grouped GEMMs as (name, launch()) pairs: tiles sized for an
-    expert's typical share (twice the balanced T*K/E), the grid for all T."""
+def _expert_tiling(bufs):
+    """The grouped GEMMs' tile arguments: tiles sized for an expert's typical share (twice the
+    balanced T*K/E rows), chunk splits for the experts that can hold rows."""
     typical = 2 * ceil_div(bufs.max_rows * bufs.top_k, bufs.n_experts)
     live = min(bufs.n_experts, bufs.max_rows * bufs.top_k)         # experts that can hold rows
-    grouped = dict(precision=precision, tile_rows=typical, live_groups=live, tile=tile, stream=stream)
+    return dict(tile_rows=typical, live_groups=live)
+
+
+def expert_item_rows(x, experts_gate, experts_up, bufs, *, precision):
+    """The work-item size for ``enqueue_moe_sort`` that gives each block of the chosen gate|up
+    tile one row tile: the rows it multiplies at once."""
+    return grouped_rows_a_tile(x, experts_gate, bufs.max_rows, precision=precision, w_up=experts_up,
+                               **_expert_tiling(bufs))
+
+
+def _expert_launches(x, experts_gate, experts_up, experts_down, bufs, precision, tile, stream):
+    """``enqueue_moe_experts``'s two grouped GEMMs as (name, launch()) pairs: a row of blocks
+    for each work item the last ``enqueue_moe_sort`` can have written (``bufs.item_rows``)."""
+    items = bufs.work_items()
+    grouped = dict(precision=precision, tile=tile, stream=stream, **_expert_tiling(bufs))
     return [
-        ("experts gate|up", lambda: enqueue_grouped_linear(x, experts_gate, bufs.act, bufs.offsets, bufs.max_rows,
+        ("experts gate|up", lambda: enqueue_grouped_linear(x, experts_gate, bufs.act, items, bufs.max_rows,
                                                            row_index=bufs.slot_token, w_up=experts_up, **grouped)),
-        ("experts down", lambda: enqueue_grouped_linear(bufs.act, experts_down, bufs.expert_out, bufs.offsets,
+        ("experts down", lambda: enqueue_grouped_linear(bufs.act, experts_down, bufs.expert_out, items,
                                                         bufs.max_rows, **grouped)),
     ]
 
@@ -465,13 +519,15 @@ def _moe_block_launches(m, x, *, gate, bias, experts_gate, experts_up, experts_d
                         shared_up=None, shared_down=None, route, bufs, n_rows, precision, tile=None, stream=0):
     """The launches of ``enqueue_moe_block`` (same arguments), in order, as (name, launch())
     pairs: ``tools/moe_stages.py`` times them one by one."""
+    item_rows = expert_item_rows(m, experts_gate, experts_up, bufs, precision=precision)
     launches = [
         ("router", lambda: enqueue_linear(m, gate, bufs.logits, n_rows, precision=ROUTER_PRECISION, tile=tile,
                                           stream=stream)),
         ("route", lambda: enqueue_moe_route(bufs.logits, bufs.zero_bias if bias is None else bias, route,
                                             topk_ids=bufs.topk_ids, topk_weights=bufs.topk_weights,
                                             n_rows=n_rows, stream=stream)),
-        ("sort", lambda: enqueue_moe_sort(bufs.topk_ids, bufs.topk_weights, bufs, n_rows, stream=stream)),
+        ("sort", lambda: enqueue_moe_sort(bufs.topk_ids, bufs.topk_weights, bufs, n_rows, item_rows=item_rows,
+                                          stream=stream)),
         *_expert_launches(m, experts_gate, experts_up, experts_down, bufs, precision, tile, stream),
     ]
     if shared_gate is not None:
@@ -598,10 +654,11 @@ def moe_experts(x, topk_ids, topk_weights, gate_weights, up_weights, down_weight
         else:
             bufs = MoEBuffers(t, e, k, m, i, stream=stream)
             n_rows = rows_device(t, stream)
-            enqueue_moe_sort(to_device(topk_ids, stream), to_device(topk_weights, stream), bufs,
-                             n_rows, stream=stream)
-            enqueue_moe_experts(to_device(x, stream), to_device(gate_weights, stream),
-                                to_device(up_weights, stream), to_device(down_weights, stream),
+            x_dev, gate_dev, up_dev = (to_device(a, stream) for a in (x, gate_weights, up_weights))
+            enqueue_moe_sort(to_device(topk_ids, stream), to_device(topk_weights, stream), bufs, n_rows,
+                             item_rows=expert_item_rows(x_dev, gate_dev, up_dev, bufs, precision=precision),
+                             stream=stream)
+            enqueue_moe_experts(x_dev, gate_dev, up_dev, to_device(down_weights, stream),
                                 bufs, precision=precision, stream=stream)
             enqueue_moe_combine(bufs, None, y, n_rows, residual=False, stream=stream)
     return launcher_result(y, out, x, stream)

@@ -78,6 +78,31 @@ def swiglu_mlp(x, gate_weight, up_weight, down_weight):
     return np.matmul(a, down_weight.T, dtype=np.float32)              # [T, M]
 
 
+def work_item_capacity(n_experts, n_slots, item_rows):
+    """How many work items ``expert_work_items`` can make at most: the experts holding any of
+    the ``n_slots`` slots are at most min(E, n_slots), and past each one's first item every
+    item holds ``item_rows`` slots of its own, so at most min(E, S) + S // item_rows."""
+    return min(n_experts, n_slots) + n_slots // item_rows
+
+
+def expert_work_items(offsets, item_rows, capacity):
+    """The grouped expert GEMMs' work items (the twin of the counting sort's table): each
+    expert's slots offsets[e] .. offsets[e+1] cut into runs of ``item_rows``, experts ascending,
+    runs ascending. offsets [E+1] int -> int32 [3 * capacity], item y = (expert, first slot, end
+    slot) at 3y .. 3y+2; the items past the last are (0, 0, 0), empty. A GPU block takes one item,
+    so no block is launched for an expert without rows (``kernels.moe``)."""
+    items = np.zeros(3 * capacity, np.int32)
+    y = 0
+    for e in range(len(offsets) - 1):
+        for first in range(offsets[e], offsets[e + 1], item_rows):
+            if y == capacity:
+                raise ValueError(f"the work items of offsets {list(offsets)} at {item_rows} rows need more "
+                                 f"than {capacity}")
+            items[3 * y:3 * y + 3] = e, first, min(first + item_rows, offsets[e + 1])
+            y += 1
+    return items
+
+
 def moe_experts(x, topk_ids, topk_weights, gate_weights, up_weights, down_weights):
     """Weighted sum of each token's routed experts, summed in increasing expert id.
 
