@@ -705,7 +705,9 @@ else:
     _NW_MAX = 16
     _STAGED_ROWS = 64
     _STAGED_BLOCKS = 132       # a block an SM at least
-    # 128 features x 64 rows (SwiGLU: 64 features of both matrices x 64 rows), 8 warps
+    # 128 features x 64 rows (SwiGLU: 64 features of both matrices x 64 rows), 8 warps. Grouped
+    # (expert) launches take the SwiGLU shape for both GEMMs: the experts' down at 272 rows
+    # (a 512-row workspace, 47 experts of ~35 rows) 375 -> 331 µs (tools/moe_stages.py --tiles).
     _STAGED = {False: _Staged(4, 2, 2, 4), True: _Staged(2, 4, 2, 2)}
 
 
@@ -713,7 +715,7 @@ def _choose_staged(max_rows, n_cols, swiglu, n_groups):
     """The staged kernel's tile when a group holds enough rows for shared tiles to pay and the
     launch has enough blocks to fill the GPU (its blocks do not split the chunks, so with few of
     them the register kernel, which does, is faster: measured on the H200); else None."""
-    tile = _STAGED[swiglu]
+    tile = _STAGED[swiglu or n_groups > 1]    # expert groups: 64 x 64 blocks for both GEMMs
     blocks = ceil_div(n_cols, 16 * tile.MT * tile.WM) * ceil_div(max_rows, 8 * tile.RT * tile.WN) * n_groups
     return tile if max_rows >= _STAGED_ROWS and blocks >= _STAGED_BLOCKS else None
 
@@ -737,6 +739,10 @@ _FEW_ROWS_WARPS = 4
 # as there are chunks, up to _NW_MAX. Measured on the H200 (the fp32 router, 64 x 2048): 23.1 ->
 # 11.5 µs at 1 row, 23.8 -> 11.9 at 17, 24.0 -> 12.2 at 65, 37.7 -> 22.9 at 272.
 _NARROW_COLS = 64
+# A SwiGLU register tile of four row tiles takes one m tile (two spill 370-730 bytes a thread:
+# ptxas -v), and at least two warps. Measured on the H200 (the shared experts, 2816 x 2048;
+# tools/moe_stages.py --shared-tiles): gate|up at 17 rows (a 32-row workspace) 41.0 -> 23.7 µs,
+# at 65 rows (128) 99.1 -> 51.8 µs.
 
 
 @functools.lru_cache(maxsize=None)
@@ -772,6 +778,8 @@ def _choose(max_rows, n_cols, n_k, swiglu, n_groups, kind="bf16"):
         nw_max = _NW_MAX
         if few:
             mt, nw_min = (1 if swiglu else 2), _FEW_ROWS_WARPS
+        elif swiglu and rt == 4:
+            mt, nw_min = 1, 2  # two matrices at 2 x 4 tiles spill registers (above)
     chunks = max(1, ceil_div(n_k, KC))
     blocks = ceil_div(n_cols, 16 * mt) * ceil_div(max_rows, 8 * rt) * n_groups
     nw = 1
