@@ -512,12 +512,23 @@ def test_choose_fills_the_gpu_with_warps_only_up_to_the_chunks(monkeypatch):
         t = L._choose(1, 64, 64 * 3, False, 1)
         assert t.NW <= 3 and t.RT == 1
         assert L._choose(32, 4096, 512, False, 1).RT == 4          # 2^21 weights: not small
-        small = L._choose(32, 64, 512, False, 1)
+        small = L._choose(32, 128, 512, False, 1)
         assert (small.RT, small.MT) == ((4, 2) if sim else (1, 1))
         assert small.NW <= (L._NW_MAX if sim else 4)
-        wide = L._choose(128, 64, 512, False, 1)                  # budget 64's verify workspace
+        wide = L._choose(128, 128, 512, False, 1)                 # budget 64's verify workspace
         assert (wide.RT, wide.MT) == ((4, 2) if sim else (1, 1))
-        assert L._choose(256, 64, 512, False, 1).RT == 4          # past _SMALL_ROWS: the general rule
+        assert L._choose(256, 128, 512, False, 1).RT == 4         # past _SMALL_ROWS: the general rule
+        # narrow (the router, 64 outputs): one tile a warp, warps up to the chunks, at any rows
+        for rows in (1, 512):
+            assert L._choose(rows, 64, 2048, False, 1, "f32") == ((1, 1, L._NW_MAX) if not sim else
+                                                                  L._choose(rows, 65, 2048, False, 1, "f32"))
+        # expert groups of a few rows: four warps at least, two m tiles unless SwiGLU
+        warps = min(L._FEW_ROWS_WARPS, L._NW_MAX)
+        assert tuple(L._choose(2, 2048, 1408, False, 6)) == (2, 1, warps)
+        assert tuple(L._choose(2, 1408, 2048, True, 6)) == (1, 1, warps)
+        # SwiGLU at four row tiles: one m tile (two spill), two warps at least
+        tall = L._choose(128, 2816, 2048, True, 1)
+        assert (tall.MT, tall.RT, tall.NW >= 2) == (1, 4, True)
         for rows in (1, 16, 64, 1024):
             tile = L._choose(rows, 7168, 7168, True, 1)
             assert L._smem(tile, True) <= L._SMEM_MAX

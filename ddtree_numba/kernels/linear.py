@@ -764,7 +764,7 @@ def _choose(max_rows, n_cols, n_k, swiglu, n_groups, kind="bf16"):
     5.6 -> 3.3-4.5 µs, and 9.0 -> 6.5 µs at K 768 -> N 256)."""
     small = max_rows <= _SMALL_ROWS and n_cols * n_k <= _SMALL_WEIGHTS and not _SIM
     narrow = n_cols <= _NARROW_COLS and not _SIM
-    few = n_groups > 1 and max_rows <= _FEW_ROWS and not _SIM
+    few = n_groups > 1 and max_rows <= _FEW_ROWS
     nw_min = 1
     if narrow:
         rt, mt, nw_max = 1, 1, _NW_MAX
