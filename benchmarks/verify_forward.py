@@ -214,7 +214,12 @@ def main():
                          "projected to 61; results in kimi_k2.json)")
     ap.add_argument("--dry-run", action="store_true",
                     help="a tiny config of the same architecture (checks the script, e.g. in the simulator)")
+    ap.add_argument("--shared-side-stream", action="store_true",
+                    help="the MoE blocks' shared experts on a side stream (kernels.moe.CONCURRENT_SHARED)")
     args = ap.parse_args()
+    if args.shared_side_stream:
+        import ddtree_numba.kernels.moe as moe_kernels
+        moe_kernels.CONCURRENT_SHARED = True
 
     from numba import config as numba_config
     from numba import cuda
@@ -269,7 +274,9 @@ def main():
             f"max(bytes / 4.2 TB/s, FLOPs / {mma_rate / 1e12:.0f} TFLOP/s, the mma.sync ceiling measured in this "
             f"run); GEMMs on tensor cores in precision {args.precision}; bytes count every weight read once (routed "
             "experts: the expected number touched under uniform routing) and the f32 latent cache; "
-            "peer = HF DeepseekV3ForCausalLM bf16 on the same GPU, measured in this run (--peer; '-' without it).")
+            "peer = HF DeepseekV3ForCausalLM bf16 on the same GPU, measured in this run (--peer; '-' without it)."
+            + (" The MoE blocks' shared experts on a side stream (--shared-side-stream)." if args.shared_side_stream
+               else ""))
     header = ["nodes", "eager ms", "graph ms", "bytes", "FLOPs", "floor ms", "graph / floor",
               "peer ms", "peer / graph"]
     keys = ["nodes", "eager_ms", "ms", "bytes", "flops", "floor_ms", "ms_per_floor", "peer_ms", "peer_per_ms"]

@@ -256,13 +256,28 @@ def _block_case(rng, R, n, dtype="bf16", shared=True):
     return route, m, x, gate, bias, (g, u, d), sh, bufs
 
 
-def _run_block(route, m, x, gate, bias, experts, sh, bufs, n):
-    dx = cuda.to_device(x)
-    dev = [None if a is None else cuda.to_device(a) for a in (m, gate, bias, *experts, *sh)]
+def _run_block(route, m, x, gate, bias, experts, sh, bufs, n, concurrent=False):
+    stream = cuda.stream()
+    dx = cuda.to_device(x, stream=stream)
+    dev = [None if a is None else cuda.to_device(a, stream=stream) for a in (m, gate, bias, *experts, *sh)]
     names = ("gate", "bias", "experts_gate", "experts_up", "experts_down", "shared_gate", "shared_up", "shared_down")
     enqueue_moe_block(dev[0], dx, **dict(zip(names, dev[1:])), route=route, bufs=bufs, precision="fp32",
-                      n_rows=cuda.to_device(np.array([n], np.int32)))
-    return dx.copy_to_host()
+                      n_rows=cuda.to_device(np.array([n], np.int32), stream=stream), concurrent=concurrent,
+                      stream=stream)
+    return dx.copy_to_host(stream=stream)
+
+
+def test_shared_experts_on_a_side_stream_give_the_same_bits(rng):
+    """``concurrent``: the shared experts on the buffers' side stream, forked and joined around
+    the routed ones, add the same bits as in line (a GPU also checks that the join orders the
+    combine after them: run on a non-default stream, the block's one)."""
+    R, n = 11, 9
+    route, m, x, gate, bias, experts, sh, bufs = _block_case(rng, R, n, "bf16", True)
+    inline = _run_block(route, m, x, gate, bias, experts, sh, bufs, n)
+    side = _run_block(route, m, x, gate, bias, experts, sh, bufs, n, concurrent=True)
+    assert bufs.side_stream() is bufs.side_stream()               # one side stream for the buffers
+    np.testing.assert_array_equal(side, inline)
+    assert not np.isnan(side[:n]).any()
 
 
 @pytest.mark.parametrize("shared", [True, False])

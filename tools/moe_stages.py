@@ -8,7 +8,8 @@ count (272 = 16 trees of 17 nodes, a batch of ``benchmarks/batch.py``; 1040 = 16
 post-attention input is random, so the routing is close to uniform, as with random weights in
 batch.py. Each launch of ``kernels.moe._moe_block_launches`` (and the whole block) is repeated
 ``--repeat`` times in one captured CUDA graph (``tune_tiles.timed``); the table gives µs a launch
-and the routed experts that got rows, beside the block's bytes floor (the touched experts'
+and the routed experts that got rows, the whole block in line and with its shared experts on a
+side stream (``enqueue_moe_block(concurrent=True)``), beside the block's bytes floor (the touched experts'
 weights and the shared experts' once, bf16, at 4.2 TB/s). Prints a markdown table.
 
 ``--tiles MT,RT,NW ...``: also time the two routed-expert GEMMs under each forced register tile
@@ -41,7 +42,7 @@ def main():
     from tune_tiles import timed
     from verify_forward import MOONLIGHT, build_target
     from ddtree_numba.kernels.linear import _Staged, _Tile, enqueue_linear, enqueue_swiglu
-    from ddtree_numba.kernels.moe import ROUTER_PRECISION, _expert_launches, _moe_block_launches
+    from ddtree_numba.kernels.moe import ROUTER_PRECISION, _expert_launches, _moe_block_launches, enqueue_moe_block
     from ddtree_numba.model.config import ModelConfig
 
     def parse(spec):
@@ -62,11 +63,12 @@ def main():
         normed = np.zeros((ws.rows, M), np.float32)
         normed[:rows] = rng.standard_normal((rows, M))
         ws.normed.copy_to_device(normed)
-        launches = lambda s: _moe_block_launches(
-            ws.normed, ws.x, gate=lw.gate, bias=lw.e_score_correction_bias, experts_gate=lw.experts_gate_proj,
-            experts_up=lw.experts_up_proj, experts_down=lw.experts_down_proj, shared_gate=lw.shared_gate_proj,
-            shared_up=lw.shared_up_proj, shared_down=lw.shared_down_proj, route=target._route, bufs=ws.moe,
-            n_rows=ws.n_rows, **target.gemm_args, stream=s)
+        block = dict(gate=lw.gate, bias=lw.e_score_correction_bias, experts_gate=lw.experts_gate_proj,
+                     experts_up=lw.experts_up_proj, experts_down=lw.experts_down_proj,
+                     shared_gate=lw.shared_gate_proj, shared_up=lw.shared_up_proj,
+                     shared_down=lw.shared_down_proj, route=target._route, bufs=ws.moe, n_rows=ws.n_rows,
+                     **target.gemm_args)
+        launches = lambda s: _moe_block_launches(ws.normed, ws.x, **block, stream=s)
         names = [n for n, _ in launches(0)]
         for _, go in launches(0):
             go()
@@ -74,8 +76,9 @@ def main():
         touched = int((np.diff(offsets[:E + 1]) > 0).sum())
         us = [timed(lambda s, i=i: launches(s)[i][1](), args.repeat) for i in range(len(names))]
         whole = timed(lambda s: [go() for _, go in launches(s)], args.repeat)
+        side = timed(lambda s: enqueue_moe_block(ws.normed, ws.x, **block, concurrent=True, stream=s), args.repeat)
         floor = (touched * expert_bytes + shared_bytes) / 4.2e12 * 1e6
-        table.append((rows, touched, us, whole, floor))
+        table.append((rows, touched, us, whole, side, floor))
         for spec in args.tiles:
             tile = parse(spec)
             forced = lambda s: _expert_launches(ws.normed, lw.experts_gate_proj, lw.experts_up_proj,
@@ -100,10 +103,12 @@ def main():
                   f"(chosen: {us[names.index('shared gate|up')]:.1f}, {us[names.index('shared down')]:.1f})")
     print(f"\nMoE block, Moonlight shape (M {M}, {E} experts of {I}, top-{cfg.num_experts_per_tok}, "
           f"{cfg.n_shared_experts} shared), µs a launch")
-    print("| rows | experts with rows | " + " | ".join(names) + " | whole | bytes floor |")
-    print("|---" * (len(names) + 4) + "|")
-    for rows, touched, us, whole, floor in table:
-        print(f"| {rows} | {touched} | " + " | ".join(f"{u:.1f}" for u in us) + f" | {whole:.1f} | {floor:.1f} |")
+    print("| rows | experts with rows | " + " | ".join(names) + " | whole | whole, shared on a side stream | "
+          "bytes floor |")
+    print("|---" * (len(names) + 5) + "|")
+    for rows, touched, us, whole, side, floor in table:
+        print(f"| {rows} | {touched} | " + " | ".join(f"{u:.1f}" for u in us)
+              + f" | {whole:.1f} | {side:.1f} | {floor:.1f} |")
 
 
 if __name__ == "__main__":

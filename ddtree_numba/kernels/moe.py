@@ -46,6 +46,9 @@ from ..reference.moe import work_item_capacity
 from .linear import enqueue_grouped_linear, enqueue_linear, enqueue_swiglu, grouped_rows_a_tile
 
 ROUTER_PRECISION = "fp32"   # HF computes the router in float32 whatever the model's dtype
+# The shared experts on a second stream, beside the routed ones (``enqueue_moe_block``). Off until
+# measured on the H200 (tools/moe_stages.py prints the block both ways; docs/NOTES.md).
+CONCURRENT_SHARED = False
 
 SIM = config.ENABLE_CUDASIM
 # The simulator runs every thread as a Python thread: tiny blocks there, H200 sizes elsewhere.
@@ -147,11 +150,21 @@ class MoEBuffers:
         self.items = arr(3 * work_item_capacity(E, R * K, 8), np.int32)   # [3*Y]
         self.item_rows = 8                               # the rows of an item in ``items`` (the last sort's)
         self._item_views = {}
+        self._side = None                                # side_stream(): made on first use
         self.act = arr((R * K, I), np.float32)           # [R*K, I]  silu(gate) * up per slot
         self.expert_out = arr((R * K, M), np.float32)    # [R*K, M]  down projection per slot (unweighted)
         self.shared_act = arr((R, Is), np.float32) if Is else None   # [R, Is] shared SwiGLU activation
         self.shared_out = arr((R, M), np.float32) if Is else None    # [R, M]  shared-expert output
         self.zero_bias = cuda.to_device(np.zeros(E, np.float32), stream=stream)  # [E] stands in for no bias
+
+    def side_stream(self):
+        """The stream the shared experts run on beside the routed ones, with its fork and join
+        events (``self.fork``, ``self.join``); made on first use, outside any capture when the
+        block has run once eagerly first (as ``_device.capture_graph`` does)."""
+        if self._side is None:
+            self.fork, self.join = cuda.event(), cuda.event()
+            self._side = cuda.stream()
+        return self._side
 
     def work_items(self):
         """The part of ``items`` the last sort can have filled: [3 * Y] for Y the most work items
@@ -496,7 +509,8 @@ def enqueue_swiglu_mlp(x, gate_w, up_w, down_w, out, *, act, n_rows, precision, 
 
 
 def enqueue_moe_block(m, x, *, gate, bias, experts_gate, experts_up, experts_down, shared_gate=None,
-                      shared_up=None, shared_down=None, route, bufs, n_rows, precision, tile=None, stream=0):
+                      shared_up=None, shared_down=None, route, bufs, n_rows, precision, tile=None,
+                      concurrent=None, stream=0):
     """x[r] += routed(m[r]) + shared(m[r]) for r < n_rows[0] <= bufs.max_rows; 8 launches (6
     without shared experts). Twins: ``reference.moe.moe_route``, ``moe_experts`` and
     ``swiglu_mlp`` (the shared experts), as the target's MoE layer adds them.
@@ -506,19 +520,36 @@ def enqueue_moe_block(m, x, *, gate, bias, experts_gate, experts_up, experts_dow
     [M, Is] or None (then ``bufs.shared_inter`` may be 0), route ``MoERoute``, bufs
     ``MoEBuffers``, n_rows [1] int32 device; ``precision`` (the experts') and ``tile`` as in
     ``enqueue_linear``. The router GEMM is always 'fp32', as HF computes it in float32: a
-    rounded router logit could pick another expert."""
-    for _, launch in _moe_block_launches(m, x, gate=gate, bias=bias, experts_gate=experts_gate,
-                                         experts_up=experts_up, experts_down=experts_down,
-                                         shared_gate=shared_gate, shared_up=shared_up, shared_down=shared_down,
-                                         route=route, bufs=bufs, n_rows=n_rows, precision=precision, tile=tile,
-                                         stream=stream):
+    rounded router logit could pick another expert.
+
+    ``concurrent`` (default ``CONCURRENT_SHARED``): the shared experts run on a second stream
+    (``bufs.side_stream()``), forked from ``stream`` at the block's start and joined before the
+    combine, so that a captured graph runs them beside the routed ones instead of after them.
+    The same launches on the same inputs: the same bits."""
+    if concurrent is None:
+        concurrent = CONCURRENT_SHARED
+    side = bufs.side_stream() if concurrent and shared_gate is not None else None
+    launches = _moe_block_launches(m, x, gate=gate, bias=bias, experts_gate=experts_gate, experts_up=experts_up,
+                                   experts_down=experts_down, shared_gate=shared_gate, shared_up=shared_up,
+                                   shared_down=shared_down, route=route, bufs=bufs, n_rows=n_rows,
+                                   precision=precision, tile=tile, stream=stream, shared_stream=side)
+    if side is not None:
+        bufs.fork.record(stream)              # the shared experts start with the block ...
+        bufs.fork.wait(side)
+    for name, launch in launches:
+        if side is not None and name == "combine":
+            bufs.join.record(side)            # ... and end before the combine reads shared_out
+            bufs.join.wait(stream)
         launch()
 
 
 def _moe_block_launches(m, x, *, gate, bias, experts_gate, experts_up, experts_down, shared_gate=None,
-                        shared_up=None, shared_down=None, route, bufs, n_rows, precision, tile=None, stream=0):
+                        shared_up=None, shared_down=None, route, bufs, n_rows, precision, tile=None, stream=0,
+                        shared_stream=None):
     """The launches of ``enqueue_moe_block`` (same arguments), in order, as (name, launch())
-    pairs: ``tools/moe_stages.py`` times them one by one."""
+    pairs: ``tools/moe_stages.py`` times them one by one. The shared experts' go to
+    ``shared_stream`` if given (the caller orders it), else to ``stream``."""
+    sstream = stream if shared_stream is None else shared_stream
     item_rows = expert_item_rows(m, experts_gate, experts_up, bufs, precision=precision)
     launches = [
         ("router", lambda: enqueue_linear(m, gate, bufs.logits, n_rows, precision=ROUTER_PRECISION, tile=tile,
@@ -533,9 +564,9 @@ def _moe_block_launches(m, x, *, gate, bias, experts_gate, experts_up, experts_d
     if shared_gate is not None:
         launches += [
             ("shared gate|up", lambda: enqueue_swiglu(m, shared_gate, shared_up, bufs.shared_act, n_rows,
-                                                      precision=precision, tile=tile, stream=stream)),
+                                                      precision=precision, tile=tile, stream=sstream)),
             ("shared down", lambda: enqueue_linear(bufs.shared_act, shared_down, bufs.shared_out, n_rows,
-                                                   precision=precision, tile=tile, stream=stream)),
+                                                   precision=precision, tile=tile, stream=sstream)),
         ]
     launches.append(("combine", lambda: enqueue_moe_combine(bufs, None if shared_gate is None else bufs.shared_out,
                                                             x, n_rows, residual=True, stream=stream)))
