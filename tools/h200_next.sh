@@ -4,8 +4,11 @@
 #    test on a GPU (a non-default stream, the join ordering the combine), the MoE block both ways
 #    (tools/moe_stages.py's last two columns), and the verify forward with it on
 #    (--shared-side-stream) against 5cec055's 6.19 / 13.62 / 26.28 / 73.30 ms at 1 / 16 / 64 / 256;
-# 2. the experts at 65 rows under two-row-tile register tiles (gate|up 263 µs there, 107 of bytes;
-#    the A/B of the seventh session tried one-row tiles and staged blocks only).
+# 2. the experts under two-row-tile register tiles (gate|up 263 µs at 65 rows, 107 of bytes; the
+#    A/B of the seventh session tried one-row tiles only) and 32-row staged blocks (2,2,2,2 and
+#    4,1,1,4: 246-252 registers, no spill by ptxas) for 272 rows' ~35-row experts, whose 64-row
+#    blocks compute half padding (gate|up 834 µs, 129 of bytes); moe_stages sorts the work items
+#    for each forced tile's rows.
 # Run from the repo root with .whl carried and DDTREE_COMMIT set; logs to $OUT/log.txt.
 set -u
 export DDTREE_COMMIT=${DDTREE_COMMIT:-unknown}
@@ -16,7 +19,7 @@ T0=$(date +%s)
 left() { echo $(( $1 - $(date +%s) + T0 )); }
 {
 timeout $(left 90) python3 -m pytest -q -p no:cacheprovider tests/test_moe_kernel.py -k "side_stream or moe_block" 2>&1 | tail -1
-timeout $(left 260) python3 tools/moe_stages.py --rows 1 17 65 272 --tiles 1,2,1 1,2,2 1,2,4 2,2,1 2>&1 | grep -v Warn | tail -24
+timeout $(left 260) python3 tools/moe_stages.py --rows 1 17 65 272 --tiles 1,2,1 1,2,2 1,2,4 2,2,1 2,2,2,2 4,1,1,4 2>&1 | grep -v Warn | tail -40
 timeout $(left 420) python3 benchmarks/verify_forward.py --nodes 1 16 64 256 --no-breakdown --reps 5 \
   --shared-side-stream 2>&1 | tail -7
 } 2>&1 | tee "$OUT/log.txt"
