@@ -15,7 +15,9 @@ weights and the shared experts' once, bf16, at 4.2 TB/s). Prints a markdown tabl
 ``--tiles MT,RT,NW ...``: also time the two routed-expert GEMMs under each forced register tile
 (``kernels.linear._Tile``; four numbers WM,WN,MT,RT force the staged kernel's ``_Staged``; tiles
 never change the bits) beside the chosen one; ``--router-tiles`` the same for the router GEMM
-(fp32, 64 x 2048), ``--shared-tiles`` for the shared experts' two GEMMs.
+(fp32, 64 x 2048), ``--shared-tiles`` for the shared experts' two GEMMs. ``--profile``: for
+Nsight Compute, e.g. ``ncu --profile-from-start off --clock-control none --section SpeedOfLight
+--section Occupancy --section WarpStateStats python tools/moe_stages.py --rows 65 --profile``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ def main():
     ap.add_argument("--tiles", nargs="*", default=[], help="forced expert tiles, MT,RT,NW each")
     ap.add_argument("--router-tiles", nargs="*", default=[], help="forced router tiles, MT,RT,NW each")
     ap.add_argument("--shared-tiles", nargs="*", default=[], help="forced shared-expert tiles")
+    ap.add_argument("--profile", action="store_true",
+                    help="no timing: run each block once more between cuda.profile_start / stop, for "
+                         "ncu --profile-from-start off (eager launches, in the table's order)")
     args = ap.parse_args()
     from numba import cuda
     from tune_tiles import timed
@@ -75,6 +80,15 @@ def main():
             go()
         offsets = ws.moe.offsets.copy_to_host()
         touched = int((np.diff(offsets[:E + 1]) > 0).sum())
+        if args.profile:
+            cuda.synchronize()
+            cuda.profile_start()
+            for _, go in launches(0):
+                go()
+            cuda.synchronize()
+            cuda.profile_stop()
+            print(f"{rows} rows: {touched} experts with rows; profiled {', '.join(names)}")
+            continue
         us = [timed(lambda s, i=i: launches(s)[i][1](), args.repeat) for i in range(len(names))]
         whole = timed(lambda s: [go() for _, go in launches(s)], args.repeat)
         side = timed(lambda s: enqueue_moe_block(ws.normed, ws.x, **block, concurrent=True, stream=s), args.repeat)
@@ -105,6 +119,8 @@ def main():
             t_us = [timed(go, args.repeat) for go in shared]
             print(f"{rows} rows, shared tile {tuple(tile)}: gate|up {t_us[0]:.1f} µs, down {t_us[1]:.1f} µs "
                   f"(chosen: {us[names.index('shared gate|up')]:.1f}, {us[names.index('shared down')]:.1f})")
+    if args.profile:
+        return
     print(f"\nMoE block, Moonlight shape (M {M}, {E} experts of {I}, top-{cfg.num_experts_per_tok}, "
           f"{cfg.n_shared_experts} shared), µs a launch")
     print("| rows | experts with rows | " + " | ".join(names) + " | whole | whole, shared on a side stream | "
