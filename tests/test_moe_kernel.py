@@ -256,14 +256,14 @@ def _block_case(rng, R, n, dtype="bf16", shared=True):
     return route, m, x, gate, bias, (g, u, d), sh, bufs
 
 
-def _run_block(route, m, x, gate, bias, experts, sh, bufs, n, concurrent=False):
+def _run_block(route, m, x, gate, bias, experts, sh, bufs, n, concurrent=False, tile=None):
     stream = cuda.stream()
     dx = cuda.to_device(x, stream=stream)
     dev = [None if a is None else cuda.to_device(a, stream=stream) for a in (m, gate, bias, *experts, *sh)]
     names = ("gate", "bias", "experts_gate", "experts_up", "experts_down", "shared_gate", "shared_up", "shared_down")
     enqueue_moe_block(dev[0], dx, **dict(zip(names, dev[1:])), route=route, bufs=bufs, precision="fp32",
                       n_rows=cuda.to_device(np.array([n], np.int32), stream=stream), concurrent=concurrent,
-                      stream=stream)
+                      tile=tile, stream=stream)
     return dx.copy_to_host(stream=stream)
 
 
@@ -294,6 +294,24 @@ def test_moe_block_matches_twin_composition_and_leaves_other_rows(rng, shared):
     np.testing.assert_array_equal(got[n:].view(np.uint32), x[n:].view(np.uint32))  # untouched
     # the routing the block used is the twin's
     np.testing.assert_array_equal(bufs.topk_ids.copy_to_host()[:n], ids)
+
+
+def test_moe_block_sizes_its_expert_grids_by_its_own_sort(rng):
+    """The buffers' last sort made taller work items (so fewer fit its grid); a block's grouped
+    GEMMs must take the work items of the block's own sort, made for its 8-row tile, or the items
+    past the stale grid are never multiplied (their rows keep the poison)."""
+    R = n = 24                                     # 72 slots on 8 experts: some hold more than 8
+    route, m, x, gate, bias, experts, sh, bufs = _block_case(rng, R, n, "bf16", False)
+    stale = np.tile(np.arange(bufs.top_k, dtype=np.int32), (R, 1))
+    enqueue_moe_sort(cuda.to_device(stale), cuda.to_device(np.ones((R, bufs.top_k), np.float32)), bufs,
+                     cuda.to_device(np.array([R], np.int32)), item_rows=1024)
+    bufs.expert_out.copy_to_device(np.full(bufs.expert_out.shape, np.nan, np.float32))
+    got = _run_block(route, m, x, gate, bias, experts, sh, bufs, n, tile=kn.TILES["small"])
+    assert bufs.item_rows == 8 and len(bufs.work_items()) // 3 > work_item_capacity(8, R * 3, 1024)
+    ids, w = ref.moe_route(m, gate, bias, "sigmoid", "noaux_tc", 4, 2, 3, True, 2.5)
+    assert (np.bincount(ids.ravel(), minlength=8) > 8).any()      # an expert needs two items
+    want = x + ref.moe_experts(m, ids, w, *(_widen(a) for a in experts))
+    assert _rel_err(got, want) <= FP32_MODE_REL
 
 
 def test_moe_block_row_alone_equals_row_in_batch_bit_for_bit(rng):

@@ -68,6 +68,7 @@ KC = 64                    # reduction chunk of the contract above (fixed: chang
 STEPS = KC // 16           # mma k steps a chunk
 _SIM = bool(config.ENABLE_CUDASIM)
 _SMEM_MAX = 48 * 1024      # static shared memory per block
+_GRID_Y_MAX = 65535        # blocks a CUDA grid holds in y (and z)
 
 # MT m16 weight tiles and RT n8 row tiles a warp, NW warps a block splitting the chunks.
 _Tile = namedtuple("_Tile", "MT RT NW")
@@ -233,8 +234,9 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
     bytes and w_scale / w_up_scale [Z, ceil(N/bo), ceil(K/bi)] their scales, ``block`` = (bo, bi);
     each chunk partial is multiplied by its block's scale before it is added; kind 'int4': w / w_up
     hold int32 words of eight nibbles and w_scale / w_up_scale [Z, N, ceil(K/group)] their group
-    scales, float32 or bf16 bits (``scales``), ``block`` = (1, group). Grid:
-    (column blocks of 16*MT, row tiles of 8*RT grid-strided, Z); 32*NW threads.
+    scales, float32 or bf16 bits (``scales``), ``block`` = (1, group). Grid: (column blocks of
+    16*MT, row tiles of 8*RT grid-strided, Z), grouped (column blocks, work items, 1); 32*NW
+    threads.
     """
     S = 2 if swiglu else 1                    # matrices: gate (and up)
     FP8 = kind in SCALED_KINDS                # quantized (float8 / int4): scales per block (``_epilogue``)
@@ -715,7 +717,7 @@ def _choose_staged(max_rows, n_cols, swiglu, n_groups):
     """The staged kernel's tile when a group holds enough rows for shared tiles to pay and the
     launch has enough blocks to fill the GPU (its blocks do not split the chunks, so with few of
     them the register kernel, which does, is faster: measured on the H200); else None."""
-    tile = _STAGED[swiglu or n_groups > 1]    # expert groups: 64 x 64 blocks for both GEMMs
+    tile = _STAGED[swiglu or n_groups > 1]    # groups (experts, heads): 64 x 64 blocks for both GEMMs
     blocks = ceil_div(n_cols, 16 * tile.MT * tile.WM) * ceil_div(max_rows, 8 * tile.RT * tile.WN) * n_groups
     return tile if max_rows >= _STAGED_ROWS and blocks >= _STAGED_BLOCKS else None
 
@@ -727,7 +729,8 @@ _SMALL_ROWS = 128             # a workspace's rows (a power of two): 128 holds b
 # a 65-row verify in a 128-row workspace, typical share 24 rows): gate|up 669 -> 345 µs with MT 2,
 # RT 4 -> 1; down 209 -> 206 µs.
 _GROUPED_ONE_ROW_TILE = 32
-# Expert groups of at most this many typical rows are a GEMV each: one row tile, at least
+# Groups (experts; also the per-head absorption GEMMs of MLA, Z = heads, measured only as part of
+# the verify forward at 5cec055) of at most this many typical rows are a GEMV each: one row tile, at least
 # _FEW_ROWS_WARPS warps splitting the chunks, and two m tiles unless SwiGLU (whose two matrices
 # at two m tiles use 254 registers). Measured on the H200 (tools/moe_stages.py --tiles, Moonlight's
 # experts; chosen -> this): down at 1 row 37.7 -> 26.9 µs, at 17 rows 150 -> 104 µs; gate|up at
@@ -753,7 +756,8 @@ def _choose(max_rows, n_cols, n_k, swiglu, n_groups, kind="bf16"):
     expert groups of up to ``_FEW_ROWS`` rows, and for narrow launches), then as many warps
     splitting the chunks as it takes to put about ``_WARPS_WANTED`` warps to work (no more than
     the chunks, and shared memory allows; at least ``_FEW_ROWS_WARPS`` for expert groups of few
-    rows, all it can for narrow launches). Measured on the H200 (benchmarks/gemm.py --sweep,
+    rows, all it can for narrow launches). A SwiGLU tile of four row tiles takes one m tile and at
+    least two warps (two m tiles spill). Measured on the H200 (benchmarks/gemm.py --sweep,
     tools/moe_stages.py --tiles).
 
     A small launch (at most ``_SMALL_ROWS`` rows over at most ``_SMALL_WEIGHTS`` weights a group,
@@ -855,7 +859,7 @@ def _plan(x, x_gs, w, w_up, max_rows, precision, tile=None, tile_rows=None, live
     if not isinstance(tile, _Staged) and _smem(tile, swiglu, kind) > _SMEM_MAX:
         tile = _choose(rows, N, n_k, swiglu, groups, kind)   # a forced tile too big
     if isinstance(tile, _Staged) and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
-        tile = _STAGED[swiglu]                # a forced tile too big for this launch: the chosen one
+        tile = _STAGED[swiglu]                # a forced tile too big for this launch: a default one
     return _Plan(tile, kind, block, scales, w, w_up, scale, scale_up, vec, xvec)
 
 
@@ -887,6 +891,9 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, items, row_index, max_rows, acc
     grid = (cols, row_blocks, 1 if grouped else Z)
     if cols == 0 or Z == 0 or row_blocks == 0:
         return
+    if max(grid[1:]) > _GRID_Y_MAX:
+        raise ValueError(f"a GEMM of {row_blocks} {'work items' if grouped else 'row tiles'} and {grid[2]} groups: "
+                         f"CUDA grids hold at most {_GRID_Y_MAX} blocks in y and z (fewer rows a launch)")
     idx = n_rows if n_rows is not None else items   # stands in for the unused int32 arrays
     scale = out if plan.scale is None else plan.scale
     scale_up = out if plan.scale_up is None else plan.scale_up
@@ -949,10 +956,11 @@ def enqueue_grouped_linear(x, w, out, items, max_rows, *, precision, row_index=N
             tile, tile_rows=tile_rows, live_groups=live_groups)
 
 
-def grouped_rows_a_tile(x, w, max_rows, *, precision, w_up=None, tile_rows=None, live_groups=None):
-    """The rows a block of ``enqueue_grouped_linear``'s chosen tile multiplies at once (same
-    arguments): work items of this many rows give each block one tile of rows."""
-    return rows_a_tile(_plan(x, 0, w, w_up, max_rows, precision, None, tile_rows, live_groups).tile)
+def grouped_rows_a_tile(x, w, max_rows, *, precision, w_up=None, tile_rows=None, live_groups=None, tile=None):
+    """The rows a block of ``enqueue_grouped_linear``'s tile (``tile`` if forced and it fits, else
+    the chosen one) multiplies at once (same arguments): work items of this many rows give each
+    block one tile of rows."""
+    return rows_a_tile(_plan(x, 0, w, w_up, max_rows, precision, tile, tile_rows, live_groups).tile)
 
 
 # -- the public launcher (twin: reference.linear.linear) -------------------------------------

@@ -162,7 +162,7 @@ class MoEBuffers:
         events (``self.fork``, ``self.join``); made on first use, outside any capture when the
         block has run once eagerly first (as ``_device.capture_graph`` does)."""
         if self._side is None:
-            self.fork, self.join = cuda.event(), cuda.event()
+            self.fork, self.join = (cuda.event() if SIM else cuda.event(timing=False) for _ in range(2))
             self._side = cuda.stream()
         return self._side
 
@@ -465,22 +465,22 @@ def _expert_tiling(bufs):
     return dict(tile_rows=typical, live_groups=live)
 
 
-def expert_item_rows(x, experts_gate, experts_up, bufs, *, precision):
-    """The work-item size for ``enqueue_moe_sort`` that gives each block of the chosen gate|up
-    tile one row tile: the rows it multiplies at once."""
-    return grouped_rows_a_tile(x, experts_gate, bufs.max_rows, precision=precision, w_up=experts_up,
+def expert_item_rows(x, experts_gate, experts_up, bufs, *, precision, tile=None):
+    """The work-item size for ``enqueue_moe_sort`` that gives each block of the gate|up tile
+    (``tile`` if forced, else the chosen one) one row tile: the rows it multiplies at once."""
+    return grouped_rows_a_tile(x, experts_gate, bufs.max_rows, precision=precision, w_up=experts_up, tile=tile,
                                **_expert_tiling(bufs))
 
 
 def _expert_launches(x, experts_gate, experts_up, experts_down, bufs, precision, tile, stream):
     """``enqueue_moe_experts``'s two grouped GEMMs as (name, launch()) pairs: a row of blocks
-    for each work item the last ``enqueue_moe_sort`` can have written (``bufs.item_rows``)."""
-    items = bufs.work_items()
+    for each work item the ``enqueue_moe_sort`` enqueued before the launch can have written
+    (``bufs.work_items()``, read when the launch is made, after the sort's)."""
     grouped = dict(precision=precision, tile=tile, stream=stream, **_expert_tiling(bufs))
     return [
-        ("experts gate|up", lambda: enqueue_grouped_linear(x, experts_gate, bufs.act, items, bufs.max_rows,
+        ("experts gate|up", lambda: enqueue_grouped_linear(x, experts_gate, bufs.act, bufs.work_items(), bufs.max_rows,
                                                            row_index=bufs.slot_token, w_up=experts_up, **grouped)),
-        ("experts down", lambda: enqueue_grouped_linear(bufs.act, experts_down, bufs.expert_out, items,
+        ("experts down", lambda: enqueue_grouped_linear(bufs.act, experts_down, bufs.expert_out, bufs.work_items(),
                                                         bufs.max_rows, **grouped)),
     ]
 
@@ -550,7 +550,7 @@ def _moe_block_launches(m, x, *, gate, bias, experts_gate, experts_up, experts_d
     pairs: ``tools/moe_stages.py`` times them one by one. The shared experts' go to
     ``shared_stream`` if given (the caller orders it), else to ``stream``."""
     sstream = stream if shared_stream is None else shared_stream
-    item_rows = expert_item_rows(m, experts_gate, experts_up, bufs, precision=precision)
+    item_rows = expert_item_rows(m, experts_gate, experts_up, bufs, precision=precision, tile=tile)
     launches = [
         ("router", lambda: enqueue_linear(m, gate, bufs.logits, n_rows, precision=ROUTER_PRECISION, tile=tile,
                                           stream=stream)),
