@@ -46,7 +46,7 @@ def main():
     from numba import cuda
     from tune_tiles import timed
     from verify_forward import MOONLIGHT, build_target
-    from ddtree_numba.kernels.linear import _Staged, _Tile, enqueue_linear, enqueue_swiglu, rows_a_tile
+    from ddtree_numba.kernels.linear import _Staged, _Tile, _rows_a_tile, enqueue_linear, enqueue_swiglu
     from ddtree_numba.kernels.moe import (ROUTER_PRECISION, _expert_launches, _moe_block_launches, enqueue_moe_block,
                                           enqueue_moe_sort)
     from ddtree_numba.model.config import ModelConfig
@@ -97,11 +97,11 @@ def main():
         for spec in args.tiles:
             tile = parse(spec)
             # work items as tall as the forced tile's rows, as the block would sort them for it
-            enqueue_moe_sort(ws.moe.topk_ids, ws.moe.topk_weights, ws.moe, ws.n_rows, item_rows=rows_a_tile(tile))
+            enqueue_moe_sort(ws.moe.topk_ids, ws.moe.topk_weights, ws.moe, ws.n_rows, item_rows=_rows_a_tile(tile))
             forced = lambda s: _expert_launches(ws.normed, lw.experts_gate_proj, lw.experts_up_proj,
                                                 lw.experts_down_proj, ws.moe, target.gemm_args["precision"], tile, s)
             t_us = [timed(lambda s, i=i: forced(s)[i][1](), args.repeat) for i in range(2)]
-            print(f"{rows} rows, expert tile {tuple(tile)} (items of {rows_a_tile(tile)} rows): gate|up "
+            print(f"{rows} rows, expert tile {tuple(tile)} (items of {_rows_a_tile(tile)} rows): gate|up "
                   f"{t_us[0]:.1f} µs, down {t_us[1]:.1f} µs (chosen: {us[names.index('experts gate|up')]:.1f}, "
                   f"{us[names.index('experts down')]:.1f})")
         for spec in args.router_tiles:

@@ -208,15 +208,15 @@ def _scale_slots(kind, MT, swiglu):
 
 
 @device_function
-def _block_rows(items, n_rows, rows_a_tile, grouped):
+def _block_rows(items, n_rows, rows_per_tile, grouped):
     """The group and rows a block multiplies, as (z, first, end, step): its row tiles start at
     first, first + step, ... below end. Grouped: work item blockIdx.y of ``items``, (z, first,
-    end) at 3y (its rows, in tiles of ``rows_a_tile``); else group blockIdx.z and rows
-    blockIdx.y * rows_a_tile, grid-strided below n_rows[0]."""
+    end) at 3y (its rows, in tiles of ``rows_per_tile``); else group blockIdx.z and rows
+    blockIdx.y * rows_per_tile, grid-strided below n_rows[0]."""
     y = nonneg(cuda.blockIdx.y)
     if grouped:
-        return nonneg(items[3 * y]), nonneg(items[3 * y + 1]), nonneg(items[3 * y + 2]), rows_a_tile
-    return nonneg(cuda.blockIdx.z), y * rows_a_tile, nonneg(n_rows[0]), nonneg(cuda.gridDim.y) * rows_a_tile
+        return nonneg(items[3 * y]), nonneg(items[3 * y + 1]), nonneg(items[3 * y + 2]), rows_per_tile
+    return nonneg(cuda.blockIdx.z), y * rows_per_tile, nonneg(n_rows[0]), nonneg(cuda.gridDim.y) * rows_per_tile
 
 
 @functools.lru_cache(maxsize=None)
@@ -863,7 +863,7 @@ def _plan(x, x_gs, w, w_up, max_rows, precision, tile=None, tile_rows=None, live
     return _Plan(tile, kind, block, scales, w, w_up, scale, scale_up, vec, xvec)
 
 
-def rows_a_tile(tile):
+def _rows_a_tile(tile):
     """The rows one block of ``tile`` multiplies at once (a ``_Tile``'s warp, a ``_Staged`` block)."""
     return 8 * tile.RT * (tile.WN if isinstance(tile, _Staged) else 1)
 
@@ -877,7 +877,7 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, items, row_index, max_rows, acc
     plan = _plan(x, x_gs, w, w_up, max_rows, precision, tile, tile_rows, live_groups)
     tile, kind, block, scales, w, w_up = plan.tile, plan.kind, plan.block, plan.scales, plan.w, plan.w_up
     Z, N = w.shape[0], w.shape[1]
-    row_blocks = items.shape[0] // 3 if grouped else max(1, ceil_div(max_rows, rows_a_tile(tile)))
+    row_blocks = items.shape[0] // 3 if grouped else max(1, ceil_div(max_rows, _rows_a_tile(tile)))
     if isinstance(tile, _Staged):
         kernel = _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, *tile, block=block,
                                 scales=scales)
@@ -956,11 +956,11 @@ def enqueue_grouped_linear(x, w, out, items, max_rows, *, precision, row_index=N
             tile, tile_rows=tile_rows, live_groups=live_groups)
 
 
-def grouped_rows_a_tile(x, w, max_rows, *, precision, w_up=None, tile_rows=None, live_groups=None, tile=None):
+def _grouped_rows_a_tile(x, w, max_rows, *, precision, w_up=None, tile_rows=None, live_groups=None, tile=None):
     """The rows a block of ``enqueue_grouped_linear``'s tile (``tile`` if forced and it fits, else
     the chosen one) multiplies at once (same arguments): work items of this many rows give each
     block one tile of rows."""
-    return rows_a_tile(_plan(x, 0, w, w_up, max_rows, precision, tile, tile_rows, live_groups).tile)
+    return _rows_a_tile(_plan(x, 0, w, w_up, max_rows, precision, tile, tile_rows, live_groups).tile)
 
 
 # -- the public launcher (twin: reference.linear.linear) -------------------------------------

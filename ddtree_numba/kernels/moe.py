@@ -43,7 +43,7 @@ from .._device import (cached, ceil_div, device_function, float32_out, fma,
 from ..dtypes import STORAGE_DTYPES
 from ._widen import KINDS
 from ..reference.moe import work_item_capacity
-from .linear import enqueue_grouped_linear, enqueue_linear, enqueue_swiglu, grouped_rows_a_tile
+from .linear import _grouped_rows_a_tile, enqueue_grouped_linear, enqueue_linear, enqueue_swiglu
 
 ROUTER_PRECISION = "fp32"   # HF computes the router in float32 whatever the model's dtype
 # The shared experts on a second stream, beside the routed ones (``enqueue_moe_block``). Off until
@@ -465,10 +465,10 @@ def _expert_tiling(bufs):
     return dict(tile_rows=typical, live_groups=live)
 
 
-def expert_item_rows(x, experts_gate, experts_up, bufs, *, precision, tile=None):
+def _expert_item_rows(x, experts_gate, experts_up, bufs, *, precision, tile=None):
     """The work-item size for ``enqueue_moe_sort`` that gives each block of the gate|up tile
     (``tile`` if forced, else the chosen one) one row tile: the rows it multiplies at once."""
-    return grouped_rows_a_tile(x, experts_gate, bufs.max_rows, precision=precision, w_up=experts_up, tile=tile,
+    return _grouped_rows_a_tile(x, experts_gate, bufs.max_rows, precision=precision, w_up=experts_up, tile=tile,
                                **_expert_tiling(bufs))
 
 
@@ -550,7 +550,7 @@ def _moe_block_launches(m, x, *, gate, bias, experts_gate, experts_up, experts_d
     pairs: ``tools/moe_stages.py`` times them one by one. The shared experts' go to
     ``shared_stream`` if given (the caller orders it), else to ``stream``."""
     sstream = stream if shared_stream is None else shared_stream
-    item_rows = expert_item_rows(m, experts_gate, experts_up, bufs, precision=precision, tile=tile)
+    item_rows = _expert_item_rows(m, experts_gate, experts_up, bufs, precision=precision, tile=tile)
     launches = [
         ("router", lambda: enqueue_linear(m, gate, bufs.logits, n_rows, precision=ROUTER_PRECISION, tile=tile,
                                           stream=stream)),
@@ -687,7 +687,7 @@ def moe_experts(x, topk_ids, topk_weights, gate_weights, up_weights, down_weight
             n_rows = rows_device(t, stream)
             x_dev, gate_dev, up_dev = (to_device(a, stream) for a in (x, gate_weights, up_weights))
             enqueue_moe_sort(to_device(topk_ids, stream), to_device(topk_weights, stream), bufs, n_rows,
-                             item_rows=expert_item_rows(x_dev, gate_dev, up_dev, bufs, precision=precision),
+                             item_rows=_expert_item_rows(x_dev, gate_dev, up_dev, bufs, precision=precision),
                              stream=stream)
             enqueue_moe_experts(x_dev, gate_dev, up_dev, to_device(down_weights, stream),
                                 bufs, precision=precision, stream=stream)
