@@ -106,7 +106,11 @@ SIGNATURES = {
         # every flag combination at fp32 (the three-mma path); bf16's one-mma path at two of them
         # (CI time: each variant is ~2 s of the suite's longest test)
         if precision == "fp32" or (swiglu, acc, grouped, gather) in ((False, False, False, False),
-                                                                     (True, False, True, True))],
+                                                                     (True, False, True, True))] + [
+        # activations raw until the mma (``xraw``, the ``_X_RAW`` experiment): gathered SwiGLU experts
+        (("bf16", True, False, True, True, True, True, precision, 1, 2, 2, (0, 0), "f32", True),
+         f"void({F32_2}, int64, uint16[:, :, ::1], uint16[:, :, ::1], {F32_2}, {F32_2}, {F32_2}, int64, {I32_1}, "
+         f"{I32_1}, {I32_1})") for precision in ("bf16", "fp32")],
     # staged: (kind, swiglu, accumulate, grouped, gather, precision, WM, WN, MT, RT, block)
     "linear._staged_kernel": [
         ((kind, swiglu, acc, grouped, gather, precision, *tile, block, scales),

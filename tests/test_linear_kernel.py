@@ -588,3 +588,27 @@ def test_simulated_mma_is_the_fragment_layout_of_the_ptx_isa(rng):
     kernel[1, 32](A, B, C, D)
     want = bf16_round(A).astype(np.float64) @ bf16_round(B).astype(np.float64) + C
     np.testing.assert_allclose(D, want, rtol=2 ** -23, atol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_activations_kept_raw_until_the_mma_give_the_same_bits(rng, monkeypatch, precision):
+    """``_X_RAW`` (the register kernel converts each chunk's activations at its mma step, and reads
+    a tile's gathered row numbers once): the bits of the default kernel, for gathered SwiGLU
+    experts and a plain projection, at tiles of one and several row tiles and of warps splitting
+    the chunks; in both precisions (fp32 splits each activation into hi + lo there)."""
+    K, N = 96, 22
+    offsets, x, row_index, (w, wf), (wu, _) = _grouped_case(rng, "bf16", [3, 0, 9], K, N, True)
+    Ro = int(offsets[-1])
+
+    def run(xraw, tile):
+        monkeypatch.setattr(L, "_X_RAW", xraw)
+        d_out = dev(np.full((Ro, N), np.nan, np.float32))
+        L.enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets)), 9, precision=precision,
+                                 row_index=dev(row_index), w_up=dev(wu), tile=tile)
+        return d_out.copy_to_host(), run_linear(x, w[0], precision, tile=tile)
+
+    for name in ("small", "split", "wide"):
+        raw, plain = run(True, L.TILES[name]), run(False, L.TILES[name])
+        assert_bits(raw[0], plain[0]), name
+        assert_bits(raw[1], plain[1]), name
+        assert not np.isnan(raw[0]).any()

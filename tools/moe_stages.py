@@ -42,8 +42,13 @@ def main():
     ap.add_argument("--profile", action="store_true",
                     help="no timing: run each block once more between cuda.profile_start / stop, for "
                          "ncu --profile-from-start off (eager launches, in the table's order)")
+    ap.add_argument("--x-raw", action="store_true",
+                    help="the register GEMM kernel with its activations raw until the mma (kernels.linear._X_RAW)")
     args = ap.parse_args()
     from numba import cuda
+    if args.x_raw:
+        import ddtree_numba.kernels.linear as linear_kernels
+        linear_kernels._X_RAW = True
     from tune_tiles import timed
     from verify_forward import MOONLIGHT, build_target
     from ddtree_numba.kernels.linear import _Staged, _Tile, _rows_a_tile, enqueue_linear, enqueue_swiglu

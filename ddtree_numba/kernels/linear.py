@@ -55,7 +55,7 @@ import math
 from collections import namedtuple
 
 import numpy as np
-from numba import config, cuda, float32, uint32, uint64
+from numba import config, cuda, float32, int64, uint32, uint64
 
 from .._checks import check_array, check_precision
 from .._device import (cached, ceil_div, device_function, float32_out, fma, is_device, launcher_result, nonneg,
@@ -69,6 +69,9 @@ STEPS = KC // 16           # mma k steps a chunk
 _SIM = bool(config.ENABLE_CUDASIM)
 _SMEM_MAX = 48 * 1024      # static shared memory per block
 _GRID_Y_MAX = 65535        # blocks a CUDA grid holds in y (and z)
+# The register kernel's activations kept raw until their chunk's mma (``_mma_kernel(xraw=)``): an
+# experiment, off until measured on the H200 (tools/moe_stages.py --x-raw).
+_X_RAW = False
 
 # MT m16 weight tiles and RT n8 row tiles a warp, NW warps a block splitting the chunks.
 _Tile = namedtuple("_Tile", "MT RT NW")
@@ -221,7 +224,7 @@ def _block_rows(items, n_rows, rows_per_tile, grouped):
 
 @functools.lru_cache(maxsize=None)
 def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision, MT, RT, NW, block=(0, 0),
-                scales="f32"):
+                scales="f32", xraw=False):
     """Every projection of the module (the device tier below is its only caller).
 
     ``kernel(x, x_gs, w, w_up, w_scale, w_up_scale, out, o_gs, n_rows, items, row_index)``: for group z
@@ -237,6 +240,12 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
     scales, float32 or bf16 bits (``scales``), ``block`` = (1, group). Grid: (column blocks of
     16*MT, row tiles of 8*RT grid-strided, Z), grouped (column blocks, work items, 1); 32*NW
     threads.
+
+    ``xraw`` (with ``xvec``; an experiment, off unless forced: ``_X_RAW``): the activations stay
+    raw float32 pairs in registers until their chunk's mma step (as float8 weights do), so the
+    prefetch of the next chunk does not wait for its activations to land before the current
+    chunk's mma; and a tile's gathered row numbers are read once, not once a chunk. The same
+    conversions in the same order: the same bits.
     """
     S = 2 if swiglu else 1                    # matrices: gate (and up)
     FP8 = kind in SCALED_KINDS                # quantized (float8 / int4): scales per block (``_epilogue``)
@@ -258,12 +267,14 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
     NAL = NA if WSPLIT else 1                 # lo words: only when split
     NBL = NB if XSPLIT else 1
     XVEC = xvec                               # activations read as float32 pairs (uint64)
+    XRAW = xraw and xvec                      # ... kept raw until the mma step
+    NXR = STEPS * RT * 2 if XRAW else 1       # raw uint64 pairs a lane holds for a chunk
     PB = (NW, PS, 32) if NW > 1 else (1, 1, 1)
     ELEM = STORED[kind]
     widen = WIDEN[kind]
 
     @device_function
-    def load_chunk(c, x, xc, wv, wuv, z, col0, N, K, tile0, end, row_index, g, t, wa, wl, xb, xl, f):
+    def load_chunk(c, x, xc, wv, wuv, z, col0, N, K, tile0, end, row_index, g, t, wa, wl, xb, xl, xr, rows, f):
         """Chunk c's fragments into (wa, wl, xb, xl): lane (g, t) takes k = 4t..4t+3 of each
         k step, for its weight rows g and g+8 of each m tile and its row g of each row tile.
         Past K (or C) the loads give zeros."""
@@ -302,9 +313,19 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
             for rt in range(RT):
                 j = tile0 + rt * 8 + g
                 rx = j
-                if gather and j < end:
+                if XRAW:
+                    rx = rows[rt]
+                elif gather and j < end:
                     rx = row_index[j]
-                if XVEC:                      # two float32 pairs (K % 4 == 0: all four or none)
+                if XRAW:                      # two float32 pairs, converted by mma_chunk
+                    u0 = uint64(0)
+                    u1 = uint64(0)
+                    if j < end and k0 < K:
+                        u0 = x[rx, (xc + k0) // 2]
+                        u1 = x[rx, (xc + k0) // 2 + 1]
+                    xr[(st * RT + rt) * 2] = u0
+                    xr[(st * RT + rt) * 2 + 1] = u1
+                elif XVEC:                    # two float32 pairs (K % 4 == 0: all four or none)
                     u0 = uint64(0)
                     u1 = uint64(0)
                     if j < end and k0 < K:
@@ -320,16 +341,26 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                         if j < end and k0 + e < K:
                             v = x[rx, xc + k0 + e]
                         f[e] = v
-                bi = (st * RT + rt) * 2
-                _fragment_words(f, xb, xl, bi, bi + 1, XSPLIT)
+                if not XRAW:
+                    bi = (st * RT + rt) * 2
+                    _fragment_words(f, xb, xl, bi, bi + 1, XSPLIT)
 
     @device_function
-    def mma_chunk(wa, wl, xb, xl, acc):
+    def mma_chunk(wa, wl, xb, xl, xr, f, acc):
         """The chunk's mma chains into acc, from 0, ascending k step (the terms of a step in the
-        order of the module docstring)."""
+        order of the module docstring). ``XRAW``: each step's activations are converted from
+        their raw pairs in xr into xb (xl) first."""
         for q in range(PS):
             acc[q] = float32(0.0)
         for st in range(STEPS):
+            if XRAW:
+                for rt in range(RT):
+                    bi = (st * RT + rt) * 2
+                    f[0] = lo_f32(xr[bi])
+                    f[1] = hi_f32(xr[bi])
+                    f[2] = lo_f32(xr[bi + 1])
+                    f[3] = hi_f32(xr[bi + 1])
+                    _fragment_words(f, xb, xl, bi, bi + 1, XSPLIT)
             for mt in range(MT):
                 for s in range(S):
                     ai = ((st * MT + mt) * S + s) * 4
@@ -438,6 +469,9 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
         wl1 = cuda.local.array(NAL, uint32)
         xb1 = cuda.local.array(NB, uint32)
         xl1 = cuda.local.array(NBL, uint32)
+        xr0 = cuda.local.array(NXR, uint64)   # XRAW: raw activation pairs of a chunk
+        xr1 = cuda.local.array(NXR, uint64)
+        rows = cuda.local.array(RT, int64)    # XRAW: the activation row of each row tile
         sv0 = cuda.local.array(NSV, float32)  # the chunks' scales (quantized kinds)
         sv1 = cuda.local.array(NSV, float32)
         acc = cuda.local.array(PS, float32)
@@ -446,21 +480,31 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
         for tile0 in range(first, end, step):
             for q in range(OWNS):
                 ys[q] = float32(0.0)
-            load_chunk(warp, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index, g, t, wa0, wl0, xb0, xl0, f)
+            if XRAW:
+                for rt in range(RT):
+                    j = tile0 + rt * 8 + g
+                    rows[rt] = j
+                    if gather and j < end:
+                        rows[rt] = row_index[j]
+            load_chunk(warp, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index, g, t, wa0, wl0, xb0, xl0, xr0,
+                       rows, f)
             load_scales(sv0, sc, scu, z, col0, N, warp, C, g)
             for rnd in range(0, rounds, 2):
                 if rnd + 1 < rounds:
                     load_chunk((rnd + 1) * NW + warp, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index,
-                               g, t, wa1, wl1, xb1, xl1, f)
+                               g, t, wa1, wl1, xb1, xl1, xr1, rows, f)
                     load_scales(sv1, sc, scu, z, col0, N, (rnd + 1) * NW + warp, C, g)
-                mma_chunk(wa0, wl0, xb0, xl0, acc)
+                mma_chunk(wa0, wl0, xb0, xl0, xr0, f, acc)
                 add_partials(rnd, C, warp, lane, acc, ys, pbuf, sv0, sbuf)
                 if rnd + 1 < rounds:
                     if rnd + 2 < rounds:
                         load_chunk((rnd + 2) * NW + warp, xv, xc, wv, wuv, z, col0, N, K, tile0, end,
-                                   row_index, g, t, wa0, wl0, xb0, xl0, f)
+                                   row_index, g, t, wa0, wl0, xb0, xl0, xr0, rows, f)
                         load_scales(sv0, sc, scu, z, col0, N, (rnd + 2) * NW + warp, C, g)
-                    mma_chunk(wa1, wl1, xb1, xl1, acc)
+                    if XRAW:                  # xb0 / xl0 are scratch for either chunk's conversion
+                        mma_chunk(wa1, wl1, xb0, xl0, xr1, f, acc)
+                    else:
+                        mma_chunk(wa1, wl1, xb1, xl1, xr1, f, acc)
                     add_partials(rnd + 1, C, warp, lane, acc, ys, pbuf, sv1, sbuf)
             # -- write the owned outputs: position p = (mt*RT + rt)*4 + e is feature g + 8*(e//2)
             #    of m tile mt and row 2t + e%2 of row tile rt (the C fragment layout)
@@ -885,7 +929,7 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, items, row_index, max_rows, acc
         threads = 32 * tile.WM * tile.WN
     else:
         kernel = _mma_kernel(kind, swiglu, accumulate, grouped, gather, plan.vec, plan.xvec, precision, *tile,
-                             block=block, scales=scales)
+                             block=block, scales=scales, xraw=_X_RAW and plan.xvec)
         cols = ceil_div(N, 16 * tile.MT)
         threads = 32 * tile.NW
     grid = (cols, row_blocks, 1 if grouped else Z)
