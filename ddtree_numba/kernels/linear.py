@@ -824,10 +824,12 @@ def _choose(max_rows, n_cols, n_k, swiglu, n_groups, kind="bf16"):
             rt = 1            # expert groups of a few rows: more, lighter warps stream the weights
         mt = 2                # two m tiles: each activation load feeds two mma
         nw_max = _NW_MAX
+        # (the simulator takes the m tiles but not the extra warps: each split of the chunks
+        # costs it a block-wide barrier per round, minutes over the suite)
         if few:
-            mt, nw_min = (1 if swiglu else 2), _FEW_ROWS_WARPS
+            mt, nw_min = (1 if swiglu else 2), (1 if _SIM else _FEW_ROWS_WARPS)
         elif swiglu and rt == 4:
-            mt, nw_min = 1, 2  # two matrices at 2 x 4 tiles spill registers (above)
+            mt, nw_min = 1, (1 if _SIM else 2)  # two matrices at 2 x 4 tiles spill registers (above)
     chunks = max(1, ceil_div(n_k, KC))
     blocks = ceil_div(n_cols, 16 * mt) * ceil_div(max_rows, 8 * rt) * n_groups
     nw = 1
