@@ -271,7 +271,7 @@ def test_shared_experts_on_a_side_stream_give_the_same_bits(rng):
     """``concurrent``: the shared experts on the buffers' side stream, forked and joined around
     the routed ones, add the same bits as in line (a GPU also checks that the join orders the
     combine after them: run on a non-default stream, the block's one)."""
-    R, n = 11, 9
+    R, n = 6, 5
     route, m, x, gate, bias, experts, sh, bufs = _block_case(rng, R, n, "bf16", True)
     inline = _run_block(route, m, x, gate, bias, experts, sh, bufs, n)
     side = _run_block(route, m, x, gate, bias, experts, sh, bufs, n, concurrent=True)
