@@ -46,9 +46,9 @@ def main():
                     help="the register GEMM kernel with its activations raw until the mma (kernels.linear._X_RAW)")
     args = ap.parse_args()
     from numba import cuda
-    if args.x_raw:
-        import ddtree_numba.kernels.linear as linear_kernels
-        linear_kernels._X_RAW = True
+    if args.x_raw:                            # the module (kernels.linear is also the launcher's name)
+        import importlib
+        importlib.import_module("ddtree_numba.kernels.linear")._X_RAW = True
     from tune_tiles import timed
     from verify_forward import MOONLIGHT, build_target
     from ddtree_numba.kernels.linear import _Staged, _Tile, _rows_a_tile, enqueue_linear, enqueue_swiglu
