@@ -91,6 +91,15 @@ def _split_bf16x2(a, b):
 
 
 @device_function
+def _unpack_pairs(u0, u1, f):
+    """Two uint64 words of two float32 each (low half first) -> f[0..3], in k order."""
+    f[0] = lo_f32(u0)
+    f[1] = hi_f32(u0)
+    f[2] = lo_f32(u1)
+    f[3] = hi_f32(u1)
+
+
+@device_function
 def _fragment_words(f, hi, lo, i0, i1, split):
     """f[0], f[1] -> word i0 and f[2], f[3] -> word i1 of ``hi`` (two bf16 each, rounded), and with
     ``split`` what the rounding left out -> the same words of ``lo``."""
@@ -317,24 +326,18 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                     rx = rows[rt]
                 elif gather and j < end:
                     rx = row_index[j]
-                if XRAW:                      # two float32 pairs, converted by mma_chunk
+                bi = (st * RT + rt) * 2
+                if XVEC:                      # two float32 pairs (K % 4 == 0: all four or none)
                     u0 = uint64(0)
                     u1 = uint64(0)
                     if j < end and k0 < K:
                         u0 = x[rx, (xc + k0) // 2]
                         u1 = x[rx, (xc + k0) // 2 + 1]
-                    xr[(st * RT + rt) * 2] = u0
-                    xr[(st * RT + rt) * 2 + 1] = u1
-                elif XVEC:                    # two float32 pairs (K % 4 == 0: all four or none)
-                    u0 = uint64(0)
-                    u1 = uint64(0)
-                    if j < end and k0 < K:
-                        u0 = x[rx, (xc + k0) // 2]
-                        u1 = x[rx, (xc + k0) // 2 + 1]
-                    f[0] = lo_f32(u0)
-                    f[1] = hi_f32(u0)
-                    f[2] = lo_f32(u1)
-                    f[3] = hi_f32(u1)
+                    if XRAW:                  # kept raw: mma_chunk converts them
+                        xr[bi] = u0
+                        xr[bi + 1] = u1
+                    else:
+                        _unpack_pairs(u0, u1, f)
                 else:
                     for e in range(4):
                         v = float32(0.0)
@@ -342,7 +345,6 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                             v = x[rx, xc + k0 + e]
                         f[e] = v
                 if not XRAW:
-                    bi = (st * RT + rt) * 2
                     _fragment_words(f, xb, xl, bi, bi + 1, XSPLIT)
 
     @device_function
@@ -356,10 +358,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
             if XRAW:
                 for rt in range(RT):
                     bi = (st * RT + rt) * 2
-                    f[0] = lo_f32(xr[bi])
-                    f[1] = hi_f32(xr[bi])
-                    f[2] = lo_f32(xr[bi + 1])
-                    f[3] = hi_f32(xr[bi + 1])
+                    _unpack_pairs(xr[bi], xr[bi + 1], f)
                     _fragment_words(f, xb, xl, bi, bi + 1, XSPLIT)
             for mt in range(MT):
                 for s in range(S):
@@ -624,10 +623,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
         for i in range(NXW):
             idx = tid + i * NT
             if idx < BR * Q:
-                f[0] = lo_f32(xst0[i])
-                f[1] = hi_f32(xst0[i])
-                f[2] = lo_f32(xst1[i])
-                f[3] = hi_f32(xst1[i])
+                _unpack_pairs(xst0[i], xst1[i], f)
                 if XSPLIT:
                     h0, l0 = _split_bf16x2(f[0], f[1])
                     h1, l1 = _split_bf16x2(f[2], f[3])
