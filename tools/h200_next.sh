@@ -34,5 +34,5 @@ timeout $(left 420) ncu --profile-from-start off --clock-control none --section 
 timeout $(left 570) python3 benchmarks/verify_forward.py --nodes 1 16 64 256 --no-breakdown --reps 5 \
   --shared-side-stream 2>&1 | tail -7
 } 2>&1 | tee "$OUT/log.txt"
-cp docs/PERFORMANCE.md "$OUT/PERFORMANCE.md"
+cp docs/PERFORMANCE.md "$OUT/PERFORMANCE.md"; cp benchmarks/results/verify_forward.json "$OUT/" 2>/dev/null
 echo "elapsed $(( $(date +%s) - T0 ))"
