@@ -535,7 +535,11 @@ def test_choose_fills_the_gpu_with_warps_only_up_to_the_chunks(monkeypatch):
         # expert groups: one row tile a warp up to _GROUPED_ONE_ROW_TILE rows, the general rule past it
         assert (L._choose(24, 1408, 2048, True, 64).RT, L._choose(24, 1408, 2048, True, 64).MT) == (1, 2)
         assert L._choose(24, 1408, 2048, True, 1).RT == 4                 # one group: unchanged
-        assert L._choose(L._GROUPED_ONE_ROW_TILE + 1, 1408, 2048, True, 64).RT == 4
+        assert L._choose(L._GROUPED_ONE_ROW_TILE + 1, 1408, 2048, False, 64).RT == 4
+        # ... except the experts' gate|up (SwiGLU groups): two m tiles of two row tiles, never staged
+        assert L._choose(L._GROUPED_ONE_ROW_TILE + 1, 1408, 2048, True, 64) == L._TALL_SWIGLU
+        assert L._choose_staged(4 * L._STAGED_ROWS, 1408, True, 64) is None
+        assert L._choose_staged(4 * L._STAGED_ROWS, 2048, False, 64) == L._STAGED[True]
     L._choose.cache_clear()
 
 

@@ -757,7 +757,9 @@ def _choose_staged(max_rows, n_cols, swiglu, n_groups):
     """The staged kernel's tile when a group holds enough rows for shared tiles to pay and the
     launch has enough blocks to fill the GPU (its blocks do not split the chunks, so with few of
     them the register kernel, which does, is faster: measured on the H200); else None."""
-    tile = _STAGED[swiglu or n_groups > 1]    # groups (experts, heads): 64 x 64 blocks for both GEMMs
+    if swiglu and n_groups > 1:
+        return None                           # experts' gate|up: the register kernel (_TALL_SWIGLU)
+    tile = _STAGED[swiglu or n_groups > 1]    # SwiGLU, groups (experts' down, heads): 64 x 64 blocks
     blocks = ceil_div(n_cols, 16 * tile.MT * tile.WM) * ceil_div(max_rows, 8 * tile.RT * tile.WN) * n_groups
     return tile if max_rows >= _STAGED_ROWS and blocks >= _STAGED_BLOCKS else None
 
@@ -782,6 +784,12 @@ _FEW_ROWS_WARPS = 4
 # as there are chunks, up to _NW_MAX. Measured on the H200 (the fp32 router, 64 x 2048): 23.1 ->
 # 11.5 µs at 1 row, 23.8 -> 11.9 at 17, 24.0 -> 12.2 at 65, 37.7 -> 22.9 at 272.
 _NARROW_COLS = 64
+# Expert groups (SwiGLU, grouped) of more typical rows than _GROUPED_ONE_ROW_TILE take two m
+# tiles and two row tiles a warp, in the register kernel: the staged kernel's 64 x 64 blocks
+# compute mostly padding there. Measured on the H200 (tools/moe_stages.py --tiles, Moonlight's
+# experts, 272 rows: typical share 52): gate|up 830 µs (staged 2,4,2,2) -> 590 µs (2,2,1); down
+# stays staged (331 µs; 358 at 2,2,1).
+_TALL_SWIGLU = _Tile(2, 2, 1)
 # A SwiGLU register tile of four row tiles takes one m tile (two spill 370-730 bytes a thread:
 # ptxas -v), and at least two warps. Measured on the H200 (the shared experts, 2816 x 2048;
 # tools/moe_stages.py --shared-tiles): gate|up at 17 rows (a 32-row workspace) 41.0 -> 23.7 µs,
@@ -824,6 +832,8 @@ def _choose(max_rows, n_cols, n_k, swiglu, n_groups, kind="bf16"):
         # costs it a block-wide barrier per round, minutes over the suite)
         if few:
             mt, nw_min = (1 if swiglu else 2), (1 if _SIM else _FEW_ROWS_WARPS)
+        elif swiglu and n_groups > 1 and max_rows > _GROUPED_ONE_ROW_TILE:
+            return _TALL_SWIGLU
         elif swiglu and rt == 4:
             mt, nw_min = 1, (1 if _SIM else 2)  # two matrices at 2 x 4 tiles spill registers (above)
     chunks = max(1, ceil_div(n_k, KC))
