@@ -214,17 +214,17 @@ def main():
                          "projected to 61; results in kimi_k2.json)")
     ap.add_argument("--dry-run", action="store_true",
                     help="a tiny config of the same architecture (checks the script, e.g. in the simulator)")
-    ap.add_argument("--shared-side-stream", action="store_true",
-                    help="the MoE blocks' shared experts on a side stream (kernels.moe.CONCURRENT_SHARED)")
-    ap.add_argument("--x-raw", action="store_true",
-                    help="the register GEMM kernel's activations raw until the mma (kernels.linear._X_RAW)")
+    ap.add_argument("--shared-inline", action="store_true",
+                    help="the MoE blocks' shared experts in line, not on a side stream (kernels.moe.CONCURRENT_SHARED)")
+    ap.add_argument("--no-x-raw", action="store_true",
+                    help="the register GEMM kernel packs activations at their loads (kernels.linear._X_RAW off)")
     args = ap.parse_args()
-    if args.shared_side_stream:
+    if args.shared_inline:
         import ddtree_numba.kernels.moe as moe_kernels
-        moe_kernels.CONCURRENT_SHARED = True
-    if args.x_raw:                            # the module (kernels.linear is also the launcher's name)
+        moe_kernels.CONCURRENT_SHARED = False
+    if args.no_x_raw:                         # the module (kernels.linear is also the launcher's name)
         import importlib
-        importlib.import_module("ddtree_numba.kernels.linear")._X_RAW = True
+        importlib.import_module("ddtree_numba.kernels.linear")._X_RAW = False
 
     from numba import config as numba_config
     from numba import cuda
@@ -280,8 +280,8 @@ def main():
             f"run); GEMMs on tensor cores in precision {args.precision}; bytes count every weight read once (routed "
             "experts: the expected number touched under uniform routing) and the f32 latent cache; "
             "peer = HF DeepseekV3ForCausalLM bf16 on the same GPU, measured in this run (--peer; '-' without it)."
-            + (" The MoE blocks' shared experts on a side stream (--shared-side-stream)." if args.shared_side_stream
-               else "") + (" Activations raw until the mma (--x-raw)." if args.x_raw else ""))
+            + (" The MoE blocks' shared experts in line (--shared-inline)." if args.shared_inline else "")
+            + (" Activations packed at their loads (--no-x-raw)." if args.no_x_raw else ""))
     header = ["nodes", "eager ms", "graph ms", "bytes", "FLOPs", "floor ms", "graph / floor",
               "peer ms", "peer / graph"]
     keys = ["nodes", "eager_ms", "ms", "bytes", "flops", "floor_ms", "ms_per_floor", "peer_ms", "peer_per_ms"]

@@ -611,8 +611,8 @@ def test_activations_kept_raw_until_the_mma_give_the_same_bits(rng, monkeypatch,
                                  row_index=dev(row_index), w_up=dev(wu), tile=tile)
         return d_out.copy_to_host(), run_linear(x, w[0], precision, tile=tile)
 
-    for name in ("split", "wide"):                   # warps splitting the chunks; two row tiles
-        raw, plain = run(True, L.TILES[name]), run(False, L.TILES[name])
+    for name, tile in (("split", L._Tile(1, 1, 2)), ("wide", L._Tile(2, 2, 1))):  # warps splitting the
+        raw, plain = run(True, tile), run(False, tile)                            # chunks; two row tiles
         assert_bits(raw[0], plain[0]), name
         assert_bits(raw[1], plain[1]), name
         assert not np.isnan(raw[0]).any()

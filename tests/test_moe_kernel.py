@@ -296,6 +296,25 @@ def test_moe_block_matches_twin_composition_and_leaves_other_rows(rng, shared):
     np.testing.assert_array_equal(bufs.topk_ids.copy_to_host()[:n], ids)
 
 
+def test_tall_experts_share_the_gate_up_tile_and_match_the_twin(rng):
+    """Past 32 typical rows an expert (72 here: 48 rows x top-3 over 8 experts, doubled) the
+    gate|up takes linear's ``_TALL_SWIGLU`` and the down the same tile (its work items are that
+    tile's 16 rows); the block still adds the twin's experts. Few rows: the down chooses its own."""
+    import importlib
+    moe_mod, lin = importlib.import_module("ddtree_numba.kernels.moe"), importlib.import_module("ddtree_numba.kernels.linear")
+    R, n = 48, 41
+    route, m, x, gate, bias, (g, u, d), sh, bufs = _block_case(rng, R, n, "bf16", False)
+    dm, dg, du = (cuda.to_device(a) for a in (m, g, u))
+    assert moe_mod._expert_tiles(dm, dg, du, bufs, "fp32") == (lin._TALL_SWIGLU, lin._TALL_SWIGLU)
+    few = MoEBuffers(2, 8, 3, 24, 12)
+    assert moe_mod._expert_tiles(dm, dg, du, few, "fp32")[1] is None
+    got = _run_block(route, m, x, gate, bias, (g, u, d), sh, bufs, n)
+    ids, w = ref.moe_route(m[:n], gate, bias, "sigmoid", "noaux_tc", 4, 2, 3, True, 2.5)
+    want = x[:n] + ref.moe_experts(m[:n], ids, w, _widen(g), _widen(u), _widen(d))
+    assert _rel_err(got[:n], want) <= FP32_MODE_REL
+    assert bufs.item_rows == 16
+
+
 def test_moe_block_sizes_its_expert_grids_by_its_own_sort(rng):
     """The buffers' last sort made taller work items (so fewer fit its grid); a block's grouped
     GEMMs must take the work items of the block's own sort, made for its 8-row tile, or the items

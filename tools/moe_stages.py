@@ -42,13 +42,13 @@ def main():
     ap.add_argument("--profile", action="store_true",
                     help="no timing: run each block once more between cuda.profile_start / stop, for "
                          "ncu --profile-from-start off (eager launches, in the table's order)")
-    ap.add_argument("--x-raw", action="store_true",
-                    help="the register GEMM kernel with its activations raw until the mma (kernels.linear._X_RAW)")
+    ap.add_argument("--no-x-raw", action="store_true",
+                    help="the register GEMM kernel packs activations at their loads (kernels.linear._X_RAW off)")
     args = ap.parse_args()
     from numba import cuda
-    if args.x_raw:                            # the module (kernels.linear is also the launcher's name)
+    if args.no_x_raw:                            # the module (kernels.linear is also the launcher's name)
         import importlib
-        importlib.import_module("ddtree_numba.kernels.linear")._X_RAW = True
+        importlib.import_module("ddtree_numba.kernels.linear")._X_RAW = False
     from tune_tiles import timed
     from verify_forward import MOONLIGHT, build_target
     from ddtree_numba.kernels.linear import _Staged, _Tile, _rows_a_tile, enqueue_linear, enqueue_swiglu

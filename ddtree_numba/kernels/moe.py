@@ -43,12 +43,13 @@ from .._device import (cached, ceil_div, device_function, float32_out, fma,
 from ..dtypes import STORAGE_DTYPES
 from ._widen import KINDS
 from ..reference.moe import work_item_capacity
-from .linear import _grouped_rows_a_tile, enqueue_grouped_linear, enqueue_linear, enqueue_swiglu
+from .linear import _TALL_SWIGLU, _grouped_tile, _rows_a_tile, enqueue_grouped_linear, enqueue_linear, enqueue_swiglu
 
 ROUTER_PRECISION = "fp32"   # HF computes the router in float32 whatever the model's dtype
-# The shared experts on a second stream, beside the routed ones (``enqueue_moe_block``). Off until
-# measured on the H200 (tools/moe_stages.py prints the block both ways; docs/NOTES.md).
-CONCURRENT_SHARED = False
+# The shared experts on a second stream, beside the routed ones (``enqueue_moe_block``; the same
+# bits). Measured on the H200 (tools/moe_stages.py prints the block both ways, Moonlight shape):
+# 119 -> 100 µs a block at 1 row, 326 -> 289 at 17, 549 -> 526 at 65, 1,472 -> 1,367 at 272.
+CONCURRENT_SHARED = True
 
 SIM = config.ENABLE_CUDASIM
 # The simulator runs every thread as a Python thread: tiny blocks there, H200 sizes elsewhere.
@@ -465,23 +466,38 @@ def _expert_tiling(bufs):
     return dict(tile_rows=typical, live_groups=live)
 
 
+def _expert_tiles(x, experts_gate, experts_up, bufs, precision, tile=None):
+    """(gate|up tile, down tile) of the grouped GEMMs: ``tile`` for both if forced; else the
+    gate|up's chosen tile, and the down's own choice (None) unless the gate|up took linear's
+    ``_TALL_SWIGLU``. Then the down takes that tile too: the work items are its 16 rows, and the
+    down's own choice (the staged kernel's 64-row blocks) would walk each with three quarters
+    padding (H200, Moonlight's experts at 272 rows: down 667 µs so, 358 µs at the shared tile)."""
+    if tile is not None:
+        return tile, tile
+    up = _grouped_tile(x, experts_gate, bufs.max_rows, precision=precision, w_up=experts_up, **_expert_tiling(bufs))
+    return up, (up if up == _TALL_SWIGLU else None)
+
+
 def _expert_item_rows(x, experts_gate, experts_up, bufs, *, precision, tile=None):
     """The work-item size for ``enqueue_moe_sort`` that gives each block of the gate|up tile
     (``tile`` if forced, else the chosen one) one row tile: the rows it multiplies at once."""
-    return _grouped_rows_a_tile(x, experts_gate, bufs.max_rows, precision=precision, w_up=experts_up, tile=tile,
-                               **_expert_tiling(bufs))
+    up = _grouped_tile(x, experts_gate, bufs.max_rows, precision=precision, w_up=experts_up, tile=tile,
+                       **_expert_tiling(bufs))
+    return _rows_a_tile(up)
 
 
 def _expert_launches(x, experts_gate, experts_up, experts_down, bufs, precision, tile, stream):
     """``enqueue_moe_experts``'s two grouped GEMMs as (name, launch()) pairs: a row of blocks
     for each work item the ``enqueue_moe_sort`` enqueued before the launch can have written
     (``bufs.work_items()``, read when the launch is made, after the sort's)."""
-    grouped = dict(precision=precision, tile=tile, stream=stream, **_expert_tiling(bufs))
+    up_tile, down_tile = _expert_tiles(x, experts_gate, experts_up, bufs, precision, tile)
+    grouped = dict(precision=precision, stream=stream, **_expert_tiling(bufs))
     return [
         ("experts gate|up", lambda: enqueue_grouped_linear(x, experts_gate, bufs.act, bufs.work_items(), bufs.max_rows,
-                                                           row_index=bufs.slot_token, w_up=experts_up, **grouped)),
+                                                           row_index=bufs.slot_token, w_up=experts_up, tile=up_tile,
+                                                           **grouped)),
         ("experts down", lambda: enqueue_grouped_linear(bufs.act, experts_down, bufs.expert_out, bufs.work_items(),
-                                                        bufs.max_rows, **grouped)),
+                                                        bufs.max_rows, tile=down_tile, **grouped)),
     ]
 
 
