@@ -146,6 +146,7 @@ def test_kernel_matches_twin_bit_for_bit(rng, kind):
         want = ref.build_tree(lp, ids, budget)
         assert got == want, (L, V, budget)
         check_invariants(got, lp, ids)
+    assert kn.build_tree(lp, ids, budget) == want     # the default block: one warp at small budgets
 
 
 @pytest.mark.kernels

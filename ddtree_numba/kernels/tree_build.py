@@ -327,12 +327,23 @@ def _check_limits(budget: int, depths: int) -> int:
     return budget
 
 
+# Budgets up to this many nodes build in one warp: the frontier (at most budget + 1 slots) is a
+# few slots a lane, and a pop then needs no cross-warp step (shared memory and a barrier).
+_ONE_WARP_BUDGET = 128
+
+
+def _heap_threads(budget: int) -> int:
+    """The heap kernel's threads for a build of ``budget`` nodes (``build_tree``'s default)."""
+    return 32 if budget <= _ONE_WARP_BUDGET else THREADS
+
+
 def _launch_heap_build(lp, ids, budget, budget_device, bufs, stream, threads):
     """The heap kernel over device lp / ids [S, L, K] into ``TreeBatchBuffers`` bufs, a block a
-    tree (inputs already checked by the launcher)."""
+    tree (inputs already checked by the launcher); ``threads`` None: ``_heap_threads(budget)``."""
     S, L, K = lp.shape
     if K > MAX_BUDGET:
         raise ValueError(f"K = {K} ranks per depth is more than the kernel takes ({MAX_BUDGET})")
+    threads = _heap_threads(budget) if threads is None else threads
     check_threads(threads, hi=256)  # static shared memory: 48 KiB a block
     if S:
         _build_tree_kernel(threads)[S, threads, stream](
@@ -340,7 +351,7 @@ def _launch_heap_build(lp, ids, budget, budget_device, bufs, stream, threads):
             bufs.tokens, bufs.depths, bufs.parents, bufs.ranks, bufs.scores, bufs.n_nodes)
 
 
-def build_tree(lp, ids, budget, *, out=None, budget_device=None, stream=0, threads=THREADS):
+def build_tree(lp, ids, budget, *, out=None, budget_device=None, stream=0, threads=None):
     """The ``budget`` best rank paths as a tree, built on the GPU.
 
     lp [L, K] float32 (rows descending), ids [L, K] int32, numpy or device. Returns a host
@@ -348,7 +359,8 @@ def build_tree(lp, ids, budget, *, out=None, budget_device=None, stream=0, threa
     is given, fills it on ``stream`` and returns it without synchronising. ``budget_device``:
     an int32 [1] device array; the kernel then builds min(budget, budget_device[0]) nodes, read
     when it runs (so a captured graph replays with the budget of the moment; ``budget`` is the
-    most it may be).
+    most it may be). ``threads``: the block's threads (default ``_heap_threads(budget)``: one
+    warp up to budget 128); they never change the tree.
     """
     budget = _check_limits(check_build_inputs(lp, ids, budget), lp.shape[0])
     L, K = lp.shape
@@ -360,7 +372,7 @@ def build_tree(lp, ids, budget, *, out=None, budget_device=None, stream=0, threa
     return bufs if out is not None else bufs.to_tree(stream)
 
 
-def build_trees(lp, ids, budget, *, out=None, budget_device=None, stream=0, threads=THREADS):
+def build_trees(lp, ids, budget, *, out=None, budget_device=None, stream=0, threads=None):
     """``build_tree`` for each sequence of a batch, in one launch (a block a sequence).
 
     lp [S, L, K] float32 (rows descending), ids [S, L, K] int32, numpy or device. Returns S host
