@@ -296,12 +296,23 @@ def test_moe_block_matches_twin_composition_and_leaves_other_rows(rng, shared):
     np.testing.assert_array_equal(bufs.topk_ids.copy_to_host()[:n], ids)
 
 
-def test_tall_experts_share_the_gate_up_tile_and_match_the_twin(rng):
+def test_tall_experts_share_the_gate_up_tile_and_match_the_twin(rng, monkeypatch):
     """Past 32 typical rows an expert (72 here: 48 rows x top-3 over 8 experts, doubled) the
     gate|up takes linear's ``_TALL_SWIGLU`` and the down the same tile (its work items are that
-    tile's 16 rows); the block still adds the twin's experts. Few rows: the down chooses its own."""
+    tile's 16 rows); the block still adds the twin's experts. Few rows: the down chooses its own.
+    (No launch counts as small or narrow here: on a GPU these tiny matrices would take those tiles.)"""
     import importlib
     moe_mod, lin = importlib.import_module("ddtree_numba.kernels.moe"), importlib.import_module("ddtree_numba.kernels.linear")
+    monkeypatch.setattr(lin, "_SMALL_WEIGHTS", 0)
+    monkeypatch.setattr(lin, "_NARROW_COLS", 0)
+    lin._choose.cache_clear()
+    try:
+        _tall_experts_case(rng, moe_mod, lin)
+    finally:
+        lin._choose.cache_clear()                  # no tile chosen without small or narrow launches stays cached
+
+
+def _tall_experts_case(rng, moe_mod, lin):
     R, n = 48, 41
     route, m, x, gate, bias, (g, u, d), sh, bufs = _block_case(rng, R, n, "bf16", False)
     dm, dg, du = (cuda.to_device(a) for a in (m, g, u))

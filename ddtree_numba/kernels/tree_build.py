@@ -327,14 +327,16 @@ def _check_limits(budget: int, depths: int) -> int:
     return budget
 
 
-# Budgets up to this many nodes build in one warp: the frontier (at most budget + 1 slots) is a
-# few slots a lane, and a pop then needs no cross-warp step (shared memory and a barrier).
-_ONE_WARP_BUDGET = 128
+# The heap kernel's block by budget. Measured on the H200 (tools/heap_threads.py, L = 15, µs a
+# build for 32 / 64 / 128 threads): budget 16 19.3 / 19.6 / 20.7, 32 35.3 / 35.9 / 39.6, 64
+# 71.4 / 69.2 / 76.8, 128 152 / 142 / 151, 256 347 / 305 / 312. A pop costs ~1.1-1.2 µs at any of
+# them: the block size is not what sets it.
+_HEAP_THREADS = ((32, 32), (256, 64))      # (up to this budget, threads); past them THREADS
 
 
 def _heap_threads(budget: int) -> int:
     """The heap kernel's threads for a build of ``budget`` nodes (``build_tree``'s default)."""
-    return 32 if budget <= _ONE_WARP_BUDGET else THREADS
+    return next((t for most, t in _HEAP_THREADS if budget <= most), THREADS)
 
 
 def _launch_heap_build(lp, ids, budget, budget_device, bufs, stream, threads):
@@ -360,7 +362,7 @@ def build_tree(lp, ids, budget, *, out=None, budget_device=None, stream=0, threa
     an int32 [1] device array; the kernel then builds min(budget, budget_device[0]) nodes, read
     when it runs (so a captured graph replays with the budget of the moment; ``budget`` is the
     most it may be). ``threads``: the block's threads (default ``_heap_threads(budget)``: one
-    warp up to budget 128); they never change the tree.
+    warp up to budget 32, two up to 256); they never change the tree.
     """
     budget = _check_limits(check_build_inputs(lp, ids, budget), lp.shape[0])
     L, K = lp.shape
