@@ -1,9 +1,11 @@
-"""The heap tree build's block size against the budget, on the GPU: µs a build in graph replay
-(``build_tree(..., threads=T)``, a batch of one), each tree checked against the heapq twin.
+"""The heap tree build's kernels against the budget, on the GPU: µs a build in graph replay (a
+batch of one): the default (``build_tree``: the warp kernel up to ``WARP_BUDGET``) and the block
+kernel at each ``--threads``; each tree checked against the heapq twin.
 
-    python tools/heap_threads.py [--vocab 264 32000] [--budgets 16 32 64 128 256] [--threads 32 64 128]
+    python tools/heap_threads.py [--vocab 264 32000] [--budgets 16 32 64 128 256 1024] [--threads 32 64 128]
 
-Prints one row a (vocab, budget); ``kernels.tree_build._heap_threads`` is the rule it informs.
+Prints one row a (vocab, budget); ``kernels.tree_build._heap_threads`` and ``WARP_BUDGET`` are
+the rules it informs.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vocab", type=int, nargs="+", default=[264, 32000])
-    ap.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64, 128, 256])
+    ap.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64, 128, 256, 1024])
     ap.add_argument("--threads", type=int, nargs="+", default=[32, 64, 128])
     ap.add_argument("--depths", type=int, default=15)
     ap.add_argument("--repeat", type=int, default=20)
@@ -28,11 +30,11 @@ def main():
     from numba import cuda
     from ddtree_numba import kernels as kn
     from ddtree_numba import reference as ref
-    from ddtree_numba.kernels.tree_build import TreeBuffers, _heap_threads
+    from ddtree_numba.kernels.tree_build import TreeBuffers
     from tune_tiles import timed
 
     rng = np.random.default_rng(0)
-    print(f"| V | budget | default threads | " + " | ".join(f"{t} threads µs" for t in args.threads) + " |")
+    print("| V | budget | default µs | " + " | ".join(f"block of {t} µs" for t in args.threads) + " |")
     print("|---" * (3 + len(args.threads)) + "|")
     for V in args.vocab:
         logits = (rng.standard_normal((args.depths, V)) * 3).astype(np.float32)
@@ -42,12 +44,12 @@ def main():
             d_lp, d_ids = cuda.to_device(lp), cuda.to_device(ids)
             bufs = TreeBuffers.allocate(budget)
             row = []
-            for t in args.threads:
+            for t in [None] + args.threads:
                 if kn.build_tree(d_lp, d_ids, budget, threads=t) != want:
                     raise SystemExit(f"V {V} budget {budget} threads {t}: the tree differs from the twin's")
                 row.append(timed(lambda s, t=t: kn.build_tree(d_lp, d_ids, budget, out=bufs, stream=s, threads=t),
                                  args.repeat))
-            print(f"| {V} | {budget} | {_heap_threads(budget)} | " + " | ".join(f"{u:.1f}" for u in row) + " |")
+            print(f"| {V} | {budget} | " + " | ".join(f"{u:.1f}" for u in row) + " |")
 
 
 if __name__ == "__main__":

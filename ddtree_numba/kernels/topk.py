@@ -329,7 +329,8 @@ def _topk_partial_kernel(threads, keep=0):
 @functools.lru_cache(maxsize=None)
 def _topk_merge_kernel(threads):
     """Grid L: the row's log-sum-exp from its G slice pairs (combined in slice order), the k
-    largest of the slices' candidate keys (a radix select over at most G*k keys), sorted, out."""
+    largest of the slices' candidate keys (a radix select over at most G*k keys; with one slice
+    its k candidates are they, k <= V), sorted, out."""
     T = threads
     clear, pick_digit, sort_desc = _block_helpers(T)
 
@@ -366,7 +367,7 @@ def _topk_merge_kernel(threads):
             sel[0] = uint64(0)
             sel[1] = uint64(0)
             state[0] = k
-            state[1] = 0
+            state[1] = 1 if G == 1 else 0         # one slice: its k candidates are the answer, no select
             state[2] = 0
         cuda.syncthreads()
         lse = lse_sh[0]
