@@ -146,28 +146,7 @@ def test_kernel_matches_twin_bit_for_bit(rng, kind):
         want = ref.build_tree(lp, ids, budget)
         assert got == want, (L, V, budget)
         check_invariants(got, lp, ids)
-    assert kn.build_tree(lp, ids, budget) == want     # the default block: one warp at small budgets
-
-
-@pytest.mark.kernels
-@pytest.mark.parametrize("kind", ["normal", "ties"])
-def test_warp_kernel_matches_twin_bit_for_bit(rng, kind):
-    """Budgets up to WARP_BUDGET build in one warp with the frontier in registers (one, two or four
-    slots a lane; 128 is timed on the GPU by tools/heap_threads.py against the twin): the heapq twin's tree, ties in path order included; a batch, one tree a warp;
-    and the budget read from the device."""
-    from numba import cuda
-    assert kn.tree_build.WARP_BUDGET == 128
-    for L, V, budget in [(1, 7, 3), (4, 3, 32), (5, 9, 33), (3, 5, 100), (2, 1, 4), (3, 4, 0)]:
-        lp, ids = _draft(rng, L, V, min(budget, V) or 1, kind)
-        assert kn.build_tree(lp, ids, budget) == ref.build_tree(lp, ids, budget), (L, V, budget)
-    S, L, V = 2, 4, 9
-    drafts = [_draft(rng, L, V, V, kind) for _ in range(S)]
-    lp, ids = np.stack([d[0] for d in drafts]), np.stack([d[1] for d in drafts])
-    assert kn.build_trees(lp, ids, 20) == [ref.build_tree(lp[s], ids[s], 20) for s in range(S)]
-    bufs = kn.TreeBuffers.allocate(20)
-    for value, want in [(7, 7), (99, 20)]:
-        kn.build_tree(lp[0], ids[0], 20, out=bufs, budget_device=cuda.to_device(np.array([value], np.int32)))
-        assert bufs.to_tree() == ref.build_tree(lp[0], ids[0], want), value
+    assert kn.build_tree(lp, ids, budget) == want     # the default block (_heap_threads)
 
 
 @pytest.mark.kernels

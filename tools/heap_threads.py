@@ -1,11 +1,10 @@
-"""The heap tree build's kernels against the budget, on the GPU: µs a build in graph replay (a
-batch of one): the default (``build_tree``: the warp kernel up to ``WARP_BUDGET``) and the block
-kernel at each ``--threads``; each tree checked against the heapq twin.
+"""The heap tree build's block size against the budget, on the GPU: µs a build in graph replay
+(a batch of one) at the default (``build_tree``'s ``_heap_threads(budget)``) and at each
+``--threads``; each tree checked against the heapq twin.
 
     python tools/heap_threads.py [--vocab 264 32000] [--budgets 16 32 64 128 256 1024] [--threads 32 64 128]
 
-Prints one row a (vocab, budget); ``kernels.tree_build._heap_threads`` and ``WARP_BUDGET`` are
-the rules it informs.
+Prints one row a (vocab, budget); ``kernels.tree_build._heap_threads`` is the rule it informs.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ def main():
     from tune_tiles import timed
 
     rng = np.random.default_rng(0)
-    print("| V | budget | default µs | " + " | ".join(f"block of {t} µs" for t in args.threads) + " |")
+    print("| V | budget | default µs | " + " | ".join(f"{t} threads µs" for t in args.threads) + " |")
     print("|---" * (3 + len(args.threads)) + "|")
     for V in args.vocab:
         logits = (rng.standard_normal((args.depths, V)) * 3).astype(np.float32)

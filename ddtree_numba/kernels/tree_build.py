@@ -230,200 +230,6 @@ def _build_tree_kernel(threads):
     return kernel
 
 
-# -- small budgets: one warp, the frontier in registers ----------------------------------------
-# Up to WARP_BUDGET nodes the frontier (at most budget slots: see the kernel) fits in SLOTS
-# registers a lane, slot j in lane j % 32's set j // 32. A pop is then the warp's arg-max over
-# registers (five shuffle rounds, the same total order as the block kernel), and the lanes that
-# own the changed slots rewrite them in place: no shared frontier, one barrier a pop (the popped
-# node's record, read by the next pop's path comparisons). Same float64 sums, so the same tree.
-WARP_BUDGET = 128
-WARP_LP_CACHE = 2048   # float32 entries of lp kept in shared memory
-
-
-def _warp_slots(budget: int) -> int:
-    """Registers of frontier a lane for a budget (1, 2 or 4: 32, 64 or 128 slots)."""
-    return 1 if budget <= 32 else 2 if budget <= 64 else 4
-
-
-@device_function
-def _cand_better(sa, pa, ra, sb, pb, rb, n_parent, n_rank, n_depth):
-    """Does the candidate path (parent pa, last rank ra, score sa) pop before (pb, rb, sb)?
-    A parent < 0 means no candidate."""
-    if pb < 0:
-        return pa >= 0
-    if pa < 0 or sa < sb:
-        return False
-    if sa > sb:
-        return True
-    return _path_less(pa, ra, pb, rb, n_parent, n_rank, n_depth)
-
-
-@functools.lru_cache(maxsize=None)
-def _build_tree_warp_kernel(slots):
-    SL = slots
-    NB = 32 * SL + 1
-    shuffles = WARP_OPS                    # the simulator: exchanges through shared memory
-
-    @cached
-    @cuda.jit
-    def kernel(lp_all, ids_all, budget, n_budget, tokens_all, depths_all, parents_all, ranks_all, scores_all,
-               n_nodes):
-        # a block (one warp) a tree
-        b_ = cuda.blockIdx.x
-        lp = lp_all[b_]
-        ids = ids_all[b_]
-        lane = cuda.threadIdx.x
-        L = lp.shape[0]
-        K = lp.shape[1]
-        if n_budget.shape[0] > 0:
-            budget = max(0, min(budget, n_budget[0]))
-        n_score = cuda.shared.array(NB, float64)
-        n_parent = cuda.shared.array(NB, int16)
-        n_rank = cuda.shared.array(NB, int16)
-        n_depth = cuda.shared.array(NB, int16)
-        lp_cache = cuda.shared.array(WARP_LP_CACHE, float32)
-        x_score = cuda.shared.array(32, float64)   # the simulator's exchange slots
-        x_int = cuda.shared.array((3, 32), int32)
-        f_score = cuda.local.array(SL, float64)    # this lane's frontier slots (unrolled: registers)
-        f_parent = cuda.local.array(SL, int32)
-        f_rank = cuda.local.array(SL, int32)
-        ranks_cached = min(K, WARP_LP_CACHE // max(L, 1))
-        for i in range(lane, L * ranks_cached, 32):
-            lp_cache[i] = lp[i // ranks_cached, i % ranks_cached]
-        for k in range(SL):
-            f_parent[k] = -1
-            f_score[k] = 0.0
-            f_rank[k] = 0
-        if lane == 0:
-            n_score[0] = 0.0
-            n_parent[0] = -1
-            n_rank[0] = 0
-            n_depth[0] = 0
-        F = 0
-        if L > 0 and K > 0 and budget > 0:
-            F = 1
-            if lane == 0:
-                f_score[0] = 0.0 + float64(lp[0, 0])
-                f_parent[0] = 0
-        n = 0
-        cuda.syncthreads()  # root and the lp copy are in place
-        while F > 0 and n < budget:
-            # this lane's best slot, then the warp's (every lane ends with the same winner)
-            bs = 0.0
-            bp = -1
-            br = 0
-            bj = -1
-            for k in range(SL):
-                if 32 * k + lane < F and _cand_better(f_score[k], f_parent[k], f_rank[k], bs, bp, br,
-                                                      n_parent, n_rank, n_depth):
-                    bs = f_score[k]
-                    bp = f_parent[k]
-                    br = f_rank[k]
-                    bj = 32 * k + lane
-            off = 16
-            while off > 0:
-                if shuffles:
-                    os_ = cuda.shfl_xor_sync(FULL_MASK, bs, off)
-                    op = cuda.shfl_xor_sync(FULL_MASK, bp, off)
-                    or_ = cuda.shfl_xor_sync(FULL_MASK, br, off)
-                    oj = cuda.shfl_xor_sync(FULL_MASK, bj, off)
-                else:
-                    x_score[lane] = bs
-                    x_int[0, lane] = bp
-                    x_int[1, lane] = br
-                    x_int[2, lane] = bj
-                    cuda.syncthreads()
-                    os_ = x_score[lane ^ off]
-                    op = x_int[0, lane ^ off]
-                    or_ = x_int[1, lane ^ off]
-                    oj = x_int[2, lane ^ off]
-                    cuda.syncthreads()
-                if _cand_better(os_, op, or_, bs, bp, br, n_parent, n_rank, n_depth):
-                    bs = os_
-                    bp = op
-                    br = or_
-                    bj = oj
-                off //= 2
-            # pop the winner as node n + 1
-            node = n + 1
-            d = int32(n_depth[bp]) + 1
-            parent_score = n_score[bp]
-            if lane == 0:       # (no pop of this round reads node n + 1's record: no barrier before)
-                n_score[node] = bs
-                n_parent[node] = bp
-                n_rank[node] = br
-                n_depth[node] = d
-            n = node
-            if n < budget:      # (after the last pop the frontier is not needed: it stays <= budget slots)
-                has_child = d < L
-                has_sibling = br + 1 < K
-                # slot bj takes the first child, else the next sibling, else the last slot
-                j_sib = F if has_child else bj
-                if not has_child and not has_sibling:
-                    F -= 1
-                    ls = 0.0
-                    lpar = -1
-                    lr = 0
-                    for k in range(SL):
-                        if k == F // 32:
-                            ls = f_score[k]
-                            lpar = f_parent[k]
-                            lr = f_rank[k]
-                    if shuffles:
-                        ls = cuda.shfl_sync(FULL_MASK, ls, F % 32)
-                        lpar = cuda.shfl_sync(FULL_MASK, lpar, F % 32)
-                        lr = cuda.shfl_sync(FULL_MASK, lr, F % 32)
-                    else:
-                        if lane == F % 32:
-                            x_score[0] = ls
-                            x_int[0, 0] = lpar
-                            x_int[1, 0] = lr
-                        cuda.syncthreads()
-                        ls = x_score[0]
-                        lpar = x_int[0, 0]
-                        lr = x_int[1, 0]
-                        cuda.syncthreads()
-                    if lane == bj % 32:
-                        for k in range(SL):
-                            if k == bj // 32:
-                                f_score[k] = ls
-                                f_parent[k] = lpar
-                                f_rank[k] = lr
-                if has_child and lane == bj % 32:
-                    for k in range(SL):
-                        if k == bj // 32:
-                            f_score[k] = bs + _lp_at(lp, lp_cache, ranks_cached, d, 0)
-                            f_parent[k] = node
-                            f_rank[k] = 0
-                if has_sibling and lane == j_sib % 32:
-                    for k in range(SL):
-                        if k == j_sib // 32:
-                            f_score[k] = parent_score + _lp_at(lp, lp_cache, ranks_cached, d - 1, br + 1)
-                            f_parent[k] = bp
-                            f_rank[k] = br + 1
-                if has_child and has_sibling:
-                    F += 1
-            cuda.syncthreads()  # the node's record is in before the next pop compares paths
-        tokens = tokens_all[b_]
-        depths = depths_all[b_]
-        parents = parents_all[b_]
-        ranks = ranks_all[b_]
-        scores = scores_all[b_]
-        for i in range(lane + 1, n + 1, 32):
-            d = int32(n_depth[i])
-            r = int32(n_rank[i])
-            tokens[i - 1] = ids[d - 1, r]
-            depths[i - 1] = d
-            ranks[i - 1] = r
-            scores[i - 1] = n_score[i]
-            parents[i] = n_parent[i]
-        if lane == 0:
-            parents[0] = -1
-            n_nodes[b_] = n
-
-    return kernel
-
-
 @dataclass(frozen=True)
 class TreeBuffers:
     """Device buffers a GPU build writes into; ``n_nodes[0]`` says how many entries are used."""
@@ -523,8 +329,10 @@ def _check_limits(budget: int, depths: int) -> int:
 
 # The heap kernel's block by budget. Measured on the H200 (tools/heap_threads.py, L = 15, µs a
 # build for 32 / 64 / 128 threads): budget 16 19.3 / 19.6 / 20.7, 32 35.3 / 35.9 / 39.6, 64
-# 71.4 / 69.2 / 76.8, 128 152 / 142 / 151, 256 347 / 305 / 312. A pop costs ~1.1-1.2 µs at any of
-# them: the block size is not what sets it.
+# 71.4 / 69.2 / 76.8, 128 152 / 142 / 151, 256 347 / 305 / 312, 1024 2314 / 1700 / 1490. A pop
+# costs ~1.1-1.5 µs at any of them, and as much in one warp holding the frontier in registers
+# (a kernel tried at e55be42: 19.9 / 36.9 / 84.4 / 193 µs at budgets 16 / 32 / 64 / 128, then
+# removed): neither the block size nor the shared frontier is what sets it.
 _HEAP_THREADS = ((32, 32), (256, 64))      # (up to this budget, threads); past them THREADS
 
 
@@ -535,18 +343,10 @@ def _heap_threads(budget: int) -> int:
 
 def _launch_heap_build(lp, ids, budget, budget_device, bufs, stream, threads):
     """The heap kernel over device lp / ids [S, L, K] into ``TreeBatchBuffers`` bufs, a block a
-    tree (inputs already checked by the launcher). ``threads`` None: up to ``WARP_BUDGET`` nodes
-    the warp kernel, past it the block kernel at ``_heap_threads(budget)``; else the block kernel
-    at ``threads``."""
+    tree (inputs already checked by the launcher); ``threads`` None: ``_heap_threads(budget)``."""
     S, L, K = lp.shape
     if K > MAX_BUDGET:
         raise ValueError(f"K = {K} ranks per depth is more than the kernel takes ({MAX_BUDGET})")
-    if threads is None and budget <= WARP_BUDGET:      # a warp a tree, the frontier in registers
-        if S:
-            _build_tree_warp_kernel(_warp_slots(budget))[S, 32, stream](
-                lp, ids, budget, _device_budget(budget_device),
-                bufs.tokens, bufs.depths, bufs.parents, bufs.ranks, bufs.scores, bufs.n_nodes)
-        return
     threads = _heap_threads(budget) if threads is None else threads
     check_threads(threads, hi=256)  # static shared memory: 48 KiB a block
     if S:
@@ -563,10 +363,8 @@ def build_tree(lp, ids, budget, *, out=None, budget_device=None, stream=0, threa
     is given, fills it on ``stream`` and returns it without synchronising. ``budget_device``:
     an int32 [1] device array; the kernel then builds min(budget, budget_device[0]) nodes, read
     when it runs (so a captured graph replays with the budget of the moment; ``budget`` is the
-    most it may be). ``threads``: None (default) builds up to ``WARP_BUDGET`` (128) nodes in one
-    warp, the frontier in registers, and larger trees with the block kernel at
-    ``_heap_threads(budget)``; a number forces the block kernel at that many threads. Neither
-    changes the tree.
+    most it may be). ``threads``: the block's threads (default ``_heap_threads(budget)``: one
+    warp up to budget 32, two up to 256); they never change the tree.
     """
     budget = _check_limits(check_build_inputs(lp, ids, budget), lp.shape[0])
     L, K = lp.shape
