@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The next session's first H200 call (after the eighth session, ~6 minutes); run from the repo root
+# with .whl carried and DDTREE_COMMIT set; logs to $OUT/log.txt, Nsight Compute to $OUT/ncu_*.txt.
+# 1. why a heap-build pop costs ~1.1-1.5 µs (2,000-2,600 cycles at 1.76 GHz) whether the frontier
+#    is a block's shared memory or one warp's registers: Nsight Compute on the build at budget 64
+#    (SM frequency, cycles, warp stall reasons, instructions executed; ptxas counts ~100-150 SASS
+#    instructions a pop and no 64-bit division inside the pop loop);
+# 2. where MLA attention goes at 64 / 256 / 1024 nodes (tools/mla_stages.py, the four launches),
+#    the largest part of the verify past 64 nodes and the next lever for 3x HF at 64 nodes;
+# 3. benchmarks/tree_build.py (issue 15's table: top-K + builds at V 32000 / 163840).
+set -u
+export DDTREE_COMMIT=${DDTREE_COMMIT:-unknown}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+T0=$(date +%s)
+left() { echo $(( $1 - $(date +%s) + T0 )); }
+{
+timeout $(left 120) ncu --clock-control none -k regex:_build_tree_kernel --launch-count 2 --section SpeedOfLight \
+  --section WarpStateStats --section InstructionStats --section LaunchStats \
+  python3 tools/heap_threads.py --vocab 264 --budgets 64 --threads 64 --repeat 1 > "$OUT/ncu_heap.txt" 2>&1
+grep -E "SM Frequency|Elapsed Cycles|Duration|Executed Ipc|Warp Cycles Per Issued|Stall|Executed Instructions " \
+  "$OUT/ncu_heap.txt" | head -30
+timeout $(left 240) python3 tools/mla_stages.py --shape moonlight --cases 64 256 1024 2>&1 | grep -v Warn | tail -16
+timeout $(left 360) python3 benchmarks/tree_build.py 2>&1 | grep -v Warn | tail -12
+} 2>&1 | tee "$OUT/log.txt"
+cp docs/PERFORMANCE.md "$OUT/"; cp benchmarks/results/tree_build.json "$OUT/" 2>/dev/null
+echo "elapsed $(( $(date +%s) - T0 ))"
