@@ -218,7 +218,12 @@ def main():
                     help="the MoE blocks' shared experts in line, not on a side stream (kernels.moe.CONCURRENT_SHARED)")
     ap.add_argument("--no-x-raw", action="store_true",
                     help="the register GEMM kernel packs activations at their loads (kernels.linear._X_RAW off)")
+    ap.add_argument("--mma-scores", action="store_true",
+                    help="MLA's scores on tensor cores (kernels.mla.MMA_SCORES, an experiment)")
     args = ap.parse_args()
+    if args.mma_scores:
+        import importlib
+        importlib.import_module("ddtree_numba.kernels.mla").MMA_SCORES = True
     if args.shared_inline:
         import ddtree_numba.kernels.moe as moe_kernels
         moe_kernels.CONCURRENT_SHARED = False
@@ -281,7 +286,8 @@ def main():
             "experts: the expected number touched under uniform routing) and the f32 latent cache; "
             "peer = HF DeepseekV3ForCausalLM bf16 on the same GPU, measured in this run (--peer; '-' without it)."
             + (" The MoE blocks' shared experts in line (--shared-inline)." if args.shared_inline else "")
-            + (" Activations packed at their loads (--no-x-raw)." if args.no_x_raw else ""))
+            + (" Activations packed at their loads (--no-x-raw)." if args.no_x_raw else "")
+            + (" MLA's scores on tensor cores (--mma-scores)." if args.mma_scores else ""))
     header = ["nodes", "eager ms", "graph ms", "bytes", "FLOPs", "floor ms", "graph / floor",
               "peer ms", "peer / graph"]
     keys = ["nodes", "eager_ms", "ms", "bytes", "flops", "floor_ms", "ms_per_floor", "peer_ms", "peer_per_ms"]

@@ -137,6 +137,9 @@ SIGNATURES = {
         (tiles, f"void({F32_2}, {F32_2}, {cache}, {cache}, {I32_1}, {I32_2}, float32, {F32_2})")
         for tiles in sorted({t[0] for t in _mla_tiles()})
         for cache in ("float32[:, :, ::1]", "float32[:, :, :]")],
+    "mla._mla_scores_mma_kernel": [   # the H200's tile (MMA_SCORES, an experiment)
+        ((2, 2, 2, 2), f"void({F32_2}, {F32_2}, {cache}, {cache}, {I32_1}, {I32_2}, float32, {F32_2})")
+        for cache in ("float32[:, :, ::1]", "float32[:, :, :]")],
     "mla._mla_softmax_kernel": [((128,), f"void({F32_2}, {U32_2}, {I32_1}, {I32_2}, int64, {F32_2}, int32[:, :, ::1])")],
     "mla._mla_pv_kernel": [
         (tiles, f"void({F32_2}, {cache}, {I32_1}, {I32_2}, int64, int32[:, :, ::1], float32[:, :, ::1], {F32_2})")
@@ -186,7 +189,7 @@ def variants(name, mod, obj):
 
 # Instructions a kernel's PTX must hold: the tensor-core intrinsics (kernels/_mma.py) really emitted.
 INSTRUCTIONS = {name: ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "cvt.rn.bf16x2.f32")
-                for name in ("linear._mma_kernel", "linear._staged_kernel")}
+                for name in ("linear._mma_kernel", "linear._staged_kernel", "mla._mla_scores_mma_kernel")}
 
 
 class _H200:

@@ -166,11 +166,21 @@ def bits_of(a):
     return a.view(np.uint32)
 
 
-@pytest.mark.parametrize("shape", ["build", "random", "chain"])
-def test_tree_node_is_bit_identical_to_the_token_decoded_alone(rng, shape):
+@pytest.fixture
+def mma_scores(request, monkeypatch):
+    """``kernels.mla.MMA_SCORES`` set to the test's parameter (indirect)."""
+    import importlib
+    monkeypatch.setattr(importlib.import_module("ddtree_numba.kernels.mla"), "MMA_SCORES", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("shape,mma_scores", [("build", False), ("random", False), ("chain", False),
+                                              ("random", True)], indirect=["mma_scores"])
+def test_tree_node_is_bit_identical_to_the_token_decoded_alone(rng, shape, mma_scores):
     """Node i of a tree vs the same query alone (Tq = 1, other tiles) over a cache holding the
     prefix then its ancestors contiguously: the same key values in the same order at other
-    positions, so the same bits."""
+    positions, so the same bits. Also with the scores on tensor cores (``MMA_SCORES``), whose
+    bf16 operands put the output within a bf16-sized distance of float64, not float32's."""
     h, c, r, s0, n = 2, 6, 3, 5, 10
     parents = {"build": lambda: tree_from_build(rng, n), "random": lambda: random_parents(rng, n),
                "chain": lambda: np.arange(-1, n - 1, dtype=np.int32)}[shape]()
@@ -192,7 +202,7 @@ def test_tree_node_is_bit_identical_to_the_token_decoded_alone(rng, shape):
     if shape != "chain":
         assert scattered, "no node had scattered ancestors: the test would prove nothing"
     want = core_f64(q_lat, q_pe, c_kv, k_pe, vis, s0, n, scale)
-    assert rel_err(tree_out, want) <= FP32_MODE_REL
+    assert rel_err(tree_out, want) <= (3e-2 if mma_scores else FP32_MODE_REL)
 
 
 def test_batch_row_is_bit_identical_alone_and_among_more_rows(rng):
@@ -206,7 +216,8 @@ def test_batch_row_is_bit_identical_alone_and_among_more_rows(rng):
     assert np.isnan(big[t:]).all()
 
 
-def test_sequences_in_one_launch_get_the_bits_of_their_own_launches(rng):
+@pytest.mark.parametrize("mma_scores", [False, True], indirect=True)
+def test_sequences_in_one_launch_get_the_bits_of_their_own_launches(rng, mma_scores):
     """``seqs``: three sequences (a causal step, two trees; different cached lengths) in one
     launch set over a pool of four cache slots, the slots not in row order. Each sequence's rows
     equal its own launch's bits; a row of no sequence is left unwritten."""
@@ -267,3 +278,36 @@ def test_bad_inputs_raise(rng):
     raises("fewer than the 3 new tokens", q_nope, q_pe, c_kv[:2], k_pe[:2], w, mask[:, :2], 0.5)
     raises("scale must be finite", q_nope, q_pe, c_kv, k_pe, w, mask, float("nan"))
     raises("scale must be a number", q_nope, q_pe, c_kv, k_pe, w, mask, "big")
+
+
+# -- the scores on tensor cores (kernels.mla.MMA_SCORES, an experiment) ----------------------
+
+@pytest.mark.parametrize("c,r", [(16, 8), (64, 16)])          # one channel chunk; two (64 + 16)
+def test_mma_scores_within_the_twins_bound_and_a_row_alone_equals_it_in_the_batch(rng, monkeypatch, c, r):
+    """``MMA_SCORES``: each score within ``reference.mla.mma_scores``'s bound of bf16 operands
+    summed exactly (a fragment or chunk mistake is far outside it), every key up to s0 + t
+    written, and a query row launched alone over the same keys gets the bits it has among four."""
+    import importlib
+    from ddtree_numba.reference.mla import mma_scores
+    mla = importlib.import_module("ddtree_numba.kernels.mla")
+    monkeypatch.setattr(mla, "MMA_SCORES", True)
+    h, s0, t, scale = 2, 14, 4, 0.37
+    s_cap = s0 + t
+    q_lat, q_pe, c_kv, k_pe = core_inputs(rng, t, s_cap, h, c, r)
+
+    def scores_of(ql, qp, s0_, t_):
+        scratch = MLAScratch(t_, h, s_cap + 3, c)
+        scratch.scores.copy_to_device(np.full(scratch.scores.shape, np.nan, np.float32))
+        launches = mla._mla_launches(*(cuda.to_device(a) for a in (ql, qp, c_kv, k_pe)),
+                                     cuda.to_device(np.zeros((t_, h * c), np.float32)),
+                                     vis_bits=cuda.to_device(np.zeros((t_, 1), np.uint32)),
+                                     meta=cuda.to_device(np.array([s0_, t_], np.int32)), scale=scale, scratch=scratch)
+        launches[0][1]()                                        # the scores launch only
+        return scratch.scores.copy_to_host()[:t_ * h, :s0_ + t_]
+
+    got = scores_of(q_lat, q_pe, s0, t)                         # [t*H, S]
+    want, bound = mma_scores(q_lat.reshape(t, h, c), q_pe.reshape(t, h, r), c_kv, k_pe, scale)
+    assert np.isfinite(got).all()
+    assert (np.abs(got.reshape(t, h, -1) - want) <= bound).all()
+    alone = scores_of(q_lat[2:3], q_pe[2:3], s_cap - 1, 1)
+    np.testing.assert_array_equal(alone.view(np.uint32), got[2 * h:3 * h].view(np.uint32))

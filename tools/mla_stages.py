@@ -72,7 +72,12 @@ def main():
     ap.add_argument("--prefix", type=int, default=1024, help="cached rows before each tree (demo: 330)")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--tune", action="store_true", help="time the candidate tiles too")
+    ap.add_argument("--mma-scores", action="store_true",
+                    help="the scores on tensor cores (kernels.mla.MMA_SCORES, an experiment)")
     args = ap.parse_args()
+    if args.mma_scores:
+        import importlib
+        importlib.import_module("ddtree_numba.kernels.mla").MMA_SCORES = True
     from tune_tiles import timed
     from ddtree_numba.kernels.mla import _tiles, _mla_launches
 

@@ -52,7 +52,8 @@ from .._device import (cached, ceil_div, device_function, float32_out, fma, is_d
                        nonneg, rows_device, to_device)
 from ..reference.mla import absorption_weights
 from ..dtypes import STORAGE_DTYPES
-from .linear import enqueue_linear_heads
+from ._mma import mma_bf16, pack_bf16x2
+from .linear import KC, enqueue_linear_heads
 
 THREADS = 8 if config.ENABLE_CUDASIM else 128   # softmax kernel: threads per query token (all heads)
 SOFTMAX_LANES = 4 if config.ENABLE_CUDASIM else 32   # of them, the threads a head's keys are split over
@@ -248,6 +249,137 @@ def _mla_scores_kernel(bm, bn, bk, tm, tn):
                     s = n0 + tx + TX * j
                     if s < s_end:
                         scores[row0 * H + r, s] = acc[m, j] * scale
+
+    return kernel
+
+
+# -- the scores on tensor cores (an experiment, off until measured on the H200) -------------
+# ``MMA_SCORES``: the scores kernel multiplies bf16-rounded queries and keys with ``mma.sync``
+# (float32 accumulation in KC-wide chunks added in ascending order, the GEMMs' reduction
+# contract, docs/DESIGN.md §4) instead of one float32 fma chain. Each score is still a function
+# of its own query row and key row only, so a tree node and the token alone get the same bits;
+# the twin is ``reference.mla.mma_scores`` (bf16 operands, exact sums) within
+# ``reference.linear.accumulation_bound``. The softmax, p @ c_kv and the combine are unchanged.
+MMA_SCORES = False
+# (wm, wn, mt, nt): a block of wm x wn warps, each 16 * mt keys x 8 * nt query rows.
+_MMA_TILE = (1, 1, 1, 1) if config.ENABLE_CUDASIM else (2, 2, 2, 2)
+
+
+@device_function
+def _key_pair(c_kv, k_pe, slot, key, d, C, D, s_end):
+    """bf16x2 of key ``key``'s channels d, d + 1 of [c_kv | k_pe] (0 past s_end or D)."""
+    lo = float32(0.0)
+    hi = float32(0.0)
+    if key < s_end:
+        if d < C:
+            lo = c_kv[slot, key, d]
+        elif d < D:
+            lo = k_pe[slot, key, d - C]
+        if d + 1 < C:
+            hi = c_kv[slot, key, d + 1]
+        elif d + 1 < D:
+            hi = k_pe[slot, key, d + 1 - C]
+    return pack_bf16x2(lo, hi)
+
+
+@device_function
+def _query_pair(q_lat, q_pe, qi, h, d, C, R, D, live):
+    """bf16x2 of query row (qi, head h)'s channels d, d + 1 of [q_lat | q_pe] (0 if not live)."""
+    lo = float32(0.0)
+    hi = float32(0.0)
+    if live:
+        if d < C:
+            lo = q_lat[qi, h * C + d]
+        elif d < D:
+            lo = q_pe[qi, h * R + d - C]
+        if d + 1 < C:
+            hi = q_lat[qi, h * C + d + 1]
+        elif d + 1 < D:
+            hi = q_pe[qi, h * R + d + 1 - C]
+    return pack_bf16x2(lo, hi)
+
+
+@functools.lru_cache(maxsize=None)
+def _mla_scores_mma_kernel(wm, wn, mt, nt):
+    """``_mla_scores_kernel``'s scores (same arguments, grid (ceil(S_cap / (16 mt wn)),
+    ceil(Tq*H / (8 nt wm)), sequences), blocks of 32 wm wn threads) on tensor cores: warp (wy,
+    wx) takes keys n0 + 16 mt wx .. and query rows r0 + 8 nt wy .., the keys as mma's A operand
+    (16 a tile), the query rows as B (8 a tile), both read from global memory as bf16 pairs.
+    Each output: KC-channel chunk partials from 0, added to the total in ascending order."""
+    KW, RW = 16 * mt, 8 * nt
+    BK, BR = KW * wn, RW * wm
+
+    @cached
+    @cuda.jit
+    def kernel(q_lat, q_pe, c_kv, k_pe, meta, seqs, scale, scores):
+        C, R = c_kv.shape[2], k_pe.shape[2]
+        D = C + R
+        H = q_lat.shape[1] // C
+        row0, t, s0, slot = _sequence(meta, seqs, cuda.blockIdx.z)
+        s_end = s0 + t
+        rows = t * H
+        tid = nonneg(cuda.threadIdx.x)
+        warp = tid // 32
+        lane = tid % 32
+        g = lane // 4
+        q4 = lane % 4
+        k_base = nonneg(cuda.blockIdx.x) * BK + (warp % wn) * KW
+        r_base = nonneg(cuda.blockIdx.y) * BR + (warp // wn) * RW
+        if k_base >= s_end or r_base >= rows:   # the whole warp leaves (mma needs all its lanes)
+            return
+        total = cuda.local.array((mt, nt, 4), float32)
+        part = cuda.local.array((mt, nt, 4), float32)
+        a = cuda.local.array((mt, 4), uint32)
+        b = cuda.local.array((nt, 2), uint32)
+        q_row = cuda.local.array(nt, int32)    # this lane's B row (query row of the sequence) a tile
+        q_head = cuda.local.array(nt, int32)
+        q_live = cuda.local.array(nt, int32)
+        for n in range(nt):
+            r = r_base + 8 * n + g
+            q_live[n] = 1 if r < rows else 0
+            i = r // H
+            q_row[n] = row0 + i
+            q_head[n] = r - i * H
+        for m in range(mt):
+            for n in range(nt):
+                for c in range(4):
+                    total[m, n, c] = float32(0.0)
+        for k0 in range(0, D, 16):
+            if k0 % KC == 0:
+                for m in range(mt):
+                    for n in range(nt):
+                        for c in range(4):
+                            part[m, n, c] = float32(0.0)
+            d = k0 + 2 * q4
+            for m in range(mt):
+                key = k_base + 16 * m + g
+                a[m, 0] = _key_pair(c_kv, k_pe, slot, key, d, C, D, s_end)
+                a[m, 1] = _key_pair(c_kv, k_pe, slot, key + 8, d, C, D, s_end)
+                a[m, 2] = _key_pair(c_kv, k_pe, slot, key, d + 8, C, D, s_end)
+                a[m, 3] = _key_pair(c_kv, k_pe, slot, key + 8, d + 8, C, D, s_end)
+            for n in range(nt):
+                b[n, 0] = _query_pair(q_lat, q_pe, q_row[n], q_head[n], d, C, R, D, q_live[n] != 0)
+                b[n, 1] = _query_pair(q_lat, q_pe, q_row[n], q_head[n], d + 8, C, R, D, q_live[n] != 0)
+            for m in range(mt):
+                for n in range(nt):
+                    d0, d1, d2, d3 = mma_bf16(a[m, 0], a[m, 1], a[m, 2], a[m, 3], b[n, 0], b[n, 1],
+                                              part[m, n, 0], part[m, n, 1], part[m, n, 2], part[m, n, 3])
+                    part[m, n, 0] = d0
+                    part[m, n, 1] = d1
+                    part[m, n, 2] = d2
+                    part[m, n, 3] = d3
+            if (k0 + 16) % KC == 0 or k0 + 16 >= D:   # the chunk's end: its partial joins the total
+                for m in range(mt):
+                    for n in range(nt):
+                        for c in range(4):
+                            total[m, n, c] = total[m, n, c] + part[m, n, c]
+        for m in range(mt):
+            for n in range(nt):
+                for c in range(4):
+                    s = k_base + 16 * m + g + 8 * (c // 2)         # D's row: the key
+                    r = r_base + 8 * n + 2 * q4 + (c % 2)          # D's column: the query row
+                    if s < s_end and r < rows:
+                        scores[row0 * H + r, s] = total[m, n, c] * scale
 
     return kernel
 
@@ -596,11 +728,17 @@ def _mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, sc
     bm, bn, bk, tm, tn = st
     scores_grid = (ceil_div(s_cap, bn), ceil_div(tq * H, bm), n_seq)
     scores_block = (bn // tn, bm // tm)
+    scores_kernel = _mla_scores_kernel(*st)
+    if MMA_SCORES:
+        wm, wn, mt, nt = _MMA_TILE
+        scores_grid = (ceil_div(s_cap, 16 * mt * wn), ceil_div(tq * H, 8 * nt * wm), n_seq)
+        scores_block = 32 * wm * wn
+        scores_kernel = _mla_scores_mma_kernel(*_MMA_TILE)
     bm, bn, bk, tm, tn = pt
     pv_grid = (ceil_div(C, bn), ceil_div(tq * H, bm), nch * n_seq)
     pv_block = (bn // tn, bm // tm)
     return [
-        ("scores", lambda: _mla_scores_kernel(*st)[scores_grid, scores_block, stream](
+        ("scores", lambda: scores_kernel[scores_grid, scores_block, stream](
             q_lat, q_pe, c_kv, k_pe, meta, seqs, scale, scores)),
         ("softmax", lambda: _mla_softmax_kernel(THREADS)[(nch, tq, n_seq), THREADS, stream](
             scores, vis_bits, meta, seqs, H, scratch.m_part, scratch.bounds)),

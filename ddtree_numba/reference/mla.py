@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dtypes import BlockScaled
+from .linear import accumulation_bound, linear
 from .rms_norm import rms_norm
 from .visibility import visibility
 
@@ -126,6 +127,25 @@ def mla_attention_absorbed(q_nope, q_pe, c_kv, k_pe, kv_b_weight, mask, scale, k
     else:
         o_lat = chunked_attention(scores, mask, c_kv, key_chunk)      # [T, H, C]
     return np.einsum("thc,hvc->thv", o_lat, w_uv, dtype=np.float32)   # [T, H, Dv]
+
+
+def mma_scores(q_lat, q_pe, c_kv, k_pe, scale):
+    """The absorbed attention's scores on tensor cores (``kernels.mla.MMA_SCORES``): queries and
+    keys rounded to bf16, their products summed exactly, times ``scale``; and the bound on the
+    kernel's distance from it (its float32 accumulation in 16-channel mma steps and 64-channel
+    chunks, ``reference.linear.accumulation_bound``, plus the scale's rounding).
+
+    q_lat [T, H, C], q_pe [T, H, R], c_kv [S, C], k_pe [S, R] float32 -> (scores, bound), each
+    [T, H, S] float64. Each score is a function of its own query row and key row only (what batch
+    invariance needs)."""
+    t, h, c = q_lat.shape
+    q = np.concatenate([q_lat, q_pe], axis=2).reshape(t * h, -1).astype(np.float32)   # [T*H, C+R]
+    k = np.concatenate([c_kv, k_pe], axis=1).astype(np.float32)                       # [S, C+R]
+    raw = linear(q, k, "bf16").astype(np.float64)          # exact sums, rounded once to float32
+    bound = accumulation_bound(q, k, "bf16")
+    sc = float(np.float32(scale))
+    scores = raw * sc
+    return scores.reshape(t, h, -1), ((bound * abs(sc)) + 2.0 ** -23 * np.abs(scores)).reshape(t, h, -1)
 
 
 def chunked_attention(scores: np.ndarray, mask: np.ndarray, values: np.ndarray, key_chunk: int) -> np.ndarray:
