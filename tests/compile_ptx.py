@@ -145,6 +145,9 @@ SIGNATURES = {
         (tiles, f"void({F32_2}, {cache}, {I32_1}, {I32_2}, int64, int32[:, :, ::1], float32[:, :, ::1], {F32_2})")
         for tiles in sorted({t[1] for t in _mla_tiles()})
         for cache in ("float32[:, :, ::1]", "float32[:, :, :]")],
+    "mla._mla_pv_mma_kernel": [   # the H200's tile (MMA_PV, an experiment)
+        ((4, 2), f"void({F32_2}, {cache}, {U32_2}, {I32_1}, {I32_2}, int64, float32[:, :, ::1], {F32_2})")
+        for cache in ("float32[:, :, ::1]", "float32[:, :, :]")],
     "mla._mla_combine_kernel": [((128,), f"void(float32[:, :, ::1], {F32_2}, {F32_2}, {I32_1}, {I32_2}, int64, {F32_2})")],
     "gqa._gqa_split_kernel": [
         ((dh, *kernels_pkg.gqa._gpu_tiles(dh), blk, msk),
@@ -189,7 +192,8 @@ def variants(name, mod, obj):
 
 # Instructions a kernel's PTX must hold: the tensor-core intrinsics (kernels/_mma.py) really emitted.
 INSTRUCTIONS = {name: ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "cvt.rn.bf16x2.f32")
-                for name in ("linear._mma_kernel", "linear._staged_kernel", "mla._mla_scores_mma_kernel")}
+                for name in ("linear._mma_kernel", "linear._staged_kernel", "mla._mla_scores_mma_kernel",
+                             "mla._mla_pv_mma_kernel")}
 
 
 class _H200:

@@ -167,20 +167,24 @@ def bits_of(a):
 
 
 @pytest.fixture
-def mma_scores(request, monkeypatch):
-    """``kernels.mla.MMA_SCORES`` set to the test's parameter (indirect)."""
+def mma(request, monkeypatch):
+    """The tensor-core experiments the test's parameter names (indirect): 'scores' sets
+    ``kernels.mla.MMA_SCORES``, 'both' that and ``MMA_PV``; '' neither. True if any is on."""
     import importlib
-    monkeypatch.setattr(importlib.import_module("ddtree_numba.kernels.mla"), "MMA_SCORES", request.param)
-    return request.param
+    mod = importlib.import_module("ddtree_numba.kernels.mla")
+    monkeypatch.setattr(mod, "MMA_SCORES", request.param in ("scores", "both"))
+    monkeypatch.setattr(mod, "MMA_PV", request.param == "both")
+    return bool(request.param)
 
 
-@pytest.mark.parametrize("shape,mma_scores", [("build", False), ("random", False), ("chain", False),
-                                              ("random", True)], indirect=["mma_scores"])
-def test_tree_node_is_bit_identical_to_the_token_decoded_alone(rng, shape, mma_scores):
+@pytest.mark.parametrize("shape,mma", [("build", ""), ("random", ""), ("chain", ""), ("random", "scores"),
+                                       ("build", "both")], indirect=["mma"])
+def test_tree_node_is_bit_identical_to_the_token_decoded_alone(rng, shape, mma):
     """Node i of a tree vs the same query alone (Tq = 1, other tiles) over a cache holding the
     prefix then its ancestors contiguously: the same key values in the same order at other
-    positions, so the same bits. Also with the scores on tensor cores (``MMA_SCORES``), whose
-    bf16 operands put the output within a bf16-sized distance of float64, not float32's."""
+    positions, so the same bits. Also with the scores, and p @ c_kv, on tensor cores
+    (``MMA_SCORES``, ``MMA_PV``), whose bf16 operands put the output within a bf16-sized distance
+    of float64, not float32's."""
     h, c, r, s0, n = 2, 6, 3, 5, 10
     parents = {"build": lambda: tree_from_build(rng, n), "random": lambda: random_parents(rng, n),
                "chain": lambda: np.arange(-1, n - 1, dtype=np.int32)}[shape]()
@@ -202,7 +206,7 @@ def test_tree_node_is_bit_identical_to_the_token_decoded_alone(rng, shape, mma_s
     if shape != "chain":
         assert scattered, "no node had scattered ancestors: the test would prove nothing"
     want = core_f64(q_lat, q_pe, c_kv, k_pe, vis, s0, n, scale)
-    assert rel_err(tree_out, want) <= (3e-2 if mma_scores else FP32_MODE_REL)
+    assert rel_err(tree_out, want) <= (3e-2 if mma else FP32_MODE_REL)
 
 
 def test_batch_row_is_bit_identical_alone_and_among_more_rows(rng):
@@ -216,8 +220,8 @@ def test_batch_row_is_bit_identical_alone_and_among_more_rows(rng):
     assert np.isnan(big[t:]).all()
 
 
-@pytest.mark.parametrize("mma_scores", [False, True], indirect=True)
-def test_sequences_in_one_launch_get_the_bits_of_their_own_launches(rng, mma_scores):
+@pytest.mark.parametrize("mma", ["", "both"], indirect=True)
+def test_sequences_in_one_launch_get_the_bits_of_their_own_launches(rng, mma):
     """``seqs``: three sequences (a causal step, two trees; different cached lengths) in one
     launch set over a pool of four cache slots, the slots not in row order. Each sequence's rows
     equal its own launch's bits; a row of no sequence is left unwritten."""
@@ -311,3 +315,40 @@ def test_mma_scores_within_the_twins_bound_and_a_row_alone_equals_it_in_the_batc
     assert (np.abs(got.reshape(t, h, -1) - want) <= bound).all()
     alone = scores_of(q_lat[2:3], q_pe[2:3], s_cap - 1, 1)
     np.testing.assert_array_equal(alone.view(np.uint32), got[2 * h:3 * h].view(np.uint32))
+
+
+def test_mma_pv_within_the_twins_bound_chunk_by_chunk(rng, monkeypatch):
+    """``MMA_PV``: o_part and l_part of every (token, chunk) within ``reference.mla.mma_pv``'s
+    bound of the chunk's p (the softmax's, read back) over its visible keys gathered in visible
+    order; a tree whose nodes see scattered keys, chunks cut inside the prefix and the tree."""
+    import importlib
+    from ddtree_numba.reference.mla import mma_pv
+    mla = importlib.import_module("ddtree_numba.kernels.mla")
+    monkeypatch.setattr(mla, "MMA_PV", True)
+    h, c, r, s0, t = 3, 20, 4, 6, 9                      # H 3: a head tile with unused columns
+    q_lat, q_pe, c_kv, k_pe = core_inputs(rng, t, s0 + t, h, c, r)
+    parents = random_parents(rng, t)
+    bits = ref.visibility_bits(parents)
+    vis = np.concatenate([np.ones((t, s0), bool), ref.visibility(parents)], axis=1)     # [t, S]
+    scratch = MLAScratch(t, h, s0 + t, c)
+    launches = mla._mla_launches(*(cuda.to_device(a) for a in (q_lat, q_pe, c_kv, k_pe)),
+                                 cuda.to_device(np.zeros((t, h * c), np.float32)), vis_bits=cuda.to_device(bits),
+                                 meta=cuda.to_device(np.array([s0, t], np.int32)), scale=0.8, scratch=scratch)
+    for _, go in launches[:2]:
+        go()                                              # scores, softmax: p in scratch.scores
+    p = scratch.scores.copy_to_host()
+    scratch.o_part.copy_to_device(np.full(scratch.o_part.shape, np.nan, np.float32))
+    launches[2][1]()                                      # p @ c_kv
+    o_part, l_part = scratch.o_part.copy_to_host(), scratch.l_part.copy_to_host()
+    kc = mla.KEY_CHUNK
+    chunks = 0
+    for i in range(t):
+        keys = np.flatnonzero(vis[i])
+        for k in range(-(-len(keys) // kc)):
+            ks = keys[k * kc:(k + 1) * kc]
+            rows = i * h + np.arange(h)
+            o, l, ob, lb = mma_pv(p[rows][:, ks], c_kv[ks])
+            assert (np.abs(o_part[k, rows] - o) <= ob).all(), (i, k)
+            assert (np.abs(l_part[k, rows] - l) <= lb).all(), (i, k)
+            chunks += 1
+    assert chunks > t                                     # some token's keys span several chunks

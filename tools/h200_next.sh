@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The next session's first H200 call (after the eighth session, ~9 minutes); run from the repo root
 # with .whl carried and DDTREE_COMMIT set; logs to $OUT/log.txt, Nsight Compute to $OUT/ncu_*.txt.
-# 1. MLA's scores on tensor cores (kernels.mla.MMA_SCORES, built and simulator-tested, off until
-#    measured): the MLA tests on the GPU (within reference.mla.mma_scores's bound, a tree node ==
-#    the token alone, sequences of a pool == their own launches), tools/mla_stages.py both ways
-#    (the fp32-chain scores: 145 / 434 / 2,300 µs of 290 / 994 / 5,119 at 64 / 256 / 1024 nodes),
-#    and the verify at 64 and 256 nodes with it (686f15d without: 24.51 / 65.97 ms; HF 68.4 at 64);
+# 1. MLA's scores and p @ c_kv on tensor cores (kernels.mla.MMA_SCORES, MMA_PV: built and
+#    simulator-tested, off until measured): the MLA tests on the GPU (within the twins' bounds,
+#    reference.mla.mma_scores / mma_pv; a tree node == the token alone; sequences of a pool ==
+#    their own launches), tools/mla_stages.py both ways (fp32 chains: scores 145 / 434 / 2,300 µs
+#    and p @ c_kv 99 / 391 / 1,919 of 290 / 994 / 5,119 at 64 / 256 / 1024 nodes), and the verify
+#    at 64 and 256 nodes with both (686f15d without: 24.51 / 65.97 ms; HF 68.4 at 64);
 # 2. why a heap-build pop costs ~1.1-1.5 µs (2,000-2,600 cycles) whether the frontier is a
 #    block's shared memory or one warp's registers: Nsight Compute on the build at budget 64;
 # 3. Nsight Compute on the split top-K at V 163840, k 64 (partial ~60 µs, merge ~40);
@@ -21,10 +22,10 @@ left() { echo $(( $1 - $(date +%s) + T0 )); }
 timeout $(left 100) python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_mla_kernel.py --tb=short 2>&1 \
   | grep -v Warn | tail -12
 timeout $(left 170) python3 tools/mla_stages.py --shape moonlight --cases 64 256 1024 2>&1 | grep -v Warn | tail -6
-timeout $(left 240) python3 tools/mla_stages.py --shape moonlight --cases 64 256 1024 --mma-scores 2>&1 \
-  | grep -v Warn | tail -6
+timeout $(left 240) python3 tools/mla_stages.py --shape moonlight --cases 64 256 1024 16x17 --mma-scores --mma-pv \
+  2>&1 | grep -v Warn | tail -7
 timeout $(left 340) python3 benchmarks/verify_forward.py --nodes 64 256 --no-breakdown --reps 5 --no-append \
-  --mma-scores 2>&1 | grep -v Warn | tail -4
+  --mma-scores --mma-pv 2>&1 | grep -v Warn | tail -4
 timeout $(left 400) ncu --clock-control none -k regex:_build_tree_kernel --launch-count 2 --section SpeedOfLight \
   --section WarpStateStats --section InstructionStats --section LaunchStats \
   python3 tools/heap_threads.py --vocab 264 --budgets 64 --threads 64 --repeat 1 > "$OUT/ncu_heap.txt" 2>&1

@@ -74,10 +74,13 @@ def main():
     ap.add_argument("--tune", action="store_true", help="time the candidate tiles too")
     ap.add_argument("--mma-scores", action="store_true",
                     help="the scores on tensor cores (kernels.mla.MMA_SCORES, an experiment)")
+    ap.add_argument("--mma-pv", action="store_true",
+                    help="p @ c_kv on tensor cores (kernels.mla.MMA_PV, an experiment)")
     args = ap.parse_args()
-    if args.mma_scores:
-        import importlib
-        importlib.import_module("ddtree_numba.kernels.mla").MMA_SCORES = True
+    import importlib
+    mla_module = importlib.import_module("ddtree_numba.kernels.mla")
+    mla_module.MMA_SCORES = mla_module.MMA_SCORES or args.mma_scores
+    mla_module.MMA_PV = mla_module.MMA_PV or args.mma_pv
     from tune_tiles import timed
     from ddtree_numba.kernels.mla import _tiles, _mla_launches
 

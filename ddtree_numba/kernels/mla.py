@@ -612,6 +612,139 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
     return kernel
 
 
+# ``MMA_PV``: p @ c_kv on tensor cores (an experiment, off until measured on the H200). A chunk's
+# keys are gathered by visible index in groups of 16 (mma's k), so a tree node and the token
+# alone group the same keys the same way; the heads of one token share its keys and are mma's n
+# (8 a tile); the channels are m (16 a tile). p and the latents enter as bf16, each chunk's
+# partial sums exactly in 16-key steps from 0 (twin: ``reference.mla.mma_pv`` within its bound),
+# and l_k comes out of the same mma steps (a row of ones), so the weights it normalises are the
+# bf16 ones the output used.
+MMA_PV = False
+# (warps, mt): a block of ``warps`` warps over 16 * mt * warps channels of one token's head tile.
+_MMA_PV_TILE = (1, 1) if config.ENABLE_CUDASIM else (4, 2)
+
+
+@device_function
+def _chunk_position(vis_bits, i, j, s0, j_end):
+    """The cache position of query i's visible key j, or -1 past j_end (the chunk's end)."""
+    if j >= j_end:
+        return -1
+    if j < s0:
+        return j
+    return _visible_position(vis_bits, i, j, s0)
+
+
+@device_function
+def _p_pair(p, row, pa, pb):
+    """bf16x2 of (p[row, pa], p[row, pb]); a position -1 gives 0."""
+    lo = float32(0.0)
+    hi = float32(0.0)
+    if pa >= 0:
+        lo = p[row, pa]
+    if pb >= 0:
+        hi = p[row, pb]
+    return pack_bf16x2(lo, hi)
+
+
+@device_function
+def _v_pair(c_kv, slot, ch, pa, pb, C):
+    """bf16x2 of (c_kv[slot, pa, ch], c_kv[slot, pb, ch]); a position -1 or ch >= C gives 0."""
+    lo = float32(0.0)
+    hi = float32(0.0)
+    if ch < C:
+        if pa >= 0:
+            lo = c_kv[slot, pa, ch]
+        if pb >= 0:
+            hi = c_kv[slot, pb, ch]
+    return pack_bf16x2(lo, hi)
+
+
+@functools.lru_cache(maxsize=None)
+def _mla_pv_mma_kernel(warps, mt):
+    """``_mla_pv_kernel``'s o_part and l_part (chunk k of every row g = row0*H + i*H + h) on tensor
+    cores, from the visible keys of index [k*KEY_CHUNK, min((k+1)*KEY_CHUNK, n_vis)) gathered
+    16 at a time. Grid: (ceil(C / (16 mt warps)), Tq * ceil(H / 8), sequences * chunks), blocks of
+    32 warps threads; block (x, y, z): token y // ceil(H/8), heads 8 (y % ceil(H/8)) .., chunk
+    z % chunks. o_part[k, g, c] = the mma chain over the chunk's 16-key steps ascending (from 0)
+    of bf16(p) * bf16(c_kv); l_part[k, g] = the same chain of bf16(p) * 1."""
+    CW = 16 * mt          # channels a warp
+    ONE = 0x3F803F80      # two bf16 1.0
+
+    @cached
+    @cuda.jit
+    def kernel(p, c_kv, vis_bits, meta, seqs, n_heads, o_part, l_part):
+        C = c_kv.shape[2]
+        nch = o_part.shape[0]
+        k = cuda.blockIdx.z % nch
+        row0, t, s0, slot = _sequence(meta, seqs, cuda.blockIdx.z // nch)
+        HT = (n_heads + 7) // 8
+        ti = nonneg(cuda.blockIdx.y) // HT
+        if ti >= t:
+            return
+        tid = nonneg(cuda.threadIdx.x)
+        warp = tid // 32
+        lane = tid % 32
+        g = lane // 4
+        q4 = lane % 4
+        i = row0 + ti                                  # the token's query (mask) row
+        h0 = (nonneg(cuda.blockIdx.y) - ti * HT) * 8   # the head tile's first head
+        c_base = nonneg(cuda.blockIdx.x) * (CW * warps) + warp * CW
+        if c_base >= C:                                # the whole warp leaves
+            return
+        n_vis = _visible_count(vis_bits, i, s0)
+        j0 = k * KEY_CHUNK
+        j_end = min(j0 + KEY_CHUNK, n_vis)
+        acc = cuda.local.array((mt, 4), float32)
+        lsum = cuda.local.array(4, float32)
+        for m in range(mt):
+            for c in range(4):
+                acc[m, c] = float32(0.0)
+        for c in range(4):
+            lsum[c] = float32(0.0)
+        b_row = (i * n_heads + h0 + g) if h0 + g < n_heads else -1   # this lane's B column: p's row
+        a_one = uint32(ONE) if g == 0 else uint32(0)   # the ones row of l's A operand
+        for j in range(j0, j_end, 16):
+            pa = _chunk_position(vis_bits, i, j + 2 * q4, s0, j_end)
+            pb = _chunk_position(vis_bits, i, j + 2 * q4 + 1, s0, j_end)
+            pc = _chunk_position(vis_bits, i, j + 2 * q4 + 8, s0, j_end)
+            pd = _chunk_position(vis_bits, i, j + 2 * q4 + 9, s0, j_end)
+            b0 = uint32(0)
+            b1 = uint32(0)
+            if b_row >= 0:
+                b0 = _p_pair(p, b_row, pa, pb)
+                b1 = _p_pair(p, b_row, pc, pd)
+            for m in range(mt):
+                ch = c_base + 16 * m + g
+                a0 = _v_pair(c_kv, slot, ch, pa, pb, C)
+                a1 = _v_pair(c_kv, slot, ch + 8, pa, pb, C)
+                a2 = _v_pair(c_kv, slot, ch, pc, pd, C)
+                a3 = _v_pair(c_kv, slot, ch + 8, pc, pd, C)
+                d0, d1, d2, d3 = mma_bf16(a0, a1, a2, a3, b0, b1, acc[m, 0], acc[m, 1], acc[m, 2], acc[m, 3])
+                acc[m, 0] = d0
+                acc[m, 1] = d1
+                acc[m, 2] = d2
+                acc[m, 3] = d3
+            e0, e1, e2, e3 = mma_bf16(a_one, uint32(0), a_one, uint32(0), b0, b1,
+                                      lsum[0], lsum[1], lsum[2], lsum[3])
+            lsum[0] = e0
+            lsum[1] = e1
+            lsum[2] = e2
+            lsum[3] = e3
+        for m in range(mt):
+            for c in range(4):
+                ch = c_base + 16 * m + g + 8 * (c // 2)     # D's row: the channel
+                h = h0 + 2 * q4 + (c % 2)                   # D's column: the head
+                if ch < C and h < n_heads:
+                    o_part[k, row0 * n_heads + ti * n_heads + h, ch] = acc[m, c]
+        if g == 0 and warp == 0 and cuda.blockIdx.x == 0:
+            for c in range(2):
+                h = h0 + 2 * q4 + c
+                if h < n_heads:
+                    l_part[k, row0 * n_heads + ti * n_heads + h] = lsum[c]
+
+    return kernel
+
+
 @functools.lru_cache(maxsize=None)
 def _mla_combine_kernel(threads):
     """out_lat[row0 + i, h*C + c] = (sum_k w_k o_part[k, g, c]) / (sum_k w_k l_part[k, g]), w_k
@@ -737,13 +870,20 @@ def _mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, sc
     bm, bn, bk, tm, tn = pt
     pv_grid = (ceil_div(C, bn), ceil_div(tq * H, bm), nch * n_seq)
     pv_block = (bn // tn, bm // tm)
+    pv_kernel = _mla_pv_kernel(*pt)
+    pv_args = (scores, c_kv, meta, seqs, H, scratch.bounds, scratch.o_part, scratch.l_part)
+    if MMA_PV:
+        warps, mt = _MMA_PV_TILE
+        pv_grid = (ceil_div(C, 16 * mt * warps), tq * ceil_div(H, 8), nch * n_seq)
+        pv_block = 32 * warps
+        pv_kernel = _mla_pv_mma_kernel(warps, mt)
+        pv_args = (scores, c_kv, vis_bits, meta, seqs, H, scratch.o_part, scratch.l_part)
     return [
         ("scores", lambda: scores_kernel[scores_grid, scores_block, stream](
             q_lat, q_pe, c_kv, k_pe, meta, seqs, scale, scores)),
         ("softmax", lambda: _mla_softmax_kernel(THREADS)[(nch, tq, n_seq), THREADS, stream](
             scores, vis_bits, meta, seqs, H, scratch.m_part, scratch.bounds)),
-        ("pv", lambda: _mla_pv_kernel(*pt)[pv_grid, pv_block, stream](
-            scores, c_kv, meta, seqs, H, scratch.bounds, scratch.o_part, scratch.l_part)),
+        ("pv", lambda: pv_kernel[pv_grid, pv_block, stream](*pv_args)),
         ("combine", lambda: _mla_combine_kernel(COMBINE_THREADS)[
             (ceil_div(C, COMBINE_THREADS), tq * H, n_seq), COMBINE_THREADS, stream](
             scratch.o_part, scratch.l_part, scratch.m_part, meta, seqs, H, out_lat)),

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dtypes import BlockScaled
-from .linear import accumulation_bound, linear
+from .linear import U32, accumulation_bound, bf16_round, linear
 from .rms_norm import rms_norm
 from .visibility import visibility
 
@@ -146,6 +146,21 @@ def mma_scores(q_lat, q_pe, c_kv, k_pe, scale):
     sc = float(np.float32(scale))
     scores = raw * sc
     return scores.reshape(t, h, -1), ((bound * abs(sc)) + 2.0 ** -23 * np.abs(scores)).reshape(t, h, -1)
+
+
+def mma_pv(p, values):
+    """One key chunk's p @ values on tensor cores (``kernels.mla.MMA_PV``): p and the values
+    rounded to bf16, their products summed exactly; l the exact sum of the bf16 p (the same mma
+    steps against a row of ones). With the bounds on the kernel's distance: its float32
+    accumulation, ceil(n / 16) mma steps of at most two roundings each, plus the twin's own.
+
+    p [rows, n] float32 (the chunk's keys by visible index), values [n, C] float32 (their latents)
+    -> (o [rows, C], l [rows], o_bound [rows, C], l_bound [rows]), float64."""
+    pb = bf16_round(np.asarray(p, np.float32)).astype(np.float64)
+    vb = bf16_round(np.asarray(values, np.float32)).astype(np.float64)
+    o, l = pb @ vb, pb.sum(axis=1)
+    roundings = 2 * -(-p.shape[1] // 16) + 2
+    return o, l, roundings * U32 * (np.abs(pb) @ np.abs(vb)) + 1e-30, roundings * U32 * np.abs(pb).sum(axis=1) + 1e-30
 
 
 def chunked_attention(scores: np.ndarray, mask: np.ndarray, values: np.ndarray, key_chunk: int) -> np.ndarray:
