@@ -87,12 +87,13 @@ SIGNATURES = {
         ((kind,), f"void({ids}[::1], {w}[:, ::1], {F32_2}, {I32_1})")
         for kind, w in (("f32", "float32"), ("f16", "float16"), ("bf16", "uint16"))
         for ids in ("int32", "int64")],
-    # linear: (kind, swiglu, accumulate, grouped, gather, vec, xvec, precision, *tile, block, scales);
-    # the scales (float8, int4) are [Z, N/bo, K/bi] (int4's float32 or bf16 bits), else ``out``
-    # stands in for them; int4 always loads words
+    # linear: (kind, swiglu, accumulate, grouped, gather, vec, xvec, precision, *tile, block, scales,
+    # xraw); the scales (float8, int4) are [Z, N/bo, K/bi] (int4's float32 or bf16 bits), else
+    # ``out`` stands in for them; int4 always loads words; xraw as the launches pass it (``_X_RAW``,
+    # on, with xvec)
     "linear._mma_kernel": [
         ((kind, swiglu, acc, grouped, gather, kind == "int4" or (kind in ("bf16", "e4m3") and vec), vec, precision,
-          *tile, block, scales),
+          *tile, block, scales, vec),
          f"void({F32_2}, int64, {w}[:, :, ::1], {w}[:, :, ::1], {sc}, {sc}, {F32_2}, int64, {I32_1}, {I32_1}, {I32_1})")
         for kind, w, sc, block, scales in _QUANT_KINDS + (
             ("f32", "float32", F32_2, (0, 0), "f32"), ("f16", "float16", F32_2, (0, 0), "f32"),
@@ -111,9 +112,9 @@ SIGNATURES = {
                 (False, False, False, False), (True, False, True, True))))
         or (swiglu, acc, grouped, gather) == (False, False, False, False)
         or (kind == "bf16" and (swiglu, acc, grouped, gather) == (True, False, True, True))] + [
-        # activations raw until the mma (``xraw``, the ``_X_RAW`` experiment): gathered SwiGLU
-        # experts in fp32 (hi + lo from the raw pairs)
-        (("bf16", True, False, True, True, True, True, "fp32", 1, 2, 2, (0, 0), "f32", True),
+        # word-loaded activations without ``xraw`` (``_X_RAW = False``: packed to bf16 at once),
+        # so that path still compiles: gathered SwiGLU experts in fp32 (hi + lo)
+        (("bf16", True, False, True, True, True, True, "fp32", 1, 2, 2, (0, 0), "f32", False),
          f"void({F32_2}, int64, uint16[:, :, ::1], uint16[:, :, ::1], {F32_2}, {F32_2}, {F32_2}, int64, {I32_1}, "
          f"{I32_1}, {I32_1})")],
     # staged: (kind, swiglu, accumulate, grouped, gather, precision, WM, WN, MT, RT, block)
@@ -138,7 +139,7 @@ SIGNATURES = {
         for tiles in sorted({t[0] for t in _mla_tiles()})
         for cache in ("float32[:, :, ::1]", "float32[:, :, :]")],
     "mla._mla_scores_mma_kernel": [   # the H200's tile (MMA_SCORES, an experiment)
-        ((2, 2, 2, 2), f"void({F32_2}, {F32_2}, {cache}, {cache}, {I32_1}, {I32_2}, float32, {F32_2})")
+        (kernels_pkg.mla._MMA_TILE, f"void({F32_2}, {F32_2}, {cache}, {cache}, {I32_1}, {I32_2}, float32, {F32_2})")
         for cache in ("float32[:, :, ::1]", "float32[:, :, :]")],
     "mla._mla_softmax_kernel": [((128,), f"void({F32_2}, {U32_2}, {I32_1}, {I32_2}, int64, {F32_2}, int32[:, :, ::1])")],
     "mla._mla_pv_kernel": [

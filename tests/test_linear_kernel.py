@@ -600,10 +600,10 @@ def test_simulated_mma_is_the_fragment_layout_of_the_ptx_isa(rng):
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
 def test_activations_kept_raw_until_the_mma_give_the_same_bits(rng, monkeypatch, precision):
-    """``_X_RAW`` (the register kernel converts each chunk's activations at its mma step, and reads
-    a tile's gathered row numbers once): the bits of the default kernel, for gathered SwiGLU
-    experts and a plain projection, at a tile of two row tiles and one of warps splitting the
-    chunks; in both precisions (fp32 splits each activation into hi + lo there)."""
+    """``_X_RAW`` (on by default: the register kernel converts each chunk's activations at its mma
+    step, and reads a tile's gathered row numbers once) gives the same bits with it as without
+    it, for gathered SwiGLU experts and a plain projection, at a tile of two row tiles and one of
+    warps splitting the chunks; in both precisions (fp32 splits each activation into hi + lo there)."""
     K, N = 96, 22
     offsets, x, row_index, (w, wf), (wu, _) = _grouped_case(rng, "bf16", [3, 0, 9], K, N, True)
     Ro = int(offsets[-1])

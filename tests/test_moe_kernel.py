@@ -297,28 +297,49 @@ def test_moe_block_matches_twin_composition_and_leaves_other_rows(rng, shared):
 
 
 def test_tall_experts_share_the_gate_up_tile_and_match_the_twin(rng, monkeypatch):
-    """Past 32 typical rows an expert (72 here: 48 rows x top-3 over 8 experts, doubled) the
+    """Past 32 typical rows an expert (36 here: 48 rows x top-3 over 8 experts, 18, doubled) the
     gate|up takes linear's ``_TALL_SWIGLU`` and the down the same tile (its work items are that
-    tile's 16 rows); the block still adds the twin's experts. Few rows: the down chooses its own.
-    (No launch counts as small or narrow here: on a GPU these tiny matrices would take those tiles.)"""
+    tile's 16 rows): the block's down launch takes it; the block still adds the twin's experts.
+    Few rows: the down chooses its own. (No launch counts as small or narrow here: on a GPU these
+    tiny matrices would take those tiles.)"""
     import importlib
     moe_mod, lin = importlib.import_module("ddtree_numba.kernels.moe"), importlib.import_module("ddtree_numba.kernels.linear")
     monkeypatch.setattr(lin, "_SMALL_WEIGHTS", 0)
     monkeypatch.setattr(lin, "_NARROW_COLS", 0)
+    launched = []                                  # (gate|up?, the tile the launch takes)
+    real = moe_mod.enqueue_grouped_linear
+
+    def spy(x, w, out, items, max_rows, *, precision, w_up=None, tile=None, tile_rows=None, live_groups=None,
+            **kw):
+        launched.append((w_up is not None, lin._grouped_tile(x, w, max_rows, precision=precision, w_up=w_up,
+                                                               tile_rows=tile_rows, live_groups=live_groups,
+                                                               tile=tile)))
+        return real(x, w, out, items, max_rows, precision=precision, w_up=w_up, tile=tile, tile_rows=tile_rows,
+                    live_groups=live_groups, **kw)
+
+    monkeypatch.setattr(moe_mod, "enqueue_grouped_linear", spy)
     lin._choose.cache_clear()
     try:
         _tall_experts_case(rng, moe_mod, lin)
     finally:
         lin._choose.cache_clear()                  # no tile chosen without small or narrow launches stays cached
+    assert launched == [(True, lin._TALL_SWIGLU), (False, lin._TALL_SWIGLU)]   # gate|up, then the down
 
 
 def _tall_experts_case(rng, moe_mod, lin):
     R, n = 48, 41
     route, m, x, gate, bias, (g, u, d), sh, bufs = _block_case(rng, R, n, "bf16", False)
-    dm, dg, du = (cuda.to_device(a) for a in (m, g, u))
-    assert moe_mod._expert_tiles(dm, dg, du, bufs, "fp32") == (lin._TALL_SWIGLU, lin._TALL_SWIGLU)
+    dm, dg, du, dd = (cuda.to_device(a) for a in (m, g, u, d))
+    assert moe_mod._expert_tiles(dm, dg, du, dd, bufs, "fp32") == (lin._TALL_SWIGLU, lin._TALL_SWIGLU)
     few = MoEBuffers(2, 8, 3, 24, 12)
-    assert moe_mod._expert_tiles(dm, dg, du, few, "fp32")[1] is None
+    assert moe_mod._expert_tiles(dm, dg, du, dd, few, "fp32")[1] is None
+    # 30 typical rows: a gate|up of one row tile a warp (8-row work items); where the down's own
+    # choice is a staged tile of taller blocks (the simulator's, from 24 rows), it takes the gate|up's
+    mid = MoEBuffers(40, 8, 3, 24, 12)
+    up, down = moe_mod._expert_tiles(dm, dg, du, dd, mid, "fp32")
+    own = lin._grouped_tile(mid.act, dd, mid.max_rows, precision="fp32", **moe_mod._expert_tiling(mid))
+    if isinstance(own, lin._Staged):
+        assert up != lin._TALL_SWIGLU and lin._rows_a_tile(own) > lin._rows_a_tile(up) and down == up
     got = _run_block(route, m, x, gate, bias, (g, u, d), sh, bufs, n)
     ids, w = ref.moe_route(m[:n], gate, bias, "sigmoid", "noaux_tc", 4, 2, 3, True, 2.5)
     want = x[:n] + ref.moe_experts(m[:n], ids, w, _widen(g), _widen(u), _widen(d))

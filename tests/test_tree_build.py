@@ -287,6 +287,20 @@ def test_batch_kernel_builds_each_sequence_in_its_own_block(rng, budget):
 
 
 @pytest.mark.kernels
+def test_batch_kernel_with_the_default_block_past_one_warp(rng):
+    """``threads`` None: ``_heap_threads(budget)``, one warp up to budget 32, two up to 256, then
+    the module's THREADS; at budget 40 (two warps) every tree is still its twin's."""
+    import importlib
+    tb = importlib.import_module("ddtree_numba.kernels.tree_build")
+    assert [tb._heap_threads(b) for b in (1, 32, 33, 256, 257)] == [32, 32, 64, 64, 128]
+    lp, ids = _batch(rng, 2, 3, 5, 5)
+    got = kn.build_trees(lp, ids, 40)
+    want = ref.build_trees(lp, ids, 40)
+    assert len(got) == 2 and all(g == w for g, w in zip(got, want))
+    assert all(w.num_nodes == 40 for w in want)          # every tree reaches the budget
+
+
+@pytest.mark.kernels
 def test_batch_kernel_into_device_buffers_and_the_device_budget(rng):
     from numba import cuda
     lp, ids = _batch(rng, 3, 2, 5, 5)

@@ -253,11 +253,11 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
     16*MT, row tiles of 8*RT grid-strided, Z), grouped (column blocks, work items, 1); 32*NW
     threads.
 
-    ``xraw`` (with ``xvec``; an experiment, off unless forced: ``_X_RAW``): the activations stay
-    raw float32 pairs in registers until their chunk's mma step (as float8 weights do), so the
-    prefetch of the next chunk does not wait for its activations to land before the current
-    chunk's mma; and a tile's gathered row numbers are read once, not once a chunk. The same
-    conversions in the same order: the same bits.
+    ``xraw`` (with ``xvec``; on by default, ``_X_RAW``: measured faster on the H200): the
+    activations stay raw float32 pairs in registers until their chunk's mma step (as float8
+    weights do), so the prefetch of the next chunk does not wait for its activations to land
+    before the current chunk's mma; and a tile's gathered row numbers are read once, not once a
+    chunk. The same conversions in the same order: the same bits as without it.
     """
     S = 2 if swiglu else 1                    # matrices: gate (and up)
     FP8 = kind in SCALED_KINDS                # quantized (float8 / int4): scales per block (``_epilogue``)
@@ -751,8 +751,10 @@ else:
     _STAGED_ROWS = 64
     _STAGED_BLOCKS = 132       # a block an SM at least
     # 128 features x 64 rows (SwiGLU: 64 features of both matrices x 64 rows), 8 warps. Grouped
-    # (expert) launches take the SwiGLU shape for both GEMMs: the experts' down at 272 rows
-    # (a 512-row workspace, 47 experts of ~35 rows) 375 -> 331 µs (tools/moe_stages.py --tiles).
+    # (expert) launches take the SwiGLU shape: the experts' down at 272 rows (a 512-row
+    # workspace, 47 experts of ~35 rows) 375 -> 331 µs (tools/moe_stages.py --tiles). Grouped
+    # SwiGLU (the experts' gate|up) never takes the staged kernel (``_choose_staged`` gives None
+    # for it): ``_choose`` gives it ``_TALL_SWIGLU`` past ``_GROUPED_ONE_ROW_TILE`` typical rows.
     _STAGED = {False: _Staged(4, 2, 2, 4), True: _Staged(2, 4, 2, 2)}
 
 
@@ -790,8 +792,9 @@ _NARROW_COLS = 64
 # Expert groups (SwiGLU, grouped) of more typical rows than _GROUPED_ONE_ROW_TILE take two m
 # tiles and two row tiles a warp, in the register kernel: the staged kernel's 64 x 64 blocks
 # compute mostly padding there. Measured on the H200 (tools/moe_stages.py --tiles, Moonlight's
-# experts, 272 rows: typical share 52): gate|up 830 µs (staged 2,4,2,2) -> 590 µs (2,2,1); down
-# stays staged (331 µs; 358 at 2,2,1).
+# experts, 272 rows: typical share 52): gate|up 830 µs (staged 2,4,2,2) -> 590 µs (2,2,1). The
+# down takes the same tile (``moe._expert_tiles``): its work items are this tile's 16 rows, and
+# staged over them it computes mostly padding (667 µs; 358 µs at 2,2,1).
 _TALL_SWIGLU = _Tile(2, 2, 1)
 # A SwiGLU register tile of four row tiles takes one m tile (two spill 370-730 bytes a thread:
 # ptxas -v), and at least two warps. Measured on the H200 (the shared experts, 2816 x 2048;
@@ -808,8 +811,10 @@ def _choose(max_rows, n_cols, n_k, swiglu, n_groups, kind="bf16"):
     splitting the chunks as it takes to put about ``_WARPS_WANTED`` warps to work (no more than
     the chunks, and shared memory allows; at least ``_FEW_ROWS_WARPS`` for expert groups of few
     rows, all it can for narrow launches). A SwiGLU tile of four row tiles takes one m tile and at
-    least two warps (two m tiles spill). Measured on the H200 (benchmarks/gemm.py --sweep,
-    tools/moe_stages.py --tiles).
+    least two warps (two m tiles spill). Grouped SwiGLU (the experts' gate|up) of more than
+    ``_GROUPED_ONE_ROW_TILE`` rows (neither small nor narrow) takes ``_TALL_SWIGLU`` as it is
+    (``_choose_staged`` never gives grouped SwiGLU the staged kernel). Measured on the H200
+    (benchmarks/gemm.py --sweep, tools/moe_stages.py --tiles).
 
     A small launch (at most ``_SMALL_ROWS`` rows over at most ``_SMALL_WEIGHTS`` weights a group,
     as in the demo pair) is latency-bound, not bandwidth-bound: there one m tile and one row tile

@@ -262,41 +262,41 @@ def _mla_scores_kernel(bm, bn, bk, tm, tn):
 # ``reference.linear.accumulation_bound``. The softmax, p @ c_kv and the combine are unchanged.
 MMA_SCORES = False
 # (wm, wn, mt, nt): a block of wm x wn warps, each 16 * mt keys x 8 * nt query rows.
-_MMA_TILE = (1, 1, 1, 1) if config.ENABLE_CUDASIM else (2, 2, 2, 2)
+_MMA_TILE = (1, 1, 1, 1) if config.ENABLE_CUDASIM else (2, 2, 2, 4)
+_MMA_STEP = 32      # channels a block stages through shared memory a step (two mma k-steps)
+_MMA_PAD = 4        # words of padding a staged row: its fragment reads hit 32 distinct banks
 
 
 @device_function
-def _key_pair(c_kv, k_pe, slot, key, d, C, D, s_end):
-    """bf16x2 of key ``key``'s channels d, d + 1 of [c_kv | k_pe] (0 past s_end or D)."""
+def _key_floats(c_kv, k_pe, slot, key, d, C, D):
+    """Key ``key``'s channels d, d + 1 of [c_kv | k_pe] as two float32 (0 past D)."""
     lo = float32(0.0)
     hi = float32(0.0)
-    if key < s_end:
-        if d < C:
-            lo = c_kv[slot, key, d]
-        elif d < D:
-            lo = k_pe[slot, key, d - C]
-        if d + 1 < C:
-            hi = c_kv[slot, key, d + 1]
-        elif d + 1 < D:
-            hi = k_pe[slot, key, d + 1 - C]
-    return pack_bf16x2(lo, hi)
+    if d < C:
+        lo = c_kv[slot, key, d]
+    elif d < D:
+        lo = k_pe[slot, key, d - C]
+    if d + 1 < C:
+        hi = c_kv[slot, key, d + 1]
+    elif d + 1 < D:
+        hi = k_pe[slot, key, d + 1 - C]
+    return lo, hi
 
 
 @device_function
-def _query_pair(q_lat, q_pe, qi, h, d, C, R, D, live):
-    """bf16x2 of query row (qi, head h)'s channels d, d + 1 of [q_lat | q_pe] (0 if not live)."""
+def _query_floats(q_lat, q_pe, qi, h, d, C, R, D):
+    """Query row (qi, head h)'s channels d, d + 1 of [q_lat | q_pe] as two float32 (0 past D)."""
     lo = float32(0.0)
     hi = float32(0.0)
-    if live:
-        if d < C:
-            lo = q_lat[qi, h * C + d]
-        elif d < D:
-            lo = q_pe[qi, h * R + d - C]
-        if d + 1 < C:
-            hi = q_lat[qi, h * C + d + 1]
-        elif d + 1 < D:
-            hi = q_pe[qi, h * R + d + 1 - C]
-    return pack_bf16x2(lo, hi)
+    if d < C:
+        lo = q_lat[qi, h * C + d]
+    elif d < D:
+        lo = q_pe[qi, h * R + d - C]
+    if d + 1 < C:
+        hi = q_lat[qi, h * C + d + 1]
+    elif d + 1 < D:
+        hi = q_pe[qi, h * R + d + 1 - C]
+    return lo, hi
 
 
 @functools.lru_cache(maxsize=None)
@@ -304,10 +304,20 @@ def _mla_scores_mma_kernel(wm, wn, mt, nt):
     """``_mla_scores_kernel``'s scores (same arguments, grid (ceil(S_cap / (16 mt wn)),
     ceil(Tq*H / (8 nt wm)), sequences), blocks of 32 wm wn threads) on tensor cores: warp (wy,
     wx) takes keys n0 + 16 mt wx .. and query rows r0 + 8 nt wy .., the keys as mma's A operand
-    (16 a tile), the query rows as B (8 a tile), both read from global memory as bf16 pairs.
-    Each output: KC-channel chunk partials from 0, added to the total in ascending order."""
+    (16 a tile), the query rows as B (8 a tile).
+
+    The block stages its keys and query rows through shared memory ``_MMA_STEP`` channels at a
+    time, as bf16 pairs: coalesced float32 reads of the next step are in flight in registers while
+    the warps multiply the current one out of the other buffer (one barrier a step). Each output:
+    KC-channel chunk partials from 0, 16-channel mma steps in ascending order, each chunk added to
+    the total in ascending order (twin: ``reference.mla.mma_scores``, within its bound)."""
     KW, RW = 16 * mt, 8 * nt
     BK, BR = KW * wn, RW * wm
+    NT = 32 * wm * wn
+    PW = _MMA_STEP // 2                 # bf16 pairs a staged row holds a step
+    ROW = PW + _MMA_PAD
+    LK = -(-(BK * PW) // NT)            # key pairs a thread loads a step
+    LQ = -(-(BR * PW) // NT)            # query pairs
 
     @cached
     @cuda.jit
@@ -318,68 +328,122 @@ def _mla_scores_mma_kernel(wm, wn, mt, nt):
         row0, t, s0, slot = _sequence(meta, seqs, cuda.blockIdx.z)
         s_end = s0 + t
         rows = t * H
+        n0 = nonneg(cuda.blockIdx.x) * BK
+        r0 = nonneg(cuda.blockIdx.y) * BR
+        if n0 >= s_end or r0 >= rows:   # the whole block leaves: no barrier is skipped
+            return
         tid = nonneg(cuda.threadIdx.x)
         warp = tid // 32
         lane = tid % 32
         g = lane // 4
         q4 = lane % 4
-        k_base = nonneg(cuda.blockIdx.x) * BK + (warp % wn) * KW
-        r_base = nonneg(cuda.blockIdx.y) * BR + (warp // wn) * RW
-        if k_base >= s_end or r_base >= rows:   # the whole warp leaves (mma needs all its lanes)
-            return
+        kw = (warp % wn) * KW           # the warp's keys and rows within the block's tile
+        rw = (warp // wn) * RW
+        busy = n0 + kw < s_end and r0 + rw < rows   # warp-uniform: mma needs all its lanes
+        k_sh = cuda.shared.array((2, BK, ROW), uint32)
+        q_sh = cuda.shared.array((2, BR, ROW), uint32)
         total = cuda.local.array((mt, nt, 4), float32)
         part = cuda.local.array((mt, nt, 4), float32)
         a = cuda.local.array((mt, 4), uint32)
         b = cuda.local.array((nt, 2), uint32)
-        q_row = cuda.local.array(nt, int32)    # this lane's B row (query row of the sequence) a tile
-        q_head = cuda.local.array(nt, int32)
-        q_live = cuda.local.array(nt, int32)
-        for n in range(nt):
-            r = r_base + 8 * n + g
-            q_live[n] = 1 if r < rows else 0
-            i = r // H
-            q_row[n] = row0 + i
-            q_head[n] = r - i * H
+        k_key = cuda.local.array(LK, int32)     # load slot u: its key (-1: none)
+        q_row = cuda.local.array(LQ, int32)     # load slot u: its query row (-1: none) and head
+        q_head = cuda.local.array(LQ, int32)
+        k_lo = cuda.local.array(LK, float32)    # the next step's pairs, in flight
+        k_hi = cuda.local.array(LK, float32)
+        q_lo = cuda.local.array(LQ, float32)
+        q_hi = cuda.local.array(LQ, float32)
+        for u in range(LK):                     # pairs fastest: a key's step is one 128-byte read
+            e = tid + NT * u
+            s = n0 + e // PW
+            k_key[u] = s if e < BK * PW and s < s_end else -1
+        for u in range(LQ):
+            e = tid + NT * u
+            r = r0 + e // PW
+            q_row[u] = -1
+            q_head[u] = 0
+            if e < BR * PW and r < rows:
+                i = r // H
+                q_row[u] = row0 + i
+                q_head[u] = r - i * H
         for m in range(mt):
             for n in range(nt):
                 for c in range(4):
                     total[m, n, c] = float32(0.0)
-        for k0 in range(0, D, 16):
-            if k0 % KC == 0:
-                for m in range(mt):
-                    for n in range(nt):
-                        for c in range(4):
-                            part[m, n, c] = float32(0.0)
-            d = k0 + 2 * q4
-            for m in range(mt):
-                key = k_base + 16 * m + g
-                a[m, 0] = _key_pair(c_kv, k_pe, slot, key, d, C, D, s_end)
-                a[m, 1] = _key_pair(c_kv, k_pe, slot, key + 8, d, C, D, s_end)
-                a[m, 2] = _key_pair(c_kv, k_pe, slot, key, d + 8, C, D, s_end)
-                a[m, 3] = _key_pair(c_kv, k_pe, slot, key + 8, d + 8, C, D, s_end)
-            for n in range(nt):
-                b[n, 0] = _query_pair(q_lat, q_pe, q_row[n], q_head[n], d, C, R, D, q_live[n] != 0)
-                b[n, 1] = _query_pair(q_lat, q_pe, q_row[n], q_head[n], d + 8, C, R, D, q_live[n] != 0)
+                    part[m, n, c] = float32(0.0)
+        n_steps = (D + _MMA_STEP - 1) // _MMA_STEP
+        for step in range(-1, n_steps):
+            if step + 1 < n_steps:              # the next step's reads, in flight
+                for u in range(LK):
+                    d = (step + 1) * _MMA_STEP + 2 * ((tid + NT * u) % PW)
+                    lo = float32(0.0)
+                    hi = float32(0.0)
+                    if k_key[u] >= 0:
+                        lo, hi = _key_floats(c_kv, k_pe, slot, k_key[u], d, C, D)
+                    k_lo[u] = lo
+                    k_hi[u] = hi
+                for u in range(LQ):
+                    d = (step + 1) * _MMA_STEP + 2 * ((tid + NT * u) % PW)
+                    lo = float32(0.0)
+                    hi = float32(0.0)
+                    if q_row[u] >= 0:
+                        lo, hi = _query_floats(q_lat, q_pe, q_row[u], q_head[u], d, C, R, D)
+                    q_lo[u] = lo
+                    q_hi[u] = hi
+            if step >= 0 and busy:
+                cur = step & 1
+                for kk in range(_MMA_STEP // 16):
+                    k0 = step * _MMA_STEP + 16 * kk
+                    if k0 < D:                   # the last step may end inside its first half
+                        if k0 % KC == 0:
+                            for m in range(mt):
+                                for n in range(nt):
+                                    for c in range(4):
+                                        part[m, n, c] = float32(0.0)
+                        w = 8 * kk + q4
+                        for m in range(mt):
+                            kr = kw + 16 * m + g
+                            a[m, 0] = k_sh[cur, kr, w]
+                            a[m, 1] = k_sh[cur, kr + 8, w]
+                            a[m, 2] = k_sh[cur, kr, w + 4]
+                            a[m, 3] = k_sh[cur, kr + 8, w + 4]
+                        for n in range(nt):
+                            qr = rw + 8 * n + g
+                            b[n, 0] = q_sh[cur, qr, w]
+                            b[n, 1] = q_sh[cur, qr, w + 4]
+                        for m in range(mt):
+                            for n in range(nt):
+                                d0, d1, d2, d3 = mma_bf16(a[m, 0], a[m, 1], a[m, 2], a[m, 3], b[n, 0], b[n, 1],
+                                                          part[m, n, 0], part[m, n, 1], part[m, n, 2],
+                                                          part[m, n, 3])
+                                part[m, n, 0] = d0
+                                part[m, n, 1] = d1
+                                part[m, n, 2] = d2
+                                part[m, n, 3] = d3
+                        if (k0 + 16) % KC == 0 or k0 + 16 >= D:   # the chunk's end: it joins the total
+                            for m in range(mt):
+                                for n in range(nt):
+                                    for c in range(4):
+                                        total[m, n, c] = total[m, n, c] + part[m, n, c]
+            if step + 1 < n_steps:              # last read in step - 1: the barrier below it is past
+                nxt = (step + 1) & 1
+                for u in range(LK):
+                    e = tid + NT * u
+                    if e < BK * PW:
+                        k_sh[nxt, e // PW, e % PW] = pack_bf16x2(k_lo[u], k_hi[u])
+                for u in range(LQ):
+                    e = tid + NT * u
+                    if e < BR * PW:
+                        q_sh[nxt, e // PW, e % PW] = pack_bf16x2(q_lo[u], q_hi[u])
+            cuda.syncthreads()  # the next tiles are in; every warp is done with this step's
+        if busy:
             for m in range(mt):
                 for n in range(nt):
-                    d0, d1, d2, d3 = mma_bf16(a[m, 0], a[m, 1], a[m, 2], a[m, 3], b[n, 0], b[n, 1],
-                                              part[m, n, 0], part[m, n, 1], part[m, n, 2], part[m, n, 3])
-                    part[m, n, 0] = d0
-                    part[m, n, 1] = d1
-                    part[m, n, 2] = d2
-                    part[m, n, 3] = d3
-            if (k0 + 16) % KC == 0 or k0 + 16 >= D:   # the chunk's end: its partial joins the total
-                for m in range(mt):
-                    for n in range(nt):
-                        for c in range(4):
-                            total[m, n, c] = total[m, n, c] + part[m, n, c]
-        for m in range(mt):
-            for n in range(nt):
-                for c in range(4):
-                    s = k_base + 16 * m + g + 8 * (c // 2)         # D's row: the key
-                    r = r_base + 8 * n + 2 * q4 + (c % 2)          # D's column: the query row
-                    if s < s_end and r < rows:
-                        scores[row0 * H + r, s] = total[m, n, c] * scale
+                    for c in range(4):
+                        s = n0 + kw + 16 * m + g + 8 * (c // 2)        # D's row: the key
+                        r = r0 + rw + 8 * n + 2 * q4 + (c % 2)         # D's column: the query row
+                        if s < s_end and r < rows:
+                            scores[row0 * H + r, s] = total[m, n, c] * scale
 
     return kernel
 

@@ -43,7 +43,8 @@ from .._device import (cached, ceil_div, device_function, float32_out, fma,
 from ..dtypes import STORAGE_DTYPES
 from ._widen import KINDS
 from ..reference.moe import work_item_capacity
-from .linear import _TALL_SWIGLU, _grouped_tile, _rows_a_tile, enqueue_grouped_linear, enqueue_linear, enqueue_swiglu
+from .linear import (_TALL_SWIGLU, _grouped_tile, _rows_a_tile, _Staged, enqueue_grouped_linear, enqueue_linear,
+                     enqueue_swiglu)
 
 ROUTER_PRECISION = "fp32"   # HF computes the router in float32 whatever the model's dtype
 # The shared experts on a second stream, beside the routed ones (``enqueue_moe_block``; the same
@@ -466,16 +467,22 @@ def _expert_tiling(bufs):
     return dict(tile_rows=typical, live_groups=live)
 
 
-def _expert_tiles(x, experts_gate, experts_up, bufs, precision, tile=None):
+def _expert_tiles(x, experts_gate, experts_up, experts_down, bufs, precision, tile=None):
     """(gate|up tile, down tile) of the grouped GEMMs: ``tile`` for both if forced; else the
     gate|up's chosen tile, and the down's own choice (None) unless the gate|up took linear's
-    ``_TALL_SWIGLU``. Then the down takes that tile too: the work items are its 16 rows, and the
-    down's own choice (the staged kernel's 64-row blocks) would walk each with three quarters
+    ``_TALL_SWIGLU``, or the down's own choice is a staged tile of more rows than the gate|up's.
+    Then the down takes the gate|up's tile too: the work items are that tile's rows (16 for
+    ``_TALL_SWIGLU``), and a staged down (64-row blocks on the H200) would walk each with mostly
     padding (H200, Moonlight's experts at 272 rows: down 667 µs so, 358 µs at the shared tile)."""
     if tile is not None:
         return tile, tile
-    up = _grouped_tile(x, experts_gate, bufs.max_rows, precision=precision, w_up=experts_up, **_expert_tiling(bufs))
-    return up, (up if up == _TALL_SWIGLU else None)
+    tiling = _expert_tiling(bufs)
+    up = _grouped_tile(x, experts_gate, bufs.max_rows, precision=precision, w_up=experts_up, **tiling)
+    if up == _TALL_SWIGLU:
+        return up, up
+    # the down's own choice, over the work items of the gate|up tile's rows (``_expert_item_rows``)
+    own = _grouped_tile(bufs.act, experts_down, bufs.max_rows, precision=precision, **tiling)
+    return up, (up if isinstance(own, _Staged) and _rows_a_tile(own) > _rows_a_tile(up) else None)
 
 
 def _expert_item_rows(x, experts_gate, experts_up, bufs, *, precision, tile=None):
@@ -490,7 +497,7 @@ def _expert_launches(x, experts_gate, experts_up, experts_down, bufs, precision,
     """``enqueue_moe_experts``'s two grouped GEMMs as (name, launch()) pairs: a row of blocks
     for each work item the ``enqueue_moe_sort`` enqueued before the launch can have written
     (``bufs.work_items()``, read when the launch is made, after the sort's)."""
-    up_tile, down_tile = _expert_tiles(x, experts_gate, experts_up, bufs, precision, tile)
+    up_tile, down_tile = _expert_tiles(x, experts_gate, experts_up, experts_down, bufs, precision, tile)
     grouped = dict(precision=precision, stream=stream, **_expert_tiling(bufs))
     return [
         ("experts gate|up", lambda: enqueue_grouped_linear(x, experts_gate, bufs.act, bufs.work_items(), bufs.max_rows,

@@ -329,8 +329,8 @@ def _topk_partial_kernel(threads, keep=0):
 @functools.lru_cache(maxsize=None)
 def _topk_merge_kernel(threads):
     """Grid L: the row's log-sum-exp from its G slice pairs (combined in slice order), the k
-    largest of the slices' candidate keys (a radix select over at most G*k keys; with one slice
-    its k candidates are they, k <= V), sorted, out."""
+    largest of the slices' candidate keys (a radix select over at most G*k keys; one slice's k
+    candidates, k <= V, are the answer as they are: no select), sorted, out."""
     T = threads
     clear, pick_digit, sort_desc = _block_helpers(T)
 

@@ -383,7 +383,9 @@ def build_trees(lp, ids, budget, *, out=None, budget_device=None, stream=0, thre
     ``Tree``s, each bit-identical to ``reference.build_tree`` of its sequence (the twin:
     ``reference.build_trees``), or, when ``out`` (``TreeBatchBuffers`` for at least S trees) is
     given, fills its first S rows on ``stream`` and returns it without synchronising.
-    ``budget_device``: as ``build_tree``'s, one budget for every sequence.
+    ``budget_device``: as ``build_tree``'s, one budget for every sequence. ``threads``: each
+    block's threads (default None: ``_heap_threads(budget)``, as ``build_tree``'s); they never
+    change the trees.
     """
     budget = _check_limits(check_batch_build_inputs(lp, ids, budget), lp.shape[1])
     S = lp.shape[0]
