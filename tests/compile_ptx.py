@@ -139,7 +139,7 @@ SIGNATURES = {
         for tiles in sorted({t[0] for t in _mla_tiles()})
         for cache in ("float32[:, :, ::1]", "float32[:, :, :]")],
     "mla._mla_scores_mma_kernel": [   # the H200's tile (MMA_SCORES, an experiment)
-        (kernels_pkg.mla._MMA_TILE, f"void({F32_2}, {F32_2}, {cache}, {cache}, {I32_1}, {I32_2}, float32, {F32_2})")
+        ((*kernels_pkg.mla._MMA_TILE, kernels_pkg.mla._MMA_STEP), f"void({F32_2}, {F32_2}, {cache}, {cache}, {I32_1}, {I32_2}, float32, {F32_2})")
         for cache in ("float32[:, :, ::1]", "float32[:, :, :]")],
     "mla._mla_softmax_kernel": [((128,), f"void({F32_2}, {U32_2}, {I32_1}, {I32_2}, int64, {F32_2}, int32[:, :, ::1])")],
     "mla._mla_pv_kernel": [

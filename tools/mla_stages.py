@@ -76,12 +76,15 @@ def main():
                     help="the scores on tensor cores (kernels.mla.MMA_SCORES, an experiment)")
     ap.add_argument("--mma-pv", action="store_true",
                     help="p @ c_kv on tensor cores (kernels.mla.MMA_PV, an experiment)")
+    ap.add_argument("--mma-step", type=int, help="channels the tensor-core scores kernel stages a step")
     ap.add_argument("--mma-tile", help="wm,wn,mt,nt: the tensor-core scores kernel's tile (kernels.mla._MMA_TILE)")
     args = ap.parse_args()
     import importlib
     mla_module = importlib.import_module("ddtree_numba.kernels.mla")
     if args.mma_tile:
         mla_module._MMA_TILE = tuple(int(v) for v in args.mma_tile.split(","))
+    if args.mma_step:
+        mla_module._MMA_STEP = args.mma_step
     mla_module.MMA_SCORES = mla_module.MMA_SCORES or args.mma_scores
     mla_module.MMA_PV = mla_module.MMA_PV or args.mma_pv
     from tune_tiles import timed

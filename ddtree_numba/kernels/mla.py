@@ -262,8 +262,8 @@ def _mla_scores_kernel(bm, bn, bk, tm, tn):
 # ``reference.linear.accumulation_bound``. The softmax, p @ c_kv and the combine are unchanged.
 MMA_SCORES = False
 # (wm, wn, mt, nt): a block of wm x wn warps, each 16 * mt keys x 8 * nt query rows.
-_MMA_TILE = (1, 1, 1, 1) if config.ENABLE_CUDASIM else (2, 2, 2, 4)
-_MMA_STEP = 32      # channels a block stages through shared memory a step (two mma k-steps)
+_MMA_TILE = (1, 1, 1, 1) if config.ENABLE_CUDASIM else (4, 2, 1, 2)
+_MMA_STEP = 32      # channels a block stages through shared memory a step: a multiple of 16 dividing KC
 _MMA_PAD = 4        # words of padding a staged row: its fragment reads hit 32 distinct banks
 
 
@@ -300,13 +300,13 @@ def _query_floats(q_lat, q_pe, qi, h, d, C, R, D):
 
 
 @functools.lru_cache(maxsize=None)
-def _mla_scores_mma_kernel(wm, wn, mt, nt):
+def _mla_scores_mma_kernel(wm, wn, mt, nt, step):
     """``_mla_scores_kernel``'s scores (same arguments, grid (ceil(S_cap / (16 mt wn)),
     ceil(Tq*H / (8 nt wm)), sequences), blocks of 32 wm wn threads) on tensor cores: warp (wy,
     wx) takes keys n0 + 16 mt wx .. and query rows r0 + 8 nt wy .., the keys as mma's A operand
     (16 a tile), the query rows as B (8 a tile).
 
-    The block stages its keys and query rows through shared memory ``_MMA_STEP`` channels at a
+    The block stages its keys and query rows through shared memory ``step`` channels at a
     time, as bf16 pairs: coalesced float32 reads of the next step are in flight in registers while
     the warps multiply the current one out of the other buffer (one barrier a step). Each output:
     KC-channel chunk partials from 0, 16-channel mma steps in ascending order, each chunk added to
@@ -314,10 +314,13 @@ def _mla_scores_mma_kernel(wm, wn, mt, nt):
     KW, RW = 16 * mt, 8 * nt
     BK, BR = KW * wn, RW * wm
     NT = 32 * wm * wn
-    PW = _MMA_STEP // 2                 # bf16 pairs a staged row holds a step
+    KS = step
+    assert KS % 16 == 0 and KC % KS == 0, "a step is whole mma k-steps inside one KC chunk"
+    PW = KS // 2                        # bf16 pairs a staged row holds a step
     ROW = PW + _MMA_PAD
-    LK = -(-(BK * PW) // NT)            # key pairs a thread loads a step
-    LQ = -(-(BR * PW) // NT)            # query pairs
+    LK = -(-(BK * PW) // NT)            # key pairs a thread loads a step (all of one key's)
+    LQ = -(-(BR * PW) // NT)            # query pairs (of one query row)
+    assert PW % LK == 0 and PW % LQ == 0, "a thread's pairs a step lie in one row"
 
     @cached
     @cuda.jit
@@ -346,54 +349,59 @@ def _mla_scores_mma_kernel(wm, wn, mt, nt):
         part = cuda.local.array((mt, nt, 4), float32)
         a = cuda.local.array((mt, 4), uint32)
         b = cuda.local.array((nt, 2), uint32)
-        k_key = cuda.local.array(LK, int32)     # load slot u: its key (-1: none)
-        q_row = cuda.local.array(LQ, int32)     # load slot u: its query row (-1: none) and head
-        q_head = cuda.local.array(LQ, int32)
         k_lo = cuda.local.array(LK, float32)    # the next step's pairs, in flight
         k_hi = cuda.local.array(LK, float32)
         q_lo = cuda.local.array(LQ, float32)
         q_hi = cuda.local.array(LQ, float32)
-        for u in range(LK):                     # pairs fastest: a key's step is one 128-byte read
-            e = tid + NT * u
-            s = n0 + e // PW
-            k_key[u] = s if e < BK * PW and s < s_end else -1
-        for u in range(LQ):
-            e = tid + NT * u
-            r = r0 + e // PW
-            q_row[u] = -1
-            q_head[u] = 0
-            if e < BR * PW and r < rows:
-                i = r // H
-                q_row[u] = row0 + i
-                q_head[u] = r - i * H
+        # Each thread reads LK consecutive pairs of one key row and LQ of one query row a step:
+        # one row address a thread, the pairs at fixed offsets from it.
+        kt, qt = tid // (PW // LK), tid // (PW // LQ)
+        kp, qp = LK * (tid % (PW // LK)), LQ * (tid % (PW // LQ))   # the first pair a step
+        key = n0 + kt
+        key_ok = kt < BK and key < s_end
+        key = nonneg(min(key, s_end - 1))       # clamped into the cache; its pairs are zeroed
+        r = r0 + qt
+        row_ok = qt < BR and r < rows
+        r = min(r, rows - 1)
+        qi = nonneg(row0 + r // H)
+        qh = nonneg(r - (r // H) * H)
+        lat = c_kv[slot]                        # this sequence's [S, C] and [S, R]
+        rope = k_pe[slot]
         for m in range(mt):
             for n in range(nt):
                 for c in range(4):
                     total[m, n, c] = float32(0.0)
                     part[m, n, c] = float32(0.0)
-        n_steps = (D + _MMA_STEP - 1) // _MMA_STEP
-        for step in range(-1, n_steps):
-            if step + 1 < n_steps:              # the next step's reads, in flight
-                for u in range(LK):
-                    d = (step + 1) * _MMA_STEP + 2 * ((tid + NT * u) % PW)
-                    lo = float32(0.0)
-                    hi = float32(0.0)
-                    if k_key[u] >= 0:
-                        lo, hi = _key_floats(c_kv, k_pe, slot, k_key[u], d, C, D)
-                    k_lo[u] = lo
-                    k_hi[u] = hi
-                for u in range(LQ):
-                    d = (step + 1) * _MMA_STEP + 2 * ((tid + NT * u) % PW)
-                    lo = float32(0.0)
-                    hi = float32(0.0)
-                    if q_row[u] >= 0:
-                        lo, hi = _query_floats(q_lat, q_pe, q_row[u], q_head[u], d, C, R, D)
-                    q_lo[u] = lo
-                    q_hi[u] = hi
-            if step >= 0 and busy:
-                cur = step & 1
-                for kk in range(_MMA_STEP // 16):
-                    k0 = step * _MMA_STEP + 16 * kk
+        n_steps = (D + KS - 1) // KS
+        for st in range(-1, n_steps):
+            d0 = (st + 1) * KS                  # the next step's first channel: its reads, in flight
+            if st + 1 < n_steps and d0 + KS <= C:          # the whole step in the latent
+                kc = nonneg(d0 + 2 * kp)        # non-negative: no wraparound fix-ups
+                qc = nonneg(qh * C + d0 + 2 * qp)
+                for j in range(LK):
+                    k_lo[j] = lat[key, kc + 2 * j]
+                    k_hi[j] = lat[key, kc + 2 * j + 1]
+                for j in range(LQ):
+                    q_lo[j] = q_lat[qi, qc + 2 * j]
+                    q_hi[j] = q_lat[qi, qc + 2 * j + 1]
+            elif st + 1 < n_steps and d0 >= C and d0 + KS <= D:   # the whole step in the rope part
+                kc = nonneg(d0 - C + 2 * kp)
+                qc = nonneg(qh * R + d0 - C + 2 * qp)
+                for j in range(LK):
+                    k_lo[j] = rope[key, kc + 2 * j]
+                    k_hi[j] = rope[key, kc + 2 * j + 1]
+                for j in range(LQ):
+                    q_lo[j] = q_pe[qi, qc + 2 * j]
+                    q_hi[j] = q_pe[qi, qc + 2 * j + 1]
+            elif st + 1 < n_steps:              # a step across C or past D: channel by channel
+                for j in range(LK):
+                    k_lo[j], k_hi[j] = _key_floats(c_kv, k_pe, slot, key, d0 + 2 * (kp + j), C, D)
+                for j in range(LQ):
+                    q_lo[j], q_hi[j] = _query_floats(q_lat, q_pe, qi, qh, d0 + 2 * (qp + j), C, R, D)
+            if st >= 0 and busy:
+                cur = st & 1
+                for kk in range(KS // 16):
+                    k0 = st * KS + 16 * kk
                     if k0 < D:                   # the last step may end inside its first half
                         if k0 % KC == 0:
                             for m in range(mt):
@@ -425,16 +433,20 @@ def _mla_scores_mma_kernel(wm, wn, mt, nt):
                                 for n in range(nt):
                                     for c in range(4):
                                         total[m, n, c] = total[m, n, c] + part[m, n, c]
-            if step + 1 < n_steps:              # last read in step - 1: the barrier below it is past
-                nxt = (step + 1) & 1
-                for u in range(LK):
-                    e = tid + NT * u
-                    if e < BK * PW:
-                        k_sh[nxt, e // PW, e % PW] = pack_bf16x2(k_lo[u], k_hi[u])
-                for u in range(LQ):
-                    e = tid + NT * u
-                    if e < BR * PW:
-                        q_sh[nxt, e // PW, e % PW] = pack_bf16x2(q_lo[u], q_hi[u])
+            if st + 1 < n_steps:                # last read in step st - 1: the barrier below it is past
+                nxt = (st + 1) & 1
+                if key_ok:
+                    for j in range(LK):
+                        k_sh[nxt, kt, kp + j] = pack_bf16x2(k_lo[j], k_hi[j])
+                elif kt < BK:
+                    for j in range(LK):
+                        k_sh[nxt, kt, kp + j] = uint32(0)
+                if row_ok:
+                    for j in range(LQ):
+                        q_sh[nxt, qt, qp + j] = pack_bf16x2(q_lo[j], q_hi[j])
+                elif qt < BR:
+                    for j in range(LQ):
+                        q_sh[nxt, qt, qp + j] = uint32(0)
             cuda.syncthreads()  # the next tiles are in; every warp is done with this step's
         if busy:
             for m in range(mt):
@@ -930,7 +942,7 @@ def _mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, sc
         wm, wn, mt, nt = _MMA_TILE
         scores_grid = (ceil_div(s_cap, 16 * mt * wn), ceil_div(tq * H, 8 * nt * wm), n_seq)
         scores_block = 32 * wm * wn
-        scores_kernel = _mla_scores_mma_kernel(*_MMA_TILE)
+        scores_kernel = _mla_scores_mma_kernel(*_MMA_TILE, _MMA_STEP)
     bm, bn, bk, tm, tn = pt
     pv_grid = (ceil_div(C, bn), ceil_div(tq * H, bm), nch * n_seq)
     pv_block = (bn // tn, bm // tm)

@@ -1,0 +1,35 @@
+"""Launch the MLA attention's kernels once each at one Moonlight-shape case, for Nsight Compute:
+the float32 scores, the tensor-core scores (``MMA_SCORES``), the softmax, the float32 p @ c_kv and
+the tensor-core p @ c_kv (``MMA_PV``), in that order, after a warm-up that ncu skips:
+
+    ncu -k regex:kernel --launch-skip 5 --launch-count 5 python tools/profile_mla.py [nodes]
+"""
+
+import importlib
+import sys
+from pathlib import Path
+
+import numpy as np
+from numba import cuda
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mla_stages import SHAPES, case_inputs  # noqa: E402
+
+
+def main():
+    nodes = int(sys.argv[1]) if len(sys.argv) > 1 else 256
+    mla = importlib.import_module("ddtree_numba.kernels.mla")
+    heads, latent, rope = SHAPES["moonlight"]
+    a, kw = case_inputs(np.random.default_rng(0), heads, latent, rope, 1024, 1, nodes, False)
+
+    def launch(name, mma):
+        mla.MMA_SCORES = mla.MMA_PV = mma
+        dict(mla._mla_launches(**a, **kw))[name]()
+    for _ in range(2):          # the first pass compiles (and ncu skips it)
+        for name, mma in (("scores", False), ("scores", True), ("softmax", False), ("pv", False), ("pv", True)):
+            launch(name, mma)
+        cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
