@@ -76,6 +76,7 @@ def main():
                     help="the scores on tensor cores (kernels.mla.MMA_SCORES, an experiment)")
     ap.add_argument("--mma-pv", action="store_true",
                     help="p @ c_kv on tensor cores (kernels.mla.MMA_PV, an experiment)")
+    ap.add_argument("--mma-pv-tile", help="warps,mt,hb: the tensor-core p @ c_kv kernel's tile (kernels.mla._MMA_PV_TILE)")
     ap.add_argument("--mma-step", type=int, help="channels the tensor-core scores kernel stages a step")
     ap.add_argument("--mma-tile", help="wm,wn,mt,nt: the tensor-core scores kernel's tile (kernels.mla._MMA_TILE)")
     args = ap.parse_args()
@@ -85,6 +86,8 @@ def main():
         mla_module._MMA_TILE = tuple(int(v) for v in args.mma_tile.split(","))
     if args.mma_step:
         mla_module._MMA_STEP = args.mma_step
+    if args.mma_pv_tile:
+        mla_module._MMA_PV_TILE = tuple(int(v) for v in args.mma_pv_tile.split(","))
     mla_module.MMA_SCORES = mla_module.MMA_SCORES or args.mma_scores
     mla_module.MMA_PV = mla_module.MMA_PV or args.mma_pv
     from tune_tiles import timed

@@ -696,8 +696,9 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
 # and l_k comes out of the same mma steps (a row of ones), so the weights it normalises are the
 # bf16 ones the output used.
 MMA_PV = False
-# (warps, mt): a block of ``warps`` warps over 16 * mt * warps channels of one token's head tile.
-_MMA_PV_TILE = (1, 1) if config.ENABLE_CUDASIM else (4, 2)
+# (warps, mt, hb): a block of ``warps`` warps over 16 * mt * warps channels of one token's 8 * hb
+# heads.
+_MMA_PV_TILE = (1, 1, 1) if config.ENABLE_CUDASIM else (4, 2, 2)
 
 
 @device_function
@@ -710,41 +711,30 @@ def _chunk_position(vis_bits, i, j, s0, j_end):
     return _visible_position(vis_bits, i, j, s0)
 
 
-@device_function
-def _p_pair(p, row, pa, pb):
-    """bf16x2 of (p[row, pa], p[row, pb]); a position -1 gives 0."""
-    lo = float32(0.0)
-    hi = float32(0.0)
-    if pa >= 0:
-        lo = p[row, pa]
-    if pb >= 0:
-        hi = p[row, pb]
-    return pack_bf16x2(lo, hi)
-
-
-@device_function
-def _v_pair(c_kv, slot, ch, pa, pb, C):
-    """bf16x2 of (c_kv[slot, pa, ch], c_kv[slot, pb, ch]); a position -1 or ch >= C gives 0."""
-    lo = float32(0.0)
-    hi = float32(0.0)
-    if ch < C:
-        if pa >= 0:
-            lo = c_kv[slot, pa, ch]
-        if pb >= 0:
-            hi = c_kv[slot, pb, ch]
-    return pack_bf16x2(lo, hi)
-
-
 @functools.lru_cache(maxsize=None)
-def _mla_pv_mma_kernel(warps, mt):
+def _mla_pv_mma_kernel(warps, mt, hb):
     """``_mla_pv_kernel``'s o_part and l_part (chunk k of every row g = row0*H + i*H + h) on tensor
     cores, from the visible keys of index [k*KEY_CHUNK, min((k+1)*KEY_CHUNK, n_vis)) gathered
-    16 at a time. Grid: (ceil(C / (16 mt warps)), Tq * ceil(H / 8), sequences * chunks), blocks of
-    32 warps threads; block (x, y, z): token y // ceil(H/8), heads 8 (y % ceil(H/8)) .., chunk
-    z % chunks. o_part[k, g, c] = the mma chain over the chunk's 16-key steps ascending (from 0)
-    of bf16(p) * bf16(c_kv); l_part[k, g] = the same chain of bf16(p) * 1."""
+    16 at a time. Grid: (ceil(C / (16 mt warps)), Tq * ceil(H / (8 hb)), sequences * chunks),
+    blocks of 32 warps threads; block (x, y, z): token y // ceil(H / (8 hb)), heads 8 hb (y %
+    ..) .., channels 16 mt warps x .., chunk z % chunks. o_part[k, g, c] = the mma chain over the
+    chunk's 16-key steps ascending (from 0) of bf16(p) * bf16(c_kv); l_part[k, g] = the same
+    chain of bf16(p) * 1 (a row of ones as A).
+
+    The chunk's cache positions are found once (a thread a key) into shared memory; each step's
+    16 latent rows (the block's channels) and p columns (its heads) are read coalesced into
+    registers while the warps multiply the previous step, and stored as bf16 pairs along the keys
+    (mma's k) in shared memory: one barrier a step. A warp takes 16 mt channels (mma's m: c_kv
+    transposed as A) against the block's 8 hb heads (n: p as B)."""
     CW = 16 * mt          # channels a warp
+    CB = CW * warps       # channels a block
+    HW = 8 * hb           # heads a block
+    NT = 32 * warps
+    ROW = 12              # words a staged row: 8 key pairs + 4 of padding (fragment reads hit 32 banks)
+    LV = -(-(8 * CB) // NT)   # latent key pairs a thread stages a step
+    LP = -(-(8 * HW) // NT)   # p key pairs
     ONE = 0x3F803F80      # two bf16 1.0
+    PS = 16 * -(-KEY_CHUNK // 16)   # positions a chunk's 16-key steps read
 
     @cached
     @cuda.jit
@@ -753,70 +743,128 @@ def _mla_pv_mma_kernel(warps, mt):
         nch = o_part.shape[0]
         k = cuda.blockIdx.z % nch
         row0, t, s0, slot = _sequence(meta, seqs, cuda.blockIdx.z // nch)
-        HT = (n_heads + 7) // 8
+        HT = (n_heads + HW - 1) // HW
         ti = nonneg(cuda.blockIdx.y) // HT
-        if ti >= t:
+        c0 = nonneg(cuda.blockIdx.x) * CB
+        if ti >= t or c0 >= C:                          # the whole block leaves
             return
         tid = nonneg(cuda.threadIdx.x)
         warp = tid // 32
         lane = tid % 32
         g = lane // 4
         q4 = lane % 4
-        i = row0 + ti                                  # the token's query (mask) row
-        h0 = (nonneg(cuda.blockIdx.y) - ti * HT) * 8   # the head tile's first head
-        c_base = nonneg(cuda.blockIdx.x) * (CW * warps) + warp * CW
-        if c_base >= C:                                # the whole warp leaves
-            return
+        i = row0 + ti                                   # the token's query (mask) row
+        h0 = (nonneg(cuda.blockIdx.y) - ti * HT) * HW   # the block's first head
+        g0 = i * n_heads + h0                           # its first row of p, o_part and l_part
+        wc = warp * CW                                  # the warp's channels within the block's
+        busy = c0 + wc < C                              # warp-uniform: mma needs all its lanes
         n_vis = _visible_count(vis_bits, i, s0)
         j0 = k * KEY_CHUNK
         j_end = min(j0 + KEY_CHUNK, n_vis)
-        acc = cuda.local.array((mt, 4), float32)
-        lsum = cuda.local.array(4, float32)
+        pos_sh = cuda.shared.array(PS, int32)           # the chunk's cache positions (-1 past its end)
+        v_sh = cuda.shared.array((2, CB, ROW), uint32)  # [buffer, channel, key pair]
+        p_sh = cuda.shared.array((2, HW, ROW), uint32)  # [buffer, head, key pair]
+        for jj in range(tid, PS, NT):
+            pos_sh[jj] = _chunk_position(vis_bits, i, j0 + jj, s0, j_end)
+        acc = cuda.local.array((mt, hb, 4), float32)
+        lsum = cuda.local.array((hb, 4), float32)
+        a = cuda.local.array((mt, 4), uint32)
+        v_lo = cuda.local.array(LV, float32)            # the next step's pairs, in flight
+        v_hi = cuda.local.array(LV, float32)
+        p_lo = cuda.local.array(LP, float32)
+        p_hi = cuda.local.array(LP, float32)
         for m in range(mt):
+            for n in range(hb):
+                for c in range(4):
+                    acc[m, n, c] = float32(0.0)
+        for n in range(hb):
             for c in range(4):
-                acc[m, c] = float32(0.0)
-        for c in range(4):
-            lsum[c] = float32(0.0)
-        b_row = (i * n_heads + h0 + g) if h0 + g < n_heads else -1   # this lane's B column: p's row
-        a_one = uint32(ONE) if g == 0 else uint32(0)   # the ones row of l's A operand
-        for j in range(j0, j_end, 16):
-            pa = _chunk_position(vis_bits, i, j + 2 * q4, s0, j_end)
-            pb = _chunk_position(vis_bits, i, j + 2 * q4 + 1, s0, j_end)
-            pc = _chunk_position(vis_bits, i, j + 2 * q4 + 8, s0, j_end)
-            pd = _chunk_position(vis_bits, i, j + 2 * q4 + 9, s0, j_end)
-            b0 = uint32(0)
-            b1 = uint32(0)
-            if b_row >= 0:
-                b0 = _p_pair(p, b_row, pa, pb)
-                b1 = _p_pair(p, b_row, pc, pd)
+                lsum[n, c] = float32(0.0)
+        a_one = uint32(ONE) if g == 0 else uint32(0)    # the ones row of l's A operand
+        n_steps = (j_end - j0 + 15) // 16 if j_end > j0 else 0
+        cuda.syncthreads()                              # the positions are in
+        for st in range(-1, n_steps):
+            if st + 1 < n_steps:                        # the next step's reads, in flight
+                for u in range(LV):                     # channel fastest: a latent row's read is coalesced
+                    e = tid + NT * u
+                    kp = e // CB
+                    ch = c0 + e % CB
+                    pa = pos_sh[16 * (st + 1) + 2 * kp] if kp < 8 else -1
+                    pb = pos_sh[16 * (st + 1) + 2 * kp + 1] if kp < 8 else -1
+                    lo = float32(0.0)
+                    hi = float32(0.0)
+                    if ch < C:
+                        if pa >= 0:
+                            lo = c_kv[slot, pa, ch]
+                        if pb >= 0:
+                            hi = c_kv[slot, pb, ch]
+                    v_lo[u] = lo
+                    v_hi[u] = hi
+                for u in range(LP):
+                    e = tid + NT * u
+                    hh = e // 8
+                    kp = e % 8
+                    pa = pos_sh[16 * (st + 1) + 2 * kp]
+                    pb = pos_sh[16 * (st + 1) + 2 * kp + 1]
+                    lo = float32(0.0)
+                    hi = float32(0.0)
+                    if hh < HW and h0 + hh < n_heads:
+                        if pa >= 0:
+                            lo = p[g0 + hh, pa]
+                        if pb >= 0:
+                            hi = p[g0 + hh, pb]
+                    p_lo[u] = lo
+                    p_hi[u] = hi
+            if st >= 0:
+                cur = st & 1
+                if busy:
+                    for m in range(mt):
+                        cr = wc + 16 * m + g
+                        a[m, 0] = v_sh[cur, cr, q4]
+                        a[m, 1] = v_sh[cur, cr + 8, q4]
+                        a[m, 2] = v_sh[cur, cr, q4 + 4]
+                        a[m, 3] = v_sh[cur, cr + 8, q4 + 4]
+                    for n in range(hb):
+                        b0 = p_sh[cur, 8 * n + g, q4]
+                        b1 = p_sh[cur, 8 * n + g, q4 + 4]
+                        for m in range(mt):
+                            d0, d1, d2, d3 = mma_bf16(a[m, 0], a[m, 1], a[m, 2], a[m, 3], b0, b1,
+                                                      acc[m, n, 0], acc[m, n, 1], acc[m, n, 2], acc[m, n, 3])
+                            acc[m, n, 0] = d0
+                            acc[m, n, 1] = d1
+                            acc[m, n, 2] = d2
+                            acc[m, n, 3] = d3
+                        e0, e1, e2, e3 = mma_bf16(a_one, uint32(0), a_one, uint32(0), b0, b1,
+                                                  lsum[n, 0], lsum[n, 1], lsum[n, 2], lsum[n, 3])
+                        lsum[n, 0] = e0
+                        lsum[n, 1] = e1
+                        lsum[n, 2] = e2
+                        lsum[n, 3] = e3
+            if st + 1 < n_steps:                        # last read in step st - 1: the barrier below it is past
+                nxt = (st + 1) & 1
+                for u in range(LV):
+                    e = tid + NT * u
+                    if e < 8 * CB:
+                        v_sh[nxt, e % CB, e // CB] = pack_bf16x2(v_lo[u], v_hi[u])
+                for u in range(LP):
+                    e = tid + NT * u
+                    if e < 8 * HW:
+                        p_sh[nxt, e // 8, e % 8] = pack_bf16x2(p_lo[u], p_hi[u])
+            cuda.syncthreads()  # the next tiles are in; every warp is done with this step's
+        if busy:
             for m in range(mt):
-                ch = c_base + 16 * m + g
-                a0 = _v_pair(c_kv, slot, ch, pa, pb, C)
-                a1 = _v_pair(c_kv, slot, ch + 8, pa, pb, C)
-                a2 = _v_pair(c_kv, slot, ch, pc, pd, C)
-                a3 = _v_pair(c_kv, slot, ch + 8, pc, pd, C)
-                d0, d1, d2, d3 = mma_bf16(a0, a1, a2, a3, b0, b1, acc[m, 0], acc[m, 1], acc[m, 2], acc[m, 3])
-                acc[m, 0] = d0
-                acc[m, 1] = d1
-                acc[m, 2] = d2
-                acc[m, 3] = d3
-            e0, e1, e2, e3 = mma_bf16(a_one, uint32(0), a_one, uint32(0), b0, b1,
-                                      lsum[0], lsum[1], lsum[2], lsum[3])
-            lsum[0] = e0
-            lsum[1] = e1
-            lsum[2] = e2
-            lsum[3] = e3
-        for m in range(mt):
-            for c in range(4):
-                ch = c_base + 16 * m + g + 8 * (c // 2)     # D's row: the channel
-                h = h0 + 2 * q4 + (c % 2)                   # D's column: the head
-                if ch < C and h < n_heads:
-                    o_part[k, row0 * n_heads + ti * n_heads + h, ch] = acc[m, c]
-        if g == 0 and warp == 0 and cuda.blockIdx.x == 0:
-            for c in range(2):
-                h = h0 + 2 * q4 + c
-                if h < n_heads:
-                    l_part[k, row0 * n_heads + ti * n_heads + h] = lsum[c]
+                for n in range(hb):
+                    for c in range(4):
+                        ch = c0 + wc + 16 * m + g + 8 * (c // 2)     # D's row: the channel
+                        hh = 8 * n + 2 * q4 + (c % 2)                # D's column: the head
+                        if ch < C and h0 + hh < n_heads:
+                            o_part[k, g0 + hh, ch] = acc[m, n, c]
+            if g == 0 and warp == 0 and cuda.blockIdx.x == 0:
+                for n in range(hb):
+                    for c in range(2):
+                        hh = 8 * n + 2 * q4 + c
+                        if h0 + hh < n_heads:
+                            l_part[k, g0 + hh] = lsum[n, c]
 
     return kernel
 
@@ -949,10 +997,10 @@ def _mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, sc
     pv_kernel = _mla_pv_kernel(*pt)
     pv_args = (scores, c_kv, meta, seqs, H, scratch.bounds, scratch.o_part, scratch.l_part)
     if MMA_PV:
-        warps, mt = _MMA_PV_TILE
-        pv_grid = (ceil_div(C, 16 * mt * warps), tq * ceil_div(H, 8), nch * n_seq)
+        warps, mt, hb = _MMA_PV_TILE
+        pv_grid = (ceil_div(C, 16 * mt * warps), tq * ceil_div(H, 8 * hb), nch * n_seq)
         pv_block = 32 * warps
-        pv_kernel = _mla_pv_mma_kernel(warps, mt)
+        pv_kernel = _mla_pv_mma_kernel(warps, mt, hb)
         pv_args = (scores, c_kv, vis_bits, meta, seqs, H, scratch.o_part, scratch.l_part)
     return [
         ("scores", lambda: scores_kernel[scores_grid, scores_block, stream](
