@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import numpy as np
 from numba import config, cuda, float32, int32, uint32
@@ -260,7 +261,10 @@ def _mla_scores_kernel(bm, bn, bk, tm, tn):
 # of its own query row and key row only, so a tree node and the token alone get the same bits;
 # the twin is ``reference.mla.mma_scores`` (bf16 operands, exact sums) within
 # ``reference.linear.accumulation_bound``. The softmax, p @ c_kv and the combine are unchanged.
-MMA_SCORES = False
+# Both tensor-core experiments at once from the environment (``DDTREE_MLA_TENSOR_CORES=1``), so that
+# whole-model tests can run with them on a GPU without code changes.
+_TENSOR_CORES_ENV = os.environ.get("DDTREE_MLA_TENSOR_CORES", "0") == "1"
+MMA_SCORES = _TENSOR_CORES_ENV
 # (wm, wn, mt, nt): a block of wm x wn warps, each 16 * mt keys x 8 * nt query rows.
 _MMA_TILE = (1, 1, 1, 1) if config.ENABLE_CUDASIM else (4, 2, 1, 2)
 _MMA_STEP = 32      # channels a block stages through shared memory a step: a multiple of 16 dividing KC
@@ -695,7 +699,7 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
 # partial sums exactly in 16-key steps from 0 (twin: ``reference.mla.mma_pv`` within its bound),
 # and l_k comes out of the same mma steps (a row of ones), so the weights it normalises are the
 # bf16 ones the output used.
-MMA_PV = False
+MMA_PV = _TENSOR_CORES_ENV
 # (warps, mt, hb): a block of ``warps`` warps over 16 * mt * warps channels of one token's 8 * hb
 # heads.
 _MMA_PV_TILE = (1, 1, 1) if config.ENABLE_CUDASIM else (4, 2, 2)
