@@ -943,7 +943,7 @@ class MLAScratch:
 # -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
 
 def enqueue_mla_attention(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, scratch,
-                          tiles=None, seqs=None, max_rows=None, stream=0):
+                          tiles=None, seqs=None, max_rows=None, precision=None, stream=0):
     """out_lat[i, h*C:(h+1)*C] = softmax_s(scale * (q_lat[i,h] . c_kv[s] + q_pe[i,h] . k_pe[s]))
     @ c_kv over the keys query i sees, for i < t; rows i >= t are not written. Twin: the
     attention of ``reference.mla.mla_attention_absorbed`` between its two absorptions.
@@ -960,14 +960,19 @@ def enqueue_mla_attention(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, s
     of c_kv[slot] / k_pe[slot], now [slots, S_cap, C] and [slots, S_cap, R]; ``meta`` is not read;
     ``max_rows`` (host) bounds every t. Each sequence gets the bits of its own launch. One
     sequence's c_kv and k_pe must be contiguous (they are viewed as [1, S_cap, C]).
+
+    ``precision``: the model's mode (``kernels.linear``). 'fp32' keeps float32 chains for the
+    scores and p @ c_kv; 'bf16' (or None) lets each run on tensor cores where its switch is on
+    (``MMA_SCORES``, ``MMA_PV``: bf16 operands, the GEMMs' reduction contract).
     """
     for _, launch in _mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, vis_bits=vis_bits, meta=meta, scale=scale,
-                                  scratch=scratch, tiles=tiles, seqs=seqs, max_rows=max_rows, stream=stream):
+                                  scratch=scratch, tiles=tiles, seqs=seqs, max_rows=max_rows, precision=precision,
+                                  stream=stream):
         launch()
 
 
 def _mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, scratch, tiles=None, seqs=None,
-                 max_rows=None, stream=0):
+                 max_rows=None, precision=None, stream=0):
     """The launches of ``enqueue_mla_attention`` (same arguments), in order, as (name, launch())
     pairs: ``tools/mla_stages.py`` times them one by one."""
     C = c_kv.shape[1 if seqs is None else 2]
@@ -990,7 +995,7 @@ def _mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, sc
     scores_grid = (ceil_div(s_cap, bn), ceil_div(tq * H, bm), n_seq)
     scores_block = (bn // tn, bm // tm)
     scores_kernel = _mla_scores_kernel(*st)
-    if MMA_SCORES:
+    if MMA_SCORES and precision != "fp32":
         wm, wn, mt, nt = _MMA_TILE
         scores_grid = (ceil_div(s_cap, 16 * mt * wn), ceil_div(tq * H, 8 * nt * wm), n_seq)
         scores_block = 32 * wm * wn
@@ -1000,7 +1005,7 @@ def _mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, sc
     pv_block = (bn // tn, bm // tm)
     pv_kernel = _mla_pv_kernel(*pt)
     pv_args = (scores, c_kv, meta, seqs, H, scratch.bounds, scratch.o_part, scratch.l_part)
-    if MMA_PV:
+    if MMA_PV and precision != "fp32":
         warps, mt, hb = _MMA_PV_TILE
         pv_grid = (ceil_div(C, 16 * mt * warps), tq * ceil_div(H, 8 * hb), nch * n_seq)
         pv_block = 32 * warps
@@ -1052,7 +1057,7 @@ def mla_attention_absorbed(q_nope, q_pe, c_kv, k_pe, kv_b_weight, mask, scale, *
     are read on the host: a device mask is copied back), scale float -> out [T, H, Dv] f32.
     The mask must show every cached row (the first S - T) to every query; among the new rows it
     may be any pattern (causal, a tree's visibility). ``precision``: of the two per-head
-    projections, as in ``kernels.linear``.
+    projections, as in ``kernels.linear``, and of the attention (``enqueue_mla_attention``).
     """
     check_precision(precision)
     check_array("q_nope", q_nope, 3, np.float32)
@@ -1092,7 +1097,8 @@ def mla_attention_absorbed(q_nope, q_pe, c_kv, k_pe, kv_b_weight, mask, scale, *
                              to_device(w_uk_t, stream), q_lat, n_rows, precision=precision, stream=stream)
         enqueue_mla_attention(q_lat, to_device(q_pe, stream).reshape(t, h * r), to_device(c_kv, stream),
                               to_device(k_pe, stream), o_lat, vis_bits=to_device(bits, stream), meta=meta,
-                              scale=scale, scratch=MLAScratch(t, h, s, c, stream), stream=stream)
+                              scale=scale, scratch=MLAScratch(t, h, s, c, stream), precision=precision,
+                              stream=stream)
         enqueue_linear_heads(o_lat, c, to_device(w_uv, stream), y.reshape(t, h * dv), n_rows,
                              precision=precision, stream=stream)
     return launcher_result(y, out, q_nope, stream)

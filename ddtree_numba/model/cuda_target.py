@@ -666,11 +666,13 @@ class CudaTarget:
                 kn.enqueue_mla_attention(ws.q_lat, ws.q_pe, batch.pool.c_kv[:, i], batch.pool.k_pe[:, i], ws.o_lat,
                                          vis_bits=ws.vis_bits, meta=ws.meta, scale=self.rope.scale,
                                          scratch=ws.mla_scratch, seqs=batch.seqs,
-                                         max_rows=int(np.diff(batch.rows).max()), stream=s)
+                                         max_rows=int(np.diff(batch.rows).max()), precision=self.precision,
+                                         stream=s)
                 return
             for p, cache in parts:                  # a sequence sees its own cache and its own tree only
                 kn.enqueue_mla_attention(p.q_lat, p.q_pe, cache.c_kv[i], cache.k_pe[i], p.o_lat, vis_bits=p.vis_bits,
-                                         meta=p.meta, scale=self.rope.scale, scratch=ws.mla_scratch, stream=s)
+                                         meta=p.meta, scale=self.rope.scale, scratch=ws.mla_scratch,
+                                         precision=self.precision, stream=s)
 
         def output_absorption(s):
             kn.enqueue_linear_heads(ws.o_lat, C, lw.w_uv, ws.o, n, **gemm, stream=s)
