@@ -218,15 +218,15 @@ def main():
                     help="the MoE blocks' shared experts in line, not on a side stream (kernels.moe.CONCURRENT_SHARED)")
     ap.add_argument("--no-x-raw", action="store_true",
                     help="the register GEMM kernel packs activations at their loads (kernels.linear._X_RAW off)")
-    ap.add_argument("--mma-scores", action="store_true",
-                    help="MLA's scores on tensor cores (kernels.mla.MMA_SCORES, an experiment)")
+    ap.add_argument("--fp32-scores", action="store_true",
+                    help="MLA's scores in float32 chains (kernels.mla.MMA_SCORES off; on by default)")
     ap.add_argument("--mma-pv", action="store_true",
                     help="MLA's p @ c_kv on tensor cores (kernels.mla.MMA_PV, an experiment)")
     args = ap.parse_args()
-    if args.mma_scores or args.mma_pv:
+    if args.fp32_scores or args.mma_pv:
         import importlib
         mla_module = importlib.import_module("ddtree_numba.kernels.mla")
-        mla_module.MMA_SCORES = mla_module.MMA_SCORES or args.mma_scores
+        mla_module.MMA_SCORES = mla_module.MMA_SCORES and not args.fp32_scores
         mla_module.MMA_PV = mla_module.MMA_PV or args.mma_pv
     if args.shared_inline:
         import ddtree_numba.kernels.moe as moe_kernels
@@ -291,7 +291,8 @@ def main():
             "peer = HF DeepseekV3ForCausalLM bf16 on the same GPU, measured in this run (--peer; '-' without it)."
             + (" The MoE blocks' shared experts in line (--shared-inline)." if args.shared_inline else "")
             + (" Activations packed at their loads (--no-x-raw)." if args.no_x_raw else "")
-            + (" MLA's scores on tensor cores (--mma-scores)." if args.mma_scores else "")
+            + (" MLA's scores in float32 chains (--fp32-scores)." if args.fp32_scores
+               else " MLA's scores on tensor cores (kernels.mla.MMA_SCORES).")
             + (" MLA's p @ c_kv on tensor cores (--mma-pv)." if args.mma_pv else ""))
     header = ["nodes", "eager ms", "graph ms", "bytes", "FLOPs", "floor ms", "graph / floor",
               "peer ms", "peer / graph"]

@@ -166,6 +166,15 @@ def bits_of(a):
     return a.view(np.uint32)
 
 
+@pytest.fixture(autouse=True)
+def float32_chains(monkeypatch):
+    """Every test here runs the float32 kernels unless it asks for the tensor-core ones (``mma``)."""
+    import importlib
+    mod = importlib.import_module("ddtree_numba.kernels.mla")
+    monkeypatch.setattr(mod, "MMA_SCORES", False)
+    monkeypatch.setattr(mod, "MMA_PV", False)
+
+
 @pytest.fixture
 def mma(request, monkeypatch):
     """The tensor-core experiments the test's parameter names (indirect): 'scores' sets

@@ -72,8 +72,8 @@ def main():
     ap.add_argument("--prefix", type=int, default=1024, help="cached rows before each tree (demo: 330)")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--tune", action="store_true", help="time the candidate tiles too")
-    ap.add_argument("--mma-scores", action="store_true",
-                    help="the scores on tensor cores (kernels.mla.MMA_SCORES, an experiment)")
+    ap.add_argument("--fp32-scores", action="store_true",
+                    help="MLA's scores in float32 chains (kernels.mla.MMA_SCORES off; on by default)")
     ap.add_argument("--mma-pv", action="store_true",
                     help="p @ c_kv on tensor cores (kernels.mla.MMA_PV, an experiment)")
     ap.add_argument("--mma-pv-tile", help="warps,mt,hb: the tensor-core p @ c_kv kernel's tile (kernels.mla._MMA_PV_TILE)")
@@ -88,7 +88,7 @@ def main():
         mla_module._MMA_STEP = args.mma_step
     if args.mma_pv_tile:
         mla_module._MMA_PV_TILE = tuple(int(v) for v in args.mma_pv_tile.split(","))
-    mla_module.MMA_SCORES = mla_module.MMA_SCORES or args.mma_scores
+    mla_module.MMA_SCORES = mla_module.MMA_SCORES and not args.fp32_scores
     mla_module.MMA_PV = mla_module.MMA_PV or args.mma_pv
     from tune_tiles import timed
     from ddtree_numba.kernels.mla import _tiles, _mla_launches

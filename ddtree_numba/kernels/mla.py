@@ -254,17 +254,20 @@ def _mla_scores_kernel(bm, bn, bk, tm, tn):
     return kernel
 
 
-# -- the scores on tensor cores (an experiment, off until measured on the H200) -------------
+# -- the scores on tensor cores (the bf16 mode's, measured on the H200) ---------------------
 # ``MMA_SCORES``: the scores kernel multiplies bf16-rounded queries and keys with ``mma.sync``
 # (float32 accumulation in KC-wide chunks added in ascending order, the GEMMs' reduction
 # contract, docs/DESIGN.md §4) instead of one float32 fma chain. Each score is still a function
 # of its own query row and key row only, so a tree node and the token alone get the same bits;
 # the twin is ``reference.mla.mma_scores`` (bf16 operands, exact sums) within
 # ``reference.linear.accumulation_bound``. The softmax, p @ c_kv and the combine are unchanged.
-# Both tensor-core experiments at once from the environment (``DDTREE_MLA_TENSOR_CORES=1``), so that
-# whole-model tests can run with them on a GPU without code changes.
+# On since the ninth session (H200, Moonlight shape, 1024 cached rows: 145 -> 55 µs at 64 nodes,
+# 434 -> 199 at 256, 2,299 -> 1,304 at 1024; docs/PERFORMANCE.md), in the 'bf16' mode only
+# (``enqueue_mla_attention``'s ``precision``; 'fp32' keeps the float32 chains).
+MMA_SCORES = True
+# ``DDTREE_MLA_TENSOR_CORES=1`` also turns ``MMA_PV`` (below, an experiment) on, so that whole-model
+# tests can run with it on a GPU without code changes.
 _TENSOR_CORES_ENV = os.environ.get("DDTREE_MLA_TENSOR_CORES", "0") == "1"
-MMA_SCORES = _TENSOR_CORES_ENV
 # (wm, wn, mt, nt): a block of wm x wn warps, each 16 * mt keys x 8 * nt query rows.
 _MMA_TILE = (1, 1, 1, 1) if config.ENABLE_CUDASIM else (4, 2, 1, 2)
 _MMA_STEP = 32      # channels a block stages through shared memory a step: a multiple of 16 dividing KC
@@ -692,7 +695,8 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
     return kernel
 
 
-# ``MMA_PV``: p @ c_kv on tensor cores (an experiment, off until measured on the H200). A chunk's
+# ``MMA_PV``: p @ c_kv on tensor cores (an experiment, off: measured on the H200 no faster than the
+# float32 kernel, 99 / 408 / 2,116 µs against 100 / 390 / 1,920 at 64 / 256 / 1024 nodes). A chunk's
 # keys are gathered by visible index in groups of 16 (mma's k), so a tree node and the token
 # alone group the same keys the same way; the heads of one token share its keys and are mma's n
 # (8 a tile); the channels are m (16 a tile). p and the latents enter as bf16, each chunk's
