@@ -1,5 +1,8 @@
-"""Launch the split top-K and the level build once per budget (after a warm-up), for Nsight
-Compute: ncu -k regex:'topk|levels' python tools/profile_tree.py [V] [budget ...]"""
+"""Launch the split top-K, the level build and the heap build twice per budget (the first pass
+compiles), for Nsight Compute; four launches a pass (top-K partial, merge, level build, heap build):
+
+    ncu -k regex:kernel --launch-skip 4 --launch-count 4 python tools/profile_tree.py [V] [budget ...]
+"""
 
 import sys
 
@@ -22,9 +25,11 @@ def main():
         lp, ids = (cuda.device_array((L, budget), np.float32), cuda.device_array((L, budget), np.int32))
         sc = kn.TopKScratch.allocate(L, V, budget)
         bufs, lsc = kn.TreeBuffers.allocate(budget), kn.LevelScratch.allocate(L, budget)
+        hbufs = kn.TreeBuffers.allocate(budget)
         for _ in range(2):      # the first compiles; ncu sees both
             kn.topk_logprobs(d_x, budget, out=(lp, ids), scratch=sc)
             kn.build_tree_levels(lp, ids, budget, out=bufs, scratch=lsc)
+            kn.build_tree(lp, ids, budget, out=hbufs)
         cuda.synchronize()
         print(budget, bufs.to_tree().num_nodes)
 
