@@ -94,7 +94,12 @@ def per_kernel(V=163840, L=15):
             lp, ids = cuda.to_device(lp_h[:depths].copy()), cuda.to_device(ids_h[:depths].copy())
             bufs, sc = kn.TreeBuffers.allocate(budget), kn.LevelScratch.allocate(depths, budget)
             t = graph_us(lambda s: kn.build_tree_levels(lp, ids, budget, out=bufs, scratch=sc, stream=s))
-            print(f"level build, budget {budget}, L = {depths}: {t:.1f} µs", flush=True)
+            assert bufs.to_tree() == ref.build_tree(lp_h[:depths], ids_h[:depths], budget), "level tree differs"
+            trace = []
+            ref.build_tree_levels(lp_h[:depths], ids_h[:depths], budget, trace=trace)
+            t_heap = graph_us(lambda s: kn.build_tree(lp, ids, budget, out=bufs, stream=s))
+            print(f"level build, budget {budget}, L = {depths}: {t:.1f} µs (levels {''.join(a[0] for a in trace)}: "
+                  f"f filtered, s selected); heap build {t_heap:.1f} µs", flush=True)
         G, keep = tk._slices(V, budget), tk._keep_per_thread(budget, tk.THREADS)
         merge_threads = min(1024, 4 * tk.THREADS)
         lpd, idd = cuda.device_array((L, budget), np.float32), cuda.device_array((L, budget), np.int32)
@@ -107,6 +112,13 @@ def per_kernel(V=163840, L=15):
             dx, budget, scr.part_m, scr.part_s, scr.cand, scr.cnt, lpd, idd))
         print(f"top-K, K = {budget}, G = {G}, kept a thread = {keep}: {t:.1f} µs "
               f"(partial {t_part:.1f}, merge {t_merge:.1f})", flush=True)
+        cells = []
+        for g in (4, 8, 16, 32, 64):                     # slices a row: blocks against the merge's keys
+            scg = kn.TopKScratch.allocate(L, V, budget, slices=g)
+            tg = graph_us(lambda s: kn.topk_logprobs(dx, budget, out=(lpd, idd), stream=s, scratch=scg, slices=g))
+            assert np.array_equal(idd.copy_to_host(), ids_h), "GPU top-K differs from the twin"
+            cells.append(f"G {g}: {tg:.1f}")
+        print(f"top-K, K = {budget}, µs by slices: " + ", ".join(cells), flush=True)
 
 
 def main():

@@ -325,3 +325,36 @@ def test_batch_bad_input_is_refused(rng, fn):
     bad[1] = -bad[1]
     with pytest.raises(ValueError, match="sequence 1: lp must be log-probabilities"):
         fn(bad, ids, 4)
+
+
+def _peaked_draft(rng, L=15, V=64, k=20):
+    """A drafter's usual shape: one or two likely tokens a depth over a flat tail."""
+    x = (rng.standard_normal((L, V)) * 2.0).astype(np.float32)
+    for d in range(L):
+        x[d, rng.choice(V, 3, replace=False)] += np.float32([9.0, 6.0, 4.0])
+    return ref.topk_logprobs(x, k)
+
+
+def test_level_build_filters_by_its_running_bound_and_selects_only_where_it_must():
+    """Most levels keep the children scoring >= the running bound tau (the B-th best score kept so
+    far: no selection); a level with more than B of them selects; the build stops at the first empty level. Each way gives the heap
+    build's tree, and both ways occur here (so the kernel test below covers both)."""
+    rng = np.random.default_rng(1)            # drafts where both ways occur
+    for budget in (8, 20, 40):
+        lp, ids = _peaked_draft(rng, k=budget)
+        trace = []
+        tree = ref.build_tree_levels(lp, ids, budget, trace=trace)
+        assert_same_tree(tree, ref.build_tree(lp, ids, budget))
+        assert "select" in trace and trace.count("filter") >= 2, trace
+        assert len(trace) == min(lp.shape[0], tree.depths.max() + 1), "the build went on past an empty level"
+
+
+@pytest.mark.kernels
+def test_level_kernel_filters_and_selects_as_the_twin_does():
+    rng = np.random.default_rng(1)
+    for budget in (8, 20):
+        lp, ids = _peaked_draft(rng, k=budget)
+        trace = []
+        want = ref.build_tree_levels(lp, ids, budget, trace=trace)
+        assert "select" in trace and "filter" in trace
+        assert kn.build_tree_levels(lp, ids, budget, threads=THREADS) == want

@@ -397,13 +397,16 @@ def build_trees(lp, ids, budget, *, out=None, budget_device=None, stream=0, thre
 
 
 # -- the level-synchronous build: no pop chain (twin: reference.build_tree_levels) ---------------
-# One block (``_level_threads(budget)`` threads) follows the twin step for step: per depth, the
-# parents sorted by score (bitonic, shared memory) give each its cap of candidate ranks; the candidates' B-th
-# score (a radix select on the float64's order-preserving bits) is the level's threshold; binary
-# searches and prefix sums give each parent's kept children (ties at the threshold in path order);
-# the level is written in path order. Then subtree sizes (bottom-up) and preorder (top-down) by
-# prefix sums, the union's B-th score and its ties by a preorder bitmap, and the chosen nodes
-# sorted by (-score, preorder) into pop order. Every float64 sum is the twin's, so the trees are
+# One block (``_level_threads(budget)`` threads) follows the twin step for step: per depth, a
+# binary search a parent counts its children scoring >= tau (a running lower bound on the B-th best
+# score); when there are at most B, those are the level (the common case). Else the selection: the
+# parents sorted by score (bitonic, shared memory) give each its cap of candidate ranks; the
+# candidates' B-th score (a radix select on the float64's order-preserving bits) is the level's
+# threshold; binary searches and prefix sums give each parent's kept children (ties at the threshold
+# in path order). The level is written in path order, and its scores, sorted, merge into the B best
+# so far: tau is their B-th. A level with no node ends the loop. Then subtree sizes (bottom-up) and
+# preorder (top-down) by prefix sums, the union's B-th score (tau) and its ties by a preorder
+# bitmap, and the chosen nodes sorted by (-score, preorder) into pop order. Every float64 sum is the twin's, so the trees are
 # bit-identical; the level data lives in a ``LevelScratch`` in global memory.
 LEVEL_THREADS = 1024                      # the most threads the level build takes
 
@@ -496,6 +499,7 @@ def _build_tree_levels_kernel(threads):
     SCAN = max(T, 64)                         # the scan's buffer: a partial sum per thread
     WARP = WARP_OPS and T % 32 == 0           # full-warp shuffles (not the simulator)
     NW = T // 32
+    MERGE = (NB + T - 1) // T                 # entries of top a thread moves in the merge
 
     @device_function
     def scan(src, dst, n, tmp, t):
@@ -572,6 +576,19 @@ def _build_tree_levels_kernel(threads):
             mid = (lo + hi) // 2
             v = s + float64(row[mid])
             if v > thr or (not strict and v == thr):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    @device_function
+    def ranked_before(a, n, x, strict):
+        """How many of a[:n] (descending) are > x (``strict``) or >= x: a binary search."""
+        lo = 0
+        hi = n
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if a[mid] > x or (not strict and a[mid] == x):
                 lo = mid + 1
             else:
                 hi = mid
@@ -770,6 +787,55 @@ def _build_tree_levels_kernel(threads):
             cuda.syncthreads()                # sel is rewritten by the next pass
             shift = max(shift - 8, 0)
 
+    @device_function
+    def select_level(lv_score, d, P, R, B, row, ss, sk, sp, a0, a1, a2, cand, one, hist, bins, tmp, sel, low,
+                     t):
+        """The twin's ``select_level``: level d's best B children of the P parents (scores
+        lv_score[d - 1], the root's 0 at d = 0) by (-score, parent's path, rank). Leaves each
+        parent's kept count in a0 and its first child in a1; returns their total (B, unless the
+        rows were not sorted)."""
+        NP = 1
+        while NP < P:
+            NP *= 2
+        for i in range(t, NP, T):
+            if i < P:
+                ss[i] = 0.0 if d == 0 else lv_score[d - 1, i]
+                sk[i] = i
+            else:
+                ss[i] = _NEG_INF
+                sk[i] = _INT_MAX
+            sp[i] = i
+        cuda.syncthreads()
+        sort_entries(ss, sk, sp, NP, t)
+        # 1. the threshold: the B-th score of the capped candidates (the i-th best parent offers
+        #    ranks r with (i + 1)(r + 1) <= B)
+        for i in range(t, P, T):
+            a0[i] = min(R, B // (i + 1))
+        cuda.syncthreads()
+        total = scan(a0, a0, P, tmp, t)
+        thr = _NEG_INF
+        if total >= B:
+            for slot in range(t, total, T):
+                i = upper_bound(a0, P, slot) - 1
+                cand[0, slot] = ss[i] + float64(row[slot - a0[i]])
+            if t == 0:
+                one[0] = total
+            cuda.syncthreads()
+            thr = kth_largest(cand, one, 1, B, hist, bins, tmp, sel, low, t)
+        # 2. per parent (path order): children above the threshold, ties at it in path order
+        for p in range(t, P, T):
+            s = 0.0 if d == 0 else lv_score[d - 1, p]
+            gt = children_above(s, row, R, thr, True)
+            a0[p] = gt
+            a1[p] = children_above(s, row, R, thr, False) - gt
+        cuda.syncthreads()
+        m = B - scan(a0, a2, P, tmp, t)
+        scan(a1, a2, P, tmp, t)                      # a2: ties of earlier parents
+        for p in range(t, P, T):
+            a0[p] = a0[p] + min(max(m - a2[p], 0), a1[p])
+        cuda.syncthreads()
+        return scan(a0, a1, P, tmp, t)               # a1: first child of each parent
+
     # launch bounds: registers capped so that a block of T (up to 1024) threads fits an SM
     @cached
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
@@ -796,52 +862,29 @@ def _build_tree_levels_kernel(threads):
         low = cuda.shared.array(2, uint64)           # (min, max) scratch of kth_largest
         counts = cuda.shared.array(MAX_DEPTH, int32)     # nodes of each level
         one = cuda.shared.array(2, int32)
+        top = cuda.shared.array(NB, float64)             # the B best scores kept so far
+        mv = cuda.local.array(MERGE, float64)            # a thread's entries of the merge
+        nv = cuda.local.array(MERGE, float64)
+        mp = cuda.local.array(MERGE, int32)
+        np_ = cuda.local.array(MERGE, int32)
+        for i in range(t, B, T):
+            top[i] = _NEG_INF
         levels = L if (B > 0 and K > 0) else 0
+        tau = _NEG_INF                                   # a lower bound on the B-th best score
         for d in range(levels):
             P = 1 if d == 0 else counts[d - 1]
             for r in range(t, R, T):
                 row[r] = lp[d, r]
-            NP = 1
-            while NP < P:
-                NP *= 2
-            for i in range(t, NP, T):
-                if i < P:
-                    ss[i] = 0.0 if d == 0 else lv_score[d - 1, i]
-                    sk[i] = i
-                else:
-                    ss[i] = _NEG_INF
-                    sk[i] = _INT_MAX
-                sp[i] = i
             cuda.syncthreads()
-            sort_entries(ss, sk, sp, NP, t)
-            # 1. the threshold: the B-th score of the capped candidates (the i-th best parent
-            #    offers ranks r with (i + 1)(r + 1) <= B)
-            for i in range(t, P, T):
-                a0[i] = min(R, B // (i + 1))
-            cuda.syncthreads()
-            total = scan(a0, a0, P, tmp, t)
-            thr = _NEG_INF
-            if total >= B:
-                for slot in range(t, total, T):
-                    i = upper_bound(a0, P, slot) - 1
-                    cand[0, slot] = ss[i] + float64(row[slot - a0[i]])
-                if t == 0:
-                    one[0] = total
-                cuda.syncthreads()
-                thr = kth_largest(cand, one, 1, B, hist, bins, tmp, sel, low, t)
-            # 2. per parent (path order): children above the threshold, ties at it in path order
+            # 0. the children scoring >= tau, when at most B: no selection (the common case)
             for p in range(t, P, T):
                 s = 0.0 if d == 0 else lv_score[d - 1, p]
-                gt = children_above(s, row, R, thr, True)
-                a0[p] = gt
-                a1[p] = children_above(s, row, R, thr, False) - gt
-            cuda.syncthreads()
-            m = B - scan(a0, a2, P, tmp, t)
-            scan(a1, a2, P, tmp, t)                      # a2: ties of earlier parents
-            for p in range(t, P, T):
-                a0[p] = a0[p] + min(max(m - a2[p], 0), a1[p])
+                a0[p] = children_above(s, row, R, tau, False)
             cuda.syncthreads()
             count = scan(a0, a1, P, tmp, t)              # a1: first child of each parent
+            if count > B:
+                count = select_level(lv_score, d, P, R, B, row, ss, sk, sp, a0, a1, a2, cand, one,
+                                     hist, bins, tmp, sel, low, t)
             if count > B:                                # only from rows not sorted, or NaN inside a
                 if t == 0:                               # row (device inputs are not value-checked):
                     parents[0] = -1                      # an empty tree, not writes past the levels
@@ -853,14 +896,50 @@ def _build_tree_levels_kernel(threads):
                     lv_keep[d - 1, p] = a0[p]
             if t == 0:
                 counts[d] = count
-            for slot in range(t, count, T):
-                p = upper_bound(a1, P, slot) - 1
-                r = slot - a1[p]
-                s = 0.0 if d == 0 else lv_score[d - 1, p]
-                lv_score[d, slot] = s + float64(row[r])
-                lv_parent[d, slot] = p
-                lv_rank[d, slot] = r
+            if count == 0:                               # no level below holds a node either
+                levels = d
+                break
+            NP = 1
+            while NP < count:
+                NP *= 2
+            for slot in range(t, NP, T):
+                v = _NEG_INF
+                if slot < count:
+                    p = upper_bound(a1, P, slot) - 1
+                    r = slot - a1[p]
+                    s = 0.0 if d == 0 else lv_score[d - 1, p]
+                    v = s + float64(row[r])
+                    lv_score[d, slot] = v
+                    lv_parent[d, slot] = p
+                    lv_rank[d, slot] = r
+                ss[slot] = v                             # the level's scores, to sort for tau
+                sk[slot] = slot
+                sp[slot] = 0
             cuda.syncthreads()
+            # tau: the B-th best score kept so far. The level's scores sorted best first merge
+            # into top (the B best before it): an entry's place is its index plus the other list's
+            # entries before it (top's first on ties); every read before any write
+            sort_entries(ss, sk, sp, NP, t)
+            for j in range(MERGE):
+                i = t + j * T
+                mv[j] = _NEG_INF
+                nv[j] = _NEG_INF
+                mp[j] = B
+                np_[j] = B
+                if i < B:
+                    mv[j] = top[i]
+                    mp[j] = i + ranked_before(ss, count, mv[j], True)
+                    if i < count:
+                        nv[j] = ss[i]
+                        np_[j] = i + ranked_before(top, B, nv[j], False)
+            cuda.syncthreads()                           # top is read
+            for j in range(MERGE):
+                if mp[j] < B:
+                    top[mp[j]] = mv[j]
+                if np_[j] < B:
+                    top[np_[j]] = nv[j]
+            cuda.syncthreads()                           # top holds the B best so far
+            tau = max(tau, top[B - 1])
         if levels == 0:
             if t == 0:
                 parents[0] = -1
@@ -899,7 +978,7 @@ def _build_tree_levels_kernel(threads):
             U += counts[d]
         thr = _NEG_INF
         if U > B:
-            thr = kth_largest(lv_score, counts, levels, B, hist, bins, tmp, sel, low, t)
+            thr = tau                                    # the union's B-th best (top[B - 1])
         for i in range(t, U + 2, T):
             flags[i] = 0
         if t == 0:

@@ -99,21 +99,32 @@ def select_level(prev_score: np.ndarray, row: np.ndarray, budget: int) -> np.nda
     return gt + np.clip(m - before, 0, ties)
 
 
-def build_tree_levels(lp: np.ndarray, ids: np.ndarray, budget: int) -> Tree:
+def children_at_least(prev_score: np.ndarray, row: np.ndarray, tau: float) -> np.ndarray:
+    """How many ranks of each parent score fl(s_p + row[r]) >= tau, c [P] (a GPU binary-searches:
+    the sums do not increase with r)."""
+    return (prev_score[:, None] + row[None, :] >= tau).sum(axis=1)
+
+
+def build_tree_levels(lp: np.ndarray, ids: np.ndarray, budget: int, trace: list | None = None) -> Tree:
     """``build_tree``'s tree, bit for bit, by a level-synchronous algorithm with no sequential
-    pop chain: the numpy twin of the parallel GPU build (issue 15), step for step.
+    pop chain: the numpy twin of the parallel GPU build (issue 15), step for step. ``trace``: a list
+    that receives 'filter' or 'select' for each depth (which way its level was kept).
 
     Order nodes by the key (-score, rank path), the heapq's. The tree is the first ``budget`` = B
     nodes G in that order, and G is prefix-closed (a child's score is fl(parent + lp) <= the
     parent's, and on a tie the parent's path is a prefix, so smaller). Level by level:
 
-    - S_1 = the best B depth-1 nodes; S_d = the best B of the children of S_{d-1} in the key
+    - A running bound tau <= T, the score of G's B-th node (the lowest score in G): -inf at first,
+      then after each level the B-th best score of all levels kept so far (B real nodes score at
+      least that, so the B-th best overall does too). At the end it is T itself.
+    - S_d = the children of S_{d-1} scoring >= tau, when there are at most B of them (one binary
+      search a parent: the common case, no selection); else the best B of them in the key
       (-score, parent's path, rank) (``select_level``: a threshold and its ties, no sort of the
       children). Each S_d is laid out in path order: parent p's c_p children are contiguous, from
       an exclusive prefix sum of c over the parents (themselves in path order).
     - G_d (G at depth d) is inside S_d: G_d's parents are in G_{d-1}, inside S_{d-1} by induction;
-      and a node of G has fewer than B nodes before it, so it is among the best B of any set
-      holding it.
+      its nodes score >= T >= tau; and a node of G has fewer than B nodes before it, so it is among
+      the best B of any set holding it.
     - So G is the best B of the union of the S_d in the key (-score, preorder), preorder being the
       rank-path order across depths. Subtree sizes bottom-up and preorder positions top-down are
       segmented sums over the contiguous children; then the same threshold selection: nodes above
@@ -127,12 +138,24 @@ def build_tree_levels(lp: np.ndarray, ids: np.ndarray, budget: int) -> Tree:
     R = min(K, budget)                                 # ranks a parent can contribute
     levels = []                                        # per depth, in path order: score, parent, rank, child start
     prev_score = np.zeros(1)                           # the root
+    tau = -np.inf                                      # a lower bound on the B-th best score
+    kept = np.zeros(0)                                 # every level's scores so far
     for d in range(L if budget and K else 0):
-        keep = select_level(prev_score, lp64[d, :R], budget)
+        keep = children_at_least(prev_score, lp64[d, :R], tau)
+        filtered = keep.sum() <= budget
+        if not filtered:
+            keep = select_level(prev_score, lp64[d, :R], budget)
+        if trace is not None:
+            trace.append("filter" if filtered else "select")
         start = np.cumsum(keep) - keep                 # first child of each parent in S_d
         parent = np.repeat(np.arange(prev_score.shape[0]), keep)
         rank = np.arange(parent.shape[0]) - start[parent]
         score = prev_score[parent] + lp64[d, rank]     # fl(parent + lp), as the heap
+        kept = np.r_[kept, score]
+        if kept.shape[0] >= budget:                    # the B-th best kept so far (a GPU merges)
+            tau = max(tau, _kth_largest(kept, budget))
+        if score.shape[0] == 0:                        # no level below holds a node either
+            break
         if levels:
             levels[-1]["start"], levels[-1]["keep"] = start, keep
         levels.append(dict(score=score, parent=parent, rank=rank))
@@ -159,7 +182,7 @@ def build_tree_levels(lp: np.ndarray, ids: np.ndarray, budget: int) -> Tree:
     pre = np.concatenate([lv["pre"] for lv in levels])
     depth = np.concatenate([np.full(lv["score"].shape[0], d + 1) for d, lv in enumerate(levels)])
     index = np.concatenate([np.arange(lv["score"].shape[0]) for lv in levels])
-    T = _kth_largest(score, budget)
+    T = tau if score.shape[0] > budget else -np.inf    # the B-th best of the union (its levels' bound)
     tie = score == T
     flags = np.zeros(pre.max() + 2, np.int64)          # a preorder bitmap of the ties
     flags[pre[tie]] = 1
