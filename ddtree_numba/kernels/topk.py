@@ -409,14 +409,17 @@ def _topk_merge_kernel(threads):
     return kernel
 
 
-SLICE = 2048       # vocabulary entries a slice block takes (at least)
+SLICE = 10240      # vocabulary entries a slice block takes (at least)
 MAX_SLICES = 64    # slices a row
-MERGE_KEYS = 16384  # at most this many candidate keys a row reach the merge (G * k), unless G is 1
+MERGE_KEYS = 8192  # at most this many candidate keys a row reach the merge (G * k), unless G is 1
 
 
 def _slices(vocab: int, k: int) -> int:
     """Slices (blocks) a depth: about one per SLICE entries, at most MAX_SLICES, and few enough
-    that the merge's one block sees at most MERGE_KEYS candidates (G * k)."""
+    that the merge's one block sees at most MERGE_KEYS candidates (G * k). Measured on the H200
+    (V 163840, L 15; benchmarks/tree_build.py --kernels): G 16 beats 64 at k 16 and 64 (59 and 68
+    µs against 88 and 109: a block's fixed sorts and reductions outweigh its share of the row), G 8
+    beats 16 at k 1024 (184 against 210: the merge's keys)."""
     return max(1, min(MAX_SLICES, vocab // SLICE, MERGE_KEYS // max(k, 1)))
 
 
