@@ -73,6 +73,20 @@ def sweep_threads():
         print(f"budget {budget}: " + ", ".join(cells), flush=True)
 
 
+def demo_draft_logits():
+    """The demo drafter's 15 distributions after a held-out prompt (numpy backend): the shape of a
+    real draft, where more levels select than on the synthetic rows."""
+    import ddtree_numba as dd
+    from ddtree_numba.demo import demo_metadata
+    target_dir, drafter_dir = dd.demo_pair()
+    target = dd.load_target(target_dir, progress=False, backend="numpy")
+    drafter = dd.load_drafter(drafter_dir, target)
+    prompt = np.asarray(demo_metadata()["prompts"][3]["ids"][:141], np.int32)
+    pre = target.forward(prompt, np.arange(len(prompt), dtype=np.int32), target.new_cache(256),
+                         hidden_layer_ids=drafter.target_layer_ids)
+    return drafter.draft(pre.hidden, int(pre.logits[-1].argmax()), drafter.new_cache(256))
+
+
 def per_kernel(V=163840, L=15):
     """Each kernel alone as a replayed graph (no launch time): the level build at L = 1 and L, and
     the top-K's partial and merge kernels, at budgets 16, 64 and 1024. Printed, not appended."""
@@ -86,6 +100,18 @@ def per_kernel(V=163840, L=15):
     def graph_us(enqueue):
         exe = capture_graph(enqueue)
         return time_gpu(lambda: replay_graph(exe, stream), stream, reps=30)
+    real = demo_draft_logits()
+    for budget in (16, 64, 256, 1024):
+        lp_h, ids_h = ref.topk_logprobs(real, min(budget, real.shape[1]))
+        lp, ids = cuda.to_device(lp_h), cuda.to_device(ids_h)
+        bufs, sc = kn.TreeBuffers.allocate(budget), kn.LevelScratch.allocate(L, budget)
+        t = graph_us(lambda s: kn.build_tree_levels(lp, ids, budget, out=bufs, scratch=sc, stream=s))
+        assert bufs.to_tree() == ref.build_tree(lp_h, ids_h, budget), "level tree differs"
+        trace = []
+        ref.build_tree_levels(lp_h, ids_h, budget, trace=trace)
+        t_heap = graph_us(lambda s: kn.build_tree(lp, ids, budget, out=bufs, stream=s))
+        print(f"demo drafter's draft, budget {budget}: level build {t:.1f} µs (levels "
+              f"{''.join(a[0] for a in trace)}), heap build {t_heap:.1f} µs", flush=True)
     x = drafter_logits(np.random.default_rng(0), L, V)
     dx = cuda.to_device(x)
     for budget in (16, 64, 1024):
