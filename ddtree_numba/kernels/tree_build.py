@@ -404,9 +404,11 @@ def build_trees(lp, ids, budget, *, out=None, budget_device=None, stream=0, thre
 # candidates' B-th score (a radix select on the float64's order-preserving bits) is the level's
 # threshold; binary searches and prefix sums give each parent's kept children (ties at the threshold
 # in path order). The level is written in path order, and its scores, sorted, merge into the B best
-# so far: tau is their B-th. A level with no node ends the loop. Then subtree sizes (bottom-up) and
-# preorder (top-down) by prefix sums, the union's B-th score (tau) and its ties by a preorder
-# bitmap, and the chosen nodes sorted by (-score, preorder) into pop order. Every float64 sum is the twin's, so the trees are
+# so far: tau is their B-th. A level with no node ends the loop. When those B scores are distinct
+# and no other node ties the B-th, the tree is the nodes >= tau, each placed in pop order by a
+# binary search of its score there. Otherwise subtree sizes (bottom-up) and preorder (top-down) by
+# prefix sums, the ties at tau by a preorder bitmap, and the chosen nodes sorted by (-score,
+# preorder) into pop order. Every float64 sum is the twin's, so the trees are
 # bit-identical; the level data lives in a ``LevelScratch`` in global memory.
 LEVEL_THREADS = 1024                      # the most threads the level build takes
 
@@ -919,7 +921,8 @@ def _build_tree_levels_kernel(threads):
             # tau: the B-th best score kept so far. The level's scores sorted best first merge
             # into top (the B best before it): an entry's place is its index plus the other list's
             # entries before it (top's first on ties); every read before any write
-            sort_entries(ss, sk, sp, NP, t)
+            if P > 1:                                    # one parent's children come sorted
+                sort_entries(ss, sk, sp, NP, t)
             for j in range(MERGE):
                 i = t + j * T
                 mv[j] = _NEG_INF
@@ -945,6 +948,59 @@ def _build_tree_levels_kernel(threads):
                 parents[0] = -1
                 n_nodes[0] = 0
             return
+        U = 0
+        for d in range(levels):
+            U += counts[d]
+        thr = _NEG_INF
+        if U > B:
+            thr = tau                                    # the union's B-th best (top[B - 1])
+        n = min(U, B)
+        # the common case: the B best scores distinct and no other node tying the B-th. Then the
+        # tree is the nodes >= thr, and a node's place in pop order is the number of top above it
+        if t == 0:
+            one[0] = 0
+            one[1] = 0
+        cuda.syncthreads()
+        same = 0
+        for i in range(t, n - 1, T):
+            if top[i] == top[i + 1]:
+                same = 1
+        if same:
+            one[1] = 1
+        at_least = 0
+        for d in range(levels):
+            for i in range(t, counts[d], T):
+                if lv_score[d, i] >= thr:
+                    at_least += 1
+        if WARP:
+            at_least = warp_sum(at_least)
+            if t % 32 == 0:
+                cuda.atomic.add(one, 0, at_least)
+        else:
+            cuda.atomic.add(one, 0, at_least)
+        cuda.syncthreads()
+        if one[0] == n and one[1] == 0:
+            for d in range(levels):
+                for i in range(t, counts[d], T):
+                    s = lv_score[d, i]
+                    if s >= thr:
+                        j = ranked_before(top, n, s, True)
+                        lv_node[d, i] = j + 1
+                        r = lv_rank[d, i]
+                        tokens[j] = ids[d, r]
+                        depths[j] = d + 1
+                        ranks[j] = r
+                        scores[j] = s
+            cuda.syncthreads()                           # every node number is in
+            for d in range(levels):
+                for i in range(t, counts[d], T):
+                    if lv_score[d, i] >= thr:
+                        parents[lv_node[d, i]] = 0 if d == 0 else lv_node[d - 1, lv_parent[d, i]]
+            if t == 0:
+                parents[0] = -1
+                n_nodes[0] = n
+            return
+        # ties: the key (-score, preorder), so subtree sizes and preorder first
         for i in range(t, counts[levels - 1], T):        # the deepest level has no children
             lv_start[levels - 1, i] = 0
             lv_keep[levels - 1, i] = 0
@@ -973,12 +1029,6 @@ def _build_tree_levels_kernel(threads):
                     lv_pre[d, i] = lv_pre[d - 1, p] + 1 + lv_csum[d, i] - lv_csum[d, lv_start[d - 1, p]]
             cuda.syncthreads()
         # the union's best B by (-score, preorder): its B-th score, ties by a preorder bitmap
-        U = 0
-        for d in range(levels):
-            U += counts[d]
-        thr = _NEG_INF
-        if U > B:
-            thr = tau                                    # the union's B-th best (top[B - 1])
         for i in range(t, U + 2, T):
             flags[i] = 0
         if t == 0:

@@ -105,6 +105,34 @@ def children_at_least(prev_score: np.ndarray, row: np.ndarray, tau: float) -> np
     return (prev_score[:, None] + row[None, :] >= tau).sum(axis=1)
 
 
+def _order_with_ties(levels: list, score: np.ndarray, T: float, budget: int) -> np.ndarray:
+    """``build_tree_levels``' pop order when scores tie among the B best (or at the B-th): the key
+    (-score, preorder). Subtree sizes bottom-up (a node's children are the contiguous run [start,
+    start + keep) below), preorder top-down (the parent's + 1 + the sizes of earlier siblings; the
+    root at 0); then the nodes above T, and the ties at T by preorder (a GPU flags them in a
+    preorder bitmap and counts), sorted by (-score, preorder). Returns indices into ``score``."""
+    last = levels[-1]["score"].shape[0]
+    levels[-1]["start"], levels[-1]["keep"] = np.zeros(last, np.int64), np.zeros(last, np.int64)
+    levels[-1]["size"] = np.ones(last, np.int64)
+    for d in range(len(levels) - 2, -1, -1):
+        below = np.r_[0, np.cumsum(levels[d + 1]["size"])]
+        lv = levels[d]
+        lv["size"] = 1 + below[lv["start"] + lv["keep"]] - below[lv["start"]]
+    parent_pre, parent_start = np.zeros(1, np.int64), np.zeros(1, np.int64)
+    for lv in levels:
+        csum = np.cumsum(lv["size"]) - lv["size"]
+        lv["pre"] = parent_pre[lv["parent"]] + 1 + csum - csum[parent_start[lv["parent"]]]
+        parent_pre, parent_start = lv["pre"], lv["start"]
+    pre = np.concatenate([lv["pre"] for lv in levels])
+    tie = score == T
+    flags = np.zeros(pre.max() + 2, np.int64)          # a preorder bitmap of the ties
+    flags[pre[tie]] = 1
+    tie_rank = np.cumsum(flags) - flags                # ties before each preorder position
+    chosen = (score > T) | (tie & (tie_rank[pre] < budget - (score > T).sum()))
+    order = np.flatnonzero(chosen)
+    return order[np.lexsort((pre[order], -score[order]))]
+
+
 def build_tree_levels(lp: np.ndarray, ids: np.ndarray, budget: int, trace: list | None = None) -> Tree:
     """``build_tree``'s tree, bit for bit, by a level-synchronous algorithm with no sequential
     pop chain: the numpy twin of the parallel GPU build (issue 15), step for step. ``trace``: a list
@@ -126,11 +154,12 @@ def build_tree_levels(lp: np.ndarray, ids: np.ndarray, budget: int, trace: list 
       its nodes score >= T >= tau; and a node of G has fewer than B nodes before it, so it is among
       the best B of any set holding it.
     - So G is the best B of the union of the S_d in the key (-score, preorder), preorder being the
-      rank-path order across depths. Subtree sizes bottom-up and preorder positions top-down are
-      segmented sums over the contiguous children; then the same threshold selection: nodes above
-      the B-th score, and the ties at it by preorder (a GPU flags them in a preorder bitmap and
-      counts). Pop order is the sort of G by (-score, preorder); a parent's node number is its
-      position there.
+      rank-path order across depths, and tau is now T. When the B best scores are distinct and no
+      other node ties the B-th (the common case), G is the nodes scoring >= T and pop order is by
+      score alone: a node's place is the number of those scores above its own. Otherwise
+      (``_order_with_ties``) subtree sizes bottom-up and preorder positions top-down are segmented
+      sums over the contiguous children; then the nodes above T, and the ties at it by preorder;
+      pop order is the sort of G by (-score, preorder). A parent's node number is its position.
     """
     budget = check_build_inputs(lp, ids, budget)
     L, K = lp.shape
@@ -163,33 +192,19 @@ def build_tree_levels(lp: np.ndarray, ids: np.ndarray, budget: int, trace: list 
     if not levels or levels[0]["score"].shape[0] == 0:
         return Tree(tokens=np.zeros(0, np.int32), depths=np.zeros(0, np.int32), parents=np.array([-1], np.int32),
                     ranks=np.zeros(0, np.int32), scores=np.zeros(0, np.float64))
-    last = levels[-1]["score"].shape[0]
-    levels[-1]["start"], levels[-1]["keep"] = np.zeros(last, np.int64), np.zeros(last, np.int64)
-    # subtree sizes bottom-up: a node's children are the contiguous run [start, start + keep) below
-    levels[-1]["size"] = np.ones(last, np.int64)
-    for d in range(len(levels) - 2, -1, -1):
-        below = np.r_[0, np.cumsum(levels[d + 1]["size"])]
-        lv = levels[d]
-        lv["size"] = 1 + below[lv["start"] + lv["keep"]] - below[lv["start"]]
-    # preorder top-down: the parent's + 1 + the sizes of earlier siblings (the root at 0)
-    parent_pre, parent_start = np.zeros(1, np.int64), np.zeros(1, np.int64)
-    for lv in levels:
-        csum = np.cumsum(lv["size"]) - lv["size"]
-        lv["pre"] = parent_pre[lv["parent"]] + 1 + csum - csum[parent_start[lv["parent"]]]
-        parent_pre, parent_start = lv["pre"], lv["start"]
-    # G: the best B of the union by (-score, preorder): a threshold, then its ties by preorder
     score = np.concatenate([lv["score"] for lv in levels])
-    pre = np.concatenate([lv["pre"] for lv in levels])
     depth = np.concatenate([np.full(lv["score"].shape[0], d + 1) for d, lv in enumerate(levels)])
     index = np.concatenate([np.arange(lv["score"].shape[0]) for lv in levels])
     T = tau if score.shape[0] > budget else -np.inf    # the B-th best of the union (its levels' bound)
-    tie = score == T
-    flags = np.zeros(pre.max() + 2, np.int64)          # a preorder bitmap of the ties
-    flags[pre[tie]] = 1
-    tie_rank = np.cumsum(flags) - flags                # ties before each preorder position
-    chosen = (score > T) | (tie & (tie_rank[pre] < budget - (score > T).sum()))
-    order = np.flatnonzero(chosen)
-    order = order[np.lexsort((pre[order], -score[order]))]      # pop order
+    n = min(score.shape[0], budget)
+    top = -np.sort(-score)[:n]                         # the B best scores (a GPU has merged them)
+    if (top[1:] != top[:-1]).all() and (score >= T).sum() == n:
+        # no two of them equal, and none outside them ties the B-th: G is the nodes >= T, and a
+        # node's place in pop order is the number of those scores above its own
+        order = np.flatnonzero(score >= T)
+        order = order[np.argsort(-score[order])]
+    else:
+        order = _order_with_ties(levels, score, T, budget)
     node_of = [np.zeros(lv["score"].shape[0], np.int64) for lv in levels]
     node_of[0] -= 1
     for n, o in enumerate(order, start=1):
