@@ -426,25 +426,24 @@ def _topk_merge_kernel(threads, sort_slots=MERGE_SORT):
         state = cuda.shared.array(3, int32)
         lse_sh = cuda.shared.array(1, float64)
         bound = cuda.shared.array(1, uint64)
+        sm = cuda.shared.array(MAX_SLICES, float64)   # per slice: max, then its exp-scaled sum
+        sv = cuda.shared.array(MAX_SLICES, float64)
+        off = cuda.shared.array(MAX_SLICES + 1, int32)  # candidates before each slice
         keys = cuda.shared.array(CAP, uint64)
+        for b in range(t, G, T):
+            sm[b] = part_m[row, b]
+            sv[b] = part_s[row, b]
+            off[b + 1] = cnt[row, b]
+        cuda.syncthreads()
         if t == 0:
             mm = -math.inf
             tau = uint64(0)
+            off[0] = 0
             for b in range(G):
-                mm = max(mm, part_m[row, b])
+                mm = max(mm, sm[b])
                 tau = max(tau, part_tau[row, b])
-            ss = 0.0
-            for b in range(G):                    # slice order: a fixed sum
-                if part_m[row, b] != -math.inf:
-                    ss += part_s[row, b] * math.exp(part_m[row, b] - mm)
-                else:
-                    ss += part_s[row, b]          # 0, or NaN from NaN logits (flagged by the caller)
-            if ss > 0.0:
-                lse_sh[0] = mm + math.log(ss)
-            elif ss == 0.0:
-                lse_sh[0] = -math.inf             # every entry -inf
-            else:
-                lse_sh[0] = ss                    # NaN
+                off[b + 1] += off[b]
+            lse_sh[0] = mm
             bound[0] = tau
             sel[0] = uint64(0)
             sel[1] = uint64(0)
@@ -452,17 +451,40 @@ def _topk_merge_kernel(threads, sort_slots=MERGE_SORT):
             state[1] = 0
             state[2] = 0
         cuda.syncthreads()
+        mm = lse_sh[0]
+        for b in range(t, G, T):                  # each slice's term, in parallel
+            if sm[b] != -math.inf:
+                sv[b] = sv[b] * math.exp(sm[b] - mm)
+        cuda.syncthreads()
+        if t == 0:
+            ss = 0.0
+            for b in range(G):                    # slice order: a fixed sum (NaN logits give NaN,
+                ss += sv[b]                       # flagged by the caller)
+            if ss > 0.0:
+                lse_sh[0] = mm + math.log(ss)
+            elif ss == 0.0:
+                lse_sh[0] = -math.inf             # every entry -inf
+            else:
+                lse_sh[0] = ss                    # NaN
+        cuda.syncthreads()
         lse = lse_sh[0]
         tau = bound[0]
-        # the candidates >= the row's bound, gathered while they fit
-        for b in range(G):
-            n = cnt[row, b]
-            for j in range(t, n, T):
-                key = cand[row, b * W + j]
-                if key >= tau:
-                    slot = claim(state, 2)
-                    if slot < sort_slots:
-                        keys[slot] = key
+        # the candidates >= the row's bound, gathered while they fit (slot j of the row's
+        # candidates is in the slice whose range [off[b], off[b + 1]) holds it)
+        for j in range(t, off[G], T):
+            lo_ = 0
+            hi_ = G
+            while hi_ - lo_ > 1:
+                mid = (lo_ + hi_) // 2
+                if off[mid] <= j:
+                    lo_ = mid
+                else:
+                    hi_ = mid
+            key = cand[row, lo_ * W + j - off[lo_]]
+            if key >= tau:
+                slot = claim(state, 2)
+                if slot < sort_slots:
+                    keys[slot] = key
         cuda.syncthreads()
         C = state[2]
         if C > sort_slots:                        # too many: the radix select over all of them
