@@ -409,6 +409,7 @@ def _topk_merge_kernel(threads, sort_slots=MERGE_SORT):
     a radix select over all the candidates; the k best written out."""
     T = threads
     CAP = max(sort_slots, MAX_K)             # (the fallback's k survivors are sorted there too)
+    OFFS = MAX_SLICES + 1
     clear, pick_digit, sort_desc = _block_helpers(T)
 
     # launch bounds: registers capped so that a block of T threads always fits an SM
@@ -428,7 +429,7 @@ def _topk_merge_kernel(threads, sort_slots=MERGE_SORT):
         bound = cuda.shared.array(1, uint64)
         sm = cuda.shared.array(MAX_SLICES, float64)   # per slice: max, then its exp-scaled sum
         sv = cuda.shared.array(MAX_SLICES, float64)
-        off = cuda.shared.array(MAX_SLICES + 1, int32)  # candidates before each slice
+        off = cuda.shared.array(OFFS, int32)  # candidates before each slice
         keys = cuda.shared.array(CAP, uint64)
         for b in range(t, G, T):
             sm[b] = part_m[row, b]
