@@ -145,6 +145,13 @@ def per_kernel(V=163840, L=15):
             assert np.array_equal(idd.copy_to_host(), ids_h), "GPU top-K differs from the twin"
             cells.append(f"G {g}: {tg:.1f}")
         print(f"top-K, K = {budget}, µs by slices: " + ", ".join(cells), flush=True)
+        cells = []
+        for threads in (128, 256, 512):                  # the partial kernel's block
+            tg = graph_us(lambda s: kn.topk_logprobs(dx, budget, out=(lpd, idd), stream=s, scratch=scr,
+                                                     threads=threads))
+            assert np.array_equal(idd.copy_to_host(), ids_h), "GPU top-K differs from the twin"
+            cells.append(f"{threads} threads: {tg:.1f}")
+        print(f"top-K, K = {budget}, G = {G}, µs by block: " + ", ".join(cells), flush=True)
 
 
 def main():
