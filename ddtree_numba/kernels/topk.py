@@ -38,7 +38,8 @@ from .._device import LINEINFO, cached, check_threads, device_function, is_devic
 from ._warp import FULL as _FULL, WARP_OPS, claim, hist_add
 
 MAX_K = 1024       # shared-memory sort buffer; the tree build takes budgets up to 1024 too
-THREADS = 256      # threads per block on a GPU (1024 runs out of registers)
+THREADS = 32 if config.ENABLE_CUDASIM else 256   # threads a block: a GPU (1024 runs out of registers);
+# the simulator runs each thread as a Python thread, so it takes a warp (the same steps)
 _SIGN = 0x80000000
 _LOW32 = 0xFFFFFFFF
 
