@@ -584,6 +584,17 @@ def _build_tree_levels_kernel(threads):
         return lo
 
     @device_function
+    def add_over_block(counter, i, x, t):
+        """counter[i] += x for every thread's x: a warp's sum and one atomic a warp (every thread
+        must call)."""
+        if WARP:
+            x = warp_sum(x)
+            if t % 32 == 0:
+                cuda.atomic.add(counter, i, x)
+        else:
+            cuda.atomic.add(counter, i, x)
+
+    @device_function
     def ranked_before(a, n, x, strict):
         """How many of a[:n] (descending) are > x (``strict``) or >= x: a binary search."""
         lo = 0
@@ -972,12 +983,7 @@ def _build_tree_levels_kernel(threads):
             for i in range(t, counts[d], T):
                 if lv_score[d, i] >= thr:
                     at_least += 1
-        if WARP:
-            at_least = warp_sum(at_least)
-            if t % 32 == 0:
-                cuda.atomic.add(one, 0, at_least)
-        else:
-            cuda.atomic.add(one, 0, at_least)
+        add_over_block(one, 0, at_least, t)
         cuda.syncthreads()
         if one[0] == n and one[1] == 0:
             for d in range(levels):
@@ -1044,12 +1050,7 @@ def _build_tree_levels_kernel(threads):
                     above += 1
                 elif s == thr:
                     flags[lv_pre[d, i]] = 1
-        if WARP:
-            above = warp_sum(above)
-            if t % 32 == 0:
-                cuda.atomic.add(one, 0, above)
-        else:
-            cuda.atomic.add(one, 0, above)
+        add_over_block(one, 0, above, t)
         cuda.syncthreads()
         scan(flags, flags, U + 2, tmp, t)
         m = B - one[0]
