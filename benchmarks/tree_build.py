@@ -131,11 +131,11 @@ def per_kernel(V=163840, L=15):
         scr = kn.TopKScratch.allocate(L, V, budget)
         t = graph_us(lambda s: kn.topk_logprobs(dx, budget, out=(lpd, idd), stream=s, scratch=scr))
         assert np.array_equal(idd.copy_to_host(), ids_h), "GPU top-K differs from the twin"
-        t_part = graph_us(lambda s: tk._launch_partial(dx, budget, scr, s, tk.THREADS))
-        cand = scr.cnt.copy_to_host()
-        t_merge = graph_us(lambda s: tk._launch_merge(dx, budget, scr, (lpd, idd), s, tk.THREADS))
-        print(f"top-K, K = {budget}: candidates a slice {cand.min()}-{cand.max()} (slots "
-              f"{tk._slice_slots(budget)}), a row {cand.sum(axis=1).min()}-{cand.sum(axis=1).max()}", flush=True)
+        merge_threads = min(1024, 4 * tk.THREADS)
+        t_part = graph_us(lambda s: tk._topk_partial_kernel(tk.THREADS, keep)[(G, L), tk.THREADS, s](
+            dx, dx.view(np.uint32), budget, scr.part_m, scr.part_s, scr.cand, scr.cnt))
+        t_merge = graph_us(lambda s: tk._topk_merge_kernel(merge_threads)[L, merge_threads, s](
+            dx, budget, scr.part_m, scr.part_s, scr.cand, scr.cnt, lpd, idd))
         print(f"top-K, K = {budget}, G = {G}, kept a thread = {keep}: {t:.1f} µs "
               f"(partial {t_part:.1f}, merge {t_merge:.1f})", flush=True)
         cells = []

@@ -5,18 +5,19 @@ SLICE entries, G * K <= MERGE_KEYS).
 
 Two launches, so that a row is read by G blocks at once instead of one (issue 15):
 
-1. ``_topk_partial_kernel``, grid (G, L): block (b, row) takes slice b of the row. A first read
-   finds the slice's max (a block reduction) while each thread keeps its few largest *composite
-   keys* ``(ordered float bits << 32) | (2^32-1-id)`` (distinct, so ties in value go to the lower
-   id for free). Groups of 32 kept keys rank themselves in shared memory; the least of the groups'
-   q-th largest, tau, has at least k keys of the slice >= it. A second read sums exp(x - max) in
-   float64 and writes every key >= tau as a candidate (no sort), with tau as the slice's bound. If
-   more keys pass than the slice's slots (``_slice_slots``), a radix select finds the slice's exact
-   k largest instead (8 bits a pass from the top digit down). All go to a ``TopKScratch``.
+1. ``_topk_partial_kernel``, grid (G, L): block (b, row) takes slice b of the row. Its log-sum-exp
+   pair: each thread keeps an online (max, sum-exp) in float64 over a strided part of the slice,
+   then a shared-memory tree combines the threads'. Its min(K, slice) largest entries, by
+   *composite key* ``(ordered float bits << 32) | (2^32-1-id)`` (distinct, so ties in value go to
+   the lower id for free): while reading for the log-sum-exp each thread keeps its few largest
+   keys; the K-th largest kept key (tau) has at least K keys >= it, so a second read gathers the
+   keys >= tau into shared memory and a bitonic sort there picks the K best. If more than
+   FILTER_CAP pass (a slice whose large logits sit in a few threads' strides), a radix select of
+   the K-th largest key, 8 bits a pass from the top digit down, stopping as soon as the selected
+   bucket is exactly what is still needed. They go to a ``TopKScratch``.
 2. ``_topk_merge_kernel``, grid L (up to 1024 threads a block): the row's log-sum-exp from the
-   slices' pairs (in slice order); the row's bound, the largest slice bound (the row's k-th key is
-   >= each); the candidates >= it gathered and bitonic-sorted in shared memory (a radix select over
-   all of them if more than ``MERGE_SORT``); the k best written out.
+   slices' pairs (in slice order), the radix select over the slices' at most G*K candidates, the K
+   survivors bitonic-sorted descending in shared memory, written out.
 
 The float32 log-probabilities do not depend on the order of the float64 reduction unless the
 log-sum-exp's last-ulp difference (about 1e-15; libdevice's exp / log against numpy's too) crosses a
@@ -35,7 +36,7 @@ from numba import config, cuda, float32, float64, int32, int64, uint32, uint64
 
 from .._checks import check_array, check_int, check_logits_values
 from .._device import LINEINFO, cached, check_threads, device_function, is_device, to_device
-from ._warp import FULL as _FULL, WARP_OPS, claim, hist_add
+from ._warp import claim, hist_add
 
 MAX_K = 1024       # shared-memory sort buffer; the tree build takes budgets up to 1024 too
 THREADS = 32 if config.ENABLE_CUDASIM else 256   # threads a block: a GPU (1024 runs out of registers);
@@ -148,16 +149,14 @@ def _block_helpers(threads):
     return clear, pick_digit, sort_desc
 
 
-FILTER_CAP = 2048  # shared slots of the keys the partial kernel's threads keep
+FILTER_CAP = 2048  # shared slots of the partial kernel's filter (candidates >= its threshold)
 MAX_KEEP = 8       # keys a thread keeps while it reads its part of the slice
-GROUP = 32         # kept keys a group ranks among themselves for tau
-MERGE_SORT = 4096  # shared slots of the merge: candidates above the row's bound, sorted there
 
 
 def _keep_per_thread(k: int, threads: int) -> int:
     """Keys each partial-kernel thread keeps (a power of two): about 2k over the block, so that
-    the groups' bound tau is a tight one; 0 turns the filter off (k too large for MAX_KEEP keys a
-    thread)."""
+    the block's k-th best kept key is a tight lower bound; 0 turns the filter off (k too large
+    for MAX_KEEP keys a thread)."""
     need = -(-2 * max(k, 1) // threads)
     m = 1
     while m < need:
@@ -165,137 +164,68 @@ def _keep_per_thread(k: int, threads: int) -> int:
     return m if m <= MAX_KEEP and m * threads <= FILTER_CAP else 0
 
 
-def _slice_slots(k: int) -> int:
-    """Candidate slots of a slice in ``TopKScratch.cand``: the filter's keys >= tau (at least k,
-    usually under 2k) while they fit, else the radix select's exact k."""
-    return max(4 * max(k, 1), 512)
-
-
-@functools.lru_cache(maxsize=None)
-def _block_reducers(threads):
-    """Block-wide max (float32) and sum (float64) of one value a thread, in every thread: warp
-    shuffles and one barrier on a GPU, a shared-memory tree in the simulator (no shuffles)."""
-    T = threads
-    NW = max(T // 32, 1)
-    SHUFFLE = WARP_OPS and T % 32 == 0
-
-    @device_function
-    def block_max(red, x, t):
-        if SHUFFLE:
-            off = 16
-            while off > 0:
-                x = max(x, cuda.shfl_xor_sync(_FULL, x, off))
-                off //= 2
-            if t % 32 == 0:
-                red[t // 32] = x
-            cuda.syncthreads()                 # every warp's max is in
-            x = red[0]
-            for w in range(1, NW):
-                x = max(x, red[w])
-        else:
-            red[t] = x
-            cuda.syncthreads()
-            stride = T // 2
-            while stride > 0:
-                if t < stride:
-                    red[t] = max(red[t], red[t + stride])
-                cuda.syncthreads()
-                stride //= 2
-            x = red[0]
-        cuda.syncthreads()                     # red is free again
-        return x
-
-    @device_function
-    def block_sum(red, x, t):
-        if SHUFFLE:
-            off = 16
-            while off > 0:
-                x += cuda.shfl_xor_sync(_FULL, x, off)
-                off //= 2
-            if t % 32 == 0:
-                red[t // 32] = x
-            cuda.syncthreads()                 # every warp's sum is in
-            x = red[0]
-            for w in range(1, NW):             # the warps in order: a fixed sum
-                x += red[w]
-        else:
-            red[t] = x
-            cuda.syncthreads()
-            stride = T // 2
-            while stride > 0:
-                if t < stride:
-                    red[t] = red[t] + red[t + stride]
-                cuda.syncthreads()
-                stride //= 2
-            x = red[0]
-        cuda.syncthreads()                     # red is free again
-        return x
-
-    return block_max, block_sum
-
-
 @functools.lru_cache(maxsize=None)
 def _topk_partial_kernel(threads, keep=0):
     """Grid (G, L): block (b, row) takes slice b of the row, [b*S, min(V, (b+1)*S)), S = ceil(V/G).
-    It writes the slice's log-sum-exp pair (its max, and the sum of exp(x - max) in float64), and
-    candidate composite keys for the merge at cand[row, b*W :] (W = cand's width / G), their number
-    to cnt[row, b] and a bound to part_tau[row, b]: the row's k-th largest key is >= it (0: none).
+    It writes the slice's log-sum-exp pair (max, sum of exp(x - max)), float64, and the composite
+    keys of its min(k, slice) largest entries (unordered) to cand[row, b*k :], their number to
+    cnt[row, b].
 
-    ``keep`` > 0 (``_keep_per_thread``): while reading the slice for its max, each thread keeps its
-    ``keep`` largest keys. Groups of GROUP kept keys rank themselves in shared memory; with NG
-    groups, each group's q-th largest (q = ceil(k / NG)) has q keys of the slice >= it, so tau, the
-    least of those, has NG * q >= k keys >= it: the second read (for the sum) writes every key >=
-    tau as a candidate, no sort. If more than W pass, or ``keep`` = 0, or the slice holds fewer than
-    k entries, a radix select finds the slice's exact min(k, slice) largest instead (8 bits a pass
-    from the top digit down, stopping once the selected bucket is exactly what is still needed)."""
+    ``keep`` > 0 (``_keep_per_thread``): while reading the slice for the log-sum-exp, each thread
+    also keeps its ``keep`` largest keys. The kk-th largest of all kept keys, tau, has at least kk
+    keys of the slice >= it (those kept ones), so the slice's kk largest are the kk largest of the
+    keys >= tau: usually a few more than kk, gathered in shared memory in one more read of the
+    slice and sorted there. Only if more than FILTER_CAP keys pass does the block fall back to the
+    radix select over the slice (``keep`` = 0 always does). Two reads of the slice instead of
+    four to eight."""
     T = threads
     M = keep
     if M and (T & (T - 1) or M > MAX_KEEP or M * T > FILTER_CAP):
         raise ValueError(f"the filter needs a power-of-two block and keep * threads <= {FILTER_CAP} "
                          f"(threads = {T}, keep = {M}); the launcher uses _keep_per_thread")
     NKEEP = max(1, M * T)                       # kept keys of the block (a power of two)
-    GK = min(GROUP, NKEEP)                      # keys a group ranks
-    NG = NKEEP // GK
     MLOC = max(M, 1)
+    CAP = FILTER_CAP
     clear, pick_digit, sort_desc = _block_helpers(T)
-    block_max, block_sum = _block_reducers(T)
 
     # launch bounds: registers capped so that a block of T threads always fits an SM
     @cached
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
-    def kernel(logits, bits, k, part_m, part_s, part_tau, cand, cnt):
+    def kernel(logits, bits, k, part_m, part_s, cand, cnt):
         b_ = cuda.blockIdx.x
         row = cuda.blockIdx.y
         G = cuda.gridDim.x
         t = cuda.threadIdx.x
         V = logits.shape[1]
         S = (V + G - 1) // G
-        W = cand.shape[1] // G
         lo = min(V, b_ * S)
         hi = min(V, lo + S)
-        base = b_ * W
-        red_f = cuda.shared.array(T, float32)
-        red_d = cuda.shared.array(T, float64)
+        red_m = cuda.shared.array(T, float64)
+        red_s = cuda.shared.array(T, float64)
         hist = cuda.shared.array(256, int32)
         suffix = cuda.shared.array(257, int32)
         chunk = cuda.shared.array(17, int32)
         sel = cuda.shared.array(2, uint64)        # (desired prefix, mask of decided bits)
         state = cuda.shared.array(3, int32)       # (still needed, done flag, gathered count)
-        fkeys = cuda.shared.array(NKEEP, uint64)  # the threads' kept keys
-        gsel = cuda.shared.array(64, uint64)      # each group's q-th largest kept key
         kk = min(k, hi - lo)
-        filtered = M > 0 and kk == k              # else the exact radix select
-        whole = kk > 0 and kk == hi - lo          # a slice no larger than k: every key, no select
 
-        # -- 1. the slice's max, and each thread's M largest keys
-        mine = cuda.local.array(MLOC, uint64)   # (0: none; no composite key is 0)
+        fkeys = cuda.shared.array(CAP, uint64)    # the filter's kept keys, then its candidates
+        mine = cuda.local.array(MLOC, uint64)   # this thread's largest keys (0: none)
         for j in range(M):
-            mine[j] = uint64(0)
+            mine[j] = uint64(0)                 # no composite key is 0 (its id part is < 2^31)
         low_j = 0                               # the slot of this thread's smallest kept key
         low_key = uint64(0)
-        xm = float32(-math.inf)
+
+        # -- 1. the slice's log-sum-exp, float64, online per thread then a fixed tree
+        m = -math.inf
+        s = 0.0
         for v in range(lo + t, hi, T):
-            xm = max(xm, logits[row, v])
+            x = float64(logits[row, v])
+            if x > m:
+                s = s * math.exp(m - x) + 1.0
+                m = x
+            elif x != -math.inf:
+                s += math.exp(x - m)
             if M > 0:
                 key = _composite_key(bits[row, v], v)
                 if key > low_key:               # replace the smallest kept key, find the new one
@@ -306,72 +236,67 @@ def _topk_partial_kernel(threads, keep=0):
                         if mine[j] < low_key:
                             low_key = mine[j]
                             low_j = j
-        for j in range(M):
-            fkeys[t * M + j] = mine[j]
-        if t < 64:
-            gsel[t] = uint64(0)                 # a group whose q-th key is none: tau 0, every key
+        red_m[t] = m
+        red_s[t] = s
         if t == 0:
             sel[0] = uint64(0)
             sel[1] = uint64(0)
             state[0] = kk
             state[1] = 0
             state[2] = 0
-        xm = block_max(red_f, xm, t)            # (its barriers publish the kept keys too)
+        cuda.syncthreads()  # partial pairs and selection state are written
+        stride = T // 2
+        while stride > 0:
+            if t < stride:
+                m1 = red_m[t]
+                m2 = red_m[t + stride]
+                mm = max(m1, m2)
+                if mm != -math.inf:
+                    red_s[t] = red_s[t] * math.exp(m1 - mm) + red_s[t + stride] * math.exp(m2 - mm)
+                    red_m[t] = mm
+            cuda.syncthreads()  # this level of the tree is combined
+            stride //= 2
+        if t == 0:
+            part_m[row, b_] = red_m[0]
+            part_s[row, b_] = red_s[0]
+            cnt[row, b_] = kk
+        if kk <= 0:
+            return
 
-        # -- 2. tau: the least of the groups' q-th largest kept keys (ranks are distinct: keys are)
-        tau = uint64(0)
-        if filtered and not whole:
-            q = (k + NG - 1) // NG
+        if M > 0:
+            # -- 2a. tau, the kk-th largest kept key: the block's kept keys sorted in shared memory
             for j in range(M):
-                i = t * M + j
-                g0 = i - i % GK
-                key = fkeys[i]
-                rank = 0
-                for u in range(GK):
-                    if fkeys[g0 + u] > key:
-                        rank += 1
-                if rank == q - 1 and key != uint64(0):
-                    gsel[i // GK] = key
-            cuda.syncthreads()                  # every group's q-th is in
-            tau = gsel[0]
-            for g in range(1, NG):
-                tau = min(tau, gsel[g])
-
-        # -- 3. the sum of exp(x - max), float64; the keys >= tau are the candidates
-        m = float64(xm)
-        acc = 0.0
-        for v in range(lo + t, hi, T):
-            x = logits[row, v]
-            if x != -math.inf:
-                acc += math.exp(float64(x) - m)
-            if filtered or whole:
+                fkeys[t * M + j] = mine[j]
+            cuda.syncthreads()                  # kept keys are in
+            sort_desc(fkeys, NKEEP, t)
+            tau = fkeys[kk - 1]
+            cuda.syncthreads()                  # everyone has tau before fkeys is reused
+            # -- 2b. the keys >= tau (at least kk), gathered while they fit
+            for v in range(lo + t, hi, T):
                 key = _composite_key(bits[row, v], v)
                 if key >= tau:
                     slot = claim(state, 2)
-                    if slot < W:
-                        cand[row, base + slot] = key
-        acc = block_sum(red_d, acc, t)          # (its barriers publish the count too)
-        if t == 0:
-            part_m[row, b_] = m
-            part_s[row, b_] = acc
-            part_tau[row, b_] = tau             # 0 unless filtered: no bound
-        if kk <= 0:
+                    if slot < CAP:
+                        fkeys[slot] = key
+            cuda.syncthreads()                  # the candidates and their count are in
+            C = state[2]
+            if C <= CAP:
+                P2 = 1
+                while P2 < C:
+                    P2 *= 2
+                for j in range(C + t, P2, T):
+                    fkeys[j] = uint64(0)        # padding sorts last
+                cuda.syncthreads()
+                sort_desc(fkeys, P2, t)
+                for j in range(t, kk, T):
+                    cand[row, b_ * k + j] = fkeys[j]
+                return
+            cuda.syncthreads()                  # every thread has read the count
             if t == 0:
-                cnt[row, b_] = 0
-            return
-        C = state[2]
-        if (filtered or whole) and C <= W:
-            if t == 0:
-                cnt[row, b_] = C
-            return
-        cuda.syncthreads()                      # every thread has read the count
-        if t == 0:
-            state[2] = 0
-            cnt[row, b_] = kk
-            part_tau[row, b_] = uint64(0)       # (the exact kk below: no bound kept)
-        cuda.syncthreads()
+                state[2] = 0                    # too many passed: the radix select below
+            cuda.syncthreads()
 
-        # -- the fallback: a radix select of the slice's kk-th largest composite key, top digit first
+        # -- 2. radix select of the slice's kk-th largest composite key, top digit first
         shift = 56
         while shift >= 0:
             if state[1] != 0:
@@ -391,139 +316,91 @@ def _topk_partial_kernel(threads, keep=0):
             pick_digit(hist, suffix, chunk, sel, state, shift, need, desired, mask, t)
             shift -= 8
 
-        # the kk survivors (composite keys are distinct: exactly kk are >= the threshold)
+        # -- 3. the kk survivors (composite keys are distinct: exactly kk are >= the threshold)
         desired = sel[0]
         mask = sel[1]
         for v in range(lo + t, hi, T):
             key = _composite_key(bits[row, v], v)
             if key & mask >= desired:
-                cand[row, base + claim(state, 2)] = key
+                cand[row, b_ * k + claim(state, 2)] = key
 
     return kernel
 
 
 @functools.lru_cache(maxsize=None)
-def _topk_merge_kernel(threads, sort_slots=MERGE_SORT):
-    """Grid L: the row's log-sum-exp from its G slice pairs (combined in slice order); the row's
-    bound, the largest of the slices' tau (its k-th largest key is >= each); the slices'
-    candidates >= it gathered in shared memory and sorted there while they fit (MERGE_SORT), else
-    a radix select over all the candidates; the k best written out."""
+def _topk_merge_kernel(threads):
+    """Grid L: the row's log-sum-exp from its G slice pairs (combined in slice order), the k
+    largest of the slices' candidate keys (a radix select over at most G*k keys; one slice's k
+    candidates, k <= V, are the answer as they are: no select), sorted, out."""
     T = threads
-    CAP = max(sort_slots, MAX_K)             # (the fallback's k survivors are sorted there too)
-    OFFS = MAX_SLICES + 1
     clear, pick_digit, sort_desc = _block_helpers(T)
 
     # launch bounds: registers capped so that a block of T threads always fits an SM
     @cached
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
-    def kernel(logits, k, part_m, part_s, part_tau, cand, cnt, lp_out, ids_out):
+    def kernel(logits, k, part_m, part_s, cand, cnt, lp_out, ids_out):
         row = cuda.blockIdx.x
         t = cuda.threadIdx.x
         G = part_m.shape[1]
-        W = cand.shape[1] // G
         hist = cuda.shared.array(256, int32)
         suffix = cuda.shared.array(257, int32)
         chunk = cuda.shared.array(17, int32)
         sel = cuda.shared.array(2, uint64)
         state = cuda.shared.array(3, int32)
         lse_sh = cuda.shared.array(1, float64)
-        bound = cuda.shared.array(1, uint64)
-        sm = cuda.shared.array(MAX_SLICES, float64)   # per slice: max, then its exp-scaled sum
-        sv = cuda.shared.array(MAX_SLICES, float64)
-        off = cuda.shared.array(OFFS, int32)  # candidates before each slice
-        keys = cuda.shared.array(CAP, uint64)
-        for b in range(t, G, T):
-            sm[b] = part_m[row, b]
-            sv[b] = part_s[row, b]
-            off[b + 1] = cnt[row, b]
-        cuda.syncthreads()
+        keys = cuda.shared.array(MAX_K, uint64)
         if t == 0:
             mm = -math.inf
-            tau = uint64(0)
-            off[0] = 0
             for b in range(G):
-                mm = max(mm, sm[b])
-                tau = max(tau, part_tau[row, b])
-                off[b + 1] += off[b]
-            lse_sh[0] = mm
-            bound[0] = tau
-            sel[0] = uint64(0)
-            sel[1] = uint64(0)
-            state[0] = k
-            state[1] = 0
-            state[2] = 0
-        cuda.syncthreads()
-        mm = lse_sh[0]
-        for b in range(t, G, T):                  # each slice's term, in parallel
-            if sm[b] != -math.inf:
-                sv[b] = sv[b] * math.exp(sm[b] - mm)
-        cuda.syncthreads()
-        if t == 0:
+                mm = max(mm, part_m[row, b])
             ss = 0.0
-            for b in range(G):                    # slice order: a fixed sum (NaN logits give NaN,
-                ss += sv[b]                       # flagged by the caller)
+            for b in range(G):                    # slice order: a fixed sum
+                if part_m[row, b] != -math.inf:
+                    ss += part_s[row, b] * math.exp(part_m[row, b] - mm)
+                else:
+                    ss += part_s[row, b]          # 0, or NaN from NaN logits (flagged by the caller)
             if ss > 0.0:
                 lse_sh[0] = mm + math.log(ss)
             elif ss == 0.0:
                 lse_sh[0] = -math.inf             # every entry -inf
             else:
                 lse_sh[0] = ss                    # NaN
+            sel[0] = uint64(0)
+            sel[1] = uint64(0)
+            state[0] = k
+            state[1] = 1 if G == 1 else 0         # one slice: its k candidates are the answer, no select
+            state[2] = 0
         cuda.syncthreads()
         lse = lse_sh[0]
-        tau = bound[0]
-        # the candidates >= the row's bound, gathered while they fit (slot j of the row's
-        # candidates is in the slice whose range [off[b], off[b + 1]) holds it)
-        for j in range(t, off[G], T):
-            lo_ = 0
-            hi_ = G
-            while hi_ - lo_ > 1:
-                mid = (lo_ + hi_) // 2
-                if off[mid] <= j:
-                    lo_ = mid
-                else:
-                    hi_ = mid
-            key = cand[row, lo_ * W + j - off[lo_]]
-            if key >= tau:
-                slot = claim(state, 2)
-                if slot < sort_slots:
-                    keys[slot] = key
-        cuda.syncthreads()
-        C = state[2]
-        if C > sort_slots:                        # too many: the radix select over all of them
-            cuda.syncthreads()                    # every thread has read the count
-            if t == 0:
-                state[2] = 0
-            inv_w = 1.0 / W
-            shift = 56
-            while shift >= 0:
-                if state[1] != 0:
-                    break
-                clear(hist, t)
-                cuda.syncthreads()
-                desired = sel[0]
-                mask = sel[1]
-                need = state[0]
-                for idx in range(t, G * W, T):
-                    present, key = _candidate(cand, cnt, row, idx, W, inv_w)
-                    if present and key & mask == desired:
-                        hist_add(hist, int32((key >> uint64(shift)) & uint64(255)))
-                cuda.syncthreads()
-                pick_digit(hist, suffix, chunk, sel, state, shift, need, desired, mask, t)
-                shift -= 8
+        inv_k = 1.0 / k
+        shift = 56
+        while shift >= 0:
+            if state[1] != 0:
+                break
+            clear(hist, t)
+            cuda.syncthreads()
             desired = sel[0]
             mask = sel[1]
-            for idx in range(t, G * W, T):
-                present, key = _candidate(cand, cnt, row, idx, W, inv_w)
-                if present and key & mask >= desired:
-                    keys[claim(state, 2)] = key
+            need = state[0]
+            for idx in range(t, G * k, T):
+                present, key = _candidate(cand, cnt, row, idx, k, inv_k)
+                if present and key & mask == desired:
+                    hist_add(hist, int32((key >> uint64(shift)) & uint64(255)))
             cuda.syncthreads()
-            C = k
+            pick_digit(hist, suffix, chunk, sel, state, shift, need, desired, mask, t)
+            shift -= 8
+        desired = sel[0]
+        mask = sel[1]
+        for idx in range(t, G * k, T):
+            present, key = _candidate(cand, cnt, row, idx, k, inv_k)
+            if present and key & mask >= desired:
+                keys[claim(state, 2)] = key
         p = 1
-        while p < C:
+        while p < k:
             p *= 2
-        for i in range(C + t, p, T):
+        for i in range(k + t, p, T):
             keys[i] = uint64(0)  # padding sorts last
-        cuda.syncthreads()  # candidates and padding are in place
+        cuda.syncthreads()  # survivors and padding are in place
         sort_desc(keys, p, t)
         for r in range(t, k, T):
             tok = int32(uint64(_LOW32) - (keys[r] & uint64(_LOW32)))
@@ -554,8 +431,7 @@ class TopKScratch:
 
     part_m: object   # [L, G] float64: each slice's max
     part_s: object   # [L, G] float64: its sum of exp(x - max)
-    part_tau: object  # [L, G] uint64: a bound on the row's k-th largest composite key (0: none)
-    cand: object     # [L, G * W] uint64: its candidates' composite keys (W = _slice_slots(k))
+    cand: object     # [L, G*k] uint64: its candidates' composite keys
     cnt: object      # [L, G] int32: how many
 
     @classmethod
@@ -564,25 +440,11 @@ class TopKScratch:
 
         def arr(shape, dt):
             return cuda.device_array(shape, dt, stream=stream)
-        return cls(arr((rows, slices), np.float64), arr((rows, slices), np.float64), arr((rows, slices), np.uint64),
-                   arr((rows, slices * _slice_slots(k)), np.uint64), arr((rows, slices), np.int32))
+        return cls(arr((rows, slices), np.float64), arr((rows, slices), np.float64),
+                   arr((rows, slices * max(k, 1)), np.uint64), arr((rows, slices), np.int32))
 
     def fits(self, rows: int, slices: int, k: int) -> bool:
-        return self.part_m.shape == (rows, slices) and self.cand.shape[1] == slices * _slice_slots(k)
-
-
-def _launch_partial(d_logits, k, sc, stream, threads):
-    L, G = sc.part_m.shape
-    keep = _keep_per_thread(k, threads) if threads & (threads - 1) == 0 else 0   # keep * threads >= 2k
-    _topk_partial_kernel(threads, keep)[(G, L), threads, stream](
-        d_logits, d_logits.view(np.uint32), k, sc.part_m, sc.part_s, sc.part_tau, sc.cand, sc.cnt)
-
-
-def _launch_merge(d_logits, k, sc, out, stream, threads, sort_slots=MERGE_SORT):
-    L = sc.part_m.shape[0]
-    merge_threads = min(1024, 4 * threads)   # L blocks only: each may take a whole SM
-    _topk_merge_kernel(merge_threads, sort_slots)[L, merge_threads, stream](
-        d_logits, k, sc.part_m, sc.part_s, sc.part_tau, sc.cand, sc.cnt, out[0], out[1])
+        return self.part_m.shape == (rows, slices) and self.cand.shape[1] == slices * max(k, 1)
 
 
 def topk_logprobs(logits, k, *, out=None, stream=0, threads=THREADS, slices=None, scratch=None):
@@ -614,11 +476,16 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=THREADS, slices=None
         scratch = TopKScratch.allocate(L, V, k, stream, slices=G) if L and k else None
     elif not scratch.fits(L, G, k):
         raise ValueError(f"scratch is for {list(scratch.part_m.shape)} rows x slices and "
-                         f"{scratch.cand.shape[1] // max(scratch.part_m.shape[1], 1)} candidate slots a slice; "
-                         f"this call needs {[L, G]} and {_slice_slots(k)} (k = {k})")
+                         f"{scratch.cand.shape[1] // max(scratch.part_m.shape[1], 1)} kept; this call needs "
+                         f"{[L, G]} and {k}")
     if L and k:
-        _launch_partial(d_logits, k, scratch, stream, threads)
-        _launch_merge(d_logits, k, scratch, out, stream, threads)
+        sc = scratch
+        keep = _keep_per_thread(k, threads) if threads & (threads - 1) == 0 else 0   # keep * threads >= 2k
+        _topk_partial_kernel(threads, keep)[(G, L), threads, stream](
+            d_logits, d_logits.view(np.uint32), k, sc.part_m, sc.part_s, sc.cand, sc.cnt)
+        merge_threads = min(1024, 4 * threads)   # L blocks only: each may take a whole SM
+        _topk_merge_kernel(merge_threads)[L, merge_threads, stream](
+            d_logits, k, sc.part_m, sc.part_s, sc.cand, sc.cnt, out[0], out[1])
     if host:
         return out[0].copy_to_host(stream=stream), out[1].copy_to_host(stream=stream)
     return out
