@@ -129,3 +129,16 @@ def test_bad_input_is_refused(fn):
     bad[1, 3] = -np.inf
     with pytest.raises(ValueError, match="no finite entry"):
         fn(bad, 2)
+
+
+@pytest.mark.kernels
+def test_merge_of_sorted_lists_in_either_order(rng):
+    """The merge keeps the best k so far and merges each slice's sorted list into it: rows that
+    rise (every list displaces the previous best) and fall (every later list is skipped), with
+    ties across the slices' borders."""
+    V, k, slices = 64, 10, 8
+    x = np.stack([np.arange(V), -np.arange(V), np.arange(V) // 16]).astype(np.float32)
+    lp, ids = kn.topk_logprobs(x, k, threads=THREADS, slices=slices)
+    lp_ref, ids_ref = ref.topk_logprobs(x, k)
+    np.testing.assert_array_equal(ids, ids_ref)
+    np.testing.assert_array_equal(lp.view(np.uint32), lp_ref.view(np.uint32))

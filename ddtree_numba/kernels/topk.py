@@ -39,6 +39,7 @@ from .._device import LINEINFO, cached, check_threads, device_function, is_devic
 from ._warp import claim, hist_add
 
 MAX_K = 1024       # shared-memory sort buffer; the tree build takes budgets up to 1024 too
+MERGE_SLOTS = 2 * MAX_K   # the merge's best k so far and the next list
 THREADS = 32 if config.ENABLE_CUDASIM else 256   # threads a block: a GPU (1024 runs out of registers);
 # the simulator runs each thread as a Python thread, so it takes a warp (the same steps)
 _SIGN = 0x80000000
@@ -56,28 +57,6 @@ def _composite_key(bits, v):
     else:
         okey = u | uint32(_SIGN)
     return (uint64(okey) << uint64(32)) | uint64(uint32(_LOW32) - uint32(v))
-
-
-@device_function
-def _slice_of(idx, k, inv_k):
-    """idx // k for 0 <= idx < 2^31 without a 64-bit integer division (about 70 instructions on a
-    GPU): a float64 estimate, off by at most one, corrected."""
-    b = int64(float64(idx) * inv_k)
-    if b * k > idx:
-        b -= 1
-    elif (b + 1) * k <= idx:
-        b += 1
-    return b
-
-
-@device_function
-def _candidate(cand, cnt, row, idx, k, inv_k):
-    """(present, key) of entry idx of a row of the merge's candidates: slice b = idx // k holds its
-    first cnt[row, b] entries."""
-    b = _slice_of(idx, k, inv_k)
-    if idx - b * k < cnt[row, b]:
-        return True, cand[row, idx]
-    return False, uint64(0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -151,6 +130,7 @@ def _block_helpers(threads):
 
 FILTER_CAP = 2048  # shared slots of the partial kernel's filter (candidates >= its threshold)
 MAX_KEEP = 8       # keys a thread keeps while it reads its part of the slice
+UNROLL = 8         # entries a partial-kernel thread loads at once
 
 
 def _keep_per_thread(k: int, threads: int) -> int:
@@ -186,6 +166,7 @@ def _topk_partial_kernel(threads, keep=0):
     NKEEP = max(1, M * T)                       # kept keys of the block (a power of two)
     MLOC = max(M, 1)
     CAP = FILTER_CAP
+    U = UNROLL
     clear, pick_digit, sort_desc = _block_helpers(T)
 
     # launch bounds: registers capped so that a block of T threads always fits an SM
@@ -216,26 +197,45 @@ def _topk_partial_kernel(threads, keep=0):
         low_j = 0                               # the slot of this thread's smallest kept key
         low_key = uint64(0)
 
-        # -- 1. the slice's log-sum-exp, float64, online per thread then a fixed tree
+        # -- 1. the slice's log-sum-exp, float64, online per thread then a fixed tree. A thread
+        # reads U entries at a time (U loads in flight, then U independent exps): one entry at a
+        # time, each load and exp waited on in turn, the block was latency-bound.
         m = -math.inf
         s = 0.0
-        for v in range(lo + t, hi, T):
-            x = float64(logits[row, v])
-            if x > m:
-                s = s * math.exp(m - x) + 1.0
-                m = x
-            elif x != -math.inf:
-                s += math.exp(x - m)
+        xs = cuda.local.array(U, float32)
+        ub = cuda.local.array(U, uint32)
+        for base in range(lo + t, hi, T * U):
+            cmax = -math.inf
+            for u in range(U):
+                v = base + u * T
+                x = float32(-math.inf)
+                if v < hi:
+                    x = logits[row, v]
+                    if M > 0:
+                        ub[u] = bits[row, v]
+                xs[u] = x
+                if float64(x) > cmax:
+                    cmax = float64(x)
+            if cmax > m:                        # rescale the sum to the new max (0 while it is -inf)
+                s *= math.exp(m - cmax)
+                m = cmax
+            for u in range(U):
+                x = float64(xs[u])
+                if x != -math.inf:              # NaN passes, and makes the sum NaN
+                    s += math.exp(x - m)
             if M > 0:
-                key = _composite_key(bits[row, v], v)
-                if key > low_key:               # replace the smallest kept key, find the new one
-                    mine[low_j] = key
-                    low_j = 0
-                    low_key = mine[0]
-                    for j in range(1, M):
-                        if mine[j] < low_key:
-                            low_key = mine[j]
-                            low_j = j
+                for u in range(U):
+                    v = base + u * T
+                    if v < hi:
+                        key = _composite_key(ub[u], v)
+                        if key > low_key:       # replace the smallest kept key, find the new one
+                            mine[low_j] = key
+                            low_j = 0
+                            low_key = mine[0]
+                            for j in range(1, M):
+                                if mine[j] < low_key:
+                                    low_key = mine[j]
+                                    low_j = j
         red_m[t] = m
         red_s[t] = s
         if t == 0:
@@ -263,6 +263,7 @@ def _topk_partial_kernel(threads, keep=0):
         if kk <= 0:
             return
 
+        C = 0                                   # candidates in fkeys
         if M > 0:
             # -- 2a. tau, the kk-th largest kept key: the block's kept keys sorted in shared memory
             for j in range(M):
@@ -272,69 +273,78 @@ def _topk_partial_kernel(threads, keep=0):
             tau = fkeys[kk - 1]
             cuda.syncthreads()                  # everyone has tau before fkeys is reused
             # -- 2b. the keys >= tau (at least kk), gathered while they fit
-            for v in range(lo + t, hi, T):
-                key = _composite_key(bits[row, v], v)
-                if key >= tau:
-                    slot = claim(state, 2)
-                    if slot < CAP:
-                        fkeys[slot] = key
+            for base in range(lo + t, hi, T * U):
+                for u in range(U):
+                    v = base + u * T
+                    if v < hi:
+                        ub[u] = bits[row, v]
+                for u in range(U):
+                    v = base + u * T
+                    if v < hi:
+                        key = _composite_key(ub[u], v)
+                        if key >= tau:
+                            slot = claim(state, 2)
+                            if slot < CAP:
+                                fkeys[slot] = key
             cuda.syncthreads()                  # the candidates and their count are in
             C = state[2]
-            if C <= CAP:
-                P2 = 1
-                while P2 < C:
-                    P2 *= 2
-                for j in range(C + t, P2, T):
-                    fkeys[j] = uint64(0)        # padding sorts last
-                cuda.syncthreads()
-                sort_desc(fkeys, P2, t)
-                for j in range(t, kk, T):
-                    cand[row, b_ * k + j] = fkeys[j]
-                return
             cuda.syncthreads()                  # every thread has read the count
-            if t == 0:
+            if C > CAP and t == 0:
                 state[2] = 0                    # too many passed: the radix select below
             cuda.syncthreads()
 
-        # -- 2. radix select of the slice's kk-th largest composite key, top digit first
-        shift = 56
-        while shift >= 0:
-            if state[1] != 0:
-                break
-            clear(hist, t)
-            cuda.syncthreads()  # histogram cleared
+        if C == 0 or C > CAP:
+            # -- 2. radix select of the slice's kk-th largest composite key, top digit first
+            shift = 56
+            while shift >= 0:
+                if state[1] != 0:
+                    break
+                clear(hist, t)
+                cuda.syncthreads()  # histogram cleared
+                desired = sel[0]
+                mask = sel[1]
+                need = state[0]  # read here: it is rewritten below, after several barriers
+                for v in range(lo + t, hi, T):
+                    key = _composite_key(bits[row, v], v)
+                    if key & mask == desired:
+                        # the digits are concentrated (most logits share their top bits): the
+                        # warp's lanes in the lowest lane's bin add with one atomic (_warp.hist_add)
+                        hist_add(hist, int32((key >> uint64(shift)) & uint64(255)))
+                cuda.syncthreads()  # histogram complete
+                pick_digit(hist, suffix, chunk, sel, state, shift, need, desired, mask, t)
+                shift -= 8
+            # the kk survivors (composite keys are distinct: exactly kk are >= the threshold)
             desired = sel[0]
             mask = sel[1]
-            need = state[0]  # read here: it is rewritten below, after several barriers
             for v in range(lo + t, hi, T):
                 key = _composite_key(bits[row, v], v)
-                if key & mask == desired:
-                    # the digits are concentrated (most logits share their top bits): the
-                    # warp's lanes in the lowest lane's bin add with one atomic (_warp.hist_add)
-                    hist_add(hist, int32((key >> uint64(shift)) & uint64(255)))
-            cuda.syncthreads()  # histogram complete
-            pick_digit(hist, suffix, chunk, sel, state, shift, need, desired, mask, t)
-            shift -= 8
+                if key & mask >= desired:
+                    fkeys[claim(state, 2)] = key
+            cuda.syncthreads()                  # the survivors are in
+            C = kk
 
-        # -- 3. the kk survivors (composite keys are distinct: exactly kk are >= the threshold)
-        desired = sel[0]
-        mask = sel[1]
-        for v in range(lo + t, hi, T):
-            key = _composite_key(bits[row, v], v)
-            if key & mask >= desired:
-                cand[row, b_ * k + claim(state, 2)] = key
+        # -- 3. the candidates sorted, descending (the merge takes sorted lists), the kk best out
+        P2 = 1
+        while P2 < C:
+            P2 *= 2
+        for j in range(C + t, P2, T):
+            fkeys[j] = uint64(0)                # padding sorts last
+        cuda.syncthreads()
+        sort_desc(fkeys, P2, t)
+        for j in range(t, kk, T):
+            cand[row, b_ * k + j] = fkeys[j]
 
     return kernel
 
 
 @functools.lru_cache(maxsize=None)
 def _topk_merge_kernel(threads):
-    """Grid L: the row's log-sum-exp from its G slice pairs (combined in slice order), the k
-    largest of the slices' candidate keys (a radix select over at most G*k keys; one slice's k
-    candidates, k <= V, are the answer as they are: no select), sorted, out."""
+    """Grid L: the row's log-sum-exp from its G slice pairs (combined in slice order), and the k
+    largest of the slices' sorted candidate lists: the best k so far (descending, padded to P, a
+    power of two, with 0 keys that sort last) and the next list reversed form a bitonic sequence of
+    2P; a half-cleaner keeps its P largest, a bitonic merge of log2(P) stages sorts them. A list
+    whose best key is below the k-th best so far is skipped. Written out as ids and log-probs."""
     T = threads
-    clear, pick_digit, sort_desc = _block_helpers(T)
-
     # launch bounds: registers capped so that a block of T threads always fits an SM
     @cached
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
@@ -342,13 +352,8 @@ def _topk_merge_kernel(threads):
         row = cuda.blockIdx.x
         t = cuda.threadIdx.x
         G = part_m.shape[1]
-        hist = cuda.shared.array(256, int32)
-        suffix = cuda.shared.array(257, int32)
-        chunk = cuda.shared.array(17, int32)
-        sel = cuda.shared.array(2, uint64)
-        state = cuda.shared.array(3, int32)
         lse_sh = cuda.shared.array(1, float64)
-        keys = cuda.shared.array(MAX_K, uint64)
+        keys = cuda.shared.array(MERGE_SLOTS, uint64)
         if t == 0:
             mm = -math.inf
             for b in range(G):
@@ -365,43 +370,38 @@ def _topk_merge_kernel(threads):
                 lse_sh[0] = -math.inf             # every entry -inf
             else:
                 lse_sh[0] = ss                    # NaN
-            sel[0] = uint64(0)
-            sel[1] = uint64(0)
-            state[0] = k
-            state[1] = 1 if G == 1 else 0         # one slice: its k candidates are the answer, no select
-            state[2] = 0
-        cuda.syncthreads()
+        P = 1
+        while P < k:
+            P *= 2
+        n0 = cnt[row, 0]
+        for j in range(t, P, T):
+            keys[j] = cand[row, j] if j < n0 else uint64(0)
+        cuda.syncthreads()                        # the first list and the log-sum-exp are in
+        for b in range(1, G):
+            nb = cnt[row, b]
+            best = cand[row, b * k] if nb > 0 else uint64(0)
+            if best > keys[k - 1]:                # the same decision in every thread
+                for j in range(t, P, T):
+                    src = P - 1 - j
+                    keys[P + j] = cand[row, b * k + src] if src < nb else uint64(0)
+                cuda.syncthreads()                # the reversed list is in
+                for i in range(t, P, T):          # half-cleaner: the P largest to the front
+                    if keys[i] < keys[i + P]:
+                        keys[i] = keys[i + P]
+                cuda.syncthreads()
+                half = P // 2
+                while half > 0:
+                    for i in range(t, P // 2, T):
+                        lo = ((i & ~(half - 1)) << 1) | (i & (half - 1))
+                        hi = lo + half
+                        a = keys[lo]
+                        c = keys[hi]
+                        if a < c:
+                            keys[lo] = c
+                            keys[hi] = a
+                    cuda.syncthreads()            # this stage is done
+                    half //= 2
         lse = lse_sh[0]
-        inv_k = 1.0 / k
-        shift = 56
-        while shift >= 0:
-            if state[1] != 0:
-                break
-            clear(hist, t)
-            cuda.syncthreads()
-            desired = sel[0]
-            mask = sel[1]
-            need = state[0]
-            for idx in range(t, G * k, T):
-                present, key = _candidate(cand, cnt, row, idx, k, inv_k)
-                if present and key & mask == desired:
-                    hist_add(hist, int32((key >> uint64(shift)) & uint64(255)))
-            cuda.syncthreads()
-            pick_digit(hist, suffix, chunk, sel, state, shift, need, desired, mask, t)
-            shift -= 8
-        desired = sel[0]
-        mask = sel[1]
-        for idx in range(t, G * k, T):
-            present, key = _candidate(cand, cnt, row, idx, k, inv_k)
-            if present and key & mask >= desired:
-                keys[claim(state, 2)] = key
-        p = 1
-        while p < k:
-            p *= 2
-        for i in range(k + t, p, T):
-            keys[i] = uint64(0)  # padding sorts last
-        cuda.syncthreads()  # survivors and padding are in place
-        sort_desc(keys, p, t)
         for r in range(t, k, T):
             tok = int32(uint64(_LOW32) - (keys[r] & uint64(_LOW32)))
             ids_out[row, r] = tok
