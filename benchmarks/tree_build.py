@@ -126,20 +126,23 @@ def per_kernel(V=163840, L=15):
             t_heap = graph_us(lambda s: kn.build_tree(lp, ids, budget, out=bufs, stream=s))
             print(f"level build, budget {budget}, L = {depths}: {t:.1f} µs (levels {''.join(a[0] for a in trace)}: "
                   f"f filtered, s selected); heap build {t_heap:.1f} µs", flush=True)
-        G, keep = tk._slices(V, budget), tk._keep_per_thread(budget, tk.THREADS)
+        T = tk._partial_threads(budget)
+        G, keep = tk._slices(V, budget), tk._keep_per_thread(budget, T)
         lpd, idd = cuda.device_array((L, budget), np.float32), cuda.device_array((L, budget), np.int32)
         scr = kn.TopKScratch.allocate(L, V, budget)
         t = graph_us(lambda s: kn.topk_logprobs(dx, budget, out=(lpd, idd), stream=s, scratch=scr))
         assert np.array_equal(idd.copy_to_host(), ids_h), "GPU top-K differs from the twin"
-        merge_threads = min(1024, 4 * tk.THREADS)
-        t_part = graph_us(lambda s: tk._topk_partial_kernel(tk.THREADS, keep)[(G, L), tk.THREADS, s](
+        merge_threads = 1024
+        t_part = graph_us(lambda s: tk._topk_partial_kernel(T, keep)[(G, L), T, s](
             dx, dx.view(np.uint32), budget, scr.part_m, scr.part_s, scr.cand, scr.cnt))
         t_merge = graph_us(lambda s: tk._topk_merge_kernel(merge_threads)[L, merge_threads, s](
             dx, budget, scr.part_m, scr.part_s, scr.cand, scr.cnt, lpd, idd))
         print(f"top-K, K = {budget}, G = {G}, kept a thread = {keep}: {t:.1f} µs "
               f"(partial {t_part:.1f}, merge {t_merge:.1f})", flush=True)
         cells = []
-        for g in (4, 8, 16, 32, 64):                     # slices a row: blocks against the merge's keys
+        for g in (2, 4, 8, 16, 32, 64):                  # slices a row: blocks against the merge's keys
+            if g * tk._pow2_at_least(budget) > tk.MERGE_SLOTS:
+                continue                                 # the merge's shared memory holds G * P keys
             scg = kn.TopKScratch.allocate(L, V, budget, slices=g)
             tg = graph_us(lambda s: kn.topk_logprobs(dx, budget, out=(lpd, idd), stream=s, scratch=scg, slices=g))
             assert np.array_equal(idd.copy_to_host(), ids_h), "GPU top-K differs from the twin"

@@ -142,3 +142,10 @@ def test_merge_of_sorted_lists_in_either_order(rng):
     lp_ref, ids_ref = ref.topk_logprobs(x, k)
     np.testing.assert_array_equal(ids, ids_ref)
     np.testing.assert_array_equal(lp.view(np.uint32), lp_ref.view(np.uint32))
+
+
+def test_too_many_slices_for_the_merge_is_refused():
+    from ddtree_numba.kernels.topk import MERGE_SLOTS
+    x = np.zeros((1, 5000), np.float32)
+    with pytest.raises(ValueError, match=f"the merge holds at most {MERGE_SLOTS} keys"):
+        kn.topk_logprobs(x, 1024, slices=8)

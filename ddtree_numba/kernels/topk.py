@@ -1,28 +1,30 @@
 """Top-K log-probabilities per draft depth on the GPU; twin: ``reference.topk.topk_logprobs``.
 
 Shapes: L depths, V vocabulary, K kept tokens (K <= MAX_K), G slices a row (``_slices``: about one a
-SLICE entries, G * K <= MERGE_KEYS).
+SLICE entries, G * P <= MERGE_SLOTS for P the power of two >= K).
 
 Two launches, so that a row is read by G blocks at once instead of one (issue 15):
 
-1. ``_topk_partial_kernel``, grid (G, L): block (b, row) takes slice b of the row. Its log-sum-exp
-   pair: each thread keeps an online (max, sum-exp) in float64 over a strided part of the slice,
-   then a shared-memory tree combines the threads'. Its min(K, slice) largest entries, by
-   *composite key* ``(ordered float bits << 32) | (2^32-1-id)`` (distinct, so ties in value go to
-   the lower id for free): while reading for the log-sum-exp each thread keeps its few largest
-   keys; the K-th largest kept key (tau) has at least K keys >= it, so a second read gathers the
-   keys >= tau into shared memory and a bitonic sort there picks the K best. If more than
-   FILTER_CAP pass (a slice whose large logits sit in a few threads' strides), a radix select of
-   the K-th largest key, 8 bits a pass from the top digit down, stopping as soon as the selected
-   bucket is exactly what is still needed. They go to a ``TopKScratch``.
+1. ``_topk_partial_kernel``, grid (G, L): block (b, row) takes slice b of the row, each thread
+   UNROLL entries at a time (the loads, then the exps, in flight together). Its log-sum-exp pair:
+   each thread keeps an online (max, sum-exp) in float64 over a strided part of the slice, then a
+   shared-memory tree combines the threads'. Its min(K, slice) largest entries, by *composite key*
+   ``(ordered float bits << 32) | (2^32-1-id)`` (distinct, so ties in value go to the lower id for
+   free): while reading for the log-sum-exp each thread keeps its few largest keys; the K-th
+   largest kept key (tau) has at least K keys >= it, so a second read gathers the keys >= tau into
+   shared memory and a bitonic sort there puts the K best first. If more than FILTER_CAP pass (a
+   slice whose large logits sit in a few threads' strides), a radix select of the K-th largest
+   key, 8 bits a pass from the top digit down, stopping as soon as the selected bucket is exactly
+   what is still needed. They go to a ``TopKScratch``, sorted descending.
 2. ``_topk_merge_kernel``, grid L (up to 1024 threads a block): the row's log-sum-exp from the
-   slices' pairs (in slice order), the radix select over the slices' at most G*K candidates, the K
-   survivors bitonic-sorted descending in shared memory, written out.
+   slices' pairs (in slice order); the slices' sorted lists folded into the best K so far, one
+   bitonic merge each (a list whose best key is below the K-th best so far is skipped); written out.
 
 The float32 log-probabilities do not depend on the order of the float64 reduction unless the
 log-sum-exp's last-ulp difference (about 1e-15; libdevice's exp / log against numpy's too) crosses a
 float32 rounding midpoint, about 2^-28 a row: no mismatch in 300 full rows (307 k entries) emulated
-at V = 163840, G = 16; every test compares bits.
+at V = 163840, G = 16, in the per-entry order and again in the UNROLL-chunked one; every test
+compares bits.
 """
 
 from __future__ import annotations
@@ -39,9 +41,6 @@ from .._device import LINEINFO, cached, check_threads, device_function, is_devic
 from ._warp import claim, hist_add
 
 MAX_K = 1024       # shared-memory sort buffer; the tree build takes budgets up to 1024 too
-MERGE_SLOTS = 2 * MAX_K   # the merge's best k so far and the next list
-THREADS = 32 if config.ENABLE_CUDASIM else 256   # threads a block: a GPU (1024 runs out of registers);
-# the simulator runs each thread as a Python thread, so it takes a warp (the same steps)
 _SIGN = 0x80000000
 _LOW32 = 0xFFFFFFFF
 
@@ -337,13 +336,29 @@ def _topk_partial_kernel(threads, keep=0):
     return kernel
 
 
+@device_function
+def _count_above(keys, base, n, key):
+    """How many of keys[base : base + n] (descending) are > key: a binary search."""
+    lo = 0
+    hi = n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if keys[base + mid] > key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 @functools.lru_cache(maxsize=None)
 def _topk_merge_kernel(threads):
     """Grid L: the row's log-sum-exp from its G slice pairs (combined in slice order), and the k
-    largest of the slices' sorted candidate lists: the best k so far (descending, padded to P, a
-    power of two, with 0 keys that sort last) and the next list reversed form a bitonic sequence of
-    2P; a half-cleaner keeps its P largest, a bitonic merge of log2(P) stages sorts them. A list
-    whose best key is below the k-th best so far is skipped. Written out as ids and log-probs."""
+    largest of the slices' sorted candidate lists, all G * P of them in shared memory (each list
+    padded to P, a power of two >= k, with 0 keys that sort last; ``_slices`` keeps G * P <=
+    MERGE_SLOTS). A candidate's rank in the row is its place in its own list plus, for each other
+    list, how many keys there are larger (a binary search): composite keys are distinct, so the
+    ranks are too, and a candidate whose rank is below k writes itself there. No sort, no
+    barrier after the lists are in."""
     T = threads
     # launch bounds: registers capped so that a block of T threads always fits an SM
     @cached
@@ -373,55 +388,57 @@ def _topk_merge_kernel(threads):
         P = 1
         while P < k:
             P *= 2
-        n0 = cnt[row, 0]
-        for j in range(t, P, T):
-            keys[j] = cand[row, j] if j < n0 else uint64(0)
-        cuda.syncthreads()                        # the first list and the log-sum-exp are in
-        for b in range(1, G):
-            nb = cnt[row, b]
-            best = cand[row, b * k] if nb > 0 else uint64(0)
-            if best > keys[k - 1]:                # the same decision in every thread
-                for j in range(t, P, T):
-                    src = P - 1 - j
-                    keys[P + j] = cand[row, b * k + src] if src < nb else uint64(0)
-                cuda.syncthreads()                # the reversed list is in
-                for i in range(t, P, T):          # half-cleaner: the P largest to the front
-                    if keys[i] < keys[i + P]:
-                        keys[i] = keys[i + P]
-                cuda.syncthreads()
-                half = P // 2
-                while half > 0:
-                    for i in range(t, P // 2, T):
-                        lo = ((i & ~(half - 1)) << 1) | (i & (half - 1))
-                        hi = lo + half
-                        a = keys[lo]
-                        c = keys[hi]
-                        if a < c:
-                            keys[lo] = c
-                            keys[hi] = a
-                    cuda.syncthreads()            # this stage is done
-                    half //= 2
+        for idx in range(t, G * P, T):
+            b = idx // P
+            j = idx - b * P
+            keys[idx] = cand[row, b * k + j] if j < cnt[row, b] else uint64(0)
+        cuda.syncthreads()                        # the lists and the log-sum-exp are in
         lse = lse_sh[0]
-        for r in range(t, k, T):
-            tok = int32(uint64(_LOW32) - (keys[r] & uint64(_LOW32)))
-            ids_out[row, r] = tok
-            lp_out[row, r] = float32(float64(logits[row, tok]) - lse)
+        for idx in range(t, G * P, T):
+            key = keys[idx]
+            b = idx // P
+            rank = idx - b * P
+            if key == uint64(0) or rank >= k:
+                continue                          # padding, or k larger keys in its own list
+            for other in range(G):
+                if other != b and rank < k:
+                    rank += _count_above(keys, other * P, P, key)
+            if rank < k:
+                tok = int32(uint64(_LOW32) - (key & uint64(_LOW32)))
+                ids_out[row, rank] = tok
+                lp_out[row, rank] = float32(float64(logits[row, tok]) - lse)
 
     return kernel
 
 
 SLICE = 10240      # vocabulary entries a slice block takes (at least)
 MAX_SLICES = 64    # slices a row
-MERGE_KEYS = 8192  # at most this many candidate keys a row reach the merge (G * k), unless G is 1
+MERGE_SLOTS = 4096  # the merge's shared keys: G slices' lists, each padded to a power of two >= k
+
+
+def _pow2_at_least(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
 
 
 def _slices(vocab: int, k: int) -> int:
     """Slices (blocks) a depth: about one per SLICE entries, at most MAX_SLICES, and few enough
-    that the merge's one block sees at most MERGE_KEYS candidates (G * k). Measured on the H200
-    (V 163840, L 15; benchmarks/tree_build.py --kernels): G 16 beats 64 at k 16 and 64 (59 and 68
-    µs against 88 and 109: a block's fixed sorts and reductions outweigh its share of the row), G 8
-    beats 16 at k 1024 (184 against 210: the merge's keys)."""
-    return max(1, min(MAX_SLICES, vocab // SLICE, MERGE_KEYS // max(k, 1)))
+    that the merge holds every slice's list in shared memory (G * P <= MERGE_SLOTS, P the power
+    of two >= k). Measured on the H200 (V 163840, L 15; benchmarks/tree_build.py --kernels): G 16
+    beats 32 and 64 at k 16 and 64 (a block's fixed sorts and reductions outweigh its share of the
+    row)."""
+    return max(1, min(MAX_SLICES, vocab // SLICE, MERGE_SLOTS // _pow2_at_least(max(k, 1))))
+
+
+def _partial_threads(k: int) -> int:
+    """The partial kernel's block for k kept: on the H200 128 threads were fastest at k 16 and 64,
+    512 at k 1024 (its sorts of ~2k keys spread over more threads); the simulator takes a warp
+    (each thread is a Python thread there)."""
+    if config.ENABLE_CUDASIM:
+        return 32
+    return 128 if k <= 64 else 256 if k <= 256 else 512
 
 
 @dataclass(frozen=True)
@@ -447,12 +464,13 @@ class TopKScratch:
         return self.part_m.shape == (rows, slices) and self.cand.shape[1] == slices * max(k, 1)
 
 
-def topk_logprobs(logits, k, *, out=None, stream=0, threads=THREADS, slices=None, scratch=None):
+def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, scratch=None):
     """Log-softmax of each row and its ``k`` best tokens, on the GPU.
 
     logits [L, V] float32 (numpy or device) -> (lp [L, K] float32, ids [L, K] int32),
     numpy if ``logits`` was numpy, else device arrays (or the ``out`` pair, filled in place).
-    Bit-identical to ``reference.topk_logprobs``.
+    Bit-identical to ``reference.topk_logprobs``. ``threads``: the partial kernel's block
+    (default ``_partial_threads(k)``); ``slices``: G (default ``_slices``).
     """
     check_array("logits", logits, 2, np.float32)
     L, V = logits.shape
@@ -461,6 +479,7 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=THREADS, slices=None
         raise ValueError(f"k = {k} is more than the kernel's MAX_K = {MAX_K}")
     if V >= 2**31:
         raise ValueError(f"vocabulary of {V} does not fit int32 token ids")
+    threads = _partial_threads(k) if threads is None else threads
     check_threads(threads)
     check_logits_values("logits", logits)
     host = not is_device(logits)
@@ -472,6 +491,9 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=THREADS, slices=None
         check_array("out[0]", out[0], 2, np.float32, shape=(L, k))
         check_array("out[1]", out[1], 2, np.int32, shape=(L, k))
     G = _slices(V, k) if slices is None else check_int("slices", slices, 1, MAX_SLICES)
+    if G * _pow2_at_least(max(k, 1)) > MERGE_SLOTS:
+        raise ValueError(f"slices = {G} with k = {k}: the merge holds at most {MERGE_SLOTS} keys, "
+                         f"{G} lists of {_pow2_at_least(k)}")
     if scratch is None:
         scratch = TopKScratch.allocate(L, V, k, stream, slices=G) if L and k else None
     elif not scratch.fits(L, G, k):
@@ -483,7 +505,7 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=THREADS, slices=None
         keep = _keep_per_thread(k, threads) if threads & (threads - 1) == 0 else 0   # keep * threads >= 2k
         _topk_partial_kernel(threads, keep)[(G, L), threads, stream](
             d_logits, d_logits.view(np.uint32), k, sc.part_m, sc.part_s, sc.cand, sc.cnt)
-        merge_threads = min(1024, 4 * threads)   # L blocks only: each may take a whole SM
+        merge_threads = min(1024, 4 * threads) if config.ENABLE_CUDASIM else 1024   # L blocks only
         _topk_merge_kernel(merge_threads)[L, merge_threads, stream](
             d_logits, k, sc.part_m, sc.part_s, sc.cand, sc.cnt, out[0], out[1])
     if host:
