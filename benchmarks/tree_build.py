@@ -135,10 +135,12 @@ def per_kernel(V=163840, L=15):
         merge_threads = 1024
         t_part = graph_us(lambda s: tk._topk_partial_kernel(T, keep)[(G, L), T, s](
             dx, dx.view(np.uint32), budget, scr.part_m, scr.part_s, scr.cand, scr.cnt))
+        t_lse = graph_us(lambda s: tk._topk_partial_kernel(T, keep, True)[(G, L), T, s](
+            dx, dx.view(np.uint32), budget, scr.part_m, scr.part_s, scr.cand, scr.cnt))
         t_merge = graph_us(lambda s: tk._topk_merge_kernel(merge_threads)[L, merge_threads, s](
             dx, budget, scr.part_m, scr.part_s, scr.cand, scr.cnt, lpd, idd))
         print(f"top-K, K = {budget}, G = {G}, kept a thread = {keep}: {t:.1f} µs "
-              f"(partial {t_part:.1f}, merge {t_merge:.1f})", flush=True)
+              f"(partial {t_part:.1f}, of which its first read {t_lse:.1f}; merge {t_merge:.1f})", flush=True)
         cells = []
         for g in (2, 4, 8, 16, 32, 64):                  # slices a row: blocks against the merge's keys
             if g * tk._pow2_at_least(budget) > tk.MERGE_SLOTS:

@@ -144,7 +144,7 @@ def _keep_per_thread(k: int, threads: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _topk_partial_kernel(threads, keep=0):
+def _topk_partial_kernel(threads, keep=0, lse_only=False):
     """Grid (G, L): block (b, row) takes slice b of the row, [b*S, min(V, (b+1)*S)), S = ceil(V/G).
     It writes the slice's log-sum-exp pair (max, sum of exp(x - max)), float64, and the composite
     keys of its min(k, slice) largest entries (unordered) to cand[row, b*k :], their number to
@@ -156,7 +156,8 @@ def _topk_partial_kernel(threads, keep=0):
     keys >= tau: usually a few more than kk, gathered in shared memory in one more read of the
     slice and sorted there. Only if more than FILTER_CAP keys pass does the block fall back to the
     radix select over the slice (``keep`` = 0 always does). Two reads of the slice instead of
-    four to eight."""
+    four to eight. ``lse_only`` stops after the log-sum-exp pair (benchmarks/tree_build.py times
+    the first read alone with it)."""
     T = threads
     M = keep
     if M and (T & (T - 1) or M > MAX_KEEP or M * T > FILTER_CAP):
@@ -259,7 +260,7 @@ def _topk_partial_kernel(threads, keep=0):
             part_m[row, b_] = red_m[0]
             part_s[row, b_] = red_s[0]
             cnt[row, b_] = kk
-        if kk <= 0:
+        if kk <= 0 or lse_only:
             return
 
         C = 0                                   # candidates in fkeys
@@ -357,8 +358,7 @@ def _topk_merge_kernel(threads):
     padded to P, a power of two >= k, with 0 keys that sort last; ``_slices`` keeps G * P <=
     MERGE_SLOTS). A candidate's rank in the row is its place in its own list plus, for each other
     list, how many keys there are larger (a binary search): composite keys are distinct, so the
-    ranks are too, and a candidate whose rank is below k writes itself there. No sort, no
-    barrier after the lists are in."""
+    ranks are too, and a candidate whose rank is below k writes itself there. No sort."""
     T = threads
     # launch bounds: registers capped so that a block of T threads always fits an SM
     @cached
@@ -368,32 +368,33 @@ def _topk_merge_kernel(threads):
         t = cuda.threadIdx.x
         G = part_m.shape[1]
         lse_sh = cuda.shared.array(1, float64)
+        pm = cuda.shared.array(MAX_SLICES, float64)     # the slices' pairs and counts, loaded at once
+        ps = cuda.shared.array(MAX_SLICES, float64)     # (one thread looping over global memory
+        pc = cuda.shared.array(MAX_SLICES, int32)       # waited on each load in turn: ~10 µs)
         keys = cuda.shared.array(MERGE_SLOTS, uint64)
-        if t == 0:
-            mm = -math.inf
-            for b in range(G):
-                mm = max(mm, part_m[row, b])
-            ss = 0.0
-            for b in range(G):                    # slice order: a fixed sum
-                if part_m[row, b] != -math.inf:
-                    ss += part_s[row, b] * math.exp(part_m[row, b] - mm)
-                else:
-                    ss += part_s[row, b]          # 0, or NaN from NaN logits (flagged by the caller)
-            if ss > 0.0:
-                lse_sh[0] = mm + math.log(ss)
-            elif ss == 0.0:
-                lse_sh[0] = -math.inf             # every entry -inf
-            else:
-                lse_sh[0] = ss                    # NaN
+        best = cuda.shared.array(MAX_K, uint64)         # the k best, by rank
+        if t < G:
+            pm[t] = part_m[row, t]
+            ps[t] = part_s[row, t]
+            pc[t] = cnt[row, t]
+        cuda.syncthreads()                        # the pairs and counts are in
         P = 1
         while P < k:
             P *= 2
         for idx in range(t, G * P, T):
             b = idx // P
             j = idx - b * P
-            keys[idx] = cand[row, b * k + j] if j < cnt[row, b] else uint64(0)
-        cuda.syncthreads()                        # the lists and the log-sum-exp are in
-        lse = lse_sh[0]
+            keys[idx] = cand[row, b * k + j] if j < pc[b] else uint64(0)
+        if t == 0:
+            mm = -math.inf
+            for b in range(G):
+                mm = max(mm, pm[b])
+            lse_sh[0] = mm
+        cuda.syncthreads()                        # the lists and the row's max are in
+        if t < G:                                 # each slice's sum, rescaled to the row's max
+            if pm[t] != -math.inf:
+                ps[t] = ps[t] * math.exp(pm[t] - lse_sh[0])
+            # else 0, or NaN from NaN logits (flagged by the caller), as it is
         for idx in range(t, G * P, T):
             key = keys[idx]
             b = idx // P
@@ -404,9 +405,25 @@ def _topk_merge_kernel(threads):
                 if other != b and rank < k:
                     rank += _count_above(keys, other * P, P, key)
             if rank < k:
-                tok = int32(uint64(_LOW32) - (key & uint64(_LOW32)))
-                ids_out[row, rank] = tok
-                lp_out[row, rank] = float32(float64(logits[row, tok]) - lse)
+                best[rank] = key
+        cuda.syncthreads()                        # the k best and the rescaled sums are in
+        if t == 0:
+            mm = lse_sh[0]
+            ss = 0.0
+            for b in range(G):                    # slice order: a fixed sum
+                ss += ps[b]
+            if ss > 0.0:
+                lse_sh[0] = mm + math.log(ss)
+            elif ss == 0.0:
+                lse_sh[0] = -math.inf             # every entry -inf
+            else:
+                lse_sh[0] = ss                    # NaN
+        cuda.syncthreads()                        # the log-sum-exp is in
+        lse = lse_sh[0]
+        for r in range(t, k, T):
+            tok = int32(uint64(_LOW32) - (best[r] & uint64(_LOW32)))
+            ids_out[row, r] = tok
+            lp_out[row, r] = float32(float64(logits[row, tok]) - lse)
 
     return kernel
 
@@ -433,12 +450,13 @@ def _slices(vocab: int, k: int) -> int:
 
 
 def _partial_threads(k: int) -> int:
-    """The partial kernel's block for k kept: on the H200 128 threads were fastest at k 16 and 64,
-    512 at k 1024 (its sorts of ~2k keys spread over more threads); the simulator takes a warp
-    (each thread is a Python thread there)."""
+    """The partial kernel's block for k kept: on the H200 256 threads were fastest at k 16 and 64
+    (53.7 / 71.4 µs against 60.1 / 81.7 with 128 and 69.8 / 89.5 with 512), 512 at k 1024 (135
+    against 179 with 256: its sorts of ~2k keys spread over more threads); the simulator takes a
+    warp (each thread is a Python thread there)."""
     if config.ENABLE_CUDASIM:
         return 32
-    return 128 if k <= 64 else 256 if k <= 256 else 512
+    return 256 if k <= 256 else 512
 
 
 @dataclass(frozen=True)
