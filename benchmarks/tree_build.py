@@ -114,7 +114,7 @@ def per_kernel(V=163840, L=15):
               f"{''.join(a[0] for a in trace)}), heap build {t_heap:.1f} µs", flush=True)
     x = drafter_logits(np.random.default_rng(0), L, V)
     dx = cuda.to_device(x)
-    for budget in (16, 64, 1024):
+    for budget in (16, 64, 256, 1024):
         lp_h, ids_h = ref.topk_logprobs(x, budget)
         for depths in (1, L):
             lp, ids = cuda.to_device(lp_h[:depths].copy()), cuda.to_device(ids_h[:depths].copy())

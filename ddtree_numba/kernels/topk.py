@@ -402,8 +402,8 @@ def _topk_merge_kernel(threads):
             if key == uint64(0) or rank >= k:
                 continue                          # padding, or k larger keys in its own list
             for other in range(G):
-                if other != b and rank < k:
-                    rank += _count_above(keys, other * P, P, key)
+                if other != b and rank < k:       # past k - rank larger keys it is out anyway
+                    rank += _count_above(keys, other * P, min(P, k - rank), key)
             if rank < k:
                 best[rank] = key
         cuda.syncthreads()                        # the k best and the rescaled sums are in
