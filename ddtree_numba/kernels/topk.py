@@ -441,12 +441,15 @@ def _pow2_at_least(n: int) -> int:
 
 
 def _slices(vocab: int, k: int) -> int:
-    """Slices (blocks) a depth: about one per SLICE entries, at most MAX_SLICES, and few enough
-    that the merge holds every slice's list in shared memory (G * P <= MERGE_SLOTS, P the power
-    of two >= k). Measured on the H200 (V 163840, L 15; benchmarks/tree_build.py --kernels): G 16
-    beats 32 and 64 at k 16 and 64 (a block's fixed sorts and reductions outweigh its share of the
-    row)."""
-    return max(1, min(MAX_SLICES, vocab // SLICE, MERGE_SLOTS // _pow2_at_least(max(k, 1))))
+    """Slices (blocks) a depth: about one per SLICE entries, at most MAX_SLICES, few enough that
+    the merge holds every slice's list in shared memory (G * P <= MERGE_SLOTS, P the power of two
+    >= k), and at most 16 (P <= 32) or 8 (larger P), where the merge's binary searches (G - 1 per
+    key, G * P keys) start to cost more than the slices save. Measured on the H200 (V 163840, L 15,
+    f4b0ae1; benchmarks/tree_build.py --kernels), top-K µs by G: k 16: G 8 / 16 / 32 = 57.8 / 53.0
+    / 79.1; k 64: 59.8 / 66.6 / 141.3; k 256: G 4 / 8 / 16 = 103.3 / 83.3 / 125.7 (its merge alone
+    75 µs at G 16); k 1024: G 2 / 4 = 161.6 / 133.1."""
+    P = _pow2_at_least(max(k, 1))
+    return max(1, min(MAX_SLICES, vocab // SLICE, MERGE_SLOTS // P, 16 if P <= 32 else 8))
 
 
 def _partial_threads(k: int) -> int:
