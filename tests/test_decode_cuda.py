@@ -105,6 +105,28 @@ def test_the_gpu_resident_round_equals_autoregressive_and_accepts_many_tokens():
             np.testing.assert_array_equal(dd.generate(gpu, o, prompt, n_new, method=method).tokens, want)
 
 
+def test_the_gpu_resident_round_with_the_level_build_equals_autoregressive(monkeypatch):
+    """From decode.device.LEVEL_BUILD_FROM nodes a round builds its tree with the level kernel (the
+    heap kernel's tree, bit for bit): forced on at a small budget, the tokens are still ar's."""
+    import ddtree_numba.decode.device as device
+    monkeypatch.setattr(device, "LEVEL_BUILD_FROM", 1)
+    builds = []
+    level_build = device.kn.build_tree_levels
+    monkeypatch.setattr(device.kn, "build_tree_levels", lambda *a, **kw: builds.append(1) or level_build(*a, **kw))
+    path = os.path.join(DATA, "v3_noaux_tc")
+    host, gpu = dd.load_target(path), load_cuda_target(path)
+    prompt = _prompt(2, host.config.vocab_size, n=4)
+    n_new = 24 if REAL_GPU else 5
+    want = dd.generate(host, None, prompt, n_new, method="ar").tokens
+    seq = np.concatenate([prompt, want]).astype(np.int32)
+    feats = host.forward(seq, np.arange(len(seq), dtype=np.int32), host.new_cache(len(seq)),
+                         hidden_layer_ids=(0, 1)).hidden
+    oracle = DeviceOracle(seq, feats, host.config.vocab_size, 0.9, seed=3)
+    res = dd.generate(gpu, oracle, prompt, n_new, method="ddtree", budget=6)
+    assert res.loop == "device" and len(builds) == len(res.acceptance_lengths)
+    np.testing.assert_array_equal(res.tokens, want)
+
+
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
                             "ignore:invalid value encountered:RuntimeWarning")
 def test_the_gpu_loop_refuses_non_finite_logits():
@@ -171,7 +193,8 @@ def test_the_round_graph_replays_the_eager_rounds_bit_for_bit(monkeypatch):
     for prompt in prompts:
         ar = dd.generate(gpu, None, prompt, 48, method="ar", graph=False).tokens
         for method, budget, temperature in [("ar", 1, 0.0), ("dflash", 1, 0.0), ("ddtree", 16, 0.0),
-                                            ("ddtree", 64, 0.0), ("ddtree", 16, 0.8)]:
+                                            ("ddtree", 64, 0.0), ("ddtree", 16, 0.8),
+                                            ("ddtree", device.LEVEL_BUILD_FROM, 0.0)]:   # the level build
             kw = dict(method=method, budget=budget, temperature=temperature, seed=7)
             d = None if method == "ar" else drafter
             eager = dd.generate(gpu, d, prompt, 48, graph=False, **kw)

@@ -2,7 +2,8 @@
 ``DeviceDrafter`` (``model.protocols``; the cuda backend's ``CudaTarget`` / ``CudaDrafter``).
 
 The round of docs/DESIGN.md §1, as device work on one stream: draft
-(``draft_device``) -> top-K -> tree build (``TreeBuffers``) -> verify inputs (a glue kernel) ->
+(``draft_device``) -> top-K -> tree build (``TreeBuffers``; the heap kernel, or the level kernel
+from ``LEVEL_BUILD_FROM`` nodes) -> verify inputs (a glue kernel) ->
 verify forward (``forward_device``) -> ``sample_post`` -> ``follow_tree`` -> cache compaction and
 the drafter's next context rows (glue kernels) -> one small copy to the host: the accepted count,
 the new bonus, the tree size and the accepted tokens. The host only decides when to stop.
@@ -33,6 +34,12 @@ from .rounds import STAGES, GenerationResult, RoundLog, round_seed
 
 SIM = numba_config.ENABLE_CUDASIM
 THREADS = 128
+# From this tree capacity on, a round builds its tree with the level-synchronous kernel, else with
+# the heap kernel (the same tree, bit for bit). On the demo drafter's real draft (V 264, L 15; H200,
+# 63d9b74) the level build took 98.8 / 116.7 / 165.9 / 456.6 µs at budgets 16 / 64 / 256 / 1024
+# and the heap build 26.1 / 75.7 / 312.7 / 1,505: a real draft makes 2-4 levels select, the level
+# build's costly step, which pays only once the heap's pop chain is long.
+LEVEL_BUILD_FROM = 256
 
 
 # -- glue kernels ----------------------------------------------------------------------------------
@@ -214,6 +221,7 @@ class DeviceRound:
         self.budget = i32(1)                 # this round's tree budget
         self.seed = cuda.device_array(1, np.uint64)         # the generation's seed
         self.round_seed = cuda.device_array(1, np.uint64)   # this round's
+        self.level_scratch = None            # the level build's, from LEVEL_BUILD_FROM nodes
         if method != "ar":
             L, V = drafter.block_size - 1, cfg.vocab_size
             self.dcache = drafter.new_cache(capacity)
@@ -224,6 +232,7 @@ class DeviceRound:
             self.lp = cuda.device_array((L, K), np.float32)
             self.ids = cuda.device_array((L, K), np.int32)
             self.topk_scratch = kn.TopKScratch.allocate(L, V, K, 0)  # between its two kernels
+            self.level_scratch = kn.LevelScratch.allocate(L, cap, 0) if cap >= LEVEL_BUILD_FROM else None
 
     def flag_nonfinite(self, logits, n_rows, bit, stream):
         grid = (ceil_div(logits.shape[0], 4), ceil_div(logits.shape[1], 64))
@@ -282,7 +291,11 @@ class DeviceRound:
             mark("draft")
             kn.topk_logprobs(logits_d, self.K, out=(self.lp, self.ids), scratch=self.topk_scratch, stream=stream)
             mark("topk")
-            kn.build_tree(self.lp, self.ids, self.cap, out=tbufs, budget_device=self.budget, stream=stream)
+            if self.level_scratch is not None:
+                kn.build_tree_levels(self.lp, self.ids, self.cap, out=tbufs, scratch=self.level_scratch,
+                                     budget_device=self.budget, stream=stream)
+            else:
+                kn.build_tree(self.lp, self.ids, self.cap, out=tbufs, budget_device=self.budget, stream=stream)
             mark("build")
         _verify_inputs_kernel[ceil_div(ws.rows, THREADS), THREADS, stream](
             self.bonus, tbufs.tokens, tbufs.depths, tbufs.parents, tbufs.n_nodes, self.state,
