@@ -58,7 +58,8 @@ def test_kernel_matches_twin_bit_for_bit(rng, kind):
 @pytest.mark.parametrize("V,k,slices", [(50, 7, 3),      # ragged slices, each holding more than k
                                         (40, 30, 4),     # slices smaller than k: the merge needs them all
                                         (9, 4, 16),      # more slices than entries: empty slices
-                                        (100, 100, 5)])  # k = V
+                                        (100, 100, 5),   # k = V
+                                        (90, 3, 40)])    # more slices than the simulator's merge threads
 def test_split_rows_match_the_twin_bit_for_bit(rng, kind, V, k, slices):
     """A row split over several blocks (each a top-K of its slice and a log-sum-exp pair, then one
     merge) gives the twin's ids and log-prob bits, however the slices fall."""
@@ -133,9 +134,9 @@ def test_bad_input_is_refused(fn):
 
 @pytest.mark.kernels
 def test_merge_of_sorted_lists_in_either_order(rng):
-    """The merge keeps the best k so far and merges each slice's sorted list into it: rows that
-    rise (every list displaces the previous best) and fall (every later list is skipped), with
-    ties across the slices' borders."""
+    """The merge ranks each slice's sorted candidates against the other slices' lists: rows that
+    rise (the last slice holds the best), fall (the first does) and step (ties across the slices'
+    borders, broken by the lower id)."""
     V, k, slices = 64, 10, 8
     x = np.stack([np.arange(V), -np.arange(V), np.arange(V) // 16]).astype(np.float32)
     lp, ids = kn.topk_logprobs(x, k, threads=THREADS, slices=slices)

@@ -17,8 +17,9 @@ Two launches, so that a row is read by G blocks at once instead of one (issue 15
    key, 8 bits a pass from the top digit down, stopping as soon as the selected bucket is exactly
    what is still needed. They go to a ``TopKScratch``, sorted descending.
 2. ``_topk_merge_kernel``, grid L (up to 1024 threads a block): the row's log-sum-exp from the
-   slices' pairs (in slice order); the slices' sorted lists folded into the best K so far, one
-   bitonic merge each (a list whose best key is below the K-th best so far is skipped); written out.
+   slices' pairs (in slice order); every slice's sorted list in shared memory, each candidate's
+   rank its place in its own list plus a binary search in each other list; the K ranked first
+   written out (no sort).
 
 The float32 log-probabilities do not depend on the order of the float64 reduction unless the
 log-sum-exp's last-ulp difference (about 1e-15; libdevice's exp / log against numpy's too) crosses a
@@ -34,7 +35,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import config, cuda, float32, float64, int32, int64, uint32, uint64
+from numba import config, cuda, float32, float64, int32, uint32, uint64
 
 from .._checks import check_array, check_int, check_logits_values
 from .._device import LINEINFO, cached, check_threads, device_function, is_device, to_device
@@ -147,8 +148,8 @@ def _keep_per_thread(k: int, threads: int) -> int:
 def _topk_partial_kernel(threads, keep=0, lse_only=False):
     """Grid (G, L): block (b, row) takes slice b of the row, [b*S, min(V, (b+1)*S)), S = ceil(V/G).
     It writes the slice's log-sum-exp pair (max, sum of exp(x - max)), float64, and the composite
-    keys of its min(k, slice) largest entries (unordered) to cand[row, b*k :], their number to
-    cnt[row, b].
+    keys of its min(k, slice) largest entries, sorted descending, to cand[row, b*k :], their number
+    to cnt[row, b].
 
     ``keep`` > 0 (``_keep_per_thread``): while reading the slice for the log-sum-exp, each thread
     also keeps its ``keep`` largest keys. The kk-th largest of all kept keys, tau, has at least kk
@@ -373,10 +374,10 @@ def _topk_merge_kernel(threads):
         pc = cuda.shared.array(MAX_SLICES, int32)       # waited on each load in turn: ~10 µs)
         keys = cuda.shared.array(MERGE_SLOTS, uint64)
         best = cuda.shared.array(MAX_K, uint64)         # the k best, by rank
-        if t < G:
-            pm[t] = part_m[row, t]
-            ps[t] = part_s[row, t]
-            pc[t] = cnt[row, t]
+        for b in range(t, G, T):                  # (the simulator's blocks may be smaller than G)
+            pm[b] = part_m[row, b]
+            ps[b] = part_s[row, b]
+            pc[b] = cnt[row, b]
         cuda.syncthreads()                        # the pairs and counts are in
         P = 1
         while P < k:
@@ -391,9 +392,9 @@ def _topk_merge_kernel(threads):
                 mm = max(mm, pm[b])
             lse_sh[0] = mm
         cuda.syncthreads()                        # the lists and the row's max are in
-        if t < G:                                 # each slice's sum, rescaled to the row's max
-            if pm[t] != -math.inf:
-                ps[t] = ps[t] * math.exp(pm[t] - lse_sh[0])
+        for b in range(t, G, T):                  # each slice's sum, rescaled to the row's max
+            if pm[b] != -math.inf:
+                ps[b] = ps[b] * math.exp(pm[b] - lse_sh[0])
             # else 0, or NaN from NaN logits (flagged by the caller), as it is
         for idx in range(t, G * P, T):
             key = keys[idx]
