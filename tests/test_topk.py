@@ -59,7 +59,7 @@ def test_kernel_matches_twin_bit_for_bit(rng, kind):
                                         (40, 30, 4),     # slices smaller than k: the merge needs them all
                                         (9, 4, 16),      # more slices than entries: empty slices
                                         (100, 100, 5),   # k = V
-                                        (90, 3, 40)])    # more slices than the simulator's merge threads
+                                        (200, 3, 40)])   # more slices than the simulator's merge threads
 def test_split_rows_match_the_twin_bit_for_bit(rng, kind, V, k, slices):
     """A row split over several blocks (each a top-K of its slice and a log-sum-exp pair, then one
     merge) gives the twin's ids and log-prob bits, however the slices fall."""
