@@ -81,19 +81,25 @@ class DeviceOracle(NoisyOracle):
         return cuda.to_device(logits, stream=stream)
 
 
-def test_the_gpu_resident_round_equals_autoregressive_and_accepts_many_tokens():
-    """Every round on the GPU (draft -> top-K -> build -> verify -> accept -> compaction ->
-    drafter features); the host reads back only the accepted tokens."""
+def _oracle_run(prompt_seed, prompt_len, n_new):
+    """The v3_noaux_tc golden on both backends, a prompt, its ar tokens on numpy, the features of
+    the whole sequence, and a DeviceOracle factory (right with probability 0.9)."""
     path = os.path.join(DATA, "v3_noaux_tc")
     host, gpu = dd.load_target(path), load_cuda_target(path)
-    prompt = _prompt(1, host.config.vocab_size, n=5)
-    n_new = 40 if REAL_GPU else 6
+    prompt = _prompt(prompt_seed, host.config.vocab_size, n=prompt_len)
     want = dd.generate(host, None, prompt, n_new, method="ar").tokens
     seq = np.concatenate([prompt, want]).astype(np.int32)
     feats = host.forward(seq, np.arange(len(seq), dtype=np.int32), host.new_cache(len(seq)),
                          hidden_layer_ids=(0, 1)).hidden
-    oracle = DeviceOracle(seq, feats, host.config.vocab_size, 0.9, seed=5)
-    res = dd.generate(gpu, oracle, prompt, n_new, method="ddtree", budget=8)
+    return gpu, prompt, want, lambda seed: DeviceOracle(seq, feats, host.config.vocab_size, 0.9, seed=seed)
+
+
+def test_the_gpu_resident_round_equals_autoregressive_and_accepts_many_tokens():
+    """Every round on the GPU (draft -> top-K -> build -> verify -> accept -> compaction ->
+    drafter features); the host reads back only the accepted tokens."""
+    n_new = 40 if REAL_GPU else 6
+    gpu, prompt, want, oracle = _oracle_run(1, 5, n_new)
+    res = dd.generate(gpu, oracle(5), prompt, n_new, method="ddtree", budget=8)
     assert res.loop == "device" and res.stage_clock == ("cuda_events" if REAL_GPU else "host_after_sync")
     np.testing.assert_array_equal(res.tokens, want)
     assert res.acceptance_lengths.max() >= 3, res.acceptance_lengths   # multi-token rounds
@@ -101,8 +107,7 @@ def test_the_gpu_resident_round_equals_autoregressive_and_accepts_many_tokens():
     assert res.stage_times["verify"] > 0 and res.stage_times["draft"] > 0
     if REAL_GPU:
         for method in ("ar", "dflash"):
-            o = DeviceOracle(seq, feats, host.config.vocab_size, 0.9, seed=6)
-            np.testing.assert_array_equal(dd.generate(gpu, o, prompt, n_new, method=method).tokens, want)
+            np.testing.assert_array_equal(dd.generate(gpu, oracle(6), prompt, n_new, method=method).tokens, want)
 
 
 def test_the_gpu_resident_round_with_the_level_build_equals_autoregressive(monkeypatch):
@@ -113,16 +118,9 @@ def test_the_gpu_resident_round_with_the_level_build_equals_autoregressive(monke
     builds = []
     level_build = device.kn.build_tree_levels
     monkeypatch.setattr(device.kn, "build_tree_levels", lambda *a, **kw: builds.append(1) or level_build(*a, **kw))
-    path = os.path.join(DATA, "v3_noaux_tc")
-    host, gpu = dd.load_target(path), load_cuda_target(path)
-    prompt = _prompt(2, host.config.vocab_size, n=4)
-    n_new = 24 if REAL_GPU else 5
-    want = dd.generate(host, None, prompt, n_new, method="ar").tokens
-    seq = np.concatenate([prompt, want]).astype(np.int32)
-    feats = host.forward(seq, np.arange(len(seq), dtype=np.int32), host.new_cache(len(seq)),
-                         hidden_layer_ids=(0, 1)).hidden
-    oracle = DeviceOracle(seq, feats, host.config.vocab_size, 0.9, seed=3)
-    res = dd.generate(gpu, oracle, prompt, n_new, method="ddtree", budget=6)
+    n_new = 24 if REAL_GPU else 3
+    gpu, prompt, want, oracle = _oracle_run(2, 4, n_new)
+    res = dd.generate(gpu, oracle(3), prompt, n_new, method="ddtree", budget=6)
     assert res.loop == "device" and len(builds) == len(res.acceptance_lengths)
     np.testing.assert_array_equal(res.tokens, want)
 
