@@ -1,0 +1,108 @@
+"""How many levels of the level build must select, with and without a seeded bound (CPU only).
+
+The level build (``reference.build_tree_levels``) filters a level by its running bound tau (one
+binary search a parent) and selects only when more than B children clear it; a selecting level
+costs ~40 µs on the H200, and tau starts at -inf, so the first wide levels select. Any B real
+nodes give a valid starting bound: the B-th best of their scores is <= the tree's B-th best. Two
+families of nodes that need no search:
+
+- single: one deviation, the path (0, .., 0, r) at each depth d: chain(d - 1) + lp[d, r];
+- single + zeros: the same, continued by rank 0 to every deeper depth (r >= 1 there, so that no
+  node is counted twice: r = 0 is the chain itself).
+
+On six demo-drafter drafts (held-out prompts) the selecting levels fall, over the six, from 6 / 12
+/ 15 / 19 (no seed) to 0 / 0 / 4 / 6 (single + zeros) at budgets 16 / 64 / 256 / 1024 (tenth
+session). The tree is unchanged (checked here against the heap build's scores). A kernel would need
+the family's B-th best cheaply, e.g. a bisection on the value counting each (depth, depth + j)
+list by binary search, with a margin for the lists' sums taken out of path order (see NOTES).
+
+    python tools/level_seed_study.py [prompts]
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+import ddtree_numba as dd
+from ddtree_numba import reference as ref
+from ddtree_numba.demo import demo_metadata
+from ddtree_numba.reference import tree_build as tb
+
+
+def demo_drafts(n: int) -> list:
+    """The demo drafter's [L, V] logits after the first n held-out prompts (numpy backend)."""
+    target_dir, drafter_dir = dd.demo_pair()
+    target = dd.load_target(target_dir, progress=False, backend="numpy")
+    drafter = dd.load_drafter(drafter_dir, target)
+    out = []
+    for p in demo_metadata()["prompts"][:n]:
+        prompt = np.asarray(p["ids"][:141], np.int32)
+        pre = target.forward(prompt, np.arange(len(prompt), dtype=np.int32), target.new_cache(256),
+                             hidden_layer_ids=drafter.target_layer_ids)
+        out.append(drafter.draft(pre.hidden, int(pre.logits[-1].argmax()), drafter.new_cache(256)))
+    return out
+
+
+def seed(lp64: np.ndarray, budget: int, zeros: bool) -> float:
+    """The budget-th best score of the family (module docstring); -inf when it has fewer."""
+    L = lp64.shape[0]
+    chain, family = 0.0, []
+    for d in range(L):
+        s = chain + lp64[d]                         # chain(d - 1) + lp[d, r], in path order
+        family.append(s)
+        if zeros:
+            t = s[1:].copy()
+            for e in range(d + 1, L):
+                t = t + lp64[e, 0]
+                family.append(t)
+        chain = chain + lp64[d, 0]
+    return tb._kth_largest(np.concatenate(family), budget)
+
+
+def levels(lp: np.ndarray, budget: int, tau: float) -> tuple[str, np.ndarray]:
+    """The twin's level loop from a starting bound: each level's way ('f' filter, 'S' select) and
+    the best ``budget`` scores kept."""
+    L, K = lp.shape
+    lp64, R = lp.astype(np.float64), min(K, budget)
+    prev, kept, trace = np.zeros(1), np.zeros(0), ""
+    for d in range(L):
+        keep = tb.children_at_least(prev, lp64[d, :R], tau)
+        filtered = keep.sum() <= budget
+        if not filtered:
+            keep = tb.select_level(prev, lp64[d, :R], budget)
+        trace += "f" if filtered else "S"
+        start = np.cumsum(keep) - keep
+        parent = np.repeat(np.arange(prev.shape[0]), keep)
+        score = prev[parent] + lp64[d, np.arange(parent.shape[0]) - start[parent]]
+        kept = np.r_[kept, score]
+        if kept.shape[0] >= budget:
+            tau = max(tau, tb._kth_largest(kept, budget))
+        if score.shape[0] == 0:
+            break
+        prev = score
+    return trace, -np.sort(-kept)[:budget]
+
+
+def main():
+    drafts = demo_drafts(int(sys.argv[1]) if len(sys.argv) > 1 else 6)
+    print("budget | selecting levels: no seed / single / single + zeros | first draft's levels")
+    for budget in (16, 32, 64, 128, 256, 1024):
+        sel, first = [0, 0, 0], None
+        for x in drafts:
+            lp, ids = ref.topk_logprobs(x, min(budget, x.shape[1]))
+            lp64 = lp[:, :min(lp.shape[1], budget)].astype(np.float64)
+            want = ref.build_tree(lp, ids, budget).scores
+            traces = []
+            for i, tau in enumerate((-np.inf, seed(lp64, budget, False), seed(lp64, budget, True))):
+                trace, top = levels(lp, budget, tau)
+                assert tau <= want[-1] and np.array_equal(top[:want.shape[0]], want), "a seed lost a node"
+                sel[i] += trace.count("S")
+                traces.append(trace)
+            first = first or traces
+        print(f"{budget:6d} | {sel[0]} / {sel[1]} / {sel[2]} | {' / '.join(first)}")
+
+
+if __name__ == "__main__":
+    main()
