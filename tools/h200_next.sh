@@ -5,7 +5,7 @@
 # of slices) and 6fa22e8 (the device round's level build from 256 nodes; the decode loop's graph
 # test runs a 256-node round). The GPU tests of the top-K, both builds, the full-size stages and
 # the decode loop; the tree_build table (appended to docs/PERFORMANCE.md); the per-kernel
-# breakdown; memcheck and racecheck.
+# breakdown; memcheck and racecheck. Then the same `--kernels` on branch level-seed (NOTES, Next 1).
 set -u
 export DDTREE_COMMIT=${DDTREE_COMMIT:-unknown}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
