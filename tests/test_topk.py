@@ -1,7 +1,10 @@
 """topk_logprobs: the twin against an independent check, the kernel against the twin."""
 
+import math
+
 import numpy as np
 import pytest
+from numba import cuda, float64
 from scipy.special import log_softmax
 
 from conftest import THREADS
@@ -103,7 +106,6 @@ def test_split_scratch_is_reused_and_checked(rng):
 
 @pytest.mark.kernels
 def test_kernel_k_equals_v_and_device_arrays(rng):
-    from numba import cuda
     x = _logits(rng, 2, 33, "ties")
     d_lp, d_ids = kn.topk_logprobs(cuda.to_device(x), 33, threads=THREADS)
     lp_ref, ids_ref = ref.topk_logprobs(x, 33)
@@ -150,3 +152,34 @@ def test_too_many_slices_for_the_merge_is_refused():
     x = np.zeros((1, 5000), np.float32)
     with pytest.raises(ValueError, match=f"the merge holds at most {MERGE_SLOTS} keys"):
         kn.topk_logprobs(x, 1024, slices=8)
+
+
+def test_the_partial_kernels_exp_is_within_an_ulp_of_a_long_double_one():
+    """The first read's exp (kernels.topk._exp_nonpositive, not libdevice's) against numpy's
+    80-bit exp: about an ulp (1.1 allowed: the table's rounding and the last one, plus a few
+    hundredths from the polynomial), as libdevice's (1 ulp), so the log-sum-exp keeps its float64
+    accuracy. Arguments spread over [-700, 0] and log-spread down to -1e-12; below -700, 0."""
+    from ddtree_numba.kernels.topk import EXP_STEPS, EXP_TABLE, _exp_nonpositive
+
+    @cuda.jit
+    def exp_kernel(d, table_in, out):
+        table = cuda.shared.array(EXP_STEPS, float64)
+        for j in range(cuda.threadIdx.x, EXP_STEPS, cuda.blockDim.x):
+            table[j] = table_in[j]
+        cuda.syncthreads()
+        for i in range(cuda.grid(1), d.shape[0], cuda.gridsize(1)):
+            out[i] = _exp_nonpositive(d[i], table)
+
+    rng = np.random.default_rng(5)
+    n = 1500
+    d = np.concatenate([-rng.uniform(0, 700, n), -np.exp(rng.uniform(math.log(1e-12), math.log(700), n)),
+                        [0.0, -0.0, -5e-324, -1e-300, -math.log(2) / 32, -699.999, -700.5, -1e4, -np.inf]])
+    out = np.full_like(d, np.nan)
+    exp_kernel[1, 32](d, EXP_TABLE, out)
+    exact = np.exp(d.astype(np.longdouble))
+    exact[d < -700] = 0
+    err = np.abs(out.astype(np.longdouble) - exact) / np.spacing(exact.astype(np.float64)).astype(np.longdouble)
+    assert err.max() <= 1.1, f"exp off by {float(err.max()):.2f} ulp at d = {d[err.argmax()]!r}"
+    nan = np.full(1, np.nan)
+    exp_kernel[1, 32](np.full(1, np.nan), EXP_TABLE, nan)
+    assert np.isnan(nan[0])

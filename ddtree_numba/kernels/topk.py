@@ -47,16 +47,61 @@ _LOW32 = 0xFFFFFFFF
 
 
 @device_function
-def _composite_key(bits, v):
-    """Order-preserving uint64 key of (logit bits, token id): larger logit first, then lower id."""
+def _ordered_bits(bits):
+    """The top half of ``_composite_key``: a uint32 that orders as the float32 logit does."""
     u = uint32(bits)
     if u == uint32(_SIGN):  # -0.0 sorts as +0.0, as numpy's comparison does
         u = uint32(0)
     if u & uint32(_SIGN):
-        okey = ~u
-    else:
-        okey = u | uint32(_SIGN)
-    return (uint64(okey) << uint64(32)) | uint64(uint32(_LOW32) - uint32(v))
+        return ~u
+    return u | uint32(_SIGN)
+
+
+@device_function
+def _composite_key(bits, v):
+    """Order-preserving uint64 key of (logit bits, token id): larger logit first, then lower id."""
+    return (uint64(_ordered_bits(bits)) << uint64(32)) | uint64(uint32(_LOW32) - uint32(v))
+
+
+# -- exp(d) for d <= 0, float64, within an ulp, for the partial kernel's first read -------------------
+# libdevice's exp handles every double, so its overflow and special-case checks cost it about half of
+# its instructions; the first read calls it once an entry (V of them a row) on d = x - max <= 0. Here:
+# d = k ln2/16 + r, |r| <= ln2/32 (Cody-Waite: k * EXP_LN2_HI is exact for |k| < 2^29), exp(r) - 1 by
+# its Taylor polynomial of degree 7 (truncation < 1.2e-18), times 2^(j/16) from a 16-entry table in
+# shared memory (16 doubles fill the 32 banks once: no bank conflicts), times 2^(k >> 4). Error: the
+# table's rounding plus the last one, plus a few hundredths from the polynomial: about an ulp, as
+# libdevice's (tests/test_topk.py holds it within 1.1 ulp of a long-double exp). d < -700 gives 0: such a term is below 2^-1000 of the sum's own max term. NaN
+# stays NaN.
+EXP_STEPS = 16
+EXP_TABLE = np.exp2(np.arange(EXP_STEPS, dtype=np.longdouble) / EXP_STEPS).astype(np.float64)
+_LN2_STEP = np.log(np.longdouble(2)) / EXP_STEPS
+EXP_LN2_HI = float(np.float32(_LN2_STEP))                  # 24 significant bits
+EXP_LN2_LO = float(np.float64(_LN2_STEP - np.longdouble(EXP_LN2_HI)))
+EXP_INV_STEP = float(np.float64(1 / _LN2_STEP))
+
+
+if config.ENABLE_CUDASIM:
+    def _pow2(e):
+        return math.ldexp(1.0, int(e))
+else:
+    @cuda.jit(device=True, forceinline=True)
+    def _pow2(e):
+        """2^e for -1022 <= e <= 1023, from its bits (libdevice's ldexp takes any e: 16 instructions)."""
+        return cuda.libdevice.hiloint2double(int32((e + 1023) << 20), int32(0))
+
+
+@device_function
+def _exp_nonpositive(d, table):
+    """exp(d) for float64 d <= 0 (or NaN), ``table`` = EXP_TABLE in shared memory."""
+    if not d >= -700.0:                 # exp(d) < 2^-1009, or NaN
+        return d if d != d else 0.0
+    kd = math.floor(d * EXP_INV_STEP + 0.5)
+    r = (d - kd * EXP_LN2_HI) - kd * EXP_LN2_LO
+    p = r * (1.0 + r * (1.0 / 2 + r * (1.0 / 6 + r * (1.0 / 24 + r * (1.0 / 120 + r * (
+        1.0 / 720 + r * (1.0 / 5040)))))))
+    ki = int32(kd)
+    tj = table[ki & (EXP_STEPS - 1)]
+    return (tj + tj * p) * _pow2(ki >> 4)
 
 
 @functools.lru_cache(maxsize=None)
@@ -197,6 +242,12 @@ def _topk_partial_kernel(threads, keep=0, lse_only=False):
             mine[j] = uint64(0)                 # no composite key is 0 (its id part is < 2^31)
         low_j = 0                               # the slot of this thread's smallest kept key
         low_key = uint64(0)
+        low_top = uint32(0)                     # its top half: an entry below it cannot replace it
+        exp_table = cuda.shared.array(EXP_STEPS, float64)
+        exp_const = cuda.const.array_like(EXP_TABLE)
+        for j in range(t, EXP_STEPS, T):
+            exp_table[j] = exp_const[j]
+        cuda.syncthreads()                      # the exp table is in
 
         # -- 1. the slice's log-sum-exp, float64, online per thread then a fixed tree. A thread
         # reads U entries at a time (U loads in flight, then U independent exps): one entry at a
@@ -223,11 +274,12 @@ def _topk_partial_kernel(threads, keep=0, lse_only=False):
             for u in range(U):
                 x = float64(xs[u])
                 if x != -math.inf:              # NaN passes, and makes the sum NaN
-                    s += math.exp(x - m)
+                    s += _exp_nonpositive(x - m, exp_table)
             if M > 0:
                 for u in range(U):
                     v = base + u * T
-                    if v < hi:
+                    # the 32-bit compare first: most entries stop there, without the 64-bit key
+                    if v < hi and _ordered_bits(ub[u]) >= low_top:
                         key = _composite_key(ub[u], v)
                         if key > low_key:       # replace the smallest kept key, find the new one
                             mine[low_j] = key
@@ -237,6 +289,7 @@ def _topk_partial_kernel(threads, keep=0, lse_only=False):
                                 if mine[j] < low_key:
                                     low_key = mine[j]
                                     low_j = j
+                            low_top = uint32(low_key >> uint64(32))
         red_m[t] = m
         red_s[t] = s
         if t == 0:
@@ -272,6 +325,7 @@ def _topk_partial_kernel(threads, keep=0, lse_only=False):
             cuda.syncthreads()                  # kept keys are in
             sort_desc(fkeys, NKEEP, t)
             tau = fkeys[kk - 1]
+            tau_top = uint32(tau >> uint64(32))
             cuda.syncthreads()                  # everyone has tau before fkeys is reused
             # -- 2b. the keys >= tau (at least kk), gathered while they fit
             for base in range(lo + t, hi, T * U):
@@ -281,7 +335,7 @@ def _topk_partial_kernel(threads, keep=0, lse_only=False):
                         ub[u] = bits[row, v]
                 for u in range(U):
                     v = base + u * T
-                    if v < hi:
+                    if v < hi and _ordered_bits(ub[u]) >= tau_top:
                         key = _composite_key(ub[u], v)
                         if key >= tau:
                             slot = claim(state, 2)
