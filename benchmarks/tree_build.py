@@ -133,14 +133,15 @@ def per_kernel(V=163840, L=15):
         t = graph_us(lambda s: kn.topk_logprobs(dx, budget, out=(lpd, idd), stream=s, scratch=scr))
         assert np.array_equal(idd.copy_to_host(), ids_h), "GPU top-K differs from the twin"
         merge_threads = 1024
-        t_part = graph_us(lambda s: tk._topk_partial_kernel(T, keep)[(G, L), T, s](
-            dx, dx.view(np.uint32), budget, scr.part_m, scr.part_s, scr.cand, scr.cnt))
-        t_lse = graph_us(lambda s: tk._topk_partial_kernel(T, keep, True)[(G, L), T, s](
-            dx, dx.view(np.uint32), budget, scr.part_m, scr.part_s, scr.cand, scr.cnt))
+        t_stage = []                                     # the partial kernel stopped after each stage
+        for stop in (1, 2, 3, 0):
+            t_stage.append(graph_us(lambda s: tk._topk_partial_kernel(T, keep, stop)[(G, L), T, s](
+                dx.view(np.uint32), budget, scr.part_m, scr.part_s, scr.cand, scr.cnt)))
         t_merge = graph_us(lambda s: tk._topk_merge_kernel(merge_threads)[L, merge_threads, s](
             dx, budget, scr.part_m, scr.part_s, scr.cand, scr.cnt, lpd, idd))
-        print(f"top-K, K = {budget}, G = {G}, kept a thread = {keep}: {t:.1f} µs "
-              f"(partial {t_part:.1f}, of which its first read {t_lse:.1f}; merge {t_merge:.1f})", flush=True)
+        print(f"top-K, K = {budget}, G = {G}, {T} threads, kept a thread = {keep}: {t:.1f} µs (partial "
+              f"{t_stage[3]:.1f}, stopped after the first read's loads and exps {t_stage[0]:.1f}, after tau "
+              f"{t_stage[1]:.1f}, after the second read {t_stage[2]:.1f}; merge {t_merge:.1f})", flush=True)
         cells = []
         for g in (2, 4, 8, 16, 32, 64):                  # slices a row: blocks against the merge's keys
             if g * tk._pow2_at_least(budget) > tk.MERGE_SLOTS:
@@ -151,7 +152,7 @@ def per_kernel(V=163840, L=15):
             cells.append(f"G {g}: {tg:.1f}")
         print(f"top-K, K = {budget}, µs by slices: " + ", ".join(cells), flush=True)
         cells = []
-        for threads in (128, 256, 512):                  # the partial kernel's block
+        for threads in (128, 256, 512, 1024):            # the partial kernel's block
             tg = graph_us(lambda s: kn.topk_logprobs(dx, budget, out=(lpd, idd), stream=s, scratch=scr,
                                                      threads=threads))
             assert np.array_equal(idd.copy_to_host(), ids_h), "GPU top-K differs from the twin"

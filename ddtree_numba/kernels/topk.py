@@ -43,6 +43,7 @@ from ._warp import claim, hist_add
 
 MAX_K = 1024       # shared-memory sort buffer; the tree build takes budgets up to 1024 too
 _SIGN = 0x80000000
+_NEG_INF_BITS = 0xFF800000
 _LOW32 = 0xFFFFFFFF
 
 
@@ -80,14 +81,34 @@ EXP_LN2_LO = float(np.float64(_LN2_STEP - np.longdouble(EXP_LN2_HI)))
 EXP_INV_STEP = float(np.float64(1 / _LN2_STEP))
 
 
+EXP_ROUNDER = 1.5 * 2.0**52   # y + EXP_ROUNDER rounds y to an integer, kept in the low word
+
+
 if config.ENABLE_CUDASIM:
     def _pow2(e):
         return math.ldexp(1.0, int(e))
+
+    def _low_word(y):
+        return int32(np.float64(y).view(np.int64) & _LOW32)
+
+    def _as_float(bits):
+        return np.uint32(bits).view(np.float32)
 else:
+    # bit views, free on a GPU (a register read as another type)
     @cuda.jit(device=True, forceinline=True)
     def _pow2(e):
         """2^e for -1022 <= e <= 1023, from its bits (libdevice's ldexp takes any e: 16 instructions)."""
         return cuda.libdevice.hiloint2double(int32((e + 1023) << 20), int32(0))
+
+    @cuda.jit(device=True, forceinline=True)
+    def _low_word(y):
+        """The low 32 bits of float64 y, as an int32."""
+        return cuda.libdevice.double2loint(y)
+
+    @cuda.jit(device=True, forceinline=True)
+    def _as_float(bits):
+        """The float32 whose bits are the uint32 ``bits``."""
+        return cuda.libdevice.int_as_float(int32(bits))
 
 
 @device_function
@@ -95,11 +116,14 @@ def _exp_nonpositive(d, table):
     """exp(d) for float64 d <= 0 (or NaN), ``table`` = EXP_TABLE in shared memory."""
     if not d >= -700.0:                 # exp(d) < 2^-1009, or NaN
         return d if d != d else 0.0
-    kd = math.floor(d * EXP_INV_STEP + 0.5)
+    # k = round(d / (ln2/16)) with no float-to-integer conversion (a quarter of a DFMA's rate):
+    # adding 1.5 * 2^52 leaves k in the low word
+    rounded = d * EXP_INV_STEP + EXP_ROUNDER
+    kd = rounded - EXP_ROUNDER
+    ki = _low_word(rounded)
     r = (d - kd * EXP_LN2_HI) - kd * EXP_LN2_LO
     p = r * (1.0 + r * (1.0 / 2 + r * (1.0 / 6 + r * (1.0 / 24 + r * (1.0 / 120 + r * (
         1.0 / 720 + r * (1.0 / 5040)))))))
-    ki = int32(kd)
     tj = table[ki & (EXP_STEPS - 1)]
     return (tj + tj * p) * _pow2(ki >> 4)
 
@@ -190,7 +214,7 @@ def _keep_per_thread(k: int, threads: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _topk_partial_kernel(threads, keep=0, lse_only=False):
+def _topk_partial_kernel(threads, keep=0, stop=0):
     """Grid (G, L): block (b, row) takes slice b of the row, [b*S, min(V, (b+1)*S)), S = ceil(V/G).
     It writes the slice's log-sum-exp pair (max, sum of exp(x - max)), float64, and the composite
     keys of its min(k, slice) largest entries, sorted descending, to cand[row, b*k :], their number
@@ -202,8 +226,9 @@ def _topk_partial_kernel(threads, keep=0, lse_only=False):
     keys >= tau: usually a few more than kk, gathered in shared memory in one more read of the
     slice and sorted there. Only if more than FILTER_CAP keys pass does the block fall back to the
     radix select over the slice (``keep`` = 0 always does). Two reads of the slice instead of
-    four to eight. ``lse_only`` stops after the log-sum-exp pair (benchmarks/tree_build.py times
-    the first read alone with it)."""
+    four to eight. ``stop`` (benchmarks/tree_build.py --kernels times the stages with it) ends the
+    block early: 1 after the log-sum-exp pair (then the compiler drops the kept keys too: the
+    first read's loads and exps alone), 2 once tau is known, 3 after the second read."""
     T = threads
     M = keep
     if M and (T & (T - 1) or M > MAX_KEEP or M * T > FILTER_CAP):
@@ -218,12 +243,12 @@ def _topk_partial_kernel(threads, keep=0, lse_only=False):
     # launch bounds: registers capped so that a block of T threads always fits an SM
     @cached
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
-    def kernel(logits, bits, k, part_m, part_s, cand, cnt):
+    def kernel(bits, k, part_m, part_s, cand, cnt):
         b_ = cuda.blockIdx.x
         row = cuda.blockIdx.y
         G = cuda.gridDim.x
         t = cuda.threadIdx.x
-        V = logits.shape[1]
+        V = bits.shape[1]
         S = (V + G - 1) // G
         lo = min(V, b_ * S)
         hi = min(V, lo + S)
@@ -257,24 +282,24 @@ def _topk_partial_kernel(threads, keep=0, lse_only=False):
         xs = cuda.local.array(U, float32)
         ub = cuda.local.array(U, uint32)
         for base in range(lo + t, hi, T * U):
-            cmax = -math.inf
+            cmax = float32(-math.inf)
             for u in range(U):
                 v = base + u * T
-                x = float32(-math.inf)
-                if v < hi:
-                    x = logits[row, v]
-                    if M > 0:
-                        ub[u] = bits[row, v]
+                # every lane loads (past the slice, its last entry again), without a branch; an
+                # unsigned index spares numba's negative-index wraparound check
+                b = bits[row, uint64(min(v, hi - 1))]
+                ub[u] = b if v < hi else uint32(_NEG_INF_BITS)
+                x = _as_float(ub[u])
                 xs[u] = x
-                if float64(x) > cmax:
-                    cmax = float64(x)
-            if cmax > m:                        # rescale the sum to the new max (0 while it is -inf)
-                s *= math.exp(m - cmax)
-                m = cmax
+                if x > cmax:                    # float32: one conversion to float64 an entry, below
+                    cmax = x
+            if float64(cmax) > m:               # rescale the sum to the new max (0 while it is -inf)
+                s *= math.exp(m - float64(cmax))
+                m = float64(cmax)
             for u in range(U):
-                x = float64(xs[u])
-                if x != -math.inf:              # NaN passes, and makes the sum NaN
-                    s += _exp_nonpositive(x - m, exp_table)
+                x = xs[u]
+                if x != float32(-math.inf):     # NaN passes, and makes the sum NaN
+                    s += _exp_nonpositive(float64(x) - m, exp_table)
             if M > 0:
                 for u in range(U):
                     v = base + u * T
@@ -314,7 +339,7 @@ def _topk_partial_kernel(threads, keep=0, lse_only=False):
             part_m[row, b_] = red_m[0]
             part_s[row, b_] = red_s[0]
             cnt[row, b_] = kk
-        if kk <= 0 or lse_only:
+        if kk <= 0 or stop == 1:
             return
 
         C = 0                                   # candidates in fkeys
@@ -326,13 +351,15 @@ def _topk_partial_kernel(threads, keep=0, lse_only=False):
             sort_desc(fkeys, NKEEP, t)
             tau = fkeys[kk - 1]
             tau_top = uint32(tau >> uint64(32))
+            if stop == 2:
+                if t == 0:
+                    cand[row, b_ * k] = tau     # (so that the compiler keeps the work before)
+                return
             cuda.syncthreads()                  # everyone has tau before fkeys is reused
             # -- 2b. the keys >= tau (at least kk), gathered while they fit
             for base in range(lo + t, hi, T * U):
                 for u in range(U):
-                    v = base + u * T
-                    if v < hi:
-                        ub[u] = bits[row, v]
+                    ub[u] = bits[row, uint64(min(base + u * T, hi - 1))]   # as in the first read
                 for u in range(U):
                     v = base + u * T
                     if v < hi and _ordered_bits(ub[u]) >= tau_top:
@@ -343,6 +370,8 @@ def _topk_partial_kernel(threads, keep=0, lse_only=False):
                                 fkeys[slot] = key
             cuda.syncthreads()                  # the candidates and their count are in
             C = state[2]
+            if stop == 3:
+                return
             cuda.syncthreads()                  # every thread has read the count
             if C > CAP and t == 0:
                 state[2] = 0                    # too many passed: the radix select below
@@ -508,13 +537,13 @@ def _slices(vocab: int, k: int) -> int:
 
 
 def _partial_threads(k: int) -> int:
-    """The partial kernel's block for k kept: on the H200 256 threads were fastest at k 16 and 64
-    (53.7 / 71.4 µs against 60.1 / 81.7 with 128 and 69.8 / 89.5 with 512), 512 at k 1024 (135
-    against 179 with 256: its sorts of ~2k keys spread over more threads); the simulator takes a
-    warp (each thread is a Python thread there)."""
+    """The partial kernel's block for k kept. On the H200 (d076322, top-K µs with 256 / 512
+    threads): k 16: 53.1 / 69.2; k 64: 62.8 / 55.0; k 256: 86.7 / 72.8; k 1024: 179.3 / 135.9 (its
+    sorts of ~2k keys spread over more threads). The simulator takes a warp (each thread is a
+    Python thread there)."""
     if config.ENABLE_CUDASIM:
         return 32
-    return 256 if k <= 256 else 512
+    return 256 if k <= 32 else 512
 
 
 @dataclass(frozen=True)
@@ -580,7 +609,7 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
         sc = scratch
         keep = _keep_per_thread(k, threads) if threads & (threads - 1) == 0 else 0   # keep * threads >= 2k
         _topk_partial_kernel(threads, keep)[(G, L), threads, stream](
-            d_logits, d_logits.view(np.uint32), k, sc.part_m, sc.part_s, sc.cand, sc.cnt)
+            d_logits.view(np.uint32), k, sc.part_m, sc.part_s, sc.cand, sc.cnt)
         merge_threads = min(1024, 4 * threads) if config.ENABLE_CUDASIM else 1024   # L blocks only
         _topk_merge_kernel(merge_threads)[L, merge_threads, stream](
             d_logits, k, sc.part_m, sc.part_s, sc.cand, sc.cnt, out[0], out[1])
