@@ -39,15 +39,12 @@ from numba import config, cuda, float32, float64, int32, uint32, uint64
 
 from .._checks import check_array, check_int, check_logits_values
 from .._device import LINEINFO, cached, check_threads, device_function, is_device, to_device
-from ._warp import WARP_OPS, claim, hist_add
+from ._warp import claim, hist_add
 
 MAX_K = 1024       # shared-memory sort buffer; the tree build takes budgets up to 1024 too
 _SIGN = 0x80000000
 _NEG_INF_BITS = 0xFF800000
 _LOW32 = 0xFFFFFFFF
-# threads that sort a run together (_block_helpers' sort_runs): a warp on a GPU; 4 in the simulator,
-# whose blocks are 8-32 threads, so that its tests rank keys across several runs as a GPU does
-LANES = 32 if WARP_OPS else 4
 
 
 @device_function
@@ -65,35 +62,6 @@ def _ordered_bits(bits):
 def _composite_key(bits, v):
     """Order-preserving uint64 key of (logit bits, token id): larger logit first, then lower id."""
     return (uint64(_ordered_bits(bits)) << uint64(32)) | uint64(uint32(_LOW32) - uint32(v))
-
-
-@device_function
-def _count_above(keys, base, n, key):
-    """How many of keys[base : base + n] (descending) are > key: a binary search."""
-    lo = 0
-    hi = n
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if keys[base + mid] > key:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-@device_function
-def _rank_in_runs(keys, runs, run, idx, limit):
-    """The rank (0 = largest) of keys[idx] among keys[:runs * run], each run sorted descending
-    and the keys distinct (0 is padding, below every key): its place in its own run plus, for
-    each other run, how many keys there are larger (a binary search). Stops counting once the
-    rank reaches ``limit`` (the caller wants only ranks below it)."""
-    key = keys[idx]
-    own = idx // run
-    rank = idx - own * run
-    for other in range(runs):
-        if other != own and rank < limit:    # past limit - rank larger keys it is out anyway
-            rank += _count_above(keys, other * run, min(run, limit - rank), key)
-    return rank
 
 
 # -- exp(d) for d <= 0, float64, within an ulp, for the partial kernel's first read -------------------
@@ -164,7 +132,6 @@ def _exp_nonpositive(d, table):
 def _block_helpers(threads):
     """Device functions both top-K kernels share, for blocks of ``threads`` threads."""
     T = threads
-    WARPS = T // LANES              # T is a power of two, so LANES divides it
 
     @device_function
     def clear(hist, t):
@@ -208,44 +175,26 @@ def _block_helpers(threads):
         cuda.syncthreads()  # selection for this digit is published
 
     @device_function
-    def sort_runs(keys, p, run, t):
-        """Bitonic sort, descending, of each run keys[r*run : (r+1)*run] of keys[:p] (run a power
-        of two dividing p): a warp sorts a run, with warp barriers only (a block barrier a stage
-        cost ~250 ns: the 45-66 stages of one block-wide sort were most of the partial kernel's
-        filter). Every thread makes the same number of barrier calls (the simulator's warp
-        barrier is the block's)."""
-        w = t // LANES
-        lane = t - w * LANES
-        runs = p // run
-        if WARP_OPS:
-            cuda.syncwarp()                 # the keys the warp's lanes wrote are in
-        else:
-            cuda.syncthreads()
-        for r0 in range(0, runs, WARPS):
-            base = (r0 + w) * run
-            mine = r0 + w < runs
-            size = 2
-            while size <= run:
-                half = size // 2
-                while half > 0:
-                    if mine:
-                        for i in range(lane, run // 2, LANES):
-                            # the i-th pair: half is a power of two, so bit operations
-                            lo = ((i & ~(half - 1)) << 1) | (i & (half - 1))
-                            hi = lo + half
-                            a = keys[base + lo]
-                            b = keys[base + hi]
-                            if (a < b) == ((lo & size) == 0):
-                                keys[base + lo] = b
-                                keys[base + hi] = a
-                    if WARP_OPS:
-                        cuda.syncwarp()     # this stage of the warp's run is done
-                    else:
-                        cuda.syncthreads()
-                    half //= 2
-                size *= 2
+    def sort_desc(keys, p, t):
+        """Bitonic sort of keys[:p] (p a power of two) in descending order."""
+        size = 2
+        while size <= p:
+            half = size // 2
+            while half > 0:
+                for i in range(t, p // 2, T):
+                    # the i-th pair: half is a power of two, so bit operations, not a division
+                    lo = ((i & ~(half - 1)) << 1) | (i & (half - 1))
+                    hi = lo + half
+                    a = keys[lo]
+                    b = keys[hi]
+                    if (a < b) == ((lo & size) == 0):
+                        keys[lo] = b
+                        keys[hi] = a
+                cuda.syncthreads()  # this compare-exchange stage is done
+                half //= 2
+            size *= 2
 
-    return clear, pick_digit, sort_runs
+    return clear, pick_digit, sort_desc
 
 
 FILTER_CAP = 2048  # shared slots of the partial kernel's filter (candidates >= its threshold)
@@ -289,9 +238,7 @@ def _topk_partial_kernel(threads, keep=0, stop=0):
     MLOC = max(M, 1)
     CAP = FILTER_CAP
     U = UNROLL
-    WARPS = T // LANES
-    KEPT_RUN = LANES * MLOC                     # a warp's kept keys: the runs tau is ranked over
-    clear, pick_digit, sort_runs = _block_helpers(T)
+    clear, pick_digit, sort_desc = _block_helpers(T)
 
     # launch bounds: registers capped so that a block of T threads always fits an SM
     @cached
@@ -312,7 +259,6 @@ def _topk_partial_kernel(threads, keep=0, stop=0):
         chunk = cuda.shared.array(17, int32)
         sel = cuda.shared.array(2, uint64)        # (desired prefix, mask of decided bits)
         state = cuda.shared.array(3, int32)       # (still needed, done flag, gathered count)
-        tau_sh = cuda.shared.array(1, uint64)
         kk = min(k, hi - lo)
 
         fkeys = cuda.shared.array(CAP, uint64)    # the filter's kept keys, then its candidates
@@ -377,7 +323,6 @@ def _topk_partial_kernel(threads, keep=0, stop=0):
             state[0] = kk
             state[1] = 0
             state[2] = 0
-            tau_sh[0] = uint64(0)               # (a key of rank kk - 1 always exists; 0 would be safe)
         cuda.syncthreads()  # partial pairs and selection state are written
         stride = T // 2
         while stride > 0:
@@ -399,23 +344,18 @@ def _topk_partial_kernel(threads, keep=0, stop=0):
 
         C = 0                                   # candidates in fkeys
         if M > 0:
-            # -- 2a. tau, the kk-th largest kept key: each warp sorts its own kept keys (a run of
-            # LANES * M), and the key ranked kk - 1 among the runs publishes itself
+            # -- 2a. tau, the kk-th largest kept key: the block's kept keys sorted in shared memory
             for j in range(M):
                 fkeys[t * M + j] = mine[j]
-            sort_runs(fkeys, NKEEP, KEPT_RUN, t)
-            cuda.syncthreads()                  # every run is sorted
-            for idx in range(t, NKEEP, T):
-                if fkeys[idx] != uint64(0) and _rank_in_runs(fkeys, NKEEP // KEPT_RUN, KEPT_RUN,
-                                                             idx, kk) == kk - 1:
-                    tau_sh[0] = fkeys[idx]
-            cuda.syncthreads()                  # tau is in, and everyone is done with fkeys
-            tau = tau_sh[0]
+            cuda.syncthreads()                  # kept keys are in
+            sort_desc(fkeys, NKEEP, t)
+            tau = fkeys[kk - 1]
             tau_top = uint32(tau >> uint64(32))
             if stop == 2:
                 if t == 0:
                     cand[row, b_ * k] = tau     # (so that the compiler keeps the work before)
                 return
+            cuda.syncthreads()                  # everyone has tau before fkeys is reused
             # -- 2b. the keys >= tau (at least kk), gathered while they fit
             for base in range(lo + t, hi, T * U):
                 for u in range(U):
@@ -467,26 +407,32 @@ def _topk_partial_kernel(threads, keep=0, stop=0):
             cuda.syncthreads()                  # the survivors are in
             C = kk
 
-        # -- 3. the kk best candidates out, sorted descending (the merge takes sorted lists): runs
-        # of about P2 / WARPS keys sorted a warp each, then each key's rank by binary searches
+        # -- 3. the candidates sorted, descending (the merge takes sorted lists), the kk best out
         P2 = 1
         while P2 < C:
             P2 *= 2
         for j in range(C + t, P2, T):
             fkeys[j] = uint64(0)                # padding sorts last
-        run = 1
-        while run * WARPS < P2:
-            run *= 2
-        cuda.syncthreads()                      # candidates and padding are in
-        sort_runs(fkeys, P2, run, t)
-        cuda.syncthreads()                      # every run is sorted
-        for idx in range(t, P2, T):
-            if fkeys[idx] != uint64(0):
-                rank = _rank_in_runs(fkeys, P2 // run, run, idx, kk)
-                if rank < kk:
-                    cand[row, b_ * k + rank] = fkeys[idx]
+        cuda.syncthreads()
+        sort_desc(fkeys, P2, t)
+        for j in range(t, kk, T):
+            cand[row, b_ * k + j] = fkeys[j]
 
     return kernel
+
+
+@device_function
+def _count_above(keys, base, n, key):
+    """How many of keys[base : base + n] (descending) are > key: a binary search."""
+    lo = 0
+    hi = n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if keys[base + mid] > key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 @functools.lru_cache(maxsize=None)
@@ -534,10 +480,16 @@ def _topk_merge_kernel(threads):
                 ps[b] = ps[b] * math.exp(pm[b] - lse_sh[0])
             # else 0, or NaN from NaN logits (flagged by the caller), as it is
         for idx in range(t, G * P, T):
-            if keys[idx] != uint64(0):            # (padding)
-                rank = _rank_in_runs(keys, G, P, idx, k)
-                if rank < k:
-                    best[rank] = keys[idx]
+            key = keys[idx]
+            b = idx // P
+            rank = idx - b * P
+            if key == uint64(0) or rank >= k:
+                continue                          # padding, or k larger keys in its own list
+            for other in range(G):
+                if other != b and rank < k:       # past k - rank larger keys it is out anyway
+                    rank += _count_above(keys, other * P, min(P, k - rank), key)
+            if rank < k:
+                best[rank] = key
         cuda.syncthreads()                        # the k best and the rescaled sums are in
         if t == 0:
             mm = lse_sh[0]
@@ -586,12 +538,12 @@ def _slices(vocab: int, k: int) -> int:
 
 def _partial_threads(k: int) -> int:
     """The partial kernel's block for k kept. On the H200 (d076322, top-K µs with 256 / 512
-    threads): k 16: 53.1 / 69.2; k 64: 62.8 / 55.0; k 256: 86.7 / 72.8; k 1024: 179.3 / 135.9; at
-    6b3f0ee k 1024 took 128.1 / 122.3 µs with 512 / 1024 threads (its slices are 4x longer: G 4).
-    The simulator takes a warp (each thread is a Python thread there)."""
+    threads): k 16: 53.1 / 69.2; k 64: 62.8 / 55.0; k 256: 86.7 / 72.8; k 1024: 179.3 / 135.9 (its
+    sorts of ~2k keys spread over more threads). The simulator takes a warp (each thread is a
+    Python thread there)."""
     if config.ENABLE_CUDASIM:
         return 32
-    return 256 if k <= 32 else 512 if k <= 256 else 1024
+    return 256 if k <= 32 else 512
 
 
 @dataclass(frozen=True)
