@@ -100,6 +100,11 @@ def per_kernel(V=163840, L=15):
     def graph_us(enqueue):
         exe = capture_graph(enqueue)
         return time_gpu(lambda: replay_graph(exe, stream), stream, reps=30)
+    empty = cuda.jit(lambda x: None)                     # the fixed cost of a graph's kernel
+    arg = cuda.device_array(1, np.float32)
+    t1 = graph_us(lambda s: empty[(8, L), 512, s](arg))
+    t2 = graph_us(lambda s: (empty[(8, L), 512, s](arg), empty[L, 1024, s](arg)))
+    print(f"an empty kernel as a replayed graph: {t1:.1f} µs; two in a row: {t2:.1f} µs", flush=True)
     real = demo_draft_logits()
     for budget in (16, 64, 256, 1024):
         lp_h, ids_h = ref.topk_logprobs(real, min(budget, real.shape[1]))

@@ -14,8 +14,8 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$(date +%s)
 left() { echo $(( $1 - $(date +%s) + T0 )); }
 {
-timeout $(left 200) python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_topk.py tests/test_tree_build.py \
-  tests/test_gpu_stages.py tests/test_decode_cuda.py --tb=short 2>&1 | grep -v Warn | tail -4
+TESTS=${TESTS:-tests/test_topk.py tests/test_tree_build.py tests/test_gpu_stages.py tests/test_decode_cuda.py}
+timeout $(left 200) python3 -m pytest -q -p no:cacheprovider -n 4 $TESTS --tb=short 2>&1 | grep -v Warn | tail -4
 timeout $(left 280) python3 benchmarks/tree_build.py --quick 2>&1 | grep -v Warn | tail -6
 timeout $(left 400) python3 benchmarks/tree_build.py --kernels 2>&1 | grep -v Warn | tail -30
 for tool in memcheck racecheck; do

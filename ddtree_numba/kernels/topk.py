@@ -10,9 +10,9 @@ Two launches, so that a row is read by G blocks at once instead of one (issue 15
    each thread keeps an online (max, sum-exp) in float64 over a strided part of the slice, then a
    shared-memory tree combines the threads'. Its min(K, slice) largest entries, by *composite key*
    ``(ordered float bits << 32) | (2^32-1-id)`` (distinct, so ties in value go to the lower id for
-   free): while reading for the log-sum-exp each thread keeps its few largest keys; the K-th
-   largest kept key (tau) has at least K keys >= it, so a second read gathers the keys >= tau into
-   shared memory and a bitonic sort there puts the K best first. If more than FILTER_CAP pass (a
+   free): while reading for the log-sum-exp each thread keeps its few largest keys; a radix select
+   over the kept keys' top two digits gives tau, with at least K kept keys >= it, so a second read
+   gathers the keys >= tau into shared memory and a bitonic sort there puts the K best first. If more than FILTER_CAP pass (a
    slice whose large logits sit in a few threads' strides), a radix select of the K-th largest
    key, 8 bits a pass from the top digit down, stopping as soon as the selected bucket is exactly
    what is still needed. They go to a ``TopKScratch``, sorted descending.
@@ -198,6 +198,7 @@ def _block_helpers(threads):
 
 
 FILTER_CAP = 2048  # shared slots of the partial kernel's filter (candidates >= its threshold)
+TAU_DIGITS = 2     # 8-bit digits of the filter's threshold: sign, exponent and 7 mantissa bits
 MAX_KEEP = 8       # keys a thread keeps while it reads its part of the slice
 UNROLL = 8         # entries a partial-kernel thread loads at once
 
@@ -221,9 +222,9 @@ def _topk_partial_kernel(threads, keep=0, stop=0):
     to cnt[row, b].
 
     ``keep`` > 0 (``_keep_per_thread``): while reading the slice for the log-sum-exp, each thread
-    also keeps its ``keep`` largest keys. The kk-th largest of all kept keys, tau, has at least kk
-    keys of the slice >= it (those kept ones), so the slice's kk largest are the kk largest of the
-    keys >= tau: usually a few more than kk, gathered in shared memory in one more read of the
+    also keeps its ``keep`` largest keys. A radix select of the kk-th largest kept key, stopped
+    after TAU_DIGITS digits, gives tau (its bucket's lower edge) with at least kk keys of the slice
+    >= it (kept ones), so the slice's kk largest are the kk largest of the keys >= tau: usually a few more than kk, gathered in shared memory in one more read of the
     slice and sorted there. Only if more than FILTER_CAP keys pass does the block fall back to the
     radix select over the slice (``keep`` = 0 always does). Two reads of the slice instead of
     four to eight. ``stop`` (benchmarks/tree_build.py --kernels times the stages with it) ends the
@@ -234,7 +235,6 @@ def _topk_partial_kernel(threads, keep=0, stop=0):
     if M and (T & (T - 1) or M > MAX_KEEP or M * T > FILTER_CAP):
         raise ValueError(f"the filter needs a power-of-two block and keep * threads <= {FILTER_CAP} "
                          f"(threads = {T}, keep = {M}); the launcher uses _keep_per_thread")
-    NKEEP = max(1, M * T)                       # kept keys of the block (a power of two)
     MLOC = max(M, 1)
     CAP = FILTER_CAP
     U = UNROLL
@@ -344,18 +344,38 @@ def _topk_partial_kernel(threads, keep=0, stop=0):
 
         C = 0                                   # candidates in fkeys
         if M > 0:
-            # -- 2a. tau, the kk-th largest kept key: the block's kept keys sorted in shared memory
-            for j in range(M):
-                fkeys[t * M + j] = mine[j]
-            cuda.syncthreads()                  # kept keys are in
-            sort_desc(fkeys, NKEEP, t)
-            tau = fkeys[kk - 1]
+            # -- 2a. tau, a lower bound of the kk-th largest kept key: a radix select over the
+            # kept keys (in registers) of TAU_DIGITS digits from the top, the selected bucket's lower
+            # edge (at least kk kept keys are >= it: those of the buckets above and of this one).
+            # 12 barriers, against the 36-66 of sorting the kept keys (d076322-6b3f0ee, ~250 ns each).
+            shift = 56
+            while shift >= 64 - 8 * TAU_DIGITS:
+                if state[1] != 0:
+                    break                       # the whole bucket was needed: exactly kk kept keys
+                clear(hist, t)
+                cuda.syncthreads()              # histogram cleared
+                desired = sel[0]
+                mask = sel[1]
+                need = state[0]
+                for j in range(M):
+                    key = mine[j]
+                    if key != uint64(0) and key & mask == desired:
+                        hist_add(hist, int32((key >> uint64(shift)) & uint64(255)))
+                cuda.syncthreads()              # histogram complete
+                pick_digit(hist, suffix, chunk, sel, state, shift, need, desired, mask, t)
+                shift -= 8
+            tau = sel[0]
             tau_top = uint32(tau >> uint64(32))
             if stop == 2:
                 if t == 0:
                     cand[row, b_ * k] = tau     # (so that the compiler keeps the work before)
                 return
-            cuda.syncthreads()                  # everyone has tau before fkeys is reused
+            cuda.syncthreads()                  # everyone has tau before the selection state is reset
+            if t == 0:                          # for the radix select of the slice, if it is needed
+                sel[0] = uint64(0)
+                sel[1] = uint64(0)
+                state[0] = kk
+                state[1] = 0
             # -- 2b. the keys >= tau (at least kk), gathered while they fit
             for base in range(lo + t, hi, T * U):
                 for u in range(U):
