@@ -1,11 +1,9 @@
 #!/usr/bin/env bash
-# The next session's first H200 call (after the tenth session, ~4 minutes); run from the repo root
-# with .whl carried and DDTREE_COMMIT set; logs to $OUT/log.txt. The tenth session's last changes
-# have not run on a GPU: 655f4ca (at most 8 top-K slices a row above k 32, measured only as a sweep
-# of slices) and 6fa22e8 (the device round's level build from 256 nodes; the decode loop's graph
-# test runs a 256-node round). The GPU tests of the top-K, both builds, the full-size stages and
-# the decode loop; the tree_build table (appended to docs/PERFORMANCE.md); the per-kernel
-# breakdown; memcheck and racecheck. Then the same `--kernels` on branch level-seed (NOTES, Next 1).
+# An H200 check of the top-K and tree build (~4 minutes); run from the repo root with .whl carried
+# and DDTREE_COMMIT set; logs to $OUT/log.txt. The GPU tests of the top-K, both builds, the
+# full-size stages and the decode loop (TESTS= narrows them); the tree_build table (appended to
+# docs/PERFORMANCE.md); the per-kernel breakdown (--kernels); memcheck and racecheck of the
+# full-size stages.
 set -u
 export DDTREE_COMMIT=${DDTREE_COMMIT:-unknown}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
