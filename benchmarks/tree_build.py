@@ -105,6 +105,12 @@ def per_kernel(V=163840, L=15):
     t1 = graph_us(lambda s: empty[(8, L), 512, s](arg))
     t2 = graph_us(lambda s: (empty[(8, L), 512, s](arg), empty[L, 1024, s](arg)))
     print(f"an empty kernel as a replayed graph: {t1:.1f} µs; two in a row: {t2:.1f} µs", flush=True)
+    for v in (8192, 40960, V):                           # the first read's fixed cost: 8 slices a row
+        xs = cuda.to_device(drafter_logits(np.random.default_rng(0), L, v))
+        scs = kn.TopKScratch.allocate(L, v, 64, slices=8)
+        ts = graph_us(lambda s: tk._topk_partial_kernel(512, 1, 1)[(8, L), 512, s](
+            xs.view(np.uint32), 64, scs.part_m, scs.part_s, scs.cand, scs.cnt))
+        print(f"the partial kernel's first read alone, V {v}, 8 slices, 512 threads: {ts:.1f} µs", flush=True)
     real = demo_draft_logits()
     for budget in (16, 64, 256, 1024):
         lp_h, ids_h = ref.topk_logprobs(real, min(budget, real.shape[1]))
