@@ -12,7 +12,7 @@ Two launches, so that a row is read by G blocks at once instead of one (issue 15
    ``(ordered float bits << 32) | (2^32-1-id)`` (distinct, so ties in value go to the lower id for
    free): while reading for the log-sum-exp each thread keeps its few largest keys; a radix select
    over the kept keys' top two digits gives tau, with at least K kept keys >= it, so a second read
-   gathers the keys >= tau into shared memory and a bitonic sort there puts the K best first. If more than FILTER_CAP pass (a
+   gathers the keys >= tau into shared memory, where each one's rank is the number of larger ones. If more than FILTER_CAP pass (a
    slice whose large logits sit in a few threads' strides), a radix select of the K-th largest
    key, 8 bits a pass from the top digit down, stopping as soon as the selected bucket is exactly
    what is still needed. They go to a ``TopKScratch``, sorted descending.
@@ -174,27 +174,7 @@ def _block_helpers(threads):
                     state[1] = 1  # the whole bucket is needed: the threshold is final
         cuda.syncthreads()  # selection for this digit is published
 
-    @device_function
-    def sort_desc(keys, p, t):
-        """Bitonic sort of keys[:p] (p a power of two) in descending order."""
-        size = 2
-        while size <= p:
-            half = size // 2
-            while half > 0:
-                for i in range(t, p // 2, T):
-                    # the i-th pair: half is a power of two, so bit operations, not a division
-                    lo = ((i & ~(half - 1)) << 1) | (i & (half - 1))
-                    hi = lo + half
-                    a = keys[lo]
-                    b = keys[hi]
-                    if (a < b) == ((lo & size) == 0):
-                        keys[lo] = b
-                        keys[hi] = a
-                cuda.syncthreads()  # this compare-exchange stage is done
-                half //= 2
-            size *= 2
-
-    return clear, pick_digit, sort_desc
+    return clear, pick_digit
 
 
 FILTER_CAP = 2048  # shared slots of the partial kernel's filter (candidates >= its threshold)
@@ -225,7 +205,7 @@ def _topk_partial_kernel(threads, keep=0, stop=0):
     also keeps its ``keep`` largest keys. A radix select of the kk-th largest kept key, stopped
     after TAU_DIGITS digits, gives tau (its bucket's lower edge) with at least kk keys of the slice
     >= it (kept ones), so the slice's kk largest are the kk largest of the keys >= tau: usually a few more than kk, gathered in shared memory in one more read of the
-    slice and sorted there. Only if more than FILTER_CAP keys pass does the block fall back to the
+    slice and ranked there. Only if more than FILTER_CAP keys pass does the block fall back to the
     radix select over the slice (``keep`` = 0 always does). Two reads of the slice instead of
     four to eight. ``stop`` (benchmarks/tree_build.py --kernels times the stages with it) ends the
     block early: 1 after the log-sum-exp pair (then the compiler drops the kept keys too: the
@@ -238,7 +218,7 @@ def _topk_partial_kernel(threads, keep=0, stop=0):
     MLOC = max(M, 1)
     CAP = FILTER_CAP
     U = UNROLL
-    clear, pick_digit, sort_desc = _block_helpers(T)
+    clear, pick_digit = _block_helpers(T)
 
     # launch bounds: registers capped so that a block of T threads always fits an SM
     @cached
@@ -427,16 +407,18 @@ def _topk_partial_kernel(threads, keep=0, stop=0):
             cuda.syncthreads()                  # the survivors are in
             C = kk
 
-        # -- 3. the candidates sorted, descending (the merge takes sorted lists), the kk best out
-        P2 = 1
-        while P2 < C:
-            P2 *= 2
-        for j in range(C + t, P2, T):
-            fkeys[j] = uint64(0)                # padding sorts last
-        cuda.syncthreads()
-        sort_desc(fkeys, P2, t)
-        for j in range(t, kk, T):
-            cand[row, b_ * k + j] = fkeys[j]
+        # -- 3. the kk best candidates out, sorted descending (the merge takes sorted lists): a
+        # candidate's rank is how many of the C are larger (keys are distinct). Every lane of a warp
+        # loads the same fkeys[j], a broadcast, and the loads do not wait on each other: ~C steps a
+        # thread and no barrier, where a bitonic sort of C took log2(C)(log2(C) + 1) / 2 barriers
+        for i in range(t, C, T):
+            key = fkeys[i]
+            rank = 0
+            for j in range(C):
+                if fkeys[j] > key:
+                    rank += 1
+            if rank < kk:
+                cand[row, b_ * k + rank] = key
 
     return kernel
 
