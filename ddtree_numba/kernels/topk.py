@@ -204,8 +204,8 @@ def _topk_partial_kernel(threads, keep=0, stop=0):
     ``keep`` > 0 (``_keep_per_thread``): while reading the slice for the log-sum-exp, each thread
     also keeps its ``keep`` largest keys. A radix select of the kk-th largest kept key, stopped
     after TAU_DIGITS digits, gives tau (its bucket's lower edge) with at least kk keys of the slice
-    >= it (kept ones), so the slice's kk largest are the kk largest of the keys >= tau: usually a few more than kk, gathered in shared memory in one more read of the
-    slice and ranked there. Only if more than FILTER_CAP keys pass does the block fall back to the
+    >= it (kept ones), so the slice's kk largest are the kk largest of the keys >= tau: usually a
+    few more than kk, gathered in shared memory in one more read of the slice and ranked there. Only if more than FILTER_CAP keys pass does the block fall back to the
     radix select over the slice (``keep`` = 0 always does). Two reads of the slice instead of
     four to eight. ``stop`` (benchmarks/tree_build.py --kernels times the stages with it) ends the
     block early: 1 after the log-sum-exp pair (then the compiler drops the kept keys too: the
