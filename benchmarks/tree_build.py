@@ -169,6 +169,12 @@ def per_kernel(V=163840, L=15):
             assert np.array_equal(idd.copy_to_host(), ids_h), "GPU top-K differs from the twin"
             cells.append(f"{threads} threads: {tg:.1f}")
         print(f"top-K, K = {budget}, G = {G}, µs by block: " + ", ".join(cells), flush=True)
+        cells = []
+        for kp in (1, 2, 4, 8):                          # kept keys a thread: the filter's bound
+            tg = graph_us(lambda s: kn.topk_logprobs(dx, budget, out=(lpd, idd), stream=s, scratch=scr, keep=kp))
+            assert np.array_equal(idd.copy_to_host(), ids_h), "GPU top-K differs from the twin"
+            cells.append(f"keep {kp}: {tg:.1f}")
+        print(f"top-K, K = {budget}, G = {G}, {T} threads, µs by kept keys: " + ", ".join(cells), flush=True)
 
 
 def main():

@@ -93,6 +93,21 @@ def test_filter_and_its_fallback_match_the_twin(rng, k):
 
 
 @pytest.mark.kernels
+@pytest.mark.parametrize("keep", [0, 3, 8])
+def test_any_number_of_kept_keys_gives_the_twins_top_k(rng, keep):
+    """The filter's bound from 0 (off: the radix select over the slice), 3 or 8 kept keys a
+    thread: candidates both fewer and more than the block's threads."""
+    x = _logits(rng, 2, 700, "normal")
+    for k in (2, 30):
+        lp, ids = kn.topk_logprobs(x, k, threads=THREADS, slices=2, keep=keep)
+        lp_ref, ids_ref = ref.topk_logprobs(x, k)
+        np.testing.assert_array_equal(ids, ids_ref)
+        np.testing.assert_array_equal(lp.view(np.uint32), lp_ref.view(np.uint32))
+    with pytest.raises(ValueError, match="keep must be <= 8"):
+        kn.topk_logprobs(x, 2, keep=9)
+
+
+@pytest.mark.kernels
 def test_split_scratch_is_reused_and_checked(rng):
     from ddtree_numba.kernels.topk import TopKScratch
     scratch = TopKScratch.allocate(2, 60, 5, slices=3)

@@ -12,7 +12,8 @@ Two launches, so that a row is read by G blocks at once instead of one (issue 15
    ``(ordered float bits << 32) | (2^32-1-id)`` (distinct, so ties in value go to the lower id for
    free): while reading for the log-sum-exp each thread keeps its few largest keys; a radix select
    over the kept keys' top two digits gives tau, with at least K kept keys >= it, so a second read
-   gathers the keys >= tau into shared memory, where each one's rank is the number of larger ones. If more than FILTER_CAP pass (a
+   gathers the keys >= tau into shared memory, where each one's rank is the number of larger ones
+   (a candidate a thread; a bitonic sort when there are more). If more than FILTER_CAP pass (a
    slice whose large logits sit in a few threads' strides), a radix select of the K-th largest
    key, 8 bits a pass from the top digit down, stopping as soon as the selected bucket is exactly
    what is still needed. They go to a ``TopKScratch``, sorted descending.
@@ -174,7 +175,27 @@ def _block_helpers(threads):
                     state[1] = 1  # the whole bucket is needed: the threshold is final
         cuda.syncthreads()  # selection for this digit is published
 
-    return clear, pick_digit
+    @device_function
+    def sort_desc(keys, p, t):
+        """Bitonic sort of keys[:p] (p a power of two) in descending order."""
+        size = 2
+        while size <= p:
+            half = size // 2
+            while half > 0:
+                for i in range(t, p // 2, T):
+                    # the i-th pair: half is a power of two, so bit operations, not a division
+                    lo = ((i & ~(half - 1)) << 1) | (i & (half - 1))
+                    hi = lo + half
+                    a = keys[lo]
+                    b = keys[hi]
+                    if (a < b) == ((lo & size) == 0):
+                        keys[lo] = b
+                        keys[hi] = a
+                cuda.syncthreads()  # this compare-exchange stage is done
+                half //= 2
+            size *= 2
+
+    return clear, pick_digit, sort_desc
 
 
 FILTER_CAP = 2048  # shared slots of the partial kernel's filter (candidates >= its threshold)
@@ -205,20 +226,21 @@ def _topk_partial_kernel(threads, keep=0, stop=0):
     also keeps its ``keep`` largest keys. A radix select of the kk-th largest kept key, stopped
     after TAU_DIGITS digits, gives tau (its bucket's lower edge) with at least kk keys of the slice
     >= it (kept ones), so the slice's kk largest are the kk largest of the keys >= tau: usually a
-    few more than kk, gathered in shared memory in one more read of the slice and ranked there. Only if more than FILTER_CAP keys pass does the block fall back to the
-    radix select over the slice (``keep`` = 0 always does). Two reads of the slice instead of
+    few more than kk, gathered in shared memory in one more read of the slice and ranked there.
+    Only if more than FILTER_CAP keys pass does the block fall back to the radix select over the
+    slice (``keep`` = 0 always does). Two reads of the slice instead of
     four to eight. ``stop`` (benchmarks/tree_build.py --kernels times the stages with it) ends the
     block early: 1 after the log-sum-exp pair (then the compiler drops the kept keys too: the
     first read's loads and exps alone), 2 once tau is known, 3 after the second read."""
     T = threads
     M = keep
-    if M and (T & (T - 1) or M > MAX_KEEP or M * T > FILTER_CAP):
-        raise ValueError(f"the filter needs a power-of-two block and keep * threads <= {FILTER_CAP} "
+    if M and (T & (T - 1) or M > MAX_KEEP):
+        raise ValueError(f"the filter needs a power-of-two block and keep <= {MAX_KEEP} "
                          f"(threads = {T}, keep = {M}); the launcher uses _keep_per_thread")
     MLOC = max(M, 1)
     CAP = FILTER_CAP
     U = UNROLL
-    clear, pick_digit = _block_helpers(T)
+    clear, pick_digit, sort_desc = _block_helpers(T)
 
     # launch bounds: registers capped so that a block of T threads always fits an SM
     @cached
@@ -407,18 +429,31 @@ def _topk_partial_kernel(threads, keep=0, stop=0):
             cuda.syncthreads()                  # the survivors are in
             C = kk
 
-        # -- 3. the kk best candidates out, sorted descending (the merge takes sorted lists): a
-        # candidate's rank is how many of the C are larger (keys are distinct). Every lane of a warp
-        # loads the same fkeys[j], a broadcast, and the loads do not wait on each other: ~C steps a
-        # thread and no barrier, where a bitonic sort of C took log2(C)(log2(C) + 1) / 2 barriers
-        for i in range(t, C, T):
-            key = fkeys[i]
-            rank = 0
-            for j in range(C):
-                if fkeys[j] > key:
-                    rank += 1
-            if rank < kk:
-                cand[row, b_ * k + rank] = key
+        # -- 3. the kk best candidates out, sorted descending (the merge takes sorted lists)
+        if C <= T:
+            # a candidate a thread, its rank how many of the C are larger (keys are distinct): every
+            # lane of a warp loads the same fkeys[j], a broadcast, and the loads do not wait on each
+            # other. C steps and no barrier, where a bitonic sort takes log2(C)(log2(C) + 1) / 2
+            # barriers; past a candidate a thread the steps grow as C^2 (on the H200 at 97a451a:
+            # +3.1 µs at k 64 against +5.0 sorting, +26 at k 256 against +8, +158 at k 1024)
+            if t < C:
+                key = fkeys[t]
+                rank = 0
+                for j in range(C):
+                    if fkeys[j] > key:
+                        rank += 1
+                if rank < kk:
+                    cand[row, b_ * k + rank] = key
+        else:
+            P2 = 1
+            while P2 < C:
+                P2 *= 2
+            for j in range(C + t, P2, T):
+                fkeys[j] = uint64(0)            # padding sorts last
+            cuda.syncthreads()
+            sort_desc(fkeys, P2, t)
+            for j in range(t, kk, T):
+                cand[row, b_ * k + j] = fkeys[j]
 
     return kernel
 
@@ -571,13 +606,14 @@ class TopKScratch:
         return self.part_m.shape == (rows, slices) and self.cand.shape[1] == slices * max(k, 1)
 
 
-def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, scratch=None):
+def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, scratch=None, keep=None):
     """Log-softmax of each row and its ``k`` best tokens, on the GPU.
 
     logits [L, V] float32 (numpy or device) -> (lp [L, K] float32, ids [L, K] int32),
     numpy if ``logits`` was numpy, else device arrays (or the ``out`` pair, filled in place).
     Bit-identical to ``reference.topk_logprobs``. ``threads``: the partial kernel's block
-    (default ``_partial_threads(k)``); ``slices``: G (default ``_slices``).
+    (default ``_partial_threads(k)``); ``slices``: G (default ``_slices``); ``keep``: the keys a
+    thread keeps for the filter, 0 (off) to MAX_KEEP (default ``_keep_per_thread``).
     """
     check_array("logits", logits, 2, np.float32)
     L, V = logits.shape
@@ -588,6 +624,8 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
         raise ValueError(f"vocabulary of {V} does not fit int32 token ids")
     threads = _partial_threads(k) if threads is None else threads
     check_threads(threads)
+    if keep is not None:
+        keep = check_int("keep", keep, 0, MAX_KEEP)
     check_logits_values("logits", logits)
     host = not is_device(logits)
     d_logits = to_device(logits, stream)
@@ -609,7 +647,8 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
                          f"{[L, G]} and {k}")
     if L and k:
         sc = scratch
-        keep = _keep_per_thread(k, threads) if threads & (threads - 1) == 0 else 0   # keep * threads >= 2k
+        if keep is None:
+            keep = _keep_per_thread(k, threads)          # keep * threads >= 2k
         _topk_partial_kernel(threads, keep)[(G, L), threads, stream](
             d_logits.view(np.uint32), k, sc.part_m, sc.part_s, sc.cand, sc.cnt)
         merge_threads = min(1024, 4 * threads) if config.ENABLE_CUDASIM else 1024   # L blocks only
