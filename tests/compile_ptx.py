@@ -35,7 +35,7 @@ def _mla_tiles():
 
 SIGNATURES = {
     "topk._topk_partial_kernel": [(args, f"void({U32_2}, int64, float64[:, ::1], float64[:, ::1], "
-                                         f"uint64[:, ::1], {I32_2})") for args in ((256, 1), (256, 0), (512, 4), (256, 1, 1), (512, 1, 2), (512, 1, 3))],
+                                         f"uint64[:, ::1], {I32_2})") for args in ((256, 1), (256, 0), (1024, 2), (256, 1, 1), (512, 1, 2), (512, 1, 3))],
     "topk._topk_merge_kernel": [((1024,), f"void({F32_2}, int64, float64[:, ::1], float64[:, ::1], uint64[:, ::1], "
                                           f"{I32_2}, {F32_2}, {I32_2})")],
     "tree_build._build_tree_kernel": [   # a block a tree: [S, L, K] in, [S, B] out

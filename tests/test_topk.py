@@ -74,7 +74,7 @@ def test_split_rows_match_the_twin_bit_for_bit(rng, kind, V, k, slices):
 
 
 @pytest.mark.kernels
-@pytest.mark.parametrize("k", [3, 2 * THREADS + 1])
+@pytest.mark.parametrize("k", [3, THREADS + 1])
 def test_filter_and_its_fallback_match_the_twin(rng, k):
     """The partial kernel's filter (tau from each thread's kept keys) when its candidates fit,
     and the radix select it falls back to when more than FILTER_CAP keys pass: every large logit

@@ -205,14 +205,18 @@ UNROLL = 8         # entries a partial-kernel thread loads at once
 
 
 def _keep_per_thread(k: int, threads: int) -> int:
-    """Keys each partial-kernel thread keeps (a power of two): about 2k over the block, so that
-    the block's k-th best kept key is a tight lower bound; 0 turns the filter off (k too large
-    for MAX_KEEP keys a thread)."""
-    need = -(-2 * max(k, 1) // threads)
+    """Keys each partial-kernel thread keeps (a power of two): about min(4k, FILTER_CAP) over the
+    block, at least one a thread, so that the bound from the k-th best kept key is tight without
+    slowing the first read; 0 turns the filter off (more than MAX_KEEP a thread). On the H200
+    (89a98e1, top-K µs by keys a thread 1 / 2 / 4 / 8): k 16 (256 threads) 41.3 / 44.3 / 49.2 /
+    58.4; k 64 (512) 42.6 / 44.4 / 49.2 / 56.2; k 256 (512) 80.6 / 70.7 / 74.4 / 82.3 (and 69.7
+    with one a thread of 1024); k 1024 (512) 179.0 / 185.0 / 111.9 / 121.8 (and 103.9 with two a
+    thread of 1024)."""
+    need = -(-min(4 * max(k, 1), FILTER_CAP) // threads)
     m = 1
     while m < need:
         m *= 2
-    return m if m <= MAX_KEEP and m * threads <= FILTER_CAP else 0
+    return m if m <= MAX_KEEP else 0
 
 
 @functools.lru_cache(maxsize=None)
@@ -574,13 +578,13 @@ def _slices(vocab: int, k: int) -> int:
 
 
 def _partial_threads(k: int) -> int:
-    """The partial kernel's block for k kept. On the H200 (d076322, top-K µs with 256 / 512
-    threads): k 16: 53.1 / 69.2; k 64: 62.8 / 55.0; k 256: 86.7 / 72.8; k 1024: 179.3 / 135.9 (its
-    sorts of ~2k keys spread over more threads). The simulator takes a warp (each thread is a
-    Python thread there)."""
+    """The partial kernel's block for k kept. On the H200 (89a98e1, top-K µs with 256 / 512 / 1024
+    threads): k 16: 41.2 / 50.2 / 55.9; k 64: 50.9 / 42.0 / 42.8; k 256: 77.8 / 80.6 / 69.7; k 1024:
+    153.8 / 112.4 / 103.9 (its ~2k candidates spread over more threads). The simulator takes a
+    warp (each thread is a Python thread there)."""
     if config.ENABLE_CUDASIM:
         return 32
-    return 256 if k <= 32 else 512
+    return 256 if k <= 32 else 512 if k <= 64 else 1024
 
 
 @dataclass(frozen=True)
