@@ -232,10 +232,10 @@ def _topk_partial_kernel(threads, keep=0, stop=0):
     >= it (kept ones), so the slice's kk largest are the kk largest of the keys >= tau: usually a
     few more than kk, gathered in shared memory in one more read of the slice and ranked there.
     Only if more than FILTER_CAP keys pass does the block fall back to the radix select over the
-    slice (``keep`` = 0 always does). Two reads of the slice instead of
-    four to eight. ``stop`` (benchmarks/tree_build.py --kernels times the stages with it) ends the
-    block early: 1 after the log-sum-exp pair (then the compiler drops the kept keys too: the
-    first read's loads and exps alone), 2 once tau is known, 3 after the second read."""
+    slice (``keep`` = 0 always does). Two reads of the slice instead of four to eight. ``stop``
+    (benchmarks/tree_build.py --kernels times the stages with it) ends the block early: 1 after
+    the log-sum-exp pair (then the compiler drops the kept keys too: the first read's loads and
+    exps alone), 2 once tau is known, 3 after the second read."""
     T = threads
     M = keep
     if M and (T & (T - 1) or M > MAX_KEEP):
@@ -376,12 +376,6 @@ def _topk_partial_kernel(threads, keep=0, stop=0):
                 if t == 0:
                     cand[row, b_ * k] = tau     # (so that the compiler keeps the work before)
                 return
-            cuda.syncthreads()                  # everyone has tau before the selection state is reset
-            if t == 0:                          # for the radix select of the slice, if it is needed
-                sel[0] = uint64(0)
-                sel[1] = uint64(0)
-                state[0] = kk
-                state[1] = 0
             # -- 2b. the keys >= tau (at least kk), gathered while they fit
             for base in range(lo + t, hi, T * U):
                 for u in range(U):
@@ -399,8 +393,12 @@ def _topk_partial_kernel(threads, keep=0, stop=0):
             if stop == 3:
                 return
             cuda.syncthreads()                  # every thread has read the count
-            if C > CAP and t == 0:
-                state[2] = 0                    # too many passed: the radix select below
+            if C > CAP and t == 0:              # too many passed: the radix select below starts
+                state[2] = 0                    # over (tau's select left sel and state behind)
+                sel[0] = uint64(0)
+                sel[1] = uint64(0)
+                state[0] = kk
+                state[1] = 0
             cuda.syncthreads()
 
         if C == 0 or C > CAP:
@@ -652,7 +650,7 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
     if L and k:
         sc = scratch
         if keep is None:
-            keep = _keep_per_thread(k, threads)          # keep * threads >= 2k
+            keep = _keep_per_thread(k, threads)          # keep * threads ~ min(4k, FILTER_CAP)
         _topk_partial_kernel(threads, keep)[(G, L), threads, stream](
             d_logits.view(np.uint32), k, sc.part_m, sc.part_s, sc.cand, sc.cnt)
         merge_threads = min(1024, 4 * threads) if config.ENABLE_CUDASIM else 1024   # L blocks only
