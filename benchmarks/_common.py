@@ -38,15 +38,41 @@ def device_name() -> str:
     return package_device_name("cuda")
 
 
-def time_gpu(fn, stream, reps=50, warmup=5) -> float:
-    """Median device time of ``fn()`` in microseconds, measured with CUDA events on ``stream``."""
+_SLEEPER = []
+
+
+def _sleeper():
+    """A one-thread kernel that sleeps about ``ns`` nanoseconds (``cuda.nanosleep`` in a loop)."""
+    if not _SLEEPER:
+        from numba import cuda
+
+        @cuda.jit
+        def sleep(ns):
+            for _ in range(ns // 1000):
+                cuda.nanosleep(1000)
+        _SLEEPER.append(sleep)
+    return _SLEEPER[0]
+
+
+def time_gpu(fn, stream, reps=50, warmup=5, queued=False) -> float:
+    """Median device time of ``fn()`` in microseconds, measured with CUDA events on ``stream``.
+
+    ``queued=False``: the start event is recorded, then the host calls ``fn``; the GPU idles while
+    the host submits (the Python call and ``cudaGraphLaunch``: about 10 µs of an empty graph on the
+    H200), so the figure is what one call costs when nothing is queued ahead of it.
+    ``queued=True``: a kernel sleeping 200 µs is launched first, so the host has submitted ``fn``'s
+    work before the GPU reaches the start event: the figure is the device time of ``fn``'s work
+    alone, as it costs inside a longer graph (a stage of the captured round)."""
     from numba import cuda
+    sleep = _sleeper() if queued else None
     for _ in range(warmup):
         fn()
     stream.synchronize()
     times = []
     for _ in range(reps):
         start, end = cuda.event(), cuda.event()
+        if sleep is not None:
+            sleep[1, 1, stream](200_000)
         start.record(stream)
         fn()
         end.record(stream)
