@@ -1,6 +1,6 @@
 """GPU tree build (and top-K) for budgets 16..1024 against the numpy twin and a plain heapq build.
 
-Usage (on a GPU machine): python benchmarks/tree_build.py [--quick | --kernels | --sweep-threads]
+Usage (on a GPU machine): python benchmarks/tree_build.py [--quick | --kernels | --overhead | --sweep-threads]
 Prints a table and appends it to docs/PERFORMANCE.md.
 
 Columns: GPU device time (CUDA events, median) for build alone and top-K + build;
@@ -182,6 +182,58 @@ def per_kernel(V=163840, L=15):
         print(f"top-K, K = {budget}, G = {G}, {T} threads, µs by kept keys: " + ", ".join(cells), flush=True)
 
 
+def overhead(V=163840, L=15, copies=8):
+    """Where a replayed graph's time goes: empty kernels (one, two, three, eight in a row) timed with
+    nothing queued and queued; then top-K + level build at each budget as one copy a graph and as
+    ``copies`` copies a graph (divided by ``copies``: the stage's marginal cost inside a longer graph,
+    such as the captured round), and each of its kernels the same way. Printed only."""
+    from numba import cuda
+    from ddtree_numba import kernels as kn
+    from ddtree_numba import reference as ref
+    from ddtree_numba._device import capture_graph, replay_graph
+    from ddtree_numba.kernels import topk as tk
+    stream = cuda.stream()
+
+    def graph_us(enqueue, queued=True, n=1):
+        exe = capture_graph(lambda s: [enqueue(s) for _ in range(n)])
+        return time_gpu(lambda: replay_graph(exe, stream), stream, reps=30, queued=queued) / n
+    empty = cuda.jit(lambda x: None)
+    arg = cuda.device_array(1, np.float32)
+    for queued in (False, True):
+        cells = [f"{n}: {graph_us(lambda s: empty[(8, L), 512, s](arg), queued, n) * n:.1f}" for n in (1, 2, 3, 8)]
+        print(f"empty kernels in a graph ({'queued' if queued else 'nothing queued'}), µs a graph by kernels: "
+              + ", ".join(cells), flush=True)
+    x = drafter_logits(np.random.default_rng(0), L, V)
+    dx = cuda.to_device(x)
+    for budget in (16, 64, 256, 1024):
+        lp_h, ids_h = ref.topk_logprobs(x, budget)
+        lpd, idd = cuda.device_array((L, budget), np.float32), cuda.device_array((L, budget), np.int32)
+        scr = kn.TopKScratch.allocate(L, V, budget)
+        bufs, sc = kn.TreeBuffers.allocate(budget), kn.LevelScratch.allocate(L, budget)
+        T = tk._partial_threads(budget)
+        G, keep = tk._slices(V, budget), tk._keep_per_thread(budget, T)
+
+        def topk(s):
+            kn.topk_logprobs(dx, budget, out=(lpd, idd), stream=s, scratch=scr)
+
+        def levels(s):
+            kn.build_tree_levels(lpd, idd, budget, out=bufs, scratch=sc, stream=s)
+
+        def partial(s):
+            tk._topk_partial_kernel(T, keep, 0)[(G, L), T, s](dx.view(np.uint32), budget, scr.part_m, scr.part_s,
+                                                              scr.cand, scr.cnt)
+
+        def merge(s):
+            tk._topk_merge_kernel(1024)[L, 1024, s](dx, budget, scr.part_m, scr.part_s, scr.cand, scr.cnt, lpd, idd)
+        cells = []
+        for name, fn in (("top-K + level build", lambda s: (topk(s), levels(s))), ("top-K", topk),
+                         ("partial", partial), ("merge", merge), ("level build", levels)):
+            cells.append(f"{name} {graph_us(fn):.1f} / {graph_us(fn, n=copies):.1f}")
+        assert bufs.to_tree() == ref.build_tree(lp_h, ids_h, budget), "level tree differs from the twin"
+        print(f"budget {budget}, V {V}, L {L}, µs queued, one copy a graph / {copies} copies a graph per copy: "
+              + "; ".join(cells), flush=True)
+
+
 def main():
     from numba import cuda
     from ddtree_numba import kernels as kn
@@ -193,11 +245,14 @@ def main():
     ap.add_argument("--no-append", action="store_true")
     ap.add_argument("--sweep-threads", action="store_true", help="build time vs threads per block")
     ap.add_argument("--kernels", action="store_true", help="each kernel alone, graph replay (printed only)")
+    ap.add_argument("--overhead", action="store_true", help="graph launch cost against the kernels' (printed only)")
     args = ap.parse_args()
     if args.sweep_threads:
         return sweep_threads()
     if args.kernels:
         return per_kernel()
+    if args.overhead:
+        return overhead()
     budgets = [16, 64, 256, 1024] if args.quick else [16, 32, 64, 128, 256, 512, 1024]
     L = 15
     try:
