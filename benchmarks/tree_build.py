@@ -113,8 +113,9 @@ def per_kernel(V=163840, L=15):
     for v in (8192, 40960, V):                           # the first read's fixed cost: 8 slices a row
         xs = cuda.to_device(drafter_logits(np.random.default_rng(0), L, v))
         scs = kn.TopKScratch.allocate(L, v, 64, slices=8)
+        lps, ids_s = cuda.device_array((L, 64), np.float32), cuda.device_array((L, 64), np.int32)
         ts = graph_us(lambda s: tk._topk_partial_kernel(512, 1, 1)[(8, L), 512, s](
-            xs.view(np.uint32), 64, scs.part_m, scs.part_s, scs.cand, scs.cnt))
+            xs.view(np.uint32), 64, scs.part_m, scs.part_s, scs.cand, scs.cnt, scs.arrive, lps, ids_s))
         print(f"the partial kernel's first read alone, V {v}, 8 slices, 512 threads: {ts:.1f} µs", flush=True)
     real = demo_draft_logits()
     for budget in (16, 64, 256, 1024):
@@ -152,9 +153,9 @@ def per_kernel(V=163840, L=15):
         t_stage = []                                     # the partial kernel stopped after each stage
         for stop in (1, 2, 3, 0):
             t_stage.append(graph_us(lambda s: tk._topk_partial_kernel(T, keep, stop)[(G, L), T, s](
-                dx.view(np.uint32), budget, scr.part_m, scr.part_s, scr.cand, scr.cnt)))
+                dx.view(np.uint32), budget, scr.part_m, scr.part_s, scr.cand, scr.cnt, scr.arrive, lpd, idd)))
         t_merge = graph_us(lambda s: tk._topk_merge_kernel(merge_threads)[L, merge_threads, s](
-            dx, budget, scr.part_m, scr.part_s, scr.cand, scr.cnt, lpd, idd))
+            dx.view(np.uint32), budget, scr.part_m, scr.part_s, scr.cand, scr.cnt, lpd, idd))
         print(f"top-K, K = {budget}, G = {G}, {T} threads, kept a thread = {keep}: {t:.1f} µs (partial "
               f"{t_stage[3]:.1f}, stopped after the first read's loads and exps {t_stage[0]:.1f}, after tau "
               f"{t_stage[1]:.1f}, after the second read {t_stage[2]:.1f}; merge {t_merge:.1f})", flush=True)
@@ -221,13 +222,14 @@ def overhead(V=163840, L=15, copies=8):
 
         def partial(s):
             tk._topk_partial_kernel(T, keep, 0)[(G, L), T, s](dx.view(np.uint32), budget, scr.part_m, scr.part_s,
-                                                              scr.cand, scr.cnt)
+                                                              scr.cand, scr.cnt, scr.arrive, lpd, idd)
 
         def merge(s):
-            tk._topk_merge_kernel(1024)[L, 1024, s](dx, budget, scr.part_m, scr.part_s, scr.cand, scr.cnt, lpd, idd)
+            tk._topk_merge_kernel(1024)[L, 1024, s](dx.view(np.uint32), budget, scr.part_m, scr.part_s, scr.cand, scr.cnt, lpd, idd)
         cells = []
-        for name, fn in (("top-K + level build", lambda s: (topk(s), levels(s))), ("top-K", topk),
-                         ("partial", partial), ("merge", merge), ("level build", levels)):
+        for name, fn in (("top-K + level build", lambda s: (topk(s), levels(s))),
+                         (f"top-K ({'merge fused' if tk._fused_merge(G, budget) else 'merge kernel'})", topk),
+                         ("partial unfused", partial), ("merge kernel", merge), ("level build", levels)):
             cells.append(f"{name} {graph_us(fn):.1f} / {graph_us(fn, n=copies):.1f}")
         assert bufs.to_tree() == ref.build_tree(lp_h, ids_h, budget), "level tree differs from the twin"
         print(f"budget {budget}, V {V}, L {L}, µs queued, one copy a graph / {copies} copies a graph per copy: "

@@ -63,11 +63,13 @@ def test_kernel_matches_twin_bit_for_bit(rng, kind):
                                         (9, 4, 16),      # more slices than entries: empty slices
                                         (100, 100, 5),   # k = V
                                         (200, 3, 40)])   # more slices than the simulator's merge threads
-def test_split_rows_match_the_twin_bit_for_bit(rng, kind, V, k, slices):
+@pytest.mark.parametrize("fuse", [True, False])
+def test_split_rows_match_the_twin_bit_for_bit(rng, kind, V, k, slices, fuse):
     """A row split over several blocks (each a top-K of its slice and a log-sum-exp pair, then one
-    merge) gives the twin's ids and log-prob bits, however the slices fall."""
+    merge: by the row's last block, or by a merge kernel) gives the twin's ids and log-prob bits,
+    however the slices fall."""
     x = _logits(rng, 3, V, kind)
-    lp, ids = kn.topk_logprobs(x, k, threads=THREADS, slices=slices)
+    lp, ids = kn.topk_logprobs(x, k, threads=THREADS, slices=slices, fuse=fuse)
     lp_ref, ids_ref = ref.topk_logprobs(x, k)
     np.testing.assert_array_equal(ids, ids_ref)
     np.testing.assert_array_equal(lp.view(np.uint32), lp_ref.view(np.uint32))
@@ -150,23 +152,41 @@ def test_bad_input_is_refused(fn):
 
 
 @pytest.mark.kernels
-def test_merge_of_sorted_lists_in_either_order(rng):
+@pytest.mark.parametrize("fuse", [True, False])
+def test_merge_of_sorted_lists_in_either_order(rng, fuse):
     """The merge ranks each slice's sorted candidates against the other slices' lists: rows that
     rise (the last slice holds the best), fall (the first does) and step (ties across the slices'
     borders, broken by the lower id)."""
     V, k, slices = 64, 10, 8
     x = np.stack([np.arange(V), -np.arange(V), np.arange(V) // 16]).astype(np.float32)
-    lp, ids = kn.topk_logprobs(x, k, threads=THREADS, slices=slices)
+    lp, ids = kn.topk_logprobs(x, k, threads=THREADS, slices=slices, fuse=fuse)
     lp_ref, ids_ref = ref.topk_logprobs(x, k)
     np.testing.assert_array_equal(ids, ids_ref)
     np.testing.assert_array_equal(lp.view(np.uint32), lp_ref.view(np.uint32))
 
 
 def test_too_many_slices_for_the_merge_is_refused():
-    from ddtree_numba.kernels.topk import MERGE_SLOTS
+    from ddtree_numba.kernels.topk import FILTER_CAP, MERGE_SLOTS
     x = np.zeros((1, 5000), np.float32)
     with pytest.raises(ValueError, match=f"the merge holds at most {MERGE_SLOTS} keys"):
         kn.topk_logprobs(x, 1024, slices=8)
+    with pytest.raises(ValueError, match=f"shared keys hold at most {FILTER_CAP}"):
+        kn.topk_logprobs(x, 1024, slices=4, fuse=True)
+
+
+@pytest.mark.kernels
+def test_the_fused_merges_arrival_counters_are_left_at_zero(rng):
+    """The last block of a row resets the row's arrival counter, so a reused scratch (a replayed
+    graph) merges each launch once, after all of its slices."""
+    from ddtree_numba.kernels.topk import TopKScratch
+    scratch = TopKScratch.allocate(3, 90, 6, slices=4)
+    for kind in ("normal", "ties", "masked"):
+        x = _logits(rng, 3, 90, kind)
+        lp, ids = kn.topk_logprobs(x, 6, threads=THREADS, slices=4, scratch=scratch, fuse=True)
+        lp_ref, ids_ref = ref.topk_logprobs(x, 6)
+        np.testing.assert_array_equal(ids, ids_ref)
+        np.testing.assert_array_equal(lp.view(np.uint32), lp_ref.view(np.uint32))
+        np.testing.assert_array_equal(scratch.arrive.copy_to_host(), 0)
 
 
 def test_the_partial_kernels_exp_is_within_an_ulp_of_a_long_double_one():

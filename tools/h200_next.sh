@@ -3,7 +3,7 @@
 # and DDTREE_COMMIT set; logs to $OUT/log.txt. The GPU tests of the top-K, both builds, the
 # full-size stages and the decode loop (TESTS= narrows them); the tree_build table (appended to
 # docs/PERFORMANCE.md); the per-kernel breakdown (--kernels); memcheck and racecheck of the
-# full-size stages (SANITIZE= names the tools; empty skips them).
+# full-size stages (SANITIZE= names the tools; empty skips them). BENCH= the tree_build modes.
 set -u
 export DDTREE_COMMIT=${DDTREE_COMMIT:-unknown}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -14,8 +14,9 @@ left() { echo $(( $1 - $(date +%s) + T0 )); }
 {
 TESTS=${TESTS:-tests/test_topk.py tests/test_tree_build.py tests/test_gpu_stages.py tests/test_decode_cuda.py}
 timeout $(left 200) python3 -m pytest -q -p no:cacheprovider -n 4 $TESTS --tb=short 2>&1 | grep -v Warn | tail -4
-timeout $(left 280) python3 benchmarks/tree_build.py --quick 2>&1 | grep -v Warn | tail -6
-timeout $(left 400) python3 benchmarks/tree_build.py --kernels 2>&1 | grep -v Warn | tail -30
+for mode in ${BENCH---quick --kernels}; do          # BENCH= names tree_build.py's modes
+timeout $(left 400) python3 benchmarks/tree_build.py $mode 2>&1 | grep -v Warn | tail -40
+done
 for tool in ${SANITIZE-memcheck racecheck}; do
 timeout $(left 470) compute-sanitizer --tool $tool python3 tools/sanitize_stages.py --full 2>&1 | tail -2
 done

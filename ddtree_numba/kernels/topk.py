@@ -129,6 +129,20 @@ def _exp_nonpositive(d, table):
     return (tj + tj * p) * _pow2(ki >> 4)
 
 
+@device_function
+def _count_above(keys, base, n, key):
+    """How many of keys[base : base + n] (descending) are > key: a binary search."""
+    lo = 0
+    hi = n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if keys[base + mid] > key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 @functools.lru_cache(maxsize=None)
 def _block_helpers(threads):
     """Device functions both top-K kernels share, for blocks of ``threads`` threads."""
@@ -195,7 +209,66 @@ def _block_helpers(threads):
                 half //= 2
             size *= 2
 
-    return clear, pick_digit, sort_desc
+    @device_function
+    def merge_row(bits, row, k, G, part_m, part_s, cand, cnt, lp_out, ids_out, keys, pm, ps, pc, lse_sh, t):
+        """Row ``row``'s top-K out of its G slices' results: the log-sum-exp from the slices' pairs
+        (rescaled to the row's max, summed in slice order), and the k largest of the slices' sorted
+        candidate lists, all G * P of them in ``keys`` (shared, each list padded to P, a power of
+        two >= k, with 0 keys that sort last). A candidate's rank in the row is its place in its own
+        list plus, for each other list, how many keys there are larger (a binary search): composite
+        keys are distinct, so the ranks are too, and a candidate whose rank is below k writes its
+        token and log-prob there. No sort. 4 barriers."""
+        for b in range(t, G, T):                  # (the simulator's blocks may be smaller than G)
+            pm[b] = part_m[row, b]
+            ps[b] = part_s[row, b]
+            pc[b] = cnt[row, b]
+        cuda.syncthreads()                        # the pairs and counts are in
+        P = 1
+        while P < k:
+            P *= 2
+        for idx in range(t, G * P, T):
+            b = idx // P
+            j = idx - b * P
+            keys[idx] = cand[row, b * k + j] if j < pc[b] else uint64(0)
+        if t == 0:
+            mm = -math.inf
+            for b in range(G):
+                mm = max(mm, pm[b])
+            lse_sh[0] = mm
+        cuda.syncthreads()                        # the lists and the row's max are in
+        for b in range(t, G, T):                  # each slice's sum, rescaled to the row's max
+            if pm[b] != -math.inf:
+                ps[b] = ps[b] * math.exp(pm[b] - lse_sh[0])
+            # else 0, or NaN from NaN logits (flagged by the caller), as it is
+        cuda.syncthreads()                        # the rescaled sums are in
+        if t == 0:
+            mm = lse_sh[0]
+            ss = 0.0
+            for b in range(G):                    # slice order: a fixed sum
+                ss += ps[b]
+            if ss > 0.0:
+                lse_sh[0] = mm + math.log(ss)
+            elif ss == 0.0:
+                lse_sh[0] = -math.inf             # every entry -inf
+            else:
+                lse_sh[0] = ss                    # NaN
+        cuda.syncthreads()                        # the log-sum-exp is in
+        lse = lse_sh[0]
+        for idx in range(t, G * P, T):
+            key = keys[idx]
+            b = idx // P
+            rank = idx - b * P
+            if key == uint64(0) or rank >= k:
+                continue                          # padding, or k larger keys in its own list
+            for other in range(G):
+                if other != b and rank < k:       # past k - rank larger keys it is out anyway
+                    rank += _count_above(keys, other * P, min(P, k - rank), key)
+            if rank < k:
+                tok = int32(uint64(_LOW32) - (key & uint64(_LOW32)))
+                ids_out[row, rank] = tok
+                lp_out[row, rank] = float32(float64(_as_float(bits[row, tok])) - lse)
+
+    return clear, pick_digit, sort_desc, merge_row
 
 
 FILTER_CAP = 2048  # shared slots of the partial kernel's filter (candidates >= its threshold)
@@ -220,7 +293,7 @@ def _keep_per_thread(k: int, threads: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _topk_partial_kernel(threads, keep=0, stop=0):
+def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
     """Grid (G, L): block (b, row) takes slice b of the row, [b*S, min(V, (b+1)*S)), S = ceil(V/G).
     It writes the slice's log-sum-exp pair (max, sum of exp(x - max)), float64, and the composite
     keys of its min(k, slice) largest entries, sorted descending, to cand[row, b*k :], their number
@@ -235,8 +308,15 @@ def _topk_partial_kernel(threads, keep=0, stop=0):
     slice (``keep`` = 0 always does). Two reads of the slice instead of four to eight. ``stop``
     (benchmarks/tree_build.py --kernels times the stages with it) ends the block early: 1 after
     the log-sum-exp pair (then the compiler drops the kept keys too: the first read's loads and
-    exps alone), 2 once tau is known, 3 after the second read."""
+    exps alone), 2 once tau is known, 3 after the second read.
+
+    ``fuse``: the row's last block to finish (an arrival counter a row, ``arrive``, that it resets
+    for the next launch) merges the row's slices (``merge_row``) into ``lp_out`` / ``ids_out``,
+    its shared keys taking the lists (G * P <= FILTER_CAP): no merge kernel, no second launch.
+    Otherwise ``arrive``, ``lp_out`` and ``ids_out`` are not touched (``_topk_merge_kernel``)."""
     T = threads
+    if fuse and stop:
+        raise ValueError("a partial kernel stopped early (stop > 0) does not merge (fuse)")
     M = keep
     if M and (T & (T - 1) or M > MAX_KEEP):
         raise ValueError(f"the filter needs a power-of-two block and keep <= {MAX_KEEP} "
@@ -244,12 +324,12 @@ def _topk_partial_kernel(threads, keep=0, stop=0):
     MLOC = max(M, 1)
     CAP = FILTER_CAP
     U = UNROLL
-    clear, pick_digit, sort_desc = _block_helpers(T)
+    clear, pick_digit, sort_desc, merge_row = _block_helpers(T)
 
     # launch bounds: registers capped so that a block of T threads always fits an SM
     @cached
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
-    def kernel(bits, k, part_m, part_s, cand, cnt):
+    def kernel(bits, k, part_m, part_s, cand, cnt, arrive, lp_out, ids_out):
         b_ = cuda.blockIdx.x
         row = cuda.blockIdx.y
         G = cuda.gridDim.x
@@ -274,6 +354,10 @@ def _topk_partial_kernel(threads, keep=0, stop=0):
         low_j = 0                               # the slot of this thread's smallest kept key
         low_key = uint64(0)
         low_top = uint32(0)                     # its top half: an entry below it cannot replace it
+        lse_sh = cuda.shared.array(1, float64)  # the fused merge's: the row's log-sum-exp,
+        pm = cuda.shared.array(MAX_SLICES, float64)     # the slices' pairs and counts
+        ps = cuda.shared.array(MAX_SLICES, float64)
+        pc = cuda.shared.array(MAX_SLICES, int32)
         exp_table = cuda.shared.array(EXP_STEPS, float64)
         exp_const = cuda.const.array_like(EXP_TABLE)
         for j in range(t, EXP_STEPS, T):
@@ -282,19 +366,27 @@ def _topk_partial_kernel(threads, keep=0, stop=0):
 
         # -- 1. the slice's log-sum-exp, float64, online per thread then a fixed tree. A thread
         # reads U entries at a time (U loads in flight, then U independent exps): one entry at a
-        # time, each load and exp waited on in turn, the block was latency-bound.
+        # time, each load and exp waited on in turn, the block was latency-bound. The next U are
+        # loaded before this U's exps, so that their loads are in flight while the exps run.
         m = -math.inf
         s = 0.0
         xs = cuda.local.array(U, float32)
         ub = cuda.local.array(U, uint32)
-        for base in range(lo + t, hi, T * U):
+        nb = cuda.local.array(U, uint32)        # the next U entries' bits, in flight
+        base = lo + t
+        for u in range(U):
+            # every lane loads (past the slice, its last entry again), without a branch; an
+            # unsigned index spares numba's negative-index wraparound check
+            nb[u] = bits[row, uint64(min(base + u * T, max(hi, 1) - 1))]
+        while base < hi:
             cmax = float32(-math.inf)
             for u in range(U):
                 v = base + u * T
-                # every lane loads (past the slice, its last entry again), without a branch; an
-                # unsigned index spares numba's negative-index wraparound check
-                b = bits[row, uint64(min(v, hi - 1))]
-                ub[u] = b if v < hi else uint32(_NEG_INF_BITS)
+                ub[u] = nb[u] if v < hi else uint32(_NEG_INF_BITS)
+            if base + T * U < hi:
+                for u in range(U):
+                    nb[u] = bits[row, uint64(min(base + T * U + u * T, hi - 1))]
+            for u in range(U):
                 x = _as_float(ub[u])
                 xs[u] = x
                 if x > cmax:                    # float32: one conversion to float64 an entry, below
@@ -321,6 +413,7 @@ def _topk_partial_kernel(threads, keep=0, stop=0):
                                     low_key = mine[j]
                                     low_j = j
                             low_top = uint32(low_key >> uint64(32))
+            base += T * U
         red_m[t] = m
         red_s[t] = s
         if t == 0:
@@ -345,208 +438,157 @@ def _topk_partial_kernel(threads, keep=0, stop=0):
             part_m[row, b_] = red_m[0]
             part_s[row, b_] = red_s[0]
             cnt[row, b_] = kk
-        if kk <= 0 or stop == 1:
+        if stop == 1:
             return
 
-        C = 0                                   # candidates in fkeys
-        if M > 0:
-            # -- 2a. tau, a lower bound of the kk-th largest kept key: a radix select over the
-            # kept keys (in registers) of TAU_DIGITS digits from the top, the selected bucket's lower
-            # edge (at least kk kept keys are >= it: those of the buckets above and of this one).
-            # 12 barriers, against the 36-66 of sorting the kept keys (d076322-6b3f0ee, ~250 ns each).
-            shift = 56
-            while shift >= 64 - 8 * TAU_DIGITS:
-                if state[1] != 0:
-                    break                       # the whole bucket was needed: exactly kk kept keys
-                clear(hist, t)
-                cuda.syncthreads()              # histogram cleared
-                desired = sel[0]
-                mask = sel[1]
-                need = state[0]
-                for j in range(M):
-                    key = mine[j]
-                    if key != uint64(0) and key & mask == desired:
-                        hist_add(hist, int32((key >> uint64(shift)) & uint64(255)))
-                cuda.syncthreads()              # histogram complete
-                pick_digit(hist, suffix, chunk, sel, state, shift, need, desired, mask, t)
-                shift -= 8
-            tau = sel[0]
-            tau_top = uint32(tau >> uint64(32))
-            if stop == 2:
-                if t == 0:
-                    cand[row, b_ * k] = tau     # (so that the compiler keeps the work before)
-                return
-            # -- 2b. the keys >= tau (at least kk), gathered while they fit
-            for base in range(lo + t, hi, T * U):
-                for u in range(U):
-                    ub[u] = bits[row, uint64(min(base + u * T, hi - 1))]   # as in the first read
-                for u in range(U):
-                    v = base + u * T
-                    if v < hi and _ordered_bits(ub[u]) >= tau_top:
-                        key = _composite_key(ub[u], v)
-                        if key >= tau:
-                            slot = claim(state, 2)
-                            if slot < CAP:
-                                fkeys[slot] = key
-            cuda.syncthreads()                  # the candidates and their count are in
-            C = state[2]
-            if stop == 3:
-                return
-            cuda.syncthreads()                  # every thread has read the count
-            if C > CAP and t == 0:              # too many passed: the radix select below starts
-                state[2] = 0                    # over (tau's select left sel and state behind)
-                sel[0] = uint64(0)
-                sel[1] = uint64(0)
-                state[0] = kk
-                state[1] = 0
-            cuda.syncthreads()
+        if kk > 0:                              # (an empty slice: nothing to select)
+            C = 0                                   # candidates in fkeys
+            if M > 0:
+                # -- 2a. tau, a lower bound of the kk-th largest kept key: a radix select over the
+                # kept keys (in registers) of TAU_DIGITS digits from the top, the selected bucket's lower
+                # edge (at least kk kept keys are >= it: those of the buckets above and of this one).
+                # 12 barriers, against the 36-66 of sorting the kept keys (d076322-6b3f0ee, ~250 ns each).
+                shift = 56
+                while shift >= 64 - 8 * TAU_DIGITS:
+                    if state[1] != 0:
+                        break                       # the whole bucket was needed: exactly kk kept keys
+                    clear(hist, t)
+                    cuda.syncthreads()              # histogram cleared
+                    desired = sel[0]
+                    mask = sel[1]
+                    need = state[0]
+                    for j in range(M):
+                        key = mine[j]
+                        if key != uint64(0) and key & mask == desired:
+                            hist_add(hist, int32((key >> uint64(shift)) & uint64(255)))
+                    cuda.syncthreads()              # histogram complete
+                    pick_digit(hist, suffix, chunk, sel, state, shift, need, desired, mask, t)
+                    shift -= 8
+                tau = sel[0]
+                tau_top = uint32(tau >> uint64(32))
+                if stop == 2:
+                    if t == 0:
+                        cand[row, b_ * k] = tau     # (so that the compiler keeps the work before)
+                    return
+                # -- 2b. the keys >= tau (at least kk), gathered while they fit
+                for base in range(lo + t, hi, T * U):
+                    for u in range(U):
+                        ub[u] = bits[row, uint64(min(base + u * T, hi - 1))]   # as in the first read
+                    for u in range(U):
+                        v = base + u * T
+                        if v < hi and _ordered_bits(ub[u]) >= tau_top:
+                            key = _composite_key(ub[u], v)
+                            if key >= tau:
+                                slot = claim(state, 2)
+                                if slot < CAP:
+                                    fkeys[slot] = key
+                cuda.syncthreads()                  # the candidates and their count are in
+                C = state[2]
+                if stop == 3:
+                    return
+                cuda.syncthreads()                  # every thread has read the count
+                if C > CAP and t == 0:              # too many passed: the radix select below starts
+                    state[2] = 0                    # over (tau's select left sel and state behind)
+                    sel[0] = uint64(0)
+                    sel[1] = uint64(0)
+                    state[0] = kk
+                    state[1] = 0
+                cuda.syncthreads()
 
-        if C == 0 or C > CAP:
-            # -- 2. radix select of the slice's kk-th largest composite key, top digit first
-            shift = 56
-            while shift >= 0:
-                if state[1] != 0:
-                    break
-                clear(hist, t)
-                cuda.syncthreads()  # histogram cleared
+            if C == 0 or C > CAP:
+                # -- 2. radix select of the slice's kk-th largest composite key, top digit first
+                shift = 56
+                while shift >= 0:
+                    if state[1] != 0:
+                        break
+                    clear(hist, t)
+                    cuda.syncthreads()  # histogram cleared
+                    desired = sel[0]
+                    mask = sel[1]
+                    need = state[0]  # read here: it is rewritten below, after several barriers
+                    for v in range(lo + t, hi, T):
+                        key = _composite_key(bits[row, v], v)
+                        if key & mask == desired:
+                            # the digits are concentrated (most logits share their top bits): the
+                            # warp's lanes in the lowest lane's bin add with one atomic (_warp.hist_add)
+                            hist_add(hist, int32((key >> uint64(shift)) & uint64(255)))
+                    cuda.syncthreads()  # histogram complete
+                    pick_digit(hist, suffix, chunk, sel, state, shift, need, desired, mask, t)
+                    shift -= 8
+                # the kk survivors (composite keys are distinct: exactly kk are >= the threshold)
                 desired = sel[0]
                 mask = sel[1]
-                need = state[0]  # read here: it is rewritten below, after several barriers
                 for v in range(lo + t, hi, T):
                     key = _composite_key(bits[row, v], v)
-                    if key & mask == desired:
-                        # the digits are concentrated (most logits share their top bits): the
-                        # warp's lanes in the lowest lane's bin add with one atomic (_warp.hist_add)
-                        hist_add(hist, int32((key >> uint64(shift)) & uint64(255)))
-                cuda.syncthreads()  # histogram complete
-                pick_digit(hist, suffix, chunk, sel, state, shift, need, desired, mask, t)
-                shift -= 8
-            # the kk survivors (composite keys are distinct: exactly kk are >= the threshold)
-            desired = sel[0]
-            mask = sel[1]
-            for v in range(lo + t, hi, T):
-                key = _composite_key(bits[row, v], v)
-                if key & mask >= desired:
-                    fkeys[claim(state, 2)] = key
-            cuda.syncthreads()                  # the survivors are in
-            C = kk
+                    if key & mask >= desired:
+                        fkeys[claim(state, 2)] = key
+                cuda.syncthreads()                  # the survivors are in
+                C = kk
 
-        # -- 3. the kk best candidates out, sorted descending (the merge takes sorted lists)
-        if C <= T:
-            # a candidate a thread, its rank how many of the C are larger (keys are distinct): every
-            # lane of a warp loads the same fkeys[j], a broadcast, and the loads do not wait on each
-            # other. C steps and no barrier, where a bitonic sort takes log2(C)(log2(C) + 1) / 2
-            # barriers; past a candidate a thread the steps grow as C^2 (on the H200 at 97a451a:
-            # +3.1 µs at k 64 against +5.0 sorting, +26 at k 256 against +8, +158 at k 1024)
-            if t < C:
-                key = fkeys[t]
-                rank = 0
-                for j in range(C):
-                    if fkeys[j] > key:
-                        rank += 1
-                if rank < kk:
-                    cand[row, b_ * k + rank] = key
-        else:
-            P2 = 1
-            while P2 < C:
-                P2 *= 2
-            for j in range(C + t, P2, T):
-                fkeys[j] = uint64(0)            # padding sorts last
-            cuda.syncthreads()
-            sort_desc(fkeys, P2, t)
-            for j in range(t, kk, T):
-                cand[row, b_ * k + j] = fkeys[j]
+            # -- 3. the kk best candidates out, sorted descending (the merge takes sorted lists)
+            if C <= T:
+                # a candidate a thread, its rank how many of the C are larger (keys are distinct): every
+                # lane of a warp loads the same fkeys[j], a broadcast, and the loads do not wait on each
+                # other. C steps and no barrier, where a bitonic sort takes log2(C)(log2(C) + 1) / 2
+                # barriers; past a candidate a thread the steps grow as C^2 (on the H200 at 97a451a:
+                # +3.1 µs at k 64 against +5.0 sorting, +26 at k 256 against +8, +158 at k 1024)
+                if t < C:
+                    key = fkeys[t]
+                    rank = 0
+                    for j in range(C):
+                        if fkeys[j] > key:
+                            rank += 1
+                    if rank < kk:
+                        cand[row, b_ * k + rank] = key
+            else:
+                P2 = 1
+                while P2 < C:
+                    P2 *= 2
+                for j in range(C + t, P2, T):
+                    fkeys[j] = uint64(0)            # padding sorts last
+                cuda.syncthreads()
+                sort_desc(fkeys, P2, t)
+                for j in range(t, kk, T):
+                    cand[row, b_ * k + j] = fkeys[j]
+
+        if fuse:
+            # -- 4. the row's last block to finish merges the row's slices. The fence makes this
+            # block's lists and pair visible to every block before its arrival is counted; the
+            # last arrival sees every other block's (the fence after the count orders its reads).
+            cuda.threadfence()
+            cuda.syncthreads()                  # every thread's writes are fenced
+            if t == 0:
+                state[0] = cuda.atomic.add(arrive, row, 1)
+            cuda.syncthreads()                  # the arrival's count is in
+            if state[0] == G - 1:
+                cuda.threadfence()
+                if t == 0:
+                    arrive[row] = 0             # for the next launch (a replayed graph)
+                merge_row(bits, row, k, G, part_m, part_s, cand, cnt, lp_out, ids_out, fkeys, pm, ps, pc,
+                          lse_sh, t)
 
     return kernel
 
 
-@device_function
-def _count_above(keys, base, n, key):
-    """How many of keys[base : base + n] (descending) are > key: a binary search."""
-    lo = 0
-    hi = n
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if keys[base + mid] > key:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
 @functools.lru_cache(maxsize=None)
 def _topk_merge_kernel(threads):
-    """Grid L: the row's log-sum-exp from its G slice pairs (combined in slice order), and the k
-    largest of the slices' sorted candidate lists, all G * P of them in shared memory (each list
-    padded to P, a power of two >= k, with 0 keys that sort last; ``_slices`` keeps G * P <=
-    MERGE_SLOTS). A candidate's rank in the row is its place in its own list plus, for each other
-    list, how many keys there are larger (a binary search): composite keys are distinct, so the
-    ranks are too, and a candidate whose rank is below k writes itself there. No sort."""
+    """Grid L: each row's top-K from its slices' results (``merge_row``), for when the lists do
+    not fit the partial kernel's shared keys (G * P > FILTER_CAP; ``_slices`` keeps G * P <=
+    MERGE_SLOTS). Otherwise the partial kernel's last block a row merges it (``fuse``)."""
     T = threads
+    merge_row = _block_helpers(T)[3]
+
     # launch bounds: registers capped so that a block of T threads always fits an SM
     @cached
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
-    def kernel(logits, k, part_m, part_s, cand, cnt, lp_out, ids_out):
-        row = cuda.blockIdx.x
-        t = cuda.threadIdx.x
-        G = part_m.shape[1]
+    def kernel(bits, k, part_m, part_s, cand, cnt, lp_out, ids_out):
         lse_sh = cuda.shared.array(1, float64)
         pm = cuda.shared.array(MAX_SLICES, float64)     # the slices' pairs and counts, loaded at once
         ps = cuda.shared.array(MAX_SLICES, float64)     # (one thread looping over global memory
         pc = cuda.shared.array(MAX_SLICES, int32)       # waited on each load in turn: ~10 µs)
         keys = cuda.shared.array(MERGE_SLOTS, uint64)
-        best = cuda.shared.array(MAX_K, uint64)         # the k best, by rank
-        for b in range(t, G, T):                  # (the simulator's blocks may be smaller than G)
-            pm[b] = part_m[row, b]
-            ps[b] = part_s[row, b]
-            pc[b] = cnt[row, b]
-        cuda.syncthreads()                        # the pairs and counts are in
-        P = 1
-        while P < k:
-            P *= 2
-        for idx in range(t, G * P, T):
-            b = idx // P
-            j = idx - b * P
-            keys[idx] = cand[row, b * k + j] if j < pc[b] else uint64(0)
-        if t == 0:
-            mm = -math.inf
-            for b in range(G):
-                mm = max(mm, pm[b])
-            lse_sh[0] = mm
-        cuda.syncthreads()                        # the lists and the row's max are in
-        for b in range(t, G, T):                  # each slice's sum, rescaled to the row's max
-            if pm[b] != -math.inf:
-                ps[b] = ps[b] * math.exp(pm[b] - lse_sh[0])
-            # else 0, or NaN from NaN logits (flagged by the caller), as it is
-        for idx in range(t, G * P, T):
-            key = keys[idx]
-            b = idx // P
-            rank = idx - b * P
-            if key == uint64(0) or rank >= k:
-                continue                          # padding, or k larger keys in its own list
-            for other in range(G):
-                if other != b and rank < k:       # past k - rank larger keys it is out anyway
-                    rank += _count_above(keys, other * P, min(P, k - rank), key)
-            if rank < k:
-                best[rank] = key
-        cuda.syncthreads()                        # the k best and the rescaled sums are in
-        if t == 0:
-            mm = lse_sh[0]
-            ss = 0.0
-            for b in range(G):                    # slice order: a fixed sum
-                ss += ps[b]
-            if ss > 0.0:
-                lse_sh[0] = mm + math.log(ss)
-            elif ss == 0.0:
-                lse_sh[0] = -math.inf             # every entry -inf
-            else:
-                lse_sh[0] = ss                    # NaN
-        cuda.syncthreads()                        # the log-sum-exp is in
-        lse = lse_sh[0]
-        for r in range(t, k, T):
-            tok = int32(uint64(_LOW32) - (best[r] & uint64(_LOW32)))
-            ids_out[row, r] = tok
-            lp_out[row, r] = float32(float64(logits[row, tok]) - lse)
+        merge_row(bits, cuda.blockIdx.x, k, part_m.shape[1], part_m, part_s, cand, cnt, lp_out, ids_out,
+                  keys, pm, ps, pc, lse_sh, cuda.threadIdx.x)
 
     return kernel
 
@@ -575,6 +617,12 @@ def _slices(vocab: int, k: int) -> int:
     return max(1, min(MAX_SLICES, vocab // SLICE, MERGE_SLOTS // P, 16 if P <= 32 else 8))
 
 
+def _fused_merge(slices: int, k: int) -> bool:
+    """Whether the partial kernel's last block a row merges the row (its shared keys hold the
+    slices' lists: G * P <= FILTER_CAP), rather than a merge kernel after it."""
+    return slices * _pow2_at_least(max(k, 1)) <= FILTER_CAP
+
+
 def _partial_threads(k: int) -> int:
     """The partial kernel's block for k kept. On the H200 (89a98e1, top-K µs with 256 / 512 / 1024
     threads): k 16: 41.2 / 50.2 / 55.9; k 64: 50.9 / 42.0 / 42.8; k 256: 77.8 / 80.6 / 69.7; k 1024:
@@ -594,6 +642,7 @@ class TopKScratch:
     part_s: object   # [L, G] float64: its sum of exp(x - max)
     cand: object     # [L, G*k] uint64: its candidates' composite keys
     cnt: object      # [L, G] int32: how many
+    arrive: object   # [L] int32: slices of the row finished (the fused merge's counter; 0 between launches)
 
     @classmethod
     def allocate(cls, rows: int, vocab: int, k: int, stream=0, slices: int | None = None) -> "TopKScratch":
@@ -602,20 +651,24 @@ class TopKScratch:
         def arr(shape, dt):
             return cuda.device_array(shape, dt, stream=stream)
         return cls(arr((rows, slices), np.float64), arr((rows, slices), np.float64),
-                   arr((rows, slices * max(k, 1)), np.uint64), arr((rows, slices), np.int32))
+                   arr((rows, slices * max(k, 1)), np.uint64), arr((rows, slices), np.int32),
+                   cuda.to_device(np.zeros(rows, np.int32), stream=stream))
 
     def fits(self, rows: int, slices: int, k: int) -> bool:
         return self.part_m.shape == (rows, slices) and self.cand.shape[1] == slices * max(k, 1)
 
 
-def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, scratch=None, keep=None):
+def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, scratch=None, keep=None,
+                  fuse=None):
     """Log-softmax of each row and its ``k`` best tokens, on the GPU.
 
     logits [L, V] float32 (numpy or device) -> (lp [L, K] float32, ids [L, K] int32),
     numpy if ``logits`` was numpy, else device arrays (or the ``out`` pair, filled in place).
     Bit-identical to ``reference.topk_logprobs``. ``threads``: the partial kernel's block
     (default ``_partial_threads(k)``); ``slices``: G (default ``_slices``); ``keep``: the keys a
-    thread keeps for the filter, 0 (off) to MAX_KEEP (default ``_keep_per_thread``).
+    thread keeps for the filter, 0 (off) to MAX_KEEP (default ``_keep_per_thread``); ``fuse``:
+    whether the partial kernel's last block a row merges the row (True), or a merge kernel after
+    it does (False); default True when the slices' lists fit its shared keys (``_fused_merge``).
     """
     check_array("logits", logits, 2, np.float32)
     L, V = logits.shape
@@ -641,6 +694,11 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
     if G * _pow2_at_least(max(k, 1)) > MERGE_SLOTS:
         raise ValueError(f"slices = {G} with k = {k}: the merge holds at most {MERGE_SLOTS} keys, "
                          f"{G} lists of {_pow2_at_least(k)}")
+    if fuse is None:
+        fuse = _fused_merge(G, k)
+    elif fuse and not _fused_merge(G, k):
+        raise ValueError(f"fuse=True with slices = {G} and k = {k}: the partial kernel's shared keys hold "
+                         f"at most {FILTER_CAP}, {G} lists of {_pow2_at_least(k)}")
     if scratch is None:
         scratch = TopKScratch.allocate(L, V, k, stream, slices=G) if L and k else None
     elif not scratch.fits(L, G, k):
@@ -651,11 +709,13 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
         sc = scratch
         if keep is None:
             keep = _keep_per_thread(k, threads)          # keep * threads ~ min(4k, FILTER_CAP)
-        _topk_partial_kernel(threads, keep)[(G, L), threads, stream](
-            d_logits.view(np.uint32), k, sc.part_m, sc.part_s, sc.cand, sc.cnt)
-        merge_threads = min(1024, 4 * threads) if config.ENABLE_CUDASIM else 1024   # L blocks only
-        _topk_merge_kernel(merge_threads)[L, merge_threads, stream](
-            d_logits, k, sc.part_m, sc.part_s, sc.cand, sc.cnt, out[0], out[1])
+        bits = d_logits.view(np.uint32)
+        _topk_partial_kernel(threads, keep, 0, fuse)[(G, L), threads, stream](
+            bits, k, sc.part_m, sc.part_s, sc.cand, sc.cnt, sc.arrive, out[0], out[1])
+        if not fuse:
+            merge_threads = min(1024, 4 * threads) if config.ENABLE_CUDASIM else 1024   # L blocks only
+            _topk_merge_kernel(merge_threads)[L, merge_threads, stream](
+                bits, k, sc.part_m, sc.part_s, sc.cand, sc.cnt, out[0], out[1])
     if host:
         return out[0].copy_to_host(stream=stream), out[1].copy_to_host(stream=stream)
     return out
