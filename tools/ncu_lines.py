@@ -1,0 +1,39 @@
+"""Print the source lines of a kernel that hold the most warp-stall samples, from the CSV that
+`ncu --import R.ncu-rep --page source --csv --print-source cuda` writes (DDTREE_LINEINFO=1 when
+profiling, so the SASS maps to Python lines):
+
+    python tools/ncu_lines.py source.csv [top]
+"""
+
+import csv
+import sys
+
+
+def main():
+    path = sys.argv[1]
+    top = int(sys.argv[2]) if len(sys.argv) > 2 else 25
+    with open(path, newline="") as f:
+        rows = [r for r in csv.reader(f)]
+    head_i = next(i for i, r in enumerate(rows) if any("Sampling" in c for c in r))
+    head = rows[head_i]
+    cols = [i for i, c in enumerate(head) if "Warp Stall Sampling (All" in c] or \
+           [i for i, c in enumerate(head) if "Sampling" in c]
+    src = next((i for i, c in enumerate(head) if c in ("Source", "# Source")), 1)
+    line = next((i for i, c in enumerate(head) if c in ("#", "Line", "# Line")), 0)
+    data = []
+    for r in rows[head_i + 1:]:
+        if len(r) <= max(cols):
+            continue
+        try:
+            n = float(r[cols[0]].replace(",", "") or 0)
+        except ValueError:
+            continue
+        data.append((n, r[line], r[src].strip()[:110]))
+    total = sum(d[0] for d in data) or 1
+    print(f"columns: {head[cols[0]]!r}; total samples {total:.0f}")
+    for n, ln, s in sorted(data, reverse=True)[:top]:
+        print(f"{100 * n / total:5.1f}%  {ln:>5}  {s}")
+
+
+if __name__ == "__main__":
+    main()
