@@ -14,11 +14,16 @@ def main():
     top = int(sys.argv[2]) if len(sys.argv) > 2 else 25
     with open(path, newline="") as f:
         rows = [r for r in csv.reader(f)]
-    head_i = next(i for i, r in enumerate(rows) if any("Sampling" in c for c in r))
+    found = [i for i, r in enumerate(rows) if any("Sampling" in c for c in r)]
+    if not found:
+        print("no sampling column; the first rows:", rows[:3])
+        return
+    head_i = found[0]
     head = rows[head_i]
     cols = [i for i, c in enumerate(head) if "Warp Stall Sampling (All" in c] or \
            [i for i, c in enumerate(head) if "Sampling" in c]
     src = next((i for i, c in enumerate(head) if c in ("Source", "# Source")), 1)
+    print("columns:", head[:12])
     line = next((i for i, c in enumerate(head) if c in ("#", "Line", "# Line")), 0)
     data = []
     for r in rows[head_i + 1:]:
