@@ -3,7 +3,8 @@
 Shapes: L depths, V vocabulary, K kept tokens (K <= MAX_K), G slices a row (``_slices``: about one a
 SLICE entries, G * P <= MERGE_SLOTS for P the power of two >= K).
 
-Two launches, so that a row is read by G blocks at once instead of one (issue 15):
+G blocks a row, so that a row is read by G blocks at once instead of one (issue 15), then a merge
+of the row's G results, by the row's last block to finish (one launch) or by a merge kernel:
 
 1. ``_topk_partial_kernel``, grid (G, L): block (b, row) takes slice b of the row, each thread
    UNROLL entries at a time (the loads, then the exps, in flight together). Its log-sum-exp pair:
@@ -17,10 +18,13 @@ Two launches, so that a row is read by G blocks at once instead of one (issue 15
    slice whose large logits sit in a few threads' strides), a radix select of the K-th largest
    key, 8 bits a pass from the top digit down, stopping as soon as the selected bucket is exactly
    what is still needed. They go to a ``TopKScratch``, sorted descending.
-2. ``_topk_merge_kernel``, grid L (up to 1024 threads a block): the row's log-sum-exp from the
-   slices' pairs (in slice order); every slice's sorted list in shared memory, each candidate's
-   rank its place in its own list plus a binary search in each other list; the K ranked first
-   written out (no sort).
+2. ``merge_row``: the row's log-sum-exp from the slices' pairs (in slice order); every slice's
+   sorted list in shared memory, each candidate's rank its place in its own list plus a binary
+   search in each other list; the K ranked first written out (no sort). When the G lists fit the
+   partial kernel's shared keys (G * P <= FILTER_CAP, P the power of two >= K: every k <= 256 at
+   the default slices), the row's last partial block to finish runs it (an arrival counter a row,
+   after a fence; that block resets the counter for the next launch). Otherwise
+   ``_topk_merge_kernel``, grid L (up to 1024 threads a block), runs it after the partial kernel.
 
 The float32 log-probabilities do not depend on the order of the float64 reduction unless the
 log-sum-exp's last-ulp difference (about 1e-15; libdevice's exp / log against numpy's too) crosses a
