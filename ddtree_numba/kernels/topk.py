@@ -379,19 +379,31 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
         xs = cuda.local.array(U, float32)
         ub = cuda.local.array(U, uint32)
         nb = cuda.local.array(U, uint32)        # the next U entries' bits, in flight
-        base = lo + t
+        # 32-bit indices (numba's are 64-bit: two instructions an add or a compare, in a loop of
+        # about 60 an entry); a step whose U entries all lie in the slice skips the bounds selects
+        T32 = int32(T)
+        hi32 = int32(hi)
+        base = int32(lo + t)
         for u in range(U):
             # every lane loads (past the slice, its last entry again), without a branch; an
             # unsigned index spares numba's negative-index wraparound check
-            nb[u] = bits[row, uint64(min(base + u * T, max(hi, 1) - 1))]
-        while base < hi:
+            nb[u] = bits[row, uint32(min(int32(base + int32(u) * T32), int32(max(hi32, 1) - 1)))]
+        while base < hi32:
             cmax = float32(-math.inf)
-            for u in range(U):
-                v = base + u * T
-                ub[u] = nb[u] if v < hi else uint32(_NEG_INF_BITS)
-            if base + T * U < hi:
+            full = int32(base + int32(U - 1) * T32) < hi32     # this step's U entries are in the slice
+            nxt = int32(base + int32(U) * T32)
+            if full:
                 for u in range(U):
-                    nb[u] = bits[row, uint64(min(base + T * U + u * T, hi - 1))]
+                    ub[u] = nb[u]
+            else:
+                for u in range(U):
+                    ub[u] = nb[u] if int32(base + int32(u) * T32) < hi32 else uint32(_NEG_INF_BITS)
+            if int32(nxt + int32(U - 1) * T32) < hi32:
+                for u in range(U):
+                    nb[u] = bits[row, uint32(int32(nxt + int32(u) * T32))]
+            elif nxt < hi32:
+                for u in range(U):
+                    nb[u] = bits[row, uint32(min(int32(nxt + int32(u) * T32), int32(hi32 - 1)))]
             for u in range(U):
                 x = _as_float(ub[u])
                 xs[u] = x
@@ -407,9 +419,9 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
                 s += _exp_nonpositive(float64(x) - m if x != float32(-math.inf) else -math.inf, exp_table)
             if M > 0:
                 for u in range(U):
-                    v = base + u * T
+                    v = int32(base + int32(u) * T32)
                     # the 32-bit compare first: most entries stop there, without the 64-bit key
-                    if v < hi and _ordered_bits(ub[u]) >= low_top:
+                    if (full or v < hi32) and _ordered_bits(ub[u]) >= low_top:
                         key = _composite_key(ub[u], v)
                         if key > low_key:       # replace the smallest kept key, find the new one
                             mine[low_j] = key
@@ -420,7 +432,7 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
                                     low_key = mine[j]
                                     low_j = j
                             low_top = uint32(low_key >> uint64(32))
-            base += T * U
+            base = nxt
         red_m[t] = m
         red_s[t] = s
         if t == 0:
@@ -559,18 +571,21 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
                     cand[row, b_ * k + j] = fkeys[j]
 
         if fuse:
-            # -- 4. the row's last block to finish merges the row's slices. The fence makes this
-            # block's lists and pair visible to every block before its arrival is counted; the
-            # last arrival sees every other block's (the fence after the count orders its reads).
-            cuda.threadfence()
-            cuda.syncthreads()                  # every thread's writes are fenced
+            # -- 4. the row's last block to finish merges the row's slices. As cooperative groups'
+            # grid sync: the barrier orders the block's writes before thread 0's, whose fence then
+            # makes them visible to every block before its arrival is counted; the last arrival's
+            # fence orders its block's reads (after the barrier) after every other block's writes.
+            # (A fence in every thread, as at 5097553, cost a serialising MEMBAR a warp.)
+            cuda.syncthreads()                  # the block's lists and pair are written
             if t == 0:
-                state[0] = cuda.atomic.add(arrive, row, 1)
+                cuda.threadfence()
+                arrived = cuda.atomic.add(arrive, row, 1)
+                if arrived == G - 1:
+                    cuda.threadfence()
+                    arrive[row] = 0             # for the next launch (a replayed graph)
+                state[0] = arrived
             cuda.syncthreads()                  # the arrival's count is in
             if state[0] == G - 1:
-                cuda.threadfence()
-                if t == 0:
-                    arrive[row] = 0             # for the next launch (a replayed graph)
                 merge_row(bits, row, k, G, part_m, part_s, cand, cnt, lp_out, ids_out, fkeys, pm, ps, pc,
                           lse_sh, t)
 
