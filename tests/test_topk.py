@@ -174,6 +174,13 @@ def test_too_many_slices_for_the_merge_is_refused():
         kn.topk_logprobs(x, 1024, slices=4, fuse=True)
 
 
+def test_a_vocabulary_past_the_kernels_32_bit_indices_is_refused():
+    from ddtree_numba.kernels.topk import MAX_VOCAB
+    x = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), shape=(1, MAX_VOCAB + 1), strides=(0, 0))
+    with pytest.raises(ValueError, match=f"more than the kernel's MAX_VOCAB = {MAX_VOCAB}"):
+        kn.topk_logprobs(x, 1)
+
+
 @pytest.mark.kernels
 def test_the_fused_merges_arrival_counters_are_left_at_zero(rng):
     """The last block of a row resets the row's arrival counter, so a reused scratch (a replayed

@@ -281,6 +281,7 @@ FILTER_CAP = 2048  # shared slots of the partial kernel's filter (candidates >= 
 TAU_DIGITS = 2     # 8-bit digits of the filter's threshold: sign, exponent and 7 mantissa bits
 MAX_KEEP = 8       # keys a thread keeps while it reads its part of the slice
 UNROLL = 8         # entries a partial-kernel thread loads at once
+MAX_VOCAB = 2**31 - 1 - 2 * UNROLL * 1024   # the first read's int32 indices reach 2 steps past V
 
 
 def _keep_per_thread(k: int, threads: int) -> int:
@@ -697,8 +698,9 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
     k = check_int("k", k, 0, V)
     if k > MAX_K:
         raise ValueError(f"k = {k} is more than the kernel's MAX_K = {MAX_K}")
-    if V >= 2**31:
-        raise ValueError(f"vocabulary of {V} does not fit int32 token ids")
+    if V > MAX_VOCAB:
+        raise ValueError(f"vocabulary of {V} is more than the kernel's MAX_VOCAB = {MAX_VOCAB} (int32 token "
+                         f"ids, and 32-bit indices that run up to a step of {UNROLL} x 1024 past the slice)")
     threads = _partial_threads(k) if threads is None else threads
     check_threads(threads)
     if keep is not None:
