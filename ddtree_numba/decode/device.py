@@ -231,7 +231,7 @@ class DeviceRound:
             self.rows_in_order = cuda.to_device(np.arange(feature_rows, dtype=np.int32))   # the prefill's keep
             self.lp = cuda.device_array((L, K), np.float32)
             self.ids = cuda.device_array((L, K), np.int32)
-            self.topk_scratch = kn.TopKScratch.allocate(L, V, K, 0)  # between its two kernels
+            self.topk_scratch = kn.TopKScratch.allocate(L, V, K, 0)  # between its slice blocks and merge
             self.level_scratch = kn.LevelScratch.allocate(L, cap, 0) if cap >= LEVEL_BUILD_FROM else None
 
     def flag_nonfinite(self, logits, n_rows, bit, stream):
