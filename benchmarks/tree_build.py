@@ -87,29 +87,27 @@ def demo_draft_logits():
     return drafter.draft(pre.hidden, int(pre.logits[-1].argmax()), drafter.new_cache(256))
 
 
+def _graph_us(stream, enqueue, queued=True, n=1) -> float:
+    """``enqueue(stream)`` repeated ``n`` times, captured as one graph and replayed: µs a copy
+    (``time_gpu``; ``queued``: the graph's device time alone)."""
+    from ddtree_numba._device import capture_graph, replay_graph
+    exe = capture_graph(lambda s: [enqueue(s) for _ in range(n)])
+    return time_gpu(lambda: replay_graph(exe, stream), stream, reps=30, queued=queued) / n
+
+
 def per_kernel(V=163840, L=15):
     """Each kernel alone as a replayed graph (no launch time): the level build at L = 1 and L, and
     the top-K's partial and merge kernels, at budgets 16, 64 and 1024. Printed, not appended."""
     from numba import cuda
     from ddtree_numba import kernels as kn
     from ddtree_numba import reference as ref
-    from ddtree_numba._device import capture_graph, replay_graph
     from ddtree_numba.kernels import topk as tk
     stream = cuda.stream()
 
-    def graph_us(enqueue, queued=True):
-        exe = capture_graph(enqueue)
-        return time_gpu(lambda: replay_graph(exe, stream), stream, reps=30, queued=queued)
-    empty = cuda.jit(lambda x: None)                     # the fixed cost of a graph's kernel
-    arg = cuda.device_array(1, np.float32)
-    for queued in (False, True):
-        t1 = graph_us(lambda s: empty[(8, L), 512, s](arg), queued)
-        t2 = graph_us(lambda s: (empty[(8, L), 512, s](arg), empty[L, 1024, s](arg)), queued)
-        t3 = graph_us(lambda s: (empty[(8, L), 512, s](arg), empty[L, 1024, s](arg), empty[1, 1024, s](arg)),
-                      queued)
-        print(f"empty kernels as a replayed graph ({'queued behind a sleeping kernel' if queued else 'nothing queued'}):"
-              f" one {t1:.1f} µs, two in a row {t2:.1f} µs, three {t3:.1f} µs", flush=True)
-    print("(every figure below: queued, the graph's device time alone)", flush=True)
+    def graph_us(enqueue):
+        return _graph_us(stream, enqueue)
+    print("(every figure: queued, the graph's device time alone; --overhead times the graph's own cost)",
+          flush=True)
     for v in (8192, 40960, V):                           # the first read's fixed cost: 8 slices a row
         xs = cuda.to_device(drafter_logits(np.random.default_rng(0), L, v))
         scs = kn.TopKScratch.allocate(L, v, 64, slices=8)
@@ -191,13 +189,11 @@ def overhead(V=163840, L=15, copies=8):
     from numba import cuda
     from ddtree_numba import kernels as kn
     from ddtree_numba import reference as ref
-    from ddtree_numba._device import capture_graph, replay_graph
     from ddtree_numba.kernels import topk as tk
     stream = cuda.stream()
 
     def graph_us(enqueue, queued=True, n=1):
-        exe = capture_graph(lambda s: [enqueue(s) for _ in range(n)])
-        return time_gpu(lambda: replay_graph(exe, stream), stream, reps=30, queued=queued) / n
+        return _graph_us(stream, enqueue, queued, n)
     empty = cuda.jit(lambda x: None)
     arg = cuda.device_array(1, np.float32)
     for queued in (False, True):
