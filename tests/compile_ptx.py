@@ -149,7 +149,9 @@ SIGNATURES = {
         for tiles in sorted({t[1] for t in _mla_tiles()})
         for cache in ("float32[:, :, ::1]", "float32[:, :, :]")],
     "mla._mla_pv_mma_kernel": [   # the H200's tile (MMA_PV, an experiment)
-        (kernels_pkg.mla._MMA_PV_TILE, f"void({F32_2}, {cache}, {U32_2}, {I32_1}, {I32_2}, int64, float32[:, :, ::1], {F32_2})")
+        ((*kernels_pkg.mla._MMA_PV_TILE, tokens, chunks),
+         f"void({F32_2}, {cache}, {U32_2}, {I32_1}, {I32_2}, int64, float32[:, :, ::1], {F32_2})")
+        for tokens, chunks in ((1, "all"), (kernels_pkg.mla._MMA_PV_TOKENS, "prefix"), (1, "tail"))
         for cache in ("float32[:, :, ::1]", "float32[:, :, :]")],
     "mla._mla_combine_kernel": [((128,), f"void(float32[:, :, ::1], {F32_2}, {F32_2}, {I32_1}, {I32_2}, int64, {F32_2})")],
     "gqa._gqa_split_kernel": [

@@ -344,11 +344,14 @@ def test_mma_pv_within_the_twins_bound_chunk_by_chunk(rng, monkeypatch):
     launches = mla._mla_launches(*(cuda.to_device(a) for a in (q_lat, q_pe, c_kv, k_pe)),
                                  cuda.to_device(np.zeros((t, h * c), np.float32)), vis_bits=cuda.to_device(bits),
                                  meta=cuda.to_device(np.array([s0, t], np.int32)), scale=0.8, scratch=scratch)
+    names = [name for name, _ in launches]
+    assert names == ["scores", "softmax", "pv prefix", "pv tail", "combine"], names   # tokens share prefix chunks
     for _, go in launches[:2]:
         go()                                              # scores, softmax: p in scratch.scores
     p = scratch.scores.copy_to_host()
     scratch.o_part.copy_to_device(np.full(scratch.o_part.shape, np.nan, np.float32))
-    launches[2][1]()                                      # p @ c_kv
+    for _, go in launches[2:4]:
+        go()                                              # p @ c_kv: the prefix chunks, then the rest
     o_part, l_part = scratch.o_part.copy_to_host(), scratch.l_part.copy_to_host()
     kc = mla.KEY_CHUNK
     chunks = 0

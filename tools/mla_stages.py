@@ -77,6 +77,8 @@ def main():
     ap.add_argument("--mma-pv", action="store_true",
                     help="p @ c_kv on tensor cores (kernels.mla.MMA_PV, an experiment)")
     ap.add_argument("--mma-pv-tile", help="warps,mt,hb: the tensor-core p @ c_kv kernel's tile (kernels.mla._MMA_PV_TILE)")
+    ap.add_argument("--mma-pv-tokens", type=int,
+                    help="tokens a block over the prefix chunks (kernels.mla._MMA_PV_TOKENS)")
     ap.add_argument("--mma-step", type=int, help="channels the tensor-core scores kernel stages a step")
     ap.add_argument("--mma-tile", help="wm,wn,mt,nt: the tensor-core scores kernel's tile (kernels.mla._MMA_TILE)")
     args = ap.parse_args()
@@ -84,6 +86,8 @@ def main():
     mla_module = importlib.import_module("ddtree_numba.kernels.mla")
     if args.mma_tile:
         mla_module._MMA_TILE = tuple(int(v) for v in args.mma_tile.split(","))
+    if args.mma_pv_tokens:
+        mla_module._MMA_PV_TOKENS = args.mma_pv_tokens
     if args.mma_step:
         mla_module._MMA_STEP = args.mma_step
     if args.mma_pv_tile:

@@ -696,17 +696,28 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
 
 
 # ``MMA_PV``: p @ c_kv on tensor cores (an experiment, off: measured on the H200 no faster than the
-# float32 kernel, 99 / 408 / 2,116 µs against 100 / 390 / 1,920 at 64 / 256 / 1024 nodes). A chunk's
-# keys are gathered by visible index in groups of 16 (mma's k), so a tree node and the token
-# alone group the same keys the same way; the heads of one token share its keys and are mma's n
-# (8 a tile); the channels are m (16 a tile). p and the latents enter as bf16, each chunk's
-# partial sums exactly in 16-key steps from 0 (twin: ``reference.mla.mma_pv`` within its bound),
-# and l_k comes out of the same mma steps (a row of ones), so the weights it normalises are the
-# bf16 ones the output used.
+# float32 kernel, 99 / 408 / 2,116 µs against 100 / 390 / 1,920 at 64 / 256 / 1024 nodes, while
+# each block took one token). A chunk's keys are gathered by visible index in groups of 16 (mma's
+# k), so a tree node and the token alone group the same keys the same way; heads are mma's n (8 a
+# tile); the channels are m (16 a tile). p and the latents enter as bf16, each chunk's partial
+# sums exactly in 16-key steps from 0 (twin: ``reference.mla.mma_pv`` within its bound), and l_k
+# comes out of the same mma steps (a row of ones), so the weights it normalises are the bf16 ones
+# the output used.
+#
+# **Prefix chunks shared by tokens.** A chunk wholly inside the cached prefix ((k + 1) * KEY_CHUNK
+# <= s0) holds the same keys, at the same positions, for every token of the sequence (visible
+# index j < s0 is position j). So a block takes ``_MMA_PV_TOKENS`` tokens there, staging the
+# chunk's latent rows once for all of their heads (more columns of mma's n, each column's sums
+# the same as alone: a column of D depends on its own column of B only). The other chunks take a
+# token a block, in a second launch. Launches with fewer than ``_MMA_PV_SHARE_FROM`` tokens a
+# sequence (decode) keep one launch of a token a block for every chunk. None of it changes a bit.
 MMA_PV = _TENSOR_CORES_ENV
-# (warps, mt, hb): a block of ``warps`` warps over 16 * mt * warps channels of one token's 8 * hb
+# (warps, mt, hb): a block of ``warps`` warps over 16 * mt * warps channels of a token's 8 * hb
 # heads.
 _MMA_PV_TILE = (1, 1, 1) if config.ENABLE_CUDASIM else (4, 2, 2)
+_MMA_PV_TOKENS = 2 if config.ENABLE_CUDASIM else 4      # tokens a block over the prefix chunks
+_MMA_PV_SHARE_FROM = 2 if config.ENABLE_CUDASIM else 4  # tokens a sequence from which they are shared
+_PV_CHUNKS = ("all", "prefix", "tail")                 # which chunks a launch takes
 
 
 @device_function
@@ -720,27 +731,38 @@ def _chunk_position(vis_bits, i, j, s0, j_end):
 
 
 @functools.lru_cache(maxsize=None)
-def _mla_pv_mma_kernel(warps, mt, hb):
+def _mla_pv_mma_kernel(warps, mt, hb, tokens=1, chunks="all"):
     """``_mla_pv_kernel``'s o_part and l_part (chunk k of every row g = row0*H + i*H + h) on tensor
     cores, from the visible keys of index [k*KEY_CHUNK, min((k+1)*KEY_CHUNK, n_vis)) gathered
-    16 at a time. Grid: (ceil(C / (16 mt warps)), Tq * ceil(H / (8 hb)), sequences * chunks),
-    blocks of 32 warps threads; block (x, y, z): token y // ceil(H / (8 hb)), heads 8 hb (y %
-    ..) .., channels 16 mt warps x .., chunk z % chunks. o_part[k, g, c] = the mma chain over the
-    chunk's 16-key steps ascending (from 0) of bf16(p) * bf16(c_kv); l_part[k, g] = the same
-    chain of bf16(p) * 1 (a row of ones as A).
+    16 at a time. o_part[k, g, c] = the mma chain over the chunk's 16-key steps ascending (from 0)
+    of bf16(p) * bf16(c_kv); l_part[k, g] = the same chain of bf16(p) * 1 (a row of ones as A).
+
+    ``chunks``: 'all' every chunk, 'prefix' only those wholly inside the cached prefix ((k + 1) *
+    KEY_CHUNK <= s0: the same keys for every token), 'tail' only the others; a block takes
+    ``tokens`` consecutive tokens (more than one only for 'prefix'). Grid: (ceil(C / (16 mt
+    warps)), ceil(Tq / tokens) * ceil(H / (8 hb)), sequences * chunks), blocks of 32 warps
+    threads; block (x, y, z): tokens tokens * (y // ceil(H / (8 hb))) .., heads 8 hb (y % ..) ..,
+    channels 16 mt warps x .., chunk z % chunks.
 
     The chunk's cache positions are found once (a thread a key) into shared memory; each step's
-    16 latent rows (the block's channels) and p columns (its heads) are read coalesced into
-    registers while the warps multiply the previous step, and stored as bf16 pairs along the keys
-    (mma's k) in shared memory: one barrier a step. A warp takes 16 mt channels (mma's m: c_kv
-    transposed as A) against the block's 8 hb heads (n: p as B)."""
+    16 latent rows (the block's channels) and p columns (its tokens' heads) are read coalesced
+    into registers while the warps multiply the previous step, and stored as bf16 pairs along the
+    keys (mma's k) in shared memory: one barrier a step. A warp takes 16 mt channels (mma's m:
+    c_kv transposed as A) against the block's tokens x 8 hb heads (n: p as B); only the warp that
+    writes l (warp 0 of the channel block 0) runs the ones row."""
+    assert chunks in _PV_CHUNKS and (tokens == 1 or chunks == "prefix"), (tokens, chunks)
+    PREFIX = chunks == "prefix"
+    TAIL = chunks == "tail"
+    TB = tokens
     CW = 16 * mt          # channels a warp
     CB = CW * warps       # channels a block
-    HW = 8 * hb           # heads a block
+    HW = 8 * hb           # heads a token a block
+    NB = TB * hb          # mma n tiles a block: token n // hb, heads 8 (n % hb) ..
+    RB = TB * HW          # p rows a block stages
     NT = 32 * warps
     ROW = 12              # words a staged row: 8 key pairs + 4 of padding (fragment reads hit 32 banks)
     LV = -(-(8 * CB) // NT)   # latent key pairs a thread stages a step
-    LP = -(-(8 * HW) // NT)   # p key pairs
+    LP = -(-(8 * RB) // NT)   # p key pairs
     ONE = 0x3F803F80      # two bf16 1.0
     PS = 16 * -(-KEY_CHUNK // 16)   # positions a chunk's 16-key steps read
 
@@ -752,40 +774,47 @@ def _mla_pv_mma_kernel(warps, mt, hb):
         k = cuda.blockIdx.z % nch
         row0, t, s0, slot = _sequence(meta, seqs, cuda.blockIdx.z // nch)
         HT = (n_heads + HW - 1) // HW
-        ti = nonneg(cuda.blockIdx.y) // HT
+        tg = nonneg(cuda.blockIdx.y) // HT
+        ti = tg * TB                                    # the block's first token
         c0 = nonneg(cuda.blockIdx.x) * CB
-        if ti >= t or c0 >= C:                          # the whole block leaves
-            return
+        j0 = k * KEY_CHUNK
+        shared_keys = j0 + KEY_CHUNK <= s0              # the chunk is the same for every token
+        if ti >= t or c0 >= C or (PREFIX and not shared_keys) or (TAIL and shared_keys):
+            return                                      # the whole block leaves
         tid = nonneg(cuda.threadIdx.x)
         warp = tid // 32
         lane = tid % 32
         g = lane // 4
         q4 = lane % 4
-        i = row0 + ti                                   # the token's query (mask) row
-        h0 = (nonneg(cuda.blockIdx.y) - ti * HT) * HW   # the block's first head
-        g0 = i * n_heads + h0                           # its first row of p, o_part and l_part
+        i = row0 + ti                                   # the first token's query (mask) row
+        h0 = (nonneg(cuda.blockIdx.y) - tg * HT) * HW   # the block's first head
         wc = warp * CW                                  # the warp's channels within the block's
         busy = c0 + wc < C                              # warp-uniform: mma needs all its lanes
-        n_vis = _visible_count(vis_bits, i, s0)
-        j0 = k * KEY_CHUNK
-        j_end = min(j0 + KEY_CHUNK, n_vis)
+        sums = busy and warp == 0 and cuda.blockIdx.x == 0   # the warp that writes l
+        if PREFIX:
+            j_end = j0 + KEY_CHUNK                      # every token sees more than s0 keys
+        else:
+            j_end = min(j0 + KEY_CHUNK, _visible_count(vis_bits, i, s0))
         pos_sh = cuda.shared.array(PS, int32)           # the chunk's cache positions (-1 past its end)
         v_sh = cuda.shared.array((2, CB, ROW), uint32)  # [buffer, channel, key pair]
-        p_sh = cuda.shared.array((2, HW, ROW), uint32)  # [buffer, head, key pair]
+        p_sh = cuda.shared.array((2, RB, ROW), uint32)  # [buffer, token * HW + head, key pair]
         for jj in range(tid, PS, NT):
-            pos_sh[jj] = _chunk_position(vis_bits, i, j0 + jj, s0, j_end)
-        acc = cuda.local.array((mt, hb, 4), float32)
-        lsum = cuda.local.array((hb, 4), float32)
+            if PREFIX:
+                pos_sh[jj] = j0 + jj if jj < KEY_CHUNK else -1
+            else:
+                pos_sh[jj] = _chunk_position(vis_bits, i, j0 + jj, s0, j_end)
+        acc = cuda.local.array((mt, NB, 4), float32)
+        lsum = cuda.local.array((NB, 4), float32)
         a = cuda.local.array((mt, 4), uint32)
         v_lo = cuda.local.array(LV, float32)            # the next step's pairs, in flight
         v_hi = cuda.local.array(LV, float32)
         p_lo = cuda.local.array(LP, float32)
         p_hi = cuda.local.array(LP, float32)
         for m in range(mt):
-            for n in range(hb):
+            for n in range(NB):
                 for c in range(4):
                     acc[m, n, c] = float32(0.0)
-        for n in range(hb):
+        for n in range(NB):
             for c in range(4):
                 lsum[n, c] = float32(0.0)
         a_one = uint32(ONE) if g == 0 else uint32(0)    # the ones row of l's A operand
@@ -810,17 +839,20 @@ def _mla_pv_mma_kernel(warps, mt, hb):
                     v_hi[u] = hi
                 for u in range(LP):
                     e = tid + NT * u
-                    hh = e // 8
+                    rb = e // 8                         # token rb // HW, head rb % HW of the block
                     kp = e % 8
+                    tt = rb // HW
+                    hh = rb - tt * HW
                     pa = pos_sh[16 * (st + 1) + 2 * kp]
                     pb = pos_sh[16 * (st + 1) + 2 * kp + 1]
                     lo = float32(0.0)
                     hi = float32(0.0)
-                    if hh < HW and h0 + hh < n_heads:
+                    if rb < RB and ti + tt < t and h0 + hh < n_heads:
+                        gp = (i + tt) * n_heads + h0 + hh
                         if pa >= 0:
-                            lo = p[g0 + hh, pa]
+                            lo = p[gp, pa]
                         if pb >= 0:
-                            hi = p[g0 + hh, pb]
+                            hi = p[gp, pb]
                     p_lo[u] = lo
                     p_hi[u] = hi
             if st >= 0:
@@ -832,7 +864,7 @@ def _mla_pv_mma_kernel(warps, mt, hb):
                         a[m, 1] = v_sh[cur, cr + 8, q4]
                         a[m, 2] = v_sh[cur, cr, q4 + 4]
                         a[m, 3] = v_sh[cur, cr + 8, q4 + 4]
-                    for n in range(hb):
+                    for n in range(NB):
                         b0 = p_sh[cur, 8 * n + g, q4]
                         b1 = p_sh[cur, 8 * n + g, q4 + 4]
                         for m in range(mt):
@@ -842,12 +874,13 @@ def _mla_pv_mma_kernel(warps, mt, hb):
                             acc[m, n, 1] = d1
                             acc[m, n, 2] = d2
                             acc[m, n, 3] = d3
-                        e0, e1, e2, e3 = mma_bf16(a_one, uint32(0), a_one, uint32(0), b0, b1,
-                                                  lsum[n, 0], lsum[n, 1], lsum[n, 2], lsum[n, 3])
-                        lsum[n, 0] = e0
-                        lsum[n, 1] = e1
-                        lsum[n, 2] = e2
-                        lsum[n, 3] = e3
+                        if sums:
+                            e0, e1, e2, e3 = mma_bf16(a_one, uint32(0), a_one, uint32(0), b0, b1,
+                                                      lsum[n, 0], lsum[n, 1], lsum[n, 2], lsum[n, 3])
+                            lsum[n, 0] = e0
+                            lsum[n, 1] = e1
+                            lsum[n, 2] = e2
+                            lsum[n, 3] = e3
             if st + 1 < n_steps:                        # last read in step st - 1: the barrier below it is past
                 nxt = (st + 1) & 1
                 for u in range(LV):
@@ -856,23 +889,25 @@ def _mla_pv_mma_kernel(warps, mt, hb):
                         v_sh[nxt, e % CB, e // CB] = pack_bf16x2(v_lo[u], v_hi[u])
                 for u in range(LP):
                     e = tid + NT * u
-                    if e < 8 * HW:
+                    if e < 8 * RB:
                         p_sh[nxt, e // 8, e % 8] = pack_bf16x2(p_lo[u], p_hi[u])
             cuda.syncthreads()  # the next tiles are in; every warp is done with this step's
         if busy:
             for m in range(mt):
-                for n in range(hb):
+                for n in range(NB):
+                    tt = n // hb                                         # the column's token
                     for c in range(4):
-                        ch = c0 + wc + 16 * m + g + 8 * (c // 2)     # D's row: the channel
-                        hh = 8 * n + 2 * q4 + (c % 2)                # D's column: the head
-                        if ch < C and h0 + hh < n_heads:
-                            o_part[k, g0 + hh, ch] = acc[m, n, c]
-            if g == 0 and warp == 0 and cuda.blockIdx.x == 0:
-                for n in range(hb):
+                        ch = c0 + wc + 16 * m + g + 8 * (c // 2)         # D's row: the channel
+                        hh = 8 * (n - tt * hb) + 2 * q4 + (c % 2)        # D's column: the head
+                        if ch < C and h0 + hh < n_heads and ti + tt < t:
+                            o_part[k, (i + tt) * n_heads + h0 + hh, ch] = acc[m, n, c]
+            if sums and g == 0:
+                for n in range(NB):
+                    tt = n // hb
                     for c in range(2):
-                        hh = 8 * n + 2 * q4 + c
-                        if h0 + hh < n_heads:
-                            l_part[k, g0 + hh] = lsum[n, c]
+                        hh = 8 * (n - tt * hb) + 2 * q4 + c
+                        if h0 + hh < n_heads and ti + tt < t:
+                            l_part[k, (i + tt) * n_heads + h0 + hh] = lsum[n, c]
 
     return kernel
 
@@ -1005,26 +1040,35 @@ def _mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, sc
         scores_block = 32 * wm * wn
         scores_kernel = _mla_scores_mma_kernel(*_MMA_TILE, _MMA_STEP)
     bm, bn, bk, tm, tn = pt
-    pv_grid = (ceil_div(C, bn), ceil_div(tq * H, bm), nch * n_seq)
-    pv_block = (bn // tn, bm // tm)
     pv_kernel = _mla_pv_kernel(*pt)
-    pv_args = (scores, c_kv, meta, seqs, H, scratch.bounds, scratch.o_part, scratch.l_part)
+    pv_grid = (ceil_div(C, bn), ceil_div(tq * H, bm), nch * n_seq)
+    pv = [("pv", lambda: pv_kernel[pv_grid, (bn // tn, bm // tm), stream](
+        scores, c_kv, meta, seqs, H, scratch.bounds, scratch.o_part, scratch.l_part))]
     if MMA_PV and precision != "fp32":
-        warps, mt, hb = _MMA_PV_TILE
-        pv_grid = (ceil_div(C, 16 * mt * warps), tq * ceil_div(H, 8 * hb), nch * n_seq)
-        pv_block = 32 * warps
-        pv_kernel = _mla_pv_mma_kernel(warps, mt, hb)
-        pv_args = (scores, c_kv, vis_bits, meta, seqs, H, scratch.o_part, scratch.l_part)
+        parts = ((("pv", "all", 1),) if tq < _MMA_PV_SHARE_FROM else
+                 (("pv prefix", "prefix", _MMA_PV_TOKENS), ("pv tail", "tail", 1)))
+        pv = [(name, _pv_mma_launch(chunks, tokens, tq, H, C, nch * n_seq, stream, scores, c_kv, vis_bits, meta,
+                                    seqs, H, scratch.o_part, scratch.l_part))
+              for name, chunks, tokens in parts]
     return [
         ("scores", lambda: scores_kernel[scores_grid, scores_block, stream](
             q_lat, q_pe, c_kv, k_pe, meta, seqs, scale, scores)),
         ("softmax", lambda: _mla_softmax_kernel(THREADS)[(nch, tq, n_seq), THREADS, stream](
             scores, vis_bits, meta, seqs, H, scratch.m_part, scratch.bounds)),
-        ("pv", lambda: pv_kernel[pv_grid, pv_block, stream](*pv_args)),
+        *pv,
         ("combine", lambda: _mla_combine_kernel(COMBINE_THREADS)[
             (ceil_div(C, COMBINE_THREADS), tq * H, n_seq), COMBINE_THREADS, stream](
             scratch.o_part, scratch.l_part, scratch.m_part, meta, seqs, H, out_lat)),
     ]
+
+
+def _pv_mma_launch(chunks, tokens, tq, H, C, z_blocks, stream, *args):
+    """A launch() of ``_mla_pv_mma_kernel`` at ``_MMA_PV_TILE`` over ``chunks`` ('all' | 'prefix'
+    | 'tail'), ``tokens`` tokens a block, for tq query tokens of H heads a sequence."""
+    warps, mt, hb = _MMA_PV_TILE
+    kernel = _mla_pv_mma_kernel(warps, mt, hb, tokens, chunks)
+    grid = (ceil_div(C, 16 * mt * warps), ceil_div(tq, tokens) * ceil_div(H, 8 * hb), z_blocks)
+    return lambda: kernel[grid, 32 * warps, stream](*args)
 
 
 # -- host helpers ---------------------------------------------------------------------------

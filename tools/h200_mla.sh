@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Issue 14's MLA attention on the H200 (~5 minutes): the attention, forward and decode tests with
+# both tensor-core switches on (DDTREE_MLA_TENSOR_CORES=1), MLA_STAGES= runs of
+# tools/mla_stages.py (each a quoted argument list, ';'-separated), compute-sanitizer memcheck and
+# racecheck over one small tensor-core attention (SANITIZE= names the tools; empty skips them).
+# Run from the repo root with .whl carried; logs to $OUT/log.txt.
+set -u
+export DDTREE_COMMIT=${DDTREE_COMMIT:-unknown}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+T0=$(date +%s)
+left() { echo $(( $1 - $(date +%s) + T0 )); }
+{
+TESTS=${TESTS-tests/test_mla_kernel.py tests/test_model_cuda.py tests/test_decode_cuda.py}
+[ -n "$TESTS" ] && DDTREE_MLA_TENSOR_CORES=1 timeout $(left 240) python3 -m pytest -q -p no:cacheprovider -n 4 \
+  $TESTS --tb=short 2>&1 | grep -v Warn | tail -6
+IFS=';' read -ra RUNS <<< "${MLA_STAGES-}"
+for run in "${RUNS[@]}"; do
+  echo "== mla_stages.py $run"
+  timeout $(left 520) python3 tools/mla_stages.py --shape moonlight $run 2>&1 | grep -v Warn | tail -12
+done
+for tool in ${SANITIZE-memcheck racecheck}; do
+  echo "== $tool"
+  timeout $(left 580) compute-sanitizer --tool $tool python3 tools/mla_stages.py --shape moonlight --mma-pv \
+    --prefix 260 --cases 9 2x5 --repeat 1 2>&1 | tail -2
+done
+} 2>&1 | tee "$OUT/log.txt"
+echo "elapsed $(( $(date +%s) - T0 ))"
