@@ -730,6 +730,17 @@ def _chunk_position(vis_bits, i, j, s0, j_end):
     return _visible_position(vis_bits, i, j, s0)
 
 
+@device_function
+def _pair_positions(pos_sh, j0, jj, prefix):
+    """The cache positions (int32) of a chunk's keys jj and jj + 1 (the chunk from visible index
+    j0), -1 off the chunk: from the table ``pos_sh``, or for a prefix chunk (``prefix``) j0 + jj
+    itself."""
+    if prefix:
+        a = int32(j0 + jj)
+        return (a if jj < KEY_CHUNK else int32(-1)), (int32(a + 1) if jj + 1 < KEY_CHUNK else int32(-1))
+    return pos_sh[uint32(jj)], pos_sh[uint32(jj + 1)]
+
+
 @functools.lru_cache(maxsize=None)
 def _mla_pv_mma_kernel(warps, mt, hb, tokens=1, chunks="all"):
     """``_mla_pv_kernel``'s o_part and l_part (chunk k of every row g = row0*H + i*H + h) on tensor
@@ -761,7 +772,9 @@ def _mla_pv_mma_kernel(warps, mt, hb, tokens=1, chunks="all"):
     RB = TB * HW          # p rows a block stages
     NT = 32 * warps
     ROW = 12              # words a staged row: 8 key pairs + 4 of padding (fragment reads hit 32 banks)
-    LV = -(-(8 * CB) // NT)   # latent key pairs a thread stages a step
+    VS = NT // CB             # threads a latent channel: each stages key pairs kv0, kv0 + VS, ..
+    assert NT % CB == 0 and 8 % VS == 0, "the block's threads tile a step's 8 latent key pairs exactly"
+    LV = 8 // VS              # latent key pairs a thread stages a step
     LP = -(-(8 * RB) // NT)   # p key pairs
     ONE = 0x3F803F80      # two bf16 1.0
     PS = 16 * -(-KEY_CHUNK // 16)   # positions a chunk's 16-key steps read
@@ -777,7 +790,7 @@ def _mla_pv_mma_kernel(warps, mt, hb, tokens=1, chunks="all"):
         tg = nonneg(cuda.blockIdx.y) // HT
         ti = tg * TB                                    # the block's first token
         c0 = nonneg(cuda.blockIdx.x) * CB
-        j0 = k * KEY_CHUNK
+        j0 = int32(k * KEY_CHUNK)
         shared_keys = j0 + KEY_CHUNK <= s0              # the chunk is the same for every token
         if ti >= t or c0 >= C or (PREFIX and not shared_keys) or (TAIL and shared_keys):
             return                                      # the whole block leaves
@@ -795,13 +808,12 @@ def _mla_pv_mma_kernel(warps, mt, hb, tokens=1, chunks="all"):
             j_end = j0 + KEY_CHUNK                      # every token sees more than s0 keys
         else:
             j_end = min(j0 + KEY_CHUNK, _visible_count(vis_bits, i, s0))
+        lat = c_kv[slot]                                # this sequence's [S, C]
         pos_sh = cuda.shared.array(PS, int32)           # the chunk's cache positions (-1 past its end)
         v_sh = cuda.shared.array((2, CB, ROW), uint32)  # [buffer, channel, key pair]
         p_sh = cuda.shared.array((2, RB, ROW), uint32)  # [buffer, token * HW + head, key pair]
-        for jj in range(tid, PS, NT):
-            if PREFIX:
-                pos_sh[jj] = j0 + jj if jj < KEY_CHUNK else -1
-            else:
+        if not PREFIX:                                  # the prefix's are j0 + jj: no table
+            for jj in range(tid, PS, NT):
                 pos_sh[jj] = _chunk_position(vis_bits, i, j0 + jj, s0, j_end)
         acc = cuda.local.array((mt, NB, 4), float32)
         lsum = cuda.local.array((NB, 4), float32)
@@ -817,44 +829,43 @@ def _mla_pv_mma_kernel(warps, mt, hb, tokens=1, chunks="all"):
         for n in range(NB):
             for c in range(4):
                 lsum[n, c] = float32(0.0)
+        # The thread's staging slots, the same every step: latent key pairs kv0 + VS u of
+        # channel vch; p key pair pk of the block's rows tid // 8 + (NT // 8) u (p_row: their
+        # rows of p, -1 for a row of no token or head).
+        kv0 = int32(tid // CB)
+        v_live = c0 + tid % CB < C
+        vch = uint32(min(c0 + tid % CB, C - 1))
+        pk = int32(tid % 8)
+        p_row = cuda.local.array(LP, int32)
+        for u in range(LP):
+            rb = tid // 8 + (NT // 8) * u               # token rb // HW, head rb % HW of the block
+            tt = rb // HW
+            hh = rb - tt * HW
+            live = rb < RB and ti + tt < t and h0 + hh < n_heads
+            p_row[u] = (i + tt) * n_heads + h0 + hh if live else -1
         a_one = uint32(ONE) if g == 0 else uint32(0)    # the ones row of l's A operand
         n_steps = (j_end - j0 + 15) // 16 if j_end > j0 else 0
         cuda.syncthreads()                              # the positions are in
         for st in range(-1, n_steps):
             if st + 1 < n_steps:                        # the next step's reads, in flight
+                # Every load is issued (its indices clamped into the arrays) and a key off the
+                # chunk, a channel past C or a row of no token selected to 0: no branch between
+                # the loads, and unsigned indices (no sign fix-ups in their addresses).
+                j1 = int32(16 * (st + 1))               # the step's first key within the chunk
                 for u in range(LV):                     # channel fastest: a latent row's read is coalesced
-                    e = tid + NT * u
-                    kp = e // CB
-                    ch = c0 + e % CB
-                    pa = pos_sh[16 * (st + 1) + 2 * kp] if kp < 8 else -1
-                    pb = pos_sh[16 * (st + 1) + 2 * kp + 1] if kp < 8 else -1
-                    lo = float32(0.0)
-                    hi = float32(0.0)
-                    if ch < C:
-                        if pa >= 0:
-                            lo = c_kv[slot, pa, ch]
-                        if pb >= 0:
-                            hi = c_kv[slot, pb, ch]
-                    v_lo[u] = lo
-                    v_hi[u] = hi
+                    pa, pb = _pair_positions(pos_sh, j0, int32(j1 + 2 * (kv0 + VS * u)), PREFIX)
+                    lo = lat[uint32(max(pa, 0)), vch]
+                    hi = lat[uint32(max(pb, 0)), vch]
+                    v_lo[u] = lo if v_live & (pa >= 0) else float32(0.0)   # & : a select, not a branch
+                    v_hi[u] = hi if v_live & (pb >= 0) else float32(0.0)
+                pa, pb = _pair_positions(pos_sh, j0, int32(j1 + 2 * pk), PREFIX)   # the same keys for every p row
+                ca, cb = uint32(max(pa, 0)), uint32(max(pb, 0))
                 for u in range(LP):
-                    e = tid + NT * u
-                    rb = e // 8                         # token rb // HW, head rb % HW of the block
-                    kp = e % 8
-                    tt = rb // HW
-                    hh = rb - tt * HW
-                    pa = pos_sh[16 * (st + 1) + 2 * kp]
-                    pb = pos_sh[16 * (st + 1) + 2 * kp + 1]
-                    lo = float32(0.0)
-                    hi = float32(0.0)
-                    if rb < RB and ti + tt < t and h0 + hh < n_heads:
-                        gp = (i + tt) * n_heads + h0 + hh
-                        if pa >= 0:
-                            lo = p[gp, pa]
-                        if pb >= 0:
-                            hi = p[gp, pb]
-                    p_lo[u] = lo
-                    p_hi[u] = hi
+                    row = uint32(max(p_row[u], 0))
+                    lo = p[row, ca]
+                    hi = p[row, cb]
+                    p_lo[u] = lo if (p_row[u] >= 0) & (pa >= 0) else float32(0.0)
+                    p_hi[u] = hi if (p_row[u] >= 0) & (pb >= 0) else float32(0.0)
             if st >= 0:
                 cur = st & 1
                 if busy:
@@ -884,13 +895,11 @@ def _mla_pv_mma_kernel(warps, mt, hb, tokens=1, chunks="all"):
             if st + 1 < n_steps:                        # last read in step st - 1: the barrier below it is past
                 nxt = (st + 1) & 1
                 for u in range(LV):
-                    e = tid + NT * u
-                    if e < 8 * CB:
-                        v_sh[nxt, e % CB, e // CB] = pack_bf16x2(v_lo[u], v_hi[u])
+                    v_sh[nxt, tid % CB, kv0 + VS * u] = pack_bf16x2(v_lo[u], v_hi[u])
                 for u in range(LP):
-                    e = tid + NT * u
-                    if e < 8 * RB:
-                        p_sh[nxt, e // 8, e % 8] = pack_bf16x2(p_lo[u], p_hi[u])
+                    rb = tid // 8 + (NT // 8) * u
+                    if rb < RB:
+                        p_sh[nxt, rb, pk] = pack_bf16x2(p_lo[u], p_hi[u])
             cuda.syncthreads()  # the next tiles are in; every warp is done with this step's
         if busy:
             for m in range(mt):
