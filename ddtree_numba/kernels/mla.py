@@ -59,6 +59,7 @@ from .linear import KC, enqueue_linear_heads
 THREADS = 8 if config.ENABLE_CUDASIM else 128   # softmax kernel: threads per query token (all heads)
 SOFTMAX_LANES = 4 if config.ENABLE_CUDASIM else 32   # of them, the threads a head's keys are split over
 COMBINE_THREADS = 8 if config.ENABLE_CUDASIM else 128
+COMBINE_CHANNELS = 2 if config.ENABLE_CUDASIM else 4   # latent channels a combine thread takes (at most)
 _MASKED = -1.0                                     # p of a key the query does not see
 # Keys a chunk of a query's softmax takes, by visible index (module docstring). Fixed: changing it
 # changes the bits. It also bounds the p @ c_kv kernel's serial chain per output (a block per
@@ -922,47 +923,66 @@ def _mla_pv_mma_kernel(warps, mt, hb, tokens=1, chunks="all"):
 
 
 @functools.lru_cache(maxsize=None)
-def _mla_combine_kernel(threads):
+def _mla_combine_kernel(threads, per_thread):
     """out_lat[row0 + i, h*C + c] = (sum_k w_k o_part[k, g, c]) / (sum_k w_k l_part[k, g]), w_k
     = exp(m_k - max_k m_k), the sums over the row's chunks in ascending k, g = row0*H + i*H + h,
-    i < t, for sequence z (blockIdx.z). Grid: (ceil(C / threads), Tq*H, sequences) blocks of
-    ``threads``."""
+    i < t, for sequence z (blockIdx.z). Grid: (ceil(C / (threads * per_thread)), Tq*H,
+    sequences) blocks of ``threads``; a thread takes channels c0 + tid + threads * v, v <
+    ``per_thread``.
+
+    Latency-bound (a few dozen loads a thread, each a trip to L2 or DRAM), so the loads go out
+    in batches: the chunks' maxima eight at a time, then four chunks' m, l and o together, added
+    in ascending k after they are in. The arithmetic of each output is the same whatever the
+    batch or the tile."""
     T = threads
+    V = per_thread
+    MB = 8      # chunk maxima a batch
+    KB = 4      # chunks a batch of the sums
 
     @cached
     @cuda.jit
     def kernel(o_part, l_part, m_part, meta, seqs, n_heads, out_lat):
-        c = cuda.blockIdx.x * T + cuda.threadIdx.x
         C = o_part.shape[2]
         row0, t, s0, slot = _sequence(meta, seqs, cuda.blockIdx.z)
-        if cuda.blockIdx.y >= t * n_heads or c >= C:
+        if cuda.blockIdx.y >= t * n_heads:
             return
         r = row0 * n_heads + cuda.blockIdx.y
+        c0 = nonneg(cuda.blockIdx.x) * (T * V) + nonneg(cuda.threadIdx.x)
         nch = m_part.shape[1]
+        mb = cuda.local.array(MB, float32)
         big = float32(-math.inf)
-        for k in range(nch):
-            big = max(big, m_part[r, k])
-        # four chunks a pass: their loads in flight together, then added in ascending k
-        m4 = cuda.local.array(4, float32)
-        o4 = cuda.local.array(4, float32)
-        l4 = cuda.local.array(4, float32)
-        o = float32(0.0)
-        l = float32(0.0)
-        for k0 in range(0, nch, 4):
-            for u in range(4):
-                m4[u] = -math.inf
+        for k0 in range(0, nch, MB):
+            for u in range(MB):
+                mb[u] = m_part[r, min(k0 + u, nch - 1)]
+            for u in range(MB):
                 if k0 + u < nch:
-                    m4[u] = m_part[r, k0 + u]
-                    o4[u] = o_part[k0 + u, r, c]
-                    l4[u] = l_part[k0 + u, r]
-            for u in range(4):
+                    big = max(big, mb[u])
+        m4 = cuda.local.array(KB, float32)
+        l4 = cuda.local.array(KB, float32)
+        o4 = cuda.local.array((KB, V), float32)
+        o = cuda.local.array(V, float32)
+        for v in range(V):
+            o[v] = float32(0.0)
+        l = float32(0.0)
+        for k0 in range(0, nch, KB):
+            for u in range(KB):
+                k = min(k0 + u, nch - 1)
+                m4[u] = m_part[r, k] if k0 + u < nch else float32(-math.inf)
+                l4[u] = l_part[k, r]
+                for v in range(V):
+                    o4[u, v] = o_part[k, r, min(c0 + T * v, C - 1)]
+            for u in range(KB):
                 if m4[u] > float32(-math.inf):
                     w = math.exp(m4[u] - big)
-                    o = o + w * o4[u]
+                    for v in range(V):
+                        o[v] = o[v] + w * o4[u, v]
                     l = l + w * l4[u]
         i = cuda.blockIdx.y // n_heads
         h = cuda.blockIdx.y - i * n_heads
-        out_lat[row0 + i, h * C + c] = o / l
+        for v in range(V):
+            c = c0 + T * v
+            if c < C:
+                out_lat[row0 + i, h * C + c] = o[v] / l
 
     return kernel
 
@@ -1065,10 +1085,15 @@ def _mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, sc
         ("softmax", lambda: _mla_softmax_kernel(THREADS)[(nch, tq, n_seq), THREADS, stream](
             scores, vis_bits, meta, seqs, H, scratch.m_part, scratch.bounds)),
         *pv,
-        ("combine", lambda: _mla_combine_kernel(COMBINE_THREADS)[
-            (ceil_div(C, COMBINE_THREADS), tq * H, n_seq), COMBINE_THREADS, stream](
+        ("combine", lambda: _mla_combine_kernel(COMBINE_THREADS, _combine_channels(C))[
+            (ceil_div(C, COMBINE_THREADS * _combine_channels(C)), tq * H, n_seq), COMBINE_THREADS, stream](
             scratch.o_part, scratch.l_part, scratch.m_part, meta, seqs, H, out_lat)),
     ]
+
+
+def _combine_channels(C: int) -> int:
+    """Channels a combine thread takes: up to COMBINE_CHANNELS, fewer when C leaves threads idle."""
+    return max(1, min(COMBINE_CHANNELS, C // COMBINE_THREADS))
 
 
 def _pv_mma_launch(chunks, tokens, tq, H, C, z_blocks, stream, *args):
