@@ -140,7 +140,7 @@ SIGNATURES = {
         (tiles, f"void({F32_2}, {F32_2}, {cache}, {cache}, {I32_1}, {I32_2}, float32, {F32_2})")
         for tiles in sorted({t[0] for t in _mla_tiles()})
         for cache in ("float32[:, :, ::1]", "float32[:, :, :]")],
-    "mla._mla_scores_mma_kernel": [   # the H200's tile (MMA_SCORES, an experiment)
+    "mla._mla_scores_mma_kernel": [   # the H200's tile (MMA_SCORES)
         ((*kernels_pkg.mla._MMA_TILE, kernels_pkg.mla._MMA_STEP), f"void({F32_2}, {F32_2}, {cache}, {cache}, {I32_1}, {I32_2}, float32, {F32_2})")
         for cache in ("float32[:, :, ::1]", "float32[:, :, :]")],
     "mla._mla_softmax_kernel": [((128,), f"void({F32_2}, {U32_2}, {I32_1}, {I32_2}, int64, {F32_2}, int32[:, :, ::1])")],
@@ -148,7 +148,7 @@ SIGNATURES = {
         (tiles, f"void({F32_2}, {cache}, {I32_1}, {I32_2}, int64, int32[:, :, ::1], float32[:, :, ::1], {F32_2})")
         for tiles in sorted({t[1] for t in _mla_tiles()})
         for cache in ("float32[:, :, ::1]", "float32[:, :, :]")],
-    "mla._mla_pv_mma_kernel": [   # the H200's tile (MMA_PV, an experiment)
+    "mla._mla_pv_mma_kernel": [   # the H200's tile (MMA_PV): each launch kind
         ((*kernels_pkg.mla._MMA_PV_TILE, tokens, chunks),
          f"void({F32_2}, {cache}, {U32_2}, {I32_1}, {I32_2}, int64, float32[:, :, ::1], {F32_2})")
         for tokens, chunks in ((1, "all"), (kernels_pkg.mla._MMA_PV_TOKENS, "prefix"), (1, "tail"))

@@ -177,7 +177,7 @@ def float32_chains(monkeypatch):
 
 @pytest.fixture
 def mma(request, monkeypatch):
-    """The tensor-core experiments the test's parameter names (indirect): 'scores' sets
+    """The tensor-core switches the test's parameter names (indirect): 'scores' sets
     ``kernels.mla.MMA_SCORES``, 'both' that and ``MMA_PV``; '' neither. True if any is on."""
     import importlib
     mod = importlib.import_module("ddtree_numba.kernels.mla")
@@ -293,7 +293,7 @@ def test_bad_inputs_raise(rng):
     raises("scale must be a number", q_nope, q_pe, c_kv, k_pe, w, mask, "big")
 
 
-# -- the scores on tensor cores (kernels.mla.MMA_SCORES, an experiment) ----------------------
+# -- the scores and p @ c_kv on tensor cores (kernels.mla.MMA_SCORES, MMA_PV) ------------------
 
 @pytest.mark.parametrize("c,r", [(16, 8), (64, 16)])          # one channel chunk; two (64 + 16)
 def test_mma_scores_within_the_twins_bound_and_a_row_alone_equals_it_in_the_batch(rng, monkeypatch, c, r):

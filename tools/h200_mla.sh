@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 14's MLA attention on the H200 (~5 minutes): the attention, forward and decode tests with
-# both tensor-core switches on (DDTREE_MLA_TENSOR_CORES=1), MLA_STAGES= runs of
+# Issue 14's MLA attention on the H200 (~5 minutes): the attention, forward and decode tests
+# (TESTS= names them), MLA_STAGES= runs of
 # tools/mla_stages.py (each a quoted argument list, ';'-separated), compute-sanitizer memcheck and
 # racecheck over one small tensor-core attention (SANITIZE= names the tools; empty skips them).
 # Run from the repo root with .whl carried; logs to $OUT/log.txt.
@@ -13,7 +13,7 @@ T0=$(date +%s)
 left() { echo $(( $1 - $(date +%s) + T0 )); }
 {
 TESTS=${TESTS-tests/test_mla_kernel.py tests/test_model_cuda.py tests/test_decode_cuda.py}
-[ -n "$TESTS" ] && DDTREE_MLA_TENSOR_CORES=1 timeout $(left 240) python3 -m pytest -q -p no:cacheprovider -n 4 \
+[ -n "$TESTS" ] && timeout $(left 240) python3 -m pytest -q -p no:cacheprovider -n 4 \
   $TESTS --tb=short 2>&1 | grep -v Warn | tail -6
 IFS=';' read -ra RUNS <<< "${MLA_STAGES-}"
 for run in "${RUNS[@]}"; do
@@ -22,7 +22,7 @@ for run in "${RUNS[@]}"; do
 done
 for tool in ${SANITIZE-memcheck racecheck}; do
   echo "== $tool"
-  timeout $(left 580) compute-sanitizer --tool $tool python3 tools/mla_stages.py --shape moonlight --mma-pv \
+  timeout $(left 580) compute-sanitizer --tool $tool python3 tools/mla_stages.py --shape moonlight \
     --prefix 260 --cases 9 2x5 --repeat 1 2>&1 | tail -2
 done
 } 2>&1 | tee "$OUT/log.txt"

@@ -74,8 +74,8 @@ def main():
     ap.add_argument("--tune", action="store_true", help="time the candidate tiles too")
     ap.add_argument("--fp32-scores", action="store_true",
                     help="MLA's scores in float32 chains (kernels.mla.MMA_SCORES off; on by default)")
-    ap.add_argument("--mma-pv", action="store_true",
-                    help="p @ c_kv on tensor cores (kernels.mla.MMA_PV, an experiment)")
+    ap.add_argument("--fp32-pv", action="store_true",
+                    help="MLA's p @ c_kv in float32 chains (kernels.mla.MMA_PV off; on by default)")
     ap.add_argument("--mma-pv-tile", help="warps,mt,hb: the tensor-core p @ c_kv kernel's tile (kernels.mla._MMA_PV_TILE)")
     ap.add_argument("--mma-pv-tokens", type=int,
                     help="tokens a block over the prefix chunks (kernels.mla._MMA_PV_TOKENS)")
@@ -93,7 +93,7 @@ def main():
     if args.mma_pv_tile:
         mla_module._MMA_PV_TILE = tuple(int(v) for v in args.mma_pv_tile.split(","))
     mla_module.MMA_SCORES = mla_module.MMA_SCORES and not args.fp32_scores
-    mla_module.MMA_PV = mla_module.MMA_PV or args.mma_pv
+    mla_module.MMA_PV = mla_module.MMA_PV and not args.fp32_pv
     from tune_tiles import timed
     from ddtree_numba.kernels.mla import _tiles, _mla_launches
 
@@ -113,6 +113,8 @@ def main():
             if args.tune:
                 picked = _tiles(t * heads, latent, n_seq)
                 for which, name in ((0, "scores"), (1, "pv")):
+                    if (name == "scores" and mla_module.MMA_SCORES) or (name == "pv" and mla_module.MMA_PV):
+                        continue        # the float32 tiles: the tensor-core kernels do not take them
                     times = []
                     for cand in CANDIDATES:
                         tiles = (cand, picked[1]) if which == 0 else (picked[0], cand)

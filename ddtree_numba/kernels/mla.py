@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import numpy as np
 from numba import config, cuda, float32, int32, uint32
@@ -266,9 +265,6 @@ def _mla_scores_kernel(bm, bn, bk, tm, tn):
 # 434 -> 199 at 256, 2,299 -> 1,304 at 1024; docs/PERFORMANCE.md), in the 'bf16' mode only
 # (``enqueue_mla_attention``'s ``precision``; 'fp32' keeps the float32 chains).
 MMA_SCORES = True
-# ``DDTREE_MLA_TENSOR_CORES=1`` also turns ``MMA_PV`` (below, an experiment) on, so that whole-model
-# tests can run with it on a GPU without code changes.
-_TENSOR_CORES_ENV = os.environ.get("DDTREE_MLA_TENSOR_CORES", "0") == "1"
 # (wm, wn, mt, nt): a block of wm x wn warps, each 16 * mt keys x 8 * nt query rows.
 _MMA_TILE = (1, 1, 1, 1) if config.ENABLE_CUDASIM else (4, 2, 1, 2)
 _MMA_STEP = 32      # channels a block stages through shared memory a step: a multiple of 16 dividing KC
@@ -696,14 +692,12 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
     return kernel
 
 
-# ``MMA_PV``: p @ c_kv on tensor cores (an experiment, off: measured on the H200 no faster than the
-# float32 kernel, 99 / 408 / 2,116 µs against 100 / 390 / 1,920 at 64 / 256 / 1024 nodes, while
-# each block took one token). A chunk's keys are gathered by visible index in groups of 16 (mma's
-# k), so a tree node and the token alone group the same keys the same way; heads are mma's n (8 a
-# tile); the channels are m (16 a tile). p and the latents enter as bf16, each chunk's partial
-# sums exactly in 16-key steps from 0 (twin: ``reference.mla.mma_pv`` within its bound), and l_k
-# comes out of the same mma steps (a row of ones), so the weights it normalises are the bf16 ones
-# the output used.
+# ``MMA_PV``: p @ c_kv on tensor cores. A chunk's keys are gathered by visible index in groups of
+# 16 (mma's k), so a tree node and the token alone group the same keys the same way; heads are
+# mma's n (8 a tile); the channels are m (16 a tile). p and the latents enter as bf16, each chunk's
+# partial sums exactly in 16-key steps from 0 (twin: ``reference.mla.mma_pv`` within its bound),
+# and l_k comes out of the same mma steps (a row of ones), so the weights it normalises are the
+# bf16 ones the output used.
 #
 # **Prefix chunks shared by tokens.** A chunk wholly inside the cached prefix ((k + 1) * KEY_CHUNK
 # <= s0) holds the same keys, at the same positions, for every token of the sequence (visible
@@ -712,11 +706,18 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
 # the same as alone: a column of D depends on its own column of B only). The other chunks take a
 # token a block, in a second launch. Launches with fewer than ``_MMA_PV_SHARE_FROM`` tokens a
 # sequence (decode) keep one launch of a token a block for every chunk. None of it changes a bit.
-MMA_PV = _TENSOR_CORES_ENV
+#
+# On in the bf16 precision since the fourteenth session (H200, Moonlight shape, 1024 cached rows:
+# 99 -> 38 µs at 64 nodes, 391 -> 153 at 256, 1,918 -> 965 at 1024, 418 -> 158 at 16 sequences of
+# 17; 8.8 -> 9.6 at one token; docs/PERFORMANCE.md). With one token a block it had measured no
+# faster than the float32 chains (99 / 408 / 2,116 µs at 64 / 256 / 1024 nodes): each block read
+# its chunk's latent rows for 16 query rows only, and its loads spent ~25 instructions each on
+# index arithmetic. 'fp32' keeps the float32 chains.
+MMA_PV = True
 # (warps, mt, hb): a block of ``warps`` warps over 16 * mt * warps channels of a token's 8 * hb
 # heads.
 _MMA_PV_TILE = (1, 1, 1) if config.ENABLE_CUDASIM else (4, 2, 2)
-_MMA_PV_TOKENS = 2 if config.ENABLE_CUDASIM else 4      # tokens a block over the prefix chunks
+_MMA_PV_TOKENS = 2                                      # tokens a block over the prefix chunks (2 or 4: within 7 %)
 _MMA_PV_SHARE_FROM = 2 if config.ENABLE_CUDASIM else 4  # tokens a sequence from which they are shared
 _PV_CHUNKS = ("all", "prefix", "tail")                 # which chunks a launch takes
 
