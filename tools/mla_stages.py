@@ -80,7 +80,7 @@ def main():
     ap.add_argument("--mma-pv-tokens", type=int,
                     help="tokens a block over the prefix chunks (kernels.mla._MMA_PV_TOKENS)")
     ap.add_argument("--mma-step", type=int, help="channels the tensor-core scores kernel stages a step")
-    ap.add_argument("--mma-tile", help="wm,wn,mt,nt: the tensor-core scores kernel's tile (kernels.mla._MMA_TILE)")
+    ap.add_argument("--mma-tile", help="wm,wn,mt,nt: the tensor-core scores kernel's tile (overrides kernels.mla._MMA_TILES)")
     args = ap.parse_args()
     import importlib
     mla_module = importlib.import_module("ddtree_numba.kernels.mla")

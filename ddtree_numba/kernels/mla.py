@@ -266,7 +266,12 @@ def _mla_scores_kernel(bm, bn, bk, tm, tn):
 # (``enqueue_mla_attention``'s ``precision``; 'fp32' keeps the float32 chains).
 MMA_SCORES = True
 # (wm, wn, mt, nt): a block of wm x wn warps, each 16 * mt keys x 8 * nt query rows.
-_MMA_TILE = (1, 1, 1, 1) if config.ENABLE_CUDASIM else (4, 2, 1, 2)
+# By the rows a sequence (Tq * H), measured with ``tools/mla_stages.py --mma-tile`` (fourteenth
+# session): from 64 nodes of 16 heads (1,024 rows) blocks of 64 keys x 64 rows (warps of 32 x 16)
+# beat 32 x 64 (warps of 16 x 16) by 7-28 % (151.8 against 198.7 µs at 256 nodes, 937 against
+# 1,303 at 1024); 64-channel steps and four other shapes were slower.
+_MMA_TILES = ((256, (4, 2, 1, 2)), (None, (4, 2, 2, 2)))
+_MMA_TILE = None    # an override of the table (tools/mla_stages.py --mma-tile)
 _MMA_STEP = 32      # channels a block stages through shared memory a step: a multiple of 16 dividing KC
 _MMA_PAD = 4        # words of padding a staged row: its fragment reads hit 32 distinct banks
 
@@ -1065,10 +1070,10 @@ def _mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, sc
     scores_block = (bn // tn, bm // tm)
     scores_kernel = _mla_scores_kernel(*st)
     if MMA_SCORES and precision != "fp32":
-        wm, wn, mt, nt = _MMA_TILE
+        wm, wn, mt, nt = tile = _mma_tile(tq * H)
         scores_grid = (ceil_div(s_cap, 16 * mt * wn), ceil_div(tq * H, 8 * nt * wm), n_seq)
         scores_block = 32 * wm * wn
-        scores_kernel = _mla_scores_mma_kernel(*_MMA_TILE, _MMA_STEP)
+        scores_kernel = _mla_scores_mma_kernel(*tile, _MMA_STEP)
     bm, bn, bk, tm, tn = pt
     pv_kernel = _mla_pv_kernel(*pt)
     pv_grid = (ceil_div(C, bn), ceil_div(tq * H, bm), nch * n_seq)
@@ -1090,6 +1095,15 @@ def _mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, sc
             (ceil_div(C, COMBINE_THREADS * _combine_channels(C)), tq * H, n_seq), COMBINE_THREADS, stream](
             scratch.o_part, scratch.l_part, scratch.m_part, meta, seqs, H, out_lat)),
     ]
+
+
+def _mma_tile(rows: int):
+    """The tensor-core scores kernel's (wm, wn, mt, nt) for ``rows`` = Tq * H query rows a sequence."""
+    if _MMA_TILE is not None:
+        return _MMA_TILE
+    if config.ENABLE_CUDASIM:
+        return (1, 1, 1, 1)
+    return next(tile for bound, tile in _MMA_TILES if bound is None or rows <= bound)
 
 
 def _combine_channels(C: int) -> int:
