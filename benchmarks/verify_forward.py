@@ -220,14 +220,14 @@ def main():
                     help="the register GEMM kernel packs activations at their loads (kernels.linear._X_RAW off)")
     ap.add_argument("--fp32-scores", action="store_true",
                     help="MLA's scores in float32 chains (kernels.mla.MMA_SCORES off; on by default)")
-    ap.add_argument("--mma-pv", action="store_true",
-                    help="MLA's p @ c_kv on tensor cores (kernels.mla.MMA_PV, an experiment)")
+    ap.add_argument("--fp32-pv", action="store_true",
+                    help="MLA's p @ c_kv in float32 chains (kernels.mla.MMA_PV off; on by default)")
     args = ap.parse_args()
-    if args.fp32_scores or args.mma_pv:
+    if args.fp32_scores or args.fp32_pv:
         import importlib
         mla_module = importlib.import_module("ddtree_numba.kernels.mla")
         mla_module.MMA_SCORES = mla_module.MMA_SCORES and not args.fp32_scores
-        mla_module.MMA_PV = mla_module.MMA_PV or args.mma_pv
+        mla_module.MMA_PV = mla_module.MMA_PV and not args.fp32_pv
     if args.shared_inline:
         import ddtree_numba.kernels.moe as moe_kernels
         moe_kernels.CONCURRENT_SHARED = False
@@ -293,7 +293,8 @@ def main():
             + (" Activations packed at their loads (--no-x-raw)." if args.no_x_raw else "")
             + (" MLA's scores in float32 chains (--fp32-scores)." if args.fp32_scores
                else " MLA's scores on tensor cores (kernels.mla.MMA_SCORES).")
-            + (" MLA's p @ c_kv on tensor cores (--mma-pv)." if args.mma_pv else ""))
+            + (" MLA's p @ c_kv in float32 chains (--fp32-pv)." if args.fp32_pv
+               else " MLA's p @ c_kv on tensor cores (kernels.mla.MMA_PV)."))
     header = ["nodes", "eager ms", "graph ms", "bytes", "FLOPs", "floor ms", "graph / floor",
               "peer ms", "peer / graph"]
     keys = ["nodes", "eager_ms", "ms", "bytes", "flops", "floor_ms", "ms_per_floor", "peer_ms", "peer_per_ms"]
