@@ -79,6 +79,8 @@ def main():
     ap.add_argument("--mma-pv-tile", help="warps,mt,hb: the tensor-core p @ c_kv kernel's tile (kernels.mla._MMA_PV_TILE)")
     ap.add_argument("--mma-pv-tokens", type=int,
                     help="tokens a block over the prefix chunks (kernels.mla._MMA_PV_TOKENS)")
+    ap.add_argument("--softmax", help="lanes,threads: the softmax kernel's lanes a head and threads a block "
+                                      "(kernels.mla.SOFTMAX_LANES, THREADS)")
     ap.add_argument("--mma-step", type=int, help="channels the tensor-core scores kernel stages a step")
     ap.add_argument("--mma-tile", help="wm,wn,mt,nt: the tensor-core scores kernel's tile (overrides kernels.mla._MMA_TILES)")
     args = ap.parse_args()
@@ -88,6 +90,8 @@ def main():
         mla_module._MMA_TILE = tuple(int(v) for v in args.mma_tile.split(","))
     if args.mma_pv_tokens:
         mla_module._MMA_PV_TOKENS = args.mma_pv_tokens
+    if args.softmax:
+        mla_module.SOFTMAX_LANES, mla_module.THREADS = (int(v) for v in args.softmax.split(","))
     if args.mma_step:
         mla_module._MMA_STEP = args.mma_step
     if args.mma_pv_tile:

@@ -56,7 +56,10 @@ from ._mma import mma_bf16, pack_bf16x2
 from .linear import KC, enqueue_linear_heads
 
 THREADS = 8 if config.ENABLE_CUDASIM else 128   # softmax kernel: threads per query token (all heads)
-SOFTMAX_LANES = 4 if config.ENABLE_CUDASIM else 32   # of them, the threads a head's keys are split over
+# Of them, the threads a head's keys are split over: 8, so that 16 heads take one pass, each lane
+# holding its 16 scores of a prefix chunk in registers (fourteenth session: 32 lanes read each
+# score twice, in four passes of serial loads).
+SOFTMAX_LANES = 4 if config.ENABLE_CUDASIM else 8
 COMBINE_THREADS = 8 if config.ENABLE_CUDASIM else 128
 COMBINE_CHANNELS = 2 if config.ENABLE_CUDASIM else 4   # latent channels a combine thread takes (at most)
 _MASKED = -1.0                                     # p of a key the query does not see
@@ -523,6 +526,7 @@ def _mla_softmax_kernel(threads):
     if T % LANES:
         raise ValueError(f"softmax threads {T} must be a multiple of its {LANES} lanes a head")
     NG = T // LANES
+    KPL = -(-K // LANES)    # scores a lane holds in registers when the chunk spans at most KPL * LANES keys
 
     @cached
     @cuda.jit
@@ -547,14 +551,26 @@ def _mla_softmax_kernel(threads):
         b = _visible_position(vis_bits, i, min((k + 1) * K, n_vis) - 1, s0) + 1
         red = cuda.shared.array(T, float32)         # each thread's partial max
         head_max = cuda.shared.array(NG, float32)   # each group's head's max
+        vals = cuda.local.array(KPL, float32)       # a lane's scores, when the span fits (held)
+        held = b - a <= KPL * LANES                 # the same in every thread: a chunk with few masked keys
+        a32 = int32(a + lane)                       # the lane's first position (32-bit: short addresses)
+        b32 = int32(b)
         for h0 in range(0, n_heads, NG):            # the same trip count in every thread
             h = h0 + group
             r = g0 + h
             m = float32(-math.inf)
             if h < n_heads:
-                for s in range(a + lane, b, LANES):
-                    if _visible(vis_bits, i, s, s0):
-                        m = max(m, scores[r, s])
+                if held:                            # every load issued at once, each score read once
+                    for u in range(KPL):
+                        vals[u] = scores[r, uint32(min(a32 + int32(LANES * u), b32 - 1))]
+                    for u in range(KPL):
+                        s = int32(a32 + int32(LANES * u))
+                        if s < b32 and _visible(vis_bits, i, s, s0):
+                            m = max(m, vals[u])
+                else:
+                    for s in range(a + lane, b, LANES):
+                        if _visible(vis_bits, i, s, s0):
+                            m = max(m, scores[r, s])
             red[tid] = m
             cuda.syncthreads()  # every partial max of this pass is in
             if lane == 0:       # max is exact: any order gives the same value (a -0 / +0 tie may
@@ -565,11 +581,20 @@ def _mla_softmax_kernel(threads):
             cuda.syncthreads()  # every group's max is in
             if h < n_heads:
                 m = head_max[group]
-                for s in range(a + lane, b, LANES):
-                    if _visible(vis_bits, i, s, s0):
-                        scores[r, s] = math.exp(scores[r, s] - m)
-                    else:
-                        scores[r, s] = float32(_MASKED)
+                if held:
+                    for u in range(KPL):
+                        s = int32(a32 + int32(LANES * u))
+                        if s < b32:
+                            if _visible(vis_bits, i, s, s0):
+                                scores[r, uint32(s)] = math.exp(vals[u] - m)
+                            else:
+                                scores[r, uint32(s)] = float32(_MASKED)
+                else:
+                    for s in range(a + lane, b, LANES):
+                        if _visible(vis_bits, i, s, s0):
+                            scores[r, s] = math.exp(scores[r, s] - m)
+                        else:
+                            scores[r, s] = float32(_MASKED)
                 if lane == 0:
                     m_part[r, k] = m
                     bounds[r, k, 0] = a
