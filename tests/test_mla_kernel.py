@@ -365,3 +365,39 @@ def test_mma_pv_within_the_twins_bound_chunk_by_chunk(rng, monkeypatch):
             assert (np.abs(l_part[k, rows] - l) <= lb).all(), (i, k)
             chunks += 1
     assert chunks >= 2 * t                                # every token's keys span several chunks
+
+
+def test_visible_scans_over_many_mask_words(rng):
+    """``_visible_count`` and ``_visible_position`` (every kernel's mask scans, which load a
+    row's words ``_WORDS`` at a time) against numpy, over rows of 2 * _WORDS + 3 words: three
+    batches, the last partial, one row empty and one full."""
+    import importlib
+    import types
+    mla = importlib.import_module("ddtree_numba.kernels.mla")
+    w = 2 * mla._WORDS + 3
+    bits = rng.integers(0, 2**32, size=(4, w), dtype=np.uint64).astype(np.uint32)    # [rows, W]
+    bits[1] = 0
+    bits[2] = 0xFFFFFFFF
+    bits[3, : w - 1] = 0                                      # one key, in the last word
+    s0 = 7
+    seen = [s0 + np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")) for row in bits]
+    n_max = s0 + 32 * w
+
+    def scan(vis_bits, s0, count, pos):
+        i = cuda.blockIdx.x
+        if cuda.threadIdx.x == 0:
+            count[i] = _visible_count(vis_bits, i, s0)
+        cuda.syncthreads()
+        for j in range(cuda.threadIdx.x, count[i], cuda.blockDim.x):
+            pos[i, j] = _visible_position(vis_bits, i, j, s0)
+
+    # compiled with kernels/mla.py's globals, as its own kernels are (the simulator swaps its
+    # ``cuda`` for the launch there, which the device functions' local arrays need)
+    scan = cuda.jit(types.FunctionType(scan.__code__, vars(mla)))
+    count = cuda.to_device(np.zeros(4, np.int64))
+    pos = cuda.to_device(np.full((4, n_max), -9, np.int64))
+    scan[4, 4](cuda.to_device(bits), s0, count, pos)
+    count, pos = count.copy_to_host(), pos.copy_to_host()
+    for i in range(4):
+        assert count[i] == s0 + len(seen[i]), i
+        np.testing.assert_array_equal(pos[i, :count[i]], np.concatenate([np.arange(s0), seen[i]]), err_msg=str(i))

@@ -483,31 +483,47 @@ def _sequence(meta, seqs, z):
     return seqs[z, 2], seqs[z, 1], seqs[z, 0], seqs[z, 3]
 
 
+_WORDS = 8     # mask words a scan loads at once: a tree of 1024 nodes has 32, read in four trips, not 32
+
+
 @device_function
 def _visible_position(vis_bits, i, j, s0):
     """The cache position of query i's j-th visible key (j < its visible count): j itself in the
-    cached prefix, else the (j - s0)-th set bit of its mask row."""
+    cached prefix, else the (j - s0)-th set bit of its mask row (its words loaded _WORDS at a
+    time, then scanned in order)."""
     if j < s0:
         return j
     rank = j - s0
-    for w in range(vis_bits.shape[1]):
-        word = vis_bits[i, w]
-        c = cuda.popc(word)
-        if rank < c:
-            for b in range(32):
-                if (word >> uint32(b)) & uint32(1) != uint32(0):
-                    if rank == 0:
-                        return s0 + 32 * w + b
-                    rank -= 1
-        rank -= c
+    W = vis_bits.shape[1]
+    words = cuda.local.array(_WORDS, uint32)
+    for w0 in range(0, W, _WORDS):
+        for u in range(_WORDS):
+            words[u] = vis_bits[i, min(w0 + u, W - 1)]
+        for u in range(_WORDS):
+            word = words[u]
+            c = cuda.popc(word) if w0 + u < W else 0
+            if rank < c:
+                for b in range(32):
+                    if (word >> uint32(b)) & uint32(1) != uint32(0):
+                        if rank == 0:
+                            return s0 + 32 * (w0 + u) + b
+                        rank -= 1
+            rank -= c
     return -1                                   # not reached for j < the visible count
 
 
 @device_function
 def _visible_count(vis_bits, i, s0):
+    """s0 + the set bits of query i's mask row: the keys it sees (its words _WORDS at a time)."""
     n = s0
-    for w in range(vis_bits.shape[1]):
-        n += cuda.popc(vis_bits[i, w])
+    W = vis_bits.shape[1]
+    words = cuda.local.array(_WORDS, uint32)
+    for w0 in range(0, W, _WORDS):
+        for u in range(_WORDS):
+            words[u] = vis_bits[i, min(w0 + u, W - 1)]
+        for u in range(_WORDS):
+            if w0 + u < W:
+                n += cuda.popc(words[u])
     return n
 
 
