@@ -183,6 +183,7 @@ def mma(request, monkeypatch):
     mod = importlib.import_module("ddtree_numba.kernels.mla")
     monkeypatch.setattr(mod, "MMA_SCORES", request.param in ("scores", "both"))
     monkeypatch.setattr(mod, "MMA_PV", request.param == "both")
+    monkeypatch.setattr(mod, "MMA_PV_LATENT", 1)            # the tests' latents are narrow
     return bool(request.param)
 
 
@@ -334,6 +335,7 @@ def test_mma_pv_within_the_twins_bound_chunk_by_chunk(rng, monkeypatch):
     from ddtree_numba.reference.mla import mma_pv
     mla = importlib.import_module("ddtree_numba.kernels.mla")
     monkeypatch.setattr(mla, "MMA_PV", True)
+    monkeypatch.setattr(mla, "MMA_PV_LATENT", 1)            # the test's latent is narrow
     h, c, r, t = 3, 20, 4, 9                           # H 3: a head tile with unused columns
     s0 = mla.KEY_CHUNK + 6                                # the prefix alone spans two chunks
     q_lat, q_pe, c_kv, k_pe = core_inputs(rng, t, s0 + t, h, c, r)

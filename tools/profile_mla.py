@@ -1,8 +1,9 @@
 """Launch the MLA attention's kernels once each at one Moonlight-shape case, for Nsight Compute:
 the float32 scores, the tensor-core scores (``MMA_SCORES``), the softmax, the float32 p @ c_kv and
-the tensor-core p @ c_kv (``MMA_PV``), in that order, after a warm-up that ncu skips:
+the tensor-core p @ c_kv (``MMA_PV``: its prefix-chunk and tail launches from 4 nodes, else one),
+in that order, after a warm-up that ncu skips:
 
-    ncu -k regex:kernel --launch-skip 5 --launch-count 5 python tools/profile_mla.py [nodes]
+    ncu -k regex:kernel --launch-skip 6 --launch-count 6 python tools/profile_mla.py [nodes]
 """
 
 import importlib
@@ -22,12 +23,15 @@ def main():
     heads, latent, rope = SHAPES["moonlight"]
     a, kw = case_inputs(np.random.default_rng(0), heads, latent, rope, 1024, 1, nodes, False)
 
-    def launch(name, mma):
+    def launch(names, mma):
         mla.MMA_SCORES = mla.MMA_PV = mma
-        dict(mla._mla_launches(**a, **kw))[name]()
+        for name, go in mla._mla_launches(**a, **kw):
+            if name in names:
+                go()
     for _ in range(2):          # the first pass compiles (and ncu skips it)
-        for name, mma in (("scores", False), ("scores", True), ("softmax", False), ("pv", False), ("pv", True)):
-            launch(name, mma)
+        for names, mma in ((("scores",), False), (("scores",), True), (("softmax",), False), (("pv",), False),
+                           (("pv", "pv prefix", "pv tail"), True)):
+            launch(names, mma)
         cuda.synchronize()
 
 

@@ -760,6 +760,12 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
 # its chunk's latent rows for 16 query rows only, and its loads spent ~25 instructions each on
 # index arithmetic. 'fp32' keeps the float32 chains.
 MMA_PV = True
+# The least latent width C whose p @ c_kv runs on tensor cores (a property of the model, so every
+# forward of one model takes the same kernel: the bits stay those of the token alone). The demo
+# pair's 64 channels keep the float32 chains: there the kernel was no faster (its blocks are
+# 128 channels wide), and its bf16 p changed the demo target's greedy text enough to move the
+# drafter's acceptance (ddtree 3.92 -> 3.58 tokens a round at budget 16, 548334c).
+MMA_PV_LATENT = 256
 # (warps, mt, hb): a block of ``warps`` warps over 16 * mt * warps channels of a token's 8 * hb
 # heads.
 _MMA_PV_TILE = (1, 1, 1) if config.ENABLE_CUDASIM else (4, 2, 2)
@@ -1120,7 +1126,7 @@ def _mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, sc
     pv_grid = (ceil_div(C, bn), ceil_div(tq * H, bm), nch * n_seq)
     pv = [("pv", lambda: pv_kernel[pv_grid, (bn // tn, bm // tm), stream](
         scores, c_kv, meta, seqs, H, scratch.bounds, scratch.o_part, scratch.l_part))]
-    if MMA_PV and precision != "fp32":
+    if MMA_PV and precision != "fp32" and C >= MMA_PV_LATENT:
         parts = ((("pv", "all", 1),) if tq < _MMA_PV_SHARE_FROM else
                  (("pv prefix", "prefix", _MMA_PV_TOKENS), ("pv tail", "tail", 1)))
         pv = [(name, _pv_mma_launch(chunks, tokens, tq, H, C, nch * n_seq, stream, scores, c_kv, vis_bits, meta,
