@@ -7,13 +7,7 @@
 # docs/PERFORMANCE.md, copied to $OUT with results/verify_forward.json), DEMO= those of a
 # benchmarks/demo_pair.py run (results/demo_pair.json).
 # Run from the repo root with .whl carried; logs to $OUT/log.txt.
-set -u
-export DDTREE_COMMIT=${DDTREE_COMMIT:-unknown}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-T0=$(date +%s)
-left() { echo $(( $1 - $(date +%s) + T0 )); }
+source tools/h200_env.sh
 {
 TESTS=${TESTS-tests/test_mla_kernel.py tests/test_model_cuda.py tests/test_decode_cuda.py}
 [ -n "$TESTS" ] && timeout $(left 240) python3 -m pytest -q -p no:cacheprovider -n 4 \

@@ -4,13 +4,7 @@
 # full-size stages and the decode loop (TESTS= narrows them); the tree_build table (appended to
 # docs/PERFORMANCE.md); the per-kernel breakdown (--kernels); memcheck and racecheck of the
 # full-size stages (SANITIZE= names the tools; empty skips them). BENCH= the tree_build modes.
-set -u
-export DDTREE_COMMIT=${DDTREE_COMMIT:-unknown}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-T0=$(date +%s)
-left() { echo $(( $1 - $(date +%s) + T0 )); }
+source tools/h200_env.sh
 {
 TESTS=${TESTS:-tests/test_topk.py tests/test_tree_build.py tests/test_gpu_stages.py tests/test_decode_cuda.py}
 timeout $(left 200) python3 -m pytest -q -p no:cacheprovider -n 4 $TESTS --tb=short 2>&1 | grep -v Warn | tail -4

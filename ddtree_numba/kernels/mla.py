@@ -487,6 +487,15 @@ _WORDS = 8     # mask words a scan loads at once: a tree of 1024 nodes has 32, r
 
 
 @device_function
+def _load_words(vis_bits, i, w0, words):
+    """words[u] = query i's mask word w0 + u for u < _WORDS, all loads issued together (past the
+    row's end: its last word again, which the caller skips)."""
+    W = vis_bits.shape[1]
+    for u in range(_WORDS):
+        words[u] = vis_bits[i, min(w0 + u, W - 1)]
+
+
+@device_function
 def _visible_position(vis_bits, i, j, s0):
     """The cache position of query i's j-th visible key (j < its visible count): j itself in the
     cached prefix, else the (j - s0)-th set bit of its mask row (its words loaded _WORDS at a
@@ -497,8 +506,7 @@ def _visible_position(vis_bits, i, j, s0):
     W = vis_bits.shape[1]
     words = cuda.local.array(_WORDS, uint32)
     for w0 in range(0, W, _WORDS):
-        for u in range(_WORDS):
-            words[u] = vis_bits[i, min(w0 + u, W - 1)]
+        _load_words(vis_bits, i, w0, words)
         for u in range(_WORDS):
             word = words[u]
             c = cuda.popc(word) if w0 + u < W else 0
@@ -519,8 +527,7 @@ def _visible_count(vis_bits, i, s0):
     W = vis_bits.shape[1]
     words = cuda.local.array(_WORDS, uint32)
     for w0 in range(0, W, _WORDS):
-        for u in range(_WORDS):
-            words[u] = vis_bits[i, min(w0 + u, W - 1)]
+        _load_words(vis_bits, i, w0, words)
         for u in range(_WORDS):
             if w0 + u < W:
                 n += cuda.popc(words[u])
