@@ -327,16 +327,19 @@ def test_mma_scores_within_the_twins_bound_and_a_row_alone_equals_it_in_the_batc
     np.testing.assert_array_equal(alone.view(np.uint32), got[2 * h:3 * h].view(np.uint32))
 
 
-def test_mma_pv_within_the_twins_bound_chunk_by_chunk(rng, monkeypatch):
+@pytest.mark.parametrize("h", [3, 10])
+def test_mma_pv_within_the_twins_bound_chunk_by_chunk(rng, monkeypatch, h):
     """``MMA_PV``: o_part and l_part of every (token, chunk) within ``reference.mla.mma_pv``'s
     bound of the chunk's p (the softmax's, read back) over its visible keys gathered in visible
-    order; a tree whose nodes see scattered keys, chunks cut inside the prefix and the tree."""
+    order; a tree whose nodes see scattered keys, chunks cut inside the prefix and the tree, tokens
+    sharing the prefix chunks two a block (the last block with one), and heads in one block with
+    unused columns (H 3) or over two blocks (H 10; the simulator's blocks take 8)."""
     import importlib
     from ddtree_numba.reference.mla import mma_pv
     mla = importlib.import_module("ddtree_numba.kernels.mla")
     monkeypatch.setattr(mla, "MMA_PV", True)
     monkeypatch.setattr(mla, "MMA_PV_LATENT", 1)            # the test's latent is narrow
-    h, c, r, t = 3, 20, 4, 9                           # H 3: a head tile with unused columns
+    c, r, t = 20, 4, 9
     s0 = mla.KEY_CHUNK + 6                                # the prefix alone spans two chunks
     q_lat, q_pe, c_kv, k_pe = core_inputs(rng, t, s0 + t, h, c, r)
     parents = random_parents(rng, t)
