@@ -80,7 +80,7 @@ def main():
     ap.add_argument("--mma-pv-tokens", type=int,
                     help="tokens a block over the prefix chunks (kernels.mla._MMA_PV_TOKENS)")
     ap.add_argument("--softmax", help="lanes,threads: the softmax kernel's lanes a head and threads a block "
-                                      "(kernels.mla.SOFTMAX_LANES, THREADS)")
+                                      "(kernels.mla.SOFTMAX_LANES, overriding its table, and THREADS)")
     ap.add_argument("--mma-step", type=int, help="channels the tensor-core scores kernel stages a step")
     ap.add_argument("--mma-tile", help="wm,wn,mt,nt: the tensor-core scores kernel's tile (overrides kernels.mla._MMA_TILES)")
     args = ap.parse_args()

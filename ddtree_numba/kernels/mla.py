@@ -56,10 +56,13 @@ from ._mma import mma_bf16, pack_bf16x2
 from .linear import KC, enqueue_linear_heads
 
 THREADS = 8 if config.ENABLE_CUDASIM else 128   # softmax kernel: threads per query token (all heads)
-# Of them, the threads a head's keys are split over: 8, so that 16 heads take one pass, each lane
-# holding its 16 scores of a prefix chunk in registers (fourteenth session: 32 lanes read each
-# score twice, in four passes of serial loads).
-SOFTMAX_LANES = 4 if config.ENABLE_CUDASIM else 8
+# Of them, the threads a head's keys are split over, by the launch's query tokens (all sequences):
+# (tokens up to, lanes). Each lane holds its share of a chunk's scores in registers. Measured in
+# one run (548334c, Moonlight, µs at 1 / 16 / 64 / 256 / 1024 nodes): 8 lanes (16 heads a pass)
+# 5.3 / 6.1 / 14.8 / 55.5 / 405; 32 lanes 6.4 / 7.1 / 13.6 / 55.2 / 353, and 42.9 against 45.1 at
+# 16 sequences of 17 nodes. Lanes never change a bit (the max is exact, each p its own exp).
+_SOFTMAX_LANES = ((32, 8), (None, 32))
+SOFTMAX_LANES = None    # an override of the table (tools/mla_stages.py --softmax)
 COMBINE_THREADS = 8 if config.ENABLE_CUDASIM else 128
 COMBINE_CHANNELS = 2 if config.ENABLE_CUDASIM else 4   # latent channels a combine thread takes (at most)
 _MASKED = -1.0                                     # p of a key the query does not see
@@ -535,17 +538,17 @@ def _visible_count(vis_bits, i, s0):
 
 
 @functools.lru_cache(maxsize=None)
-def _mla_softmax_kernel(threads):
+def _mla_softmax_kernel(threads, lanes):
     """Chunk k (blockIdx.x) of query row i (blockIdx.y) < t of sequence z (blockIdx.z), for
     every head h, scratch row g = row0*H + i*H + h: its keys are the visible ones of visible index
     [k*KEY_CHUNK, (k+1)*KEY_CHUNK), cache positions [a, b), the same for every head (one mask row).
     In place over scores[g, a:b]: p = exp(score - m_k) for visible keys, _MASKED for the others;
     m_k -> m_part[g, k], (a, b) -> bounds[g, k] ((0, 0) and m = -inf for a chunk past the query's
     keys). Grid: (chunks of the capacity, Tq, sequences) blocks of ``threads``, in groups of
-    ``SOFTMAX_LANES`` threads, a group a head at a time."""
+    ``lanes`` threads, a group a head at a time."""
     T = threads
     K = KEY_CHUNK
-    LANES = SOFTMAX_LANES
+    LANES = lanes
     if T % LANES:
         raise ValueError(f"softmax threads {T} must be a multiple of its {LANES} lanes a head")
     NG = T // LANES
@@ -1142,13 +1145,22 @@ def _mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, sc
     return [
         ("scores", lambda: scores_kernel[scores_grid, scores_block, stream](
             q_lat, q_pe, c_kv, k_pe, meta, seqs, scale, scores)),
-        ("softmax", lambda: _mla_softmax_kernel(THREADS)[(nch, tq, n_seq), THREADS, stream](
+        ("softmax", lambda: _mla_softmax_kernel(THREADS, _softmax_lanes(tq * n_seq))[(nch, tq, n_seq), THREADS, stream](
             scores, vis_bits, meta, seqs, H, scratch.m_part, scratch.bounds)),
         *pv,
         ("combine", lambda: _mla_combine_kernel(COMBINE_THREADS, _combine_channels(C))[
             (ceil_div(C, COMBINE_THREADS * _combine_channels(C)), tq * H, n_seq), COMBINE_THREADS, stream](
             scratch.o_part, scratch.l_part, scratch.m_part, meta, seqs, H, out_lat)),
     ]
+
+
+def _softmax_lanes(tokens: int) -> int:
+    """The softmax kernel's lanes a head for a launch of ``tokens`` query tokens (all sequences)."""
+    if SOFTMAX_LANES is not None:
+        return SOFTMAX_LANES
+    if config.ENABLE_CUDASIM:
+        return 4
+    return next(lanes for bound, lanes in _SOFTMAX_LANES if bound is None or tokens <= bound)
 
 
 def _mma_tile(rows: int):
