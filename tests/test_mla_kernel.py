@@ -195,7 +195,9 @@ def test_tree_node_is_bit_identical_to_the_token_decoded_alone(rng, shape, mma):
     positions, so the same bits. Also with the scores, and p @ c_kv, on tensor cores
     (``MMA_SCORES``, ``MMA_PV``), whose bf16 operands put the output within a bf16-sized distance
     of float64, not float32's."""
-    h, c, r, s0, n = 2, 6, 3, 5, 10
+    from ddtree_numba.kernels.mla import KEY_CHUNK
+    h, c, r, n = 2, 6, 3, 10
+    s0 = KEY_CHUNK + 1          # a chunk wholly in the prefix: the tree's tokens share it two a block
     parents = {"build": lambda: tree_from_build(rng, n), "random": lambda: random_parents(rng, n),
                "chain": lambda: np.arange(-1, n - 1, dtype=np.int32)}[shape]()
     q_lat, q_pe, c_kv, k_pe = core_inputs(rng, n, s0 + n + 1, h, c, r)
@@ -235,8 +237,9 @@ def test_sequences_in_one_launch_get_the_bits_of_their_own_launches(rng, mma):
     """``seqs``: three sequences (a causal step, two trees; different cached lengths) in one
     launch set over a pool of four cache slots, the slots not in row order. Each sequence's rows
     equal its own launch's bits; a row of no sequence is left unwritten."""
-    h, c, r, cap = 2, 6, 3, 20
-    layout = [(2, 9, None), (5, 3, "random"), (4, 12, "build")]            # (t, s0, tree)
+    from ddtree_numba.kernels.mla import KEY_CHUNK
+    h, c, r, cap = 2, 6, 3, 2 * KEY_CHUNK + 12
+    layout = [(2, KEY_CHUNK + 5, None), (5, 3, "random"), (4, 2 * KEY_CHUNK + 4, "build")]   # (t, s0, tree)
     slots = [2, 0, 3]
     pool_ckv = rng.standard_normal((4, cap, c)).astype(np.float32)        # [slots, S_cap, C]
     pool_kpe = rng.standard_normal((4, cap, r)).astype(np.float32)
@@ -327,19 +330,23 @@ def test_mma_scores_within_the_twins_bound_and_a_row_alone_equals_it_in_the_batc
     np.testing.assert_array_equal(alone.view(np.uint32), got[2 * h:3 * h].view(np.uint32))
 
 
-@pytest.mark.parametrize("h", [3, 10])
-def test_mma_pv_within_the_twins_bound_chunk_by_chunk(rng, monkeypatch, h):
+@pytest.mark.parametrize("h,c,tile", [(3, 20, None), (10, 20, None), (10, 70, (2, 2, 2))])
+def test_mma_pv_within_the_twins_bound_chunk_by_chunk(rng, monkeypatch, h, c, tile):
     """``MMA_PV``: o_part and l_part of every (token, chunk) within ``reference.mla.mma_pv``'s
     bound of the chunk's p (the softmax's, read back) over its visible keys gathered in visible
     order; a tree whose nodes see scattered keys, chunks cut inside the prefix and the tree, tokens
     sharing the prefix chunks two a block (the last block with one), and heads in one block with
-    unused columns (H 3) or over two blocks (H 10; the simulator's blocks take 8)."""
+    unused columns (H 3) or over two blocks (H 10; the simulator's blocks take 8); and a tile of
+    the GPU's shape (two warps, two channel tiles a warp, two head tiles a token, a thread a
+    channel; C 70: two channel blocks, a warp of the second idle)."""
     import importlib
     from ddtree_numba.reference.mla import mma_pv
     mla = importlib.import_module("ddtree_numba.kernels.mla")
     monkeypatch.setattr(mla, "MMA_PV", True)
     monkeypatch.setattr(mla, "MMA_PV_LATENT", 1)            # the test's latent is narrow
-    c, r, t = 20, 4, 9
+    if tile is not None:
+        monkeypatch.setattr(mla, "_MMA_PV_TILE", tile)
+    r, t = 4, 9
     s0 = mla.KEY_CHUNK + 6                                # the prefix alone spans two chunks
     q_lat, q_pe, c_kv, k_pe = core_inputs(rng, t, s0 + t, h, c, r)
     parents = random_parents(rng, t)
@@ -355,6 +362,7 @@ def test_mma_pv_within_the_twins_bound_chunk_by_chunk(rng, monkeypatch, h):
         go()                                              # scores, softmax: p in scratch.scores
     p = scratch.scores.copy_to_host()
     scratch.o_part.copy_to_device(np.full(scratch.o_part.shape, np.nan, np.float32))
+    scratch.l_part.copy_to_device(np.full(scratch.l_part.shape, np.nan, np.float32))
     for _, go in launches[2:4]:
         go()                                              # p @ c_kv: the prefix chunks, then the rest
     o_part, l_part = scratch.o_part.copy_to_host(), scratch.l_part.copy_to_host()
