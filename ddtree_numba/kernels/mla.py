@@ -23,17 +23,21 @@ Masked keys are skipped by a select, never added as a zero (``0 * v + acc`` can 
 accumulator into +0). Chunks give the PV work (and decode) several blocks a query row; within a
 chunk the sums are single chains.
 
-Four launches, scores and partials kept in a global scratch (``MLAScratch``):
+Four stages, scores and partials kept in a global scratch (``MLAScratch``):
 
 1. ``_mla_scores_kernel``: a register-tiled GEMM of query rows (i, h) against key rows; a key
    tile (all C + R columns, streamed in steps of ``bk``) sits in shared memory once per block
-   and serves every head and query of the block.
+   and serves every head and query of the block. In the bf16 precision
+   ``_mla_scores_mma_kernel`` instead (tensor cores, ``MMA_SCORES``).
 2. ``_mla_softmax_kernel``: one block per (chunk, query token), for all its heads: the chunk's
    cache positions from the token's visible count (popcounts of its mask words), then for each
    head the chunk's max, then p in place of the score (-1 marking a masked key inside the span).
 3. ``_mla_pv_kernel``: per chunk, a register-tiled GEMM of p against c_kv over the chunk's span,
    each output a chain over the keys in ascending order; every thread also carries the sum l of
    its rows (redundant across the column threads, but it keeps l a chain with no extra pass).
+   In the bf16 precision, for latents of ``MMA_PV_LATENT`` channels or more,
+   ``_mla_pv_mma_kernel`` instead (tensor cores, ``MMA_PV``): from a few tokens a sequence, one
+   launch over the chunks wholly in the cached prefix (two tokens a block) and one over the rest.
 4. ``_mla_combine_kernel``: the chunks of each output, rescaled and added in ascending order.
 
 Tile shapes are chosen from the arrays' shapes (``_tiles``); they never change the bits.
