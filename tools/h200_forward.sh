@@ -1,11 +1,7 @@
 #!/usr/bin/env bash
 # Issue 4 on the H200: the forward tests without the simulator, compute-sanitizer over a whole
 # forward, the verify-forward benchmark. Run from the repo root with .whl carried; logs to $OUT.
-set -u
-export DDTREE_COMMIT=${DDTREE_COMMIT:-unknown}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source tools/h200_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 if [ -z "${SKIP_TESTS:-}" ]; then
   timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -rs -p no:cacheprovider ${TESTS:-tests/test_model_cuda.py \

@@ -1,11 +1,7 @@
 #!/usr/bin/env bash
 # Issue 2 on the H200: the test suite without the simulator, compute-sanitizer, the benchmark.
 # Run from the repo root on the GPU machine with .whl carried; logs go to $OUT.
-set -u
-export DDTREE_COMMIT=${DDTREE_COMMIT:-unknown}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source tools/h200_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import numpy, numba, numba_cuda; print(numpy.__version__, numba.__version__)" | tee -a "$OUT/gpu.txt"
 python3 -m pytest -q -rs -p no:cacheprovider tests/test_topk.py tests/test_tree_build.py tests/test_visibility.py \

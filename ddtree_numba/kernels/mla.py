@@ -116,16 +116,18 @@ _SIM_TILES = (
 )
 
 
+def _by_bound(table, value: int):
+    """The choice of ``table`` ((bound, choice) pairs, ascending, the last bound None) for
+    ``value``: the first whose bound is at least ``value``."""
+    return next(choice for bound, choice in table if bound is None or value <= bound)
+
+
 def _tiles(max_rows: int, latent: int = 512, sequences: int = 1):
     """(scores tiles, pv tiles) for a launch of ``sequences`` sequences of at most ``max_rows`` =
     Tq * H query rows each, over a latent of ``latent`` channels."""
     if config.ENABLE_CUDASIM:
-        table = _SIM_TILES
-    else:
-        table = _GPU_TILES["narrow" if latent <= _NARROW_LATENT else "wide"][int(sequences > 1)]
-    for bound, tiles in table:
-        if bound is None or max_rows <= bound:
-            return tiles
+        return _by_bound(_SIM_TILES, max_rows)
+    return _by_bound(_GPU_TILES["narrow" if latent <= _NARROW_LATENT else "wide"][int(sequences > 1)], max_rows)
 
 
 @device_function
@@ -1146,14 +1148,15 @@ def _mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, sc
         pv = [(name, _pv_mma_launch(chunks, tokens, tq, H, C, nch * n_seq, stream, scores, c_kv, vis_bits, meta,
                                     seqs, H, scratch.o_part, scratch.l_part))
               for name, chunks, tokens in parts]
+    per_thread = _combine_channels(C)
     return [
         ("scores", lambda: scores_kernel[scores_grid, scores_block, stream](
             q_lat, q_pe, c_kv, k_pe, meta, seqs, scale, scores)),
         ("softmax", lambda: _mla_softmax_kernel(THREADS, _softmax_lanes(tq * n_seq))[(nch, tq, n_seq), THREADS, stream](
             scores, vis_bits, meta, seqs, H, scratch.m_part, scratch.bounds)),
         *pv,
-        ("combine", lambda: _mla_combine_kernel(COMBINE_THREADS, _combine_channels(C))[
-            (ceil_div(C, COMBINE_THREADS * _combine_channels(C)), tq * H, n_seq), COMBINE_THREADS, stream](
+        ("combine", lambda: _mla_combine_kernel(COMBINE_THREADS, per_thread)[
+            (ceil_div(C, COMBINE_THREADS * per_thread), tq * H, n_seq), COMBINE_THREADS, stream](
             scratch.o_part, scratch.l_part, scratch.m_part, meta, seqs, H, out_lat)),
     ]
 
@@ -1164,7 +1167,7 @@ def _softmax_lanes(tokens: int) -> int:
         return SOFTMAX_LANES
     if config.ENABLE_CUDASIM:
         return 4
-    return next(lanes for bound, lanes in _SOFTMAX_LANES if bound is None or tokens <= bound)
+    return _by_bound(_SOFTMAX_LANES, tokens)
 
 
 def _mma_tile(rows: int):
@@ -1173,7 +1176,7 @@ def _mma_tile(rows: int):
         return _MMA_TILE
     if config.ENABLE_CUDASIM:
         return (1, 1, 1, 1)
-    return next(tile for bound, tile in _MMA_TILES if bound is None or rows <= bound)
+    return _by_bound(_MMA_TILES, rows)
 
 
 def _combine_channels(C: int) -> int:
