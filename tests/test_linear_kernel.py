@@ -477,6 +477,42 @@ def test_staged_tiles_give_the_register_kernels_bits(rng, precision, variant):
         assert_bits(run(L.TILES[name]), want), name
 
 
+@pytest.mark.parametrize("slots", [2, 3])
+def test_weight_ring_gives_the_register_kernels_bits(rng, slots):
+    """The staged kernel with its weights copied by cp.async into a ring of 2 or 3 slots (``NS``):
+    five chunks (the ring wraps), a partial column block (pieces past N zero-filled), experts of
+    3, 0 and 21 rows in work items of 32 (a warp whose row tiles are all past the item's rows
+    skips them): the register kernel's bits, SwiGLU with gathered rows and the plain down."""
+    K, N, counts = 320, 40, [3, 0, 21]
+    offsets, x, row_index, (w, _), (wu, _) = _grouped_case(rng, "bf16", counts, K, N, True)
+    ring = L._Staged(1, 2, 1, 2, slots)
+    assert L._plan(dev(x), 0, dev(w), dev(wu), 32, "bf16", ring).tile.NS == slots
+
+    def run(tile, swiglu):
+        d_out = dev(np.full((int(offsets[-1]), N), np.nan, np.float32))
+        L.enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets, 32)), max(counts), precision="bf16",
+                                 row_index=dev(row_index) if swiglu else None, w_up=dev(wu) if swiglu else None,
+                                 tile=tile)
+        return d_out.copy_to_host()
+
+    for swiglu in (True, False):
+        assert_bits(run(ring, swiglu), run(L.TILES["small"], swiglu))
+
+
+def test_weight_ring_only_for_whole_bf16_pieces(rng):
+    """cp.async copies 16-byte pieces of bf16 rows: other weights, or K not a multiple of 8, take
+    the staged kernel's register path (NS 0); a ring too big for shared memory is shortened."""
+    ring = L._Staged(1, 2, 1, 2, 3)
+    x = dev(xs(rng, (4, 72)))
+    for xk, (w, _) in ((x, weights(rng, (1, 16, 72), "f16")), (dev(xs(rng, (4, 68))), weights(rng, (1, 16, 68), "bf16"))):
+        assert getattr(L._plan(xk, 0, dev(w), None, 4, "bf16", ring).tile, "NS", 0) == 0
+    big = L._Staged(4, 2, 2, 2, 4)
+    assert L._staged_smem(big, True, "fp32") > L._SMEM_MAX
+    w = dev(weights(rng, (1, 128, 64), "bf16")[0])
+    tile = L._plan(dev(xs(rng, (4, 64))), 0, w, w, 4, "fp32", big).tile
+    assert L._staged_smem(tile, True, "fp32") <= L._SMEM_MAX and tile.NS < 4
+
+
 def test_staged_tile_is_chosen_for_many_rows_of_word_loads(rng):
     rows, cols = L._STAGED_ROWS, 16 * 8 * L._STAGED_BLOCKS
     assert L._choose_staged(rows, cols, False, 1) == L._STAGED[False]

@@ -13,8 +13,9 @@ side stream (``enqueue_moe_block(concurrent=True)``), beside the block's bytes f
 weights and the shared experts' once, bf16, at 4.2 TB/s). Prints a markdown table.
 
 ``--tiles MT,RT,NW ...``: also time the two routed-expert GEMMs under each forced register tile
-(``kernels.linear._Tile``; four numbers WM,WN,MT,RT force the staged kernel's ``_Staged``; tiles
-never change the bits) beside the chosen one; ``--router-tiles`` the same for the router GEMM
+(``kernels.linear._Tile``; four or five numbers WM,WN,MT,RT[,NS] force the staged kernel's
+``_Staged``, NS its cp.async weight ring; tiles never change the bits, and each forced tile's
+expert outputs are compared with the chosen tile's bit for bit) beside the chosen one; ``--router-tiles`` the same for the router GEMM
 (fp32, 64 x 2048), ``--shared-tiles`` for the shared experts' two GEMMs. ``--profile``: for
 Nsight Compute, e.g. ``ncu --profile-from-start off --clock-control none --section SpeedOfLight
 --section Occupancy --section WarpStateStats python tools/moe_stages.py --rows 65 --profile``.
@@ -85,6 +86,8 @@ def main():
             go()
         offsets = ws.moe.offsets.copy_to_host()
         touched = int((np.diff(offsets[:E + 1]) > 0).sum())
+        slots = int(offsets[E])
+        chosen_out = ws.moe.expert_out.copy_to_host()[:slots]     # the bits every forced tile must give
         if args.profile:
             cuda.synchronize()
             cuda.profile_start()
@@ -105,10 +108,14 @@ def main():
             enqueue_moe_sort(ws.moe.topk_ids, ws.moe.topk_weights, ws.moe, ws.n_rows, item_rows=_rows_a_tile(tile))
             forced = lambda s: _expert_launches(ws.normed, lw.experts_gate_proj, lw.experts_up_proj,
                                                 lw.experts_down_proj, ws.moe, target.gemm_args["precision"], tile, s)
+            ws.moe.expert_out.copy_to_device(np.full(ws.moe.expert_out.shape, np.nan, np.float32))
+            for _, go in forced(0):
+                go()
+            same = np.array_equal(ws.moe.expert_out.copy_to_host()[:slots].view(np.uint32), chosen_out.view(np.uint32))
             t_us = [timed(lambda s, i=i: forced(s)[i][1](), args.repeat) for i in range(2)]
             print(f"{rows} rows, expert tile {tuple(tile)} (items of {_rows_a_tile(tile)} rows): gate|up "
                   f"{t_us[0]:.1f} µs, down {t_us[1]:.1f} µs (chosen: {us[names.index('experts gate|up')]:.1f}, "
-                  f"{us[names.index('experts down')]:.1f})")
+                  f"{us[names.index('experts down')]:.1f}); bits {'==' if same else '!= (WRONG)'} the chosen tile's")
         for spec in args.router_tiles:
             tile = parse(spec)
             r_us = timed(lambda s: enqueue_linear(ws.normed, lw.gate, ws.moe.logits, ws.n_rows,

@@ -61,6 +61,7 @@ from .._checks import check_array, check_precision
 from .._device import (cached, ceil_div, device_function, float32_out, fma, is_device, launcher_result, nonneg,
                        rows_device, to_device)
 from ..dtypes import QUANTIZED, BlockScaled, fp8_block_supported
+from ._async import CP_ASYNC_WAIT, cp_async16, cp_async_commit
 from ._mma import mma_bf16, pack_bf16x2
 from ._widen import ELEM as STORED, KINDS, WIDEN, _weight_kind, bf16_to_f32, hi_f32, lo_f32
 
@@ -532,9 +533,16 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
 # the 8*RT and 16*MT of a warp loading its own. The arithmetic is the register kernel's, step for
 # step: the same k slots for the same k (lane (g, t) takes k = 4t..4t+3 of a step), chunk chains
 # from zero, partials added in ascending order; so the bits are the same too (tests hold it).
-_Staged = namedtuple("_Staged", "WM WN MT RT")
+#
+# NS > 0 (bf16 weights only): the weights skip the registers. Each thread issues ``cp.async``
+# copies of its 16-byte pieces of chunk c + NS - 1 into a ring of NS shared slots while the
+# block multiplies chunk c, so NS - 1 chunks of weights are in flight a block (``_async.py``).
+# The activations still go through registers (they are rounded to bf16 on the way), one chunk
+# ahead. Same slots, same fragments, same chains: the same bits.
+_Staged = namedtuple("_Staged", "WM WN MT RT NS", defaults=(0,))
 _PAD64 = 4                 # uint64 words of padding a shared row: 64-bit fragment reads of a half
                            # warp then hit 16 distinct bank pairs (row stride 40 words = 8 mod 32)
+_NS_MAX = len(CP_ASYNC_WAIT) + 1   # ring slots the waits allow
 
 
 def _staged_smem(tile, swiglu, precision, kind="bf16", block=(0, 0)):
@@ -542,14 +550,20 @@ def _staged_smem(tile, swiglu, precision, kind="bf16", block=(0, 0)):
     q = _chunk(kind, block) // 4 + _PAD64
     rows_w = (2 if swiglu else 1) * 16 * tile.MT * tile.WM
     rows_x = (2 if precision == "fp32" else 1) * 8 * tile.RT * tile.WN
-    return (rows_w + rows_x) * q * 8
+    return (max(1, tile.NS) * rows_w + rows_x) * q * 8
 
 
 @functools.lru_cache(maxsize=None)
-def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN, MT, RT, block=(0, 0),
+def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN, MT, RT, NS=0, block=(0, 0),
                    scales="f32"):
     """The staged GEMM (above): the arguments and results of ``_mma_kernel`` for bf16 (uint64
-    words) or float8 (uint32 words) weights and activations read as float32 pairs."""
+    words) or float8 (uint32 words) weights and activations read as float32 pairs. ``NS`` > 0: a
+    ring of NS weight slots filled by ``cp.async`` (bf16 weights, K % 8 == 0). Row tiles of 8
+    rows wholly past the block's last row are skipped (no mma)."""
+    ASYNC = NS > 0
+    if ASYNC and (kind != "bf16" or not 2 <= NS <= _NS_MAX):
+        raise ValueError(f"a cp.async ring takes bf16 weights and 2..{_NS_MAX} slots, got {kind} and {NS}")
+    SLOTS = max(1, NS)
     S = 2 if swiglu else 1
     FP8 = kind in SCALED_KINDS
     INT4 = kind == "int4"
@@ -564,18 +578,21 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
     BF, BR = 16 * MT * WM, 8 * RT * WN
     P = 4 * MT * RT
     PS = P * S
-    NWW = ceil_div(S * BF * Q, NT)            # weight words a thread stages per chunk
+    NWW = 1 if ASYNC else ceil_div(S * BF * Q, NT)   # weight words a thread stages per chunk
+    NWC = ceil_div(S * BF * (Q // 2), NT)     # ASYNC: 16-byte pieces a thread copies per chunk
     NXW = ceil_div(BR * Q, NT)                # activation quads
     XL = 2 if XSPLIT else 1
-    WS_SHAPE, XS_SHAPE = (S, BF, QP), (XL, BR, QP)
+    WS_SHAPE, XS_SHAPE = (SLOTS, S, BF, QP), (XL, BR, QP)
+    wait_ring = CP_ASYNC_WAIT[max(0, NS - 2)]
     widen = WIDEN[kind]
     load_scales, add_chunk, store = _epilogue(kind, block, MT, RT, swiglu, accumulate, scales)
     NSV = _scale_slots(kind, MT, swiglu)
 
     @device_function
     def stage_load(c, tid, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index, wst, xst0, xst1):
-        """Chunk c's weight words and activation quads of this thread, global -> registers."""
-        for i in range(NWW):
+        """Chunk c's weight words (unless ``ASYNC``) and activation quads of this thread, global ->
+        registers."""
+        for i in range(0 if ASYNC else NWW):
             idx = tid + i * NT
             v = uint64(0)
             if idx < S * BF * Q:
@@ -611,7 +628,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
     @device_function
     def stage_store(tid, wst, xst0, xst1, wsm, xsm, f):
         """The staged words, rounded (split) to bf16, registers -> shared memory."""
-        for i in range(NWW):
+        for i in range(0 if ASYNC else NWW):
             idx = tid + i * NT
             if idx < S * BF * Q:
                 s = idx // (BF * Q)
@@ -622,7 +639,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
                     lo = pack_bf16x2(widen(b), widen(b >> uint32(UB)))
                     hi = pack_bf16x2(widen(b >> uint32(2 * UB)), widen(b >> uint32(3 * UB)))
                     v = uint64(lo) | (uint64(hi) << uint64(32))
-                wsm[s, rem // Q, rem % Q] = v
+                wsm[0, s, rem // Q, rem % Q] = v
         for i in range(NXW):
             idx = tid + i * NT
             if idx < BR * Q:
@@ -637,9 +654,35 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
                         uint64(pack_bf16x2(f[2], f[3])) << uint64(32))
 
     @device_function
-    def mma_chunk(wsm, xsm, wm, wn, g, t, acc):
-        """The warp's chains of this chunk from shared memory into acc (the register kernel's
-        ``mma_chunk``, its fragments read from the staged tile)."""
+    def copy_weights(c, slot, tid, wv, wuv, wsm, z, col0, N, K):
+        """``ASYNC``: issue this thread's cp.async pieces of chunk c's weights into ring slot
+        ``slot`` (zeros past N and K). Consecutive threads take consecutive 16-byte pieces of a
+        row: a warp reads four rows of 128 bytes."""
+        for i in range(NWC):
+            idx = tid + i * NT
+            if idx < S * BF * (Q // 2):
+                s = idx // (BF * (Q // 2))
+                rem = idx - s * BF * (Q // 2)
+                r = rem // (Q // 2)
+                piece = rem % (Q // 2)
+                n = col0 + r
+                k = c * KCH + 8 * piece
+                ok = n < N and k < K
+                nbytes = uint32(16) if ok else uint32(0)
+                if not ok:                    # read nothing; keep the address inside the matrix
+                    n = 0
+                    k = 0
+                if s == 1:
+                    cp_async16(wsm, (slot, s, r, 2 * piece), wuv, (z, n, k // 4), nbytes)
+                else:
+                    cp_async16(wsm, (slot, s, r, 2 * piece), wv, (z, n, k // 4), nbytes)
+
+    @device_function
+    def mma_chunk(wsm, slot, xsm, wm, wn, g, t, acc, live):
+        """The warp's chains of this chunk from shared memory (weight ring slot ``slot``) into acc
+        (the register kernel's ``mma_chunk``, its fragments read from the staged tile). Only the
+        first ``live`` row tiles of the warp hold rows: the others are left alone (their rows are
+        never stored; the test is the same for the whole warp)."""
         for q in range(PS):
             acc[q] = float32(0.0)
         for st in range(STEPS):
@@ -647,13 +690,15 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
             for mt in range(MT):
                 r0 = wm * 16 * MT + mt * 16 + g
                 for s in range(S):
-                    u = wsm[s, r0, qk]
-                    u8 = wsm[s, r0 + 8, qk]
+                    u = wsm[slot, s, r0, qk]
+                    u8 = wsm[slot, s, r0 + 8, qk]
                     a0 = uint32(u & uint64(0xFFFFFFFF))
                     a2 = uint32(u >> uint64(32))
                     a1 = uint32(u8 & uint64(0xFFFFFFFF))
                     a3 = uint32(u8 >> uint64(32))
                     for rt in range(RT):
+                        if rt >= live:
+                            continue
                         xr = wn * 8 * RT + rt * 8 + g
                         ux = xsm[0, xr, qk]
                         q0 = (mt * RT + rt) * 4 * S + s
@@ -707,16 +752,29 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
         for tile0 in range(first, end, step):
             for q in range(PS):
                 ys[q] = float32(0.0)
+            live = min(RT, max(0, (end - tile0 - wn * 8 * RT + 7) // 8))   # row tiles of this warp with rows
+            if ASYNC:
+                cuda.syncthreads()            # every warp is done with the previous tile's slots
+                for c in range(NS - 1):       # the ring's first NS - 1 chunks (a group each, empty past C)
+                    if c < C:
+                        copy_weights(c, c, tid, wv, wuv, wsm, z, col0, N, K)
+                    cp_async_commit()
             stage_load(0, tid, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index, wst, xst0, xst1)
             for c in range(C):
+                if ASYNC:
+                    wait_ring()               # this thread's pieces of chunk c have landed
                 cuda.syncthreads()            # every warp is done reading the previous chunk
                 stage_store(tid, wst, xst0, xst1, wsm, xsm, f)
+                if ASYNC:                     # chunk c + NS - 1 into the slot chunk c - 1 left
+                    if c + NS - 1 < C:
+                        copy_weights(c + NS - 1, (c + NS - 1) % NS, tid, wv, wuv, wsm, z, col0, N, K)
+                    cp_async_commit()
                 cuda.syncthreads()
                 load_scales(sv, sc, scu, z, col0 + wm * 16 * MT, N, c, C, g)
                 if c + 1 < C:                 # the next chunk's loads fly while this one multiplies
                     stage_load(c + 1, tid, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index,
                                wst, xst0, xst1)
-                mma_chunk(wsm, xsm, wm, wn, g, t, acc)
+                mma_chunk(wsm, c % SLOTS, xsm, wm, wn, g, t, acc, live)
                 add_chunk(ys, acc, sv)
             for p in range(P):                # the C fragment layout, as in the register kernel
                 e = p % 4
@@ -736,7 +794,8 @@ if _SIM:
     # two-warp blocks. They still cover several row and column tiles, chunk rounds split over
     # warps, several tiles a warp, and staged blocks of two warps either way.
     TILES = {"small": _Tile(1, 1, 1), "split": _Tile(1, 1, 2), "wide": _Tile(2, 2, 1),
-             "staged": _Staged(2, 1, 1, 1), "staged_rows": _Staged(1, 2, 1, 2)}
+             "staged": _Staged(2, 1, 1, 1), "staged_rows": _Staged(1, 2, 1, 2),
+             "staged_ring": _Staged(1, 2, 1, 2, 3)}
     _WARPS_WANTED = 2
     _NW_MAX = 2
     _STAGED_ROWS = 24          # from this many rows (a group's) the staged kernel takes over
@@ -918,6 +977,11 @@ def _plan(x, x_gs, w, w_up, max_rows, precision, tile=None, tile_rows=None, live
         tile = _choose(rows, N, n_k, swiglu, groups, kind)
     if not isinstance(tile, _Staged) and _smem(tile, swiglu, kind) > _SMEM_MAX:
         tile = _choose(rows, N, n_k, swiglu, groups, kind)   # a forced tile too big
+    if isinstance(tile, _Staged) and tile.NS and not (
+            kind == "bf16" and n_k % 8 == 0 and _vec_ok(w, 16) and (not swiglu or _vec_ok(w_up, 16))):
+        tile = tile._replace(NS=0)            # cp.async copies 16-byte pieces of bf16 rows
+    while isinstance(tile, _Staged) and tile.NS > 2 and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
+        tile = tile._replace(NS=tile.NS - 1)  # fp32 activations take twice the shared rows: a shorter ring
     if isinstance(tile, _Staged) and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
         tile = _STAGED[swiglu]                # a forced tile too big for this launch: a default one
     return _Plan(tile, kind, block, scales, w, w_up, scale, scale_up, vec, xvec)
