@@ -94,8 +94,17 @@ def main():
             for _, go in launches(0):
                 go()
             cuda.synchronize()
+            for spec in args.tiles:           # then each forced tile's two expert GEMMs
+                tile = parse(spec)
+                enqueue_moe_sort(ws.moe.topk_ids, ws.moe.topk_weights, ws.moe, ws.n_rows,
+                                 item_rows=_rows_a_tile(tile))
+                for _, go in _expert_launches(ws.normed, lw.experts_gate_proj, lw.experts_up_proj,
+                                              lw.experts_down_proj, ws.moe, target.gemm_args["precision"], tile, 0):
+                    go()
+            cuda.synchronize()
             cuda.profile_stop()
-            print(f"{rows} rows: {touched} experts with rows; profiled {', '.join(names)}")
+            print(f"{rows} rows: {touched} experts with rows; profiled {', '.join(names)}, then the expert GEMMs "
+                  f"of tiles {args.tiles}")
             continue
         us = [timed(lambda s, i=i: launches(s)[i][1](), args.repeat) for i in range(len(names))]
         whole = timed(lambda s: [go() for _, go in launches(s)], args.repeat)
