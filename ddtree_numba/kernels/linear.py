@@ -579,7 +579,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
     P = 4 * MT * RT
     PS = P * S
     NWW = 1 if ASYNC else ceil_div(S * BF * Q, NT)   # weight words a thread stages per chunk
-    NWC = ceil_div(S * BF * (Q // 2), NT)     # ASYNC: 16-byte pieces a thread copies per chunk
+    NWC = ceil_div(BF * (Q // 2), NT)         # ASYNC: 16-byte pieces a thread copies per chunk and matrix
     NXW = ceil_div(BR * Q, NT)                # activation quads
     XL = 2 if XSPLIT else 1
     WS_SHAPE, XS_SHAPE = (SLOTS, S, BF, QP), (XL, BR, QP)
@@ -589,9 +589,9 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
     NSV = _scale_slots(kind, MT, swiglu)
 
     @device_function
-    def stage_load(c, tid, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index, wst, xst0, xst1):
+    def stage_load(c, tid, xv, xc, wv, wuv, z, col0, N, K, xrows, wst, xst0, xst1):
         """Chunk c's weight words (unless ``ASYNC``) and activation quads of this thread, global ->
-        registers."""
+        registers (``xrows``: the activation row of each quad, -1 past the tile's rows)."""
         for i in range(0 if ASYNC else NWW):
             idx = tid + i * NT
             v = uint64(0)
@@ -613,17 +613,30 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
             idx = tid + i * NT
             u0 = uint64(0)
             u1 = uint64(0)
-            if idx < BR * Q:
+            rx = xrows[i]
+            k = c * KCH + 4 * (idx % Q)
+            if rx >= 0 and k < K:             # unsigned indices: no wraparound or sign fix-ups
+                u = uint64(rx)
+                q = uint64(xc + k) >> uint64(1)
+                u0 = xv[u, q]
+                u1 = xv[u, q + uint64(1)]
+            xst0[i] = u0
+            xst1[i] = u1
+
+    @device_function
+    def stage_rows(tid, tile0, end, row_index, xrows):
+        """The activation row of each of this thread's quads for the tile at tile0 (gathered
+        through ``row_index``), -1 past its rows: read once a tile, not once a chunk."""
+        for i in range(NXW):
+            idx = tid + i * NT
+            rx = -1
+            if NXW * NT == BR * Q or idx < BR * Q:   # (the first test is constant)
                 j = tile0 + idx // Q
-                k = c * KCH + 4 * (idx % Q)
-                if j < end and k < K:
+                if j < end:
                     rx = j
                     if gather:
                         rx = row_index[j]
-                    u0 = xv[rx, (xc + k) // 2]
-                    u1 = xv[rx, (xc + k) // 2 + 1]
-            xst0[i] = u0
-            xst1[i] = u1
+            xrows[i] = rx
 
     @device_function
     def stage_store(tid, wst, xst0, xst1, wsm, xsm, f):
@@ -642,7 +655,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
                 wsm[0, s, rem // Q, rem % Q] = v
         for i in range(NXW):
             idx = tid + i * NT
-            if idx < BR * Q:
+            if NXW * NT == BR * Q or idx < BR * Q:
                 _unpack_pairs(xst0[i], xst1[i], f)
                 if XSPLIT:
                     h0, l0 = _split_bf16x2(f[0], f[1])
@@ -657,25 +670,25 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
     def copy_weights(c, slot, tid, wv, wuv, wsm, z, col0, N, K):
         """``ASYNC``: issue this thread's cp.async pieces of chunk c's weights into ring slot
         ``slot`` (zeros past N and K). Consecutive threads take consecutive 16-byte pieces of a
-        row: a warp reads four rows of 128 bytes."""
-        for i in range(NWC):
-            idx = tid + i * NT
-            if idx < S * BF * (Q // 2):
-                s = idx // (BF * (Q // 2))
-                rem = idx - s * BF * (Q // 2)
-                r = rem // (Q // 2)
-                piece = rem % (Q // 2)
-                n = col0 + r
-                k = c * KCH + 8 * piece
-                ok = n < N and k < K
-                nbytes = uint32(16) if ok else uint32(0)
-                if not ok:                    # read nothing; keep the address inside the matrix
-                    n = 0
-                    k = 0
-                if s == 1:
-                    cp_async16(wsm, (slot, s, r, 2 * piece), wuv, (z, n, k // 4), nbytes)
-                else:
-                    cp_async16(wsm, (slot, s, r, 2 * piece), wv, (z, n, k // 4), nbytes)
+        row: a warp reads four rows of 128 bytes. Each matrix's pieces in their own unrolled loop,
+        so the matrix a copy reads is known when compiling."""
+        for s in range(S):
+            for i in range(NWC):
+                m = tid + i * NT
+                if NWC * NT == BF * (Q // 2) or m < BF * (Q // 2):   # (the first test is constant)
+                    r = m // (Q // 2)
+                    piece = m % (Q // 2)
+                    n = col0 + r
+                    k = c * KCH + 8 * piece
+                    ok = n < N and k < K
+                    nbytes = uint32(16) if ok else uint32(0)
+                    un = uint64(n) if ok else uint64(0)   # read nothing; keep the address inside
+                    uk = uint64(k) >> uint64(2) if ok else uint64(0)
+                    d = (uint64(slot), uint64(s), uint64(r), uint64(2 * piece))
+                    if s == 1:
+                        cp_async16(wsm, d, wuv, (uint64(z), un, uk), nbytes)
+                    else:
+                        cp_async16(wsm, d, wv, (uint64(z), un, uk), nbytes)
 
     @device_function
     def mma_chunk(wsm, slot, xsm, wm, wn, g, t, acc, live):
@@ -745,6 +758,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
         wst = cuda.local.array(NWW, uint64)
         xst0 = cuda.local.array(NXW, uint64)
         xst1 = cuda.local.array(NXW, uint64)
+        xrows = cuda.local.array(NXW, int64)
         acc = cuda.local.array(PS, float32)
         ys = cuda.local.array(PS, float32)
         sv = cuda.local.array(NSV, float32)
@@ -759,7 +773,10 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
                     if c < C:
                         copy_weights(c, c, tid, wv, wuv, wsm, z, col0, N, K)
                     cp_async_commit()
-            stage_load(0, tid, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index, wst, xst0, xst1)
+            stage_rows(tid, tile0, end, row_index, xrows)
+            stage_load(0, tid, xv, xc, wv, wuv, z, col0, N, K, xrows, wst, xst0, xst1)
+            slot = 0                          # the ring slot of chunk c, and of chunk c + NS - 1
+            fill = NS - 1                     # (running counters: a modulo costs ~20 instructions)
             for c in range(C):
                 if ASYNC:
                     wait_ring()               # this thread's pieces of chunk c have landed
@@ -767,15 +784,16 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
                 stage_store(tid, wst, xst0, xst1, wsm, xsm, f)
                 if ASYNC:                     # chunk c + NS - 1 into the slot chunk c - 1 left
                     if c + NS - 1 < C:
-                        copy_weights(c + NS - 1, (c + NS - 1) % NS, tid, wv, wuv, wsm, z, col0, N, K)
+                        copy_weights(c + NS - 1, fill, tid, wv, wuv, wsm, z, col0, N, K)
                     cp_async_commit()
+                    fill = fill + 1 if fill + 1 < SLOTS else 0
                 cuda.syncthreads()
                 load_scales(sv, sc, scu, z, col0 + wm * 16 * MT, N, c, C, g)
                 if c + 1 < C:                 # the next chunk's loads fly while this one multiplies
-                    stage_load(c + 1, tid, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index,
-                               wst, xst0, xst1)
-                mma_chunk(wsm, c % SLOTS, xsm, wm, wn, g, t, acc, live)
+                    stage_load(c + 1, tid, xv, xc, wv, wuv, z, col0, N, K, xrows, wst, xst0, xst1)
+                mma_chunk(wsm, slot, xsm, wm, wn, g, t, acc, live)
                 add_chunk(ys, acc, sv)
+                slot = slot + 1 if slot + 1 < SLOTS else 0
             for p in range(P):                # the C fragment layout, as in the register kernel
                 e = p % 4
                 mt = p // (4 * RT)
