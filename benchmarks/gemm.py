@@ -369,7 +369,8 @@ def chosen_tile(L, c, kind):
     """The tile ``_launch`` picks for case c (its rule: word loads here, so the staged kernel when
     it qualifies)."""
     rows = c["max_rows"]
-    return (L._choose_staged(rows, c["n_cols"], c["swiglu"], c["live"])
+    ring = kind == "bf16" and c["K"] % 8 == 0             # the cp.async weight ring (16-byte pieces)
+    return (L._choose_staged(rows, c["n_cols"], c["swiglu"], c["live"], c["K"], c["grouped"], ring)
             or L._choose(rows, c["n_cols"], c["K"], c["swiglu"], c["live"], kind))
 
 

@@ -835,10 +835,31 @@ else:
     _STAGED = {False: _Staged(4, 2, 2, 4), True: _Staged(2, 4, 2, 2)}
 
 
-def _choose_staged(max_rows, n_cols, swiglu, n_groups):
+# The staged kernel with its weights in a cp.async ring (``NS``; bf16 weights read in 16-byte
+# pieces, K % 8 == 0), on a GPU: the experts' work items of more than _FEW_ROWS typical rows, and
+# dense launches of at least _RING_ROWS rows over more than _SMALL_WEIGHTS weights. Measured on
+# the H200 (tools/moe_stages.py --tiles / --shared-tiles, Moonlight's shapes, 0b218fc; the tile
+# chosen before -> the ring, µs at 65 / 272 / 1040 rows): the routed experts' gate|up 242 -> 122,
+# 545 -> 256, 1571 -> 769 and down 129 -> 80, 335 -> 181, 988 -> 567 at (4,1,1,2,2) (32-row items
+# at (4,1,1,4,2): 155 / 284 / 780 and 96 / 169 / 455; 64-row items slower still); the shared
+# experts (one dense SwiGLU, 2816 x 2048, and its down) gate|up 65 -> 29, 156 -> 67, 464 -> 229 and
+# down 38 -> 29, 111 -> 70, 281 -> 164 at (4,2,1,2,2). The bits are every tile's.
+_EXPERT_RING = _Staged(4, 1, 1, 2, 2)
+_DENSE_RING = _Staged(4, 2, 1, 2, 2)
+_RING_ROWS = 33
+
+
+def _choose_staged(max_rows, n_cols, swiglu, n_groups, n_k=0, grouped=False, ring=False):
     """The staged kernel's tile when a group holds enough rows for shared tiles to pay and the
     launch has enough blocks to fill the GPU (its blocks do not split the chunks, so with few of
-    them the register kernel, which does, is faster: measured on the H200); else None."""
+    them the register kernel, which does, is faster: measured on the H200); else None. ``ring``:
+    the weights can be copied by cp.async (then, on a GPU, the ring tiles above); ``grouped``: an
+    expert launch of work items (``max_rows`` its typical rows)."""
+    if ring and not _SIM:
+        if grouped and max_rows > _FEW_ROWS:
+            return _EXPERT_RING
+        if n_groups == 1 and max_rows >= _RING_ROWS and n_cols * n_k > _SMALL_WEIGHTS:
+            return _DENSE_RING
     if swiglu and n_groups > 1:
         return None                           # experts' gate|up: the register kernel (_TALL_SWIGLU)
     tile = _STAGED[swiglu or n_groups > 1]    # SwiGLU, groups (experts' down, heads): 64 x 64 blocks
@@ -953,11 +974,13 @@ def _xvec_ok(x, x_gs, k) -> bool:
 _Plan = namedtuple("_Plan", "tile kind block scales w w_up scale scale_up vec xvec")
 
 
-def _plan(x, x_gs, w, w_up, max_rows, precision, tile=None, tile_rows=None, live_groups=None):
+def _plan(x, x_gs, w, w_up, max_rows, precision, tile=None, tile_rows=None, live_groups=None, grouped=False):
     """What a launch multiplies and with which tile (``_Plan``): the weights' storage (a quantized
     matrix unwrapped into its data and scales), whether words can be read, and ``tile`` (a
     ``_Tile`` or ``_Staged``), or None to choose it from the rows (``tile_rows`` if given, else
-    ``max_rows``) and the groups that hold any (``live_groups``, default all)."""
+    ``max_rows``) and the groups that hold any (``live_groups``, default all); ``grouped``: a launch
+    of expert work items. A ring tile (``NS``) whose weights cannot be copied in 16-byte pieces, or
+    whose ring does not fit shared memory, loses its ring (a shorter one, else NS 0)."""
     kind = _weight_kind(w)
     swiglu = w_up is not None
     block, scale, scale_up = (0, 0), None, None   # None: no scales (the launch passes stand-ins)
@@ -987,19 +1010,20 @@ def _plan(x, x_gs, w, w_up, max_rows, precision, tile=None, tile_rows=None, live
     check_precision(precision)
     rows = min(max_rows, tile_rows or max_rows)
     groups = min(Z, live_groups or Z)
+    ring = kind == "bf16" and n_k % 8 == 0 and _vec_ok(w, 16) and (not swiglu or _vec_ok(w_up, 16))
     if tile is None:
-        tile = _choose_staged(rows, N, swiglu, groups) if vec and xvec else None
+        tile = _choose_staged(rows, N, swiglu, groups, n_k, grouped, ring) if vec and xvec else None
     elif isinstance(tile, _Staged) and not (vec and xvec):
         tile = None                           # the staged kernel reads words only: the register one
     if tile is None:
         tile = _choose(rows, N, n_k, swiglu, groups, kind)
     if not isinstance(tile, _Staged) and _smem(tile, swiglu, kind) > _SMEM_MAX:
         tile = _choose(rows, N, n_k, swiglu, groups, kind)   # a forced tile too big
-    if isinstance(tile, _Staged) and tile.NS and not (
-            kind == "bf16" and n_k % 8 == 0 and _vec_ok(w, 16) and (not swiglu or _vec_ok(w_up, 16))):
+    if isinstance(tile, _Staged) and tile.NS and not ring:
         tile = tile._replace(NS=0)            # cp.async copies 16-byte pieces of bf16 rows
-    while isinstance(tile, _Staged) and tile.NS > 2 and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
-        tile = tile._replace(NS=tile.NS - 1)  # fp32 activations take twice the shared rows: a shorter ring
+    while isinstance(tile, _Staged) and tile.NS and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
+        # fp32 activations take twice the shared rows: a shorter ring, else none
+        tile = tile._replace(NS=tile.NS - 1 if tile.NS > 2 else 0)
     if isinstance(tile, _Staged) and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
         tile = _STAGED[swiglu]                # a forced tile too big for this launch: a default one
     return _Plan(tile, kind, block, scales, w, w_up, scale, scale_up, vec, xvec)
@@ -1016,7 +1040,7 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, items, row_index, max_rows, acc
     a row of blocks a work item, Y rows."""
     grouped, gather = items is not None, row_index is not None
     swiglu = w_up is not None
-    plan = _plan(x, x_gs, w, w_up, max_rows, precision, tile, tile_rows, live_groups)
+    plan = _plan(x, x_gs, w, w_up, max_rows, precision, tile, tile_rows, live_groups, grouped)
     tile, kind, block, scales, w, w_up = plan.tile, plan.kind, plan.block, plan.scales, plan.w, plan.w_up
     Z, N = w.shape[0], w.shape[1]
     row_blocks = items.shape[0] // 3 if grouped else max(1, ceil_div(max_rows, _rows_a_tile(tile)))
@@ -1102,7 +1126,7 @@ def _grouped_tile(x, w, max_rows, *, precision, w_up=None, tile_rows=None, live_
     """The tile ``enqueue_grouped_linear`` takes for these arguments (``tile`` if forced and it
     fits, else the chosen one); work items of ``_rows_a_tile`` of it give each block one tile of
     rows."""
-    return _plan(x, 0, w, w_up, max_rows, precision, tile, tile_rows, live_groups).tile
+    return _plan(x, 0, w, w_up, max_rows, precision, tile, tile_rows, live_groups, grouped=True).tile
 
 
 # -- the public launcher (twin: reference.linear.linear) -------------------------------------
