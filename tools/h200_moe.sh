@@ -3,7 +3,8 @@
 # MOE_STAGES= runs of tools/moe_stages.py (each a quoted argument list, ';'-separated),
 # compute-sanitizer over the cp.async weight-ring tests (SANITIZE= names the tools; empty skips
 # them), VERIFY= the arguments of a benchmarks/verify_forward.py run, BATCH= those of a
-# benchmarks/batch.py run (tables appended to docs/PERFORMANCE.md, results copied to $OUT).
+# benchmarks/batch.py run, DEMO= those of a benchmarks/demo_pair.py run (tables appended to
+# docs/PERFORMANCE.md, results copied to $OUT).
 # Run from the repo root with .whl carried; logs to $OUT/log.txt.
 source tools/h200_env.sh
 {
@@ -24,10 +25,14 @@ if [ -n "${VERIFY-}" ]; then
   echo "== verify_forward.py $VERIFY"
   timeout $(left 570) python3 benchmarks/verify_forward.py $VERIFY 2>&1 | grep -v Warn | tail -40
 fi
+if [ -n "${DEMO-}" ]; then                       # DEMO= benchmarks/demo_pair.py's arguments
+  echo "== demo_pair.py $DEMO"
+  timeout $(left 560) python3 benchmarks/demo_pair.py $DEMO 2>&1 | grep -v Warn | tail -30
+fi
 if [ -n "${BATCH-}" ]; then
   echo "== batch.py $BATCH"
   timeout $(left 590) python3 benchmarks/batch.py $BATCH 2>&1 | grep -v Warn | tail -30
 fi
 } 2>&1 | tee "$OUT/log.txt"
-cp docs/PERFORMANCE.md "$OUT/"; cp benchmarks/results/{verify_forward,batch}.json "$OUT/" 2>/dev/null
+cp docs/PERFORMANCE.md "$OUT/"; cp benchmarks/results/{verify_forward,batch,demo_pair}.json "$OUT/" 2>/dev/null
 echo "elapsed $(( $(date +%s) - T0 ))"
