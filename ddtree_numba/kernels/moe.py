@@ -470,7 +470,8 @@ def _expert_tiling(bufs):
 def _expert_tiles(x, experts_gate, experts_up, experts_down, bufs, precision, tile=None):
     """(gate|up tile, down tile) of the grouped GEMMs: ``tile`` for both if forced; else the
     gate|up's chosen tile, and the down's own choice (None) unless the gate|up took linear's
-    ``_TALL_SWIGLU``, or the down's own choice is a staged tile of more rows than the gate|up's.
+    ``_TALL_SWIGLU`` or a cp.async ring (``_EXPERT_RING`` on a GPU), or the down's own choice is a
+    staged tile of more rows than the gate|up's.
     Then the down takes the gate|up's tile too: the work items are that tile's rows (16 for
     ``_TALL_SWIGLU``), and a staged down (64-row blocks on the H200) would walk each with mostly
     padding (H200, Moonlight's experts at 272 rows: down 667 µs so, 358 µs at the shared tile)."""
@@ -478,8 +479,8 @@ def _expert_tiles(x, experts_gate, experts_up, experts_down, bufs, precision, ti
         return tile, tile
     tiling = _expert_tiling(bufs)
     up = _grouped_tile(x, experts_gate, bufs.max_rows, precision=precision, w_up=experts_up, **tiling)
-    if up == _TALL_SWIGLU:
-        return up, up
+    if up == _TALL_SWIGLU or (isinstance(up, _Staged) and up.NS):
+        return up, up                         # (a down that cannot take the ring takes the tile without it)
     # the down's own choice, over the work items of the gate|up tile's rows (``_expert_item_rows``)
     own = _grouped_tile(bufs.act, experts_down, bufs.max_rows, precision=precision, **tiling)
     return up, (up if isinstance(own, _Staged) and _rows_a_tile(own) > _rows_a_tile(up) else None)
