@@ -11,9 +11,9 @@ four consecutive k = 4t..4t+3 of each 16-wide k step, for its weight rows g and 
 of bf16 weights each) and for its activation row g; the A and B fragments are built from them
 with the same permutation of k, so the product is the same sum. Weights are read straight from
 global memory into registers (each weight feeds exactly one lane), a whole chunk at a time: the
-next chunk's while the current one is multiplied. (No shared-memory tiles yet: at 256+ rows each
-warp reloads its activations, which is why those sizes run far below the mma ceiling;
-docs/PERFORMANCE.md.)
+next chunk's while the current one is multiplied. Many rows take the staged kernel below instead
+(``_staged_kernel``: a block's chunk of weights and activations in shared memory, read by all its
+warps; on a GPU with the weights copied by ``cp.async`` into a ring of slots, ``_Staged.NS``).
 
 **Precision** (``kernels.PRECISIONS``, chosen per call; the models choose it at load time):
 
