@@ -361,7 +361,8 @@ def small_kind_checks(gpu, L, rng):
 # -- main -------------------------------------------------------------------------------------
 def cfg_name(cfg):
     if isinstance(cfg, tuple) and hasattr(cfg, "WM"):
-        return f"staged {cfg.WM}x{cfg.WN} warps {cfg.MT}x{cfg.RT}"
+        ring = f" ring {cfg.NS}" if getattr(cfg, "NS", 0) else ""
+        return f"staged {cfg.WM}x{cfg.WN} warps {cfg.MT}x{cfg.RT}{ring}"
     return f"{cfg.MT}x{cfg.RT} nw{cfg.NW}"
 
 
@@ -374,12 +375,23 @@ def chosen_tile(L, c, kind):
             or L._choose(rows, c["n_cols"], c["K"], c["swiglu"], c["live"], kind))
 
 
+# staged tiles with a cp.async weight ring (bf16 weights) tried beside the register alternatives:
+# the two chosen ones and larger warp tiles (more mma a fragment load: the ring kernel is issue-bound)
+RING_SWEEP = ((4, 1, 1, 2, 2), (4, 2, 1, 2, 2), (4, 1, 1, 1, 2), (2, 2, 2, 2, 2), (2, 2, 2, 4, 2), (2, 1, 2, 4, 2),
+              (4, 2, 1, 4, 2), (2, 2, 1, 2, 3))
+
+
 def sweep_cfgs(L, c, kind):
-    """Alternative tiles for one case (tuning runs): warps and warp tiles around the chosen one."""
+    """Alternative tiles for one case (tuning runs): warps and warp tiles around the register
+    kernel's choice, and (bf16 weights) the ring tiles of ``RING_SWEEP`` that fit shared memory."""
     cur = L._choose(c["max_rows"], c["n_cols"], c["K"], c["swiglu"], c["live"], kind)
     alts = {cur._replace(NW=max(1, cur.NW // 2)), cur._replace(NW=min(16, cur.NW * 2)),
             cur._replace(MT=3 - cur.MT), cur._replace(RT=max(1, cur.RT // 2)), cur._replace(RT=min(8, cur.RT * 2))}
-    return [a for a in alts if a != cur and L._smem(a, c["swiglu"], kind) <= L._SMEM_MAX]
+    alts = [a for a in alts if a != cur and L._smem(a, c["swiglu"], kind) <= L._SMEM_MAX]
+    if kind == "bf16" and c["K"] % 8 == 0:
+        alts += [t for t in (L._Staged(*v) for v in RING_SWEEP)
+                 if L._staged_smem(t, c["swiglu"], "bf16") <= L._SMEM_MAX]
+    return alts
 
 
 def main():
