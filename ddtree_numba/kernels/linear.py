@@ -583,6 +583,9 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
     NXW = ceil_div(BR * Q, NT)                # activation quads
     XL = 2 if XSPLIT else 1
     WS_SHAPE, XS_SHAPE = (SLOTS, S, BF, QP), (XL, BR, QP)
+    # cp.async writes 16-byte pieces: the ring must start 16-byte aligned (numba aligns a uint64
+    # array to 8; the simulator takes no alignment, and copies at once anyway)
+    RING_ALIGN = 16 if ASYNC and not _SIM else None
     wait_ring = CP_ASYNC_WAIT[max(0, NS - 2)]
     widen = WIDEN[kind]
     load_scales, add_chunk, store = _epilogue(kind, block, MT, RT, swiglu, accumulate, scales)
@@ -753,7 +756,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
             wv = w.view(np.uint64)
             wuv = w_up.view(np.uint64)
         xv = x.view(np.uint64)
-        wsm = cuda.shared.array(WS_SHAPE, uint64)
+        wsm = cuda.shared.array(WS_SHAPE, uint64, alignment=RING_ALIGN)
         xsm = cuda.shared.array(XS_SHAPE, uint64)
         wst = cuda.local.array(NWW, uint64)
         xst0 = cuda.local.array(NXW, uint64)
