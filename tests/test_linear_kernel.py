@@ -477,26 +477,49 @@ def test_staged_tiles_give_the_register_kernels_bits(rng, precision, variant):
         assert_bits(run(L.TILES[name]), want), name
 
 
-@pytest.mark.parametrize("slots", [2, 3])
-def test_weight_ring_gives_the_register_kernels_bits(rng, slots):
-    """The staged kernel with its weights copied by cp.async into a ring of 2 or 3 slots (``NS``):
-    five chunks (the ring wraps), a partial column block (pieces past N zero-filled), experts of
-    3, 0 and 21 rows in work items of 32 (a warp whose row tiles are all past the item's rows
-    skips them): the register kernel's bits, SwiGLU with gathered rows and the plain down."""
-    K, N, counts = 320, 40, [3, 0, 21]
+@pytest.mark.parametrize("slots,item_rows", [(2, 32), (3, 64)])
+def test_weight_ring_gives_the_register_kernels_bits(rng, slots, item_rows):
+    """The staged kernel with its weights copied by cp.async into a ring of 2 or 3 slots (``NS``;
+    in the simulator a copy lands only at its wait, so a slot read too early is NaN): five chunks
+    (the ring wraps), a partial column block (pieces past N zero-filled), experts of 3, 0 and 45
+    rows in work items of 32 (a warp whose row tiles are all past the item's rows skips them) or
+    of 64 (a block walks two 32-row tiles: the ring restarts): the register kernel's bits, SwiGLU
+    with gathered rows and the plain down."""
+    K, N, counts = 320, 40, [3, 0, 45]
     offsets, x, row_index, (w, _), (wu, _) = _grouped_case(rng, "bf16", counts, K, N, True)
     ring = L._Staged(1, 2, 1, 2, slots)
     assert L._plan(dev(x), 0, dev(w), dev(wu), 32, "bf16", ring).tile.NS == slots
 
     def run(tile, swiglu):
         d_out = dev(np.full((int(offsets[-1]), N), np.nan, np.float32))
-        L.enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets, 32)), max(counts), precision="bf16",
+        L.enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets, item_rows)), max(counts), precision="bf16",
                                  row_index=dev(row_index) if swiglu else None, w_up=dev(wu) if swiglu else None,
                                  tile=tile)
         return d_out.copy_to_host()
 
     for swiglu in (True, False):
         assert_bits(run(ring, swiglu), run(L.TILES["small"], swiglu))
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("slots,K", [(2, 64), (4, 72)])
+def test_weight_ring_over_few_chunks_in_both_precisions(rng, precision, slots, K):
+    """Dense launches (plain and SwiGLU) on the ring: one chunk (K 64), and fewer chunks than the
+    ring has slots (K 72, 4 slots: the prologue's groups past the last chunk are empty); fp32's
+    activations in two shared planes. The register kernel's bits."""
+    R, N = 13, 40
+    x = xs(rng, (R, K))
+    (w, _), (wu, _) = weights(rng, (N, K), "bf16"), weights(rng, (N, K), "bf16")
+    ring = L._Staged(1, 2, 1, 2, slots)
+    assert L._plan(dev(x), 0, dev(w.reshape(1, N, K)), None, R, precision, ring).tile == ring
+    assert_bits(run_linear(x, w, precision, tile=ring), run_linear(x, w, precision, tile=L.TILES["small"]))
+
+    def swiglu(tile):
+        d_out = dev(np.full((R, N), np.nan, np.float32))
+        L.enqueue_swiglu(dev(x), dev(w), dev(wu), d_out, rows_dev(R), precision=precision, tile=tile)
+        return d_out.copy_to_host()
+
+    assert_bits(swiglu(ring), swiglu(L.TILES["small"]))
 
 
 def test_weight_ring_only_for_whole_bf16_pieces(rng):
@@ -511,6 +534,28 @@ def test_weight_ring_only_for_whole_bf16_pieces(rng):
     w = dev(weights(rng, (1, 128, 64), "bf16")[0])
     tile = L._plan(dev(xs(rng, (4, 64))), 0, w, w, 4, "fp32", big).tile
     assert L._staged_smem(tile, True, "fp32") <= L._SMEM_MAX and tile.NS < 4
+
+
+class _GpuArray:
+    """What ``_plan`` reads of a device array on a GPU: shape, dtype and an aligned address."""
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = shape, np.dtype(dtype)
+        self.__cuda_array_interface__ = {"data": (256, False)}
+
+
+def test_a_chosen_ring_that_does_not_fit_gives_the_rule_without_it(monkeypatch):
+    """On a GPU a dense SwiGLU of 33+ rows takes ``_DENSE_RING`` in bf16; in fp32 its two activation
+    planes do not fit 48 KiB with the ring, and the launch takes the rule without a ring (not the
+    ring tile stripped of its ring). A forced ring of 1 slot is none; of too many, the most."""
+    monkeypatch.setattr(L, "_SIM", False)
+    x, w = _GpuArray((64, 2048), np.float32), _GpuArray((1, 2816, 2048), np.uint16)
+    assert L._plan(x, 0, w, w, 64, "bf16").tile == L._DENSE_RING
+    assert L._staged_smem(L._DENSE_RING, True, "fp32") > L._SMEM_MAX
+    fp32 = L._plan(x, 0, w, w, 64, "fp32").tile
+    assert getattr(fp32, "NS", 0) == 0 and fp32 != L._DENSE_RING._replace(NS=0)
+    assert L._plan(x, 0, w, w, 64, "bf16", L._Staged(2, 2, 1, 2, 1)).tile.NS == 0
+    assert L._plan(x, 0, w, w, 64, "bf16", L._Staged(1, 1, 1, 1, 9)).tile.NS == L._NS_MAX
 
 
 def test_staged_tile_is_chosen_for_many_rows_of_word_loads(rng):
@@ -576,7 +621,8 @@ def test_choose_fills_the_gpu_with_warps_only_up_to_the_chunks(monkeypatch):
         assert (L._choose(24, 1408, 2048, True, 64).RT, L._choose(24, 1408, 2048, True, 64).MT) == (1, 2)
         assert L._choose(24, 1408, 2048, True, 1).RT == 4                 # one group: unchanged
         assert L._choose(L._GROUPED_ONE_ROW_TILE + 1, 1408, 2048, False, 64).RT == 4
-        # ... except the experts' gate|up (SwiGLU groups): two m tiles of two row tiles, never staged
+        # ... except the experts' gate|up (SwiGLU groups): two m tiles of two row tiles, not staged
+        # without a ring (with one, on a GPU: _EXPERT_RING, below)
         assert L._choose(L._GROUPED_ONE_ROW_TILE + 1, 1408, 2048, True, 64) == L._TALL_SWIGLU
         assert L._choose_staged(4 * L._STAGED_ROWS, 1408, True, 64) is None
         assert L._choose_staged(4 * L._STAGED_ROWS, 2048, False, 64) == L._STAGED[True]

@@ -13,9 +13,11 @@ Same route as ``_mma.py``: an ``intrinsic`` emitting PTX as LLVM inline assembly
 destination is converted from numba's generic pointer with ``cvta.to.shared``; the source, a
 generic pointer into global memory, is already a global address. Both must be 16-byte aligned.
 
-In the simulator each copy happens at once (a plain store), and commit and wait do nothing: the
-results are the same as long as the kernel waits and synchronizes before it reads a slot, which
-only a GPU run (racecheck) can check.
+In the simulator a copy lands only when this thread's wait retires its group; until then its
+destination holds a NaN pattern. So a kernel that reads a slot before waiting for it, or issues a
+copy into a slot another warp still reads, computes NaNs there and fails its bit tests (the
+ordering racecheck checks on the GPU). Another thread's copies show once that thread has waited,
+which a kernel always follows with a barrier.
 """
 
 from __future__ import annotations
@@ -25,27 +27,45 @@ from numba import config, types
 _SIM = bool(config.ENABLE_CUDASIM)
 
 if _SIM:
+    import threading
+
     import numpy as np
 
+    _POISON = np.uint64(0x7FC17FC17FC17FC1)   # four bf16 NaNs: what a slot holds before its wait
+    _pending = threading.local()              # this simulated thread's copies: (open, closed groups)
+
+    def _groups():
+        if not hasattr(_pending, "open"):
+            _pending.open, _pending.closed = [], []
+        return _pending
+
     def cp_async16(dst, di, src, si, nbytes):
-        """dst[di], dst[di + 1 word] = src[si], src[si + 1 word] (uint64 arrays), or zeros when
-        ``nbytes`` is 0; immediately."""
+        """Read src[si], src[si + 1 word] (uint64 arrays; zeros when ``nbytes`` is 0) now, poison
+        dst[di], dst[di + 1 word], and write them there when a wait retires this copy's group."""
         nxt_d = tuple(di[:-1]) + (di[-1] + 1,)
         if nbytes:
-            nxt_s = tuple(si[:-1]) + (si[-1] + 1,)
-            dst[tuple(di)] = src[tuple(si)]
-            dst[nxt_d] = src[nxt_s]
+            v0, v1 = src[tuple(si)], src[tuple(si[:-1]) + (si[-1] + 1,)]
         else:
-            dst[tuple(di)] = np.uint64(0)
-            dst[nxt_d] = np.uint64(0)
+            v0 = v1 = np.uint64(0)
+        dst[tuple(di)] = dst[nxt_d] = _POISON
+        _groups().open.append((dst, tuple(di), nxt_d, v0, v1))
 
     def cp_async_commit():
-        """Close this thread's group of copies (nothing to do in the simulator)."""
+        """Close this thread's group of copies."""
+        g = _groups()
+        g.closed.append(g.open)
+        g.open = []
 
-    def _wait():
-        """Wait for this thread's older groups (nothing to do in the simulator)."""
+    def _waiter(n):
+        def wait():
+            """Land this thread's groups but the ``n`` newest."""
+            g = _groups()
+            while len(g.closed) > n:
+                for dst, d0, d1, v0, v1 in g.closed.pop(0):
+                    dst[d0], dst[d1] = v0, v1
+        return wait
 
-    CP_ASYNC_WAIT = (_wait, _wait, _wait, _wait)
+    CP_ASYNC_WAIT = tuple(_waiter(n) for n in range(4))
 else:
     from llvmlite import ir
     from numba.core import cgutils

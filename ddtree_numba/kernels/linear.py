@@ -833,8 +833,9 @@ else:
     # 128 features x 64 rows (SwiGLU: 64 features of both matrices x 64 rows), 8 warps. Grouped
     # (expert) launches take the SwiGLU shape: the experts' down at 272 rows (a 512-row
     # workspace, 47 experts of ~35 rows) 375 -> 331 µs (tools/moe_stages.py --tiles). Grouped
-    # SwiGLU (the experts' gate|up) never takes the staged kernel (``_choose_staged`` gives None
-    # for it): ``_choose`` gives it ``_TALL_SWIGLU`` past ``_GROUPED_ONE_ROW_TILE`` typical rows.
+    # SwiGLU (the experts' gate|up) takes the staged kernel only with a ring (``_EXPERT_RING``
+    # below); without one ``_choose`` gives it ``_TALL_SWIGLU`` past ``_GROUPED_ONE_ROW_TILE``
+    # typical rows.
     _STAGED = {False: _Staged(4, 2, 2, 4), True: _Staged(2, 4, 2, 2)}
 
 
@@ -914,7 +915,8 @@ def _choose(max_rows, n_cols, n_k, swiglu, n_groups, kind="bf16"):
     rows, all it can for narrow launches). A SwiGLU tile of four row tiles takes one m tile and at
     least two warps (two m tiles spill). Grouped SwiGLU (the experts' gate|up) of more than
     ``_GROUPED_ONE_ROW_TILE`` rows (neither small nor narrow) takes ``_TALL_SWIGLU`` as it is
-    (``_choose_staged`` never gives grouped SwiGLU the staged kernel). Measured on the H200
+    (``_choose_staged`` gives grouped SwiGLU the staged kernel only with a cp.async ring, which
+    ``_plan`` asks it first). Measured on the H200
     (benchmarks/gemm.py --sweep, tools/moe_stages.py --tiles).
 
     A small launch (at most ``_SMALL_ROWS`` rows over at most ``_SMALL_WEIGHTS`` weights a group,
@@ -1016,6 +1018,9 @@ def _plan(x, x_gs, w, w_up, max_rows, precision, tile=None, tile_rows=None, live
     ring = kind == "bf16" and n_k % 8 == 0 and _vec_ok(w, 16) and (not swiglu or _vec_ok(w_up, 16))
     if tile is None:
         tile = _choose_staged(rows, N, swiglu, groups, n_k, grouped, ring) if vec and xvec else None
+        if isinstance(tile, _Staged) and tile.NS and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
+            # a ring that does not fit (fp32 activations take two shared planes): the rule without it
+            tile = _choose_staged(rows, N, swiglu, groups, n_k, grouped, False)
     elif isinstance(tile, _Staged) and not (vec and xvec):
         tile = None                           # the staged kernel reads words only: the register one
     if tile is None:
@@ -1024,6 +1029,8 @@ def _plan(x, x_gs, w, w_up, max_rows, precision, tile=None, tile_rows=None, live
         tile = _choose(rows, N, n_k, swiglu, groups, kind)   # a forced tile too big
     if isinstance(tile, _Staged) and tile.NS and not ring:
         tile = tile._replace(NS=0)            # cp.async copies 16-byte pieces of bf16 rows
+    if isinstance(tile, _Staged) and tile.NS and not 2 <= tile.NS <= _NS_MAX:
+        tile = tile._replace(NS=0 if tile.NS < 2 else _NS_MAX)   # a forced ring of 1 slot is none
     while isinstance(tile, _Staged) and tile.NS and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
         # fp32 activations take twice the shared rows: a shorter ring, else none
         tile = tile._replace(NS=tile.NS - 1 if tile.NS > 2 else 0)
