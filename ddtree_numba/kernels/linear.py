@@ -584,7 +584,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
     XL = 2 if XSPLIT else 1
     WS_SHAPE, XS_SHAPE = (SLOTS, S, BF, QP), (XL, BR, QP)
     # cp.async writes 16-byte pieces: the ring must start 16-byte aligned (numba aligns a uint64
-    # array to 8; the simulator takes no alignment, and copies at once anyway)
+    # array to 8; the simulator takes no alignment argument)
     RING_ALIGN = 16 if ASYNC and not _SIM else None
     wait_ring = CP_ASYNC_WAIT[max(0, NS - 2)]
     widen = WIDEN[kind]
