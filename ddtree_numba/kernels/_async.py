@@ -97,47 +97,20 @@ else:
 
         return sig, codegen
 
-    @intrinsic
-    def cp_async_commit(typingctx):
-        """Close this thread's group of copies."""
-        def codegen(context, builder, signature, args):
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.commit_group;", "~{memory}",
-                               side_effect=True)
-            builder.call(asm, [])
-            return context.get_dummy_value()
+    def _barrier_asm(name, text):
+        """An intrinsic emitting one PTX instruction without operands (a memory clobber), named
+        ``name``: the kernel cache fingerprints a closure's intrinsics by qualified name."""
+        def emit(typingctx):
+            def codegen(context, builder, signature, args):
+                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}", side_effect=True)
+                builder.call(asm, [])
+                return context.get_dummy_value()
 
-        return types.void(), codegen
+            return types.void(), codegen
 
-    @intrinsic
-    def _wait0(typingctx):
-        def codegen(context, builder, signature, args):
-            return _emit_wait(builder, 0, context)
-        return types.void(), codegen
+        emit.__name__ = emit.__qualname__ = name
+        return intrinsic(emit)
 
-    @intrinsic
-    def _wait1(typingctx):
-        def codegen(context, builder, signature, args):
-            return _emit_wait(builder, 1, context)
-        return types.void(), codegen
-
-    @intrinsic
-    def _wait2(typingctx):
-        def codegen(context, builder, signature, args):
-            return _emit_wait(builder, 2, context)
-        return types.void(), codegen
-
-    @intrinsic
-    def _wait3(typingctx):
-        def codegen(context, builder, signature, args):
-            return _emit_wait(builder, 3, context)
-        return types.void(), codegen
-
-    def _emit_wait(builder, n, context):
-        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), f"cp.async.wait_group {n};", "~{memory}",
-                           side_effect=True)
-        builder.call(asm, [])
-        return context.get_dummy_value()
-
-    # one intrinsic a count (the PTX takes it as an immediate), each with its own qualified name for
-    # the kernel cache's closure fingerprints (_device.cached)
-    CP_ASYNC_WAIT = (_wait0, _wait1, _wait2, _wait3)
+    cp_async_commit = _barrier_asm("cp_async_commit", "cp.async.commit_group;")
+    # one intrinsic a count: the PTX takes it as an immediate
+    CP_ASYNC_WAIT = tuple(_barrier_asm(f"cp_async_wait{n}", f"cp.async.wait_group {n};") for n in range(4))
