@@ -183,7 +183,7 @@ def test_swiglu(rng, kind, R, precision):
     wg, wgf = weights(rng, (I, K), kind)
     wu, wuf = weights(rng, (I, K), kind)
     d_out = dev(np.full((R, I), np.nan, np.float32))
-    L.enqueue_swiglu(dev(x), dev(wg), dev(wu), d_out, rows_dev(R), precision=precision)
+    L._enqueue_swiglu(dev(x), dev(wg), dev(wu), d_out, rows_dev(R), precision=precision)
     want, bound = swiglu_bound(x, wgf, wuf, precision)
     assert np.all(np.abs(d_out.copy_to_host() - want) <= bound)
 
@@ -214,7 +214,7 @@ def test_grouped_experts(rng, kind, swiglu, gather, counts, precision):
     offsets, x, row_index, (w, wf), (wu, wuf) = _grouped_case(rng, kind, counts, K, N, gather)
     Ro = int(offsets[-1])
     d_out = dev(np.full((Ro, N), np.nan, np.float32))
-    L.enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets)), max(counts), precision=precision,
+    L._enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets)), max(counts), precision=precision,
                              row_index=None if row_index is None else dev(row_index),
                              w_up=dev(wu) if swiglu else None)
     got = d_out.copy_to_host()
@@ -283,7 +283,7 @@ def test_fp8_grouped_experts_and_heads(rng, swiglu, gather, counts, precision):
     row_index = rng.integers(0, Ro + 3, Ro).astype(np.int32) if gather else None
     w, wu = fp8_weights(rng, (Z, N, K), block), fp8_weights(rng, (Z, N, K), block)
     d_out = dev(np.full((Ro, N), np.nan, np.float32))
-    L.enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets)), max(counts), precision=precision,
+    L._enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets)), max(counts), precision=precision,
                              row_index=None if row_index is None else dev(row_index),
                              w_up=dev(wu) if swiglu else None)
     got = d_out.copy_to_host()
@@ -366,7 +366,7 @@ def test_int4_grouped_experts_staged_and_register_kernels(rng, precision):
 
     def run(tile):
         d_out = dev(np.full((11, N), np.nan, np.float32))
-        L.enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets)), max(counts), precision=precision,
+        L._enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets)), max(counts), precision=precision,
                                  row_index=dev(row_index), w_up=dev(wu), tile=tile)
         return d_out.copy_to_host()
 
@@ -389,7 +389,7 @@ def test_quantized_bad_pairs_and_nan_bytes_are_refused(rng):
     gate = int4_weights(rng, (1, 8, 64), 32)
     for up in (int4_weights(rng, (1, 8, 32), 32), fp8_weights(rng, (1, 8, 64), (1, 32))):
         with pytest.raises(ValueError, match="SwiGLU pair must be two matrices of one format and shape"):
-            L.enqueue_grouped_linear(dev(x), dev(gate), out, items, 2, precision="bf16", w_up=dev(up))
+            L._enqueue_grouped_linear(dev(x), dev(gate), out, items, 2, precision="bf16", w_up=dev(up))
     w = fp8_weights(rng, (3, 64), (16, 32))
     w.data[1, 5] = 0xFF
     with pytest.raises(ValueError, match="NaN bytes"):
@@ -463,9 +463,9 @@ def test_staged_tiles_give_the_register_kernels_bits(rng, precision, variant):
         if variant == "heads":
             L.enqueue_linear_heads(dev(x), K, dev(w), d_out, rows_dev(R), precision=precision, tile=tile)
         elif variant == "swiglu":
-            L.enqueue_swiglu(dev(x[:, :K]), dev(w[0]), dev(wu[0]), d_out, rows_dev(R), precision=precision, tile=tile)
+            L._enqueue_swiglu(dev(x[:, :K]), dev(w[0]), dev(wu[0]), d_out, rows_dev(R), precision=precision, tile=tile)
         else:
-            L.enqueue_grouped_linear(dev(x[:, :K]), dev(w), d_out, dev(items_of(offsets)), max(counts), precision=precision,
+            L._enqueue_grouped_linear(dev(x[:, :K]), dev(w), d_out, dev(items_of(offsets)), max(counts), precision=precision,
                                      row_index=dev(row_index) if "gather" in variant else None,
                                      w_up=dev(wu) if "swiglu" in variant else None, tile=tile)
         return d_out.copy_to_host()
@@ -492,7 +492,7 @@ def test_weight_ring_gives_the_register_kernels_bits(rng, slots, item_rows):
 
     def run(tile, swiglu):
         d_out = dev(np.full((int(offsets[-1]), N), np.nan, np.float32))
-        L.enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets, item_rows)), max(counts), precision="bf16",
+        L._enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets, item_rows)), max(counts), precision="bf16",
                                  row_index=dev(row_index) if swiglu else None, w_up=dev(wu) if swiglu else None,
                                  tile=tile)
         return d_out.copy_to_host()
@@ -516,7 +516,7 @@ def test_weight_ring_over_few_chunks_in_both_precisions(rng, precision, slots, K
 
     def swiglu(tile):
         d_out = dev(np.full((R, N), np.nan, np.float32))
-        L.enqueue_swiglu(dev(x), dev(w), dev(wu), d_out, rows_dev(R), precision=precision, tile=tile)
+        L._enqueue_swiglu(dev(x), dev(w), dev(wu), d_out, rows_dev(R), precision=precision, tile=tile)
         return d_out.copy_to_host()
 
     assert_bits(swiglu(ring), swiglu(L.TILES["small"]))
@@ -573,7 +573,7 @@ def test_grouped_row_matches_the_plain_projection_of_that_row(rng):
                            "bf16")[0] for j in (0, 11)}
     for tile_rows, item_rows in ((None, 8), (2, 8), (2, 16)):   # items of 16 rows: two row tiles a block
         d_out = dev(np.full((12, N), np.nan, np.float32))
-        L.enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets, item_rows)), 9, precision="bf16",
+        L._enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets, item_rows)), 9, precision="bf16",
                                  row_index=dev(row_index), tile_rows=tile_rows)
         got = d_out.copy_to_host()
         for j, want in alone.items():
@@ -707,7 +707,7 @@ def test_activations_kept_raw_until_the_mma_give_the_same_bits(rng, monkeypatch,
     def run(xraw, tile):
         monkeypatch.setattr(L, "_X_RAW", xraw)
         d_out = dev(np.full((Ro, N), np.nan, np.float32))
-        L.enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets)), 9, precision=precision,
+        L._enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets)), 9, precision=precision,
                                  row_index=dev(row_index), w_up=dev(wu), tile=tile)
         return d_out.copy_to_host(), run_linear(x, w[0], precision, tile=tile)
 

@@ -9,8 +9,8 @@ from numba import cuda
 from ddtree_numba import kernels as kn
 from ddtree_numba import reference as ref
 from ddtree_numba.reference.moe import expert_work_items, work_item_capacity
-from ddtree_numba.kernels.moe import (MoEBuffers, MoERoute, enqueue_moe_block, enqueue_moe_combine,
-                                      enqueue_moe_sort)
+from ddtree_numba.kernels.moe import (MoEBuffers, MoERoute, enqueue_moe_block, _enqueue_moe_combine,
+                                      _enqueue_moe_sort)
 
 pytestmark = pytest.mark.kernels
 
@@ -167,7 +167,7 @@ def test_counting_sort_invariants(rng, n, item_rows):
     bufs = MoEBuffers(R, E, K, 4, 4)
     bufs.token_slot.copy_to_device(np.full((R, K), -1, np.int32))
     bufs.items.copy_to_device(np.full(bufs.items.shape, -1, np.int32))
-    enqueue_moe_sort(cuda.to_device(ids), cuda.to_device(w), bufs, cuda.to_device(np.array([n], np.int32)),
+    _enqueue_moe_sort(cuda.to_device(ids), cuda.to_device(w), bufs, cuda.to_device(np.array([n], np.int32)),
                      item_rows=item_rows)
     off = bufs.offsets.copy_to_host()
     items = bufs.items.copy_to_host()                          # every entry written: the used ones, then empties
@@ -308,7 +308,7 @@ def test_tall_experts_share_the_gate_up_tile_and_match_the_twin(rng, monkeypatch
     monkeypatch.setattr(lin, "_SMALL_WEIGHTS", 0)
     monkeypatch.setattr(lin, "_NARROW_COLS", 0)
     launched = []                                  # (gate|up?, the tile the launch takes)
-    real = moe_mod.enqueue_grouped_linear
+    real = moe_mod._enqueue_grouped_linear
 
     def spy(x, w, out, items, max_rows, *, precision, w_up=None, tile=None, tile_rows=None, live_groups=None,
             **kw):
@@ -318,7 +318,7 @@ def test_tall_experts_share_the_gate_up_tile_and_match_the_twin(rng, monkeypatch
         return real(x, w, out, items, max_rows, precision=precision, w_up=w_up, tile=tile, tile_rows=tile_rows,
                     live_groups=live_groups, **kw)
 
-    monkeypatch.setattr(moe_mod, "enqueue_grouped_linear", spy)
+    monkeypatch.setattr(moe_mod, "_enqueue_grouped_linear", spy)
     lin._choose.cache_clear()
     try:
         _tall_experts_case(rng, moe_mod, lin)
@@ -358,7 +358,7 @@ def test_moe_block_sizes_its_expert_grids_by_its_own_sort(rng):
     R = n = 24                                     # 72 slots on 8 experts: some hold more than 8
     route, m, x, gate, bias, experts, sh, bufs = _block_case(rng, R, n, "bf16", False)
     stale = np.tile(np.arange(bufs.top_k, dtype=np.int32), (R, 1))
-    enqueue_moe_sort(cuda.to_device(stale), cuda.to_device(np.ones((R, bufs.top_k), np.float32)), bufs,
+    _enqueue_moe_sort(cuda.to_device(stale), cuda.to_device(np.ones((R, bufs.top_k), np.float32)), bufs,
                      cuda.to_device(np.array([R], np.int32)), item_rows=1024)
     bufs.expert_out.copy_to_device(np.full(bufs.expert_out.shape, np.nan, np.float32))
     got = _run_block(route, m, x, gate, bias, experts, sh, bufs, n, tile=kn.TILES["small"])
@@ -427,12 +427,12 @@ def test_combine_sums_experts_in_ascending_id_whatever_the_pick_order():
     val = np.array([1.0, 1.0, 3.0, 1e8, -1e8], np.float32)              # expert e outputs val[e]
     bufs = MoEBuffers(R, E, K, M, 4)
     n_rows = cuda.to_device(np.array([R], np.int32))
-    enqueue_moe_sort(cuda.to_device(ids), cuda.to_device(np.ones((R, K), np.float32)), bufs, n_rows)
+    _enqueue_moe_sort(cuda.to_device(ids), cuda.to_device(np.ones((R, K), np.float32)), bufs, n_rows)
     off = bufs.offsets.copy_to_host()
     slot_expert = np.searchsorted(off, np.arange(R * K), side="right") - 1
     bufs.expert_out.copy_to_device(np.repeat(val[slot_expert][:, None], M, 1).astype(np.float32))
     out = cuda.to_device(np.full((R, M), np.nan, np.float32))
-    enqueue_moe_combine(bufs, None, out, n_rows, residual=False)
+    _enqueue_moe_combine(bufs, None, out, n_rows, residual=False)
     want = np.zeros(R, np.float32)
     for r in range(R):
         for e in np.sort(ids[r]):

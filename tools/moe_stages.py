@@ -52,9 +52,9 @@ def main():
         importlib.import_module("ddtree_numba.kernels.linear")._X_RAW = False
     from tune_tiles import timed
     from verify_forward import MOONLIGHT, build_target
-    from ddtree_numba.kernels.linear import _Staged, _Tile, _rows_a_tile, enqueue_linear, enqueue_swiglu
+    from ddtree_numba.kernels.linear import _Staged, _Tile, _rows_a_tile, enqueue_linear, _enqueue_swiglu
     from ddtree_numba.kernels.moe import (ROUTER_PRECISION, _expert_launches, _moe_block_launches, enqueue_moe_block,
-                                          enqueue_moe_sort)
+                                          _enqueue_moe_sort)
     from ddtree_numba.model.config import ModelConfig
 
     def parse(spec):
@@ -96,7 +96,7 @@ def main():
             cuda.synchronize()
             for spec in args.tiles:           # then each forced tile's two expert GEMMs
                 tile = parse(spec)
-                enqueue_moe_sort(ws.moe.topk_ids, ws.moe.topk_weights, ws.moe, ws.n_rows,
+                _enqueue_moe_sort(ws.moe.topk_ids, ws.moe.topk_weights, ws.moe, ws.n_rows,
                                  item_rows=_rows_a_tile(tile))
                 for _, go in _expert_launches(ws.normed, lw.experts_gate_proj, lw.experts_up_proj,
                                               lw.experts_down_proj, ws.moe, target.gemm_args["precision"], tile, 0):
@@ -114,7 +114,7 @@ def main():
         for spec in args.tiles:
             tile = parse(spec)
             # work items as tall as the forced tile's rows, as the block would sort them for it
-            enqueue_moe_sort(ws.moe.topk_ids, ws.moe.topk_weights, ws.moe, ws.n_rows, item_rows=_rows_a_tile(tile))
+            _enqueue_moe_sort(ws.moe.topk_ids, ws.moe.topk_weights, ws.moe, ws.n_rows, item_rows=_rows_a_tile(tile))
             forced = lambda s: _expert_launches(ws.normed, lw.experts_gate_proj, lw.experts_up_proj,
                                                 lw.experts_down_proj, ws.moe, target.gemm_args["precision"], tile, s)
             ws.moe.expert_out.copy_to_device(np.full(ws.moe.expert_out.shape, np.nan, np.float32))
@@ -133,7 +133,7 @@ def main():
         precision = target.gemm_args["precision"]
         for spec in args.shared_tiles:
             tile = parse(spec)
-            shared = [lambda s: enqueue_swiglu(ws.normed, lw.shared_gate_proj, lw.shared_up_proj, ws.moe.shared_act,
+            shared = [lambda s: _enqueue_swiglu(ws.normed, lw.shared_gate_proj, lw.shared_up_proj, ws.moe.shared_act,
                                                ws.n_rows, precision=precision, tile=tile, stream=s),
                       lambda s: enqueue_linear(ws.moe.shared_act, lw.shared_down_proj, ws.moe.shared_out, ws.n_rows,
                                                precision=precision, tile=tile, stream=s)]

@@ -18,13 +18,12 @@ from .topk import TopKScratch, topk_logprobs
 from .tree_build import LevelScratch, TreeBatchBuffers, TreeBuffers, build_tree, build_tree_levels, build_trees
 from .visibility import enqueue_visibility_bits, visibility, visibility_bits
 from .accept import enqueue_round_seed, follow_tree, sample_post
-from .compact import compact_rows, enqueue_compact_rows, enqueue_copy_rows
+from .compact import compact_rows, enqueue_compact_rows
 from .._checks import PRECISIONS
-from .linear import TILES, enqueue_grouped_linear, enqueue_linear, enqueue_linear_heads, enqueue_swiglu, linear
+from .linear import TILES, enqueue_linear, enqueue_linear_heads, linear
 from .mla import MLAScratch, enqueue_mla_attention, mla_attention_absorbed
 from .gqa import GQAScratch, enqueue_gqa_attention, gqa_attention
-from .moe import (MoEBuffers, MoERoute, enqueue_moe_block, enqueue_moe_combine, enqueue_moe_experts,
-                  enqueue_moe_route, enqueue_moe_sort, enqueue_swiglu_mlp, moe_experts, moe_route, swiglu_mlp)
+from .moe import MoEBuffers, MoERoute, enqueue_moe_block, enqueue_swiglu_mlp, moe_experts, moe_route, swiglu_mlp
 from .rms_norm import enqueue_qkv_norm_rope, enqueue_rms_norm, rms_norm
 from .rope import PoolRows, enqueue_rope, rope, rope_cos_sin
 from .embedding import embedding, enqueue_embedding, lm_head
@@ -35,10 +34,10 @@ __all__ = [
     "compact_rows", "linear", "mla_attention_absorbed", "gqa_attention", "moe_route", "moe_experts",
     "swiglu_mlp", "rms_norm", "rope", "rope_cos_sin", "embedding", "lm_head",
     # the device tier
-    "enqueue_visibility_bits", "enqueue_round_seed", "enqueue_compact_rows", "enqueue_copy_rows", "enqueue_linear",
-    "enqueue_linear_heads", "enqueue_swiglu", "enqueue_grouped_linear", "enqueue_mla_attention",
-    "enqueue_gqa_attention", "enqueue_moe_route", "enqueue_moe_sort", "enqueue_moe_experts",
-    "enqueue_moe_combine", "enqueue_swiglu_mlp", "enqueue_moe_block", "enqueue_rms_norm", "enqueue_qkv_norm_rope",
+    "enqueue_visibility_bits", "enqueue_round_seed", "enqueue_compact_rows", "enqueue_linear",
+    "enqueue_linear_heads", "enqueue_mla_attention",
+    "enqueue_gqa_attention",
+    "enqueue_swiglu_mlp", "enqueue_moe_block", "enqueue_rms_norm", "enqueue_qkv_norm_rope",
     "enqueue_rope", "enqueue_embedding",
     # buffers and parameters
     "TreeBuffers", "TreeBatchBuffers", "LevelScratch", "TopKScratch", "MLAScratch", "GQAScratch", "MoEBuffers", "MoERoute", "PoolRows", "TILES", "PRECISIONS",

@@ -95,17 +95,6 @@ def enqueue_compact_rows(rows, start_n, keep, *, n_max, method="columns", scratc
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
 
 
-def enqueue_copy_rows(rows, start_n, src, *, stream=0):
-    """rows[start + i] = src[i] for i < n, (start, n) = start_n[0:2]: the scratch scheme's copy-back
-    on its own (twin: the second step of ``reference.compact.compact_rows``), e.g. appending new
-    rows to a cache at a device offset.
-
-    rows [S, W], start_n [2] int32 device, src [R, W] of rows' dtype (n <= R; the grid is R rows).
-    """
-    grid = (ceil_div(src.shape[0], BLOCK_2D[0]), ceil_div(rows.shape[1], BLOCK_2D[1]))
-    _compact_rows_copy_back_kernel[grid, BLOCK_2D, stream](rows, start_n, src)
-
-
 def compact_rows(rows, start, keep, *, method="columns", scratch=None, stream=0):
     """In place ``rows[start + i] = rows[start + keep[i]]``, race-free, on the GPU.
 

@@ -242,7 +242,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
 
     ``kernel(x, x_gs, w, w_up, w_scale, w_up_scale, out, o_gs, n_rows, items, row_index)``: for group z
     and rows j in [start, end) (grouped: work item y = blockIdx.y of ``items``, the triple
-    (z, start, end) at 3y, from ``enqueue_moe_sort``; else z = blockIdx.z and 0, n_rows[0]),
+    (z, start, end) at 3y, from ``_enqueue_moe_sort``; else z = blockIdx.z and 0, n_rows[0]),
     out[j, z*o_gs + n] (+)= f(x[r, z*x_gs : z*x_gs + K] @ w[z, n]) with
     r = row_index[j] if ``gather`` else j, and f the identity, or SwiGLU of (w, w_up). ``vec``:
     bf16 weights as uint64 words, float8 as uint32 words (a lane's four k in one word); ``xvec``:
@@ -1104,7 +1104,7 @@ def enqueue_linear_heads(x, x_group_stride, w, out, n_rows, *, precision, tile=N
             False, precision, stream, tile)
 
 
-def enqueue_swiglu(x, w_gate, w_up, out, n_rows, *, precision, tile=None, stream=0):
+def _enqueue_swiglu(x, w_gate, w_up, out, n_rows, *, precision, tile=None, stream=0):
     """out[r] = silu(x[r] @ w_gate.T) * (x[r] @ w_up.T) for r < n_rows[0]; twin: the activation of
     ``reference.moe.swiglu_mlp``.
 
@@ -1113,11 +1113,11 @@ def enqueue_swiglu(x, w_gate, w_up, out, n_rows, *, precision, tile=None, stream
             n_rows, None, None, x.shape[0], False, precision, stream, tile)
 
 
-def enqueue_grouped_linear(x, w, out, items, max_rows, *, precision, row_index=None, w_up=None,
+def _enqueue_grouped_linear(x, w, out, items, max_rows, *, precision, row_index=None, w_up=None,
                            tile_rows=None, live_groups=None, tile=None, stream=0):
     """Grouped (expert) projection; twin: the per-expert GEMMs of ``reference.moe.moe_experts``.
 
-    For each work item y of ``items`` [3 * Y] int32, (z, first, end) at 3y (``enqueue_moe_sort``
+    For each work item y of ``items`` [3 * Y] int32, (z, first, end) at 3y (``_enqueue_moe_sort``
     writes them; twin ``reference.moe.expert_work_items``; (0, 0, 0) is an empty one), rows j in
     [first, end): out[j] = f(x[row_index[j] if row_index is not None else j] @ w[z].T), f =
     identity, or SwiGLU with ``w_up``. x [Rx, K] f32, w / w_up [Z, N, K], out [Ro, N] f32,
@@ -1133,7 +1133,7 @@ def enqueue_grouped_linear(x, w, out, items, max_rows, *, precision, row_index=N
 
 
 def _grouped_tile(x, w, max_rows, *, precision, w_up=None, tile_rows=None, live_groups=None, tile=None):
-    """The tile ``enqueue_grouped_linear`` takes for these arguments (``tile`` if forced and it
+    """The tile ``_enqueue_grouped_linear`` takes for these arguments (``tile`` if forced and it
     fits, else the chosen one); work items of ``_rows_a_tile`` of it give each block one tile of
     rows."""
     return _plan(x, 0, w, w_up, max_rows, precision, tile, tile_rows, live_groups, grouped=True).tile

@@ -19,7 +19,7 @@ One MoE block (``enqueue_moe_block``), every step on the device, no host round t
    (``linear.enqueue_grouped_linear``): a row of blocks for each work item, a run of an
    expert's slots as tall as the gate|up tile's rows, which the sort writes beside the offsets;
    an expert without rows gets no block.
-5. shared experts through ``enqueue_swiglu`` + ``enqueue_linear``.
+5. shared experts through ``_enqueue_swiglu`` + ``enqueue_linear``.
 6. combine (``_combine_kernel``): per token, out = 0; out = fma(y_e, w_e, out) over its
    experts in ascending id (= ascending slot, since slots are sorted by expert); + shared;
    x + that. The order is the twin's and never depends on the batch.
@@ -43,8 +43,8 @@ from .._device import (cached, ceil_div, device_function, float32_out, fma,
 from ..dtypes import STORAGE_DTYPES
 from ._widen import KINDS
 from ..reference.moe import work_item_capacity
-from .linear import (_TALL_SWIGLU, _grouped_tile, _rows_a_tile, _Staged, enqueue_grouped_linear, enqueue_linear,
-                     enqueue_swiglu)
+from .linear import (_TALL_SWIGLU, _grouped_tile, _rows_a_tile, _Staged, _enqueue_grouped_linear, enqueue_linear,
+                     _enqueue_swiglu)
 
 ROUTER_PRECISION = "fp32"   # HF computes the router in float32 whatever the model's dtype
 # The shared experts on a second stream, beside the routed ones (``enqueue_moe_block``; the same
@@ -423,7 +423,7 @@ def _combine_kernel(has_shared: bool, residual: bool):
 
 # -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
 
-def enqueue_moe_route(logits, bias, route, *, topk_ids, topk_weights, n_rows, stream=0):
+def _enqueue_moe_route(logits, bias, route, *, topk_ids, topk_weights, n_rows, stream=0):
     """Route rows r < n_rows[0]; twin: ``reference.moe.moe_route`` after its router GEMM.
 
     logits [R, E] f32, bias [E] f32 (read by noaux_tc only), route ``MoERoute`` -> topk_ids [R, K]
@@ -434,7 +434,7 @@ def enqueue_moe_route(logits, bias, route, *, topk_ids, topk_weights, n_rows, st
         n_rows, topk_ids, topk_weights)
 
 
-def enqueue_moe_sort(topk_ids, topk_weights, bufs, n_rows, *, item_rows=8, stream=0):
+def _enqueue_moe_sort(topk_ids, topk_weights, bufs, n_rows, *, item_rows=8, stream=0):
     """Counting sort of rows r < n_rows[0] by expert into ``bufs`` (offsets, slot_token,
     slot_weight, token_slot), and the grouped GEMMs' work items of ``item_rows`` slots (a
     multiple of 8; recorded as ``bufs.item_rows``, which sizes their grids); twins: the grouping
@@ -449,8 +449,8 @@ def enqueue_moe_sort(topk_ids, topk_weights, bufs, n_rows, *, item_rows=8, strea
         bufs.slot_token, bufs.slot_weight, bufs.token_slot, bufs.items, item_rows)
 
 
-def enqueue_moe_experts(x, experts_gate, experts_up, experts_down, bufs, *, precision, tile=None, stream=0):
-    """After ``enqueue_moe_sort``: bufs.expert_out[j] = down_e(silu(gate_e(x[t])) * up_e(x[t]))
+def _enqueue_moe_experts(x, experts_gate, experts_up, experts_down, bufs, *, precision, tile=None, stream=0):
+    """After ``_enqueue_moe_sort``: bufs.expert_out[j] = down_e(silu(gate_e(x[t])) * up_e(x[t]))
     for every slot j = (token t, expert e); twin: the experts of ``reference.moe.moe_experts``.
 
     x [R, M] f32, experts_gate / up [E, I, M], experts_down [E, M, I]; ``precision`` and ``tile``
@@ -487,7 +487,7 @@ def _expert_tiles(x, experts_gate, experts_up, experts_down, bufs, precision, ti
 
 
 def _expert_item_rows(x, experts_gate, experts_up, bufs, *, precision, tile=None):
-    """The work-item size for ``enqueue_moe_sort`` that gives each block of the gate|up tile
+    """The work-item size for ``_enqueue_moe_sort`` that gives each block of the gate|up tile
     (``tile`` if forced, else the chosen one) one row tile: the rows it multiplies at once."""
     up = _grouped_tile(x, experts_gate, bufs.max_rows, precision=precision, w_up=experts_up, tile=tile,
                        **_expert_tiling(bufs))
@@ -495,21 +495,21 @@ def _expert_item_rows(x, experts_gate, experts_up, bufs, *, precision, tile=None
 
 
 def _expert_launches(x, experts_gate, experts_up, experts_down, bufs, precision, tile, stream):
-    """``enqueue_moe_experts``'s two grouped GEMMs as (name, launch()) pairs: a row of blocks
-    for each work item the ``enqueue_moe_sort`` enqueued before the launch can have written
+    """``_enqueue_moe_experts``'s two grouped GEMMs as (name, launch()) pairs: a row of blocks
+    for each work item the ``_enqueue_moe_sort`` enqueued before the launch can have written
     (``bufs.work_items()``, read when the launch is made, after the sort's)."""
     up_tile, down_tile = _expert_tiles(x, experts_gate, experts_up, experts_down, bufs, precision, tile)
     grouped = dict(precision=precision, stream=stream, **_expert_tiling(bufs))
     return [
-        ("experts gate|up", lambda: enqueue_grouped_linear(x, experts_gate, bufs.act, bufs.work_items(), bufs.max_rows,
+        ("experts gate|up", lambda: _enqueue_grouped_linear(x, experts_gate, bufs.act, bufs.work_items(), bufs.max_rows,
                                                            row_index=bufs.slot_token, w_up=experts_up, tile=up_tile,
                                                            **grouped)),
-        ("experts down", lambda: enqueue_grouped_linear(bufs.act, experts_down, bufs.expert_out, bufs.work_items(),
+        ("experts down", lambda: _enqueue_grouped_linear(bufs.act, experts_down, bufs.expert_out, bufs.work_items(),
                                                         bufs.max_rows, tile=down_tile, **grouped)),
     ]
 
 
-def enqueue_moe_combine(bufs, shared_out, out, n_rows, *, residual, stream=0):
+def _enqueue_moe_combine(bufs, shared_out, out, n_rows, *, residual, stream=0):
     """out[r] (+)= sum over r's experts ascending of w * expert_out [+ shared_out[r]], r < n_rows[0];
     twin: the weighted sum of ``reference.moe.moe_experts``.
 
@@ -527,7 +527,7 @@ def enqueue_swiglu_mlp(x, gate_w, up_w, down_w, out, *, act, n_rows, precision, 
     ``reference.moe.swiglu_mlp`` (with ``accumulate`` it is the residual add x + mlp(m)).
 
     x [R, M] f32, gate_w / up_w [I, M], down_w [M, I], act [R, I] f32 scratch, out [R, M] f32."""
-    enqueue_swiglu(x, gate_w, up_w, act, n_rows, precision=precision, tile=tile, stream=stream)
+    _enqueue_swiglu(x, gate_w, up_w, act, n_rows, precision=precision, tile=tile, stream=stream)
     enqueue_linear(act, down_w, out, n_rows, precision=precision, accumulate=accumulate, tile=tile,
                    stream=stream)
 
@@ -578,21 +578,21 @@ def _moe_block_launches(m, x, *, gate, bias, experts_gate, experts_up, experts_d
     launches = [
         ("router", lambda: enqueue_linear(m, gate, bufs.logits, n_rows, precision=ROUTER_PRECISION, tile=tile,
                                           stream=stream)),
-        ("route", lambda: enqueue_moe_route(bufs.logits, bufs.zero_bias if bias is None else bias, route,
+        ("route", lambda: _enqueue_moe_route(bufs.logits, bufs.zero_bias if bias is None else bias, route,
                                             topk_ids=bufs.topk_ids, topk_weights=bufs.topk_weights,
                                             n_rows=n_rows, stream=stream)),
-        ("sort", lambda: enqueue_moe_sort(bufs.topk_ids, bufs.topk_weights, bufs, n_rows, item_rows=item_rows,
+        ("sort", lambda: _enqueue_moe_sort(bufs.topk_ids, bufs.topk_weights, bufs, n_rows, item_rows=item_rows,
                                           stream=stream)),
         *_expert_launches(m, experts_gate, experts_up, experts_down, bufs, precision, tile, stream),
     ]
     if shared_gate is not None:
         launches += [
-            ("shared gate|up", lambda: enqueue_swiglu(m, shared_gate, shared_up, bufs.shared_act, n_rows,
+            ("shared gate|up", lambda: _enqueue_swiglu(m, shared_gate, shared_up, bufs.shared_act, n_rows,
                                                       precision=precision, tile=tile, stream=sstream)),
             ("shared down", lambda: enqueue_linear(bufs.shared_act, shared_down, bufs.shared_out, n_rows,
                                                    precision=precision, tile=tile, stream=sstream)),
         ]
-    launches.append(("combine", lambda: enqueue_moe_combine(bufs, None if shared_gate is None else bufs.shared_out,
+    launches.append(("combine", lambda: _enqueue_moe_combine(bufs, None if shared_gate is None else bufs.shared_out,
                                                             x, n_rows, residual=True, stream=stream)))
     return launches
 
@@ -638,7 +638,7 @@ def moe_route(x, gate_weight, e_score_correction_bias, scoring_func, topk_method
                        precision=ROUTER_PRECISION, stream=stream)
         bias = (cuda.to_device(np.zeros(e, np.float32), stream=stream)
                 if e_score_correction_bias is None else to_device(e_score_correction_bias, stream))
-        enqueue_moe_route(logits, bias, route, topk_ids=ids, topk_weights=weights, n_rows=n_rows,
+        _enqueue_moe_route(logits, bias, route, topk_ids=ids, topk_weights=weights, n_rows=n_rows,
                           stream=stream)
     if out is not None:
         return out
@@ -710,10 +710,10 @@ def moe_experts(x, topk_ids, topk_weights, gate_weights, up_weights, down_weight
             bufs = MoEBuffers(t, e, k, m, i, stream=stream)
             n_rows = rows_device(t, stream)
             x_dev, gate_dev, up_dev = (to_device(a, stream) for a in (x, gate_weights, up_weights))
-            enqueue_moe_sort(to_device(topk_ids, stream), to_device(topk_weights, stream), bufs, n_rows,
+            _enqueue_moe_sort(to_device(topk_ids, stream), to_device(topk_weights, stream), bufs, n_rows,
                              item_rows=_expert_item_rows(x_dev, gate_dev, up_dev, bufs, precision=precision),
                              stream=stream)
-            enqueue_moe_experts(x_dev, gate_dev, up_dev, to_device(down_weights, stream),
+            _enqueue_moe_experts(x_dev, gate_dev, up_dev, to_device(down_weights, stream),
                                 bufs, precision=precision, stream=stream)
-            enqueue_moe_combine(bufs, None, y, n_rows, residual=False, stream=stream)
+            _enqueue_moe_combine(bufs, None, y, n_rows, residual=False, stream=stream)
     return launcher_result(y, out, x, stream)
