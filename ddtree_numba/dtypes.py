@@ -38,6 +38,12 @@ def bf16_to_float32(words: np.ndarray) -> np.ndarray:
     return (words.astype(np.uint32) << 16).view(np.float32)
 
 
+def from_storage(a: np.ndarray) -> np.ndarray:
+    """A stored weight (float32, float16, or bfloat16 as uint16 bits) as float32, exactly: the
+    inverse of ``to_storage`` (the kernels widen it so in registers, ``kernels/_widen.py``)."""
+    return bf16_to_float32(a) if a.dtype == np.uint16 else np.asarray(a, np.float32)
+
+
 def to_storage(a: np.ndarray, name: str) -> np.ndarray:
     """A float32 matrix stored as weight dtype ``name`` (C-contiguous; bfloat16 as uint16 bits)."""
     if name == "bfloat16":

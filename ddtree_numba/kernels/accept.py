@@ -39,7 +39,7 @@ def _round_seed_kernel(seed, rounds, out):
 def enqueue_round_seed(seed, rounds, out, *, stream=0) -> None:
     """out[0] = the sampling seed of round rounds[0], as ``reference.accept.round_seed`` gives it
     for (seed[0], rounds[0]), computed when the kernel runs (a captured round replays with each
-    round's seed).
+    round's seed); twin: ``reference.accept.enqueue_round_seed``.
     seed [1] uint64, rounds [>= 1] int32 (rounds[0] >= 0), out [1] uint64: device arrays."""
     check_array("seed", seed, 1, np.uint64, shape=(1,))
     check_array("rounds", rounds, 1, np.int32)

@@ -74,7 +74,7 @@ def _compact_rows_naive_kernel(rows, start_n, keep):
 
 def enqueue_compact_rows(rows, start_n, keep, *, n_max, method="columns", scratch=None, stream=0):
     """rows[start + i] = rows[start + keep[i]] for i < n, (start, n) = start_n[0:2], on the device;
-    twin: ``reference.compact.compact_rows``.
+    twin: ``reference.compact.enqueue_compact_rows``.
 
     rows [S, W] contiguous, or (``columns`` only) [layers, S, W]: every layer's rows move alike,
     in one launch (a cache's layers). start_n [2] int32 device, keep [>= n] int32 device; ``n_max``

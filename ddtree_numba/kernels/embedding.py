@@ -54,7 +54,7 @@ def _embedding_kernel(kind: str):
 
 def enqueue_embedding(ids, table, out, n_rows, *, stream=0):
     """out[r] = table[ids[r]] widened to float32, for r < n_rows[0]; twin:
-    ``reference.embedding.embedding``.
+    ``reference.embedding.enqueue_embedding``.
 
     ids [R] int32 device (an id outside [0, V) gives a NaN row), table [V, M] float32 /
     float16 / uint16 (bfloat16 bits), out [R', M] float32 (R' >= n), n_rows [>= 1] int32

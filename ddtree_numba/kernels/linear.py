@@ -1086,7 +1086,8 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, items, row_index, max_rows, acc
 # (the same bits by the contract; the simulator's whole-forward tests take the smallest).
 
 def enqueue_linear(x, w, out, n_rows, *, precision, accumulate=False, tile=None, stream=0):
-    """out[:n] (+)= x[:n] @ w.T for n = n_rows[0]; twin: ``reference.linear.linear``.
+    """out[:n] (+)= x[:n] @ w.T for n = n_rows[0]; twin: ``reference.linear.enqueue_linear`` (over
+    ``reference.linear.linear``).
 
     x [R, K] f32, w [N, K] (f32 / f16 / uint16 bf16 bits), out [R, N] f32, n_rows [>=1] int32
     device; the grid is sized for R rows."""
@@ -1095,7 +1096,8 @@ def enqueue_linear(x, w, out, n_rows, *, precision, accumulate=False, tile=None,
 
 
 def enqueue_linear_heads(x, x_group_stride, w, out, n_rows, *, precision, tile=None, stream=0):
-    """Per-group projection; twin: ``reference.linear.linear`` of each group.
+    """Per-group projection; twin: ``reference.linear.enqueue_linear_heads`` (``reference.linear.linear``
+    of each group).
 
     For r < n_rows[0] and each group z of w [Z, N, K]: out[r, z*N : (z+1)*N] = x[r, z*s : z*s + K]
     @ w[z].T with s = ``x_group_stride``. x [R, >= Z*s] f32, out [R, Z*N] f32 (e.g. the per-head

@@ -524,7 +524,7 @@ def _enqueue_moe_combine(bufs, shared_out, out, n_rows, *, residual, stream=0):
 def enqueue_swiglu_mlp(x, gate_w, up_w, down_w, out, *, act, n_rows, precision, accumulate=False, tile=None,
                        stream=0):
     """out[:n] (+)= down(silu(gate(x[:n])) * up(x[:n])) for n = n_rows[0]; twin:
-    ``reference.moe.swiglu_mlp`` (with ``accumulate`` it is the residual add x + mlp(m)).
+    ``reference.moe.enqueue_swiglu_mlp`` (with ``accumulate`` it is the residual add x + mlp(m)).
 
     x [R, M] f32, gate_w / up_w [I, M], down_w [M, I], act [R, I] f32 scratch, out [R, M] f32."""
     _enqueue_swiglu(x, gate_w, up_w, act, n_rows, precision=precision, tile=tile, stream=stream)

@@ -142,7 +142,7 @@ def _qkv_norm_rope_kernel(threads):
 
 def enqueue_rms_norm(x, weight, eps, out, n_rows, *, out_row0=None, second=None, stream=0):
     """out[row0 + r, :M] = rms_norm(x[r, :M]) for r < n_rows[0], M = weight.shape[0]; twin:
-    ``reference.rms_norm.rms_norm``.
+    ``reference.rms_norm.enqueue_rms_norm`` (over ``reference.rms_norm.rms_norm``).
 
     x [R, Wx >= M] float32, weight [M] float32, eps float, out [>= row0 + n, Wo >= M] float32
     (columns past M untouched), n_rows [>= 1] int32 device, out_row0 [>= 1] int32 device (row0 =

@@ -181,7 +181,8 @@ def enqueue_rope(src, dst, positions, inv_freq, n_rows, *, rdim, interleave, gro
                  src_stride=0, dst_col0=0, dst_stride=0, attention_factor=1.0, dst_row0=None, second=None,
                  stream=0):
     """Rotate rope vectors from a strided source into a strided destination, the angles computed
-    from the positions; twin: ``reference.rope.rope`` (with ``rope_cos_sin``).
+    from the positions; twin: ``reference.rope.enqueue_rope`` (over ``reference.rope.rope`` and
+    ``rope_cos_sin``).
 
     For r < n = n_rows[0] and g < ``groups``: the ``rdim`` values
     src[r, src_col0 + g*src_stride : ... + rdim] rotated by the angles positions[r] * inv_freq[i]

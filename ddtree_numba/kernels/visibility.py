@@ -65,7 +65,7 @@ def _launch(kernel, parents, cols, dtype, out, stream, block):
 
 def enqueue_visibility_bits(parents, bits, *, stream=0, block=BLOCK):
     """bits[i] = the packed ancestor mask of node i, from device arrays (no checks, no allocation);
-    twin: ``reference.visibility.visibility_bits``. parents [N+1] int32, bits [N+1, W] uint32."""
+    twin: ``reference.visibility.enqueue_visibility_bits``. parents [N+1] int32, bits [N+1, W] uint32."""
     grid = (ceil_div(bits.shape[0], block[0]), ceil_div(bits.shape[1], block[1]))
     _visibility_bits_kernel[grid, block, stream](parents, bits)
 

@@ -36,6 +36,12 @@ def round_seed(seed: int, r: int) -> int:
         return int(splitmix64(np.uint64(seed) ^ splitmix64(np.uint64(r))))
 
 
+def enqueue_round_seed(seed, rounds, out, *, stream=0) -> None:
+    """out[0] = round_seed(seed[0], rounds[0]); twin of ``kernels.accept.enqueue_round_seed`` (its
+    signature, numpy arrays). seed [1] uint64, rounds [>= 1] int32, out [1] uint64."""
+    out[0] = np.uint64(round_seed(int(seed[0]), int(rounds[0])))
+
+
 def uniform_open(seed: int, row: np.ndarray, col: np.ndarray) -> np.ndarray:
     """A float64 in (0, 1) for each (seed, row, col): 53 hashed bits, centred in their cell."""
     with np.errstate(over="ignore"):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..dtypes import from_storage
+
 
 def embedding(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
     """Row gather: ``x[t] = table[ids[t]]``.
@@ -14,6 +16,17 @@ def embedding(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
     ids [T] int32/int64 in [0, V), table [V, M] float32 -> x [T, M] float32 (a copy).
     """
     return np.ascontiguousarray(table[ids], dtype=np.float32)         # [T, M]
+
+
+def enqueue_embedding(ids, table, out, n_rows, *, stream=0) -> None:
+    """out[r] = table[ids[r]] as float32 for r < n_rows[0], a NaN row for an id outside [0, V);
+    twin of ``kernels.embedding.enqueue_embedding`` (its signature, numpy arrays). ids [R] int32,
+    table [V, M] stored (float32 / float16 / uint16 bfloat16 bits), out [R', M] float32."""
+    n = int(n_rows[0])
+    ids = np.asarray(ids[:n])
+    ok = (ids >= 0) & (ids < table.shape[0])
+    out[:n] = np.nan
+    out[:n][ok] = embedding(ids[ok], from_storage(table))
 
 
 def lm_head(x: np.ndarray, weight: np.ndarray) -> np.ndarray:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._checks import check_precision
-from ..dtypes import QUANTIZED, bf16_to_float32, to_bf16_bits
+from ..dtypes import QUANTIZED, bf16_to_float32, from_storage, to_bf16_bits
 
 U32 = 2.0 ** -23           # one float32 rounding, relative, allowing truncation as well as nearest
 
@@ -97,3 +97,27 @@ def swiglu_bound(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, precision:
     silu = g / (1 + np.exp(-g))
     want = silu * u
     return want, 1.1 * bg * (np.abs(u) + bu) + np.abs(silu) * bu + 8 * 2.0 ** -24 * np.abs(want) + 1e-30
+
+
+# -- the device tier's twins: kernels.linear's ``enqueue_*`` signatures, on numpy arrays ----------
+# (``tile`` and ``stream`` are the kernels'; here they change nothing, as on the GPU they change no
+# bit.) The kernels match these within ``accumulation_bound``: the twin sums each output exactly.
+
+def enqueue_linear(x, w, out, n_rows, *, precision, accumulate=False, tile=None, stream=0) -> None:
+    """out[:n] (+)= linear(x[:n], w, precision) for n = n_rows[0]; twin of
+    ``kernels.linear.enqueue_linear``. x [R, K] float32, w [N, K] stored (float32 / float16 /
+    uint16 bfloat16 bits), out [R, N] float32 (rows from n on untouched), n_rows [>= 1] int32."""
+    n = int(n_rows[0])
+    y = linear(x[:n], from_storage(w), precision)                    # [n, N]
+    out[:n] = out[:n] + y if accumulate else y
+
+
+def enqueue_linear_heads(x, x_group_stride, w, out, n_rows, *, precision, tile=None, stream=0) -> None:
+    """out[r, z*N : (z+1)*N] = linear(x[r, z*s : z*s + K], w[z], precision) for r < n_rows[0] and
+    each group z of w [Z, N, K], s = ``x_group_stride``; twin of ``kernels.linear.enqueue_linear_heads``.
+    x [R, >= Z*s] float32, out [R, Z*N] float32."""
+    n = int(n_rows[0])
+    Z, N, K = w.shape
+    for z in range(Z):
+        xz = x[:n, z * x_group_stride:z * x_group_stride + K]           # [n, K]
+        out[:n, z * N:(z + 1) * N] = linear(xz, from_storage(w[z]), precision)

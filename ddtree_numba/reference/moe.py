@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..dtypes import from_storage
+from .linear import enqueue_linear, linear
+
 
 def _top(values: np.ndarray, k: int) -> np.ndarray:
     """Indices of the k largest per row, best first, ties to the lower index. [T, X] -> [T, k]."""
@@ -76,6 +79,20 @@ def swiglu_mlp(x, gate_weight, up_weight, down_weight):
     u = np.matmul(x, up_weight.T, dtype=np.float32)                   # [T, I]
     a = g / (np.float32(1) + np.exp(-g)) * u                           # [T, I] silu(g) * u
     return np.matmul(a, down_weight.T, dtype=np.float32)              # [T, M]
+
+
+def enqueue_swiglu_mlp(x, gate_w, up_w, down_w, out, *, act, n_rows, precision, accumulate=False, tile=None,
+                       stream=0) -> None:
+    """out[:n] (+)= down(silu(gate(x[:n])) * up(x[:n])) with the tensor-core GEMMs of ``precision``
+    (``reference.linear.linear``), the activation left in act[:n]; twin of
+    ``kernels.moe.enqueue_swiglu_mlp`` (its signature, numpy arrays). x [R, M] float32, gate_w /
+    up_w [I, M] and down_w [M, I] stored (float32 / float16 / uint16 bfloat16 bits), act [R, I]
+    and out [R, M] float32, n_rows [>= 1] int32."""
+    n = int(n_rows[0])
+    g = linear(x[:n], from_storage(gate_w), precision)                # [n, I]
+    u = linear(x[:n], from_storage(up_w), precision)                  # [n, I]
+    act[:n] = g / (np.float32(1) + np.exp(-g)) * u                    # [n, I] silu(g) * u
+    enqueue_linear(act, down_w, out, n_rows, precision=precision, accumulate=accumulate)
 
 
 def work_item_capacity(n_experts, n_slots, item_rows):

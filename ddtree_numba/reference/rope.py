@@ -106,3 +106,46 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleave: bool) -> n
     else:
         out[..., :r2], out[..., r2:] = ra, rb
     return out                                                         # [T, .., R]
+
+
+# -- the device tier's twins (kernels.rope's signatures, on numpy arrays) ------------------------
+
+def dest_rows(n: int, row0) -> np.ndarray:
+    """Where the device tier writes rows r < n: r (``row0`` None), r + row0[0] (a row0 array, e.g.
+    the cache length), or, for a ``kernels.PoolRows`` (its ``seqs`` [S, 4] = (s0, t, row0, slot)
+    a sequence), its sequence's row slot * slot_rows + layer_row0 + s0 + (r - row0) of a flattened
+    pool, -1 for a row of no sequence (not written). -> [n] int64."""
+    r = np.arange(n, dtype=np.int64)
+    if row0 is None:
+        return r
+    if not hasattr(row0, "seqs"):
+        return r + int(row0[0])
+    out = np.full(n, -1, np.int64)
+    for s0, t, first, slot in np.asarray(row0.seqs, np.int64):
+        mine = (r >= first) & (r < first + t)
+        out[mine] = slot * row0.slot_rows + row0.layer_row0 + s0 + (r[mine] - first)
+    return out
+
+
+def enqueue_rope(src, dst, positions, inv_freq, n_rows, *, rdim, interleave, groups=1, src_col0=0, src_stride=0,
+                 dst_col0=0, dst_stride=0, attention_factor=1.0, dst_row0=None, second=None, stream=0) -> None:
+    """Twin of ``kernels.rope.enqueue_rope`` (its signature and docstring; numpy arrays): for r < n =
+    n_rows[0] and g < ``groups``, the ``rdim`` values src[r, src_col0 + g*src_stride :][:rdim]
+    rotated by ``rope`` at the angles of ``rope_cos_sin(positions[:n], inv_freq, attention_factor)``
+    go to dst[dest row of r, dst_col0 + g*dst_stride :][:rdim] (``dest_rows``); ``second`` (a dict of
+    src, dst, groups, src_col0, src_stride, dst_col0, dst_stride, dst_row0) does the same for a
+    second set of vectors of the same rows. Every source is read before anything is written."""
+    n = int(n_rows[0])
+    cos, sin = rope_cos_sin(np.asarray(positions[:n]), np.asarray(inv_freq), attention_factor)   # [n, rdim/2]
+    jobs = [dict(src=src, dst=dst, groups=groups, src_col0=src_col0, src_stride=src_stride, dst_col0=dst_col0,
+                 dst_stride=dst_stride, dst_row0=dst_row0)]
+    if second is not None:
+        jobs.append(dict(dict(groups=1, src_col0=0, src_stride=0, dst_col0=0, dst_stride=0, dst_row0=None), **second))
+    rotated = [[rope(np.ascontiguousarray(j["src"][:n, j["src_col0"] + g * j["src_stride"]:][:, :rdim]), cos, sin,
+                     interleave) for g in range(j["groups"])] for j in jobs]
+    for j, values in zip(jobs, rotated):
+        rows = dest_rows(n, j["dst_row0"])
+        live = rows >= 0
+        for g, v in enumerate(values):
+            c0 = j["dst_col0"] + g * j["dst_stride"]
+            j["dst"][rows[live], c0:c0 + rdim] = v[live]

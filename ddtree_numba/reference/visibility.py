@@ -39,3 +39,12 @@ def visibility_bits(parents: np.ndarray) -> np.ndarray:
     padded[:, :n] = vis
     weights = np.uint64(1) << np.arange(32, dtype=np.uint64)          # [32]
     return (padded.reshape(n, w, 32) * weights).sum(axis=2).astype(np.uint32)  # [N+1, W]
+
+
+def enqueue_visibility_bits(parents, bits, *, stream=0, block=None) -> None:
+    """bits[:] = visibility_bits(parents), words past the tree's zero; twin of
+    ``kernels.visibility.enqueue_visibility_bits`` (its signature, numpy arrays: ``block`` and
+    ``stream`` are the kernel's). parents [N+1] int32, bits [N+1, W >= ceil((N+1)/32)] uint32."""
+    packed = visibility_bits(parents)                                 # [N+1, w]
+    bits[:] = 0
+    bits[:, :packed.shape[1]] = packed
