@@ -203,3 +203,30 @@ def test_rope(rng, placement):
     np.testing.assert_array_equal(got_q, want_q)
     np.testing.assert_array_equal(want_q[:, :D], q[:, :D])       # the non-rope columns untouched
     assert not np.array_equal(want_q[:, D:D + Rd], q[:, D:D + Rd])
+
+
+def test_qkv_norm_rope(rng):
+    """A DFlash layer's fused per-head norm + RoPE (3 block rows, 2 of 4 context rows new): the
+    twin's cache rows and in-place heads within 1e-5 relative (the norm's tree sum); values,
+    untouched columns and unwritten cache rows exactly."""
+    hq, hkv, dh, nb, nf, n, s0, cap = 4, 2, 10, 3, 4, 2, 5, 10
+    inv_freq = ref.rope_inv_freq(dh, 10000.0)
+    qkv = rng.standard_normal((nb + nf, (hq + 2 * hkv) * dh)).astype(np.float32)
+    wq, wk = (rng.standard_normal(dh).astype(np.float32) for _ in range(2))
+    meta = np.array([s0, n, s0 + n, nb], np.int32)
+    caches = [np.full((cap, hkv * dh), -7.0, np.float32) for _ in range(2)]
+    args = dict(n_q_heads=hq, n_kv_heads=hkv, interleave=False)
+    (got, got_k, got_v), (want, want_k, want_v) = both(
+        lambda x, k, v: kn.enqueue_qkv_norm_rope(x, cuda.to_device(meta), cuda.to_device(wq), cuda.to_device(wk), 1e-6,
+                                                 cuda.to_device(inv_freq), k_cache=k, v_cache=v, **args),
+        lambda x, k, v: ref.enqueue_qkv_norm_rope(x, meta, wq, wk, 1e-6, inv_freq, k_cache=k, v_cache=v, **args),
+        qkv, *caches)
+    normed = (hq + hkv) * dh
+    for g, w in ((got[:nb, :normed], want[:nb, :normed]), (got_k, want_k)):
+        assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max()
+    np.testing.assert_array_equal(got[:, normed:], want[:, normed:])        # the values stay
+    np.testing.assert_array_equal(got[nb:], qkv[nb:])                       # context rows untouched
+    np.testing.assert_array_equal(want[nb:], qkv[nb:])
+    np.testing.assert_array_equal(got_v, want_v)
+    np.testing.assert_array_equal(want_v[s0:s0 + n], qkv[nb:nb + n, normed:])
+    assert (want_k[:s0] == -7).all() and (want_k[s0 + n:] == -7).all()

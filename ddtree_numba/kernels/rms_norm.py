@@ -168,7 +168,7 @@ def enqueue_qkv_norm_rope(qkv, meta, q_norm, k_norm, eps, inv_freq, *, n_q_heads
                           interleave, k_cache, v_cache, stream=0):
     """Qwen3 attention's per-head q / k norm and RoPE (a DFlash drafter layer), over one stacked
     q | k | v projection of the block rows and the new context rows, in one launch; twin:
-    ``reference.rms_norm.head_norm_rope`` per head.
+    ``reference.rms_norm.enqueue_qkv_norm_rope`` (``reference.rms_norm.head_norm_rope`` per head).
 
     qkv [B + Nf, (Hq + 2 Hkv) * Dh] float32: rows [0, B) the block (positions s0 + n + j), rows
     [B, B + n) the new context rows (positions s0 + c); meta [>= 4] int32 device = (s0, n, _,

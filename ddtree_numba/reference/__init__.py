@@ -8,7 +8,7 @@ from .accept import enqueue_round_seed, follow_tree, round_seed, sample_post
 from .compact import compact_rows, enqueue_compact_rows, naive_gather_in_order, naive_row_hazards
 from .embedding import embedding, enqueue_embedding, lm_head
 from .linear import enqueue_linear, enqueue_linear_heads, linear
-from .rms_norm import enqueue_rms_norm, head_norm_rope, rms_norm
+from .rms_norm import enqueue_qkv_norm_rope, enqueue_rms_norm, head_norm_rope, rms_norm
 from .rope import dest_rows, enqueue_rope, rope, rope_cos_sin, rope_inv_freq, yarn_inv_freq, yarn_get_mscale, yarn_attention_factor, softmax_scale
 from .gqa import gqa_attention
 from .mla import (absorption_weights, chunked_attention, mla_attention_absorbed, mla_attention_naive, mla_kv_latent, mla_mask,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .rope import dest_rows, rope
+from .rope import dest_rows, rope, rope_cos_sin
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -44,3 +44,24 @@ def enqueue_rms_norm(x, weight, eps, out, n_rows, *, out_row0=None, second=None,
         rows = dest_rows(n, row0)
         live = rows >= 0
         dst[rows[live], :w.shape[0]] = y[live]
+
+
+def enqueue_qkv_norm_rope(qkv, meta, q_norm, k_norm, eps, inv_freq, *, n_q_heads, n_kv_heads, interleave,
+                          k_cache, v_cache, stream=0) -> None:
+    """Twin of ``kernels.rms_norm.enqueue_qkv_norm_rope`` (its signature and docstring; numpy
+    arrays): over a stacked q | k | v projection qkv [B + Nf, (Hq + 2 Hkv) * Dh], (s0, n, _, B) =
+    meta[:4], ``head_norm_rope`` of the block rows' q and k heads in place (positions s0 + n + j;
+    their v untouched), and of the new context rows' keys (positions s0 + c, c < n) into
+    k_cache[s0 + c], their values copied into v_cache[s0 + c] (their queries ignored)."""
+    s0, n, nb = int(meta[0]), int(meta[1]), int(meta[3])
+    dh, hq, hkv = q_norm.shape[0], n_q_heads, n_kv_heads
+    heads = qkv.reshape(qkv.shape[0], hq + 2 * hkv, dh)                # [B + Nf, H, Dh] (a view)
+    blk_cos, blk_sin = rope_cos_sin(s0 + n + np.arange(nb), inv_freq)
+    ctx_cos, ctx_sin = rope_cos_sin(s0 + np.arange(n), inv_freq)
+    block, ctx = heads[:nb], heads[nb:nb + n]
+    q = head_norm_rope(block[:, :hq], q_norm, eps, blk_cos, blk_sin, interleave)
+    k = head_norm_rope(block[:, hq:hq + hkv], k_norm, eps, blk_cos, blk_sin, interleave)
+    block[:, :hq], block[:, hq:hq + hkv] = q, k
+    k_cache[s0:s0 + n] = head_norm_rope(ctx[:, hq:hq + hkv], k_norm, eps, ctx_cos, ctx_sin,
+                                        interleave).reshape(n, hkv * dh)
+    v_cache[s0:s0 + n] = ctx[:, hq + hkv:].reshape(n, hkv * dh)
