@@ -230,3 +230,31 @@ def test_qkv_norm_rope(rng):
     np.testing.assert_array_equal(got_v, want_v)
     np.testing.assert_array_equal(want_v[s0:s0 + n], qkv[nb:nb + n, normed:])
     assert (want_k[:s0] == -7).all() and (want_k[s0 + n:] == -7).all()
+
+
+@pytest.mark.parametrize("block,masked", [(True, False), (True, True), (False, True)])
+def test_gqa_attention(rng, block, masked):
+    """The drafter's attention (4 query heads over 2 key/value heads): context keys, then the
+    block's own (or none), under a mask (or none); the twin within 1e-5 relative (as the
+    launcher's), rows past t untouched."""
+    from ddtree_numba.kernels import GQAScratch
+    tq, t, s, s_cap, hq, hkv, dh = 5, 4, 6, 9, 4, 2, 8
+    q = rng.standard_normal((tq, hq * dh)).astype(np.float32)
+    kc, vc = (rng.standard_normal((s_cap, hkv * dh)).astype(np.float32) for _ in range(2))
+    kb, vb = (rng.standard_normal((tq, hkv * dh)).astype(np.float32) for _ in range(2))
+    mask = rng.random((tq, s_cap + tq)) < 0.7
+    mask[:, 0] = True                                            # every query sees a key
+    meta, scratch = np.array([s, t], np.int32), GQAScratch(tq, hq, dh, s_cap + tq)
+    args = dict(scale=0.3, scratch=scratch)
+    dev = dict(k_blk=cuda.to_device(kb), v_blk=cuda.to_device(vb)) if block else {}
+    host = dict(k_blk=kb, v_blk=vb) if block else {}
+    out = np.full((tq, hq * dh), -3.0, np.float32)
+    (got,), (want,) = both(
+        lambda o: kn.enqueue_gqa_attention(cuda.to_device(q), cuda.to_device(kc), cuda.to_device(vc), o,
+                                           meta=cuda.to_device(meta), mask=cuda.to_device(mask) if masked else None,
+                                           **dev, **args),
+        lambda o: ref.enqueue_gqa_attention(q, kc, vc, o, meta=meta, mask=mask if masked else None, **host, **args),
+        out)
+    assert np.abs(got[:t] - want[:t]).max() <= 1e-5 * np.abs(want[:t]).max()
+    np.testing.assert_array_equal(got[t:], out[t:])
+    np.testing.assert_array_equal(want[t:], out[t:])

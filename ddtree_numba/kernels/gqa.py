@@ -312,7 +312,7 @@ def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=N
     """out[i, h*Dh:(h+1)*Dh] = softmax_j(scale * q[i, h] . key_j) @ value_j for i < t, over the
     keys j: context rows [0, s) of k_ctx / v_ctx, then block rows [0, t) of k_blk / v_blk
     (none when k_blk is None); group h // (Hq / Hkv). Rows i >= t of out are not written.
-    Twin: ``reference.gqa.gqa_attention``.
+    Twin: ``reference.gqa.enqueue_gqa_attention`` (over ``reference.gqa.gqa_attention``).
 
     q [Tq, Hq*Dh] f32, k_ctx / v_ctx [S_cap, Hkv*Dh] f32, k_blk / v_blk [Tq, Hkv*Dh] f32 or
     None, meta [>= 2] int32 device = (s, t), scale float, out [Tq, Hq*Dh] f32, scratch a

@@ -32,3 +32,23 @@ def gqa_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
     p = p / p.sum(axis=-1, keepdims=True, dtype=np.float32)            # [Hkv, G, T, S]
     o = np.einsum("kgts,skd->tkgd", p, v, dtype=np.float32)            # [T, Hkv, G, Dh]
     return np.ascontiguousarray(o.reshape(t, hq, dh))                  # [T, Hq, Dh]
+
+
+def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=None, v_blk=None, mask=None,
+                          tiles=None, stream=0) -> None:
+    """Twin of ``kernels.gqa.enqueue_gqa_attention`` (its signature and docstring; numpy arrays, and
+    the kernel's ``GQAScratch`` of which only the head dim, scratch.o.shape[2], is read, as the
+    kernel reads it): out[:t] = ``gqa_attention`` of q[:t] over the keys context rows [0, s) of
+    k_ctx / v_ctx, then block rows [0, t) of k_blk / v_blk (if given), (s, t) = meta[:2], under
+    mask[:t, :keys] (or none). q [Tq, Hq*Dh], k_ctx / v_ctx [S_cap, Hkv*Dh], out [Tq, Hq*Dh]."""
+    s, t = int(meta[0]), int(meta[1])
+    if t == 0:
+        return
+    dh = scratch.o.shape[2]
+    hq, hkv = q.shape[1] // dh, k_ctx.shape[1] // dh
+    k, v = k_ctx[:s], v_ctx[:s]
+    if k_blk is not None:
+        k, v = np.concatenate([k, k_blk[:t]]), np.concatenate([v, v_blk[:t]])   # [s + t, Hkv*Dh]
+    m = None if mask is None else np.asarray(mask)[:t, :k.shape[0]]
+    o = gqa_attention(q[:t].reshape(t, hq, dh), k.reshape(-1, hkv, dh), v.reshape(-1, hkv, dh), scale, m)
+    out[:t] = o.reshape(t, hq * dh)
