@@ -258,3 +258,21 @@ def test_gqa_attention(rng, block, masked):
     assert np.abs(got[:t] - want[:t]).max() <= 1e-5 * np.abs(want[:t]).max()
     np.testing.assert_array_equal(got[t:], out[t:])
     np.testing.assert_array_equal(want[t:], out[t:])
+
+
+def test_mla_attention_twin_is_the_absorbed_attention():
+    """The MLA device tier's twin (it reads visibility as packed bits) against the absorbed
+    attention's own steps: scores from the latent and rope parts, ``mla_mask`` of the tree's
+    parents, the chunked softmax (``chunked_attention``); float32 there, so within 1e-5."""
+    rng = np.random.default_rng(3)
+    h, c, r, s0, t = 3, 8, 4, 40, 37                              # 37 new rows: two words of bits
+    parents = np.concatenate([[-1], rng.integers(0, np.arange(1, t))]).astype(np.int32)
+    q_lat, q_pe = (rng.standard_normal((t, h * d)).astype(np.float32) for d in (c, r))
+    c_kv, k_pe = rng.standard_normal((s0 + t, c)).astype(np.float32), rng.standard_normal((s0 + t, r)).astype(np.float32)
+    out = np.full((t, h * c), np.nan, np.float32)
+    ref.enqueue_mla_attention(q_lat, q_pe, c_kv, k_pe, out, vis_bits=ref.visibility_bits(parents),
+                              meta=np.array([s0, t], np.int32), scale=0.4)
+    scores = (np.einsum("thc,sc->ths", q_lat.reshape(t, h, c), c_kv, dtype=np.float32)
+              + np.einsum("thr,sr->ths", q_pe.reshape(t, h, r), k_pe, dtype=np.float32)) * np.float32(0.4)
+    want = ref.chunked_attention(scores, ref.mla_mask(s0, t, parents), c_kv, 16).reshape(t, h * c)
+    assert np.abs(out - want).max() <= 1e-5 * np.abs(want).max()

@@ -23,7 +23,7 @@ def _public_functions(module):
 TWIN = re.compile(r"``reference\.(\w+)\.(\w+)``")
 # The device tier's launchers still held to a twin of another name (their docstrings name it),
 # not yet to a numpy twin of their own name and signature (docs/NOTES.md, "Left alone").
-UNPAIRED = {"enqueue_mla_attention", "enqueue_moe_block"}
+UNPAIRED = {"enqueue_moe_block"}
 
 
 def test_every_kernel_launcher_has_a_twin_of_the_same_name_in_the_same_stage():

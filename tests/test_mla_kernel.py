@@ -132,19 +132,14 @@ def run_core(q_lat, q_pe, c_kv, k_pe, bits, s0, t, scale, out=None, tiles=None):
     return out_d.copy_to_host()
 
 
-def core_f64(q_lat, q_pe, c_kv, k_pe, vis, s0, t, scale):
-    """out_lat for the live rows in float64: vis [t, t] bool over the new rows."""
-    c, r = c_kv.shape[1], k_pe.shape[1]
-    h = q_lat.shape[1] // c
-    s = s0 + t
-    q = q_lat[:t].reshape(t, h, c).astype(np.float64)                          # [t, H, C]
-    qp = q_pe[:t].reshape(t, h, r).astype(np.float64)                          # [t, H, R]
-    sc = (np.einsum("thc,sc->ths", q, c_kv[:s]) + np.einsum("thr,sr->ths", qp, k_pe[:s])) * scale
-    mask = np.concatenate([np.ones((t, s0), bool), vis], axis=1)               # [t, S]
-    sc = np.where(mask[:, None, :], sc, -np.inf)
-    p = np.exp(sc - sc.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    return np.einsum("ths,sc->thc", p, c_kv[:s]).reshape(t, h * c)             # [t, H*C]
+def core_twin(q_lat, q_pe, c_kv, k_pe, bits, s0, t, scale):
+    """The live rows of the device tier's numpy twin, ``reference.mla.enqueue_mla_attention``
+    (float64, rounded once), for a launch of these arguments."""
+    out = np.full(q_lat.shape, np.nan, np.float32)
+    ref.enqueue_mla_attention(q_lat, q_pe, c_kv, k_pe, out, vis_bits=bits, meta=np.array([s0, t], np.int32),
+                              scale=scale)
+    assert np.isnan(out[t:]).all()                          # the twin writes no row past t either
+    return out[:t]
 
 
 @pytest.mark.parametrize("tiles", [None, _SIM_TILES[0][1]])   # None: the batch tiles at 30 rows
@@ -157,7 +152,7 @@ def test_core_matches_float64_and_leaves_rows_past_t_untouched(rng, tiles):
     bits[t:] = 0xFFFFFFFF                                   # garbage in the dead rows
     scale = 1.7                                             # peaky: some visible p underflow
     got = run_core(q_lat, q_pe, c_kv, k_pe, bits, s0, t, scale, tiles=tiles)
-    want = core_f64(q_lat, q_pe, c_kv, k_pe, ref.visibility(parents), s0, t, scale)
+    want = core_twin(q_lat, q_pe, c_kv, k_pe, bits, s0, t, scale)
     assert rel_err(got[:t], want) <= FP32_MODE_REL
     assert np.isnan(got[t:]).all()                          # rows i >= t never written
 
@@ -217,7 +212,7 @@ def test_tree_node_is_bit_identical_to_the_token_decoded_alone(rng, shape, mma):
             np.testing.assert_array_equal(bits_of(alone[0]), bits_of(tree_out[i]), err_msg=f"node {i}")
     if shape != "chain":
         assert scattered, "no node had scattered ancestors: the test would prove nothing"
-    want = core_f64(q_lat, q_pe, c_kv, k_pe, vis, s0, n, scale)
+    want = core_twin(q_lat, q_pe, c_kv, k_pe, ref.visibility_bits(parents), s0, n, scale)
     assert rel_err(tree_out, want) <= (3e-2 if mma else FP32_MODE_REL)
 
 
@@ -265,6 +260,11 @@ def test_sequences_in_one_launch_get_the_bits_of_their_own_launches(rng, mma):
     for (_, t, row0, _), want in zip(seqs, alone):
         np.testing.assert_array_equal(bits_of(got[row0:row0 + t]), bits_of(want))
     assert np.isnan(got[-1]).all()
+    twin = np.full(got.shape, np.nan, np.float32)                         # the numpy twin, pooled the same way
+    ref.enqueue_mla_attention(q_lat, q_pe, pool_ckv, pool_kpe, twin, vis_bits=bits, meta=np.zeros(2, np.int32),
+                              scale=0.8, seqs=np.array(seqs, np.int32))
+    assert rel_err(got[:-1], twin[:-1]) <= (3e-2 if mma else FP32_MODE_REL)
+    assert np.isnan(twin[-1]).all()
 
 
 # -- bad input -------------------------------------------------------------------------------

@@ -1082,8 +1082,9 @@ class MLAScratch:
 def enqueue_mla_attention(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, scratch,
                           tiles=None, seqs=None, max_rows=None, precision=None, stream=0):
     """out_lat[i, h*C:(h+1)*C] = softmax_s(scale * (q_lat[i,h] . c_kv[s] + q_pe[i,h] . k_pe[s]))
-    @ c_kv over the keys query i sees, for i < t; rows i >= t are not written. Twin: the
-    attention of ``reference.mla.mla_attention_absorbed`` between its two absorptions.
+    @ c_kv over the keys query i sees, for i < t; rows i >= t are not written. Twin:
+    ``reference.mla.enqueue_mla_attention`` (the attention of ``reference.mla.mla_attention_absorbed``
+    between its two absorptions).
 
     q_lat [Tq, H*C] f32 (queries through W_uk), q_pe [Tq, H*R] f32 (rotated), c_kv [S_cap, C]
     f32, k_pe [S_cap, R] f32 (the new rows already written at s0 .. s0+t-1), vis_bits [Tq, W]

@@ -11,6 +11,6 @@ from .linear import enqueue_linear, enqueue_linear_heads, linear
 from .rms_norm import enqueue_qkv_norm_rope, enqueue_rms_norm, head_norm_rope, rms_norm
 from .rope import dest_rows, enqueue_rope, rope, rope_cos_sin, rope_inv_freq, yarn_inv_freq, yarn_get_mscale, yarn_attention_factor, softmax_scale
 from .gqa import enqueue_gqa_attention, gqa_attention
-from .mla import (absorption_weights, chunked_attention, mla_attention_absorbed, mla_attention_naive, mla_kv_latent, mla_mask,
-                  split_kv_b)
+from .mla import (absorption_weights, chunked_attention, enqueue_mla_attention, mla_attention_absorbed,
+                  mla_attention_naive, mla_kv_latent, mla_mask, split_kv_b)
 from .moe import enqueue_swiglu_mlp, moe_route, moe_experts, swiglu_mlp

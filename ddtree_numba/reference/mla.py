@@ -198,3 +198,34 @@ def chunked_attention(scores: np.ndarray, mask: np.ndarray, values: np.ndarray, 
             l_sum = l_sum + w * l_k
         out[i] = o / l_sum[:, None]
     return out
+
+
+def enqueue_mla_attention(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, scratch=None, tiles=None,
+                          seqs=None, max_rows=None, precision=None, stream=0) -> None:
+    """Twin of ``kernels.mla.enqueue_mla_attention`` (its signature and docstring; numpy arrays):
+    the absorbed attention between its two absorptions, in float64, rounded once. For query i < t,
+    (s0, t) = meta[:2]: out_lat[i, h*C:(h+1)*C] = softmax_s(scale * (q_lat[i, h] . c_kv[s] +
+    q_pe[i, h] . k_pe[s])) @ c_kv over the keys it sees: every cached key s < s0, and new key s0 + j
+    when bit j of vis_bits[i] is set. With ``seqs`` [S, 4] = (s0, t, row0, slot) a sequence, each
+    sequence's queries are rows row0 .. row0 + t (its vis_bits rows over its own new rows) and its
+    keys c_kv[slot] / k_pe[slot] ([slots, S_cap, C] / [slots, S_cap, R]); ``meta`` is not read.
+    Rows of no query are not written. ``scratch``, ``tiles``, ``max_rows``, ``precision`` and
+    ``stream`` say how the GPU computes it (float32 chains or bf16 tensor cores: within
+    ``mma_scores`` / ``mma_pv``'s bounds of this), not what."""
+    c, r = c_kv.shape[-1], k_pe.shape[-1]
+    h = q_lat.shape[1] // c
+    layout = ([(int(meta[0]), int(meta[1]), 0, None)] if seqs is None
+              else [tuple(int(v) for v in row) for row in np.asarray(seqs)])
+    for s0, t, row0, slot in layout:
+        keys, pes = (c_kv, k_pe) if slot is None else (c_kv[slot], k_pe[slot])
+        keys, pes = keys[:s0 + t].astype(np.float64), pes[:s0 + t].astype(np.float64)   # [s0 + t, C], [.., R]
+        rows = slice(row0, row0 + t)
+        q = q_lat[rows].reshape(t, h, c).astype(np.float64)                            # [t, H, C]
+        qp = q_pe[rows].reshape(t, h, r).astype(np.float64)                            # [t, H, R]
+        new = (np.asarray(vis_bits[rows])[:, np.arange(t) // 32] >> (np.arange(t) % 32).astype(np.uint32)) & 1
+        mask = np.concatenate([np.ones((t, s0), bool), new.astype(bool)], axis=1)        # [t, s0 + t]
+        sc = (np.einsum("thc,sc->ths", q, keys) + np.einsum("thr,sr->ths", qp, pes)) * float(scale)
+        sc = np.where(mask[:, None, :], sc, -np.inf)
+        p = np.exp(sc - sc.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        out_lat[rows] = np.einsum("ths,sc->thc", p, keys).reshape(t, h * c)
