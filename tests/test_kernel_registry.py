@@ -21,15 +21,12 @@ def _public_functions(module):
 
 
 TWIN = re.compile(r"``reference\.(\w+)\.(\w+)``")
-# The device tier's launchers still held to a twin of another name (their docstrings name it),
-# not yet to a numpy twin of their own name and signature (docs/NOTES.md, "Left alone").
-UNPAIRED = {"enqueue_moe_block"}
 
 
 def test_every_kernel_launcher_has_a_twin_of_the_same_name_in_the_same_stage():
     """A launcher is named as its numpy twin; the device tier (``enqueue_*``) names its twin in its
-    docstring, that twin exists, and (but for ``UNPAIRED``) it is a twin of the same name in the
-    same stage. Any other public function of a kernel module fails."""
+    docstring, that twin exists, and it has a twin of its own name (and signature) in the same
+    stage. Any other public function of a kernel module fails."""
     tier = 0
     for info in pkgutil.iter_modules(kernels_pkg.__path__):
         if info.name.startswith("_"):
@@ -50,10 +47,9 @@ def test_every_kernel_launcher_has_a_twin_of_the_same_name_in_the_same_stage():
                 assert hasattr(importlib.import_module(f"ddtree_numba.reference.{stage}"), twin), \
                     f"{name} names a twin that does not exist: reference.{stage}.{twin}"
             assert getattr(kernels_pkg, name) is fn, f"the device tier's {name} is not exported by kernels"
-            if name in UNPAIRED:             # the list only shrinks: a new twin must leave it
-                assert not hasattr(rmod, name), f"{name} has a twin of its name now: drop it from UNPAIRED"
-            else:
-                assert hasattr(rmod, name), f"the device tier's {name} has no twin reference.{info.name}.{name}"
+            assert hasattr(rmod, name), f"the device tier's {name} has no twin reference.{info.name}.{name}"
+            params = lambda f: [(p.name, p.kind) for p in inspect.signature(f).parameters.values()]  # noqa: E731
+            assert params(getattr(rmod, name)) == params(fn), f"reference.{info.name}.{name} takes other arguments"
             tier += 1
     assert tier >= 13        # the device tier the models are built from is public
 

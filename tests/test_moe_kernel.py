@@ -294,6 +294,13 @@ def test_moe_block_matches_twin_composition_and_leaves_other_rows(rng, shared):
     np.testing.assert_array_equal(got[n:].view(np.uint32), x[n:].view(np.uint32))  # untouched
     # the routing the block used is the twin's
     np.testing.assert_array_equal(bufs.topk_ids.copy_to_host()[:n], ids)
+    # the device tier's twin of its name (the same composition with the kernel's GEMM precision)
+    twin = x.copy()
+    ref.enqueue_moe_block(m, twin, gate=gate, bias=bias, experts_gate=g, experts_up=u, experts_down=d,
+                          shared_gate=sh[0], shared_up=sh[1], shared_down=sh[2], route=route,
+                          n_rows=np.array([n], np.int32), precision="fp32")
+    assert _rel_err(got[:n], twin[:n]) <= FP32_MODE_REL and _rel_err(twin[:n], want) <= FP32_MODE_REL
+    np.testing.assert_array_equal(twin[n:].view(np.uint32), x[n:].view(np.uint32))
 
 
 def test_tall_experts_share_the_gate_up_tile_and_match_the_twin(rng, monkeypatch):

@@ -536,8 +536,9 @@ def enqueue_moe_block(m, x, *, gate, bias, experts_gate, experts_up, experts_dow
                       shared_up=None, shared_down=None, route, bufs, n_rows, precision, tile=None,
                       concurrent=None, stream=0):
     """x[r] += routed(m[r]) + shared(m[r]) for r < n_rows[0] <= bufs.max_rows; 8 launches (6
-    without shared experts). Twins: ``reference.moe.moe_route``, ``moe_experts`` and
-    ``swiglu_mlp`` (the shared experts), as the target's MoE layer adds them.
+    without shared experts). Twin: ``reference.moe.enqueue_moe_block`` (``reference.moe.moe_route``,
+    the experts of ``moe_experts`` and ``swiglu_mlp`` for the shared ones, as the target's MoE layer
+    adds them).
 
     m / x [>= max_rows, M] f32 (m post-attention-normed, x the residual stream), gate [E, M],
     bias [E] f32 or None, experts_gate / up [E, I, M], experts_down [E, M, I], shared_* [Is, M] /

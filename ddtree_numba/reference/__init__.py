@@ -13,4 +13,4 @@ from .rope import dest_rows, enqueue_rope, rope, rope_cos_sin, rope_inv_freq, ya
 from .gqa import enqueue_gqa_attention, gqa_attention
 from .mla import (absorption_weights, chunked_attention, enqueue_mla_attention, mla_attention_absorbed,
                   mla_attention_naive, mla_kv_latent, mla_mask, split_kv_b)
-from .moe import enqueue_swiglu_mlp, moe_route, moe_experts, swiglu_mlp
+from .moe import enqueue_moe_block, enqueue_swiglu_mlp, moe_route, moe_experts, swiglu_mlp

@@ -89,10 +89,38 @@ def enqueue_swiglu_mlp(x, gate_w, up_w, down_w, out, *, act, n_rows, precision, 
     up_w [I, M] and down_w [M, I] stored (float32 / float16 / uint16 bfloat16 bits), act [R, I]
     and out [R, M] float32, n_rows [>= 1] int32."""
     n = int(n_rows[0])
-    g = linear(x[:n], from_storage(gate_w), precision)                # [n, I]
-    u = linear(x[:n], from_storage(up_w), precision)                  # [n, I]
-    act[:n] = g / (np.float32(1) + np.exp(-g)) * u                    # [n, I] silu(g) * u
+    act[:n] = _swiglu_act(x[:n], gate_w, up_w, precision)             # [n, I]
     enqueue_linear(act, down_w, out, n_rows, precision=precision, accumulate=accumulate)
+
+
+def _swiglu_act(x, gate_w, up_w, precision):
+    """silu(gate(x)) * up(x) with the GEMMs of ``precision``; stored weights. x [T, M] -> [T, I]."""
+    g = linear(x, from_storage(gate_w), precision)                    # [T, I]
+    u = linear(x, from_storage(up_w), precision)                      # [T, I]
+    return g / (np.float32(1) + np.exp(-g)) * u                       # [T, I] silu(g) * u
+
+
+def enqueue_moe_block(m, x, *, gate, bias, experts_gate, experts_up, experts_down, shared_gate=None, shared_up=None,
+                      shared_down=None, route, bufs=None, n_rows, precision, tile=None, concurrent=None,
+                      stream=0) -> None:
+    """Twin of ``kernels.moe.enqueue_moe_block`` (its signature and docstring; numpy arrays): x[r] +=
+    routed(m[r]) + shared(m[r]) for r < n_rows[0]. The route is ``moe_route`` of the ``MoERoute``
+    ``route`` (in float32, as HF routes); each routed expert and the shared one a SwiGLU MLP with the
+    GEMMs of ``precision``, the experts' outputs weighted by their routing weights. ``bufs`` (the
+    kernels' buffers), ``tile``, ``concurrent`` and ``stream`` say how the GPU runs it, not what.
+    m / x [>= n, M] float32, gate [E, M], experts_gate / up [E, I, M], experts_down [E, M, I],
+    shared_* [Is, M] / [M, Is] or None, weights stored (float32 / float16 / uint16 bfloat16 bits)."""
+    n = int(n_rows[0])
+    ids, w = moe_route(m[:n], from_storage(gate), bias, route.scoring_func, route.topk_method, route.n_group,
+                       route.topk_group, route.top_k, route.norm_topk_prob, route.routed_scaling_factor)  # [n, K]
+    y = np.zeros((n, x.shape[1]), np.float32)                         # [n, M]
+    for e in np.unique(ids):
+        rows, k = np.nonzero(ids == e)
+        a = _swiglu_act(m[rows], experts_gate[e], experts_up[e], precision)
+        y[rows] += w[rows, k][:, None] * linear(a, from_storage(experts_down[e]), precision)
+    if shared_gate is not None:
+        y += linear(_swiglu_act(m[:n], shared_gate, shared_up, precision), from_storage(shared_down), precision)
+    x[:n] += y
 
 
 def work_item_capacity(n_experts, n_slots, item_rows):
