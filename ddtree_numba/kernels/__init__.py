@@ -9,7 +9,8 @@ Two tiers (docs/DESIGN.md §3):
 - **The device tier**, ``enqueue_*``: what the models and the GPU decode loop are built from.
   Device arrays only, no checks, no allocation, no host sync; the sizes that change between
   calls (live rows, cache length) are read from small device arrays, so a captured CUDA graph
-  replays them. Each names its twin in its docstring. ``TreeBuffers``, ``LevelScratch``,
+  replays them. Each has a numpy twin of its own name and signature in ``reference`` (named
+  in its docstring). ``TreeBuffers``, ``LevelScratch``,
   ``TopKScratch``, ``MLAScratch``, ``GQAScratch``, ``MoEBuffers`` and ``MoERoute`` are the
   buffers and parameters they take.
 """
