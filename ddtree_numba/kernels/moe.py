@@ -16,7 +16,7 @@ One MoE block (``enqueue_moe_block``), every step on the device, no host round t
    offsets[e] + (tokens < r marked for e), so tokens ascend inside an expert and the
    result is the same for any thread count or timing (the only atomics are bit ORs).
 4. grouped SwiGLU GEMM over the gathered token rows and grouped down GEMM
-   (``linear.enqueue_grouped_linear``): a row of blocks for each work item, a run of an
+   (``linear._enqueue_grouped_linear``): a row of blocks for each work item, a run of an
    expert's slots as tall as the gate|up tile's rows, which the sort writes beside the offsets;
    an expert without rows gets no block.
 5. shared experts through ``_enqueue_swiglu`` + ``enqueue_linear``.
