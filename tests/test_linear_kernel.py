@@ -626,19 +626,21 @@ def test_choose_fills_the_gpu_with_warps_only_up_to_the_chunks(monkeypatch):
         assert L._choose(L._GROUPED_ONE_ROW_TILE + 1, 1408, 2048, True, 64) == L._TALL_SWIGLU
         assert L._choose_staged(4 * L._STAGED_ROWS, 1408, True, 64) is None
         assert L._choose_staged(4 * L._STAGED_ROWS, 2048, False, 64) == L._STAGED[True]
-        # the cp.async ring (bf16 weights in whole pieces), on a GPU only: expert work items past
-        # _FEW_ROWS typical rows, dense launches of _RING_ROWS rows over more than _SMALL_WEIGHTS
+        # the cp.async ring (bf16 weights in whole pieces), on a GPU only: expert work items (8-row
+        # items up to _FEW_ROWS typical rows, 16-row past them), dense launches of _RING_ROWS rows over more than _SMALL_WEIGHTS
         # (the simulator keeps the rule above: its whole-forward tests use small tiles)
         if not sim:
             ring = dict(ring=True)
             assert L._choose_staged(L._FEW_ROWS + 1, 1408, True, 64, 2048, grouped=True, **ring) == L._EXPERT_RING
-            assert L._choose_staged(L._FEW_ROWS, 1408, True, 64, 2048, grouped=True, **ring) is None
+            assert L._choose_staged(L._FEW_ROWS, 1408, True, 64, 2048, grouped=True, **ring) == L._FEW_EXPERT_RING
+            assert L._choose_staged(1, 1408, False, 64, 1408, grouped=True, **ring) == L._FEW_EXPERT_RING
             assert L._choose_staged(L._RING_ROWS, 2816, True, 1, 2048, **ring) == L._DENSE_RING
             # (the rule above decides these; with the simulator's constants it may stage them)
             assert L._choose_staged(L._RING_ROWS, 256, True, 1, 256, **ring) != L._DENSE_RING   # small
             assert L._choose_staged(L._RING_ROWS - 1, 2816, True, 1, 2048, **ring) != L._DENSE_RING
             assert L._choose_staged(L._FEW_ROWS + 1, 1408, True, 64, 2048, grouped=True) is None  # no ring
-        for tile, swiglu in ((L._EXPERT_RING, True), (L._EXPERT_RING, False), (L._DENSE_RING, True)):
+        for tile, swiglu in ((L._EXPERT_RING, True), (L._EXPERT_RING, False), (L._FEW_EXPERT_RING, True),
+                             (L._FEW_EXPERT_RING, False), (L._DENSE_RING, True)):
             assert L._staged_smem(tile, swiglu, "bf16") <= L._SMEM_MAX
     L._choose.cache_clear()
 

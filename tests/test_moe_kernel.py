@@ -308,7 +308,7 @@ def test_tall_experts_share_the_gate_up_tile_and_match_the_twin(rng, monkeypatch
     gate|up takes linear's ``_TALL_SWIGLU`` (on a GPU, with bf16 weights in whole 16-byte pieces,
     the cp.async ring ``_EXPERT_RING``) and the down the same tile (its work items are that
     tile's 16 rows): the block's down launch takes it; the block still adds the twin's experts.
-    Few rows: the down chooses its own. (No launch counts as small or narrow here: on a GPU these
+    Few rows: the down chooses its own (on a GPU both take the 8-row ring ``_FEW_EXPERT_RING``). (No launch counts as small or narrow here: on a GPU these
     tiny matrices would take those tiles.)"""
     import importlib
     moe_mod, lin = importlib.import_module("ddtree_numba.kernels.moe"), importlib.import_module("ddtree_numba.kernels.linear")
@@ -343,7 +343,10 @@ def _tall_experts_case(rng, moe_mod, lin):
     tall = lin._TALL_SWIGLU if lin._SIM else lin._EXPERT_RING
     assert moe_mod._expert_tiles(dm, dg, du, dd, bufs, "fp32") == (tall, tall)
     few = MoEBuffers(2, 8, 3, 24, 12)
-    assert moe_mod._expert_tiles(dm, dg, du, dd, few, "fp32")[1] is None
+    if lin._SIM:                                   # few rows: the down chooses its own
+        assert moe_mod._expert_tiles(dm, dg, du, dd, few, "fp32")[1] is None
+    else:                                          # ... unless the gate|up rings (8-row items)
+        assert moe_mod._expert_tiles(dm, dg, du, dd, few, "fp32") == (lin._FEW_EXPERT_RING,) * 2
     # 30 typical rows: a gate|up of one row tile a warp (8-row work items); where the down's own
     # choice is a staged tile of taller blocks (the simulator's, from 24 rows), it takes the gate|up's
     mid = MoEBuffers(40, 8, 3, 24, 12)

@@ -840,15 +840,19 @@ else:
 
 
 # The staged kernel with its weights in a cp.async ring (``NS``; bf16 weights read in 16-byte
-# pieces, K % 8 == 0), on a GPU: the experts' work items of more than _FEW_ROWS typical rows, and
+# pieces, K % 8 == 0), on a GPU: the experts' work items (16 rows, or 8 at few rows), and
 # dense launches of at least _RING_ROWS rows over more than _SMALL_WEIGHTS weights. Measured on
 # the H200 (tools/moe_stages.py --tiles / --shared-tiles, Moonlight's shapes, 0b218fc; the tile
 # chosen before -> the ring, µs at 65 / 272 / 1040 rows): the routed experts' gate|up 242 -> 122,
 # 545 -> 256, 1571 -> 769 and down 129 -> 80, 335 -> 181, 988 -> 567 at (4,1,1,2,2) (32-row items
 # at (4,1,1,4,2): 155 / 284 / 780 and 96 / 169 / 455; 64-row items slower still); the shared
 # experts (one dense SwiGLU, 2816 x 2048, and its down) gate|up 65 -> 29, 156 -> 67, 464 -> 229 and
-# down 38 -> 29, 111 -> 70, 281 -> 164 at (4,2,1,2,2). The bits are every tile's.
+# down 38 -> 29, 111 -> 70, 281 -> 164 at (4,2,1,2,2). The bits are every tile's. Expert launches
+# of at most _FEW_ROWS typical rows take the ring in 8-row items (_FEW_EXPERT_RING; measured, 33a69d2,
+# the register kernel's few-row tile -> the ring, gate|up + down µs at 1 row: 36.1 + 13.2 -> 35.1 +
+# 13.2; at 17 rows (a 32-row workspace): 140.3 + 80.5 -> 105.2 + 57.3; in 16-row items 109.8 + 56.2).
 _EXPERT_RING = _Staged(4, 1, 1, 2, 2)
+_FEW_EXPERT_RING = _Staged(4, 1, 1, 1, 2)
 _DENSE_RING = _Staged(4, 2, 1, 2, 2)
 _RING_ROWS = 33
 
@@ -860,8 +864,8 @@ def _choose_staged(max_rows, n_cols, swiglu, n_groups, n_k=0, grouped=False, rin
     the weights can be copied by cp.async (then, on a GPU, the ring tiles above); ``grouped``: an
     expert launch of work items (``max_rows`` its typical rows)."""
     if ring and not _SIM:
-        if grouped and max_rows > _FEW_ROWS:
-            return _EXPERT_RING
+        if grouped:
+            return _EXPERT_RING if max_rows > _FEW_ROWS else _FEW_EXPERT_RING
         if n_groups == 1 and max_rows >= _RING_ROWS and n_cols * n_k > _SMALL_WEIGHTS:
             return _DENSE_RING
     if swiglu and n_groups > 1:

@@ -1,0 +1,111 @@
+"""Programmatic dependent launch (PDL, sm_90) from numba, measured: a chain of N small kernels,
+each reading the row its predecessor wrote, captured into one CUDA graph, replayed, timed.
+
+Usage (a GPU machine): python tools/pdl_probe.py [--kernels 200] [--blocks 1 8 132]
+
+Variants: ``plain`` (ordinary launches), ``pdl`` (launched with programmatic stream serialization,
+each kernel ``griddepcontrol.wait`` before its first read), ``pdl+trigger`` (also
+``griddepcontrol.launch_dependents`` first thing, so the next kernel is launched at once and waits
+on the GPU). Prints µs a kernel for each and checks every chain's result (a missing wait reads a
+row before it is written and fails the check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernels", type=int, default=200)
+    ap.add_argument("--blocks", type=int, nargs="+", default=[1, 8, 132])
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+
+    from llvmlite import ir
+    from numba import cuda, types
+    from numba.cuda.extending import intrinsic
+    import numba.cuda.dispatcher as nd
+
+    from ddtree_numba._device import capture_graph, replay_graph
+
+    def asm0(text, name):
+        def emit(typingctx):
+            def codegen(context, builder, signature, args):
+                builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}", side_effect=True), [])
+                return context.get_dummy_value()
+            return types.void(), codegen
+        emit.__name__ = name
+        return intrinsic(emit)
+
+    grid_wait = asm0("griddepcontrol.wait;", "grid_wait")
+    grid_trigger = asm0("griddepcontrol.launch_dependents;", "grid_trigger")
+
+    @cuda.jit
+    def plain(a, src, dst):
+        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        a[dst, i] = a[src, i] + 1.0
+
+    @cuda.jit
+    def waits(a, src, dst):
+        grid_wait()
+        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        a[dst, i] = a[src, i] + 1.0
+
+    @cuda.jit
+    def triggers(a, src, dst):
+        grid_trigger()
+        grid_wait()
+        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        a[dst, i] = a[src, i] + 1.0
+
+    real_config = nd.LaunchConfig
+
+    def pdl_config(**kw):
+        return real_config(programmatic_stream_serialization=True, **kw)
+
+    n = args.kernels
+    print(f"{'blocks':>6} {'variant':>12} {'graph µs/kernel':>16} {'eager µs/kernel':>16} {'ok':>4}")
+    for blocks in args.blocks:
+        width = blocks * 256
+        for name, kernel, pdl in (("plain", plain, False), ("pdl", waits, True), ("pdl+trigger", triggers, True)):
+            a = cuda.to_device(np.zeros((n + 1, width), np.float32))
+
+            def enqueue(stream):
+                nd.LaunchConfig = pdl_config if pdl else real_config
+                try:
+                    for k in range(n):
+                        kernel[blocks, 256, stream](a, k, k + 1)
+                finally:
+                    nd.LaunchConfig = real_config
+
+            stream = cuda.stream()
+            enqueue(stream)
+            stream.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(args.reps):
+                enqueue(stream)
+            stream.synchronize()
+            eager = (time.perf_counter() - t0) / args.reps / n * 1e6
+            exe = capture_graph(enqueue, warm_up=False)
+            ok = True
+            start, stop = cuda.event(), cuda.event()
+            times = []
+            for r in range(args.reps + 2):
+                a.copy_to_device(np.full((n + 1, width), r, np.float32), stream=stream)
+                start.record(stream)
+                replay_graph(exe, stream)
+                stop.record(stream)
+                stop.synchronize()
+                times.append(cuda.event_elapsed_time(start, stop) * 1e3 / n)
+                got = a.copy_to_host(stream=stream)
+                stream.synchronize()
+                ok &= bool((got[n] == r + n).all())
+            print(f"{blocks:>6} {name:>12} {np.median(times[2:]):>16.2f} {eager:>16.2f} {'yes' if ok else 'NO':>4}")
+
+
+if __name__ == "__main__":
+    main()
