@@ -74,7 +74,7 @@ SIGNATURES = {
     # -- the forward (model) kernels --
     # a destination row rule a job: (mode, row0, sequence table, slot rows, layer row0); rope.PoolRows
     "rms_norm._rms_norm_kernel": [
-        ((256, pair), f"void({F32_2}, float32[::1], float32, {F32_2}, {I32_1}, {_ROWS}, "
+        ((256, pair), f"void({F32_2}, float32[::1], float32, {F32_2}, {I32_1}, int64, {_ROWS}, "
                       f"float32[::1], {F32_2}, int64, {_ROWS})") for pair in (False, True)],
     "rms_norm._qkv_norm_rope_kernel": [
         ((256,), f"void({q}, {I32_1}, float32[::1], float32[::1], float32, {F64_1}, boolean, int64, int64, "

@@ -324,6 +324,36 @@ def test_q_a_and_kv_a_in_one_gemm_give_the_bits_of_two():
     assert split.workspace(3).qkv_a.shape == (1, 1) and split.workspace(3).kv.shape == (4, 16 + 8)
 
 
+def test_q_proj_and_kv_a_in_one_gemm_give_the_bits_of_two():
+    """A layer without q_lora stacks q_proj over kv_a_proj_with_mqa (``DeviceLayer.q_kv_proj``):
+    one GEMM writes the query and the kv latent side by side, and the latent's norm, the ropes and
+    the query absorption read them from there. Logits and cached latents equal the two-GEMM path
+    (the layers unstacked) bit for bit."""
+    import dataclasses
+    from ddtree_numba.kernels import TILES
+    from ddtree_numba.model import ModelConfig, random_target
+    cfg = dataclasses.replace(ModelConfig.tiny(), num_hidden_layers=1, q_lora_rank=None)
+    host = random_target(cfg, seed=5)
+    tile = None if REAL_GPU else TILES["small"]
+    fused, split = (CudaTarget.from_host(host, precision="bf16", gemm_tile=tile) for _ in range(2))
+    assert all(lw.latent_path == "q_kv" for lw in fused.layers)     # the path under test runs
+    for lw in split.layers:
+        lw.q_kv_proj = None
+    assert all(lw.latent_path == "apart" for lw in split.layers)
+    ids, pos = np.array([3, 7, 1], np.int32), np.arange(3, dtype=np.int32)
+    caches = fused.new_cache(8), split.new_cache(8)
+    got, want = (t.forward(ids, pos, c).logits for t, c in zip((fused, split), caches))
+    np.testing.assert_array_equal(got, want)
+    for name in ("c_kv", "k_pe"):
+        np.testing.assert_array_equal(getattr(caches[0], name).copy_to_host()[:, :3],
+                                      getattr(caches[1], name).copy_to_host()[:, :3], err_msg=name)
+    # the numpy target (no stacking) agrees within the bf16 GEMMs' bound
+    np.testing.assert_allclose(got, host.forward(ids, pos, host.new_cache(8)).logits, rtol=0, atol=5e-2)
+    ws_fused, ws_split = fused.workspace(3), split.workspace(3)
+    assert ws_fused.q.shape == ws_fused.kv.shape == (1, 1) and ws_fused.q_kv.shape[0] == 4
+    assert ws_split.q_kv.shape == (1, 1) and ws_split.kv.shape[0] == 4
+
+
 @pytest.mark.gpu
 def test_graph_replay_equals_eager():
     path = os.path.join(DATA, "v3_noaux_tc")

@@ -59,21 +59,21 @@ def _inv_rms(x, r, c0, m, eps, part, t, T):
 
 @functools.lru_cache(maxsize=None)
 def _rms_norm_kernel(threads, pair=False):
-    """Row r = blockIdx.x of job blockIdx.y: job 0 normalizes x[r, :M] with
+    """Row r = blockIdx.x of job blockIdx.y: job 0 normalizes x[r, col0 : col0 + M] with
     ``weight`` into ``out``; with ``pair``, job 1 x[r, col1 : col1 + M1] with ``weight1`` into
     ``out1`` (two norms of one buffer in one launch: MLA's query and kv latents)."""
     T = threads
 
     @cached
     @cuda.jit
-    def kernel(x, weight, eps, out, n_rows, mode0, row0_0, seqs0, slot_rows0, layer_row0_0,
+    def kernel(x, weight, eps, out, n_rows, col0, mode0, row0_0, seqs0, slot_rows0, layer_row0_0,
                weight1, out1, col1, mode1, row0_1, seqs1, slot_rows1, layer_row0_1):
         r = cuda.blockIdx.x
         if r >= n_rows[0]:
             return  # the whole block leaves together: no thread is left at a barrier
         t = cuda.threadIdx.x
         part = cuda.shared.array(T, float32)
-        w, dst, c0 = weight, out, 0
+        w, dst, c0 = weight, out, col0
         ro = _dest_row(r, mode0, row0_0, seqs0, slot_rows0, layer_row0_0)
         if pair and cuda.blockIdx.y == 1:
             w, dst, c0 = weight1, out1, col1
@@ -140,11 +140,12 @@ def _qkv_norm_rope_kernel(threads):
 
 # -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
 
-def enqueue_rms_norm(x, weight, eps, out, n_rows, *, out_row0=None, second=None, stream=0):
-    """out[row0 + r, :M] = rms_norm(x[r, :M]) for r < n_rows[0], M = weight.shape[0]; twin:
+def enqueue_rms_norm(x, weight, eps, out, n_rows, *, src_col0=0, out_row0=None, second=None, stream=0):
+    """out[row0 + r, :M] = rms_norm(x[r, c0 : c0 + M]) for r < n_rows[0], M = weight.shape[0], c0 =
+    ``src_col0`` (e.g. the kv latent of a stacked q | kv projection); twin:
     ``reference.rms_norm.enqueue_rms_norm`` (over ``reference.rms_norm.rms_norm``).
 
-    x [R, Wx >= M] float32, weight [M] float32, eps float, out [>= row0 + n, Wo >= M] float32
+    x [R, Wx >= c0 + M] float32, weight [M] float32, eps float, out [>= row0 + n, Wo >= M] float32
     (columns past M untouched), n_rows [>= 1] int32 device, out_row0 [>= 1] int32 device (row0 =
     out_row0[0], e.g. the cache length) or None (row0 = 0), or a ``PoolRows`` (row r to its
     sequence's row of a flattened cache pool: a batch's latents into every slot in one launch).
@@ -160,7 +161,7 @@ def enqueue_rms_norm(x, weight, eps, out, n_rows, *, out_row0=None, second=None,
     else:
         weight1, out1, col1, row1 = second
     _rms_norm_kernel(THREADS, second is not None)[(x.shape[0], 1 if second is None else 2), THREADS, stream](
-        x, weight, np.float32(eps), out, n_rows, *_dest_rows_args(out_row0, n_rows),
+        x, weight, np.float32(eps), out, n_rows, int(src_col0), *_dest_rows_args(out_row0, n_rows),
         weight1, out1, int(col1), *_dest_rows_args(row1, n_rows))
 
 

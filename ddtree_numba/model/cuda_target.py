@@ -64,21 +64,26 @@ class DeviceLayer:
     shared_down_proj: object = None      # [M, Ie*n_shared]
     qkv_a_proj: object = None            # [Q+C+R, M]: q_a_proj and kv_a_proj_with_mqa as one matrix
                                          # (those two are its row views), set by ``__post_init__``
+    q_kv_proj: object = None             # [H*(D+R)+C+R, M]: q_proj and kv_a_proj_with_mqa as one matrix
+                                         # (a layer without q_lora; the same, by ``__post_init__``)
 
     def __post_init__(self):
-        """Stack q_a_proj over kv_a_proj_with_mqa into one matrix, both read by one GEMM (both
-        project the same normed input: one launch a layer fewer, the same bits by the GEMM's
-        reduction contract); the two fields become row views of it, so nothing is stored twice.
-        Only plain (unquantized) matrices of one storage dtype and input width."""
-        qa, kva = self.q_a_proj, self.kv_a_proj_with_mqa
-        if (self.qkv_a_proj is not None or qa is None or kva is None or isinstance(qa, QUANTIZED)
-                or isinstance(kva, QUANTIZED) or qa.dtype != kva.dtype or qa.shape[1] != kva.shape[1]):
+        """Stack the query's first projection (q_a_proj, or q_proj without q_lora) over
+        kv_a_proj_with_mqa into one matrix, both read by one GEMM (both project the same normed
+        input: one launch a layer fewer, the same bits by the GEMM's reduction contract); the two
+        fields become row views of it, so nothing is stored twice. Only plain (unquantized)
+        matrices of one storage dtype and input width."""
+        if self.qkv_a_proj is not None or self.q_kv_proj is not None:
             return
-        q = qa.shape[0]
-        fused = cuda.device_array((q + kva.shape[0], qa.shape[1]), qa.dtype)
-        fused[:q].copy_to_device(qa)
-        fused[q:].copy_to_device(kva)
-        self.qkv_a_proj, self.q_a_proj, self.kv_a_proj_with_mqa = fused, fused[:q], fused[q:]
+        top = self.q_a_proj if self.q_proj is None else self.q_proj
+        fused = _stacked(top, self.kv_a_proj_with_mqa)
+        if fused is None:
+            return
+        q = top.shape[0]
+        if self.q_proj is None:
+            self.qkv_a_proj, self.q_a_proj, self.kv_a_proj_with_mqa = fused, fused[:q], fused[q:]
+        else:
+            self.q_kv_proj, self.q_proj, self.kv_a_proj_with_mqa = fused, fused[:q], fused[q:]
 
     @property
     def stacked_latents(self) -> bool:
@@ -86,8 +91,28 @@ class DeviceLayer:
         return self.q_proj is None and self.qkv_a_proj is not None
 
     @property
+    def latent_path(self) -> str:
+        """Which GEMM writes the kv latent: 'qkv_a' (stacked with q_a), 'q_kv' (stacked with
+        q_proj) or 'apart' (its own)."""
+        if self.stacked_latents:
+            return "qkv_a"
+        return "q_kv" if self.q_proj is not None and self.q_kv_proj is not None else "apart"
+
+    @property
     def is_moe(self) -> bool:
         return self.gate is not None
+
+
+def _stacked(top, bottom):
+    """top over bottom as one new device matrix, or None when they cannot be one (a missing or
+    quantized matrix, different storage dtypes or input widths)."""
+    if (top is None or bottom is None or isinstance(top, QUANTIZED) or isinstance(bottom, QUANTIZED)
+            or top.dtype != bottom.dtype or top.shape[1] != bottom.shape[1]):
+        return None
+    fused = cuda.device_array((top.shape[0] + bottom.shape[0], top.shape[1]), top.dtype)
+    fused[:top.shape[0]].copy_to_device(top)
+    fused[top.shape[0]:].copy_to_device(bottom)
+    return fused
 
 
 def device_matrix(a, dtype: str):
@@ -238,7 +263,10 @@ class Workspace:
     q_a: object                 # [T, Q] (a q_lora layer without ``qkv_a_proj``; else [1, 1])
     qkv_a: object               # [T, Q+C+R] q_a and kv side by side (a layer with ``qkv_a_proj``; else [1, 1])
     q_a_normed: object          # [T, Q]
-    q: object                   # [T, H*(D+R)] query: per head D nope then R rope values
+    q: object                   # [T, H*(D+R)] query: per head D nope then R rope values (a layer
+                                #   without ``q_kv_proj``; else [1, 1])
+    q_kv: object                # [T, H*(D+R)+C+R] the query and kv side by side (a layer with ``q_kv_proj``;
+                                #   else [1, 1])
     kv: object                  # [T, C+R] latent (before norm) and rope key (before rotation) (a layer
                                 #   without ``qkv_a_proj``; else [1, 1])
     q_pe: object                # [T, H*R] rotated rope queries
@@ -263,10 +291,10 @@ class Workspace:
         return self.meta[0:1]
 
 
-def new_workspace(cfg: ModelConfig, rows: int, stacked: tuple[bool, ...] | None = None) -> Workspace:
-    """The buffers for forwards of up to ``rows`` tokens; ``stacked`` says, per layer, whether it
-    projects q_a and kv in one GEMM (``DeviceLayer.qkv_a_proj``): only the buffers of the paths
-    the layers take are allocated (the others are [1, 1] placeholders); None allocates both."""
+def new_workspace(cfg: ModelConfig, rows: int, paths: tuple[str, ...] | None = None) -> Workspace:
+    """The buffers for forwards of up to ``rows`` tokens; ``paths`` says, per layer, which GEMM
+    writes its kv latent (``DeviceLayer.latent_path``): only the buffers of the paths the layers
+    take are allocated (the others are [1, 1] placeholders); None allocates them all."""
     rows = check_int("rows", rows, 1)
     H, C, R = cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
     D, Dv, M = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.hidden_size
@@ -274,7 +302,8 @@ def new_workspace(cfg: ModelConfig, rows: int, stacked: tuple[bool, ...] | None 
     has_moe = any(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
     has_dense = any(not cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
     Q = cfg.q_lora_rank or 1
-    plain = stacked is None or not all(stacked)   # some layer projects q_a and kv apart
+    takes = lambda path: paths is None or path in paths  # noqa: E731  (some layer takes this path)
+    plain = takes("apart")                        # some layer projects the query and kv apart
     moe = kn.MoEBuffers(rows, cfg.n_routed_experts, cfg.num_experts_per_tok, M, cfg.moe_intermediate_size,
                      shared_inter=cfg.moe_intermediate_size * (cfg.n_shared_experts or 0)) if has_moe else None
     return Workspace(
@@ -286,9 +315,10 @@ def new_workspace(cfg: ModelConfig, rows: int, stacked: tuple[bool, ...] | None 
         vis_bits=cuda.device_array((rows, ceil_div(rows, 32)), np.uint32),
         x=f32(rows, M), normed=f32(rows, M), q_a_normed=f32(rows, Q),
         q_a=f32(rows, Q) if cfg.q_lora_rank and plain else f32(1, 1),
-        qkv_a=f32(rows, Q + C + R) if stacked is None or any(stacked) else f32(1, 1),
+        qkv_a=f32(rows, Q + C + R) if takes("qkv_a") else f32(1, 1),
         kv=f32(rows, C + R) if plain else f32(1, 1),
-        q=f32(rows, H * (D + R)), q_pe=f32(rows, H * R),
+        q=f32(rows, H * (D + R)) if plain or takes("qkv_a") else f32(1, 1),
+        q_kv=f32(rows, H * (D + R) + C + R) if takes("q_kv") else f32(1, 1), q_pe=f32(rows, H * R),
         q_lat=f32(rows, H * C), o_lat=f32(rows, H * C), o=f32(rows, H * Dv),
         act=f32(rows, cfg.intermediate_size if has_dense else 1), moe=moe,
         logits=f32(rows, cfg.vocab_size), hidden=f32(cfg.num_hidden_layers, rows, M),
@@ -322,7 +352,7 @@ def _row_view(ws: Workspace, row0: int, n: int, meta) -> Workspace:
     rows = lambda a: a[row0:row0 + n] if a.shape[0] == ws.rows else a      # noqa: E731  ([1, 1] placeholders stay)
     return replace(ws, rows=n, meta=meta, hidden=None, moe=None, graphs={},
                    **{f: rows(getattr(ws, f)) for f in ("ids", "positions", "parents", "vis_bits", "x", "normed",
-                                                        "q_a", "qkv_a", "q_a_normed", "q", "kv", "q_pe", "q_lat",
+                                                        "q_a", "qkv_a", "q_a_normed", "q", "q_kv", "kv", "q_pe", "q_lat",
                                                         "o_lat", "o", "act", "logits")})
 
 
@@ -358,7 +388,7 @@ class CudaTarget:
         self._route = kn.MoERoute(cfg.scoring_func, cfg.topk_method, cfg.n_group, cfg.topk_group,
                                   cfg.num_experts_per_tok, bool(cfg.norm_topk_prob),
                                   float(cfg.routed_scaling_factor)) if has_moe else None
-        self._workspaces: dict[tuple, Workspace] = {}   # (rows, stacked per layer) -> buffers
+        self._workspaces: dict[tuple, Workspace] = {}   # (rows, latent path per layer) -> buffers
 
     def __repr__(self) -> str:
         return f"CudaTarget({self.config.describe()}, {self.weight_storage} weights, {self.precision} GEMMs)"
@@ -416,10 +446,10 @@ class CudaTarget:
         """The preallocated buffers for forwards of up to ``rows`` tokens (rounded up to a power
         of two), made on first use and kept. Kernels pick their tiles by these row counts."""
         size = 1 << (int(rows) - 1).bit_length()
-        stacked = tuple(lw.stacked_latents for lw in self.layers)
-        key = (size, stacked)        # (a layer's path decides which latent buffers exist)
+        paths = tuple(lw.latent_path for lw in self.layers)
+        key = (size, paths)          # (a layer's path decides which latent buffers exist)
         if key not in self._workspaces:
-            self._workspaces[key] = new_workspace(self.config, size, stacked)
+            self._workspaces[key] = new_workspace(self.config, size, paths)
         return self._workspaces[key]
 
     # -- the forward -----------------------------------------------------------------------
@@ -624,19 +654,25 @@ class CudaTarget:
         def input_norm(s):
             kn.enqueue_rms_norm(ws.x, lw.input_layernorm, eps, ws.normed, n, stream=s)
 
-        fused = lw.stacked_latents                                  # q_a and kv_a in one GEMM
-        Q = lw.q_a_proj.shape[0] if lw.q_a_proj is not None else 0
-        kv_col = Q if fused else 0                                  # where the kv latent and rope key are
+        path = lw.latent_path
+        fused = path == "qkv_a"                                     # q_a and kv_a in one GEMM
+        # where a part's query and its kv latent + rope key are: the kv at column kv_col of kv_of(p)
+        q_of = (lambda p: p.q_kv) if path == "q_kv" else (lambda p: p.q)            # noqa: E731
+        kv_of = {"qkv_a": lambda p: p.qkv_a, "q_kv": lambda p: p.q_kv, "apart": lambda p: p.kv}[path]
+        top = {"qkv_a": lw.q_a_proj, "q_kv": lw.q_proj}.get(path)     # the matrix stacked over kv_a's
+        kv_col = 0 if top is None else top.shape[0]
 
         def q_projection(s):
-            if lw.q_proj is not None:
+            if path == "q_kv":
+                kn.enqueue_linear(ws.normed, lw.q_kv_proj, ws.q_kv, n, **gemm, stream=s)
+            elif lw.q_proj is not None:
                 kn.enqueue_linear(ws.normed, lw.q_proj, ws.q, n, **gemm, stream=s)
             elif fused:
                 kn.enqueue_linear(ws.normed, lw.qkv_a_proj, ws.qkv_a, n, **gemm, stream=s)
                 # both latents' norms in one launch: q_a's, and the kv latent's straight into cache row s0 + r
                 for p, c_kv, _, row0 in writes:
                     kn.enqueue_rms_norm(p.qkv_a, lw.q_a_layernorm, eps, p.q_a_normed, p.n_rows,
-                                        second=(lw.kv_a_layernorm, c_kv, Q, row0), stream=s)
+                                        second=(lw.kv_a_layernorm, c_kv, kv_col, row0), stream=s)
                 kn.enqueue_linear(ws.q_a_normed, lw.q_b_proj, ws.q, n, **gemm, stream=s)
             else:
                 kn.enqueue_linear(ws.normed, lw.q_a_proj, ws.q_a, n, **gemm, stream=s)
@@ -644,22 +680,23 @@ class CudaTarget:
                 kn.enqueue_linear(ws.q_a_normed, lw.q_b_proj, ws.q, n, **gemm, stream=s)
 
         def kv_a_projection(s):
-            if not fused:                   # else done with q_a above
+            if path == "apart":             # else done with the query above
                 kn.enqueue_linear(ws.normed, lw.kv_a_proj_with_mqa, ws.kv, n, **gemm, stream=s)
 
         def latent_norm_rope(s):
-            # the latent's norm (fused: done above) and the rotated rope key go straight into cache row s0 + r
+            # the latent's norm (qkv_a: done above) and the rotated rope key go straight into cache row s0 + r
             for p, c_kv, k_pe, row0 in writes:
                 if not fused:
-                    kn.enqueue_rms_norm(p.kv, lw.kv_a_layernorm, eps, c_kv, p.n_rows, out_row0=row0, stream=s)
+                    kn.enqueue_rms_norm(kv_of(p), lw.kv_a_layernorm, eps, c_kv, p.n_rows, src_col0=kv_col,
+                                        out_row0=row0, stream=s)
                 # both rotations in one launch: the rope key into the cache, every head's rope query
-                kn.enqueue_rope(p.qkv_a if fused else p.kv, k_pe, p.positions, self.inv_freq, p.n_rows,
+                kn.enqueue_rope(kv_of(p), k_pe, p.positions, self.inv_freq, p.n_rows,
                                 rdim=R, src_col0=kv_col + C, dst_row0=row0, stream=s, **rope,
-                                second=dict(src=p.q, dst=p.q_pe, groups=H, src_col0=D, src_stride=D + R,
+                                second=dict(src=q_of(p), dst=p.q_pe, groups=H, src_col0=D, src_stride=D + R,
                                             dst_stride=R))
 
         def query_absorption(s):
-            kn.enqueue_linear_heads(ws.q, D + R, lw.w_uk_t, ws.q_lat, n, **gemm, stream=s)
+            kn.enqueue_linear_heads(q_of(ws), D + R, lw.w_uk_t, ws.q_lat, n, **gemm, stream=s)
 
         def attention(s):
             if batch is not None and batch.pool is not None:       # every sequence in one launch set

@@ -32,13 +32,13 @@ def head_norm_rope(x: np.ndarray, weight: np.ndarray, eps: float, cos: np.ndarra
     return rope(rms_norm(x, weight, eps), cos, sin, interleave=interleave)
 
 
-def enqueue_rms_norm(x, weight, eps, out, n_rows, *, out_row0=None, second=None, stream=0) -> None:
+def enqueue_rms_norm(x, weight, eps, out, n_rows, *, src_col0=0, out_row0=None, second=None, stream=0) -> None:
     """Twin of ``kernels.rms_norm.enqueue_rms_norm`` (its signature, numpy arrays): out[dest row of
-    r, :M] = rms_norm(x[r, :M]) for r < n_rows[0], M = weight.shape[0], the rows placed by
+    r, :M] = rms_norm(x[r, c0 : c0 + M]) for r < n_rows[0], M = weight.shape[0], c0 = ``src_col0``, the rows placed by
     ``rope.dest_rows`` (``out_row0``: None, a row0 array or a ``PoolRows``); ``second`` = (weight1,
     out1, src_col1, out_row1) norms x[r, src_col1 : src_col1 + M1] into out1 the same way."""
     n = int(n_rows[0])
-    jobs = [(weight, out, 0, out_row0)] + ([tuple(second)] if second is not None else [])
+    jobs = [(weight, out, int(src_col0), out_row0)] + ([tuple(second)] if second is not None else [])
     normed = [rms_norm(x[:n, col:col + w.shape[0]], w, eps) for w, _, col, _ in jobs]   # every read first
     for (w, dst, _, row0), y in zip(jobs, normed):
         rows = dest_rows(n, row0)
