@@ -110,7 +110,7 @@ def main():
         whole = timed(lambda s: [go() for _, go in launches(s)], args.repeat)
         side = timed(lambda s: enqueue_moe_block(ws.normed, ws.x, **block, concurrent=True, stream=s), args.repeat)
         floor = (touched * expert_bytes + shared_bytes) / 4.2e12 * 1e6
-        table.append((rows, touched, us, whole, side, floor))
+        table.append((rows, touched, names, us, whole, side, floor))
         for spec in args.tiles:
             tile = parse(spec)
             # work items as tall as the forced tile's rows, as the block would sort them for it
@@ -144,10 +144,13 @@ def main():
         return
     print(f"\nMoE block, Moonlight shape (M {M}, {E} experts of {I}, top-{cfg.num_experts_per_tok}, "
           f"{cfg.n_shared_experts} shared), µs a launch")
-    print("| rows | experts with rows | " + " | ".join(names) + " | whole | whole, shared on a side stream | "
-          "bytes floor |")
-    print("|---" * (len(names) + 5) + "|")
-    for rows, touched, us, whole, side, floor in table:
+    header = None
+    for rows, touched, names, us, whole, side, floor in table:
+        if names != header:                   # (up to FUSED_SORT_ROWS rows the routing launch sorts too)
+            header = names
+            print("\n| rows | experts with rows | " + " | ".join(names) + " | whole | whole, shared on a side stream | "
+                  "bytes floor |")
+            print("|---" * (len(names) + 5) + "|")
         print(f"| {rows} | {touched} | " + " | ".join(f"{u:.1f}" for u in us)
               + f" | {whole:.1f} | {side:.1f} | {floor:.1f} |")
 
