@@ -848,11 +848,13 @@ else:
 # at (4,1,1,4,2): 155 / 284 / 780 and 96 / 169 / 455; 64-row items slower still); the shared
 # experts (one dense SwiGLU, 2816 x 2048, and its down) gate|up 65 -> 29, 156 -> 67, 464 -> 229 and
 # down 38 -> 29, 111 -> 70, 281 -> 164 at (4,2,1,2,2). The bits are every tile's. Expert launches
-# of at most _FEW_ROWS typical rows take the ring in 8-row items (_FEW_EXPERT_RING; measured, 33a69d2,
-# the register kernel's few-row tile -> the ring, gate|up + down µs at 1 row: 36.1 + 13.2 -> 35.1 +
-# 13.2; at 17 rows (a 32-row workspace): 140.3 + 80.5 -> 105.2 + 57.3; in 16-row items 109.8 + 56.2).
+# of at most _FEW_ROWS typical rows take the ring in 8-row items (_FEW_EXPERT_RING; measured, 33a69d2
+# and 69c74fd, the register kernel's few-row tile -> the ring, gate|up + down µs at 1 row: 36.1 +
+# 13.2 -> 35.1 + 13.2 at (4,1,1,1,2), 32.4 + 13.4 at (2,1,1,1,2); at 17 rows (a 32-row workspace):
+# 140.3 + 80.5 -> 105.2 + 57.3 at (4,1,1,1,2), 97.1 + 55.9 at (2,1,1,1,2); 16-row items 109.8 + 56.2,
+# three or four slots 104.9 + 54.5-55.9, eight warps 308 + 60).
 _EXPERT_RING = _Staged(4, 1, 1, 2, 2)
-_FEW_EXPERT_RING = _Staged(4, 1, 1, 1, 2)
+_FEW_EXPERT_RING = _Staged(2, 1, 1, 1, 2)
 _DENSE_RING = _Staged(4, 2, 1, 2, 2)
 _RING_ROWS = 33
 

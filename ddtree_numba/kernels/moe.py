@@ -58,8 +58,10 @@ SIM = config.ENABLE_CUDASIM
 ROUTE_THREADS = 8 if SIM else 128     # one block per token row; E_MAX / threads experts each
 SORT_THREADS = 8 if SIM else 512      # the whole counting sort is one block
 # Blocks of at most this many rows (``MoEBuffers.max_rows``) sort in the routing launch: its last
-# row block to finish sorts every row with ROUTE_THREADS threads (``_route_kernel(sort=True)``)
-# instead of a launch of its own of SORT_THREADS.
+# row block to finish sorts every row (``_route_kernel(sort=True)``, blocks of SORT_THREADS)
+# instead of a launch of its own. Measured on the H200 (tools/moe_stages.py, Moonlight's router,
+# 69c74fd, route + sort µs in a graph, two launches -> one): with blocks of ROUTE_THREADS 18.1 ->
+# 17.3 at 1 row, 18.7 -> 18.3 at 17, 19.4 -> 21.5 at 65 (the sort on a quarter of the threads).
 FUSED_SORT_ROWS = 128
 COMBINE_THREADS = 16 if SIM else 128  # columns per block of the combine; grid y = rows
 E_MAX = 1024                          # routed experts the routing kernel holds in shared memory
@@ -506,7 +508,7 @@ def _enqueue_moe_route_sort(logits, bias, route, bufs, n_rows, *, item_rows=8, s
     in one launch (``_route_kernel(sort=True)``): the same results."""
     _check_item_rows(item_rows)
     bufs.item_rows = item_rows
-    _route_kernel(ROUTE_THREADS, True)[logits.shape[0], ROUTE_THREADS, stream](
+    _route_kernel(SORT_THREADS, True)[logits.shape[0], SORT_THREADS, stream](
         logits, bias, route._scoring_code, route._method_code, route.n_group, route.topk_group,
         route.top_k, int(bool(route.norm_topk_prob)), np.float32(route.routed_scaling_factor),
         n_rows, bufs.topk_ids, bufs.topk_weights, bufs.arrive, bufs.bitmap, bufs.word_prefix, bufs.offsets,
