@@ -134,10 +134,7 @@ SIGNATURES = {
         if (precision == "fp32" or (swiglu, grouped, gather) == (True, True, True)) and (
             tile[4] == 0 or (kind, precision) == ("bf16", "bf16"))],
     "moe._route_kernel": [((128,), f"void({F32_2}, float32[::1], int64, int64, int64, int64, int64, int64, "
-                                   f"float32, {I32_1}, {I32_2}, {F32_2})"),
-                          ((512, True), f"void({F32_2}, float32[::1], int64, int64, int64, int64, int64, int64, "
-                                        f"float32, {I32_1}, {I32_2}, {F32_2}, {I32_1}, {U32_2}, {I32_2}, {I32_1}, "
-                                        f"{I32_1}, float32[::1], {I32_2}, {I32_1}, int64)")],
+                                   f"float32, {I32_1}, {I32_2}, {F32_2})")],
     "moe._sort_kernel": [((512,), f"void({I32_2}, {F32_2}, {I32_1}, {U32_2}, {I32_2}, {I32_1}, {I32_1}, "
                                   f"float32[::1], {I32_2}, {I32_1}, int64)")],
     "moe._combine_kernel": [((shared, residual), f"void({F32_2}, float32[::1], {I32_2}, {F32_2}, {F32_2}, {I32_1})")

@@ -10,7 +10,7 @@ from ddtree_numba import kernels as kn
 from ddtree_numba import reference as ref
 from ddtree_numba.reference.moe import expert_work_items, work_item_capacity
 from ddtree_numba.kernels.moe import (MoEBuffers, MoERoute, enqueue_moe_block, _enqueue_moe_combine,
-                                      _enqueue_moe_route, _enqueue_moe_route_sort, _enqueue_moe_sort)
+                                      _enqueue_moe_sort)
 
 pytestmark = pytest.mark.kernels
 
@@ -189,40 +189,6 @@ def test_counting_sort_invariants(rng, n, item_rows):
         np.testing.assert_array_equal(experts, np.sort(live[r]))
         np.testing.assert_array_equal(sw[slots], w[r][np.argsort(live[r])])
     assert (ts[n:] == -1).all()                                # rows past n untouched
-
-
-@pytest.mark.parametrize("n", [0, 1, 13, 37])
-def test_routing_that_sorts_gives_the_two_launches_results(rng, n):
-    """The routing launch whose last row block sorts (``_enqueue_moe_route_sort``, a MoE block of
-    up to ``FUSED_SORT_ROWS`` rows) writes what routing then the counting sort write, in every
-    buffer; twice in a row on poisoned buffers (its arrival counter is back to 0 after each
-    launch, or the second launch would not sort); with no live rows block 0 writes the empty items."""
-    R, E, K, G = 37, 8, 3, 4
-    route = MoERoute("sigmoid", "noaux_tc", G, 2, K, True, 2.5)
-    logits = cuda.to_device(rng.standard_normal((R, E)).astype(np.float32))
-    bias = cuda.to_device((0.1 * rng.standard_normal(E)).astype(np.float32))
-    n_rows = cuda.to_device(np.array([n], np.int32))
-    names = ("topk_ids", "topk_weights", "offsets", "slot_token", "slot_weight", "token_slot", "items")
-
-    def poisoned():
-        bufs = MoEBuffers(R, E, K, 4, 4)
-        for name in names:
-            a = getattr(bufs, name)
-            a.copy_to_device(np.full(a.shape, -7, a.dtype))
-        return bufs
-
-    want = poisoned()
-    _enqueue_moe_route(logits, bias, route, topk_ids=want.topk_ids, topk_weights=want.topk_weights, n_rows=n_rows)
-    _enqueue_moe_sort(want.topk_ids, want.topk_weights, want, n_rows, item_rows=16)
-    got = poisoned()
-    for launch in range(2):
-        _enqueue_moe_route_sort(logits, bias, route, got, n_rows, item_rows=16)
-        assert got.item_rows == 16 and int(got.arrive.copy_to_host()[0]) == 0
-        for name in names:
-            g, w = getattr(got, name).copy_to_host(), getattr(want, name).copy_to_host()
-            np.testing.assert_array_equal(g.view(np.int32), w.view(np.int32), err_msg=f"{name}, launch {launch}")
-            a = getattr(got, name)
-            a.copy_to_device(np.full(a.shape, -7, a.dtype))
 
 
 def _expert_weights(rng, E, I, M, dtype=np.float32):

@@ -11,8 +11,7 @@ One MoE block (``enqueue_moe_block``), every step on the device, no host round t
    noaux_tc, group selection, top-K with ties to the lower id (a rank count: expert e is
    the r-th pick iff exactly r experts beat it under (value desc, id asc)), weights
    normalised and scaled exactly as the twin orders the float operations.
-3. counting sort (``_sort_kernel``, one block; for up to ``FUSED_SORT_ROWS`` rows the routing
-   launch's last block to finish runs it instead): a bitmap [E, ceil(R/32)] marks which tokens
+3. counting sort (``_sort_kernel``, one block): a bitmap [E, ceil(R/32)] marks which tokens
    chose each expert; per-expert popcounts give ``offsets [E+1]``; a slot's position is
    offsets[e] + (tokens < r marked for e), so tokens ascend inside an expert and the
    result is the same for any thread count or timing (the only atomics are bit ORs).
@@ -57,12 +56,9 @@ SIM = config.ENABLE_CUDASIM
 # The simulator runs every thread as a Python thread: tiny blocks there, H200 sizes elsewhere.
 ROUTE_THREADS = 8 if SIM else 128     # one block per token row; E_MAX / threads experts each
 SORT_THREADS = 8 if SIM else 512      # the whole counting sort is one block
-# Blocks of at most this many rows (``MoEBuffers.max_rows``) sort in the routing launch: its last
-# row block to finish sorts every row (``_route_kernel(sort=True)``, blocks of SORT_THREADS)
-# instead of a launch of its own. Measured on the H200 (tools/moe_stages.py, Moonlight's router,
-# 69c74fd, route + sort µs in a graph, two launches -> one): with blocks of ROUTE_THREADS 18.1 ->
-# 17.3 at 1 row, 18.7 -> 18.3 at 17, 19.4 -> 21.5 at 65 (the sort on a quarter of the threads).
-FUSED_SORT_ROWS = 128
+# (Routing and sorting in one launch, the routing's last row block to finish sorting every row,
+# was measured on the H200 and not kept: route + sort µs in a graph at 1 / 17 / 65 rows, two
+# launches 18.1 / 18.7 / 19.4, one launch 18.1 / 18.8 / 19.6; 69c74fd, 6ee5d65.)
 COMBINE_THREADS = 16 if SIM else 128  # columns per block of the combine; grid y = rows
 E_MAX = 1024                          # routed experts the routing kernel holds in shared memory
 
@@ -165,7 +161,6 @@ class MoEBuffers:
         self.shared_act = arr((R, Is), np.float32) if Is else None   # [R, Is] shared SwiGLU activation
         self.shared_out = arr((R, M), np.float32) if Is else None    # [R, M]  shared-expert output
         self.zero_bias = cuda.to_device(np.zeros(E, np.float32), stream=stream)  # [E] stands in for no bias
-        self.arrive = cuda.to_device(np.zeros(1, np.int32), stream=stream)       # [1] route blocks done (0 between launches)
 
     def side_stream(self):
         """The stream the shared experts run on beside the routed ones, with its fork and join
@@ -188,256 +183,124 @@ class MoEBuffers:
 
 # -- kernels ------------------------------------------------------------------------------------
 
-@device_function
-def _route_row(r, t, T, logits, bias, scoring, method, n_group, topk_group, top_k, norm, scale, topk_ids,
-               topk_weights, score, choice, gscore, gkeep, red):
-    """Row r's routing by thread t of a block of T (``_route_kernel``'s arguments; score, choice,
-    gscore [E_MAX] float32, gkeep [E_MAX] int32 and red [T] float32 shared scratch)."""
-    E = logits.shape[1]
-    neg_inf = float32(-math.inf)
-
-    if scoring == 0:
-        # softmax: max, then exp and a sum in a fixed order (strided per thread, then a tree)
-        mx = neg_inf
-        for e in range(t, E, T):
-            mx = max(mx, logits[r, e])
-        red[t] = mx
-        cuda.syncthreads()  # every partial max is in
-        s = T // 2
-        while s > 0:
-            if t < s:
-                red[t] = max(red[t], red[t + s])
-            cuda.syncthreads()  # this level is done
-            s //= 2
-        mx = red[0]
-        cuda.syncthreads()  # everyone has the max before red is reused
-        acc = float32(0.0)
-        for e in range(t, E, T):
-            z = _expf(logits[r, e] - mx)
-            score[e] = z
-            acc = acc + z
-        red[t] = acc
-        cuda.syncthreads()  # every partial sum is in
-        s = T // 2
-        while s > 0:
-            if t < s:
-                red[t] = red[t] + red[t + s]
-            cuda.syncthreads()
-            s //= 2
-        total = red[0]
-        for e in range(t, E, T):
-            score[e] = score[e] / total
-    else:
-        for e in range(t, E, T):
-            score[e] = float32(1.0) / (float32(1.0) + _expf(-logits[r, e]))
-    for e in range(t, E, T):
-        choice[e] = score[e] + bias[e] if method == 2 else score[e]
-    cuda.syncthreads()  # scores and choices complete
-
-    if method != 0:
-        gsize = E // n_group
-        for g in range(t, n_group, T):
-            b1 = neg_inf
-            b2 = neg_inf
-            for e in range(g * gsize, (g + 1) * gsize):
-                v = choice[e]
-                if v > b1:
-                    b2 = b1
-                    b1 = v
-                elif v > b2:
-                    b2 = v
-            gscore[g] = b1 if (method == 1 or gsize == 1) else b1 + b2
-        cuda.syncthreads()  # every group score is in
-        for g in range(t, n_group, T):
-            v = gscore[g]
-            rank = 0
-            for h in range(n_group):
-                o = gscore[h]
-                if o > v or (o == v and h < g):
-                    rank += 1
-            gkeep[g] = 1 if rank < topk_group else 0
-        cuda.syncthreads()  # the kept groups are known
-        for e in range(t, E, T):
-            if gkeep[e // gsize] == 0:
-                choice[e] = neg_inf
-        cuda.syncthreads()  # masked choices are in
-
-    # top-K: e's rank = #experts before it under (choice desc, id asc); stop counting at K
-    for e in range(t, E, T):
-        v = choice[e]
-        rank = 0
-        for f in range(E):
-            o = choice[f]
-            if o > v or (o == v and f < e):
-                rank += 1
-                if rank >= top_k:
-                    break
-        if rank < top_k:
-            topk_ids[r, rank] = e
-    cuda.syncthreads()  # the block's global writes of topk_ids are visible to thread 0
-
-    if t == 0:
-        denom = float32(1.0)
-        if norm != 0:
-            wsum = float32(0.0)
-            for k in range(top_k):
-                wsum = wsum + score[topk_ids[r, k]]
-            denom = wsum + float32(1e-20)
-        for k in range(top_k):
-            w = score[topk_ids[r, k]]
-            if norm != 0:
-                w = w / denom
-            topk_weights[r, k] = w * scale
-
-
 @functools.lru_cache(maxsize=None)
-def _route_kernel(threads, sort=False):
+def _route_kernel(threads):
     """One block per row r < n_rows[0]: logits [R, E] -> topk_ids [R, K], topk_weights [R, K].
 
     scoring 0 softmax / 1 sigmoid; method 0 greedy / 1 group_limited_greedy / 2 noaux_tc.
-
-    ``sort``: the row blocks' last to finish (an arrival counter, ``arrive`` [1] int32, 0 between
-    launches, which that block resets) then runs ``_sort_kernel``'s counting sort (its further
-    arguments) over every row: one launch fewer a MoE block; with no live rows block 0 sorts.
     """
     T = threads
-
-    if not sort:
-        @cached
-        @cuda.jit
-        def kernel(logits, bias, scoring, method, n_group, topk_group, top_k, norm, scale, n_rows,
-                   topk_ids, topk_weights):
-            r = cuda.blockIdx.x
-            if r >= n_rows[0]:  # the whole block leaves together, before any barrier
-                return
-            score = cuda.shared.array(E_MAX, float32)    # [E] scores (the weights come from these)
-            choice = cuda.shared.array(E_MAX, float32)   # [E] what the top-K ranks (bias, group mask)
-            gscore = cuda.shared.array(E_MAX, float32)   # [G] group scores
-            gkeep = cuda.shared.array(E_MAX, int32)      # [G] 1: group kept
-            red = cuda.shared.array(T, float32)
-            _route_row(r, cuda.threadIdx.x, T, logits, bias, scoring, method, n_group, topk_group, top_k, norm,
-                       scale, topk_ids, topk_weights, score, choice, gscore, gkeep, red)
-
-        return kernel
 
     @cached
     @cuda.jit
     def kernel(logits, bias, scoring, method, n_group, topk_group, top_k, norm, scale, n_rows,
-               topk_ids, topk_weights, arrive, bitmap, word_prefix, offsets, slot_token, slot_weight,
-               token_slot, items, item_rows):
+               topk_ids, topk_weights):
         r = cuda.blockIdx.x
-        n = n_rows[0]
+        if r >= n_rows[0]:  # the whole block leaves together, before any barrier
+            return
         t = cuda.threadIdx.x
-        score = cuda.shared.array(E_MAX, float32)    # [E] scores (the weights come from these)
-        choice = cuda.shared.array(E_MAX, float32)   # [E] what the top-K ranks (bias, group mask)
-        gscore = cuda.shared.array(E_MAX, float32)   # [G] group scores
-        gkeep = cuda.shared.array(E_MAX, int32)      # [G] 1: group kept
+        E = logits.shape[1]
+        score = cuda.shared.array(E_MAX, float32)   # [E] scores (the weights come from these)
+        choice = cuda.shared.array(E_MAX, float32)  # [E] what the top-K ranks (bias, group mask)
+        gscore = cuda.shared.array(E_MAX, float32)  # [G] group scores
+        gkeep = cuda.shared.array(E_MAX, int32)     # [G] 1: group kept
         red = cuda.shared.array(T, float32)
-        tot = cuda.shared.array(T, int32)
-        tot_items = cuda.shared.array(T, int32)
-        state = cuda.shared.array(1, int32)
-        if r < n:
-            _route_row(r, t, T, logits, bias, scoring, method, n_group, topk_group, top_k, norm, scale,
-                       topk_ids, topk_weights, score, choice, gscore, gkeep, red)
-            # As the top-K's fused merge: the barrier orders the block's writes before thread 0's,
-            # whose fence makes them visible to every block before its arrival is counted; the
-            # last arrival's fence orders its block's reads (after the barrier) after every write.
-            cuda.syncthreads()
-            if t == 0:
-                cuda.threadfence()
-                arrived = cuda.atomic.add(arrive, 0, 1)
-                if arrived == n - 1:
-                    cuda.threadfence()
-                    arrive[0] = 0           # for the next launch (a replayed graph)
-                state[0] = arrived
-            cuda.syncthreads()              # the arrival's count is in
-            if state[0] != n - 1:
-                return                      # (block-uniform)
-        elif r != 0 or n != 0:
-            return                          # past the live rows (block-uniform)
-        _sort_slots(t, T, n, topk_ids, topk_weights, bitmap, word_prefix, offsets, slot_token, slot_weight,
-                    token_slot, items, item_rows, tot, tot_items)
+        neg_inf = float32(-math.inf)
+
+        if scoring == 0:
+            # softmax: max, then exp and a sum in a fixed order (strided per thread, then a tree)
+            mx = neg_inf
+            for e in range(t, E, T):
+                mx = max(mx, logits[r, e])
+            red[t] = mx
+            cuda.syncthreads()  # every partial max is in
+            s = T // 2
+            while s > 0:
+                if t < s:
+                    red[t] = max(red[t], red[t + s])
+                cuda.syncthreads()  # this level is done
+                s //= 2
+            mx = red[0]
+            cuda.syncthreads()  # everyone has the max before red is reused
+            acc = float32(0.0)
+            for e in range(t, E, T):
+                z = _expf(logits[r, e] - mx)
+                score[e] = z
+                acc = acc + z
+            red[t] = acc
+            cuda.syncthreads()  # every partial sum is in
+            s = T // 2
+            while s > 0:
+                if t < s:
+                    red[t] = red[t] + red[t + s]
+                cuda.syncthreads()
+                s //= 2
+            total = red[0]
+            for e in range(t, E, T):
+                score[e] = score[e] / total
+        else:
+            for e in range(t, E, T):
+                score[e] = float32(1.0) / (float32(1.0) + _expf(-logits[r, e]))
+        for e in range(t, E, T):
+            choice[e] = score[e] + bias[e] if method == 2 else score[e]
+        cuda.syncthreads()  # scores and choices complete
+
+        if method != 0:
+            gsize = E // n_group
+            for g in range(t, n_group, T):
+                b1 = neg_inf
+                b2 = neg_inf
+                for e in range(g * gsize, (g + 1) * gsize):
+                    v = choice[e]
+                    if v > b1:
+                        b2 = b1
+                        b1 = v
+                    elif v > b2:
+                        b2 = v
+                gscore[g] = b1 if (method == 1 or gsize == 1) else b1 + b2
+            cuda.syncthreads()  # every group score is in
+            for g in range(t, n_group, T):
+                v = gscore[g]
+                rank = 0
+                for h in range(n_group):
+                    o = gscore[h]
+                    if o > v or (o == v and h < g):
+                        rank += 1
+                gkeep[g] = 1 if rank < topk_group else 0
+            cuda.syncthreads()  # the kept groups are known
+            for e in range(t, E, T):
+                if gkeep[e // gsize] == 0:
+                    choice[e] = neg_inf
+            cuda.syncthreads()  # masked choices are in
+
+        # top-K: e's rank = #experts before it under (choice desc, id asc); stop counting at K
+        for e in range(t, E, T):
+            v = choice[e]
+            rank = 0
+            for f in range(E):
+                o = choice[f]
+                if o > v or (o == v and f < e):
+                    rank += 1
+                    if rank >= top_k:
+                        break
+            if rank < top_k:
+                topk_ids[r, rank] = e
+        cuda.syncthreads()  # the block's global writes of topk_ids are visible to thread 0
+
+        if t == 0:
+            denom = float32(1.0)
+            if norm != 0:
+                wsum = float32(0.0)
+                for k in range(top_k):
+                    wsum = wsum + score[topk_ids[r, k]]
+                denom = wsum + float32(1e-20)
+            for k in range(top_k):
+                w = score[topk_ids[r, k]]
+                if norm != 0:
+                    w = w / denom
+                topk_weights[r, k] = w * scale
 
     return kernel
-
-
-@device_function
-def _sort_slots(t, T, n, topk_ids, topk_weights, bitmap, word_prefix, offsets, slot_token, slot_weight, token_slot,
-                items, item_rows, tot, tot_items):
-    """The counting sort of the n rows' slots by thread t of a block of T (``tot``, ``tot_items``:
-    [T] int32 shared scratch); the arguments are ``_sort_kernel``'s. Its result does not depend on T
-    or on timing (the only atomics are bit ORs)."""
-    K = topk_ids.shape[1]
-    E = bitmap.shape[0]
-    nw = (n + 31) // 32
-
-    for i in range(t, E * nw, T):  # clear the words live rows use
-        bitmap[i // nw, i % nw] = uint32(0)
-    cuda.syncthreads()  # cleared before anyone marks
-    for p in range(t, n * K, T):
-        rr = p // K
-        e = topk_ids[rr, p - rr * K]
-        cuda.atomic.or_(bitmap, (e, rr >> 5), uint32(1) << uint32(rr & 31))
-    cuda.syncthreads()  # every mark is in
-
-    # per-expert counts and word prefixes; thread t owns the experts [e0, e1)
-    chunk = (E + T - 1) // T
-    e0 = min(t * chunk, E)
-    e1 = min(e0 + chunk, E)
-    own = 0
-    own_items = 0
-    for e in range(e0, e1):
-        c = 0
-        for w in range(nw):
-            word_prefix[e, w] = c
-            c += cuda.popc(bitmap[e, w])
-        offsets[e + 1] = c  # the count for now; the running offset below
-        own += c
-        own_items += (c + item_rows - 1) // item_rows
-    tot[t] = own
-    tot_items[t] = own_items
-    cuda.syncthreads()  # every thread's total is in
-    s = 1
-    while s < T:  # inclusive scans of tot and tot_items (Hillis-Steele)
-        v = tot[t - s] if t >= s else 0
-        vi = tot_items[t - s] if t >= s else 0
-        cuda.syncthreads()  # all reads of this step before its writes
-        tot[t] += v
-        tot_items[t] += vi
-        cuda.syncthreads()  # all writes before the next step's reads
-        s *= 2
-    base = tot[t] - own
-    y = tot_items[t] - own_items  # the first work item of this thread's experts
-    if t == 0:
-        offsets[0] = 0
-    for e in range(e0, e1):  # expert e's work items: its slots in runs of item_rows
-        c = offsets[e + 1]
-        for first in range(base, base + c, item_rows):
-            items[3 * y] = e
-            items[3 * y + 1] = first
-            items[3 * y + 2] = min(first + item_rows, base + c)
-            y += 1
-        base += c
-        offsets[e + 1] = base
-    for i in range(tot_items[T - 1] + t, items.shape[0] // 3, T):  # the unused items: empty
-        items[3 * i] = 0
-        items[3 * i + 1] = 0
-        items[3 * i + 2] = 0
-    cuda.syncthreads()  # offsets and prefixes are visible to the block
-
-    for rr in range(t, n, T):  # one thread per token row
-        w = rr >> 5
-        below = (uint32(1) << uint32(rr & 31)) - uint32(1)
-        for k in range(K):
-            e = topk_ids[rr, k]
-            pos = offsets[e] + word_prefix[e, w] + cuda.popc(bitmap[e, w] & below)
-            slot_token[pos] = rr
-            slot_weight[pos] = topk_weights[rr, k]
-            i = k  # insert pos into the row's ascending list
-            while i > 0 and token_slot[rr, i - 1] > pos:
-                token_slot[rr, i] = token_slot[rr, i - 1]
-                i -= 1
-            token_slot[rr, i] = pos
 
 
 @functools.lru_cache(maxsize=None)
@@ -454,10 +317,81 @@ def _sort_kernel(threads):
     @cuda.jit
     def kernel(topk_ids, topk_weights, n_rows, bitmap, word_prefix, offsets, slot_token,
                slot_weight, token_slot, items, item_rows):
+        t = cuda.threadIdx.x
+        n = n_rows[0]
+        K = topk_ids.shape[1]
+        E = bitmap.shape[0]
+        nw = (n + 31) // 32
         tot = cuda.shared.array(T, int32)
         tot_items = cuda.shared.array(T, int32)
-        _sort_slots(cuda.threadIdx.x, T, n_rows[0], topk_ids, topk_weights, bitmap, word_prefix, offsets,
-                    slot_token, slot_weight, token_slot, items, item_rows, tot, tot_items)
+
+        for i in range(t, E * nw, T):  # clear the words live rows use
+            bitmap[i // nw, i % nw] = uint32(0)
+        cuda.syncthreads()  # cleared before anyone marks
+        for p in range(t, n * K, T):
+            rr = p // K
+            e = topk_ids[rr, p - rr * K]
+            cuda.atomic.or_(bitmap, (e, rr >> 5), uint32(1) << uint32(rr & 31))
+        cuda.syncthreads()  # every mark is in
+
+        # per-expert counts and word prefixes; thread t owns the experts [e0, e1)
+        chunk = (E + T - 1) // T
+        e0 = min(t * chunk, E)
+        e1 = min(e0 + chunk, E)
+        own = 0
+        own_items = 0
+        for e in range(e0, e1):
+            c = 0
+            for w in range(nw):
+                word_prefix[e, w] = c
+                c += cuda.popc(bitmap[e, w])
+            offsets[e + 1] = c  # the count for now; the running offset below
+            own += c
+            own_items += (c + item_rows - 1) // item_rows
+        tot[t] = own
+        tot_items[t] = own_items
+        cuda.syncthreads()  # every thread's total is in
+        s = 1
+        while s < T:  # inclusive scans of tot and tot_items (Hillis-Steele)
+            v = tot[t - s] if t >= s else 0
+            vi = tot_items[t - s] if t >= s else 0
+            cuda.syncthreads()  # all reads of this step before its writes
+            tot[t] += v
+            tot_items[t] += vi
+            cuda.syncthreads()  # all writes before the next step's reads
+            s *= 2
+        base = tot[t] - own
+        y = tot_items[t] - own_items  # the first work item of this thread's experts
+        if t == 0:
+            offsets[0] = 0
+        for e in range(e0, e1):  # expert e's work items: its slots in runs of item_rows
+            c = offsets[e + 1]
+            for first in range(base, base + c, item_rows):
+                items[3 * y] = e
+                items[3 * y + 1] = first
+                items[3 * y + 2] = min(first + item_rows, base + c)
+                y += 1
+            base += c
+            offsets[e + 1] = base
+        for i in range(tot_items[T - 1] + t, items.shape[0] // 3, T):  # the unused items: empty
+            items[3 * i] = 0
+            items[3 * i + 1] = 0
+            items[3 * i + 2] = 0
+        cuda.syncthreads()  # offsets and prefixes are visible to the block
+
+        for rr in range(t, n, T):  # one thread per token row
+            w = rr >> 5
+            below = (uint32(1) << uint32(rr & 31)) - uint32(1)
+            for k in range(K):
+                e = topk_ids[rr, k]
+                pos = offsets[e] + word_prefix[e, w] + cuda.popc(bitmap[e, w] & below)
+                slot_token[pos] = rr
+                slot_weight[pos] = topk_weights[rr, k]
+                i = k  # insert pos into the row's ascending list
+                while i > 0 and token_slot[rr, i - 1] > pos:
+                    token_slot[rr, i] = token_slot[rr, i - 1]
+                    i -= 1
+                token_slot[rr, i] = pos
 
     return kernel
 
@@ -503,23 +437,6 @@ def _enqueue_moe_route(logits, bias, route, *, topk_ids, topk_weights, n_rows, s
         n_rows, topk_ids, topk_weights)
 
 
-def _enqueue_moe_route_sort(logits, bias, route, bufs, n_rows, *, item_rows=8, stream=0):
-    """``_enqueue_moe_route`` into bufs.topk_ids / topk_weights, then ``_enqueue_moe_sort`` of them,
-    in one launch (``_route_kernel(sort=True)``): the same results."""
-    _check_item_rows(item_rows)
-    bufs.item_rows = item_rows
-    _route_kernel(SORT_THREADS, True)[logits.shape[0], SORT_THREADS, stream](
-        logits, bias, route._scoring_code, route._method_code, route.n_group, route.topk_group,
-        route.top_k, int(bool(route.norm_topk_prob)), np.float32(route.routed_scaling_factor),
-        n_rows, bufs.topk_ids, bufs.topk_weights, bufs.arrive, bufs.bitmap, bufs.word_prefix, bufs.offsets,
-        bufs.slot_token, bufs.slot_weight, bufs.token_slot, bufs.items, item_rows)
-
-
-def _check_item_rows(item_rows):
-    if item_rows < 8 or item_rows % 8:
-        raise ValueError(f"item_rows must be a positive multiple of 8 (an mma row tile), got {item_rows}")
-
-
 def _enqueue_moe_sort(topk_ids, topk_weights, bufs, n_rows, *, item_rows=8, stream=0):
     """Counting sort of rows r < n_rows[0] by expert into ``bufs`` (offsets, slot_token,
     slot_weight, token_slot), and the grouped GEMMs' work items of ``item_rows`` slots (a
@@ -527,7 +444,8 @@ def _enqueue_moe_sort(topk_ids, topk_weights, bufs, n_rows, *, item_rows=8, stre
     of ``reference.moe.moe_experts``, ``reference.moe.expert_work_items``.
 
     topk_ids [R, K] int32 (distinct per row), topk_weights [R, K] f32."""
-    _check_item_rows(item_rows)
+    if item_rows < 8 or item_rows % 8:
+        raise ValueError(f"item_rows must be a positive multiple of 8 (an mma row tile), got {item_rows}")
     bufs.item_rows = item_rows
     _sort_kernel(SORT_THREADS)[1, SORT_THREADS, stream](
         topk_ids, topk_weights, n_rows, bufs.bitmap, bufs.word_prefix, bufs.offsets,
@@ -621,7 +539,7 @@ def enqueue_moe_block(m, x, *, gate, bias, experts_gate, experts_up, experts_dow
                       shared_up=None, shared_down=None, route, bufs, n_rows, precision, tile=None,
                       concurrent=None, stream=0):
     """x[r] += routed(m[r]) + shared(m[r]) for r < n_rows[0] <= bufs.max_rows; 8 launches (6
-    without shared experts; one fewer when the routing launch sorts too, ``FUSED_SORT_ROWS``). Twin: ``reference.moe.enqueue_moe_block`` (``reference.moe.moe_route``,
+    without shared experts). Twin: ``reference.moe.enqueue_moe_block`` (``reference.moe.moe_route``,
     the experts of ``moe_experts`` and ``swiglu_mlp`` for the shared ones, as the target's MoE layer
     adds them).
 
@@ -661,20 +579,16 @@ def _moe_block_launches(m, x, *, gate, bias, experts_gate, experts_up, experts_d
     ``shared_stream`` if given (the caller orders it), else to ``stream``."""
     sstream = stream if shared_stream is None else shared_stream
     item_rows = _expert_item_rows(m, experts_gate, experts_up, bufs, precision=precision, tile=tile)
-    bias = bufs.zero_bias if bias is None else bias
-    launches = [("router", lambda: enqueue_linear(m, gate, bufs.logits, n_rows, precision=ROUTER_PRECISION,
-                                                  tile=tile, stream=stream))]
-    if bufs.max_rows <= FUSED_SORT_ROWS:
-        launches.append(("route + sort", lambda: _enqueue_moe_route_sort(bufs.logits, bias, route, bufs, n_rows,
-                                                                         item_rows=item_rows, stream=stream)))
-    else:
-        launches += [
-            ("route", lambda: _enqueue_moe_route(bufs.logits, bias, route, topk_ids=bufs.topk_ids,
-                                                topk_weights=bufs.topk_weights, n_rows=n_rows, stream=stream)),
-            ("sort", lambda: _enqueue_moe_sort(bufs.topk_ids, bufs.topk_weights, bufs, n_rows, item_rows=item_rows,
-                                              stream=stream)),
-        ]
-    launches += _expert_launches(m, experts_gate, experts_up, experts_down, bufs, precision, tile, stream)
+    launches = [
+        ("router", lambda: enqueue_linear(m, gate, bufs.logits, n_rows, precision=ROUTER_PRECISION, tile=tile,
+                                          stream=stream)),
+        ("route", lambda: _enqueue_moe_route(bufs.logits, bufs.zero_bias if bias is None else bias, route,
+                                            topk_ids=bufs.topk_ids, topk_weights=bufs.topk_weights,
+                                            n_rows=n_rows, stream=stream)),
+        ("sort", lambda: _enqueue_moe_sort(bufs.topk_ids, bufs.topk_weights, bufs, n_rows, item_rows=item_rows,
+                                          stream=stream)),
+        *_expert_launches(m, experts_gate, experts_up, experts_down, bufs, precision, tile, stream),
+    ]
     if shared_gate is not None:
         launches += [
             ("shared gate|up", lambda: _enqueue_swiglu(m, shared_gate, shared_up, bufs.shared_act, n_rows,
