@@ -67,8 +67,44 @@ def test_a_launcher_without_a_twin_would_fail(monkeypatch):
         test_every_kernel_launcher_has_a_twin_of_the_same_name_in_the_same_stage()
 
 
+def test_every_kernel_waits_for_its_predecessors_before_anything_else():
+    """Programmatic dependent launch (``_device.grid_dependency``): a kernel launched early may not
+    touch global memory before its predecessors end, so its first statement (after the docstring)
+    is ``grid_dependency()``; ``uses_pdl`` (which launches are made early) sees it in every kernel
+    and not in a kernel without it."""
+    import ast
+    import inspect
+    import textwrap
+
+    from types import SimpleNamespace
+
+    from numba import cuda
+
+    from compile_ptx import SIGNATURES, find_kernels
+    from ddtree_numba._device import uses_pdl
+    found = find_kernels()
+    assert len(found) >= 30
+    for name, (mod, obj) in sorted(found.items()):
+        if hasattr(obj, "cache_info"):            # a factory: one of its variants (all share the source)
+            entry = SIGNATURES[name][0]
+            obj = obj(*entry[0]) if isinstance(entry, tuple) else obj(getattr(mod, "THREADS"))
+        fn = obj.py_func
+        body = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0].body
+        if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]
+        assert ast.unparse(body[0]) == "grid_dependency()", f"{name} begins with {ast.unparse(body[0])!r}"
+        assert uses_pdl(SimpleNamespace(py_func=fn)), name
+
+    @cuda.jit
+    def plain(a):
+        a[0] = 1
+
+    assert not uses_pdl(plain)
+
+
 def test_every_kernel_compiles_to_ptx_for_compute_capability_9_0():
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["DDTREE_PDL"] = "trigger"                  # (compile_ptx.py asks every kernel for griddepcontrol.wait)
     script = Path(__file__).with_name("compile_ptx.py")
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
                           timeout=600)

@@ -28,7 +28,7 @@ from numba import config as numba_config
 from numba import cuda
 
 from .. import kernels as kn
-from .._device import cached, capture_graph, capture_graphs, ceil_div, destroy_graph, replay_graph
+from .._device import cached, grid_dependency, capture_graph, capture_graphs, ceil_div, destroy_graph, replay_graph
 from ..model.protocols import DeviceDrafter, DeviceTarget
 from .rounds import STAGES, GenerationResult, RoundLog, round_seed
 
@@ -51,6 +51,7 @@ LEVEL_BUILD_FROM = 256
 def _round_begin_kernel(state, cap, budget):
     """Start round state[1] + 1 and set its tree budget, min(cap, rows allowed - cache rows - 1):
     as many nodes as still fit."""
+    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     if cuda.grid(1) == 0:
         state[1] += 1
         budget[0] = max(0, min(cap, state[2] - state[0] - 1))
@@ -64,6 +65,7 @@ def _verify_inputs_kernel(bonus, tokens, depths, tree_parents, n_nodes, state, i
     ids = [bonus, tokens], positions = start + [0, depths], parents = the tree's, then a chain
     over the unused rows; meta = (start, N + 1); the report's non-finite flag cleared.
     ``n_nodes`` [1] int32 device (0: no tree)."""
+    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     i = cuda.grid(1)
     t = n_nodes[0] + 1
     start = state[0]
@@ -91,6 +93,7 @@ def _nonfinite_kernel(x, n_rows, bit, report):
     """report[3] |= bit when a live row of x (rows < n_rows[0]) holds NaN or infinity: x is a
     forward's logits (bit 1: the target's, bit 2: the drafter's). Every thread that writes writes
     the same value, and the kernels that write report[3] run one after another on the stream."""
+    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     i, c = cuda.grid(2)
     if i < n_rows[0] and c < x.shape[1]:
         v = x[i, c]
@@ -105,6 +108,7 @@ def _after_accept_kernel(keep, info, tokens, n_nodes, state, start_n, n_new, bon
     rows for the drafter, bonus = the new bonus, state[0] = start + n (the next round's start),
     and report = [n, new bonus, N, non-finite flag, accepted tokens...] for the host
     (``tokens[keep[j] - 1]``, j = 1 .. n-1). Only thread 0 reads or writes ``state``."""
+    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     j = cuda.grid(1)
     n = info[0]
     if j == 0:
@@ -126,6 +130,7 @@ def _after_accept_kernel(keep, info, tokens, n_nodes, state, start_n, n_new, bon
 def _gather_features_kernel(hidden, layer_ids, keep, n_rows, features):
     """features[j, y*M + c] = hidden[layer_ids[y], keep[j], c] for j < n_rows[0]: the target's
     hidden states of the accepted nodes, the drafter's next context rows."""
+    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     j, col = cuda.grid(2)
     M = hidden.shape[2]
     if j < n_rows[0] and col < features.shape[1]:

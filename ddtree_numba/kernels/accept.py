@@ -13,7 +13,7 @@ from numba import cuda, float64, int32, uint64
 
 from .._checks import check_array, check_follow_inputs, check_sample_inputs
 from ..tree import Tree
-from .._device import cached, check_threads, device_function, is_device, to_device
+from .._device import cached, grid_dependency, check_threads, device_function, is_device, to_device
 from .tree_build import TreeBuffers
 
 THREADS = 256
@@ -32,6 +32,7 @@ def _splitmix64(x):
 @cached
 @cuda.jit
 def _round_seed_kernel(seed, rounds, out):
+    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     if cuda.grid(1) == 0:
         out[0] = _splitmix64(seed[0] ^ _splitmix64(uint64(rounds[0])))
 
@@ -54,6 +55,7 @@ def _sample_post_kernel(threads):
     @cached
     @cuda.jit
     def kernel(logits, temperature, seeds, post):
+        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         row = cuda.blockIdx.x
         seed = seeds[0]
         t = cuda.threadIdx.x
@@ -125,6 +127,7 @@ def _follow_tree_kernel(threads):
     @cached
     @cuda.jit
     def kernel(parents, tokens, n_nodes, post, keep, info):
+        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         t = cuda.threadIdx.x
         n = n_nodes[0]
         cur = cuda.shared.array(1, int32)

@@ -23,7 +23,7 @@ import numpy as np
 from numba import cuda
 
 from .._checks import check_array, check_compact_inputs
-from .._device import cached, ceil_div, is_device, to_device
+from .._device import cached, grid_dependency, ceil_div, is_device, to_device
 
 THREADS = 128
 BLOCK_2D = (4, 64)
@@ -35,6 +35,7 @@ METHODS = ("columns", "scratch")
 def _compact_rows_columns_kernel(rows, start_n, keep):
     """rows [layers, S, W]: one thread per (column, layer) (grid y = layer), so a cache's every
     layer compacts in one launch."""
+    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     c = cuda.grid(1)
     layer = cuda.blockIdx.y
     if c < rows.shape[2]:
@@ -48,6 +49,7 @@ def _compact_rows_columns_kernel(rows, start_n, keep):
 @cached
 @cuda.jit
 def _compact_rows_gather_kernel(rows, start_n, keep, scratch):
+    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     i, c = cuda.grid(2)
     if i < start_n[1] and c < rows.shape[1]:
         scratch[i, c] = rows[start_n[0] + keep[i], c]
@@ -56,6 +58,7 @@ def _compact_rows_gather_kernel(rows, start_n, keep, scratch):
 @cached
 @cuda.jit
 def _compact_rows_copy_back_kernel(rows, start_n, scratch):
+    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     i, c = cuda.grid(2)
     if i < start_n[1] and c < rows.shape[1]:
         rows[start_n[0] + i, c] = scratch[i, c]
@@ -65,6 +68,7 @@ def _compact_rows_copy_back_kernel(rows, start_n, scratch):
 @cuda.jit
 def _compact_rows_naive_kernel(rows, start_n, keep):
     """UNSAFE, kept to demonstrate the hazard: one thread per (row, column), in place."""
+    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     i, c = cuda.grid(2)
     if i < start_n[1] and c < rows.shape[1]:
         rows[start_n[0] + i, c] = rows[start_n[0] + keep[i], c]

@@ -40,7 +40,7 @@ import numpy as np
 from numba import config, cuda, float32
 
 from .._checks import check_array
-from .._device import cached, ceil_div, float32_out, fma, launcher_result, to_device
+from .._device import cached, grid_dependency, ceil_div, float32_out, fma, launcher_result, to_device
 
 _SIM = bool(config.ENABLE_CUDASIM)
 THREADS = 8 if _SIM else 128          # combine kernel: threads per block
@@ -107,6 +107,7 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask):
     @cached
     @cuda.jit
     def kernel(q, k_ctx, v_ctx, k_blk, v_blk, mask, meta, scale, o_part, ml_part):
+        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         s = meta[0]
         t = meta[1]
         n_keys = s + t if has_blk else s
@@ -260,6 +261,7 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask):
 def _gqa_combine_kernel(o_part, ml_part, meta, split, has_blk, out):
     """out[i, h*Dh + d] = (chain over splits c of o_c * exp(m_c - M)) / (chain of l_c * exp(m_c - M))
     for query i < t, M the max of m_c; one thread per output element, splits ascending."""
+    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     idx = cuda.grid(1)
     DH = o_part.shape[2]
     if idx >= o_part.shape[1] * DH:

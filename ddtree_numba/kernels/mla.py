@@ -52,7 +52,7 @@ import numpy as np
 from numba import config, cuda, float32, int32, uint32
 
 from .._checks import check_array, check_precision
-from .._device import (cached, ceil_div, device_function, float32_out, fma, is_device, launcher_result,
+from .._device import (cached, grid_dependency, ceil_div, device_function, float32_out, fma, is_device, launcher_result,
                        nonneg, rows_device, to_device)
 from ..reference.mla import absorption_weights
 from ..dtypes import STORAGE_DTYPES
@@ -172,6 +172,7 @@ def _mla_scores_kernel(bm, bn, bk, tm, tn):
     @cached
     @cuda.jit
     def kernel(q_lat, q_pe, c_kv, k_pe, meta, seqs, scale, scores):
+        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         C, R = c_kv.shape[2], k_pe.shape[2]
         D = C + R
         H = q_lat.shape[1] // C
@@ -346,6 +347,7 @@ def _mla_scores_mma_kernel(wm, wn, mt, nt, step):
     @cached
     @cuda.jit
     def kernel(q_lat, q_pe, c_kv, k_pe, meta, seqs, scale, scores):
+        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         C, R = c_kv.shape[2], k_pe.shape[2]
         D = C + R
         H = q_lat.shape[1] // C
@@ -563,6 +565,7 @@ def _mla_softmax_kernel(threads, lanes):
     @cached
     @cuda.jit
     def kernel(scores, vis_bits, meta, seqs, n_heads, m_part, bounds):
+        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         k = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         group = tid // LANES
@@ -666,6 +669,7 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
     @cached
     @cuda.jit
     def kernel(p, c_kv, meta, seqs, n_heads, bounds, o_part, l_part):
+        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         C = c_kv.shape[2]
         nch = bounds.shape[1]
         k = cuda.blockIdx.z % nch
@@ -852,6 +856,7 @@ def _mla_pv_mma_kernel(warps, mt, hb, tokens=1, chunks="all"):
     @cached
     @cuda.jit
     def kernel(p, c_kv, vis_bits, meta, seqs, n_heads, o_part, l_part):
+        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         C = c_kv.shape[2]
         nch = o_part.shape[0]
         k = cuda.blockIdx.z % nch
@@ -1011,6 +1016,7 @@ def _mla_combine_kernel(threads, per_thread):
     @cached
     @cuda.jit
     def kernel(o_part, l_part, m_part, meta, seqs, n_heads, out_lat):
+        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         C = o_part.shape[2]
         row0, t, s0, slot = _sequence(meta, seqs, cuda.blockIdx.z)
         if cuda.blockIdx.y >= t * n_heads:

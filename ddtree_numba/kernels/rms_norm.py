@@ -21,7 +21,8 @@ import numpy as np
 from numba import config, cuda, float32
 
 from .._checks import check_array
-from .._device import cached, device_function, float32_out, fma, launcher_result, rows_device, to_device
+from .._device import (cached, device_function, float32_out, fma, grid_dependency, launcher_result, rows_device,
+                       to_device)
 from .rope import _cos_sin, _dest_row, _dest_rows_args, _rotate
 
 # Threads per block (a power of two: the tree halves it). 256 covers hidden 2048 in 8 loads a
@@ -68,6 +69,7 @@ def _rms_norm_kernel(threads, pair=False):
     @cuda.jit
     def kernel(x, weight, eps, out, n_rows, col0, mode0, row0_0, seqs0, slot_rows0, layer_row0_0,
                weight1, out1, col1, mode1, row0_1, seqs1, slot_rows1, layer_row0_1):
+        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         r = cuda.blockIdx.x
         if r >= n_rows[0]:
             return  # the whole block leaves together: no thread is left at a barrier
@@ -100,6 +102,7 @@ def _qkv_norm_rope_kernel(threads):
     @cached
     @cuda.jit
     def kernel(qkv, meta, q_norm, k_norm, eps, inv_freq, interleave, n_q, n_kv, k_cache, v_cache):
+        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         r = cuda.blockIdx.x
         g = cuda.blockIdx.y
         s0, n, nb = meta[0], meta[1], meta[3]

@@ -43,7 +43,7 @@ import numpy as np
 from numba import config, cuda, float32, float64, int32, uint32, uint64
 
 from .._checks import check_array, check_int, check_logits_values
-from .._device import LINEINFO, cached, check_threads, device_function, is_device, to_device
+from .._device import LINEINFO, cached, grid_dependency, check_threads, device_function, is_device, to_device
 from ._warp import claim, hist_add
 
 MAX_K = 1024       # shared-memory sort buffer; the tree build takes budgets up to 1024 too
@@ -337,6 +337,7 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
     @cached
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
     def kernel(bits, k, part_m, part_s, cand, cnt, arrive, lp_out, ids_out):
+        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         b_ = cuda.blockIdx.x
         row = cuda.blockIdx.y
         G = cuda.gridDim.x
@@ -605,6 +606,7 @@ def _topk_merge_kernel(threads):
     @cached
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
     def kernel(bits, k, part_m, part_s, cand, cnt, lp_out, ids_out):
+        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         lse_sh = cuda.shared.array(1, float64)
         pm = cuda.shared.array(MAX_SLICES, float64)     # the slices' pairs and counts, loaded at once
         ps = cuda.shared.array(MAX_SLICES, float64)     # (one thread looping over global memory

@@ -26,7 +26,7 @@ from numba import config, cuda, float32, float64, int16, int32, int64, uint64
 
 from .._checks import check_array, check_batch_build_inputs, check_build_inputs
 from ..tree import Tree
-from .._device import LINEINFO, cached, check_threads, device_function, is_device, to_device
+from .._device import LINEINFO, cached, grid_dependency, check_threads, device_function, is_device, to_device
 from ._warp import FULL as FULL_MASK, WARP_OPS, claim, hist_add, warp_inclusive_scan, warp_min_u64, warp_sum
 
 MAX_BUDGET = 1024
@@ -94,6 +94,7 @@ def _build_tree_kernel(threads):
     def kernel(lp_all, ids_all, budget, n_budget, tokens_all, depths_all, parents_all, ranks_all, scores_all,
                n_nodes):
         # a block a tree: block s builds sequence s's (a single build is a batch of one)
+        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         b_ = cuda.blockIdx.x
         lp = lp_all[b_]
         ids = ids_all[b_]
@@ -854,6 +855,7 @@ def _build_tree_levels_kernel(threads):
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
     def kernel(lp, ids, budget, n_budget, tokens, depths, parents, ranks, scores, n_nodes,
                lv_score, lv_parent, lv_rank, lv_start, lv_keep, lv_csum, lv_pre, lv_node, cand, flags):
+        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         t = cuda.threadIdx.x
         L = lp.shape[0]
         K = lp.shape[1]

@@ -13,7 +13,7 @@ import numpy as np
 from numba import cuda, uint32
 
 from .._checks import check_array, check_parents_values
-from .._device import cached, ceil_div, is_device, to_device
+from .._device import cached, grid_dependency, ceil_div, is_device, to_device
 
 BLOCK = (16, 16)
 
@@ -21,6 +21,7 @@ BLOCK = (16, 16)
 @cached
 @cuda.jit
 def _visibility_kernel(parents, vis):
+    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     i, j = cuda.grid(2)
     n = parents.shape[0]
     if i < n and j < n:
@@ -33,6 +34,7 @@ def _visibility_kernel(parents, vis):
 @cached
 @cuda.jit
 def _visibility_bits_kernel(parents, bits):
+    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     i, w = cuda.grid(2)
     n = parents.shape[0]
     if i < n and w < bits.shape[1]:

@@ -34,7 +34,7 @@ from numba import cuda
 
 from .. import kernels as kn
 from .._checks import check_array, check_int
-from .._device import cached, capture_graph, is_device, replay_graph
+from .._device import cached, grid_dependency, capture_graph, is_device, replay_graph
 from ..dtypes import check_weight_dtype, to_storage
 from ..kernels.rms_norm import MAX_HEAD_DIM
 from .drafter import DrafterConfig, NumpyDrafter
@@ -55,6 +55,7 @@ def _draft_meta_kernel(status, n_in, bonus, capacity, n_cap, mask_id, write_bloc
     [1] int32. Writes ids [B] = (bonus, mask_id, ...) if ``write_block``, meta [6] = (s0, n,
     s0 + n, B, B - 1, B + n) and advances status[0] to s0 + n. One block.
     """
+    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
     s0 = status[0]
