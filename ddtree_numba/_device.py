@@ -343,15 +343,15 @@ if PDL not in PDL_MODES:
 if config.ENABLE_CUDASIM:
     PDL = "off"
 
-if config.ENABLE_CUDASIM or PDL == "off":
+if config.ENABLE_CUDASIM:
     def grid_dependency():
-        """(Ordinary launches: the stream orders every kernel after its predecessor.)"""
+        """(The simulator runs launches one after another.)"""
 else:
     from llvmlite import ir as _ir
     from numba import types as _types
     from numba.cuda.extending import intrinsic as _intrinsic
 
-    _PDL_PTX = {"wait": "griddepcontrol.wait;",
+    _PDL_PTX = {"off": "", "wait": "griddepcontrol.wait;",
                 "trigger": "griddepcontrol.launch_dependents; griddepcontrol.wait;"}[PDL]
 
     @_intrinsic
@@ -359,8 +359,9 @@ else:
         """Wait for the kernels this one depends on (PDL; with 'trigger', first let the next
         kernel launch)."""
         def codegen(context, builder, signature, args):
-            asm = _ir.InlineAsm(_ir.FunctionType(_ir.VoidType(), []), _PDL_PTX, "~{memory}", side_effect=True)
-            builder.call(asm, [])
+            if _PDL_PTX:                    # ('off': nothing; ordinary launches order the kernels)
+                asm = _ir.InlineAsm(_ir.FunctionType(_ir.VoidType(), []), _PDL_PTX, "~{memory}", side_effect=True)
+                builder.call(asm, [])
             return context.get_dummy_value()
 
         return _types.void(), codegen
