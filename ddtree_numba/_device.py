@@ -331,13 +331,16 @@ else:
 # blocks placed, its arguments read) while its predecessor still runs. Such launches are what
 # ``install_pdl_launches`` makes of every launch of a kernel that calls ``grid_dependency``; a
 # stream capture records them as programmatic edges of the graph. DDTREE_PDL picks the mode:
-# 'trigger' (the default on a GPU; ``griddepcontrol.launch_dependents`` first, so the next kernel
-# is launched at once and waits on the GPU), 'wait' (the next kernel launched when this one's
-# blocks have all exited), 'off' (ordinary launches; grid_dependency() emits nothing).
-# Measured (tools/pdl_probe.py, a chain of 200 small kernels in a graph, H200, fd5991f): µs a
-# kernel 0.90 / 0.72 / 0.53 (off / wait / trigger) at one block, 1.34 / 1.10 / 0.85 at 132 blocks.
+# 'off' (the default: ordinary launches; grid_dependency() emits nothing), 'wait' (the next
+# kernel launched when this one's blocks have all exited), 'trigger'
+# (``griddepcontrol.launch_dependents`` first, so the next kernel is launched as soon as all of
+# this one's blocks are placed, and waits on the GPU). Measured on the H200: a chain of 200 small
+# kernels in a graph (tools/pdl_probe.py, fd5991f), µs a kernel off / wait / trigger 0.90 / 0.72 /
+# 0.53 at one block, 1.34 / 1.10 / 0.85 at 132 blocks; but the package's own graphs with 'trigger'
+# (8679453, docs/PERFORMANCE.md) were no faster than without it the run before (verify 6.11 /
+# 10.08 ms at 1 / 16 nodes against 5.80 / 9.52), so it stays off until an A/B in one run decides.
 PDL_MODES = ("off", "wait", "trigger")
-PDL = os.environ.get("DDTREE_PDL", "trigger")
+PDL = os.environ.get("DDTREE_PDL", "off")
 if PDL not in PDL_MODES:
     raise ValueError(f"DDTREE_PDL must be one of {PDL_MODES}, got {PDL!r}")
 if config.ENABLE_CUDASIM:
