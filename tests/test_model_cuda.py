@@ -299,26 +299,36 @@ def test_a_batched_forward_replayed_as_a_graph_gives_the_eager_bits(pooled):
             np.testing.assert_array_equal(g, w)
 
 
+def _stacked_and_split(q_lora_rank, unstack, precision, seed):
+    """Two cuda targets of one random one-layer host model, the second with its layers unstacked
+    by ``unstack(layer)``; each forwards three tokens into its own cache. -> (host, fused, split,
+    (fused logits, split logits)); asserts the two give the same logits and cached latents."""
+    import dataclasses
+    from ddtree_numba.kernels import TILES
+    from ddtree_numba.model import ModelConfig, random_target
+    cfg = dataclasses.replace(ModelConfig.tiny(), num_hidden_layers=1, q_lora_rank=q_lora_rank)
+    host = random_target(cfg, seed=seed)
+    tile = None if REAL_GPU else TILES["small"]
+    fused, split = (CudaTarget.from_host(host, precision=precision, gemm_tile=tile) for _ in range(2))
+    for lw in split.layers:
+        unstack(lw)
+    ids, pos = np.array([3, 7, 1], np.int32), np.arange(3, dtype=np.int32)
+    caches = fused.new_cache(8), split.new_cache(8)
+    logits = tuple(t.forward(ids, pos, c).logits for t, c in zip((fused, split), caches))
+    np.testing.assert_array_equal(*logits)
+    for name in ("c_kv", "k_pe"):
+        np.testing.assert_array_equal(getattr(caches[0], name).copy_to_host()[:, :3],
+                                      getattr(caches[1], name).copy_to_host()[:, :3], err_msg=name)
+    return host, fused, split, logits
+
+
 def test_q_a_and_kv_a_in_one_gemm_give_the_bits_of_two():
     """A q_lora layer stacks q_a_proj over kv_a_proj_with_mqa (``DeviceLayer.qkv_a_proj``): one
     GEMM and one launch for both latent norms. Logits and cached latents equal the two-GEMM path
     (the layers unstacked) bit for bit: the GEMM's reduction contract, one norm's arithmetic."""
-    import dataclasses
-    from ddtree_numba.kernels import TILES
-    from ddtree_numba.model import ModelConfig, random_target
-    host = random_target(dataclasses.replace(ModelConfig.tiny(), num_hidden_layers=1), seed=4)   # q_lora, dense
-    tile = None if REAL_GPU else TILES["small"]
-    fused, split = (CudaTarget.from_host(host, precision="fp32", gemm_tile=tile) for _ in range(2))
-    assert all(lw.qkv_a_proj is not None for lw in fused.layers)      # the path under test runs
-    for lw in split.layers:
-        lw.qkv_a_proj = None
-    ids, pos = np.array([3, 7, 1], np.int32), np.arange(3, dtype=np.int32)
-    caches = fused.new_cache(8), split.new_cache(8)
-    got, want = (t.forward(ids, pos, c).logits for t, c in zip((fused, split), caches))
-    np.testing.assert_array_equal(got, want)
-    for name in ("c_kv", "k_pe"):
-        np.testing.assert_array_equal(getattr(caches[0], name).copy_to_host()[:, :3],
-                                      getattr(caches[1], name).copy_to_host()[:, :3], err_msg=name)
+    _, fused, split, _ = _stacked_and_split(24, lambda lw: setattr(lw, "qkv_a_proj", None), "fp32", 4)
+    assert all(lw.latent_path == "qkv_a" for lw in fused.layers)     # the path under test ran
+    assert all(lw.latent_path == "apart" for lw in split.layers)
     # each workspace holds the buffers of its own path only
     assert fused.workspace(3).q_a.shape == fused.workspace(3).kv.shape == (1, 1)
     assert split.workspace(3).qkv_a.shape == (1, 1) and split.workspace(3).kv.shape == (4, 16 + 8)
@@ -329,25 +339,11 @@ def test_q_proj_and_kv_a_in_one_gemm_give_the_bits_of_two():
     one GEMM writes the query and the kv latent side by side, and the latent's norm, the ropes and
     the query absorption read them from there. Logits and cached latents equal the two-GEMM path
     (the layers unstacked) bit for bit."""
-    import dataclasses
-    from ddtree_numba.kernels import TILES
-    from ddtree_numba.model import ModelConfig, random_target
-    cfg = dataclasses.replace(ModelConfig.tiny(), num_hidden_layers=1, q_lora_rank=None)
-    host = random_target(cfg, seed=5)
-    tile = None if REAL_GPU else TILES["small"]
-    fused, split = (CudaTarget.from_host(host, precision="bf16", gemm_tile=tile) for _ in range(2))
-    assert all(lw.latent_path == "q_kv" for lw in fused.layers)     # the path under test runs
-    for lw in split.layers:
-        lw.q_kv_proj = None
+    host, fused, split, (got, _) = _stacked_and_split(None, lambda lw: setattr(lw, "q_kv_proj", None), "bf16", 5)
+    assert all(lw.latent_path == "q_kv" for lw in fused.layers)      # the path under test ran
     assert all(lw.latent_path == "apart" for lw in split.layers)
-    ids, pos = np.array([3, 7, 1], np.int32), np.arange(3, dtype=np.int32)
-    caches = fused.new_cache(8), split.new_cache(8)
-    got, want = (t.forward(ids, pos, c).logits for t, c in zip((fused, split), caches))
-    np.testing.assert_array_equal(got, want)
-    for name in ("c_kv", "k_pe"):
-        np.testing.assert_array_equal(getattr(caches[0], name).copy_to_host()[:, :3],
-                                      getattr(caches[1], name).copy_to_host()[:, :3], err_msg=name)
     # the numpy target (no stacking) agrees within the bf16 GEMMs' bound
+    ids, pos = np.array([3, 7, 1], np.int32), np.arange(3, dtype=np.int32)
     np.testing.assert_allclose(got, host.forward(ids, pos, host.new_cache(8)).logits, rtol=0, atol=5e-2)
     ws_fused, ws_split = fused.workspace(3), split.workspace(3)
     assert ws_fused.q.shape == ws_fused.kv.shape == (1, 1) and ws_fused.q_kv.shape[0] == 4
