@@ -352,8 +352,8 @@ def _row_view(ws: Workspace, row0: int, n: int, meta) -> Workspace:
     rows = lambda a: a[row0:row0 + n] if a.shape[0] == ws.rows else a      # noqa: E731  ([1, 1] placeholders stay)
     return replace(ws, rows=n, meta=meta, hidden=None, moe=None, graphs={},
                    **{f: rows(getattr(ws, f)) for f in ("ids", "positions", "parents", "vis_bits", "x", "normed",
-                                                        "q_a", "qkv_a", "q_a_normed", "q", "q_kv", "kv", "q_pe", "q_lat",
-                                                        "o_lat", "o", "act", "logits")})
+                                                        "q_a", "qkv_a", "q_a_normed", "q", "q_kv", "kv", "q_pe",
+                                                        "q_lat", "o_lat", "o", "act", "logits")})
 
 
 # -- the target ------------------------------------------------------------------------------
