@@ -346,28 +346,37 @@ if PDL not in PDL_MODES:
 if config.ENABLE_CUDASIM:
     PDL = "off"
 
+
+def ptx_intrinsic(name: str, text: str):
+    """A numba intrinsic (GPU only) emitting the PTX ``text``, instructions without operands, as
+    inline assembly with a memory clobber (nothing for an empty ``text``), named ``name``: the
+    kernel cache fingerprints a closure's intrinsics by qualified name."""
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    def emit(typingctx):
+        def codegen(context, builder, signature, args):
+            if text:
+                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}", side_effect=True)
+                builder.call(asm, [])
+            return context.get_dummy_value()
+
+        return types.void(), codegen
+
+    emit.__name__ = emit.__qualname__ = name
+    return intrinsic(emit)
+
+
 if config.ENABLE_CUDASIM:
     def grid_dependency():
         """(The simulator runs launches one after another.)"""
 else:
-    from llvmlite import ir as _ir
-    from numba import types as _types
-    from numba.cuda.extending import intrinsic as _intrinsic
-
-    _PDL_PTX = {"off": "", "wait": "griddepcontrol.wait;",
-                "trigger": "griddepcontrol.launch_dependents; griddepcontrol.wait;"}[PDL]
-
-    @_intrinsic
-    def grid_dependency(typingctx):
-        """Wait for the kernels this one depends on (PDL; with 'trigger', first let the next
-        kernel launch)."""
-        def codegen(context, builder, signature, args):
-            if _PDL_PTX:                    # ('off': nothing; ordinary launches order the kernels)
-                asm = _ir.InlineAsm(_ir.FunctionType(_ir.VoidType(), []), _PDL_PTX, "~{memory}", side_effect=True)
-                builder.call(asm, [])
-            return context.get_dummy_value()
-
-        return _types.void(), codegen
+    # wait for the kernels this one depends on (with 'trigger', first let the next kernel launch);
+    # 'off': nothing, ordinary launches order the kernels
+    grid_dependency = ptx_intrinsic("grid_dependency", {
+        "off": "", "wait": "griddepcontrol.wait;",
+        "trigger": "griddepcontrol.launch_dependents; griddepcontrol.wait;"}[PDL])
 
 
 def uses_pdl(dispatcher) -> bool:
@@ -382,8 +391,8 @@ def uses_pdl(dispatcher) -> bool:
 def install_pdl_launches() -> bool:
     """Make every launch of a kernel that calls ``grid_dependency`` a PDL launch (numba-cuda
     builds each launch's ``cuda.core`` LaunchConfig in ``CUDADispatcher.call``; both are wrapped
-    here, once a process). False when PDL is off or in the simulator."""
-    if PDL == "off" or config.ENABLE_CUDASIM:
+    here, once a process). False when PDL is off (always in the simulator)."""
+    if PDL == "off":
         return False
     import numba.cuda.dispatcher as nd
 

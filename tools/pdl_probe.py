@@ -25,24 +25,14 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
 
-    from llvmlite import ir
-    from numba import cuda, types
-    from numba.cuda.extending import intrinsic
+    from numba import cuda
     import numba.cuda.dispatcher as nd
 
-    from ddtree_numba._device import capture_graph, replay_graph
+    from ddtree_numba._device import capture_graph, ptx_intrinsic, replay_graph
 
-    def asm0(text, name):
-        def emit(typingctx):
-            def codegen(context, builder, signature, args):
-                builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}", side_effect=True), [])
-                return context.get_dummy_value()
-            return types.void(), codegen
-        emit.__name__ = name
-        return intrinsic(emit)
-
-    grid_wait = asm0("griddepcontrol.wait;", "grid_wait")
-    grid_trigger = asm0("griddepcontrol.launch_dependents;", "grid_trigger")
+    # named apart from the package's grid_dependency, which launches follow DDTREE_PDL
+    grid_wait = ptx_intrinsic("grid_wait", "griddepcontrol.wait;")
+    grid_trigger = ptx_intrinsic("grid_trigger", "griddepcontrol.launch_dependents;")
 
     @cuda.jit
     def plain(a, src, dst):

@@ -71,6 +71,8 @@ else:
     from numba.core import cgutils
     from numba.cuda.extending import intrinsic
 
+    from .._device import ptx_intrinsic
+
     def _item_pointer(context, builder, arrty, arr, idxty, idx):
         """The address of arr[idx] (idx an integer tuple), as an i64."""
         ary = context.make_array(arrty)(context, builder, arr)
@@ -97,20 +99,6 @@ else:
 
         return sig, codegen
 
-    def _barrier_asm(name, text):
-        """An intrinsic emitting one PTX instruction without operands (a memory clobber), named
-        ``name``: the kernel cache fingerprints a closure's intrinsics by qualified name."""
-        def emit(typingctx):
-            def codegen(context, builder, signature, args):
-                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}", side_effect=True)
-                builder.call(asm, [])
-                return context.get_dummy_value()
-
-            return types.void(), codegen
-
-        emit.__name__ = emit.__qualname__ = name
-        return intrinsic(emit)
-
-    cp_async_commit = _barrier_asm("cp_async_commit", "cp.async.commit_group;")
+    cp_async_commit = ptx_intrinsic("cp_async_commit", "cp.async.commit_group;")
     # one intrinsic a count: the PTX takes it as an immediate
-    CP_ASYNC_WAIT = tuple(_barrier_asm(f"cp_async_wait{n}", f"cp.async.wait_group {n};") for n in range(4))
+    CP_ASYNC_WAIT = tuple(ptx_intrinsic(f"cp_async_wait{n}", f"cp.async.wait_group {n};") for n in range(4))
