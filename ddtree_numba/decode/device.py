@@ -28,7 +28,7 @@ from numba import config as numba_config
 from numba import cuda
 
 from .. import kernels as kn
-from .._device import cached, grid_dependency, capture_graph, capture_graphs, ceil_div, destroy_graph, replay_graph
+from .._device import cached, capture_graph, capture_graphs, ceil_div, destroy_graph, grid_dependency, replay_graph
 from ..model.protocols import DeviceDrafter, DeviceTarget
 from .rounds import STAGES, GenerationResult, RoundLog, round_seed
 

@@ -13,7 +13,7 @@ from numba import cuda, float64, int32, uint64
 
 from .._checks import check_array, check_follow_inputs, check_sample_inputs
 from ..tree import Tree
-from .._device import cached, grid_dependency, check_threads, device_function, is_device, to_device
+from .._device import cached, check_threads, device_function, grid_dependency, is_device, to_device
 from .tree_build import TreeBuffers
 
 THREADS = 256

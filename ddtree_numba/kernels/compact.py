@@ -23,7 +23,7 @@ import numpy as np
 from numba import cuda
 
 from .._checks import check_array, check_compact_inputs
-from .._device import cached, grid_dependency, ceil_div, is_device, to_device
+from .._device import cached, ceil_div, grid_dependency, is_device, to_device
 
 THREADS = 128
 BLOCK_2D = (4, 64)

@@ -18,7 +18,7 @@ import numpy as np
 from numba import config, cuda
 
 from .._checks import check_array
-from .._device import cached, grid_dependency, float32_out, is_device, launcher_result, rows_device, to_device
+from .._device import cached, float32_out, grid_dependency, is_device, launcher_result, rows_device, to_device
 from ._widen import WIDEN, _weight_kind
 from .linear import linear
 

@@ -40,7 +40,7 @@ import numpy as np
 from numba import config, cuda, float32
 
 from .._checks import check_array
-from .._device import cached, grid_dependency, ceil_div, float32_out, fma, launcher_result, to_device
+from .._device import cached, ceil_div, float32_out, fma, grid_dependency, launcher_result, to_device
 
 _SIM = bool(config.ENABLE_CUDASIM)
 THREADS = 8 if _SIM else 128          # combine kernel: threads per block

@@ -1124,7 +1124,7 @@ def _enqueue_swiglu(x, w_gate, w_up, out, n_rows, *, precision, tile=None, strea
 
 
 def _enqueue_grouped_linear(x, w, out, items, max_rows, *, precision, row_index=None, w_up=None,
-                           tile_rows=None, live_groups=None, tile=None, stream=0):
+                            tile_rows=None, live_groups=None, tile=None, stream=0):
     """Grouped (expert) projection; twin: the per-expert GEMMs of ``reference.moe.moe_experts``.
 
     For each work item y of ``items`` [3 * Y] int32, (z, first, end) at 3y (``_enqueue_moe_sort``

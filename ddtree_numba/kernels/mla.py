@@ -52,8 +52,8 @@ import numpy as np
 from numba import config, cuda, float32, int32, uint32
 
 from .._checks import check_array, check_precision
-from .._device import (cached, grid_dependency, ceil_div, device_function, float32_out, fma, is_device, launcher_result,
-                       nonneg, rows_device, to_device)
+from .._device import (cached, ceil_div, device_function, float32_out, fma, grid_dependency, is_device,
+                       launcher_result, nonneg, rows_device, to_device)
 from ..reference.mla import absorption_weights
 from ..dtypes import STORAGE_DTYPES
 from ._mma import mma_bf16, pack_bf16x2

@@ -38,8 +38,8 @@ import numpy as np
 from numba import config, cuda, float32, int32, uint32
 
 from .._checks import check_array, check_int, check_precision
-from .._device import (cached, grid_dependency, ceil_div, device_function, float32_out, fma,
-                       is_device, launcher_result, rows_device, to_device)
+from .._device import (cached, ceil_div, device_function, float32_out, fma, grid_dependency, is_device,
+                       launcher_result, rows_device, to_device)
 from ..dtypes import STORAGE_DTYPES
 from ._widen import KINDS
 from ..reference.moe import work_item_capacity
@@ -508,10 +508,10 @@ def _expert_launches(x, experts_gate, experts_up, experts_down, bufs, precision,
     grouped = dict(precision=precision, stream=stream, **_expert_tiling(bufs))
     return [
         ("experts gate|up", lambda: _enqueue_grouped_linear(x, experts_gate, bufs.act, bufs.work_items(), bufs.max_rows,
-                                                           row_index=bufs.slot_token, w_up=experts_up, tile=up_tile,
-                                                           **grouped)),
+                                                            row_index=bufs.slot_token, w_up=experts_up, tile=up_tile,
+                                                            **grouped)),
         ("experts down", lambda: _enqueue_grouped_linear(bufs.act, experts_down, bufs.expert_out, bufs.work_items(),
-                                                        bufs.max_rows, tile=down_tile, **grouped)),
+                                                         bufs.max_rows, tile=down_tile, **grouped)),
     ]
 
 
@@ -586,21 +586,21 @@ def _moe_block_launches(m, x, *, gate, bias, experts_gate, experts_up, experts_d
         ("router", lambda: enqueue_linear(m, gate, bufs.logits, n_rows, precision=ROUTER_PRECISION, tile=tile,
                                           stream=stream)),
         ("route", lambda: _enqueue_moe_route(bufs.logits, bufs.zero_bias if bias is None else bias, route,
-                                            topk_ids=bufs.topk_ids, topk_weights=bufs.topk_weights,
-                                            n_rows=n_rows, stream=stream)),
+                                             topk_ids=bufs.topk_ids, topk_weights=bufs.topk_weights,
+                                             n_rows=n_rows, stream=stream)),
         ("sort", lambda: _enqueue_moe_sort(bufs.topk_ids, bufs.topk_weights, bufs, n_rows, item_rows=item_rows,
-                                          stream=stream)),
+                                           stream=stream)),
         *_expert_launches(m, experts_gate, experts_up, experts_down, bufs, precision, tile, stream),
     ]
     if shared_gate is not None:
         launches += [
             ("shared gate|up", lambda: _enqueue_swiglu(m, shared_gate, shared_up, bufs.shared_act, n_rows,
-                                                      precision=precision, tile=tile, stream=sstream)),
+                                                       precision=precision, tile=tile, stream=sstream)),
             ("shared down", lambda: enqueue_linear(bufs.shared_act, shared_down, bufs.shared_out, n_rows,
                                                    precision=precision, tile=tile, stream=sstream)),
         ]
     launches.append(("combine", lambda: _enqueue_moe_combine(bufs, None if shared_gate is None else bufs.shared_out,
-                                                            x, n_rows, residual=True, stream=stream)))
+                                                             x, n_rows, residual=True, stream=stream)))
     return launches
 
 
@@ -646,7 +646,7 @@ def moe_route(x, gate_weight, e_score_correction_bias, scoring_func, topk_method
         bias = (cuda.to_device(np.zeros(e, np.float32), stream=stream)
                 if e_score_correction_bias is None else to_device(e_score_correction_bias, stream))
         _enqueue_moe_route(logits, bias, route, topk_ids=ids, topk_weights=weights, n_rows=n_rows,
-                          stream=stream)
+                           stream=stream)
     if out is not None:
         return out
     if not is_device(x):
@@ -718,9 +718,9 @@ def moe_experts(x, topk_ids, topk_weights, gate_weights, up_weights, down_weight
             n_rows = rows_device(t, stream)
             x_dev, gate_dev, up_dev = (to_device(a, stream) for a in (x, gate_weights, up_weights))
             _enqueue_moe_sort(to_device(topk_ids, stream), to_device(topk_weights, stream), bufs, n_rows,
-                             item_rows=_expert_item_rows(x_dev, gate_dev, up_dev, bufs, precision=precision),
-                             stream=stream)
+                              item_rows=_expert_item_rows(x_dev, gate_dev, up_dev, bufs, precision=precision),
+                              stream=stream)
             _enqueue_moe_experts(x_dev, gate_dev, up_dev, to_device(down_weights, stream),
-                                bufs, precision=precision, stream=stream)
+                                 bufs, precision=precision, stream=stream)
             _enqueue_moe_combine(bufs, None, y, n_rows, residual=False, stream=stream)
     return launcher_result(y, out, x, stream)

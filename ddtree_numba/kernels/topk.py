@@ -43,7 +43,7 @@ import numpy as np
 from numba import config, cuda, float32, float64, int32, uint32, uint64
 
 from .._checks import check_array, check_int, check_logits_values
-from .._device import LINEINFO, cached, grid_dependency, check_threads, device_function, is_device, to_device
+from .._device import LINEINFO, cached, check_threads, device_function, grid_dependency, is_device, to_device
 from ._warp import claim, hist_add
 
 MAX_K = 1024       # shared-memory sort buffer; the tree build takes budgets up to 1024 too

@@ -26,7 +26,7 @@ from numba import config, cuda, float32, float64, int16, int32, int64, uint64
 
 from .._checks import check_array, check_batch_build_inputs, check_build_inputs
 from ..tree import Tree
-from .._device import LINEINFO, cached, grid_dependency, check_threads, device_function, is_device, to_device
+from .._device import LINEINFO, cached, check_threads, device_function, grid_dependency, is_device, to_device
 from ._warp import FULL as FULL_MASK, WARP_OPS, claim, hist_add, warp_inclusive_scan, warp_min_u64, warp_sum
 
 MAX_BUDGET = 1024

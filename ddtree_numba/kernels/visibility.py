@@ -13,7 +13,7 @@ import numpy as np
 from numba import cuda, uint32
 
 from .._checks import check_array, check_parents_values
-from .._device import cached, grid_dependency, ceil_div, is_device, to_device
+from .._device import cached, ceil_div, grid_dependency, is_device, to_device
 
 BLOCK = (16, 16)
 

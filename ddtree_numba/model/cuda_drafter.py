@@ -34,7 +34,7 @@ from numba import cuda
 
 from .. import kernels as kn
 from .._checks import check_array, check_int
-from .._device import cached, grid_dependency, capture_graph, is_device, replay_graph
+from .._device import cached, capture_graph, grid_dependency, is_device, replay_graph
 from ..dtypes import check_weight_dtype, to_storage
 from ..kernels.rms_norm import MAX_HEAD_DIM
 from .drafter import DrafterConfig, NumpyDrafter
