@@ -97,7 +97,7 @@ def main():
             for spec in args.tiles:           # then each forced tile's two expert GEMMs
                 tile = parse(spec)
                 _enqueue_moe_sort(ws.moe.topk_ids, ws.moe.topk_weights, ws.moe, ws.n_rows,
-                                 item_rows=_rows_a_tile(tile))
+                                  item_rows=_rows_a_tile(tile))
                 for _, go in _expert_launches(ws.normed, lw.experts_gate_proj, lw.experts_up_proj,
                                               lw.experts_down_proj, ws.moe, target.gemm_args["precision"], tile, 0):
                     go()
@@ -110,7 +110,7 @@ def main():
         whole = timed(lambda s: [go() for _, go in launches(s)], args.repeat)
         side = timed(lambda s: enqueue_moe_block(ws.normed, ws.x, **block, concurrent=True, stream=s), args.repeat)
         floor = (touched * expert_bytes + shared_bytes) / 4.2e12 * 1e6
-        table.append((rows, touched, names, us, whole, side, floor))
+        table.append((rows, touched, us, whole, side, floor))
         for spec in args.tiles:
             tile = parse(spec)
             # work items as tall as the forced tile's rows, as the block would sort them for it
@@ -134,7 +134,7 @@ def main():
         for spec in args.shared_tiles:
             tile = parse(spec)
             shared = [lambda s: _enqueue_swiglu(ws.normed, lw.shared_gate_proj, lw.shared_up_proj, ws.moe.shared_act,
-                                               ws.n_rows, precision=precision, tile=tile, stream=s),
+                                                ws.n_rows, precision=precision, tile=tile, stream=s),
                       lambda s: enqueue_linear(ws.moe.shared_act, lw.shared_down_proj, ws.moe.shared_out, ws.n_rows,
                                                precision=precision, tile=tile, stream=s)]
             t_us = [timed(go, args.repeat) for go in shared]
@@ -144,13 +144,10 @@ def main():
         return
     print(f"\nMoE block, Moonlight shape (M {M}, {E} experts of {I}, top-{cfg.num_experts_per_tok}, "
           f"{cfg.n_shared_experts} shared), µs a launch")
-    header = None
-    for rows, touched, names, us, whole, side, floor in table:
-        if names != header:                   # (up to FUSED_SORT_ROWS rows the routing launch sorts too)
-            header = names
-            print("\n| rows | experts with rows | " + " | ".join(names) + " | whole | whole, shared on a side stream | "
-                  "bytes floor |")
-            print("|---" * (len(names) + 5) + "|")
+    print("| rows | experts with rows | " + " | ".join(names) + " | whole | whole, shared on a side stream | "
+          "bytes floor |")
+    print("|---" * (len(names) + 5) + "|")
+    for rows, touched, us, whole, side, floor in table:
         print(f"| {rows} | {touched} | " + " | ".join(f"{u:.1f}" for u in us)
               + f" | {whole:.1f} | {side:.1f} | {floor:.1f} |")
 
