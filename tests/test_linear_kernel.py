@@ -215,8 +215,8 @@ def test_grouped_experts(rng, kind, swiglu, gather, counts, precision):
     Ro = int(offsets[-1])
     d_out = dev(np.full((Ro, N), np.nan, np.float32))
     L._enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets)), max(counts), precision=precision,
-                             row_index=None if row_index is None else dev(row_index),
-                             w_up=dev(wu) if swiglu else None)
+                              row_index=None if row_index is None else dev(row_index),
+                              w_up=dev(wu) if swiglu else None)
     got = d_out.copy_to_host()
     for z in range(len(counts)):
         j = np.arange(offsets[z], offsets[z + 1])
@@ -284,8 +284,8 @@ def test_fp8_grouped_experts_and_heads(rng, swiglu, gather, counts, precision):
     w, wu = fp8_weights(rng, (Z, N, K), block), fp8_weights(rng, (Z, N, K), block)
     d_out = dev(np.full((Ro, N), np.nan, np.float32))
     L._enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets)), max(counts), precision=precision,
-                             row_index=None if row_index is None else dev(row_index),
-                             w_up=dev(wu) if swiglu else None)
+                              row_index=None if row_index is None else dev(row_index),
+                              w_up=dev(wu) if swiglu else None)
     got = d_out.copy_to_host()
     for z in range(Z):
         j = np.arange(offsets[z], offsets[z + 1])
@@ -367,7 +367,7 @@ def test_int4_grouped_experts_staged_and_register_kernels(rng, precision):
     def run(tile):
         d_out = dev(np.full((11, N), np.nan, np.float32))
         L._enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets)), max(counts), precision=precision,
-                                 row_index=dev(row_index), w_up=dev(wu), tile=tile)
+                                  row_index=dev(row_index), w_up=dev(wu), tile=tile)
         return d_out.copy_to_host()
 
     got = run(L.TILES["small"])
@@ -466,8 +466,8 @@ def test_staged_tiles_give_the_register_kernels_bits(rng, precision, variant):
             L._enqueue_swiglu(dev(x[:, :K]), dev(w[0]), dev(wu[0]), d_out, rows_dev(R), precision=precision, tile=tile)
         else:
             L._enqueue_grouped_linear(dev(x[:, :K]), dev(w), d_out, dev(items_of(offsets)), max(counts), precision=precision,
-                                     row_index=dev(row_index) if "gather" in variant else None,
-                                     w_up=dev(wu) if "swiglu" in variant else None, tile=tile)
+                                      row_index=dev(row_index) if "gather" in variant else None,
+                                      w_up=dev(wu) if "swiglu" in variant else None, tile=tile)
         return d_out.copy_to_host()
 
     want = run(L.TILES["small"])
@@ -493,8 +493,8 @@ def test_weight_ring_gives_the_register_kernels_bits(rng, slots, item_rows):
     def run(tile, swiglu):
         d_out = dev(np.full((int(offsets[-1]), N), np.nan, np.float32))
         L._enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets, item_rows)), max(counts), precision="bf16",
-                                 row_index=dev(row_index) if swiglu else None, w_up=dev(wu) if swiglu else None,
-                                 tile=tile)
+                                  row_index=dev(row_index) if swiglu else None, w_up=dev(wu) if swiglu else None,
+                                  tile=tile)
         return d_out.copy_to_host()
 
     for swiglu in (True, False):
@@ -574,7 +574,7 @@ def test_grouped_row_matches_the_plain_projection_of_that_row(rng):
     for tile_rows, item_rows in ((None, 8), (2, 8), (2, 16)):   # items of 16 rows: two row tiles a block
         d_out = dev(np.full((12, N), np.nan, np.float32))
         L._enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets, item_rows)), 9, precision="bf16",
-                                 row_index=dev(row_index), tile_rows=tile_rows)
+                                  row_index=dev(row_index), tile_rows=tile_rows)
         got = d_out.copy_to_host()
         for j, want in alone.items():
             assert_bits(got[j], want)
@@ -627,8 +627,9 @@ def test_choose_fills_the_gpu_with_warps_only_up_to_the_chunks(monkeypatch):
         assert L._choose_staged(4 * L._STAGED_ROWS, 1408, True, 64) is None
         assert L._choose_staged(4 * L._STAGED_ROWS, 2048, False, 64) == L._STAGED[True]
         # the cp.async ring (bf16 weights in whole pieces), on a GPU only: expert work items (8-row
-        # items up to _FEW_ROWS typical rows, 16-row past them), dense launches of _RING_ROWS rows over more than _SMALL_WEIGHTS
-        # (the simulator keeps the rule above: its whole-forward tests use small tiles)
+        # items up to _FEW_ROWS typical rows, 16-row past them), dense launches of _RING_ROWS rows
+        # over more than _SMALL_WEIGHTS (the simulator keeps the rule above: its whole-forward tests
+        # use small tiles)
         if not sim:
             ring = dict(ring=True)
             assert L._choose_staged(L._FEW_ROWS + 1, 1408, True, 64, 2048, grouped=True, **ring) == L._EXPERT_RING
@@ -710,7 +711,7 @@ def test_activations_kept_raw_until_the_mma_give_the_same_bits(rng, monkeypatch,
         monkeypatch.setattr(L, "_X_RAW", xraw)
         d_out = dev(np.full((Ro, N), np.nan, np.float32))
         L._enqueue_grouped_linear(dev(x), dev(w), d_out, dev(items_of(offsets)), 9, precision=precision,
-                                 row_index=dev(row_index), w_up=dev(wu), tile=tile)
+                                  row_index=dev(row_index), w_up=dev(wu), tile=tile)
         return d_out.copy_to_host(), run_linear(x, w[0], precision, tile=tile)
 
     for name, tile in (("split", L._Tile(1, 1, 2)), ("wide", L._Tile(2, 2, 1))):  # warps splitting the

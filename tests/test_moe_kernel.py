@@ -168,7 +168,7 @@ def test_counting_sort_invariants(rng, n, item_rows):
     bufs.token_slot.copy_to_device(np.full((R, K), -1, np.int32))
     bufs.items.copy_to_device(np.full(bufs.items.shape, -1, np.int32))
     _enqueue_moe_sort(cuda.to_device(ids), cuda.to_device(w), bufs, cuda.to_device(np.array([n], np.int32)),
-                     item_rows=item_rows)
+                      item_rows=item_rows)
     off = bufs.offsets.copy_to_host()
     items = bufs.items.copy_to_host()                          # every entry written: the used ones, then empties
     np.testing.assert_array_equal(items, expert_work_items(off, item_rows, len(items) // 3))
@@ -308,8 +308,9 @@ def test_tall_experts_share_the_gate_up_tile_and_match_the_twin(rng, monkeypatch
     gate|up takes linear's ``_TALL_SWIGLU`` (on a GPU, with bf16 weights in whole 16-byte pieces,
     the cp.async ring ``_EXPERT_RING``) and the down the same tile (its work items are that
     tile's 16 rows): the block's down launch takes it; the block still adds the twin's experts.
-    Few rows: the down chooses its own (on a GPU both take the 8-row ring ``_FEW_EXPERT_RING``). (No launch counts as small or narrow here: on a GPU these
-    tiny matrices would take those tiles.)"""
+    Few rows: the down chooses its own (on a GPU both take the 8-row ring ``_FEW_EXPERT_RING``).
+    (No launch counts as small or narrow here: on a GPU these tiny matrices would take those
+    tiles.)"""
     import importlib
     moe_mod, lin = importlib.import_module("ddtree_numba.kernels.moe"), importlib.import_module("ddtree_numba.kernels.linear")
     monkeypatch.setattr(lin, "_SMALL_WEIGHTS", 0)
@@ -369,7 +370,7 @@ def test_moe_block_sizes_its_expert_grids_by_its_own_sort(rng):
     route, m, x, gate, bias, experts, sh, bufs = _block_case(rng, R, n, "bf16", False)
     stale = np.tile(np.arange(bufs.top_k, dtype=np.int32), (R, 1))
     _enqueue_moe_sort(cuda.to_device(stale), cuda.to_device(np.ones((R, bufs.top_k), np.float32)), bufs,
-                     cuda.to_device(np.array([R], np.int32)), item_rows=1024)
+                      cuda.to_device(np.array([R], np.int32)), item_rows=1024)
     bufs.expert_out.copy_to_device(np.full(bufs.expert_out.shape, np.nan, np.float32))
     got = _run_block(route, m, x, gate, bias, experts, sh, bufs, n, tile=kn.TILES["small"])
     assert bufs.item_rows == 8 and len(bufs.work_items()) // 3 > work_item_capacity(8, R * 3, 1024)
