@@ -332,13 +332,15 @@ else:
 # ``install_pdl_launches`` makes of every launch of a kernel that calls ``grid_dependency``; a
 # stream capture records them as programmatic edges of the graph. DDTREE_PDL picks the mode:
 # 'off' (the default: ordinary launches; grid_dependency() emits nothing), 'wait' (the next
-# kernel launched when this one's blocks have all exited), 'trigger'
-# (``griddepcontrol.launch_dependents`` first, so the next kernel is launched as soon as all of
-# this one's blocks are placed, and waits on the GPU). Measured on the H200: a chain of 200 small
-# kernels in a graph (tools/pdl_probe.py, fd5991f), µs a kernel off / wait / trigger 0.90 / 0.72 /
-# 0.53 at one block, 1.34 / 1.10 / 0.85 at 132 blocks; but the package's own graphs with 'trigger'
-# (8679453, docs/PERFORMANCE.md) were no faster than without it the run before (verify 6.11 /
-# 10.08 ms at 1 / 16 nodes against 5.80 / 9.52), so it stays off until an A/B in one run decides.
+# kernel launched when this one's blocks have all exited), 'trigger' (``griddepcontrol.wait`` and
+# then ``griddepcontrol.launch_dependents``: the next kernel is launched once all of this one's
+# blocks have passed their wait, and waits on the GPU; one kernel ahead, never more). Measured on
+# the H200: a chain of 200 small kernels in a graph (tools/pdl_probe.py, fd5991f), µs a kernel off
+# / wait / trigger-first 0.90 / 0.72 / 0.53 at one block, 1.34 / 1.10 / 0.85 at 132 blocks. But
+# with launch_dependents *before* the wait (bf81ea9, one run, docs/PERFORMANCE.md) the package's
+# graphs were slower than with PDL off (demo ar round 0.45 -> 0.51 ms, verify 5.48 -> 6.03 ms at
+# one node): each kernel let the next launch at once, so a whole chain of kernels could be placed
+# ahead, each holding SM resources while it waited. Hence the wait first.
 PDL_MODES = ("off", "wait", "trigger")
 PDL = os.environ.get("DDTREE_PDL", "off")
 if PDL not in PDL_MODES:
@@ -372,11 +374,11 @@ if config.ENABLE_CUDASIM:
     def grid_dependency():
         """(The simulator runs launches one after another.)"""
 else:
-    # wait for the kernels this one depends on (with 'trigger', first let the next kernel launch);
+    # wait for the kernels this one depends on (with 'trigger', then let the next kernel launch);
     # 'off': nothing, ordinary launches order the kernels
     grid_dependency = ptx_intrinsic("grid_dependency", {
         "off": "", "wait": "griddepcontrol.wait;",
-        "trigger": "griddepcontrol.launch_dependents; griddepcontrol.wait;"}[PDL])
+        "trigger": "griddepcontrol.wait; griddepcontrol.launch_dependents;"}[PDL])
 
 
 def uses_pdl(dispatcher) -> bool:

@@ -4,9 +4,10 @@ each reading the row its predecessor wrote, captured into one CUDA graph, replay
 Usage (a GPU machine): python tools/pdl_probe.py [--kernels 200] [--blocks 1 8 132]
 
 Variants: ``plain`` (ordinary launches), ``pdl`` (launched with programmatic stream serialization,
-each kernel ``griddepcontrol.wait`` before its first read), ``pdl+trigger`` (also
-``griddepcontrol.launch_dependents`` first thing, so the next kernel is launched at once and waits
-on the GPU). Prints µs a kernel for each and checks every chain's result (a missing wait reads a
+each kernel ``griddepcontrol.wait`` before its first read), ``trigger-first``
+(``griddepcontrol.launch_dependents`` first thing, so the next kernel is launched at once and waits
+on the GPU: a chain may run many kernels ahead), ``wait+trigger`` (the wait, then
+``launch_dependents``: one kernel ahead, the package's DDTREE_PDL=trigger). Prints µs a kernel for each and checks every chain's result (a missing wait reads a
 row before it is written and fails the check).
 """
 
@@ -46,9 +47,16 @@ def main():
         a[dst, i] = a[src, i] + 1.0
 
     @cuda.jit
-    def triggers(a, src, dst):
+    def triggers_first(a, src, dst):
         grid_trigger()
         grid_wait()
+        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        a[dst, i] = a[src, i] + 1.0
+
+    @cuda.jit
+    def waits_then_triggers(a, src, dst):
+        grid_wait()
+        grid_trigger()
         i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         a[dst, i] = a[src, i] + 1.0
 
@@ -58,10 +66,11 @@ def main():
         return real_config(programmatic_stream_serialization=True, **kw)
 
     n = args.kernels
-    print(f"{'blocks':>6} {'variant':>12} {'graph µs/kernel':>16} {'eager µs/kernel':>16} {'ok':>4}")
+    print(f"{'blocks':>6} {'variant':>13} {'graph µs/kernel':>16} {'eager µs/kernel':>16} {'ok':>4}")
     for blocks in args.blocks:
         width = blocks * 256
-        for name, kernel, pdl in (("plain", plain, False), ("pdl", waits, True), ("pdl+trigger", triggers, True)):
+        for name, kernel, pdl in (("plain", plain, False), ("pdl", waits, True),
+                                  ("trigger-first", triggers_first, True), ("wait+trigger", waits_then_triggers, True)):
             a = cuda.to_device(np.zeros((n + 1, width), np.float32))
 
             def enqueue(stream):
@@ -94,7 +103,7 @@ def main():
                 got = a.copy_to_host(stream=stream)
                 stream.synchronize()
                 ok &= bool((got[n] == r + n).all())
-            print(f"{blocks:>6} {name:>12} {np.median(times[2:]):>16.2f} {eager:>16.2f} {'yes' if ok else 'NO':>4}")
+            print(f"{blocks:>6} {name:>13} {np.median(times[2:]):>16.2f} {eager:>16.2f} {'yes' if ok else 'NO':>4}")
 
 
 if __name__ == "__main__":
