@@ -230,9 +230,9 @@ def append_rows(title: str, header: list[str], rows: list[list], note: str = "",
     undated). ``device``, ``commit_id`` and ``date`` default to this machine's GPU, the
     checkout's commit and today (give them when tabling a measurement made elsewhere).
     ``results``: also write ``benchmarks/results/<results>.json`` = {benchmark, device, commit,
-    date, command, rows: [{key: value}]} (the latest H200 run is committed), the keys ``keys`` (the
-    names the issues give the results) or else the header's; the values ``values`` (unformatted,
-    one list a row) or else the table's cells. Under the CUDA simulator nothing is appended or
+    date, command, pdl (the DDTREE_PDL mode), rows: [{key: value}]} (the latest H200 run is
+    committed), the keys ``keys`` (the names the issues give the results) or else the header's;
+    the values ``values`` (unformatted, one list a row) or else the table's cells. Under the CUDA simulator nothing is appended or
     written (its timings measure nothing: e.g. a ``--dry-run``)."""
     if append and os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         append = False
@@ -240,13 +240,14 @@ def append_rows(title: str, header: list[str], rows: list[list], note: str = "",
     if append:
         device, commit_id = device or device_name(), commit_id or commit()
         date = date or datetime.date.today().isoformat()
-        lines = [f"\n### {title} — {date}, {device}, commit {commit_id}\n"]
+        from ddtree_numba._device import PDL        # how the kernels were launched (DDTREE_PDL)
+        lines = [f"\n### {title} — {date}, {device}, commit {commit_id}, PDL {PDL}\n"]
     else:
         lines = [f"\n### {title}\n"]
     if append and results:
         RESULTS.mkdir(exist_ok=True)
         record = dict(benchmark=results, device=device, commit=commit_id, date=date,
-                      command=command or " ".join(sys.argv),
+                      command=command or " ".join(sys.argv), pdl=PDL,
                       rows=[{h: _number(v) for h, v in zip(keys or header, r)} for r in (values or rows)])
         (RESULTS / f"{results}.json").write_text(json.dumps(record, indent=1) + "\n")
     if note:

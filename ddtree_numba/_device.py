@@ -331,18 +331,19 @@ else:
 # blocks placed, its arguments read) while its predecessor still runs. Such launches are what
 # ``install_pdl_launches`` makes of every launch of a kernel that calls ``grid_dependency``; a
 # stream capture records them as programmatic edges of the graph. DDTREE_PDL picks the mode:
-# 'off' (the default: ordinary launches; grid_dependency() emits nothing), 'wait' (the next
-# kernel launched when this one's blocks have all exited), 'trigger' (``griddepcontrol.wait`` and
-# then ``griddepcontrol.launch_dependents``: the next kernel is launched once all of this one's
-# blocks have passed their wait, and waits on the GPU; one kernel ahead, never more). Measured on
-# the H200: a chain of 200 small kernels in a graph (tools/pdl_probe.py, fd5991f), µs a kernel off
-# / wait / trigger-first 0.90 / 0.72 / 0.53 at one block, 1.34 / 1.10 / 0.85 at 132 blocks. But
-# with launch_dependents *before* the wait (bf81ea9, one run, docs/PERFORMANCE.md) the package's
-# graphs were slower than with PDL off (demo ar round 0.45 -> 0.51 ms, verify 5.48 -> 6.03 ms at
-# one node): each kernel let the next launch at once, so a whole chain of kernels could be placed
-# ahead, each holding SM resources while it waited. Hence the wait first.
+# 'off' (ordinary launches; grid_dependency() emits nothing), 'wait' (the default: the next
+# kernel launched when this one's blocks have all exited, its launch overlapping this one's end),
+# 'trigger' (``griddepcontrol.wait`` and then ``griddepcontrol.launch_dependents``: the next kernel
+# is launched once all of this one's blocks have passed their wait, and waits on the GPU; one
+# kernel ahead, never more). The A/B on the H200 (9ba789d, one run, docs/PERFORMANCE.md "PDL"),
+# off / wait / trigger: Moonlight verify 5.50 / 5.20 / 5.37 ms at one node, 9.23 / 8.93 / 9.17 at
+# 16, 14.02 / 13.74 / 14.21 at 64; the demo's ar round 0.45 / 0.42 / 0.41 ms, ddtree 5,021 / 5,246 /
+# 5,303 tokens/s at budget 16. 'wait' is the default for the verify's gain. With launch_dependents
+# *before* the wait (bf81ea9) the graphs were slower than with PDL off (ar round 0.45 -> 0.51 ms,
+# verify 5.48 -> 6.03 ms at one node): each kernel let the next launch at once, so a chain of
+# kernels could be placed ahead, each holding SM resources while it waited.
 PDL_MODES = ("off", "wait", "trigger")
-PDL = os.environ.get("DDTREE_PDL", "off")
+PDL = os.environ.get("DDTREE_PDL", "wait")
 if PDL not in PDL_MODES:
     raise ValueError(f"DDTREE_PDL must be one of {PDL_MODES}, got {PDL!r}")
 if config.ENABLE_CUDASIM:
