@@ -141,11 +141,12 @@ SIGNATURES = {
                             for shared in (False, True) for residual in (False, True)],
     # the latent cache: one sequence's [1, S, C] (contiguous), or a pool's layer [slots, S, C] (strided slots)
     "mla._mla_scores_kernel": [
-        (tiles, f"void({F32_2}, {F32_2}, {cache}, {cache}, {I32_1}, {I32_2}, float32, {F32_2})")
+        (tiles, f"void({F32_2}, {F32_2}, {cache}, {cache}, {U32_2}, {I32_1}, {I32_2}, float32, {F32_2})")
         for tiles in sorted({t[0] for t in _mla_tiles()})
         for cache in ("float32[:, :, ::1]", "float32[:, :, :]")],
     "mla._mla_scores_mma_kernel": [   # the H200's tile (MMA_SCORES)
-        ((*tile, kernels_pkg.mla._MMA_STEP), f"void({F32_2}, {F32_2}, {cache}, {cache}, {I32_1}, {I32_2}, float32, {F32_2})")
+        ((*tile, kernels_pkg.mla._MMA_STEP),
+         f"void({F32_2}, {F32_2}, {cache}, {cache}, {U32_2}, {I32_1}, {I32_2}, float32, {F32_2})")
         for _, tile in kernels_pkg.mla._MMA_TILES for cache in ("float32[:, :, ::1]", "float32[:, :, :]")],
     "mla._mla_softmax_kernel": [((128, lanes), f"void({F32_2}, {U32_2}, {I32_1}, {I32_2}, int64, {F32_2}, int32[:, :, ::1])")
                                 for _, lanes in kernels_pkg.mla._SOFTMAX_LANES],

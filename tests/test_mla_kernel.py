@@ -216,6 +216,25 @@ def test_tree_node_is_bit_identical_to_the_token_decoded_alone(rng, shape, mma):
     assert rel_err(tree_out, want) <= (3e-2 if mma else FP32_MODE_REL)
 
 
+@pytest.mark.parametrize("mma", ["", "scores"], indirect=True)
+def test_blocks_of_keys_no_row_sees_are_skipped_and_the_output_is_the_twins(rng, mma):
+    """A bushy tree of 40 nodes after 32 cached rows: most blocks of new keys are seen by none of
+    the block's query rows (above the diagonal, and beside it: a node sees the root, at most its
+    parent, and itself), so the scores kernels skip them (``_block_sees_new_keys``). The output is
+    the twin's, and with the float32 chains the bits do not depend on the tiles (which skip
+    other blocks)."""
+    h, c, r, s0, t = 1, 5, 2, 32, 40
+    parents = np.array([-1] + [i - 1 if i % 5 == 0 else 0 for i in range(1, t)], np.int32)
+    q_lat, q_pe, c_kv, k_pe = core_inputs(rng, t, s0 + t, h, c, r)
+    bits = ref.visibility_bits(parents)
+    got = run_core(q_lat, q_pe, c_kv, k_pe, bits, s0, t, 0.8)
+    want = core_twin(q_lat, q_pe, c_kv, k_pe, bits, s0, t, 0.8)
+    assert rel_err(got, want) <= (3e-2 if mma else FP32_MODE_REL)
+    if not mma:
+        other = run_core(q_lat, q_pe, c_kv, k_pe, bits, s0, t, 0.8, tiles=_SIM_TILES[1][1])
+        np.testing.assert_array_equal(bits_of(other), bits_of(got))
+
+
 def test_batch_row_is_bit_identical_alone_and_among_more_rows(rng):
     """A causal batch of t tokens inside launches of Tq = t and Tq = 3t (other tiles)."""
     h, c, r, s0, t = 3, 5, 2, 4, 6
@@ -303,7 +322,9 @@ def test_bad_inputs_raise(rng):
 def test_mma_scores_within_the_twins_bound_and_a_row_alone_equals_it_in_the_batch(rng, monkeypatch, c, r):
     """``MMA_SCORES``: each score within ``reference.mla.mma_scores``'s bound of bf16 operands
     summed exactly (a fragment or chunk mistake is far outside it), every key up to s0 + t
-    written, and a query row launched alone over the same keys gets the bits it has among four."""
+    written when every row sees every key, and a query row launched alone over the same keys
+    gets the bits it has among four. With a mask that shows no new key, a block of keys wholly
+    past s0 is not computed (its scores stay as they were), and the rest are the same bits."""
     import importlib
     from ddtree_numba.reference.mla import mma_scores
     mla = importlib.import_module("ddtree_numba.kernels.mla")
@@ -312,12 +333,12 @@ def test_mma_scores_within_the_twins_bound_and_a_row_alone_equals_it_in_the_batc
     s_cap = s0 + t
     q_lat, q_pe, c_kv, k_pe = core_inputs(rng, t, s_cap, h, c, r)
 
-    def scores_of(ql, qp, s0_, t_):
+    def scores_of(ql, qp, s0_, t_, word=0xFFFFFFFF):
         scratch = MLAScratch(t_, h, s_cap + 3, c)
         scratch.scores.copy_to_device(np.full(scratch.scores.shape, np.nan, np.float32))
         launches = mla._mla_launches(*(cuda.to_device(a) for a in (ql, qp, c_kv, k_pe)),
                                      cuda.to_device(np.zeros((t_, h * c), np.float32)),
-                                     vis_bits=cuda.to_device(np.zeros((t_, 1), np.uint32)),
+                                     vis_bits=cuda.to_device(np.full((t_, 1), word, np.uint32)),
                                      meta=cuda.to_device(np.array([s0_, t_], np.int32)), scale=scale, scratch=scratch)
         launches[0][1]()                                        # the scores launch only
         return scratch.scores.copy_to_host()[:t_ * h, :s0_ + t_]
@@ -328,6 +349,12 @@ def test_mma_scores_within_the_twins_bound_and_a_row_alone_equals_it_in_the_batc
     assert (np.abs(got.reshape(t, h, -1) - want) <= bound).all()
     alone = scores_of(q_lat[2:3], q_pe[2:3], s_cap - 1, 1)
     np.testing.assert_array_equal(alone.view(np.uint32), got[2 * h:3 * h].view(np.uint32))
+    blind = scores_of(q_lat, q_pe, s0, t, word=0)               # no row sees a new key
+    keys = 16 * mla._mma_tile(t * h)[1] * mla._mma_tile(t * h)[2]   # a block's keys
+    past = -(-s0 // keys) * keys                                # the first block wholly past s0
+    assert past < s_cap, "no block of new keys only: the test would prove nothing"
+    assert np.isnan(blind[:, past:]).all()
+    np.testing.assert_array_equal(blind[:, :past].view(np.uint32), got[:, :past].view(np.uint32))
 
 
 @pytest.mark.parametrize("h,c,tile", [(3, 20, None), (10, 20, None), (10, 70, (2, 2, 2))])

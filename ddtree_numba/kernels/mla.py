@@ -28,7 +28,9 @@ Four stages, scores and partials kept in a global scratch (``MLAScratch``):
 1. ``_mla_scores_kernel``: a register-tiled GEMM of query rows (i, h) against key rows; a key
    tile (all C + R columns, streamed in steps of ``bk``) sits in shared memory once per block
    and serves every head and query of the block. In the bf16 precision
-   ``_mla_scores_mma_kernel`` instead (tensor cores, ``MMA_SCORES``).
+   ``_mla_scores_mma_kernel`` instead (tensor cores, ``MMA_SCORES``). Either skips a block whose
+   keys are all new rows none of its query rows sees (``_block_sees_new_keys``: the tree's keys
+   above the diagonal, and most beside it), whose scores the softmax never reads.
 2. ``_mla_softmax_kernel``: one block per (chunk, query token), for all its heads: the chunk's
    cache positions from the token's visible count (popcounts of its mask words), then for each
    head the chunk's max, then p in place of the score (-1 marking a masked key inside the span).
@@ -139,6 +141,28 @@ def _visible(vis_bits, i, s, s0):
     return (vis_bits[i, j >> 5] >> uint32(j & 31)) & uint32(1) != uint32(0)
 
 
+@device_function
+def _block_sees_new_keys(vis_bits, row0, rows, H, r0, br, n0, bk, s0, s_end):
+    """Whether a scores block (its query rows r0 .. r0 + br of the sequence's ``rows`` = t * H,
+    tokens from mask row ``row0``; its keys n0 .. n0 + bk) has a key some row of it sees: always
+    when the block holds a cached key (n0 < s0), else by the mask words of its tokens over its
+    keys. Every thread of a block works it out alike (a few cached loads), so a block that sees
+    nothing leaves before its first barrier. Its scores are then never written, and never read:
+    the softmax reads a score only at a position its query sees (``_visible``)."""
+    if n0 < s0:
+        return True
+    k0 = n0 - s0                                # the block's new keys k0 .. k1 - 1, by mask bit
+    k1 = min(n0 + bk, s_end) - s0
+    for i in range(row0 + r0 // H, row0 + (min(r0 + br, rows) - 1) // H + 1):
+        for w in range(k0 >> 5, ((k1 - 1) >> 5) + 1):
+            lo = max(k0 - 32 * w, 0)            # the word's bits lo .. hi - 1 are the block's keys
+            hi = min(k1 - 32 * w, 32)
+            bits = (uint32(0xFFFFFFFF) >> uint32(32 - hi)) & ~((uint32(1) << uint32(lo)) - uint32(1))
+            if vis_bits[i, w] & bits != uint32(0):
+                return True
+    return False
+
+
 @functools.lru_cache(maxsize=None)
 def _mla_scores_kernel(bm, bn, bk, tm, tn):
     """For sequence z (blockIdx.z; ``_sequence``): scores[row0*H + r, s] = scale * ([q_lat |
@@ -171,7 +195,7 @@ def _mla_scores_kernel(bm, bn, bk, tm, tn):
 
     @cached
     @cuda.jit
-    def kernel(q_lat, q_pe, c_kv, k_pe, meta, seqs, scale, scores):
+    def kernel(q_lat, q_pe, c_kv, k_pe, vis_bits, meta, seqs, scale, scores):
         grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         C, R = c_kv.shape[2], k_pe.shape[2]
         D = C + R
@@ -183,6 +207,8 @@ def _mla_scores_kernel(bm, bn, bk, tm, tn):
         n0 = nonneg(cuda.blockIdx.x) * bn
         if r0 >= rows or n0 >= s_end:  # the whole block leaves: no barrier is skipped
             return
+        if not _block_sees_new_keys(vis_bits, row0, rows, H, r0, bm, n0, bn, s0, s_end):
+            return                      # (alike in every thread)
         tx, ty = nonneg(cuda.threadIdx.x), nonneg(cuda.threadIdx.y)
         tid = ty * TX + tx
         a_sh = cuda.shared.array((2, bk, BM1), float32)   # [buffer, d, row]; +1: transposed stores spread over banks
@@ -346,7 +372,7 @@ def _mla_scores_mma_kernel(wm, wn, mt, nt, step):
 
     @cached
     @cuda.jit
-    def kernel(q_lat, q_pe, c_kv, k_pe, meta, seqs, scale, scores):
+    def kernel(q_lat, q_pe, c_kv, k_pe, vis_bits, meta, seqs, scale, scores):
         grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         C, R = c_kv.shape[2], k_pe.shape[2]
         D = C + R
@@ -358,6 +384,8 @@ def _mla_scores_mma_kernel(wm, wn, mt, nt, step):
         r0 = nonneg(cuda.blockIdx.y) * BR
         if n0 >= s_end or r0 >= rows:   # the whole block leaves: no barrier is skipped
             return
+        if not _block_sees_new_keys(vis_bits, row0, rows, H, r0, BR, n0, BK, s0, s_end):
+            return                      # (alike in every thread)
         tid = nonneg(cuda.threadIdx.x)
         warp = tid // 32
         lane = tid % 32
@@ -1158,7 +1186,7 @@ def _mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, sc
     per_thread = _combine_channels(C)
     return [
         ("scores", lambda: scores_kernel[scores_grid, scores_block, stream](
-            q_lat, q_pe, c_kv, k_pe, meta, seqs, scale, scores)),
+            q_lat, q_pe, c_kv, k_pe, vis_bits, meta, seqs, scale, scores)),
         ("softmax", lambda: _mla_softmax_kernel(THREADS, _softmax_lanes(tq * n_seq))[(nch, tq, n_seq), THREADS, stream](
             scores, vis_bits, meta, seqs, H, scratch.m_part, scratch.bounds)),
         *pv,
