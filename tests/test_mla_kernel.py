@@ -333,28 +333,33 @@ def test_mma_scores_within_the_twins_bound_and_a_row_alone_equals_it_in_the_batc
     s_cap = s0 + t
     q_lat, q_pe, c_kv, k_pe = core_inputs(rng, t, s_cap, h, c, r)
 
-    def scores_of(ql, qp, s0_, t_, word=0xFFFFFFFF):
-        scratch = MLAScratch(t_, h, s_cap + 3, c)
+    def scores_of(ql, qp, ckv, kpe, s0_, t_, word=0xFFFFFFFF):
+        scratch = MLAScratch(t_, h, ckv.shape[0] + 3, c)
         scratch.scores.copy_to_device(np.full(scratch.scores.shape, np.nan, np.float32))
-        launches = mla._mla_launches(*(cuda.to_device(a) for a in (ql, qp, c_kv, k_pe)),
+        launches = mla._mla_launches(*(cuda.to_device(a) for a in (ql, qp, ckv, kpe)),
                                      cuda.to_device(np.zeros((t_, h * c), np.float32)),
                                      vis_bits=cuda.to_device(np.full((t_, 1), word, np.uint32)),
                                      meta=cuda.to_device(np.array([s0_, t_], np.int32)), scale=scale, scratch=scratch)
         launches[0][1]()                                        # the scores launch only
         return scratch.scores.copy_to_host()[:t_ * h, :s0_ + t_]
 
-    got = scores_of(q_lat, q_pe, s0, t)                         # [t*H, S]
+    got = scores_of(q_lat, q_pe, c_kv, k_pe, s0, t)             # [t*H, S]
     want, bound = mma_scores(q_lat.reshape(t, h, c), q_pe.reshape(t, h, r), c_kv, k_pe, scale)
     assert np.isfinite(got).all()
     assert (np.abs(got.reshape(t, h, -1) - want) <= bound).all()
-    alone = scores_of(q_lat[2:3], q_pe[2:3], s_cap - 1, 1)
+    alone = scores_of(q_lat[2:3], q_pe[2:3], c_kv, k_pe, s_cap - 1, 1)
     np.testing.assert_array_equal(alone.view(np.uint32), got[2 * h:3 * h].view(np.uint32))
-    blind = scores_of(q_lat, q_pe, s0, t, word=0)               # no row sees a new key
-    keys = 16 * mla._mma_tile(t * h)[1] * mla._mma_tile(t * h)[2]   # a block's keys
-    past = -(-s0 // keys) * keys                                # the first block wholly past s0
-    assert past < s_cap, "no block of new keys only: the test would prove nothing"
+    # blind: no row sees a new key, and the keys span a block wholly past s0 (the block's keys
+    # follow the tile, so the cache is sized by it)
+    keys = 16 * mla._mma_tile(t * h)[1] * mla._mma_tile(t * h)[2]
+    s0_b = keys + 3
+    ql_b, qp_b, ckv_b, kpe_b = core_inputs(rng, keys + 1, s0_b + keys + 1, h, c, r)
+    seen = scores_of(ql_b, qp_b, ckv_b, kpe_b, s0_b, keys + 1)
+    blind = scores_of(ql_b, qp_b, ckv_b, kpe_b, s0_b, keys + 1, word=0)
+    past = 2 * keys                                             # the first block wholly past s0_b
+    assert np.isfinite(seen).all()
     assert np.isnan(blind[:, past:]).all()
-    np.testing.assert_array_equal(blind[:, :past].view(np.uint32), got[:, :past].view(np.uint32))
+    np.testing.assert_array_equal(blind[:, :past].view(np.uint32), seen[:, :past].view(np.uint32))
 
 
 @pytest.mark.parametrize("h,c,tile", [(3, 20, None), (10, 20, None), (10, 70, (2, 2, 2))])
