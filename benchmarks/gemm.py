@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import COPY_BW, append_rows, mma_ceiling, random_bf16, random_fp8, random_int4, time_gpu  # noqa: E402
 from ddtree_numba.dtypes import BlockScaled, Int4Grouped, bf16_to_float32  # noqa: E402
 from ddtree_numba.reference.linear import accumulation_bound, linear as twin, swiglu_bound  # noqa: E402
+from ddtree_numba.reference.moe import expert_work_items  # noqa: E402
 
 REPS = 10                 # launches per captured graph
 T0 = time.time()
@@ -273,33 +274,47 @@ def cases(gpu, L, W, X, dX, R, rng):
                     flops=2 * 2 * R * DENSE_I * H, peer=("swiglu", DENSE_I, H), max_rows=R,
                     n_cols=DENSE_I, swiglu=True, grouped=False, acc=False))
     plain("dense down 11264->2048", "down", DENSE_I, H)
-    # experts
+    # experts: the grouped GEMMs take work items (expert, first slot, end slot) of the rows a block
+    # of their tile multiplies (the counting sort's table, twin ``expert_work_items``), made here
+    # once a row height; the down takes the gate|up's tile when the model does (``moe._expert_tiles``)
     offsets, slot_token, counts = routing(rng, R)
     S = R * TOPK
-    d_off, d_tok = gpu.put(offsets), gpu.put(slot_token)
+    d_tok = gpu.put(slot_token)
     mr = int(counts.max())
     touched = int((counts > 0).sum())
+    items_of_rows = {}
+
+    def items(tile):
+        rows = L._rows_a_tile(tile)
+        if rows not in items_of_rows:           # (first made by an eager call, never under a capture)
+            items_of_rows[rows] = gpu.put(expert_work_items(offsets, rows, S))
+        return items_of_rows[rows]
+
     o_e = gpu.empty((S, MOE_I))
     xe = dX[H][:R]
-    out.append(dict(name="expert SwiGLU 64x(2048->1408) top-6", variant="grouped swiglu gather",
-                    out=o_e, x=X[H][:R], w=W["egate"], w_up=W["eup"], K=H, N=MOE_I,
-                    offsets=offsets, slot_token=slot_token,
-                    fn=lambda cfg=None, p="bf16": L._launch(xe, 0, W["egate"], W["eup"], o_e, 0, None,
-                                                            d_off, d_tok, mr, False, p, st, cfg,
-                                                            live_groups=min(E, S)),
-                    bytes=touched * 2 * MOE_I * H * gpu.wbytes + S * H * 4 + S * MOE_I * 4,
-                    flops=2 * 2 * S * MOE_I * H, peer=("grouped_swiglu",), max_rows=mr, n_cols=MOE_I,
-                    swiglu=True, grouped=True, acc=False))
+    up = dict(name="expert SwiGLU 64x(2048->1408) top-6", variant="grouped swiglu gather",
+              out=o_e, x=X[H][:R], w=W["egate"], w_up=W["eup"], K=H, N=MOE_I,
+              offsets=offsets, slot_token=slot_token,
+              bytes=touched * 2 * MOE_I * H * gpu.wbytes + S * H * 4 + S * MOE_I * 4,
+              flops=2 * 2 * S * MOE_I * H, peer=("grouped_swiglu",), max_rows=mr, n_cols=MOE_I,
+              swiglu=True, grouped=True, acc=False, live=min(E, S))
+    up_tile = chosen_tile(L, up, gpu.kind)
+    up["fn"] = lambda cfg=None, p="bf16": L._launch(xe, 0, W["egate"], W["eup"], o_e, 0, None, items(cfg or up_tile),
+                                                     d_tok, mr, False, p, st, cfg or up_tile, live_groups=min(E, S))
+    out.append(up)
     o_d = gpu.empty((S, H))
     xd = dX[MOE_I][:S]
-    out.append(dict(name="expert down 64x(1408->2048)", variant="grouped", out=o_d,
-                    x=X[MOE_I][:S], w=W["edown"], K=MOE_I, N=H, offsets=offsets, slot_token=None,
-                    fn=lambda cfg=None, p="bf16": L._launch(xd, 0, W["edown"], None, o_d, 0, None, d_off,
-                                                            None, mr, False, p, st, cfg,
-                                                            live_groups=min(E, S)),
-                    bytes=touched * H * MOE_I * gpu.wbytes + S * MOE_I * 4 + S * H * 4,
-                    flops=2 * S * H * MOE_I, peer=("grouped",), max_rows=mr, n_cols=H,
-                    swiglu=False, grouped=True, acc=False))
+    follows = up_tile == L._TALL_SWIGLU or getattr(up_tile, "NS", 0)
+    down = dict(name="expert down 64x(1408->2048)", variant="grouped", out=o_d,
+                x=X[MOE_I][:S], w=W["edown"], K=MOE_I, N=H, offsets=offsets, slot_token=None,
+                bytes=touched * H * MOE_I * gpu.wbytes + S * MOE_I * 4 + S * H * 4,
+                flops=2 * S * H * MOE_I, peer=("grouped",), max_rows=mr, n_cols=H,
+                swiglu=False, grouped=True, acc=False, live=min(E, S))
+    down["tile"] = up_tile if follows else chosen_tile(L, down, gpu.kind)
+    down["fn"] = lambda cfg=None, p="bf16": L._launch(xd, 0, W["edown"], None, o_d, 0, None, items(cfg or up_tile),
+                                                       None, mr, False, p, st, cfg or down["tile"],
+                                                       live_groups=min(E, S))
+    out.append(down)
     plain("lm_head 2048->163840", "lm", H, VOCAB)
     for c in out:
         c["R"] = R
@@ -400,7 +415,7 @@ def main():
     ap.add_argument("--fp32-rows", default="1,256", help="row counts also timed in precision 'fp32'")
     ap.add_argument("--no-append", action="store_true")
     ap.add_argument("--sweep", default="", help="case-name substrings to try alternative tiles on")
-    ap.add_argument("--budget", type=float, default=400.0, help="seconds; the sweep stops past it")
+    ap.add_argument("--budget", type=float, default=400.0, help="seconds of sweep; it stops past them")
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--weights", choices=("bf16", "fp8", "int4"), default="bf16",
                     help="weight storage: bf16, float8 e4m3 with 128 x 128 block scales, or int4 in groups of 32")
@@ -426,7 +441,7 @@ def main():
     peer_cache = {}
     for R in rows:
         for c in cases(gpu, L, W, X, dX, R, rng):
-            cfg = chosen_tile(L, c, gpu.kind)
+            cfg = c.get("tile") or chosen_tile(L, c, gpu.kind)
             peer = float("nan")
             if torch is not None:
                 peer = peer_time(torch, c, R, peer_cache)
@@ -457,10 +472,11 @@ def main():
                 log(" | ".join(str(v) for v in row))
             if args.sweep and any(n in c["name"] for n in args.sweep.split(",")):
                 swept.append((c, R))
+    sweep_start = time.time()
     for c, R in swept:              # alternative tiles, after the table is complete
         base = graph_time(lambda: c["fn"](None, "bf16"), gpu.stream)
         for alt in sweep_cfgs(L, c, gpu.kind):
-            if time.time() - T0 > args.budget:
+            if time.time() - sweep_start > args.budget:
                 log("sweep budget spent")
                 break
             try:
