@@ -5,8 +5,9 @@ Usage (a GPU machine): python benchmarks/batch.py [--batches 1 4 16] [--budgets 
 
 Random bf16 weights (``verify_forward.build_target``) and S sequences, each with its own latent
 cache of ``--prefix`` random rows. A round of ``ar`` verifies one token a sequence; a round of
-``ddtree`` at budget B verifies a random tree of B + 1 nodes a sequence (``verify_forward.
-random_tree``, positions prefix + depth). Each round is one ``CudaTarget.forward_batch`` over all
+``ddtree`` at budget B verifies a tree of B + 1 nodes a sequence (``verify_forward.ddtree_tree``:
+the best-first tree a DDTree round builds over random drafts, at most 15 deep, positions prefix +
+depth; runs before 2026-12-04 took ``random_tree``, ~B / 4.5 deep). Each round is one ``CudaTarget.forward_batch`` over all
 S sequences' rows (``enqueue_batch``: the GEMMs and the MoE once over every row, the attention
 of every sequence over its own cache in one launch set over a cache pool, or with
 ``--separate-caches`` a launch set a sequence), replayed as one CUDA graph, timed by CUDA events
@@ -43,8 +44,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import COPY_BW, MMA_RATE, RESULTS, append_rows, mma_ceiling  # noqa: E402
-from verify_forward import (MOONLIGHT, build_target, cost_model, device_timer, prefilled_cache,  # noqa: E402
-                            random_tree)
+from verify_forward import (MOONLIGHT, build_target, cost_model, ddtree_tree, device_timer,  # noqa: E402
+                            prefilled_cache)
 
 
 def demo_acceptance(budgets) -> dict:
@@ -115,7 +116,7 @@ def main():
             segs = []
             for cache in caches[:batch]:
                 cache.length = args.prefix
-                parents, depth = random_tree(rng, per_seq)
+                parents, depth = ddtree_tree(rng, per_seq)
                 segs.append(Segment(rng.integers(0, cfg.vocab_size, per_seq).astype(np.int32),
                                     (args.prefix + depth).astype(np.int32), cache, parents))
 

@@ -9,7 +9,9 @@ Moonlight-16B-A3B is a real DeepSeek-V3-architecture checkpoint: 27 layers, hidd
 no q_lora, kv_lora 512, nope/rope/v 128/64/128, 64 routed experts (top-6, sigmoid + noaux_tc,
 scaling 2.446) with 2 shared, expert width 1408, a dense first layer of width 11264, vocab 163840.
 Weights are random bf16 made on the GPU (no checkpoint needed); the latent cache holds a random
-``--prefix``-row prefix; the new tokens form a random tree (attention cost is that of its depth).
+``--prefix``-row prefix; the new tokens form a tree (``--tree ddtree``, the default: the best-first
+tree a DDTree round builds over random drafts, at most 15 deep; ``--tree deep``: random, ~n / 4.5
+deep, the tree of every run before 2026-12-04, whose attention sees that many more keys).
 
 ``--nodes`` counts the rows verified, the root included: a DDTree round of budget B verifies B + 1.
 
@@ -147,11 +149,12 @@ def prefilled_cache(target, prefix, cap, rng):
     return cache
 
 
-def tree_workspace(target, t, prefix, rng):
-    """The workspace for ``t`` new rows, holding a random tree of t nodes after ``prefix`` cached
-    rows: ids, positions (prefix + depth), parents and meta, ready for ``forward_device``."""
+def tree_workspace(target, t, prefix, rng, tree="ddtree"):
+    """The workspace for ``t`` new rows, holding a tree of t nodes (``TREES[tree]``) after
+    ``prefix`` cached rows: ids, positions (prefix + depth), parents and meta, ready for
+    ``forward_device``."""
     ws = target.workspace(t)
-    parents, depth = random_tree(rng, t)
+    parents, depth = TREES[tree](rng, t)
     chain = np.arange(-1, ws.rows - 1, dtype=np.int32)
     chain[:t] = parents
     ids = np.zeros(ws.rows, np.int32)
@@ -165,14 +168,36 @@ def tree_workspace(target, t, prefix, rng):
     return ws
 
 
+def ddtree_tree(rng, n, depths=15, width=64):
+    """parents [n] and depths [n] of the tree a DDTree round of budget n - 1 builds
+    (``reference.build_tree``, best first, node 0 the root) over random draft distributions of
+    ``depths`` positions (a block-16 drafter's), ``width`` tokens kept a position: a DDTree
+    verify's shape, at most ``depths`` deep, bushy where the draft is unsure."""
+    from ddtree_numba import reference as ref
+    if n == 1:
+        return np.full(1, -1, np.int32), np.zeros(1, np.int32)
+    # peaky drafts (logits of standard deviation 8): 5 / 13 / 15 / 15 deep at 16 / 64 / 256 / 1024 nodes
+    logits = (rng.standard_normal((depths, 4 * width)) * 8).astype(np.float32)
+    tree = ref.build_tree(*ref.topk_logprobs(logits, width), n - 1)
+    assert tree.num_nodes == n - 1, f"a draft of {depths} x {width} holds fewer than {n - 1} paths"
+    return tree.parents.astype(np.int32), np.concatenate([[0], tree.depths]).astype(np.int32)
+
+
+
+
 def random_tree(rng, n):
-    """parents [n] of a random tree over n nodes (node 0 the root), and its depths."""
+    """parents [n] of a random tree over n nodes (node 0 the root), and its depths: each node's
+    parent one of the 8 before it, so ~n / 4.5 deep (230 at 1024 nodes, far deeper than a DDTree
+    of a 16-block drafter; its attention sees that many more keys)."""
     parents = np.full(n, -1, np.int32)
     depth = np.zeros(n, np.int32)
     for i in range(1, n):
         parents[i] = rng.integers(max(0, i - 8), i)        # bushy but deep-ish, like a DDTree
         depth[i] = depth[parents[i]] + 1
     return parents, depth
+
+
+TREES = {"ddtree": ddtree_tree, "deep": random_tree}   # --tree; "deep" was every run's before 2026-12-04
 
 
 def cost_model(cfg, t, s, expert_bytes=2.0):
@@ -209,6 +234,9 @@ def main():
     ap.add_argument("--json", metavar="FILE",
                     help="also write {label, nodes, ms (graph), eager_ms, ...} for `ddtree-numba plot --verify-bench`")
     ap.add_argument("--no-breakdown", action="store_true", help="skip the per-kernel breakdown of one layer")
+    ap.add_argument("--tree", choices=sorted(TREES), default="ddtree",
+                    help="ddtree: the best-first tree a DDTree round builds over random drafts (at most 15 "
+                         "deep); deep: a random tree ~n / 4.5 deep (every run's before 2026-12-04)")
     ap.add_argument("--shape", choices=["moonlight", "kimi-k2"], default="moonlight",
                     help="kimi-k2: Kimi K2's full-shape layers with INT4 routed experts (a --layers slice, "
                          "projected to 61; results in kimi_k2.json)")
@@ -261,7 +289,7 @@ def main():
 
     rows, values, breakdown, times = [], [], {}, []
     for t in args.nodes:
-        ws = tree_workspace(target, t, args.prefix, rng)
+        ws = tree_workspace(target, t, args.prefix, rng, args.tree)
         eager_us = time_gpu(lambda: target.forward_device(ws, cache, (), graph=False, stream=stream),
                             stream, reps=args.reps, warmup=2)
         graph_us = eager_us if sim else time_gpu(
@@ -284,7 +312,9 @@ def main():
             breakdown[t] = {"(simulator)": 0.0} if sim else layer_breakdown(target, ws, cache, stream)
 
     note = (f"Moonlight-16B-A3B shape, {cfg.num_hidden_layers} layers, random bf16 weights, "
-            f"{args.prefix}-row latent prefix, a random tree of the given node count. Floor = "
+            f"{args.prefix}-row latent prefix, a tree of the given node count ("
+            + ("a DDTree build over random drafts, at most 15 deep" if args.tree == "ddtree"
+               else "random, ~nodes / 4.5 deep") + f", --tree {args.tree}). Floor = "
             f"max(bytes / 4.2 TB/s, FLOPs / {mma_rate / 1e12:.0f} TFLOP/s, the mma.sync ceiling measured in this "
             f"run); GEMMs on tensor cores in precision {args.precision}; bytes count every weight read once (routed "
             "experts: the expected number touched under uniform routing) and the f32 latent cache; "
@@ -345,7 +375,7 @@ def kimi_k2_slice(args):
     mma_rate = MMA_RATE if sim else mma_ceiling(stream)
     rows = []
     for t in args.nodes:
-        ws = tree_workspace(target, t, args.prefix, rng)
+        ws = tree_workspace(target, t, args.prefix, rng, args.tree)
         run = (lambda: target.forward_device(ws, cache, (), graph=not sim, stream=stream))
         ms = time_gpu(run, stream, reps=args.reps, warmup=2) / 1e3
         assert np.isfinite(ws.logits[:t].copy_to_host()).all(), "non-finite logits"
