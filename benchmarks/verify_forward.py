@@ -250,7 +250,13 @@ def main():
                     help="MLA's scores in float32 chains (kernels.mla.MMA_SCORES off; on by default)")
     ap.add_argument("--fp32-pv", action="store_true",
                     help="MLA's p @ c_kv in float32 chains (kernels.mla.MMA_PV off; on by default)")
+    ap.add_argument("--dense-ring-rows", type=int, metavar="N",
+                    help="dense GEMMs take the cp.async weight ring from N workspace rows "
+                         "(kernels.linear._RING_ROWS; below it the register kernel, which splits the chunks)")
     args = ap.parse_args()
+    if args.dense_ring_rows is not None:
+        import importlib
+        importlib.import_module("ddtree_numba.kernels.linear")._RING_ROWS = args.dense_ring_rows
     if args.fp32_scores or args.fp32_pv:
         import importlib
         mla_module = importlib.import_module("ddtree_numba.kernels.mla")
@@ -321,6 +327,8 @@ def main():
             "peer = HF DeepseekV3ForCausalLM bf16 on the same GPU, measured in this run (--peer; '-' without it)."
             + (" The MoE blocks' shared experts in line (--shared-inline)." if args.shared_inline else "")
             + (" Activations packed at their loads (--no-x-raw)." if args.no_x_raw else "")
+            + (f" Dense GEMMs on the weight ring from {args.dense_ring_rows} rows (--dense-ring-rows)."
+               if args.dense_ring_rows is not None else "")
             + (" MLA's scores in float32 chains (--fp32-scores)." if args.fp32_scores
                else " MLA's scores on tensor cores (kernels.mla.MMA_SCORES).")
             + (" MLA's p @ c_kv in float32 chains (--fp32-pv)." if args.fp32_pv
