@@ -338,7 +338,7 @@ def test_mma_scores_within_the_twins_bound_and_a_row_alone_equals_it_in_the_batc
         scratch.scores.copy_to_device(np.full(scratch.scores.shape, np.nan, np.float32))
         launches = mla._mla_launches(*(cuda.to_device(a) for a in (ql, qp, ckv, kpe)),
                                      cuda.to_device(np.zeros((t_, h * c), np.float32)),
-                                     vis_bits=cuda.to_device(np.full((t_, 1), word, np.uint32)),
+                                     vis_bits=cuda.to_device(np.full((t_, -(-t_ // 32)), word, np.uint32)),
                                      meta=cuda.to_device(np.array([s0_, t_], np.int32)), scale=scale, scratch=scratch)
         launches[0][1]()                                        # the scores launch only
         return scratch.scores.copy_to_host()[:t_ * h, :s0_ + t_]
