@@ -36,14 +36,15 @@ CANDIDATES = [(16, 16, 32, 1, 1), (16, 16, 32, 2, 2), (16, 32, 16, 2, 2), (16, 3
               (128, 128, 16, 8, 8)]
 
 
-def random_parents(rng, n):
-    parents = np.full(n, -1, np.int32)
-    for i in range(1, n):
-        parents[i] = rng.integers(max(0, i - 8), i)
-    return parents
+def random_parents(rng, n, tree="deep"):
+    """A tree of n nodes: ``verify_forward``'s ``TREES[tree]`` ("deep": each parent one of the 8
+    nodes before, ~n / 4.5 deep; "ddtree": a best-first DDTree build, at most 15 deep)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from verify_forward import TREES
+    return TREES[tree](rng, n)[0]
 
 
-def case_inputs(rng, heads, latent, rope, prefix, n_seq, t, batched):
+def case_inputs(rng, heads, latent, rope, prefix, n_seq, t, batched, tree="deep"):
     """Device arrays for ``_mla_launches``: n_seq sequences of t tree rows after ``prefix``."""
     from numba import cuda
     from ddtree_numba.kernels.mla import MLAScratch
@@ -51,7 +52,7 @@ def case_inputs(rng, heads, latent, rope, prefix, n_seq, t, batched):
     cap = prefix + t
     rows = n_seq * t
     f = lambda *s: cuda.to_device(rng.standard_normal(s).astype(np.float32))
-    bits = np.concatenate([visibility_bits(random_parents(rng, t)) for _ in range(n_seq)])
+    bits = np.concatenate([visibility_bits(random_parents(rng, t, tree)) for _ in range(n_seq)])
     args = dict(q_lat=f(rows, heads * latent), q_pe=f(rows, heads * rope),
                 out_lat=cuda.device_array((rows, heads * latent), np.float32))
     kw = dict(vis_bits=cuda.to_device(bits), meta=cuda.to_device(np.array([prefix, t], np.int32)),
@@ -72,6 +73,8 @@ def main():
     ap.add_argument("--prefix", type=int, default=1024, help="cached rows before each tree (demo: 330)")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--tune", action="store_true", help="time the candidate tiles too")
+    ap.add_argument("--tree", choices=["deep", "ddtree"], default="deep",
+                    help="deep: random, ~n / 4.5 deep (the runs' tree so far); ddtree: a DDTree build, at most 15 deep")
     ap.add_argument("--fp32-scores", action="store_true",
                     help="MLA's scores in float32 chains (kernels.mla.MMA_SCORES off; on by default)")
     ap.add_argument("--fp32-pv", action="store_true",
@@ -108,7 +111,7 @@ def main():
         names, table = None, []
         for case in args.cases:
             n_seq, t = (int(v) for v in case.split("x")) if "x" in case else (1, int(case))
-            a, kw = case_inputs(rng, heads, latent, rope, prefix, n_seq, t, "x" in case)
+            a, kw = case_inputs(rng, heads, latent, rope, prefix, n_seq, t, "x" in case, args.tree)
             launches = lambda s: _mla_launches(**a, **kw, stream=s)
             names = [n for n, _ in launches(0)]
             us = [timed(lambda s, i=i: launches(s)[i][1](), args.repeat) for i in range(len(names))]
