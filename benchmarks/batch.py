@@ -7,9 +7,10 @@ Random bf16 weights (``verify_forward.build_target``) and S sequences, each with
 cache of ``--prefix`` random rows. A round of ``ar`` verifies one token a sequence; a round of
 ``ddtree`` at budget B verifies a tree of B + 1 nodes a sequence (``verify_forward.ddtree_tree``:
 the best-first tree a DDTree round builds over random drafts, at most 15 deep, positions prefix +
-depth; runs before 2026-12-04 took ``random_tree``, ~B / 4.5 deep). Each round is one ``CudaTarget.forward_batch`` over all
-S sequences' rows (``enqueue_batch``: the GEMMs and the MoE once over every row, the attention
-of every sequence over its own cache in one launch set over a cache pool, or with
+depth; runs before 2026-12-04 took ``random_tree``, ~B / 4.5 deep). Each round is one
+``CudaTarget.forward_batch`` over all S sequences' rows (``enqueue_batch``: the GEMMs and the MoE
+once over every row, the attention of every sequence over its own cache in one launch set over a
+cache pool, or with
 ``--separate-caches`` a launch set a sequence), replayed as one CUDA graph, timed by CUDA events
 (median of ``--reps``; no host readback).
 

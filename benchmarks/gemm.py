@@ -299,8 +299,9 @@ def cases(gpu, L, W, X, dX, R, rng):
               flops=2 * 2 * S * MOE_I * H, peer=("grouped_swiglu",), max_rows=mr, n_cols=MOE_I,
               swiglu=True, grouped=True, acc=False, live=min(E, S))
     up_tile = chosen_tile(L, up, gpu.kind)
-    up["fn"] = lambda cfg=None, p="bf16": L._launch(xe, 0, W["egate"], W["eup"], o_e, 0, None, items(cfg or up_tile),
-                                                     d_tok, mr, False, p, st, cfg or up_tile, live_groups=min(E, S))
+    up["fn"] = lambda cfg=None, p="bf16": L._launch(
+        xe, 0, W["egate"], W["eup"], o_e, 0, None, items(cfg or up_tile), d_tok, mr, False, p, st, cfg or up_tile,
+        live_groups=min(E, S))
     out.append(up)
     o_d = gpu.empty((S, H))
     xd = dX[MOE_I][:S]
@@ -311,9 +312,9 @@ def cases(gpu, L, W, X, dX, R, rng):
                 flops=2 * S * H * MOE_I, peer=("grouped",), max_rows=mr, n_cols=H,
                 swiglu=False, grouped=True, acc=False, live=min(E, S))
     down["tile"] = up_tile if follows else chosen_tile(L, down, gpu.kind)
-    down["fn"] = lambda cfg=None, p="bf16": L._launch(xd, 0, W["edown"], None, o_d, 0, None, items(cfg or up_tile),
-                                                       None, mr, False, p, st, cfg or down["tile"],
-                                                       live_groups=min(E, S))
+    down["fn"] = lambda cfg=None, p="bf16": L._launch(
+        xd, 0, W["edown"], None, o_d, 0, None, items(cfg or up_tile), None, mr, False, p, st, cfg or down["tile"],
+        live_groups=min(E, S))
     out.append(down)
     plain("lm_head 2048->163840", "lm", H, VOCAB)
     for c in out:

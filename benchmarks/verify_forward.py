@@ -183,8 +183,6 @@ def ddtree_tree(rng, n, depths=15, width=64):
     return tree.parents.astype(np.int32), np.concatenate([[0], tree.depths]).astype(np.int32)
 
 
-
-
 def random_tree(rng, n):
     """parents [n] of a random tree over n nodes (node 0 the root), and its depths: each node's
     parent one of the 8 before it, so ~n / 4.5 deep (230 at 1024 nodes, far deeper than a DDTree
