@@ -10,9 +10,8 @@ the best-first tree a DDTree round builds over random drafts, at most 15 deep, p
 depth; runs before 2026-12-04 took ``random_tree``, ~B / 4.5 deep). Each round is one
 ``CudaTarget.forward_batch`` over all S sequences' rows (``enqueue_batch``: the GEMMs and the MoE
 once over every row, the attention of every sequence over its own cache in one launch set over a
-cache pool, or with
-``--separate-caches`` a launch set a sequence), replayed as one CUDA graph, timed by CUDA events
-(median of ``--reps``; no host readback).
+cache pool, or with ``--separate-caches`` a launch set a sequence), replayed as one CUDA graph,
+timed by CUDA events (median of ``--reps``; no host readback).
 
 What is and is not in the figures:
 - **Acceptance is replayed, not measured here**: random weights accept nothing, so a ddtree round
