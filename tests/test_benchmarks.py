@@ -75,5 +75,6 @@ def test_verify_forward_dry_run(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["verify_forward.py", "--dry-run", "--nodes", "1", "3", "--layers", "1",
                                       "--reps", "1", "--no-append", "--no-breakdown"])
     vf.main()
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 1 |") or line.startswith("| 3 |")]
+    out = capsys.readouterr().out.splitlines()
+    rows = [line for line in out if line.startswith(("| 1 |", "| 3 |"))]
     assert len(rows) == 2
