@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Tile sweeps and the stale figures on the H200 (~9 minutes), the next session's first run: the GPU
 # tests of TESTS (default test_mla_kernel), benchmarks/gemm.py's sweep of GEMM_SWEEP (default
-# lm_head,q_proj,o_proj,kv_a) at GEMM_ROWS (default 16,64; tables only; the sweep stops after 190 s), tools/mla_stages.py
-# --tree ddtree at MLA_CASES (default 64 256 1024), then benchmarks/batch.py with BATCH= its
-# arguments (its table appended to docs/PERFORMANCE.md, results/batch.json copied to $OUT; BATCH=skip
-# skips it). Run from the repo root with .whl carried and DDTREE_COMMIT set; logs to $OUT/log.txt.
+# lm_head,q_proj,o_proj,kv_a) at GEMM_ROWS (default 16,64; tables only; the sweep stops after
+# 190 s), tools/mla_stages.py --tree ddtree at MLA_CASES (default 64 256 1024), then
+# benchmarks/batch.py with BATCH= its arguments (its table appended to docs/PERFORMANCE.md,
+# results/batch.json copied to $OUT; BATCH=skip skips it). Run from the repo root with .whl carried
+# and DDTREE_COMMIT set; logs to $OUT/log.txt.
 source tools/h200_env.sh
 {
 TESTS=${TESTS-tests/test_mla_kernel.py}
