@@ -232,8 +232,8 @@ def append_rows(title: str, header: list[str], rows: list[list], note: str = "",
     ``results``: also write ``benchmarks/results/<results>.json`` = {benchmark, device, commit,
     date, command, pdl (the DDTREE_PDL mode), rows: [{key: value}]} (the latest H200 run is
     committed), the keys ``keys`` (the names the issues give the results) or else the header's;
-    the values ``values`` (unformatted, one list a row) or else the table's cells. Under the CUDA simulator nothing is appended or
-    written (its timings measure nothing: e.g. a ``--dry-run``)."""
+    the values ``values`` (unformatted, one list a row) or else the table's cells. Under the CUDA
+    simulator nothing is appended or written (its timings measure nothing: e.g. a ``--dry-run``)."""
     if append and os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         append = False
         print("(the CUDA simulator: nothing appended to docs/PERFORMANCE.md or written to results/)")

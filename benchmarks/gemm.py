@@ -312,8 +312,8 @@ def cases(gpu, L, W, X, dX, R, rng):
                 flops=2 * S * H * MOE_I, peer=("grouped",), max_rows=mr, n_cols=H,
                 swiglu=False, grouped=True, acc=False, live=min(E, S))
     down["tile"] = up_tile if follows else chosen_tile(L, down, gpu.kind)
-    down["fn"] = lambda cfg=None, p="bf16": L._launch(
-        xd, 0, W["edown"], None, o_d, 0, None, items(cfg or up_tile), None, mr, False, p, st, cfg or down["tile"],
+    down["fn"] = lambda cfg=None, p="bf16": L._launch(     # the gate|up's work items, as in the model
+        xd, 0, W["edown"], None, o_d, 0, None, items(up_tile), None, mr, False, p, st, cfg or down["tile"],
         live_groups=min(E, S))
     out.append(down)
     plain("lm_head 2048->163840", "lm", H, VOCAB)
@@ -325,6 +325,12 @@ def cases(gpu, L, W, X, dX, R, rng):
 
 
 # -- checks ---------------------------------------------------------------------------------
+def fresh_out(c, stream=0):
+    """Case c's output before a checked call: zeros where it accumulates, else NaN (so that an
+    output the launch leaves unwritten fails the check, not passes on an earlier call's values)."""
+    c["out"].copy_to_device(np.full(c["out"].shape, 0.0 if c["acc"] else np.nan, np.float32), stream=stream)
+
+
 def check_case(c, rng, precision, ncols=24):
     """Sampled output columns (and rows) against the twin of ``precision``: (ok, error / bound)."""
     got = c["out"].copy_to_host()
@@ -452,8 +458,7 @@ def main():
             if torch is not None:
                 peer = peer_time(torch, c, R, peer_cache)
             for precision in ("bf16", "fp32") if R in fp32_rows else ("bf16",):
-                if c["acc"]:                       # accumulating: start from zeros
-                    c["out"].copy_to_device(np.zeros(c["out"].shape, np.float32), stream=gpu.stream)
+                fresh_out(c, gpu.stream)
                 t0 = time.time()
                 c["fn"](None, precision)
                 gpu.stream.synchronize()
@@ -486,14 +491,14 @@ def main():
                 log("sweep budget spent")
                 break
             try:
-                if c["acc"]:
-                    c["out"].copy_to_device(np.zeros(c["out"].shape, np.float32), stream=gpu.stream)
+                fresh_out(c, gpu.stream)
                 c["fn"](alt, "bf16")
                 gpu.stream.synchronize()
                 good, _ = check_case(c, rng, "bf16")
                 ua = graph_time(lambda: c["fn"](alt, "bf16"), gpu.stream)
                 sweep_rows.append([c["name"], R, cfg_name(alt), f"{ua:.1f}", f"{base:.1f}", good])
-                log(f"  alt {c['name']} R={R} {cfg_name(alt)}: {ua:.1f} us (chosen {base:.1f})")
+                log(f"  alt {c['name']} R={R} {cfg_name(alt)}: {ua:.1f} us (chosen {base:.1f})"
+                    + ("" if good else " CHECK FAILED"))
             except Exception as exc:  # noqa: BLE001
                 log(f"  alt {cfg_name(alt)} failed: {exc!r}")
     header = ["gemm", "variant", "rows", "precision", "tile", "us", "floor_us", "floor/time", "tflops",

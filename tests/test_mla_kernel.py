@@ -235,6 +235,56 @@ def test_blocks_of_keys_no_row_sees_are_skipped_and_the_output_is_the_twins(rng,
         np.testing.assert_array_equal(bits_of(other), bits_of(got))
 
 
+def scores_only(q_lat, q_pe, c_kv, k_pe, bits, s0, t, scale):
+    """The scores launch alone (``_mla_launches``' first) over a NaN scratch: [t*H, s0 + t]."""
+    import importlib
+    mla = importlib.import_module("ddtree_numba.kernels.mla")
+    c = c_kv.shape[1]
+    h = q_lat.shape[1] // c
+    scratch = MLAScratch(t, h, c_kv.shape[0] + 3, c)
+    scratch.scores.copy_to_device(np.full(scratch.scores.shape, np.nan, np.float32))
+    launches = mla._mla_launches(*(cuda.to_device(a) for a in (q_lat, q_pe, c_kv, k_pe)),
+                                 cuda.to_device(np.zeros((t, h * c), np.float32)), vis_bits=cuda.to_device(bits),
+                                 meta=cuda.to_device(np.array([s0, t], np.int32)), scale=scale, scratch=scratch)
+    launches[0][1]()
+    return scratch.scores.copy_to_host()[:t * h, :s0 + t]
+
+
+@pytest.mark.parametrize("mma", ["", "scores"], indirect=True)
+def test_scores_kernels_skip_exactly_the_blocks_no_row_sees(rng, mma):
+    """Each scores kernel's blocks, by its own tile: a block of new keys none of its rows sees
+    (brute force over ``reference.visibility``) is left unwritten (NaN), and every other block
+    is written with the bits it has when every row sees every key. A tree of 40 nodes: two mask
+    words a row, blocks that start inside a word."""
+    import importlib
+    mla = importlib.import_module("ddtree_numba.kernels.mla")
+    h, c, r, s0, t = 2, 8, 4, 5, 40
+    parents = random_parents(rng, t)
+    vis = ref.visibility(parents)                               # [t, t]: node i sees node j
+    bits = ref.visibility_bits(parents)                         # [t, 2]
+    q_lat, q_pe, c_kv, k_pe = core_inputs(rng, t, s0 + t, h, c, r)
+    got = scores_only(q_lat, q_pe, c_kv, k_pe, bits, s0, t, 0.6)
+    full = scores_only(q_lat, q_pe, c_kv, k_pe, np.full_like(bits, 0xFFFFFFFF), s0, t, 0.6)
+    if mma:
+        wm, wn, mt, nt = mla._mma_tile(t * h)
+        br, bk = 8 * nt * wm, 16 * mt * wn
+    else:
+        br, bk = mla._tiles(t * h, c)[0][:2]
+    skipped = live_new = 0
+    for r0 in range(0, t * h, br):
+        for n0 in range(0, s0 + t, bk):
+            rows, keys = slice(r0, min(r0 + br, t * h)), slice(n0, min(n0 + bk, s0 + t))
+            tokens = np.arange(r0 // h, (rows.stop - 1) // h + 1)
+            blind = n0 >= s0 and not vis[np.ix_(tokens, np.arange(keys.start - s0, keys.stop - s0))].any()
+            if blind:
+                skipped += 1
+                assert np.isnan(got[rows, keys]).all(), (r0, n0)
+            else:
+                live_new += n0 >= s0
+                np.testing.assert_array_equal(got[rows, keys].view(np.uint32), full[rows, keys].view(np.uint32))
+    assert skipped and live_new, "the tree must have blind and seen blocks of new keys"
+
+
 def test_batch_row_is_bit_identical_alone_and_among_more_rows(rng):
     """A causal batch of t tokens inside launches of Tq = t and Tq = 3t (other tiles)."""
     h, c, r, s0, t = 3, 5, 2, 4, 6

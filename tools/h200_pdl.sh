@@ -4,7 +4,7 @@
 # ~1-2 minutes), the demo pair at budget 16 and the Moonlight verify at 1 / 16 / 64 nodes, tables
 # only (nothing appended); VERIFY_ARGS= adds verify_forward.py arguments (e.g. --shared-inline: the
 # shared experts not on a side stream, whose kernels the early-launched ones may crowd).
-# Then tools/pdl_probe.py (a chain of small kernels, each PDL variant) in the last ~40 s.
+# Then tools/pdl_probe.py (a chain of small kernels, each PDL variant) in the last ~60 s.
 # Run from the repo root with .whl carried; logs to $OUT/log.txt.
 source tools/h200_env.sh
 MODES=(${PDL_MODES:-off trigger})

@@ -39,7 +39,9 @@ CANDIDATES = [(16, 16, 32, 1, 1), (16, 16, 32, 2, 2), (16, 32, 16, 2, 2), (16, 3
 def random_parents(rng, n, tree="deep"):
     """A tree of n nodes: ``verify_forward``'s ``TREES[tree]`` ("deep": each parent one of the 8
     nodes before, ~n / 4.5 deep; "ddtree": a best-first DDTree build, at most 15 deep)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    bench = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
     from verify_forward import TREES
     return TREES[tree](rng, n)[0]
 

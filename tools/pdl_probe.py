@@ -7,8 +7,9 @@ Variants: ``plain`` (ordinary launches), ``pdl`` (launched with programmatic str
 each kernel ``griddepcontrol.wait`` before its first read), ``trigger-first``
 (``griddepcontrol.launch_dependents`` first thing, so the next kernel is launched at once and waits
 on the GPU: a chain may run many kernels ahead), ``wait+trigger`` (the wait, then
-``launch_dependents``: one kernel ahead, the package's DDTREE_PDL=trigger). Prints µs a kernel for each and checks every chain's result (a missing wait reads a
-row before it is written and fails the check).
+``launch_dependents``: one kernel ahead, the package's DDTREE_PDL=trigger). Prints µs a kernel
+for each and checks every chain's result (a missing wait reads a row before it is written and
+fails the check).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ Four stages, scores and partials kept in a global scratch (``MLAScratch``):
    and serves every head and query of the block. In the bf16 precision
    ``_mla_scores_mma_kernel`` instead (tensor cores, ``MMA_SCORES``). Either skips a block whose
    keys are all new rows none of its query rows sees (``_block_sees_new_keys``: the tree's keys
-   above the diagonal, and most beside it), whose scores the softmax never reads.
+   above the diagonal, and most beside it), whose scores the softmax never uses.
 2. ``_mla_softmax_kernel``: one block per (chunk, query token), for all its heads: the chunk's
    cache positions from the token's visible count (popcounts of its mask words), then for each
    head the chunk's max, then p in place of the score (-1 marking a masked key inside the span).
@@ -147,8 +147,10 @@ def _block_sees_new_keys(vis_bits, row0, rows, H, r0, br, n0, bk, s0, s_end):
     tokens from mask row ``row0``; its keys n0 .. n0 + bk) has a key some row of it sees: always
     when the block holds a cached key (n0 < s0), else by the mask words of its tokens over its
     keys. Every thread of a block works it out alike (a few cached loads), so a block that sees
-    nothing leaves before its first barrier. Its scores are then never written, and never read:
-    the softmax reads a score only at a position its query sees (``_visible``)."""
+    nothing leaves before its first barrier. Its scores are then never written, and never used:
+    the softmax uses a score only at a position its query sees (``_visible``; its held path loads
+    a chunk's whole span and drops the masked positions, so compute-sanitizer's initcheck would
+    report those loads)."""
     if n0 < s0:
         return True
     k0 = n0 - s0                                # the block's new keys k0 .. k1 - 1, by mask bit
