@@ -276,7 +276,7 @@ def cases(gpu, L, W, X, dX, R, rng):
     plain("dense down 11264->2048", "down", DENSE_I, H)
     # experts: the grouped GEMMs take work items (expert, first slot, end slot) of the rows a block
     # of their tile multiplies (the counting sort's table, twin ``expert_work_items``), made here
-    # once a row height; the down takes the gate|up's tile when the model does (``moe._expert_tiles``)
+    # once a row height; the down takes the gate|up's tile when the model does (``moe._down_tile``)
     offsets, slot_token, counts = routing(rng, R)
     S = R * TOPK
     d_tok = gpu.put(slot_token)
@@ -305,13 +305,13 @@ def cases(gpu, L, W, X, dX, R, rng):
     out.append(up)
     o_d = gpu.empty((S, H))
     xd = dX[MOE_I][:S]
-    follows = up_tile == L._TALL_SWIGLU or getattr(up_tile, "NS", 0)
     down = dict(name="expert down 64x(1408->2048)", variant="grouped", out=o_d,
                 x=X[MOE_I][:S], w=W["edown"], K=MOE_I, N=H, offsets=offsets, slot_token=None,
                 bytes=touched * H * MOE_I * gpu.wbytes + S * MOE_I * 4 + S * H * 4,
                 flops=2 * S * H * MOE_I, peer=("grouped",), max_rows=mr, n_cols=H,
                 swiglu=False, grouped=True, acc=False, live=min(E, S))
-    down["tile"] = up_tile if follows else chosen_tile(L, down, gpu.kind)
+    own = chosen_tile(L, down, gpu.kind)
+    down["tile"] = importlib.import_module("ddtree_numba.kernels.moe")._down_tile(up_tile, own) or own
     down["fn"] = lambda cfg=None, p="bf16": L._launch(     # the gate|up's work items, as in the model
         xd, 0, W["edown"], None, o_d, 0, None, items(up_tile), None, mr, False, p, st, cfg or down["tile"],
         live_groups=min(E, S))

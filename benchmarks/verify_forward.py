@@ -252,11 +252,10 @@ def main():
                     help="dense GEMMs take the cp.async weight ring from N workspace rows "
                          "(kernels.linear._RING_ROWS; below it the register kernel, which splits the chunks)")
     args = ap.parse_args()
+    import importlib
     if args.dense_ring_rows is not None:
-        import importlib
         importlib.import_module("ddtree_numba.kernels.linear")._RING_ROWS = args.dense_ring_rows
     if args.fp32_scores or args.fp32_pv:
-        import importlib
         mla_module = importlib.import_module("ddtree_numba.kernels.mla")
         mla_module.MMA_SCORES = mla_module.MMA_SCORES and not args.fp32_scores
         mla_module.MMA_PV = mla_module.MMA_PV and not args.fp32_pv
@@ -264,7 +263,6 @@ def main():
         import ddtree_numba.kernels.moe as moe_kernels
         moe_kernels.CONCURRENT_SHARED = False
     if args.no_x_raw:                         # the module (kernels.linear is also the launcher's name)
-        import importlib
         importlib.import_module("ddtree_numba.kernels.linear")._X_RAW = False
 
     from numba import config as numba_config

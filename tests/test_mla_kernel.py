@@ -384,14 +384,8 @@ def test_mma_scores_within_the_twins_bound_and_a_row_alone_equals_it_in_the_batc
     q_lat, q_pe, c_kv, k_pe = core_inputs(rng, t, s_cap, h, c, r)
 
     def scores_of(ql, qp, ckv, kpe, s0_, t_, word=0xFFFFFFFF):
-        scratch = MLAScratch(t_, h, ckv.shape[0] + 3, c)
-        scratch.scores.copy_to_device(np.full(scratch.scores.shape, np.nan, np.float32))
-        launches = mla._mla_launches(*(cuda.to_device(a) for a in (ql, qp, ckv, kpe)),
-                                     cuda.to_device(np.zeros((t_, h * c), np.float32)),
-                                     vis_bits=cuda.to_device(np.full((t_, -(-t_ // 32)), word, np.uint32)),
-                                     meta=cuda.to_device(np.array([s0_, t_], np.int32)), scale=scale, scratch=scratch)
-        launches[0][1]()                                        # the scores launch only
-        return scratch.scores.copy_to_host()[:t_ * h, :s0_ + t_]
+        """The scores launch alone, every mask word ``word``."""
+        return scores_only(ql, qp, ckv, kpe, np.full((t_, -(-t_ // 32)), word, np.uint32), s0_, t_, scale)
 
     got = scores_of(q_lat, q_pe, c_kv, k_pe, s0, t)             # [t*H, S]
     want, bound = mma_scores(q_lat.reshape(t, h, c), q_pe.reshape(t, h, r), c_kv, k_pe, scale)

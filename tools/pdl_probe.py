@@ -32,34 +32,23 @@ def main():
 
     from ddtree_numba._device import capture_graph, ptx_intrinsic, replay_graph
 
-    # named apart from the package's grid_dependency, which launches follow DDTREE_PDL
-    grid_wait = ptx_intrinsic("grid_wait", "griddepcontrol.wait;")
-    grid_trigger = ptx_intrinsic("grid_trigger", "griddepcontrol.launch_dependents;")
+    def chain(name, text):
+        """A chain link: ``text`` (PTX, as the package's grid_dependency emits it) first, then
+        row dst = row src + 1."""
+        first = ptx_intrinsic(f"probe_{name}", text)   # named apart from the package's grid_dependency
 
-    @cuda.jit
-    def plain(a, src, dst):
-        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        a[dst, i] = a[src, i] + 1.0
+        @cuda.jit
+        def kernel(a, src, dst):
+            first()
+            i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+            a[dst, i] = a[src, i] + 1.0
 
-    @cuda.jit
-    def waits(a, src, dst):
-        grid_wait()
-        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        a[dst, i] = a[src, i] + 1.0
+        return kernel
 
-    @cuda.jit
-    def triggers_first(a, src, dst):
-        grid_trigger()
-        grid_wait()
-        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        a[dst, i] = a[src, i] + 1.0
-
-    @cuda.jit
-    def waits_then_triggers(a, src, dst):
-        grid_wait()
-        grid_trigger()
-        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        a[dst, i] = a[src, i] + 1.0
+    wait, trigger = "griddepcontrol.wait;", "griddepcontrol.launch_dependents;"
+    variants = (("plain", chain("plain", ""), False), ("pdl", chain("wait", wait), True),
+                ("trigger-first", chain("trigger_first", trigger + " " + wait), True),
+                ("wait+trigger", chain("wait_trigger", wait + " " + trigger), True))
 
     real_config = nd.LaunchConfig
 
@@ -70,8 +59,7 @@ def main():
     print(f"{'blocks':>6} {'variant':>13} {'graph µs/kernel':>16} {'eager µs/kernel':>16} {'ok':>4}")
     for blocks in args.blocks:
         width = blocks * 256
-        for name, kernel, pdl in (("plain", plain, False), ("pdl", waits, True),
-                                  ("trigger-first", triggers_first, True), ("wait+trigger", waits_then_triggers, True)):
+        for name, kernel, pdl in variants:
             a = cuda.to_device(np.zeros((n + 1, width), np.float32))
 
             def enqueue(stream):

@@ -485,11 +485,19 @@ def _expert_tiles(x, experts_gate, experts_up, experts_down, bufs, precision, ti
         return tile, tile
     tiling = _expert_tiling(bufs)
     up = _grouped_tile(x, experts_gate, bufs.max_rows, precision=precision, w_up=experts_up, **tiling)
-    if up == _TALL_SWIGLU or (isinstance(up, _Staged) and up.NS):
-        return up, up                         # (a down that cannot take the ring takes the tile without it)
     # the down's own choice, over the work items of the gate|up tile's rows (``_expert_item_rows``)
     own = _grouped_tile(bufs.act, experts_down, bufs.max_rows, precision=precision, **tiling)
-    return up, (up if isinstance(own, _Staged) and _rows_a_tile(own) > _rows_a_tile(up) else None)
+    return up, _down_tile(up, own)
+
+
+def _down_tile(up, own):
+    """The experts' down tile (``_expert_tiles``' rule; benchmarks/gemm.py asks it too): the
+    gate|up's tile ``up`` when that is linear's ``_TALL_SWIGLU`` or a cp.async ring (a down that
+    cannot take the ring takes the tile without it), or when the down's own choice ``own`` is a
+    staged tile of more rows; else None (the down's launch takes its own choice)."""
+    if up == _TALL_SWIGLU or (isinstance(up, _Staged) and up.NS):
+        return up
+    return up if isinstance(own, _Staged) and _rows_a_tile(own) > _rows_a_tile(up) else None
 
 
 def _expert_item_rows(x, experts_gate, experts_up, bufs, *, precision, tile=None):
