@@ -251,13 +251,15 @@ def scores_only(q_lat, q_pe, c_kv, k_pe, bits, s0, t, scale):
 
 
 @pytest.mark.parametrize("mma", ["", "scores"], indirect=True)
-def test_scores_kernels_skip_exactly_the_blocks_no_row_sees(rng, mma):
+def test_scores_kernels_skip_exactly_the_blocks_no_row_sees(rng, mma, monkeypatch):
     """Each scores kernel's blocks, by its own tile: a block of new keys none of its rows sees
     (brute force over ``reference.visibility``) is left unwritten (NaN), and every other block
     is written with the bits it has when every row sees every key. A tree of 40 nodes: two mask
-    words a row, blocks that start inside a word."""
+    words a row, blocks that start inside a word. The tensor-core kernel at 16 x 16 blocks (two
+    warps) on every device: the H200's tile for 80 rows (64 x 32) leaves no block blind."""
     import importlib
     mla = importlib.import_module("ddtree_numba.kernels.mla")
+    monkeypatch.setattr(mla, "_MMA_TILE", (2, 1, 1, 1))
     h, c, r, s0, t = 2, 8, 4, 5, 40
     parents = random_parents(rng, t)
     vis = ref.visibility(parents)                               # [t, t]: node i sees node j
