@@ -70,11 +70,6 @@ STEPS = KC // 16           # mma k steps a chunk
 _SIM = bool(config.ENABLE_CUDASIM)
 _SMEM_MAX = 48 * 1024      # static shared memory per block
 _GRID_Y_MAX = 65535        # blocks a CUDA grid holds in y (and z)
-# Grids put the row blocks (grouped: the work items) in x and the column blocks in y: the GPU
-# hands out blocks x fastest, so the blocks that share a column range (the same weights) run
-# together and the weights come from DRAM once, whatever the rows. With the columns in x, each
-# row block streamed the whole matrix again: lm_head (671 MB, more than L2) at 65 rows in 32-row
-# blocks was read three times (651.9 µs against a floor of 169.9, c7f9e50).
 # The register kernel's activations kept raw until their chunk's mma (``_mma_kernel(xraw=)``; the
 # SASS showed each chunk's prefetch waiting on its activations' loads when they were packed to
 # bf16 at once). Measured on the H200 (tools/moe_stages.py --no-x-raw, Moonlight's experts):
@@ -231,13 +226,13 @@ def _scale_slots(kind, MT, swiglu):
 @device_function
 def _block_rows(items, n_rows, rows_per_tile, grouped):
     """The group and rows a block multiplies, as (z, first, end, step): its row tiles start at
-    first, first + step, ... below end. Grouped: work item y of ``items``, (z, first,
+    first, first + step, ... below end. Grouped: work item blockIdx.y of ``items``, (z, first,
     end) at 3y (its rows, in tiles of ``rows_per_tile``); else group blockIdx.z and rows
-    y * rows_per_tile, grid-strided below n_rows[0]. y is blockIdx.x (``_GRID_Y_MAX``: why)."""
-    y = nonneg(cuda.blockIdx.x)
+    blockIdx.y * rows_per_tile, grid-strided below n_rows[0]."""
+    y = nonneg(cuda.blockIdx.y)
     if grouped:
         return nonneg(items[3 * y]), nonneg(items[3 * y + 1]), nonneg(items[3 * y + 2]), rows_per_tile
-    return nonneg(cuda.blockIdx.z), y * rows_per_tile, nonneg(n_rows[0]), nonneg(cuda.gridDim.x) * rows_per_tile
+    return nonneg(cuda.blockIdx.z), y * rows_per_tile, nonneg(n_rows[0]), nonneg(cuda.gridDim.y) * rows_per_tile
 
 
 @functools.lru_cache(maxsize=None)
@@ -246,7 +241,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
     """Every projection of the module (the device tier below is its only caller).
 
     ``kernel(x, x_gs, w, w_up, w_scale, w_up_scale, out, o_gs, n_rows, items, row_index)``: for group z
-    and rows j in [start, end) (grouped: work item y = blockIdx.x of ``items``, the triple
+    and rows j in [start, end) (grouped: work item y = blockIdx.y of ``items``, the triple
     (z, start, end) at 3y, from ``_enqueue_moe_sort``; else z = blockIdx.z and 0, n_rows[0]),
     out[j, z*o_gs + n] (+)= f(x[r, z*x_gs : z*x_gs + K] @ w[z, n]) with
     r = row_index[j] if ``gather`` else j, and f the identity, or SwiGLU of (w, w_up). ``vec``:
@@ -255,9 +250,9 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
     bytes and w_scale / w_up_scale [Z, ceil(N/bo), ceil(K/bi)] their scales, ``block`` = (bo, bi);
     each chunk partial is multiplied by its block's scale before it is added; kind 'int4': w / w_up
     hold int32 words of eight nibbles and w_scale / w_up_scale [Z, N, ceil(K/group)] their group
-    scales, float32 or bf16 bits (``scales``), ``block`` = (1, group). Grid: (row tiles of
-    8*RT grid-strided, column blocks of 16*MT, Z), grouped (work items, column blocks, 1); 32*NW
-    threads (``_GRID_Y_MAX`` above: why the rows come first).
+    scales, float32 or bf16 bits (``scales``), ``block`` = (1, group). Grid: (column blocks of
+    16*MT, row tiles of 8*RT grid-strided, Z), grouped (column blocks, work items, 1); 32*NW
+    threads.
 
     ``xraw`` (with ``xvec``; on by default, ``_X_RAW``: measured faster on the H200): the
     activations stay raw float32 pairs in registers until their chunk's mma step (as float8
@@ -440,7 +435,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
         lane = tid % 32
         g = lane // 4
         t = lane % 4
-        col0 = nonneg(cuda.blockIdx.y) * BN
+        col0 = nonneg(cuda.blockIdx.x) * BN
         N = w.shape[1]
         K = w.shape[2] * 8 if INT4 else w.shape[2]   # int4: eight values a word
         C = (K + KCH - 1) // KCH
@@ -746,7 +741,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
         t = lane % 4
         wm = warp % WM
         wn = warp // WM
-        col0 = nonneg(cuda.blockIdx.y) * BF
+        col0 = nonneg(cuda.blockIdx.x) * BF
         N = w.shape[1]
         K = w.shape[2] * 8 if INT4 else w.shape[2]   # int4: eight values a word
         C = (K + KCH - 1) // KCH
@@ -1077,12 +1072,12 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, items, row_index, max_rows, acc
                              block=block, scales=scales, xraw=_X_RAW and plan.xvec)
         cols = ceil_div(N, 16 * tile.MT)
         threads = 32 * tile.NW
-    grid = (row_blocks, cols, 1 if grouped else Z)
+    grid = (cols, row_blocks, 1 if grouped else Z)
     if cols == 0 or Z == 0 or row_blocks == 0:
         return
     if max(grid[1:]) > _GRID_Y_MAX:
-        raise ValueError(f"a GEMM of {cols} column blocks and {grid[2]} groups: CUDA grids hold at most "
-                         f"{_GRID_Y_MAX} blocks in y and z (fewer columns or groups a launch)")
+        raise ValueError(f"a GEMM of {row_blocks} {'work items' if grouped else 'row tiles'} and {grid[2]} groups: "
+                         f"CUDA grids hold at most {_GRID_Y_MAX} blocks in y and z (fewer rows a launch)")
     idx = n_rows if n_rows is not None else items   # stands in for the unused int32 arrays
     scale = out if plan.scale is None else plan.scale
     scale_up = out if plan.scale_up is None else plan.scale_up
