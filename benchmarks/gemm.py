@@ -189,6 +189,7 @@ def torch_time(fn, reps=REPS, replays=10):
 # -- the cases ------------------------------------------------------------------------------
 H, E, TOPK = 2048, 64, 6
 DENSE_I, MOE_I, VOCAB, HEADS, NOPE, KV = 11264, 1408, 163840, 16, 128, 512
+SHARED_I = 2 * MOE_I          # Moonlight's two shared experts, one dense SwiGLU
 
 
 def routing(rng, R):
@@ -220,12 +221,15 @@ def build(gpu, L, rng, rows_max):
     W["gate"] = gpu.bf16((DENSE_I, H), H ** -0.5)
     W["up"] = gpu.bf16((DENSE_I, H), H ** -0.5)
     W["down"] = gpu.bf16((H, DENSE_I), DENSE_I ** -0.5)
+    W["sgate"] = gpu.bf16((SHARED_I, H), H ** -0.5)
+    W["sup"] = gpu.bf16((SHARED_I, H), H ** -0.5)
+    W["sdown"] = gpu.bf16((H, SHARED_I), SHARED_I ** -0.5)
     W["egate"] = gpu.bf16((E, MOE_I, H), H ** -0.5)
     W["eup"] = gpu.bf16((E, MOE_I, H), H ** -0.5)
     W["edown"] = gpu.bf16((E, H, MOE_I), MOE_I ** -0.5)
     W["lm"] = gpu.bf16((VOCAB, H), H ** -0.5)
     st.synchronize()
-    X = {k: rng.standard_normal((rows_max, k)).astype(np.float32) for k in (H, DENSE_I)}
+    X = {k: rng.standard_normal((rows_max, k)).astype(np.float32) for k in (H, DENSE_I, SHARED_I)}
     X[MOE_I] = rng.standard_normal((rows_max * TOPK, MOE_I)).astype(np.float32)
     X["heads"] = rng.standard_normal((rows_max, HEADS * NOPE)).astype(np.float32)
     dX = {k: gpu.put(v) for k, v in X.items()}
@@ -263,17 +267,21 @@ def cases(gpu, L, W, X, dX, R, rng):
                     bytes=HEADS * KV * NOPE * gpu.wbytes + R * HEADS * (NOPE + KV) * 4,
                     flops=2 * R * HEADS * KV * NOPE, peer=("heads",), max_rows=R, n_cols=KV,
                     swiglu=False, grouped=False, acc=False))
-    o_sw = gpu.empty((R, DENSE_I))
-    xs = dX[H][:R]
-    out.append(dict(name="dense SwiGLU 2048->11264", variant="swiglu", out=o_sw, x=X[H][:R],
-                    w=W["gate"], w_up=W["up"], K=H, N=DENSE_I,
-                    fn=lambda cfg=None, p="bf16": L._launch(xs, 0, W["gate"].reshape(1, DENSE_I, H),
-                                                            W["up"].reshape(1, DENSE_I, H), o_sw, 0,
-                                                            n_rows, None, None, R, False, p, st, cfg),
-                    bytes=2 * DENSE_I * H * gpu.wbytes + R * H * 4 + R * DENSE_I * 4,
-                    flops=2 * 2 * R * DENSE_I * H, peer=("swiglu", DENSE_I, H), max_rows=R,
-                    n_cols=DENSE_I, swiglu=True, grouped=False, acc=False))
+    def swiglu(name, gate, up, inner):
+        o_sw = gpu.empty((R, inner))
+        xs = dX[H][:R]
+        out.append(dict(name=name, variant="swiglu", out=o_sw, x=X[H][:R], w=W[gate], w_up=W[up], K=H, N=inner,
+                        fn=lambda cfg=None, p="bf16": L._launch(xs, 0, W[gate].reshape(1, inner, H),
+                                                                W[up].reshape(1, inner, H), o_sw, 0,
+                                                                n_rows, None, None, R, False, p, st, cfg),
+                        bytes=2 * inner * H * gpu.wbytes + R * H * 4 + R * inner * 4,
+                        flops=2 * 2 * R * inner * H, peer=("swiglu", inner, H), max_rows=R,
+                        n_cols=inner, swiglu=True, grouped=False, acc=False))
+
+    swiglu("dense SwiGLU 2048->11264", "gate", "up", DENSE_I)
     plain("dense down 11264->2048", "down", DENSE_I, H)
+    swiglu("shared SwiGLU 2048->2816", "sgate", "sup", SHARED_I)
+    plain("shared down 2816->2048", "sdown", SHARED_I, H)
     # experts: the grouped GEMMs take work items (expert, first slot, end slot) of the rows a block
     # of their tile multiplies (the counting sort's table, twin ``expert_work_items``), made here
     # once a row height; the down takes the gate|up's tile when the model does (``moe._down_tile``)
@@ -406,15 +414,18 @@ RING_SWEEP = ((4, 1, 1, 2, 2), (4, 2, 1, 2, 2), (4, 1, 1, 1, 2), (2, 2, 2, 2, 2)
               (4, 2, 1, 4, 2), (2, 2, 1, 2, 3), (4, 1, 1, 3, 2), (8, 1, 1, 3, 2), (4, 3, 1, 3, 2), (4, 2, 1, 5, 2))
 
 
-def sweep_cfgs(L, c, kind):
+def sweep_cfgs(L, c, kind, ring_tiles=RING_SWEEP, ring_only=False):
     """Alternative tiles for one case (tuning runs): warps and warp tiles around the register
-    kernel's choice, and (bf16 weights) the ring tiles of ``RING_SWEEP`` that fit shared memory."""
-    cur = L._choose(c["max_rows"], c["n_cols"], c["K"], c["swiglu"], c["live"], kind)
-    alts = {cur._replace(NW=max(1, cur.NW // 2)), cur._replace(NW=min(16, cur.NW * 2)),
-            cur._replace(MT=3 - cur.MT), cur._replace(RT=max(1, cur.RT // 2)), cur._replace(RT=min(8, cur.RT * 2))}
-    alts = [a for a in alts if a != cur and L._smem(a, c["swiglu"], kind) <= L._SMEM_MAX]
+    kernel's choice (unless ``ring_only``), and (bf16 weights) the ring tiles of ``ring_tiles``
+    that fit shared memory."""
+    alts = []
+    if not ring_only:
+        cur = L._choose(c["max_rows"], c["n_cols"], c["K"], c["swiglu"], c["live"], kind)
+        alts = {cur._replace(NW=max(1, cur.NW // 2)), cur._replace(NW=min(16, cur.NW * 2)),
+                cur._replace(MT=3 - cur.MT), cur._replace(RT=max(1, cur.RT // 2)), cur._replace(RT=min(8, cur.RT * 2))}
+        alts = [a for a in alts if a != cur and L._smem(a, c["swiglu"], kind) <= L._SMEM_MAX]
     if kind == "bf16" and c["K"] % 8 == 0:
-        alts += [t for t in (L._Staged(*v) for v in RING_SWEEP)
+        alts += [t for t in (L._Staged(*v) for v in ring_tiles)
                  if L._staged_smem(t, c["swiglu"], "bf16") <= L._SMEM_MAX]
     return alts
 
@@ -426,6 +437,9 @@ def main():
     ap.add_argument("--no-append", action="store_true")
     ap.add_argument("--sweep", default="", help="case-name substrings to try alternative tiles on")
     ap.add_argument("--budget", type=float, default=400.0, help="seconds of sweep; it stops past them")
+    ap.add_argument("--ring-tiles", default="", metavar="WM,WN,MT,RT,NS;...",
+                    help="the ring tiles a sweep tries (default: RING_SWEEP)")
+    ap.add_argument("--ring-only", action="store_true", help="a sweep tries ring tiles only")
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--no-kind-checks", action="store_true",
                     help="skip the f32 / f16 weight checks at small shapes (a quick sweep)")
@@ -434,6 +448,8 @@ def main():
     args = ap.parse_args()
     L = importlib.import_module("ddtree_numba.kernels.linear")
     rows = [int(r) for r in args.rows.split(",")]
+    ring_tiles = (tuple(tuple(int(v) for v in t.split(",")) for t in args.ring_tiles.split(";"))
+                  if args.ring_tiles else RING_SWEEP)
     fp32_rows = {int(r) for r in args.fp32_rows.split(",") if r}
     rng = np.random.default_rng(0)
     gpu = Gpu(args.weights)
@@ -486,7 +502,7 @@ def main():
     sweep_start = time.time()
     for c, R in swept:              # alternative tiles, after the table is complete
         base = graph_time(lambda: c["fn"](None, "bf16"), gpu.stream)
-        for alt in sweep_cfgs(L, c, gpu.kind):
+        for alt in sweep_cfgs(L, c, gpu.kind, ring_tiles, args.ring_only):
             if time.time() - sweep_start > args.budget:
                 log("sweep budget spent")
                 break
