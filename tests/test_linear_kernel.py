@@ -640,8 +640,15 @@ def test_choose_fills_the_gpu_with_warps_only_up_to_the_chunks(monkeypatch):
             assert L._choose_staged(L._RING_ROWS, 256, True, 1, 256, **ring) != L._DENSE_RING   # small
             assert L._choose_staged(L._RING_ROWS - 1, 2816, True, 1, 2048, **ring) != L._DENSE_RING
             assert L._choose_staged(L._FEW_ROWS + 1, 1408, True, 64, 2048, grouped=True) is None  # no ring
+            # the other dense launches by their workspace's rows, lm_head-wide ones from 17 rows
+            dense = [L._choose_staged(r, 3072, False, 1, 2048, **ring) for r in (33, 128, 129, 512, 513, 2048)]
+            assert dense == [L._DENSE_RINGS[0][1]] * 2 + [L._DENSE_RINGS[1][1]] * 2 + [L._DENSE_RINGS[2][1]] * 2
+            wide = [L._choose_staged(r, L._WIDE_COLS, False, 1, 2048, **ring) for r in (16, 17, 32, 33, 2048)]
+            assert wide[0] != L._WIDE_RINGS[0][1] and wide[1:] == [L._WIDE_RINGS[0][1]] * 2 + [L._WIDE_RINGS[1][1]] * 2
+            assert L._choose_staged(32, L._WIDE_COLS, True, 1, 2048, **ring) != L._WIDE_RINGS[0][1]   # SwiGLU: not wide
         for tile, swiglu in ((L._EXPERT_RING, True), (L._EXPERT_RING, False), (L._FEW_EXPERT_RING, True),
-                             (L._FEW_EXPERT_RING, False), (L._DENSE_RING, True)):
+                             (L._FEW_EXPERT_RING, False), (L._DENSE_RING, True),
+                             *((t, False) for _, t in L._DENSE_RINGS + L._WIDE_RINGS)):
             assert L._staged_smem(tile, swiglu, "bf16") <= L._SMEM_MAX
     L._choose.cache_clear()
 

@@ -857,8 +857,27 @@ else:
 # three or four slots 104.9 + 54.5-55.9, eight warps 308 + 60).
 _EXPERT_RING = _Staged(4, 1, 1, 2, 2)
 _FEW_EXPERT_RING = _Staged(2, 1, 1, 1, 2)
-_DENSE_RING = _Staged(4, 2, 1, 2, 2)
+_DENSE_RING = _Staged(4, 2, 1, 2, 2)        # dense SwiGLU (the shared experts, a dense MLP)
 _RING_ROWS = 33
+# The other dense launches by their workspace's rows (a power of two: 128 holds a 65-row verify,
+# 512 a 257-row one or 16 trees of 17), and launches of at least _WIDE_COLS outputs (lm_head) from
+# _WIDE_RING_ROWS rows. The ring kernel is issue-bound (each block stages its chunks whatever its
+# live rows), so the tile trades blocks for mma a staged chunk. Measured on the H200
+# (benchmarks/gemm.py --sweep --ring-only, 8840c53, µs at 17 / 65 / 272 / 1040 live rows, the
+# tile chosen before -> this): q_proj 26.2 -> 20.6 (65), 58.9 -> 54.2 (272), 180.2 -> 144.4
+# (1040); o_proj 23.2 -> 21.4, 56.2 -> 34.3, 124.1 -> 113.7; the shared experts' down 28.9 ->
+# 26.3, 71.0 -> 43.5, 161.1 -> 147.0; lm_head 440.2 -> 216.0 (17: the register kernel before),
+# 945.1 -> 522.6, 2867.1 -> 2026.5, 10501.9 -> 6856.1. The bits are every tile's.
+_DENSE_RINGS = ((128, _Staged(4, 1, 1, 2, 2)), (512, _Staged(4, 1, 1, 3, 2)), (None, _Staged(8, 1, 1, 3, 2)))
+_WIDE_COLS = 16384
+_WIDE_RING_ROWS = 17
+_WIDE_RINGS = ((32, _Staged(8, 1, 1, 3, 2)), (None, _Staged(4, 2, 1, 5, 2)))
+
+
+def _by_rows(table, rows: int):
+    """The choice of ``table`` ((bound, choice) pairs, ascending, the last bound None) for
+    ``rows``: the first whose bound is at least ``rows``."""
+    return next(choice for bound, choice in table if bound is None or rows <= bound)
 
 
 def _choose_staged(max_rows, n_cols, swiglu, n_groups, n_k=0, grouped=False, ring=False):
@@ -870,8 +889,11 @@ def _choose_staged(max_rows, n_cols, swiglu, n_groups, n_k=0, grouped=False, rin
     if ring and not _SIM:
         if grouped:
             return _EXPERT_RING if max_rows > _FEW_ROWS else _FEW_EXPERT_RING
-        if n_groups == 1 and max_rows >= _RING_ROWS and n_cols * n_k > _SMALL_WEIGHTS:
-            return _DENSE_RING
+        if n_groups == 1 and n_cols * n_k > _SMALL_WEIGHTS:
+            if not swiglu and n_cols >= _WIDE_COLS and max_rows >= _WIDE_RING_ROWS:
+                return _by_rows(_WIDE_RINGS, max_rows)
+            if max_rows >= _RING_ROWS:
+                return _DENSE_RING if swiglu else _by_rows(_DENSE_RINGS, max_rows)
     if swiglu and n_groups > 1:
         return None                           # experts' gate|up: the register kernel (_TALL_SWIGLU)
     tile = _STAGED[swiglu or n_groups > 1]    # SwiGLU, groups (experts' down, heads): 64 x 64 blocks
