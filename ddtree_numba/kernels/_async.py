@@ -9,12 +9,6 @@ multiplies another. ``nbytes`` (0 or 16) is how many bytes are read; the rest ar
 groups of this thread are still in flight. Another thread's copies become visible only after the
 wait *and* a ``cuda.syncthreads()``.
 
-``cp_async16_at(dst, src, nbytes)`` is the same copy between addresses: ``dst`` a 32-bit shared
-address from ``shared_address(arr, idx)``, ``src`` a 64-bit global address from
-``global_address(arr, idx)``, both of 16-byte pieces, which a kernel works out once and then moves
-by byte offsets (``load_u64(address)`` reads a global word the same way) (a kernel that issues many copies a chunk spends far fewer instructions on adding
-an offset than on indexing an array).
-
 Same route as ``_mma.py``: an ``intrinsic`` emitting PTX as LLVM inline assembly. The shared
 destination is converted from numba's generic pointer with ``cvta.to.shared``; the source, a
 generic pointer into global memory, is already a global address. Both must be 16-byte aligned.
@@ -72,62 +66,6 @@ if _SIM:
         return wait
 
     CP_ASYNC_WAIT = tuple(_waiter(n) for n in range(4))
-
-    # Addresses in the simulator: an array's handle (its place in a small table) above a byte
-    # offset into it, so that a kernel's address arithmetic works unchanged; 40 offset bits for
-    # global arrays, 24 for shared ones (whose addresses are 32-bit).
-    import collections
-
-    _keys = collections.OrderedDict()         # (buffer, shape, strides, dtype) -> handle, the newest last
-    _by_handle = {}                           # handle -> the array (kept alive: buffers stay unique)
-    _lock = threading.Lock()
-
-    def _address(arr, idx, bits):
-        # keyed by the memory and its layout, not the object: every simulated thread makes its own
-        # views of one launch's arrays, and they must share a handle
-        key = (arr.__array_interface__["data"][0], arr.shape, arr.strides, arr.dtype.str)
-        with _lock:
-            h = _keys.get(key)
-            if h is None:
-                if len(_keys) >= 250:         # the oldest array is long out of use by then
-                    _, old = _keys.popitem(last=False)
-                    del _by_handle[old]
-                h = next(h for h in range(1, 256) if h not in _by_handle)
-                _keys[key] = h
-                _by_handle[h] = arr
-        # by strides, unchecked, as on the GPU: a kernel may form an address past a row's end
-        # that it never reads from (a chunk past K)
-        return (h << bits) + sum(int(i) * st for i, st in zip(idx, arr.strides))
-
-    def _decode(address, bits):
-        """(the array as a flat uint64 view, the word index) of an address."""
-        h, off = int(address) >> bits, int(address) & ((1 << bits) - 1)
-        assert off % 8 == 0, "a copy's pieces are whole uint64 words"
-        return _by_handle[h].reshape(-1).view(np.uint64), off // 8
-
-    def global_address(arr, idx):
-        """The address of arr[idx] (a C-contiguous global array), as a uint64."""
-        return np.uint64(_address(arr, idx, 40))
-
-    def shared_address(arr, idx):
-        """The address of arr[idx] (a shared array), as a uint32."""
-        return np.uint32(_address(arr, idx, 24))
-
-    def load_u64(address):
-        """The uint64 word at a ``global_address``."""
-        arr, w = _decode(address, 40)
-        return arr[w]
-
-    def cp_async16_at(dst, src, nbytes):
-        """``cp_async16`` between addresses (``shared_address``, ``global_address``)."""
-        darr, d0 = _decode(dst, 24)
-        if nbytes:
-            sarr, s0 = _decode(src, 40)
-            v0, v1 = sarr[s0], sarr[s0 + 1]
-        else:
-            v0 = v1 = np.uint64(0)
-        darr[d0] = darr[d0 + 1] = _POISON
-        _groups().open.append((darr, (d0,), (d0 + 1,), v0, v1))
 else:
     from llvmlite import ir
     from numba.core import cgutils
@@ -156,61 +94,6 @@ else:
             asm = ir.InlineAsm(fnty, "{ .reg .u64 sa; cvta.to.shared.u64 sa, $0; "
                                      "cp.async.cg.shared.global [sa], [$1], 16, $2; }",
                                "l,l,r,~{memory}", side_effect=True)
-            builder.call(asm, [d, s, n])
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    @intrinsic
-    def global_address(typingctx, arr, idx):
-        """The address of arr[idx], as a uint64."""
-        sig = types.uint64(arr, idx)
-
-        def codegen(context, builder, signature, args):
-            return _item_pointer(context, builder, signature.args[0], args[0], signature.args[1], args[1])
-
-        return sig, codegen
-
-    @intrinsic
-    def shared_address(typingctx, arr, idx):
-        """The shared-window address of arr[idx] (a shared array), as a uint32."""
-        sig = types.uint32(arr, idx)
-
-        def codegen(context, builder, signature, args):
-            p = _item_pointer(context, builder, signature.args[0], args[0], signature.args[1], args[1])
-            fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(64)])
-            asm = ir.InlineAsm(fnty, "{ .reg .u64 sa; cvta.to.shared.u64 sa, $1; cvt.u32.u64 $0, sa; }", "=r,l")
-            return builder.call(asm, [p])
-
-        return sig, codegen
-
-    @intrinsic
-    def load_u64(typingctx, address):
-        """The uint64 word at global address ``address`` (8-byte aligned)."""
-        sig = types.uint64(address)
-
-        def codegen(context, builder, signature, args):
-            a = context.cast(builder, args[0], signature.args[0], types.uint64)
-            # no side effect: the kernels read activations no launch writes while they run, so the
-            # compiler may schedule the load freely
-            asm = ir.InlineAsm(ir.FunctionType(ir.IntType(64), [ir.IntType(64)]), "ld.global.u64 $0, [$1];",
-                               "=l,l")
-            return builder.call(asm, [a])
-
-        return sig, codegen
-
-    @intrinsic
-    def cp_async16_at(typingctx, dst, src, nbytes):
-        """16 bytes from global address ``src`` to shared address ``dst``, ``nbytes`` of them read."""
-        sig = types.void(dst, src, nbytes)
-
-        def codegen(context, builder, signature, args):
-            d = context.cast(builder, args[0], signature.args[0], types.uint32)
-            s = context.cast(builder, args[1], signature.args[1], types.uint64)
-            n = context.cast(builder, args[2], signature.args[2], types.uint32)
-            fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(32), ir.IntType(64), ir.IntType(32)])
-            asm = ir.InlineAsm(fnty, "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}",
-                               side_effect=True)
             builder.call(asm, [d, s, n])
             return context.get_dummy_value()
 

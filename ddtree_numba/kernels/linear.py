@@ -61,7 +61,7 @@ from .._checks import check_array, check_precision
 from .._device import (cached, ceil_div, device_function, float32_out, fma, grid_dependency, is_device, launcher_result,
                        nonneg, rows_device, to_device)
 from ..dtypes import QUANTIZED, BlockScaled, fp8_block_supported
-from ._async import CP_ASYNC_WAIT, cp_async16_at, cp_async_commit, global_address, load_u64, shared_address
+from ._async import CP_ASYNC_WAIT, cp_async16, cp_async_commit
 from ._mma import mma_bf16, pack_bf16x2
 from ._widen import ELEM as STORED, KINDS, WIDEN, _weight_kind, bf16_to_f32, hi_f32, lo_f32
 
@@ -593,10 +593,9 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
     NSV = _scale_slots(kind, MT, swiglu)
 
     @device_function
-    def stage_load(c, tid, xv, xc, wv, wuv, z, col0, N, K, xaddr, wst, xst0, xst1):
+    def stage_load(c, tid, xv, xc, wv, wuv, z, col0, N, K, xrows, wst, xst0, xst1):
         """Chunk c's weight words (unless ``ASYNC``) and activation quads of this thread, global ->
-        registers (``xaddr``: the address of each quad's activations in chunk 0, 0 past the tile's
-        rows)."""
+        registers (``xrows``: the activation row of each quad, -1 past the tile's rows)."""
         for i in range(0 if ASYNC else NWW):
             idx = tid + i * NT
             v = uint64(0)
@@ -618,19 +617,20 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
             idx = tid + i * NT
             u0 = uint64(0)
             u1 = uint64(0)
-            a = xaddr[i]
-            if a != uint64(0) and c * KCH + 4 * (idx % Q) < K:
-                a += uint64(4 * KCH) * uint64(c)
-                u0 = load_u64(a)
-                u1 = load_u64(a + uint64(8))
+            rx = xrows[i]
+            k = c * KCH + 4 * (idx % Q)
+            if rx >= 0 and k < K:             # unsigned indices: no wraparound or sign fix-ups
+                u = uint64(rx)
+                q = uint64(xc + k) >> uint64(1)
+                u0 = xv[u, q]
+                u1 = xv[u, q + uint64(1)]
             xst0[i] = u0
             xst1[i] = u1
 
     @device_function
-    def stage_rows(tid, tile0, end, row_index, xv, xc, xaddr):
-        """The address of each of this thread's activation quads in chunk 0 for the tile at tile0
-        (rows gathered through ``row_index``), 0 past its rows: worked out once a tile, then moved
-        by a chunk's bytes (``stage_load``)."""
+    def stage_rows(tid, tile0, end, row_index, xrows):
+        """The activation row of each of this thread's quads for the tile at tile0 (gathered
+        through ``row_index``), -1 past its rows: read once a tile, not once a chunk."""
         for i in range(NXW):
             idx = tid + i * NT
             rx = -1
@@ -640,7 +640,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
                     rx = j
                     if gather:
                         rx = row_index[j]
-            xaddr[i] = uint64(0) if rx < 0 else global_address(xv, (rx, (xc + 4 * (idx % Q)) // 2))
+            xrows[i] = rx
 
     @device_function
     def stage_store(tid, wst, xst0, xst1, wsm, xsm, f):
@@ -670,31 +670,29 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
                     xsm[0, idx // Q, idx % Q] = uint64(pack_bf16x2(f[0], f[1])) | (
                         uint64(pack_bf16x2(f[2], f[3])) << uint64(32))
 
-    PIECES = Q // 2                           # ASYNC: 16-byte pieces a weight row of a chunk
-    RSTEP = NT // PIECES                      # rows between one thread's pieces
-    ROW_B, MAT_B = 8 * QP, 8 * QP * BF        # bytes of a staged row, of one matrix's rows in a slot
-    assert not ASYNC or NT % PIECES == 0
-
     @device_function
-    def copy_weights(c, slot, wrow, wdst, wsrc0, wsrc1, wsafe0, wsafe1, rows_left, k_ok, row_b):
+    def copy_weights(c, slot, tid, wv, wuv, wsm, z, col0, N, K):
         """``ASYNC``: issue this thread's cp.async pieces of chunk c's weights into ring slot
         ``slot`` (zeros past N and K). Consecutive threads take consecutive 16-byte pieces of a
-        row (a warp reads four rows of 128 bytes); a thread's pieces are RSTEP rows apart. By
-        address, worked out once a block (adding an offset costs far fewer instructions than
-        indexing an array): ``wrow`` its first piece's row, ``wdst`` its address in slot 0,
-        ``wsrc*`` its first piece's at k = 0 in each matrix, ``wsafe*`` one inside each matrix
-        (where a copy that reads nothing points); ``rows_left`` = N - col0 - wrow, ``k_ok``
-        whether chunk c holds its pieces' k, ``row_b`` a weight row's bytes. Each matrix's pieces
-        in their own unrolled loop, so the matrix a copy reads is known when compiling."""
+        row: a warp reads four rows of 128 bytes. Each matrix's pieces in their own unrolled loop,
+        so the matrix a copy reads is known when compiling."""
         for s in range(S):
-            src = (wsrc1 if s == 1 else wsrc0) + uint64(c * 2 * KCH)
             for i in range(NWC):
-                if NWC * RSTEP == BF or wrow + i * RSTEP < BF:   # (the first test is constant)
-                    dst = wdst + uint32(slot * (S * MAT_B) + s * MAT_B + i * RSTEP * ROW_B)
-                    if k_ok and i * RSTEP < rows_left:
-                        cp_async16_at(dst, src + uint64(i * RSTEP) * row_b, uint32(16))
-                    else:                     # zeros, reading nothing (the address stays inside)
-                        cp_async16_at(dst, wsafe1 if s == 1 else wsafe0, uint32(0))
+                m = tid + i * NT
+                if NWC * NT == BF * (Q // 2) or m < BF * (Q // 2):   # (the first test is constant)
+                    r = m // (Q // 2)
+                    piece = m % (Q // 2)
+                    n = col0 + r
+                    k = c * KCH + 8 * piece
+                    ok = n < N and k < K
+                    nbytes = uint32(16) if ok else uint32(0)
+                    un = uint64(n) if ok else uint64(0)   # read nothing; keep the address inside
+                    uk = uint64(k) >> uint64(2) if ok else uint64(0)
+                    d = (uint64(slot), uint64(s), uint64(r), uint64(2 * piece))
+                    if s == 1:
+                        cp_async16(wsm, d, wuv, (uint64(z), un, uk), nbytes)
+                    else:
+                        cp_async16(wsm, d, wv, (uint64(z), un, uk), nbytes)
 
     @device_function
     def mma_chunk(wsm, slot, xsm, wm, wn, g, t, acc, live):
@@ -765,26 +763,11 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
         wst = cuda.local.array(NWW, uint64)
         xst0 = cuda.local.array(NXW, uint64)
         xst1 = cuda.local.array(NXW, uint64)
-        xaddr = cuda.local.array(NXW, uint64)
+        xrows = cuda.local.array(NXW, int64)
         acc = cuda.local.array(PS, float32)
         ys = cuda.local.array(PS, float32)
         sv = cuda.local.array(NSV, float32)
         f = cuda.local.array(4, float32)
-        # ASYNC: this thread's weight pieces by address, once a block (``copy_weights``)
-        wrow = tid // PIECES
-        piece = tid % PIECES
-        rows_left = N - col0 - wrow
-        row_b = uint64(K) * uint64(2)
-        wdst = uint32(0)
-        wsafe0 = wsafe1 = wsrc0 = wsrc1 = uint64(0)
-        if ASYNC:
-            wdst = shared_address(wsm, (0, 0, min(wrow, BF - 1), 2 * piece))
-            nsafe = min(col0 + wrow, N - 1)
-            wsafe0 = global_address(wv, (z, nsafe, 0))
-            wsrc0 = wsafe0 + uint64(16 * piece)
-            if S == 2:
-                wsafe1 = global_address(wuv, (z, nsafe, 0))
-                wsrc1 = wsafe1 + uint64(16 * piece)
         for tile0 in range(first, end, step):
             for q in range(PS):
                 ys[q] = float32(0.0)
@@ -793,11 +776,10 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
                 cuda.syncthreads()            # every warp is done with the previous tile's slots
                 for c in range(NS - 1):       # the ring's first NS - 1 chunks (a group each, empty past C)
                     if c < C:
-                        copy_weights(c, c, wrow, wdst, wsrc0, wsrc1, wsafe0, wsafe1, rows_left,
-                                     c * KCH + 8 * piece < K, row_b)
+                        copy_weights(c, c, tid, wv, wuv, wsm, z, col0, N, K)
                     cp_async_commit()
-            stage_rows(tid, tile0, end, row_index, xv, xc, xaddr)
-            stage_load(0, tid, xv, xc, wv, wuv, z, col0, N, K, xaddr, wst, xst0, xst1)
+            stage_rows(tid, tile0, end, row_index, xrows)
+            stage_load(0, tid, xv, xc, wv, wuv, z, col0, N, K, xrows, wst, xst0, xst1)
             slot = 0                          # the ring slot of chunk c, and of chunk c + NS - 1
             fill = NS - 1                     # (running counters: a modulo costs ~20 instructions)
             for c in range(C):
@@ -807,14 +789,13 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
                 stage_store(tid, wst, xst0, xst1, wsm, xsm, f)
                 if ASYNC:                     # chunk c + NS - 1 into the slot chunk c - 1 left
                     if c + NS - 1 < C:
-                        copy_weights(c + NS - 1, fill, wrow, wdst, wsrc0, wsrc1, wsafe0, wsafe1, rows_left,
-                                     (c + NS - 1) * KCH + 8 * piece < K, row_b)
+                        copy_weights(c + NS - 1, fill, tid, wv, wuv, wsm, z, col0, N, K)
                     cp_async_commit()
                     fill = fill + 1 if fill + 1 < SLOTS else 0
                 cuda.syncthreads()
                 load_scales(sv, sc, scu, z, col0 + wm * 16 * MT, N, c, C, g)
                 if c + 1 < C:                 # the next chunk's loads fly while this one multiplies
-                    stage_load(c + 1, tid, xv, xc, wv, wuv, z, col0, N, K, xaddr, wst, xst0, xst1)
+                    stage_load(c + 1, tid, xv, xc, wv, wuv, z, col0, N, K, xrows, wst, xst0, xst1)
                 mma_chunk(wsm, slot, xsm, wm, wn, g, t, acc, live)
                 add_chunk(ys, acc, sv)
                 slot = slot + 1 if slot + 1 < SLOTS else 0
