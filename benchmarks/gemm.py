@@ -440,8 +440,6 @@ def main():
     ap.add_argument("--ring-tiles", default="", metavar="WM,WN,MT,RT,NS;...",
                     help="the ring tiles a sweep tries (default: RING_SWEEP)")
     ap.add_argument("--ring-only", action="store_true", help="a sweep tries ring tiles only")
-    ap.add_argument("--x-ahead", type=int, choices=(1, 2), default=None,
-                    help="chunks ahead the ring kernel loads activations (kernels.linear._X_AHEAD; an A/B)")
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--no-kind-checks", action="store_true",
                     help="skip the f32 / f16 weight checks at small shapes (a quick sweep)")
@@ -449,9 +447,6 @@ def main():
                     help="weight storage: bf16, float8 e4m3 with 128 x 128 block scales, or int4 in groups of 32")
     args = ap.parse_args()
     L = importlib.import_module("ddtree_numba.kernels.linear")
-    if args.x_ahead is not None:
-        L._X_AHEAD = args.x_ahead
-    log(f"activation loads {L._X_AHEAD} chunk(s) ahead in the ring kernel")
     rows = [int(r) for r in args.rows.split(",")]
     ring_tiles = (tuple(tuple(int(v) for v in t.split(",")) for t in args.ring_tiles.split(";"))
                   if args.ring_tiles else RING_SWEEP)

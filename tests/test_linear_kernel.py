@@ -477,18 +477,14 @@ def test_staged_tiles_give_the_register_kernels_bits(rng, precision, variant):
         assert_bits(run(L.TILES[name]), want), name
 
 
-@pytest.mark.parametrize("slots,item_rows,x_ahead", [(2, 32, 1), (3, 64, 1), (3, 64, 2)])
-def test_weight_ring_gives_the_register_kernels_bits(rng, slots, item_rows, x_ahead, monkeypatch, request):
+@pytest.mark.parametrize("slots,item_rows", [(2, 32), (3, 64)])
+def test_weight_ring_gives_the_register_kernels_bits(rng, slots, item_rows):
     """The staged kernel with its weights copied by cp.async into a ring of 2 or 3 slots (``NS``;
     in the simulator a copy lands only at its wait, so a slot read too early is NaN): five chunks
     (the ring wraps), a partial column block (pieces past N zero-filled), experts of 3, 0 and 45
     rows in work items of 32 (a warp whose row tiles are all past the item's rows skips them) or
-    of 64 (a block walks two 32-row tiles: the ring restarts), the activations loaded one or two
-    chunks ahead (``_X_AHEAD``; two: an odd chunk count ends on the second set): the register
-    kernel's bits, SwiGLU with gathered rows and the plain down."""
-    monkeypatch.setattr(L, "_X_AHEAD", x_ahead)
-    L._staged_kernel.cache_clear()            # kernels are built at the setting (and after the test,
-    request.addfinalizer(L._staged_kernel.cache_clear)   # at the default again)
+    of 64 (a block walks two 32-row tiles: the ring restarts): the register kernel's bits, SwiGLU
+    with gathered rows and the plain down."""
     K, N, counts = 320, 40, [3, 0, 45]
     offsets, x, row_index, (w, _), (wu, _) = _grouped_case(rng, "bf16", counts, K, N, True)
     ring = L._Staged(1, 2, 1, 2, slots)

@@ -562,7 +562,6 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
     ring of NS weight slots filled by ``cp.async`` (bf16 weights, K % 8 == 0). Row tiles of 8
     rows wholly past the block's last row are skipped (no mma)."""
     ASYNC = NS > 0
-    XA = _X_AHEAD if ASYNC else 1             # chunks the activation loads run ahead (``_X_AHEAD``)
     if ASYNC and (kind != "bf16" or not 2 <= NS <= _NS_MAX):
         raise ValueError(f"a cp.async ring takes bf16 weights and 2..{_NS_MAX} slots, got {kind} and {NS}")
     SLOTS = max(1, NS)
@@ -764,8 +763,6 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
         wst = cuda.local.array(NWW, uint64)
         xst0 = cuda.local.array(NXW, uint64)
         xst1 = cuda.local.array(NXW, uint64)
-        yst0 = cuda.local.array(NXW, uint64)   # XA = 2: the odd chunks' activations
-        yst1 = cuda.local.array(NXW, uint64)
         xrows = cuda.local.array(NXW, int64)
         acc = cuda.local.array(PS, float32)
         ys = cuda.local.array(PS, float32)
@@ -783,18 +780,13 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
                     cp_async_commit()
             stage_rows(tid, tile0, end, row_index, xrows)
             stage_load(0, tid, xv, xc, wv, wuv, z, col0, N, K, xrows, wst, xst0, xst1)
-            if XA == 2 and C > 1:
-                stage_load(1, tid, xv, xc, wv, wuv, z, col0, N, K, xrows, wst, yst0, yst1)
             slot = 0                          # the ring slot of chunk c, and of chunk c + NS - 1
             fill = NS - 1                     # (running counters: a modulo costs ~20 instructions)
             for c in range(C):
                 if ASYNC:
                     wait_ring()               # this thread's pieces of chunk c have landed
                 cuda.syncthreads()            # every warp is done reading the previous chunk
-                if XA == 2 and c % 2 == 1:    # (a uniform branch: each set stays in registers)
-                    stage_store(tid, wst, yst0, yst1, wsm, xsm, f)
-                else:
-                    stage_store(tid, wst, xst0, xst1, wsm, xsm, f)
+                stage_store(tid, wst, xst0, xst1, wsm, xsm, f)
                 if ASYNC:                     # chunk c + NS - 1 into the slot chunk c - 1 left
                     if c + NS - 1 < C:
                         copy_weights(c + NS - 1, fill, tid, wv, wuv, wsm, z, col0, N, K)
@@ -802,13 +794,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
                     fill = fill + 1 if fill + 1 < SLOTS else 0
                 cuda.syncthreads()
                 load_scales(sv, sc, scu, z, col0 + wm * 16 * MT, N, c, C, g)
-                if XA == 2:                   # chunk c + 2's activations, into the set chunk c left
-                    if c + 2 < C:
-                        if c % 2 == 1:
-                            stage_load(c + 2, tid, xv, xc, wv, wuv, z, col0, N, K, xrows, wst, yst0, yst1)
-                        else:
-                            stage_load(c + 2, tid, xv, xc, wv, wuv, z, col0, N, K, xrows, wst, xst0, xst1)
-                elif c + 1 < C:               # the next chunk's loads fly while this one multiplies
+                if c + 1 < C:                 # the next chunk's loads fly while this one multiplies
                     stage_load(c + 1, tid, xv, xc, wv, wuv, z, col0, N, K, xrows, wst, xst0, xst1)
                 mma_chunk(wsm, slot, xsm, wm, wn, g, t, acc, live)
                 add_chunk(ys, acc, sv)
@@ -873,11 +859,6 @@ _EXPERT_RING = _Staged(4, 1, 1, 2, 2)
 _FEW_EXPERT_RING = _Staged(2, 1, 1, 1, 2)
 _DENSE_RING = _Staged(4, 2, 1, 2, 2)        # dense SwiGLU (the shared experts, a dense MLP)
 _RING_ROWS = 33
-# Chunks ahead that a ring kernel's activation loads are issued (1: the next chunk's, while this
-# one multiplies; 2: the one after, into a second set of registers). An experiment of the
-# eighteenth session (benchmarks/gemm.py --x-ahead): with the weights' ring three slots deep and
-# the activations one chunk ahead, the kernel was no faster than with two slots.
-_X_AHEAD = 1
 # The other dense launches by their workspace's rows (a power of two: 128 holds a 65-row verify,
 # 512 a 257-row one or 16 trees of 17), and launches of at least _WIDE_COLS outputs (lm_head) from
 # _WIDE_RING_ROWS rows. The ring kernel is issue-bound (each block stages its chunks whatever its
