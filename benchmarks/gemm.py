@@ -406,10 +406,9 @@ def chosen_tile(L, c, kind):
 
 
 # staged tiles with a cp.async weight ring (bf16 weights) tried beside the register alternatives:
-# the two chosen ones and larger warp tiles (more mma a fragment load: the ring kernel is issue-bound),
-# and tiles whose block covers a verify's live rows (8 RT WN: 24 >= 17, 72 / 80 >= 65), so that a
-# matrix too large for L2 (lm_head, 671 MB) is read once, not once a row block (at 64 rows the
-# chosen (4,2,1,2,2) reads it three times: 651.9 µs against a floor of 169.9, c7f9e50)
+# the chosen ones, larger warp tiles (more mma a fragment load) and tiles whose block covers a
+# verify's live rows (8 RT WN: 24 >= 17, 72 / 80 >= 65: every block stages all the chunks whatever
+# its live rows, so fewer row blocks cost less; `--ring-tiles` tries others)
 RING_SWEEP = ((4, 1, 1, 2, 2), (4, 2, 1, 2, 2), (4, 1, 1, 1, 2), (2, 2, 2, 2, 2), (2, 2, 2, 4, 2), (2, 1, 2, 4, 2),
               (4, 2, 1, 4, 2), (2, 2, 1, 2, 3), (4, 1, 1, 3, 2), (8, 1, 1, 3, 2), (4, 3, 1, 3, 2), (4, 2, 1, 5, 2))
 

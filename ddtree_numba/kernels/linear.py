@@ -861,8 +861,9 @@ _DENSE_RING = _Staged(4, 2, 1, 2, 2)        # dense SwiGLU (the shared experts, 
 _RING_ROWS = 33
 # The other dense launches by their workspace's rows (a power of two: 128 holds a 65-row verify,
 # 512 a 257-row one or 16 trees of 17), and launches of at least _WIDE_COLS outputs (lm_head) from
-# _WIDE_RING_ROWS rows. The ring kernel is issue-bound (each block stages its chunks whatever its
-# live rows), so the tile trades blocks for mma a staged chunk. Measured on the H200
+# _WIDE_RING_ROWS rows. Each block stages every chunk whatever its live rows, so the tile trades
+# blocks (parallelism) for mma a staged chunk; what bounds a block is not settled (docs/NOTES.md
+# "Next": not DRAM re-reads, issue slots or the prefetch depths). Measured on the H200
 # (benchmarks/gemm.py --sweep --ring-only, 8840c53, µs at 17 / 65 / 272 / 1040 live rows, the
 # tile chosen before -> this): q_proj 26.2 -> 20.6 (65), 58.9 -> 54.2 (272), 180.2 -> 144.4
 # (1040); o_proj 23.2 -> 21.4, 56.2 -> 34.3, 124.1 -> 113.7; the shared experts' down 28.9 ->
