@@ -522,6 +522,27 @@ def test_weight_ring_over_few_chunks_in_both_precisions(rng, precision, slots, K
     assert_bits(swiglu(ring), swiglu(L.TILES["small"]))
 
 
+@pytest.mark.parametrize("tile", [(1, 1, 1, 3, 2), (3, 1, 1, 1, 2)])
+def test_ring_tiles_of_three_row_tiles_or_a_partial_staging_pass(rng, tile):
+    """Ring tiles like the H200's 24-row ones (RT 3: ``_DENSE_RINGS``, ``_WIDE_RINGS``), and a
+    block whose threads do not divide its activation quads (3 warps over 8 rows: 128 quads on 96
+    threads, the guarded second pass that (8,1,1,3,2) takes on the H200): the register kernel's
+    bits, plain and SwiGLU, over rows that end inside a row tile."""
+    R, N, K = 29, 56, 192
+    x = xs(rng, (R, K))
+    (w, _), (wu, _) = weights(rng, (N, K), "bf16"), weights(rng, (N, K), "bf16")
+    ring = L._Staged(*tile)
+    assert L._plan(dev(x), 0, dev(w.reshape(1, N, K)), None, R, "bf16", ring).tile == ring
+    assert_bits(run_linear(x, w, "bf16", tile=ring), run_linear(x, w, "bf16", tile=L.TILES["small"]))
+
+    def swiglu(t):
+        d_out = dev(np.full((R, N), np.nan, np.float32))
+        L._enqueue_swiglu(dev(x), dev(w), dev(wu), d_out, rows_dev(R), precision="bf16", tile=t)
+        return d_out.copy_to_host()
+
+    assert_bits(swiglu(ring), swiglu(L.TILES["small"]))
+
+
 def test_weight_ring_only_for_whole_bf16_pieces(rng):
     """cp.async copies 16-byte pieces of bf16 rows: other weights, or K not a multiple of 8, take
     the staged kernel's register path (NS 0); a ring too big for shared memory is shortened."""
@@ -643,13 +664,21 @@ def test_choose_fills_the_gpu_with_warps_only_up_to_the_chunks(monkeypatch):
             # the other dense launches by their workspace's rows, lm_head-wide ones from 17 rows
             dense = [L._choose_staged(r, 3072, False, 1, 2048, **ring) for r in (33, 128, 129, 512, 513, 2048)]
             assert dense == [L._DENSE_RINGS[0][1]] * 2 + [L._DENSE_RINGS[1][1]] * 2 + [L._DENSE_RINGS[2][1]] * 2
-            wide = [L._choose_staged(r, L._WIDE_COLS, False, 1, 2048, **ring) for r in (16, 17, 32, 33, 2048)]
-            assert wide[0] != L._WIDE_RINGS[0][1] and wide[1:] == [L._WIDE_RINGS[0][1]] * 2 + [L._WIDE_RINGS[1][1]] * 2
-            assert L._choose_staged(32, L._WIDE_COLS, True, 1, 2048, **ring) != L._WIDE_RINGS[0][1]   # SwiGLU: not wide
+            # (off the ring: None, or the rule above, which with the simulator's constants may stage)
+            def no_ring(r, n_cols, swiglu=False, n_groups=1):
+                return getattr(L._choose_staged(r, n_cols, swiglu, n_groups, 2048, **ring), "NS", 0) == 0
+
+            assert no_ring(32, 3072)                                    # below _RING_ROWS
+            wide = [L._choose_staged(r, L._WIDE_COLS, False, 1, 2048, **ring) for r in (17, 32, 33, 2048)]
+            assert wide == [L._WIDE_RINGS[0][1]] * 2 + [L._WIDE_RINGS[1][1]] * 2
+            assert no_ring(16, L._WIDE_COLS)                            # below _WIDE_RING_ROWS
+            assert no_ring(32, L._WIDE_COLS, swiglu=True) and no_ring(32, L._WIDE_COLS, n_groups=2)   # not wide
         for tile, swiglu in ((L._EXPERT_RING, True), (L._EXPERT_RING, False), (L._FEW_EXPERT_RING, True),
                              (L._FEW_EXPERT_RING, False), (L._DENSE_RING, True),
                              *((t, False) for _, t in L._DENSE_RINGS + L._WIDE_RINGS)):
             assert L._staged_smem(tile, swiglu, "bf16") <= L._SMEM_MAX
+        for _, tile in L._DENSE_RINGS + L._WIDE_RINGS:      # fp32 activations take two planes
+            assert L._staged_smem(tile, False, "fp32") <= L._SMEM_MAX
     L._choose.cache_clear()
 
 

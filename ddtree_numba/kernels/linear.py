@@ -870,7 +870,7 @@ _RING_ROWS = 33
 # 26.3, 71.0 -> 43.5, 161.1 -> 147.0; lm_head 440.2 -> 216.0 (17: the register kernel before),
 # 945.1 -> 522.6, 2867.1 -> 2026.5, 10501.9 -> 6856.1. The bits are every tile's.
 _DENSE_RINGS = ((128, _Staged(4, 1, 1, 2, 2)), (512, _Staged(4, 1, 1, 3, 2)), (None, _Staged(8, 1, 1, 3, 2)))
-_WIDE_COLS = 16384
+_WIDE_COLS = 16384            # (lm_head; also DeepSeek-V3's q_b_proj, 24576 outputs: unmeasured)
 _WIDE_RING_ROWS = 17
 _WIDE_RINGS = ((32, _Staged(8, 1, 1, 3, 2)), (None, _Staged(4, 2, 1, 5, 2)))
 
