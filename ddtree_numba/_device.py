@@ -122,6 +122,12 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def by_bound(table, value: int):
+    """The choice of ``table`` ((bound, choice) pairs, ascending, the last bound None) for
+    ``value``: the first whose bound is at least ``value`` (the kernels' tile tables by rows)."""
+    return next(choice for bound, choice in table if bound is None or value <= bound)
+
+
 def device_function(fn):
     """``cuda.jit(device=True)``, force-inlined on a GPU.
 

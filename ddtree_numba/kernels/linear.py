@@ -58,8 +58,8 @@ import numpy as np
 from numba import config, cuda, float32, int64, uint32, uint64
 
 from .._checks import check_array, check_precision
-from .._device import (cached, ceil_div, device_function, float32_out, fma, grid_dependency, is_device, launcher_result,
-                       nonneg, rows_device, to_device)
+from .._device import (by_bound, cached, ceil_div, device_function, float32_out, fma, grid_dependency, is_device,
+                       launcher_result, nonneg, rows_device, to_device)
 from ..dtypes import QUANTIZED, BlockScaled, fp8_block_supported
 from ._async import CP_ASYNC_WAIT, cp_async16, cp_async_commit
 from ._mma import mma_bf16, pack_bf16x2
@@ -875,12 +875,6 @@ _WIDE_RING_ROWS = 17
 _WIDE_RINGS = ((32, _Staged(8, 1, 1, 3, 2)), (None, _Staged(4, 2, 1, 5, 2)))
 
 
-def _by_rows(table, rows: int):
-    """The choice of ``table`` ((bound, choice) pairs, ascending, the last bound None) for
-    ``rows``: the first whose bound is at least ``rows``."""
-    return next(choice for bound, choice in table if bound is None or rows <= bound)
-
-
 def _choose_staged(max_rows, n_cols, swiglu, n_groups, n_k=0, grouped=False, ring=False):
     """The staged kernel's tile when a group holds enough rows for shared tiles to pay and the
     launch has enough blocks to fill the GPU (its blocks do not split the chunks, so with few of
@@ -892,9 +886,9 @@ def _choose_staged(max_rows, n_cols, swiglu, n_groups, n_k=0, grouped=False, rin
             return _EXPERT_RING if max_rows > _FEW_ROWS else _FEW_EXPERT_RING
         if n_groups == 1 and n_cols * n_k > _SMALL_WEIGHTS:
             if not swiglu and n_cols >= _WIDE_COLS and max_rows >= _WIDE_RING_ROWS:
-                return _by_rows(_WIDE_RINGS, max_rows)
+                return by_bound(_WIDE_RINGS, max_rows)
             if max_rows >= _RING_ROWS:
-                return _DENSE_RING if swiglu else _by_rows(_DENSE_RINGS, max_rows)
+                return _DENSE_RING if swiglu else by_bound(_DENSE_RINGS, max_rows)
     if swiglu and n_groups > 1:
         return None                           # experts' gate|up: the register kernel (_TALL_SWIGLU)
     tile = _STAGED[swiglu or n_groups > 1]    # SwiGLU, groups (experts' down, heads): 64 x 64 blocks

@@ -54,7 +54,7 @@ import numpy as np
 from numba import config, cuda, float32, int32, uint32
 
 from .._checks import check_array, check_precision
-from .._device import (cached, ceil_div, device_function, float32_out, fma, grid_dependency, is_device,
+from .._device import (by_bound, cached, ceil_div, device_function, float32_out, fma, grid_dependency, is_device,
                        launcher_result, nonneg, rows_device, to_device)
 from ..reference.mla import absorption_weights
 from ..dtypes import STORAGE_DTYPES
@@ -118,18 +118,12 @@ _SIM_TILES = (
 )
 
 
-def _by_bound(table, value: int):
-    """The choice of ``table`` ((bound, choice) pairs, ascending, the last bound None) for
-    ``value``: the first whose bound is at least ``value``."""
-    return next(choice for bound, choice in table if bound is None or value <= bound)
-
-
 def _tiles(max_rows: int, latent: int = 512, sequences: int = 1):
     """(scores tiles, pv tiles) for a launch of ``sequences`` sequences of at most ``max_rows`` =
     Tq * H query rows each, over a latent of ``latent`` channels."""
     if config.ENABLE_CUDASIM:
-        return _by_bound(_SIM_TILES, max_rows)
-    return _by_bound(_GPU_TILES["narrow" if latent <= _NARROW_LATENT else "wide"][int(sequences > 1)], max_rows)
+        return by_bound(_SIM_TILES, max_rows)
+    return by_bound(_GPU_TILES["narrow" if latent <= _NARROW_LATENT else "wide"][int(sequences > 1)], max_rows)
 
 
 @device_function
@@ -1204,7 +1198,7 @@ def _softmax_lanes(tokens: int) -> int:
         return SOFTMAX_LANES
     if config.ENABLE_CUDASIM:
         return 4
-    return _by_bound(_SOFTMAX_LANES, tokens)
+    return by_bound(_SOFTMAX_LANES, tokens)
 
 
 def _mma_tile(rows: int):
@@ -1213,7 +1207,7 @@ def _mma_tile(rows: int):
         return _MMA_TILE
     if config.ENABLE_CUDASIM:
         return (1, 1, 1, 1)
-    return _by_bound(_MMA_TILES, rows)
+    return by_bound(_MMA_TILES, rows)
 
 
 def _combine_channels(C: int) -> int:
