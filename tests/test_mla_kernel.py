@@ -268,8 +268,7 @@ def test_scores_kernels_skip_exactly_the_blocks_no_row_sees(rng, mma, monkeypatc
     got = scores_only(q_lat, q_pe, c_kv, k_pe, bits, s0, t, 0.6)
     full = scores_only(q_lat, q_pe, c_kv, k_pe, np.full_like(bits, 0xFFFFFFFF), s0, t, 0.6)
     if mma:
-        wm, wn, mt, nt = mla._mma_tile(t * h)
-        br, bk = 8 * nt * wm, 16 * mt * wn
+        br, bk = mla._mma_block(*mla._mma_tile(t * h))
     else:
         br, bk = mla._tiles(t * h, c)[0][:2]
     skipped = live_new = 0
@@ -397,7 +396,7 @@ def test_mma_scores_within_the_twins_bound_and_a_row_alone_equals_it_in_the_batc
     np.testing.assert_array_equal(alone.view(np.uint32), got[2 * h:3 * h].view(np.uint32))
     # blind: no row sees a new key, and the keys span a block wholly past s0 (the block's keys
     # follow the tile, so the cache is sized by it)
-    keys = 16 * mla._mma_tile(t * h)[1] * mla._mma_tile(t * h)[2]
+    keys = mla._mma_block(*mla._mma_tile(t * h))[1]
     s0_b = keys + 3
     ql_b, qp_b, ckv_b, kpe_b = core_inputs(rng, keys + 1, s0_b + keys + 1, h, c, r)
     seen = scores_of(ql_b, qp_b, ckv_b, kpe_b, s0_b, keys + 1)

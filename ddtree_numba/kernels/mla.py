@@ -356,7 +356,7 @@ def _mla_scores_mma_kernel(wm, wn, mt, nt, step):
     KC-channel chunk partials from 0, 16-channel mma steps in ascending order, each chunk added to
     the total in ascending order (twin: ``reference.mla.mma_scores``, within its bound)."""
     KW, RW = 16 * mt, 8 * nt
-    BK, BR = KW * wn, RW * wm
+    BR, BK = _mma_block(wm, wn, mt, nt)
     NT = 32 * wm * wn
     KS = step
     assert KS % 16 == 0 and KC % KS == 0, "a step is whole mma k-steps inside one KC chunk"
@@ -1164,9 +1164,10 @@ def _mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, sc
     scores_block = (bn // tn, bm // tm)
     scores_kernel = _mla_scores_kernel(*st)
     if MMA_SCORES and precision != "fp32":
-        wm, wn, mt, nt = tile = _mma_tile(tq * H)
-        scores_grid = (ceil_div(s_cap, 16 * mt * wn), ceil_div(tq * H, 8 * nt * wm), n_seq)
-        scores_block = 32 * wm * wn
+        tile = _mma_tile(tq * H)
+        block_rows, block_keys = _mma_block(*tile)
+        scores_grid = (ceil_div(s_cap, block_keys), ceil_div(tq * H, block_rows), n_seq)
+        scores_block = 32 * tile[0] * tile[1]
         scores_kernel = _mla_scores_mma_kernel(*tile, _MMA_STEP)
     bm, bn, bk, tm, tn = pt
     pv_kernel = _mla_pv_kernel(*pt)
@@ -1208,6 +1209,12 @@ def _mma_tile(rows: int):
     if config.ENABLE_CUDASIM:
         return (1, 1, 1, 1)
     return by_bound(_MMA_TILES, rows)
+
+
+def _mma_block(wm, wn, mt, nt):
+    """(query rows, keys) of one block of the tensor-core scores kernel at tile (wm, wn, mt, nt):
+    wm x wn warps of nt 8-row and mt 16-key tiles."""
+    return 8 * nt * wm, 16 * mt * wn
 
 
 def _combine_channels(C: int) -> int:
