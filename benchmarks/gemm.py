@@ -391,7 +391,7 @@ def small_kind_checks(gpu, L, rng):
 # -- main -------------------------------------------------------------------------------------
 def cfg_name(cfg):
     if isinstance(cfg, tuple) and hasattr(cfg, "WM"):
-        ring = f" ring {cfg.NS}" if getattr(cfg, "NS", 0) else ""
+        ring = f" ring {cfg.NS}{'+x' if getattr(cfg, 'XA', 0) else ''}" if getattr(cfg, "NS", 0) else ""
         return f"staged {cfg.WM}x{cfg.WN} warps {cfg.MT}x{cfg.RT}{ring}"
     return f"{cfg.MT}x{cfg.RT} nw{cfg.NW}"
 

@@ -119,18 +119,19 @@ SIGNATURES = {
         (("bf16", True, False, True, True, True, True, "fp32", 1, 2, 2, (0, 0), "f32", False),
          f"void({F32_2}, int64, uint16[:, :, ::1], uint16[:, :, ::1], {F32_2}, {F32_2}, {F32_2}, int64, {I32_1}, "
          f"{I32_1}, {I32_1})")],
-    # staged: (kind, swiglu, accumulate, grouped, gather, precision, WM, WN, MT, RT, NS, block); NS > 0
-    # (the cp.async weight ring) for bf16 weights only: the experts' gate|up and down
+    # staged: (kind, swiglu, accumulate, grouped, gather, precision, WM, WN, MT, RT, NS, XA, block); NS > 0
+    # (the cp.async weight ring; XA: the activations in it too) for bf16 weights only: the experts' gate|up and down
     "linear._staged_kernel": [
         ((kind, swiglu, acc, grouped, gather, precision, *tile, block, scales),
          f"void({F32_2}, int64, {w}[:, :, ::1], {w}[:, :, ::1], {sc}, {sc}, {F32_2}, int64, {I32_1}, {I32_1}, {I32_1})")
         for kind, w, sc, block, scales in _QUANT_KINDS + (("bf16", "uint16", F32_2, (0, 0), "f32"),)
         for precision in ("bf16", "fp32")
-        for (swiglu, acc, grouped, gather), tile in (((False, True, False, False), (4, 2, 2, 4, 0)),
-                                                     ((True, False, True, True), (2, 4, 2, 2, 0)),
-                                                     ((False, False, True, False), (4, 2, 2, 4, 0)),
-                                                     ((True, False, True, True), (2, 2, 1, 4, 3)),
-                                                     ((False, False, True, False), (2, 2, 1, 4, 3)))
+        for (swiglu, acc, grouped, gather), tile in (((False, True, False, False), (4, 2, 2, 4, 0, 0)),
+                                                     ((True, False, True, True), (2, 4, 2, 2, 0, 0)),
+                                                     ((False, False, True, False), (4, 2, 2, 4, 0, 0)),
+                                                     ((True, False, True, True), (2, 2, 1, 4, 3, 0)),
+                                                     ((False, False, True, False), (2, 2, 1, 4, 3, 0)),
+                                                     ((True, False, True, True), (2, 1, 1, 2, 2, 1)))
         if (precision == "fp32" or (swiglu, grouped, gather) == (True, True, True)) and (
             tile[4] == 0 or (kind, precision) == ("bf16", "bf16"))],
     "moe._route_kernel": [((128,), f"void({F32_2}, float32[::1], int64, int64, int64, int64, int64, int64, "

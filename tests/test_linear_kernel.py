@@ -477,18 +477,19 @@ def test_staged_tiles_give_the_register_kernels_bits(rng, precision, variant):
         assert_bits(run(L.TILES[name]), want), name
 
 
-@pytest.mark.parametrize("slots,item_rows", [(2, 32), (3, 64)])
-def test_weight_ring_gives_the_register_kernels_bits(rng, slots, item_rows):
+@pytest.mark.parametrize("slots,item_rows,xa", [(2, 32, 0), (3, 64, 0), (3, 64, 1)])
+def test_weight_ring_gives_the_register_kernels_bits(rng, slots, item_rows, xa):
     """The staged kernel with its weights copied by cp.async into a ring of 2 or 3 slots (``NS``;
     in the simulator a copy lands only at its wait, so a slot read too early is NaN): five chunks
     (the ring wraps), a partial column block (pieces past N zero-filled), experts of 3, 0 and 45
     rows in work items of 32 (a warp whose row tiles are all past the item's rows skips them) or
     of 64 (a block walks two 32-row tiles: the ring restarts): the register kernel's bits, SwiGLU
-    with gathered rows and the plain down."""
+    with gathered rows and the plain down. ``xa``: the activations copied into the ring too
+    (float32 slots, poisoned until their wait; bf16 buffers by chunk parity)."""
     K, N, counts = 320, 40, [3, 0, 45]
     offsets, x, row_index, (w, _), (wu, _) = _grouped_case(rng, "bf16", counts, K, N, True)
-    ring = L._Staged(1, 2, 1, 2, slots)
-    assert L._plan(dev(x), 0, dev(w), dev(wu), 32, "bf16", ring).tile.NS == slots
+    ring = L._Staged(1, 1 if xa else 2, 1, 2, slots, xa)     # (a block's float32 slots fit 48 KiB)
+    assert L._plan(dev(x), 0, dev(w), dev(wu), 32, "bf16", ring).tile == ring
 
     def run(tile, swiglu):
         d_out = dev(np.full((int(offsets[-1]), N), np.nan, np.float32))
@@ -502,15 +503,16 @@ def test_weight_ring_gives_the_register_kernels_bits(rng, slots, item_rows):
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("slots,K", [(2, 64), (4, 72)])
-def test_weight_ring_over_few_chunks_in_both_precisions(rng, precision, slots, K):
+@pytest.mark.parametrize("slots,K,xa", [(2, 64, 0), (4, 72, 0), (4, 72, 1)])
+def test_weight_ring_over_few_chunks_in_both_precisions(rng, precision, slots, K, xa):
     """Dense launches (plain and SwiGLU) on the ring: one chunk (K 64), and fewer chunks than the
     ring has slots (K 72, 4 slots: the prologue's groups past the last chunk are empty); fp32's
-    activations in two shared planes. The register kernel's bits."""
+    activations in two shared planes; ``xa``: the activations in the ring (K 72: the pieces past
+    K zero-filled). The register kernel's bits."""
     R, N = 13, 40
     x = xs(rng, (R, K))
     (w, _), (wu, _) = weights(rng, (N, K), "bf16"), weights(rng, (N, K), "bf16")
-    ring = L._Staged(1, 2, 1, 2, slots)
+    ring = L._Staged(1, 1 if xa else 2, 1, 2, slots, xa)
     assert L._plan(dev(x), 0, dev(w.reshape(1, N, K)), None, R, precision, ring).tile == ring
     assert_bits(run_linear(x, w, precision, tile=ring), run_linear(x, w, precision, tile=L.TILES["small"]))
 
@@ -522,12 +524,13 @@ def test_weight_ring_over_few_chunks_in_both_precisions(rng, precision, slots, K
     assert_bits(swiglu(ring), swiglu(L.TILES["small"]))
 
 
-@pytest.mark.parametrize("tile", [(1, 1, 1, 3, 2), (3, 1, 1, 1, 2)])
+@pytest.mark.parametrize("tile", [(1, 1, 1, 3, 2), (3, 1, 1, 1, 2), (3, 1, 1, 1, 2, 1)])
 def test_ring_tiles_of_three_row_tiles_or_a_partial_staging_pass(rng, tile):
     """Ring tiles like the H200's 24-row ones (RT 3: ``_DENSE_RINGS``, ``_WIDE_RINGS``), and a
     block whose threads do not divide its activation quads (3 warps over 8 rows: 128 quads on 96
     threads, the guarded second pass that (8,1,1,3,2) takes on the H200): the register kernel's
-    bits, plain and SwiGLU, over rows that end inside a row tile."""
+    bits, plain and SwiGLU, over rows that end inside a row tile; with the activations in the ring
+    too (their copies in the same guarded passes)."""
     R, N, K = 29, 56, 192
     x = xs(rng, (R, K))
     (w, _), (wu, _) = weights(rng, (N, K), "bf16"), weights(rng, (N, K), "bf16")
@@ -541,6 +544,25 @@ def test_ring_tiles_of_three_row_tiles_or_a_partial_staging_pass(rng, tile):
         return d_out.copy_to_host()
 
     assert_bits(swiglu(ring), swiglu(L.TILES["small"]))
+
+
+def test_activation_ring_only_beside_a_weight_ring_and_for_whole_pieces(rng):
+    """``XA`` copies 16-byte pieces of float32 activation rows beside the weight ring: rows or
+    group offsets of whole pieces only, a weight ring needed, and it is the first thing a tile too
+    big for shared memory gives up. The kernel refuses it without a ring."""
+    (w, _) = weights(rng, (1, 16, 72), "bf16")
+    xa = L._Staged(1, 2, 1, 2, 3, 1)
+    assert L._plan(dev(xs(rng, (4, 72))), 0, dev(w), None, 4, "bf16", xa).tile == xa
+    assert L._plan(dev(xs(rng, (4, 72))), 2, dev(w), None, 4, "bf16", xa).tile == xa._replace(XA=0)
+    assert L._plan(dev(xs(rng, (4, 74))), 0, dev(w), None, 4, "bf16", xa).tile == xa._replace(XA=0)
+    (wf, _) = weights(rng, (1, 16, 72), "f16")
+    assert getattr(L._plan(dev(xs(rng, (4, 72))), 0, dev(wf), None, 4, "bf16", xa).tile, "XA", 0) == 0
+    big = L._Staged(2, 2, 1, 2, 2, 1)
+    assert L._staged_smem(big, True, "fp32") > L._SMEM_MAX >= L._staged_smem(big._replace(XA=0), True, "fp32")
+    w2 = dev(weights(rng, (1, 64, 64), "bf16")[0])
+    assert L._plan(dev(xs(rng, (4, 64))), 0, w2, w2, 4, "fp32", big).tile == big._replace(XA=0)
+    with pytest.raises(ValueError, match="beside a weight ring"):
+        L._staged_kernel("bf16", False, False, False, False, "bf16", 1, 1, 1, 1, 0, 1)
 
 
 def test_weight_ring_only_for_whole_bf16_pieces(rng):

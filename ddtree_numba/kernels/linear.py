@@ -540,7 +540,11 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
 # block multiplies chunk c, so NS - 1 chunks of weights are in flight a block (``_async.py``).
 # The activations still go through registers (they are rounded to bf16 on the way), one chunk
 # ahead. Same slots, same fragments, same chains: the same bits.
-_Staged = namedtuple("_Staged", "WM WN MT RT NS", defaults=(0,))
+# WM x WN warps a block, each MT m16 weight tiles x RT n8 row tiles; NS > 0: the weights in a ring
+# of NS shared slots filled by cp.async; XA (with NS): the activations ride the same ring, as
+# float32 slots (a thread converts the pieces it copied to the bf16 buffer the mma reads, one of
+# two by chunk parity), so both operands are NS - 1 chunks ahead and a chunk takes one barrier.
+_Staged = namedtuple("_Staged", "WM WN MT RT NS XA", defaults=(0, 0))
 _PAD64 = 4                 # uint64 words of padding a shared row: 64-bit fragment reads of a half
                            # warp then hit 16 distinct bank pairs (row stride 40 words = 8 mod 32)
 _NS_MAX = len(CP_ASYNC_WAIT) + 1   # ring slots the waits allow
@@ -551,19 +555,25 @@ def _staged_smem(tile, swiglu, precision, kind="bf16", block=(0, 0)):
     q = _chunk(kind, block) // 4 + _PAD64
     rows_w = (2 if swiglu else 1) * 16 * tile.MT * tile.WM
     rows_x = (2 if precision == "fp32" else 1) * 8 * tile.RT * tile.WN
-    return (max(1, tile.NS) * rows_w + rows_x) * q * 8
+    words = (max(1, tile.NS) * rows_w + (2 if tile.XA else 1) * rows_x) * q
+    if tile.XA:                               # the activations' float32 slots: a row's chunk in pairs
+        words += tile.NS * 8 * tile.RT * tile.WN * (_chunk(kind, block) // 2)
+    return words * 8
 
 
 @functools.lru_cache(maxsize=None)
-def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN, MT, RT, NS=0, block=(0, 0),
+def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN, MT, RT, NS=0, XA=0, block=(0, 0),
                    scales="f32"):
     """The staged GEMM (above): the arguments and results of ``_mma_kernel`` for bf16 (uint64
     words) or float8 (uint32 words) weights and activations read as float32 pairs. ``NS`` > 0: a
-    ring of NS weight slots filled by ``cp.async`` (bf16 weights, K % 8 == 0). Row tiles of 8
+    ring of NS weight slots filled by ``cp.async`` (bf16 weights, K % 8 == 0); ``XA``: the
+    activations in the ring too (rows and group offsets of whole 16-byte pieces). Row tiles of 8
     rows wholly past the block's last row are skipped (no mma)."""
     ASYNC = NS > 0
     if ASYNC and (kind != "bf16" or not 2 <= NS <= _NS_MAX):
         raise ValueError(f"a cp.async ring takes bf16 weights and 2..{_NS_MAX} slots, got {kind} and {NS}")
+    if XA and not ASYNC:
+        raise ValueError("activations ride the cp.async ring (XA) only beside a weight ring (NS >= 2)")
     SLOTS = max(1, NS)
     S = 2 if swiglu else 1
     FP8 = kind in SCALED_KINDS
@@ -583,7 +593,9 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
     NWC = ceil_div(BF * (Q // 2), NT)         # ASYNC: 16-byte pieces a thread copies per chunk and matrix
     NXW = ceil_div(BR * Q, NT)                # activation quads
     XL = 2 if XSPLIT else 1
-    WS_SHAPE, XS_SHAPE = (SLOTS, S, BF, QP), (XL, BR, QP)
+    XB = 2 if XA else 1                       # bf16 activation buffers (XA: one a chunk's parity)
+    WS_SHAPE, XS_SHAPE = (SLOTS, S, BF, QP), (XB, XL, BR, QP)
+    XF_SHAPE = (SLOTS, BR, 2 * Q) if XA else (1, 1, 2)   # XA: float32 slots, a row's chunk as pairs
     # cp.async writes 16-byte pieces: the ring must start 16-byte aligned (numba aligns a uint64
     # array to 8; the simulator takes no alignment argument)
     RING_ALIGN = 16 if ASYNC and not _SIM else None
@@ -660,15 +672,47 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
         for i in range(NXW):
             idx = tid + i * NT
             if NXW * NT == BR * Q or idx < BR * Q:
-                _unpack_pairs(xst0[i], xst1[i], f)
-                if XSPLIT:
-                    h0, l0 = _split_bf16x2(f[0], f[1])
-                    h1, l1 = _split_bf16x2(f[2], f[3])
-                    xsm[0, idx // Q, idx % Q] = uint64(h0) | (uint64(h1) << uint64(32))
-                    xsm[1, idx // Q, idx % Q] = uint64(l0) | (uint64(l1) << uint64(32))
-                else:
-                    xsm[0, idx // Q, idx % Q] = uint64(pack_bf16x2(f[0], f[1])) | (
-                        uint64(pack_bf16x2(f[2], f[3])) << uint64(32))
+                store_quad(xsm, 0, idx, xst0[i], xst1[i], f)
+
+    @device_function
+    def store_quad(xsm, b, idx, u0, u1, f):
+        """Activation quad ``idx`` (four float32 in two words), rounded (split) to bf16, into
+        buffer b."""
+        _unpack_pairs(u0, u1, f)
+        if XSPLIT:
+            h0, l0 = _split_bf16x2(f[0], f[1])
+            h1, l1 = _split_bf16x2(f[2], f[3])
+            xsm[b, 0, idx // Q, idx % Q] = uint64(h0) | (uint64(h1) << uint64(32))
+            xsm[b, 1, idx // Q, idx % Q] = uint64(l0) | (uint64(l1) << uint64(32))
+        else:
+            xsm[b, 0, idx // Q, idx % Q] = uint64(pack_bf16x2(f[0], f[1])) | (
+                uint64(pack_bf16x2(f[2], f[3])) << uint64(32))
+
+    @device_function
+    def copy_x(c, slot, tid, xv, xc, K, xrows, xfs):
+        """``XA``: issue this thread's cp.async pieces (activation quads, the ``stage_load``
+        ones) of chunk c into float32 slot ``slot``; zeros past the tile's rows and K."""
+        for i in range(NXW):
+            idx = tid + i * NT
+            if NXW * NT == BR * Q or idx < BR * Q:
+                rx = xrows[i]
+                k = c * KCH + 4 * (idx % Q)
+                ok = rx >= 0 and k < K
+                nbytes = uint32(16) if ok else uint32(0)
+                u = uint64(rx) if ok else uint64(0)     # read nothing; keep the address inside
+                q = uint64(xc + k) >> uint64(1) if ok else uint64(0)
+                cp_async16(xfs, (uint64(slot), uint64(idx // Q), uint64(2 * (idx % Q))), xv, (u, q), nbytes)
+
+    @device_function
+    def convert_x(tid, slot, b, xfs, xsm, f):
+        """``XA``: this thread's quads of float32 slot ``slot`` (its own copies, landed: no
+        barrier needed to read them) -> bf16 buffer b."""
+        for i in range(NXW):
+            idx = tid + i * NT
+            if NXW * NT == BR * Q or idx < BR * Q:
+                r = idx // Q
+                p = 2 * (idx % Q)
+                store_quad(xsm, b, idx, xfs[slot, r, p], xfs[slot, r, p + 1], f)
 
     @device_function
     def copy_weights(c, slot, tid, wv, wuv, wsm, z, col0, N, K):
@@ -695,9 +739,10 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
                         cp_async16(wsm, d, wv, (uint64(z), un, uk), nbytes)
 
     @device_function
-    def mma_chunk(wsm, slot, xsm, wm, wn, g, t, acc, live):
+    def mma_chunk(wsm, slot, xsm, xb, wm, wn, g, t, acc, live):
         """The warp's chains of this chunk from shared memory (weight ring slot ``slot``) into acc
-        (the register kernel's ``mma_chunk``, its fragments read from the staged tile). Only the
+        (the register kernel's ``mma_chunk``, its fragments read from the staged tile, activation
+        buffer xb). Only the
         first ``live`` row tiles of the warp hold rows: the others are left alone (their rows are
         never stored; the test is the same for the whole warp)."""
         for q in range(PS):
@@ -717,12 +762,12 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
                         if rt >= live:
                             continue
                         xr = wn * 8 * RT + rt * 8 + g
-                        ux = xsm[0, xr, qk]
+                        ux = xsm[xb, 0, xr, qk]
                         q0 = (mt * RT + rt) * 4 * S + s
                         d = mma_bf16(a0, a1, a2, a3, uint32(ux & uint64(0xFFFFFFFF)), uint32(ux >> uint64(32)),
                                      acc[q0], acc[q0 + S], acc[q0 + 2 * S], acc[q0 + 3 * S])
                         if XSPLIT:
-                            ul = xsm[1, xr, qk]
+                            ul = xsm[xb, 1, xr, qk]
                             d = mma_bf16(a0, a1, a2, a3, uint32(ul & uint64(0xFFFFFFFF)), uint32(ul >> uint64(32)),
                                          d[0], d[1], d[2], d[3])
                         acc[q0] = d[0]
@@ -760,6 +805,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
         xv = x.view(np.uint64)
         wsm = cuda.shared.array(WS_SHAPE, uint64, alignment=RING_ALIGN)
         xsm = cuda.shared.array(XS_SHAPE, uint64)
+        xfs = cuda.shared.array(XF_SHAPE, uint64, alignment=RING_ALIGN)
         wst = cuda.local.array(NWW, uint64)
         xst0 = cuda.local.array(NXW, uint64)
         xst1 = cuda.local.array(NXW, uint64)
@@ -772,33 +818,58 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
             for q in range(PS):
                 ys[q] = float32(0.0)
             live = min(RT, max(0, (end - tile0 - wn * 8 * RT + 7) // 8))   # row tiles of this warp with rows
-            if ASYNC:
+            if XA:                            # both operands in the ring: one barrier a chunk
                 cuda.syncthreads()            # every warp is done with the previous tile's slots
+                stage_rows(tid, tile0, end, row_index, xrows)
                 for c in range(NS - 1):       # the ring's first NS - 1 chunks (a group each, empty past C)
                     if c < C:
                         copy_weights(c, c, tid, wv, wuv, wsm, z, col0, N, K)
+                        copy_x(c, c, tid, xv, xc, K, xrows, xfs)
                     cp_async_commit()
-            stage_rows(tid, tile0, end, row_index, xrows)
-            stage_load(0, tid, xv, xc, wv, wuv, z, col0, N, K, xrows, wst, xst0, xst1)
-            slot = 0                          # the ring slot of chunk c, and of chunk c + NS - 1
-            fill = NS - 1                     # (running counters: a modulo costs ~20 instructions)
-            for c in range(C):
-                if ASYNC:
+                slot = 0
+                fill = NS - 1
+                for c in range(C):
                     wait_ring()               # this thread's pieces of chunk c have landed
-                cuda.syncthreads()            # every warp is done reading the previous chunk
-                stage_store(tid, wst, xst0, xst1, wsm, xsm, f)
-                if ASYNC:                     # chunk c + NS - 1 into the slot chunk c - 1 left
-                    if c + NS - 1 < C:
+                    xb = c & 1                # last read by chunk c - 2, before the last barrier
+                    convert_x(tid, slot, xb, xfs, xsm, f)
+                    cuda.syncthreads()        # chunk c is visible; every warp is past chunk c - 1
+                    if c + NS - 1 < C:        # chunk c + NS - 1 into the slots chunk c - 1 left
                         copy_weights(c + NS - 1, fill, tid, wv, wuv, wsm, z, col0, N, K)
+                        copy_x(c + NS - 1, fill, tid, xv, xc, K, xrows, xfs)
                     cp_async_commit()
                     fill = fill + 1 if fill + 1 < SLOTS else 0
-                cuda.syncthreads()
-                load_scales(sv, sc, scu, z, col0 + wm * 16 * MT, N, c, C, g)
-                if c + 1 < C:                 # the next chunk's loads fly while this one multiplies
-                    stage_load(c + 1, tid, xv, xc, wv, wuv, z, col0, N, K, xrows, wst, xst0, xst1)
-                mma_chunk(wsm, slot, xsm, wm, wn, g, t, acc, live)
-                add_chunk(ys, acc, sv)
-                slot = slot + 1 if slot + 1 < SLOTS else 0
+                    load_scales(sv, sc, scu, z, col0 + wm * 16 * MT, N, c, C, g)
+                    mma_chunk(wsm, slot, xsm, xb, wm, wn, g, t, acc, live)
+                    add_chunk(ys, acc, sv)
+                    slot = slot + 1 if slot + 1 < SLOTS else 0
+            else:
+                if ASYNC:
+                    cuda.syncthreads()        # every warp is done with the previous tile's slots
+                    for c in range(NS - 1):   # the ring's first NS - 1 chunks (a group each, empty past C)
+                        if c < C:
+                            copy_weights(c, c, tid, wv, wuv, wsm, z, col0, N, K)
+                        cp_async_commit()
+                stage_rows(tid, tile0, end, row_index, xrows)
+                stage_load(0, tid, xv, xc, wv, wuv, z, col0, N, K, xrows, wst, xst0, xst1)
+                slot = 0                      # the ring slot of chunk c, and of chunk c + NS - 1
+                fill = NS - 1                 # (running counters: a modulo costs ~20 instructions)
+                for c in range(C):
+                    if ASYNC:
+                        wait_ring()           # this thread's pieces of chunk c have landed
+                    cuda.syncthreads()        # every warp is done reading the previous chunk
+                    stage_store(tid, wst, xst0, xst1, wsm, xsm, f)
+                    if ASYNC:                 # chunk c + NS - 1 into the slot chunk c - 1 left
+                        if c + NS - 1 < C:
+                            copy_weights(c + NS - 1, fill, tid, wv, wuv, wsm, z, col0, N, K)
+                        cp_async_commit()
+                        fill = fill + 1 if fill + 1 < SLOTS else 0
+                    cuda.syncthreads()
+                    load_scales(sv, sc, scu, z, col0 + wm * 16 * MT, N, c, C, g)
+                    if c + 1 < C:             # the next chunk's loads fly while this one multiplies
+                        stage_load(c + 1, tid, xv, xc, wv, wuv, z, col0, N, K, xrows, wst, xst0, xst1)
+                    mma_chunk(wsm, slot, xsm, 0, wm, wn, g, t, acc, live)
+                    add_chunk(ys, acc, sv)
+                    slot = slot + 1 if slot + 1 < SLOTS else 0
             for p in range(P):                # the C fragment layout, as in the register kernel
                 e = p % 4
                 mt = p // (4 * RT)
@@ -1001,6 +1072,14 @@ def _xvec_ok(x, x_gs, k) -> bool:
     return x.__cuda_array_interface__["data"][0] % 8 == 0
 
 
+def _xring_ok(x, x_gs) -> bool:
+    """Activations copied by cp.async (``_Staged.XA``): float32 rows and group offsets of whole
+    16-byte pieces, the array 16-byte aligned."""
+    if x.shape[1] % 4 or x_gs % 4 or np.dtype(x.dtype) != np.float32:
+        return False
+    return _SIM or x.__cuda_array_interface__["data"][0] % 16 == 0
+
+
 _Plan = namedtuple("_Plan", "tile kind block scales w w_up scale scale_up vec xvec")
 
 
@@ -1043,6 +1122,9 @@ def _plan(x, x_gs, w, w_up, max_rows, precision, tile=None, tile_rows=None, live
     ring = kind == "bf16" and n_k % 8 == 0 and _vec_ok(w, 16) and (not swiglu or _vec_ok(w_up, 16))
     if tile is None:
         tile = _choose_staged(rows, N, swiglu, groups, n_k, grouped, ring) if vec and xvec else None
+        if isinstance(tile, _Staged) and tile.XA and (_staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX
+                                                      or not _xring_ok(x, x_gs)):
+            tile = tile._replace(XA=0)        # fp32's two planes, or activations not in whole pieces
         if isinstance(tile, _Staged) and tile.NS and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
             # a ring that does not fit (fp32 activations take two shared planes): the rule without it
             tile = _choose_staged(rows, N, swiglu, groups, n_k, grouped, False)
@@ -1056,9 +1138,12 @@ def _plan(x, x_gs, w, w_up, max_rows, precision, tile=None, tile_rows=None, live
         tile = tile._replace(NS=0)            # cp.async copies 16-byte pieces of bf16 rows
     if isinstance(tile, _Staged) and tile.NS and not 2 <= tile.NS <= _NS_MAX:
         tile = tile._replace(NS=0 if tile.NS < 2 else _NS_MAX)   # a forced ring of 1 slot is none
+    if isinstance(tile, _Staged) and tile.XA and not (tile.NS and _xring_ok(x, x_gs)):
+        tile = tile._replace(XA=0)            # the activations ride the ring in 16-byte pieces
     while isinstance(tile, _Staged) and tile.NS and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
-        # fp32 activations take twice the shared rows: a shorter ring, else none
-        tile = tile._replace(NS=tile.NS - 1 if tile.NS > 2 else 0)
+        # fp32 activations take twice the shared rows: activations out of the ring, a shorter
+        # ring, else none
+        tile = tile._replace(XA=0) if tile.XA else tile._replace(NS=tile.NS - 1 if tile.NS > 2 else 0)
     if isinstance(tile, _Staged) and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
         tile = _STAGED[swiglu]                # a forced tile too big for this launch: a default one
     return _Plan(tile, kind, block, scales, w, w_up, scale, scale_up, vec, xvec)
