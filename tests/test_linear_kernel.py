@@ -587,6 +587,20 @@ class _GpuArray:
         self.__cuda_array_interface__ = {"data": (256, False)}
 
 
+def test_a_chosen_activation_ring_gives_way_to_fp32_planes_or_unaligned_rows(monkeypatch):
+    """On a GPU the dense rule past 128 rows puts the activations in the ring (XA); in fp32 their
+    two bf16 planes beside the float32 slots do not fit 48 KiB, and rows that do not start on 16
+    bytes cannot be copied: the same tile without XA, not the rule without a ring."""
+    monkeypatch.setattr(L, "_SIM", False)
+    x, w = _GpuArray((2048, 2048), np.float32), _GpuArray((1, 3072, 2048), np.uint16)
+    tile = L._DENSE_RINGS[-1][1]
+    assert tile.XA and L._plan(x, 0, w, None, 2048, "bf16").tile == tile
+    assert L._plan(x, 0, w, None, 2048, "fp32").tile == tile._replace(XA=0)
+    odd = _GpuArray((2048, 2048), np.float32)
+    odd.__cuda_array_interface__ = {"data": (264, False)}       # 8-byte aligned: word loads still
+    assert L._plan(odd, 0, w, None, 2048, "bf16").tile == tile._replace(XA=0)
+
+
 def test_a_chosen_ring_that_does_not_fit_gives_the_rule_without_it(monkeypatch):
     """On a GPU a dense SwiGLU of 33+ rows takes ``_DENSE_RING`` in bf16; in fp32 its two activation
     planes do not fit 48 KiB with the ring, and the launch takes the rule without a ring (not the
@@ -676,6 +690,9 @@ def test_choose_fills_the_gpu_with_warps_only_up_to_the_chunks(monkeypatch):
         if not sim:
             ring = dict(ring=True)
             assert L._choose_staged(L._FEW_ROWS + 1, 1408, True, 64, 2048, grouped=True, **ring) == L._EXPERT_RING
+            assert L._choose_staged(L._TALL_EXPERT_ROWS, 1408, False, 64, 1408, grouped=True, **ring) == L._EXPERT_RING
+            tall = L._choose_staged(L._TALL_EXPERT_ROWS + 1, 1408, True, 64, 2048, grouped=True, **ring)
+            assert tall == L._TALL_EXPERT_RING and L._rows_a_tile(tall) == 32
             assert L._choose_staged(L._FEW_ROWS, 1408, True, 64, 2048, grouped=True, **ring) == L._FEW_EXPERT_RING
             assert L._choose_staged(1, 1408, False, 64, 1408, grouped=True, **ring) == L._FEW_EXPERT_RING
             assert L._choose_staged(L._RING_ROWS, 2816, True, 1, 2048, **ring) == L._DENSE_RING
@@ -696,11 +713,11 @@ def test_choose_fills_the_gpu_with_warps_only_up_to_the_chunks(monkeypatch):
             assert no_ring(16, L._WIDE_COLS)                            # below _WIDE_RING_ROWS
             assert no_ring(32, L._WIDE_COLS, swiglu=True) and no_ring(32, L._WIDE_COLS, n_groups=2)   # not wide
         for tile, swiglu in ((L._EXPERT_RING, True), (L._EXPERT_RING, False), (L._FEW_EXPERT_RING, True),
-                             (L._FEW_EXPERT_RING, False), (L._DENSE_RING, True),
-                             *((t, False) for _, t in L._DENSE_RINGS + L._WIDE_RINGS)):
+                             (L._FEW_EXPERT_RING, False), (L._TALL_EXPERT_RING, True), (L._TALL_EXPERT_RING, False),
+                             (L._DENSE_RING, True), *((t, False) for _, t in L._DENSE_RINGS + L._WIDE_RINGS)):
             assert L._staged_smem(tile, swiglu, "bf16") <= L._SMEM_MAX
-        for _, tile in L._DENSE_RINGS + L._WIDE_RINGS:      # fp32 activations take two planes
-            assert L._staged_smem(tile, False, "fp32") <= L._SMEM_MAX
+        for _, tile in L._DENSE_RINGS + L._WIDE_RINGS:      # fp32 activations take two planes (no XA)
+            assert L._staged_smem(tile._replace(XA=0), False, "fp32") <= L._SMEM_MAX
     L._choose.cache_clear()
 
 

@@ -925,9 +925,15 @@ else:
 # and 69c74fd, the register kernel's few-row tile -> the ring, gate|up + down µs at 1 row: 36.1 +
 # 13.2 -> 35.1 + 13.2 at (4,1,1,1,2), 32.4 + 13.4 at (2,1,1,1,2); at 17 rows (a 32-row workspace):
 # 140.3 + 80.5 -> 105.2 + 57.3 at (4,1,1,1,2), 97.1 + 55.9 at (2,1,1,1,2); 16-row items 109.8 + 56.2,
-# three or four slots 104.9 + 54.5-55.9, eight warps 308 + 60).
+# three or four slots 104.9 + 54.5-55.9, eight warps 308 + 60). Past _TALL_EXPERT_ROWS typical rows
+# (a 2048-row workspace: a 1024-node verify, 16 trees of 65) in 32-row items (_TALL_EXPERT_RING;
+# nineteenth session, 60a6a35, µs at 65 / 272 / 1040 live rows, gate|up and down, (4,1,1,2,2) ->
+# (4,1,1,4,2): 122.0 -> 156.2 and 79.0 -> 95.5; 256.6 -> 282.1 and 182.0 -> 169.1; 774.1 -> 767.9
+# and 573.9 -> 447.8: an expert's ~100 rows in 4 items rather than 7 read its weights 4 times).
 _EXPERT_RING = _Staged(4, 1, 1, 2, 2)
 _FEW_EXPERT_RING = _Staged(2, 1, 1, 1, 2)
+_TALL_EXPERT_RING = _Staged(4, 1, 1, 4, 2)
+_TALL_EXPERT_ROWS = 128
 _DENSE_RING = _Staged(4, 2, 1, 2, 2)        # dense SwiGLU (the shared experts, a dense MLP)
 _RING_ROWS = 33
 # The other dense launches by their workspace's rows (a power of two: 128 holds a 65-row verify,
@@ -939,8 +945,12 @@ _RING_ROWS = 33
 # tile chosen before -> this): q_proj 26.2 -> 20.6 (65), 58.9 -> 54.2 (272), 180.2 -> 144.4
 # (1040); o_proj 23.2 -> 21.4, 56.2 -> 34.3, 124.1 -> 113.7; the shared experts' down 28.9 ->
 # 26.3, 71.0 -> 43.5, 161.1 -> 147.0; lm_head 440.2 -> 216.0 (17: the register kernel before),
-# 945.1 -> 522.6, 2867.1 -> 2026.5, 10501.9 -> 6856.1. The bits are every tile's.
-_DENSE_RINGS = ((128, _Staged(4, 1, 1, 2, 2)), (512, _Staged(4, 1, 1, 3, 2)), (None, _Staged(8, 1, 1, 3, 2)))
+# 945.1 -> 522.6, 2867.1 -> 2026.5, 10501.9 -> 6856.1. The bits are every tile's. Past 128 rows the
+# activations ride the ring too (XA; nineteenth session, 60a6a35, µs at 272 / 1040 live rows,
+# q_proj, o_proj, shared down: (4,1,1,3,2) 54.3 / 34.8 / 42.8 -> (4,1,1,3,2,1) 52.1 / 33.1 / 42.1;
+# (8,1,1,3,2) 144.1 / 114.0 / 146.1 -> (4,1,1,4,2,1) 142.9 / 101.8 / 129.3; the same tile with and
+# without XA at 1040: 171.6 -> 152.9, 120.5 -> 105.5, 152.0 -> 139.0; at 65 rows no change).
+_DENSE_RINGS = ((128, _Staged(4, 1, 1, 2, 2)), (512, _Staged(4, 1, 1, 3, 2, 1)), (None, _Staged(4, 1, 1, 4, 2, 1)))
 _WIDE_COLS = 16384            # (lm_head; also DeepSeek-V3's q_b_proj, 24576 outputs: unmeasured)
 _WIDE_RING_ROWS = 17
 _WIDE_RINGS = ((32, _Staged(8, 1, 1, 3, 2)), (None, _Staged(4, 2, 1, 5, 2)))
@@ -954,7 +964,9 @@ def _choose_staged(max_rows, n_cols, swiglu, n_groups, n_k=0, grouped=False, rin
     expert launch of work items (``max_rows`` its typical rows)."""
     if ring and not _SIM:
         if grouped:
-            return _EXPERT_RING if max_rows > _FEW_ROWS else _FEW_EXPERT_RING
+            if max_rows <= _FEW_ROWS:
+                return _FEW_EXPERT_RING
+            return _EXPERT_RING if max_rows <= _TALL_EXPERT_ROWS else _TALL_EXPERT_RING
         if n_groups == 1 and n_cols * n_k > _SMALL_WEIGHTS:
             if not swiglu and n_cols >= _WIDE_COLS and max_rows >= _WIDE_RING_ROWS:
                 return by_bound(_WIDE_RINGS, max_rows)
