@@ -49,6 +49,16 @@ if WARP_OPS:
         return base + cuda.popc(m & cuda.lanemask_lt())
 
     @device_function
+    def group_max(x, lanes):
+        """The max of x over each aligned group of ``lanes`` lanes (a power of two <= 32; every
+        lane of the warp must call), in every lane of the group. Exact in any order."""
+        off = lanes // 2
+        while off > 0:
+            x = max(x, cuda.shfl_xor_sync(FULL, x, off))
+            off //= 2
+        return x
+
+    @device_function
     def warp_sum(x):
         """The sum of x over the full warp (every lane must call), in every lane."""
         off = 16
@@ -97,4 +107,4 @@ else:
     def _no_warp_ops(*args):
         raise RuntimeError("warp shuffles do not exist in the CUDA simulator (branch on WARP_OPS)")
 
-    warp_sum = warp_min_u64 = warp_inclusive_scan = _no_warp_ops
+    group_max = warp_sum = warp_min_u64 = warp_inclusive_scan = _no_warp_ops

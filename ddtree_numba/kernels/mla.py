@@ -59,6 +59,7 @@ from .._device import (by_bound, cached, ceil_div, device_function, float32_out,
 from ..reference.mla import absorption_weights
 from ..dtypes import STORAGE_DTYPES
 from ._mma import mma_bf16, pack_bf16x2
+from ._warp import WARP_OPS, group_max
 from .linear import KC, enqueue_linear_heads
 
 THREADS = 8 if config.ENABLE_CUDASIM else 128   # softmax kernel: threads per query token (all heads)
@@ -581,6 +582,8 @@ def _mla_softmax_kernel(threads, lanes):
     T = threads
     K = KEY_CHUNK
     LANES = lanes
+    if LANES & (LANES - 1) or LANES > 32:
+        raise ValueError(f"softmax lanes a head must be a power of two up to 32 (a warp's shuffle group), got {LANES}")
     if T % LANES:
         raise ValueError(f"softmax threads {T} must be a multiple of its {LANES} lanes a head")
     NG = T // LANES
@@ -630,16 +633,20 @@ def _mla_softmax_kernel(threads, lanes):
                     for s in range(a + lane, b, LANES):
                         if _visible(vis_bits, i, s, s0):
                             m = max(m, scores[r, s])
-            red[tid] = m
-            cuda.syncthreads()  # every partial max of this pass is in
-            if lane == 0:       # max is exact: any order gives the same value (a -0 / +0 tie may
-                                # differ, which exp(score - m) and exp(m_k - M) do not see)
-                for e in range(1, LANES):
-                    m = max(m, red[tid + e])
-                head_max[group] = m
-            cuda.syncthreads()  # every group's max is in
-            if h < n_heads:
+            # max is exact: any order gives the same value (a -0 / +0 tie may differ, which
+            # exp(score - m) and exp(m_k - M) do not see)
+            if WARP_OPS:        # a group's lanes are one aligned run of a warp: shuffles
+                m = group_max(m, LANES)
+            else:               # the simulator: through shared memory, lane 0 of each group
+                red[tid] = m
+                cuda.syncthreads()  # every partial max of this pass is in
+                if lane == 0:
+                    for e in range(1, LANES):
+                        m = max(m, red[tid + e])
+                    head_max[group] = m
+                cuda.syncthreads()  # every group's max is in
                 m = head_max[group]
+            if h < n_heads:
                 if held:
                     for u in range(KPL):
                         s = int32(a32 + int32(LANES * u))
