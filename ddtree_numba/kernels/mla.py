@@ -588,6 +588,8 @@ def _mla_softmax_kernel(threads, lanes):
         raise ValueError(f"softmax threads {T} must be a multiple of its {LANES} lanes a head")
     NG = T // LANES
     KPL = -(-K // LANES)    # scores a lane holds in registers when the chunk spans at most KPL * LANES keys
+    if KPL > 32:
+        raise ValueError(f"softmax lanes a head must hold at most 32 keys of a {K}-key chunk each, got {LANES} lanes")
 
     @cached
     @cuda.jit
@@ -614,9 +616,21 @@ def _mla_softmax_kernel(threads, lanes):
         red = cuda.shared.array(T, float32)         # each thread's partial max
         head_max = cuda.shared.array(NG, float32)   # each group's head's max
         vals = cuda.local.array(KPL, float32)       # a lane's scores, when the span fits (held)
+        nxt = cuda.local.array(KPL, float32)        # ... and the next pass's, in flight
         held = b - a <= KPL * LANES                 # the same in every thread: a chunk with few masked keys
         a32 = int32(a + lane)                       # the lane's first position (32-bit: short addresses)
         b32 = int32(b)
+        # A lane's keys are the same for every head (one mask row): which of them the query sees,
+        # once (bit u: key a + lane + LANES u), and the first pass's scores.
+        seen = uint32(0)
+        if held:
+            for u in range(KPL):
+                s = int32(a32 + int32(LANES * u))
+                if s < b32 and _visible(vis_bits, i, s, s0):
+                    seen |= uint32(1) << uint32(u)
+            if group < n_heads:
+                for u in range(KPL):
+                    vals[u] = scores[g0 + group, uint32(min(a32 + int32(LANES * u), b32 - 1))]
         for h0 in range(0, n_heads, NG):            # the same trip count in every thread
             h = h0 + group
             r = g0 + h
@@ -624,10 +638,7 @@ def _mla_softmax_kernel(threads, lanes):
             if h < n_heads:
                 if held:                            # every load issued at once, each score read once
                     for u in range(KPL):
-                        vals[u] = scores[r, uint32(min(a32 + int32(LANES * u), b32 - 1))]
-                    for u in range(KPL):
-                        s = int32(a32 + int32(LANES * u))
-                        if s < b32 and _visible(vis_bits, i, s, s0):
+                        if (seen >> uint32(u)) & uint32(1):
                             m = max(m, vals[u])
                 else:
                     for s in range(a + lane, b, LANES):
@@ -646,12 +657,15 @@ def _mla_softmax_kernel(threads, lanes):
                     head_max[group] = m
                 cuda.syncthreads()  # every group's max is in
                 m = head_max[group]
+            if held and h + NG < n_heads:           # the next pass's scores (rows no group writes
+                for u in range(KPL):                # in this pass) fly while this pass's are stored
+                    nxt[u] = scores[r + NG, uint32(min(a32 + int32(LANES * u), b32 - 1))]
             if h < n_heads:
                 if held:
                     for u in range(KPL):
                         s = int32(a32 + int32(LANES * u))
                         if s < b32:
-                            if _visible(vis_bits, i, s, s0):
+                            if (seen >> uint32(u)) & uint32(1):
                                 scores[r, uint32(s)] = math.exp(vals[u] - m)
                             else:
                                 scores[r, uint32(s)] = float32(_MASKED)
@@ -665,6 +679,9 @@ def _mla_softmax_kernel(threads, lanes):
                     m_part[r, k] = m
                     bounds[r, k, 0] = a
                     bounds[r, k, 1] = b
+            if held:
+                for u in range(KPL):
+                    vals[u] = nxt[u]
 
     return kernel
 
