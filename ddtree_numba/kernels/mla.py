@@ -1054,8 +1054,9 @@ def _mla_combine_kernel(threads, per_thread):
 
     Latency-bound (a few dozen loads a thread, each a trip to L2 or DRAM), so the loads go out
     in batches: the chunks' maxima eight at a time, then four chunks' m, l and o together, added
-    in ascending k after they are in. The arithmetic of each output is the same whatever the
-    batch or the tile."""
+    in ascending k after they are in. Only the chunks up to the row's last with keys are read:
+    o_part is most of the launch's bytes, and a tree's rows fill ~9 of the 16 chunk slots of a
+    2048-row cache. The arithmetic of each output is the same whatever the batch or the tile."""
     T = threads
     V = per_thread
     MB = 8      # chunk maxima a batch
@@ -1074,12 +1075,15 @@ def _mla_combine_kernel(threads, per_thread):
         nch = m_part.shape[1]
         mb = cuda.local.array(MB, float32)
         big = float32(-math.inf)
+        live = 1            # chunks up to the row's last one with keys (the ones past it: m = -inf)
         for k0 in range(0, nch, MB):
             for u in range(MB):
                 mb[u] = m_part[r, min(k0 + u, nch - 1)]
             for u in range(MB):
                 if k0 + u < nch:
                     big = max(big, mb[u])
+                    if mb[u] > float32(-math.inf):
+                        live = k0 + u + 1
         m4 = cuda.local.array(KB, float32)
         l4 = cuda.local.array(KB, float32)
         o4 = cuda.local.array((KB, V), float32)
@@ -1087,10 +1091,10 @@ def _mla_combine_kernel(threads, per_thread):
         for v in range(V):
             o[v] = float32(0.0)
         l = float32(0.0)
-        for k0 in range(0, nch, KB):
+        for k0 in range(0, live, KB):      # (the partials of chunks past them are never read)
             for u in range(KB):
-                k = min(k0 + u, nch - 1)
-                m4[u] = m_part[r, k] if k0 + u < nch else float32(-math.inf)
+                k = min(k0 + u, live - 1)
+                m4[u] = m_part[r, k] if k0 + u < live else float32(-math.inf)
                 l4[u] = l_part[k, r]
                 for v in range(V):
                     o4[u, v] = o_part[k, r, min(c0 + T * v, C - 1)]
