@@ -477,7 +477,7 @@ def test_staged_tiles_give_the_register_kernels_bits(rng, precision, variant):
         assert_bits(run(L.TILES[name]), want), name
 
 
-@pytest.mark.parametrize("slots,item_rows,xa", [(2, 32, 0), (3, 64, 0), (3, 64, 1)])
+@pytest.mark.parametrize("slots,item_rows,xa", [(2, 32, 0), (3, 64, 0), (3, 32, 1)])
 def test_weight_ring_gives_the_register_kernels_bits(rng, slots, item_rows, xa):
     """The staged kernel with its weights copied by cp.async into a ring of 2 or 3 slots (``NS``;
     in the simulator a copy lands only at its wait, so a slot read too early is NaN): five chunks
@@ -485,7 +485,8 @@ def test_weight_ring_gives_the_register_kernels_bits(rng, slots, item_rows, xa):
     rows in work items of 32 (a warp whose row tiles are all past the item's rows skips them) or
     of 64 (a block walks two 32-row tiles: the ring restarts): the register kernel's bits, SwiGLU
     with gathered rows and the plain down. ``xa``: the activations copied into the ring too
-    (float32 slots, poisoned until their wait; bf16 buffers by chunk parity)."""
+    (float32 slots, poisoned until their wait; bf16 buffers by chunk parity), one warp of 16 rows
+    walking each 32-row item in two tiles."""
     K, N, counts = 320, 40, [3, 0, 45]
     offsets, x, row_index, (w, _), (wu, _) = _grouped_case(rng, "bf16", counts, K, N, True)
     ring = L._Staged(1, 1 if xa else 2, 1, 2, slots, xa)     # (a block's float32 slots fit 48 KiB)
@@ -584,6 +585,7 @@ class _GpuArray:
 
     def __init__(self, shape, dtype):
         self.shape, self.dtype = shape, np.dtype(dtype)
+        self.strides = tuple(int(np.prod(shape[d + 1:])) * self.dtype.itemsize for d in range(len(shape)))
         self.__cuda_array_interface__ = {"data": (256, False)}
 
 
@@ -599,6 +601,18 @@ def test_a_chosen_activation_ring_gives_way_to_fp32_planes_or_unaligned_rows(mon
     odd = _GpuArray((2048, 2048), np.float32)
     odd.__cuda_array_interface__ = {"data": (264, False)}       # 8-byte aligned: word loads still
     assert L._plan(odd, 0, w, None, 2048, "bf16").tile == tile._replace(XA=0)
+
+
+def test_tall_expert_items_give_way_to_fp32s_planes(monkeypatch):
+    """On a GPU experts past _TALL_EXPERT_ROWS typical rows take 32-row items; in fp32 that SwiGLU
+    tile's two activation planes do not fit 48 KiB, and the 16-row ring does (not the rule
+    without a ring)."""
+    monkeypatch.setattr(L, "_SIM", False)
+    x, w = _GpuArray((2048, 2048), np.float32), _GpuArray((64, 1408, 2048), np.uint16)
+    rows = dict(tile_rows=L._TALL_EXPERT_ROWS + 1, live_groups=64, grouped=True)
+    assert L._plan(x, 0, w, w, 2048, "bf16", **rows).tile == L._TALL_EXPERT_RING
+    assert L._staged_smem(L._TALL_EXPERT_RING, True, "fp32") > L._SMEM_MAX
+    assert L._plan(x, 0, w, w, 2048, "fp32", **rows).tile == L._EXPERT_RING
 
 
 def test_a_chosen_ring_that_does_not_fit_gives_the_rule_without_it(monkeypatch):

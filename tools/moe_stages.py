@@ -37,7 +37,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 17, 65, 272, 1040])
     ap.add_argument("--repeat", type=int, default=10)
-    ap.add_argument("--tiles", nargs="*", default=[], help="forced expert tiles, MT,RT,NW each")
+    ap.add_argument("--tiles", nargs="*", default=[],
+                    help="forced expert tiles, MT,RT,NW (register) or WM,WN,MT,RT[,NS[,XA]] (staged) each")
     ap.add_argument("--router-tiles", nargs="*", default=[], help="forced router tiles, MT,RT,NW each")
     ap.add_argument("--shared-tiles", nargs="*", default=[], help="forced shared-expert tiles")
     ap.add_argument("--profile", action="store_true",

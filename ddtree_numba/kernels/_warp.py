@@ -1,4 +1,4 @@
-"""Warp-level helpers for the top-K and tree-build kernels (a GPU only).
+"""Warp-level helpers for the top-K, tree-build and MLA softmax kernels (a GPU only).
 
 The CUDA simulator has no shuffles, ballots or active masks. ``hist_add`` and ``claim`` are plain
 atomic adds there, so kernels call them unconditionally; a kernel that uses the shuffles

@@ -1087,7 +1087,7 @@ def _xvec_ok(x, x_gs, k) -> bool:
 def _xring_ok(x, x_gs) -> bool:
     """Activations copied by cp.async (``_Staged.XA``): float32 rows and group offsets of whole
     16-byte pieces, the array 16-byte aligned."""
-    if x.shape[1] % 4 or x_gs % 4 or np.dtype(x.dtype) != np.float32:
+    if x.shape[1] % 4 or x_gs % 4 or np.dtype(x.dtype) != np.float32 or x.strides[0] % 16:
         return False
     return _SIM or x.__cuda_array_interface__["data"][0] % 16 == 0
 
@@ -1137,6 +1137,8 @@ def _plan(x, x_gs, w, w_up, max_rows, precision, tile=None, tile_rows=None, live
         if isinstance(tile, _Staged) and tile.XA and (_staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX
                                                       or not _xring_ok(x, x_gs)):
             tile = tile._replace(XA=0)        # fp32's two planes, or activations not in whole pieces
+        if tile == _TALL_EXPERT_RING and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
+            tile = _EXPERT_RING               # fp32's SwiGLU experts: the 16-row items still fit
         if isinstance(tile, _Staged) and tile.NS and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
             # a ring that does not fit (fp32 activations take two shared planes): the rule without it
             tile = _choose_staged(rows, N, swiglu, groups, n_k, grouped, False)

@@ -584,6 +584,8 @@ def _mla_softmax_kernel(threads, lanes):
     LANES = lanes
     if LANES & (LANES - 1) or LANES > 32:
         raise ValueError(f"softmax lanes a head must be a power of two up to 32 (a warp's shuffle group), got {LANES}")
+    if WARP_OPS and T % 32:
+        raise ValueError(f"softmax threads {T} must be whole warps on a GPU (its maxima are warp shuffles)")
     if T % LANES:
         raise ValueError(f"softmax threads {T} must be a multiple of its {LANES} lanes a head")
     NG = T // LANES
