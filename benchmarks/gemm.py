@@ -252,7 +252,7 @@ def cases(gpu, L, W, X, dX, R, rng):
         out.append(dict(name=name, variant="linear+acc" if accumulate else "linear", fn=fn, out=o,
                         x=X[K][:R], w=w, K=K, N=N, bytes=byts, flops=2 * R * N * K,
                         peer=("linear", N, K), max_rows=R, n_cols=N, swiglu=False, grouped=False,
-                        acc=accumulate))
+                        acc=accumulate, plan=lambda p: L._plan(x, 0, w.reshape(1, N, K), None, R, p)))
 
     plain("q_proj 2048->3072", "q", H, 3072)
     plain("kv_a 2048->576", "kv_a", H, 576)
@@ -266,7 +266,8 @@ def cases(gpu, L, W, X, dX, R, rng):
                                                             n_rows, None, None, R, False, p, st, cfg),
                     bytes=HEADS * KV * NOPE * gpu.wbytes + R * HEADS * (NOPE + KV) * 4,
                     flops=2 * R * HEADS * KV * NOPE, peer=("heads",), max_rows=R, n_cols=KV,
-                    swiglu=False, grouped=False, acc=False))
+                    swiglu=False, grouped=False, acc=False,
+                    plan=lambda p: L._plan(xh, NOPE, W["absorb"], None, R, p)))
     def swiglu(name, gate, up, inner):
         o_sw = gpu.empty((R, inner))
         xs = dX[H][:R]
@@ -276,7 +277,9 @@ def cases(gpu, L, W, X, dX, R, rng):
                                                                 n_rows, None, None, R, False, p, st, cfg),
                         bytes=2 * inner * H * gpu.wbytes + R * H * 4 + R * inner * 4,
                         flops=2 * 2 * R * inner * H, peer=("swiglu", inner, H), max_rows=R,
-                        n_cols=inner, swiglu=True, grouped=False, acc=False))
+                        n_cols=inner, swiglu=True, grouped=False, acc=False,
+                        plan=lambda p: L._plan(xs, 0, W[gate].reshape(1, inner, H), W[up].reshape(1, inner, H),
+                                               R, p)))
 
     swiglu("dense SwiGLU 2048->11264", "gate", "up", DENSE_I)
     plain("dense down 11264->2048", "down", DENSE_I, H)
@@ -305,8 +308,9 @@ def cases(gpu, L, W, X, dX, R, rng):
               offsets=offsets, slot_token=slot_token,
               bytes=touched * 2 * MOE_I * H * gpu.wbytes + S * H * 4 + S * MOE_I * 4,
               flops=2 * 2 * S * MOE_I * H, peer=("grouped_swiglu",), max_rows=mr, n_cols=MOE_I,
-              swiglu=True, grouped=True, acc=False, live=min(E, S))
-    up_tile = chosen_tile(L, up, gpu.kind)
+              swiglu=True, grouped=True, acc=False, live=min(E, S),
+              plan=lambda p: L._plan(xe, 0, W["egate"], W["eup"], mr, p, live_groups=min(E, S), grouped=True))
+    up_tile = chosen_tile(up, "bf16")
     up["fn"] = lambda cfg=None, p="bf16": L._launch(
         xe, 0, W["egate"], W["eup"], o_e, 0, None, items(cfg or up_tile), d_tok, mr, False, p, st, cfg or up_tile,
         live_groups=min(E, S))
@@ -317,8 +321,9 @@ def cases(gpu, L, W, X, dX, R, rng):
                 x=X[MOE_I][:S], w=W["edown"], K=MOE_I, N=H, offsets=offsets, slot_token=None,
                 bytes=touched * H * MOE_I * gpu.wbytes + S * MOE_I * 4 + S * H * 4,
                 flops=2 * S * H * MOE_I, peer=("grouped",), max_rows=mr, n_cols=H,
-                swiglu=False, grouped=True, acc=False, live=min(E, S))
-    own = chosen_tile(L, down, gpu.kind)
+                swiglu=False, grouped=True, acc=False, live=min(E, S),
+                plan=lambda p: L._plan(xd, 0, W["edown"], None, mr, p, live_groups=min(E, S), grouped=True))
+    own = chosen_tile(down, "bf16")
     down["tile"] = importlib.import_module("ddtree_numba.kernels.moe")._down_tile(up_tile, own) or own
     down["fn"] = lambda cfg=None, p="bf16": L._launch(     # the gate|up's work items, as in the model
         xd, 0, W["edown"], None, o_d, 0, None, items(up_tile), None, mr, False, p, st, cfg or down["tile"],
@@ -396,13 +401,9 @@ def cfg_name(cfg):
     return f"{cfg.MT}x{cfg.RT} nw{cfg.NW}"
 
 
-def chosen_tile(L, c, kind):
-    """The tile ``_launch`` picks for case c (its rule: word loads here, so the staged kernel when
-    it qualifies)."""
-    rows = c["max_rows"]
-    ring = kind == "bf16" and c["K"] % 8 == 0             # the cp.async weight ring (16-byte pieces)
-    return (L._choose_staged(rows, c["n_cols"], c["swiglu"], c["live"], c["K"], c["grouped"], ring)
-            or L._choose(rows, c["n_cols"], c["K"], c["swiglu"], c["live"], kind))
+def chosen_tile(c, precision):
+    """The tile ``_launch`` picks for case c in ``precision``: its own ``_plan``."""
+    return c["plan"](precision).tile
 
 
 # staged tiles with a cp.async weight ring (bf16 weights) tried beside the register alternatives:
@@ -468,11 +469,11 @@ def main():
     peer_cache = {}
     for R in rows:
         for c in cases(gpu, L, W, X, dX, R, rng):
-            cfg = c.get("tile") or chosen_tile(L, c, gpu.kind)
             peer = float("nan")
             if torch is not None:
                 peer = peer_time(torch, c, R, peer_cache)
             for precision in ("bf16", "fp32") if R in fp32_rows else ("bf16",):
+                cfg = c.get("tile") or chosen_tile(c, precision)
                 fresh_out(c, gpu.stream)
                 t0 = time.time()
                 c["fn"](None, precision)
