@@ -1,0 +1,87 @@
+"""What bounds a dense GEMM of few rows: one launch timed at several K, N and tiles (H200).
+
+Usage: python tools/few_row_probe.py [--rows 65] [--workspace 128] [--tiles "T;T;..."]
+[--shapes "K,N;K,N"]. A tile is ``WM,WN,MT,RT,NS[,XA[,KS]]`` (the staged kernel) or ``MT,RT,NW``
+(the register kernel). Each launch is graph-timed (``benchmarks/gemm.py``'s ``graph_time``: device
+µs a launch, median of 10 replays of 10 launches) and its output checked bit for bit against the
+first tile's (the batch-invariance contract: every tile gives the same bits). With torch
+installed, ``F.linear`` in bf16 is timed beside it (the peer).
+
+The question it answers: if a launch's time scales with K at a fixed grid, each warp's chain of
+chunks is the bound (a warp walks its chunks one after another), and splitting the chunks over
+more warps is what shortens it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import random_bf16  # noqa: E402
+from gemm import graph_time, torch_time  # noqa: E402
+
+
+def parse_tile(L, text):
+    v = tuple(int(a) for a in text.split(","))
+    return L._Tile(*v) if len(v) == 3 else L._Staged(*v)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=65)
+    ap.add_argument("--workspace", type=int, default=128)
+    ap.add_argument("--shapes", default="2048,3072;1024,3072;512,3072;2048,1536;2048,2048;2816,2048")
+    ap.add_argument("--tiles", default="4,1,1,2,2;2,1,1,2,2;1,1,1,2,2;4,1,1,1,2;2,1,1,1,2;1,1,1,1,2;"
+                                       "1,2,8;2,2,4;1,4,8;2,4,4")
+    a = ap.parse_args()
+    from numba import cuda
+
+    import importlib
+    L = importlib.import_module("ddtree_numba.kernels.linear")
+    st = cuda.stream()
+    n_rows = cuda.to_device(np.array([a.rows], np.int32), stream=st)
+    tiles = [parse_tile(L, t) for t in a.tiles.split(";")]
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    rng = np.random.default_rng(0)
+    print(f"rows {a.rows} in a {a.workspace}-row workspace; µs a launch (graph)")
+    print("K,N".ljust(12) + "chosen".rjust(10) + "".join(str(tuple(t)).rjust(22) for t in tiles)
+          + ("torch".rjust(10) if torch else ""))
+    for shape in a.shapes.split(";"):
+        K, N = (int(v) for v in shape.split(","))
+        w = random_bf16((N, K), 0.05, K * 7 + N, st).reshape(1, N, K)
+        x = cuda.to_device(rng.standard_normal((a.workspace, K)).astype(np.float32), stream=st)
+        ref = None
+        cols = []
+        for tile in [None] + tiles:
+            out = cuda.device_array((a.workspace, N), np.float32, stream=st)
+
+            def fn(tile=tile, out=out):
+                L._launch(x, 0, w, None, out, 0, n_rows, None, None, a.workspace, False, "bf16", st, tile)
+            fn()
+            got = out.copy_to_host(stream=st)
+            st.synchronize()
+            got = got[:a.rows]
+            if ref is None:
+                ref = got
+            same = np.array_equal(got.view(np.uint32), ref.view(np.uint32))
+            us = graph_time(fn, st)
+            plan = L._plan(x, 0, w, None, a.workspace, "bf16", tile).tile
+            cols.append(f"{us:7.1f}{'' if same else ' DIFF'}" + ("" if tile is None else f" {tuple(plan)}"[:14]))
+        line = f"{K},{N}".ljust(12) + "".join(c.rjust(22 if i else 10) for i, c in enumerate(cols))
+        if torch:
+            tx = torch.randn(a.rows, K, device="cuda", dtype=torch.bfloat16)
+            tw = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+            line += f"{torch_time(lambda: torch.nn.functional.linear(tx, tw)):10.1f}"
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
