@@ -52,7 +52,7 @@ def main():
         torch = None
     rng = np.random.default_rng(0)
     print(f"rows {a.rows} in a {a.workspace}-row workspace; µs a launch (graph)")
-    print("K,N".ljust(12) + "chosen".rjust(10) + "".join(str(tuple(t)).rjust(22) for t in tiles)
+    print("K,N".ljust(12) + "chosen".rjust(10) + "".join(str(tuple(t)).rjust(24) for t in tiles)
           + ("torch".rjust(10) if torch else ""))
     for shape in a.shapes.split(";"):
         K, N = (int(v) for v in shape.split(","))
@@ -74,8 +74,9 @@ def main():
             same = np.array_equal(got.view(np.uint32), ref.view(np.uint32))
             us = graph_time(fn, st)
             plan = L._plan(x, 0, w, None, a.workspace, "bf16", tile).tile
-            cols.append(f"{us:7.1f}{'' if same else ' DIFF'}" + ("" if tile is None else f" {tuple(plan)}"[:14]))
-        line = f"{K},{N}".ljust(12) + "".join(c.rjust(22 if i else 10) for i, c in enumerate(cols))
+            moved = tile is not None and tuple(plan) != tuple(tile)     # the plan changed the tile
+            cols.append(f"{us:7.1f}{'' if same else ' DIFF'}{' (plan ' + str(tuple(plan)) + ')' if moved else ''}")
+        line = f"{K},{N}".ljust(12) + "".join(c.rjust(24 if i else 10) for i, c in enumerate(cols))
         if torch:
             tx = torch.randn(a.rows, K, device="cuda", dtype=torch.bfloat16)
             tw = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
