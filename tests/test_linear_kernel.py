@@ -527,13 +527,16 @@ def test_weight_ring_over_few_chunks_in_both_precisions(rng, precision, slots, K
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("tile,K", [((1, 1, 1, 2, 2, 0, 2), 320), ((1, 1, 1, 1, 2, 1, 2), 136),
-                                    ((1, 1, 1, 1, 2, 0, 4), 320)])
-def test_warp_groups_splitting_the_chunks_give_the_register_kernels_bits(rng, precision, tile, K):
-    """KS warp groups split a ring step's KS chunks (``_Staged.KS``), each owner adding the step's
-    partials in ascending chunk order: the register kernel's bits, plain and SwiGLU, in both
-    precisions. K 320 is 5 chunks: with 2 groups the last step's second group has no chunk, with
-    4 the second step holds one; K 136 ends in a partial chunk, with the activations in the ring
-    (XA). Rows end inside a row tile; each owner holds 4 or 1 of a lane's positions."""
+                                    ((1, 1, 1, 1, 2, 0, 4), 320), ((1, 1, 1, 2, 2, 0, 2, 1), 320),
+                                    ((1, 1, 1, 1, 2, 1, 2, 1), 136)])
+def test_ring_steps_of_several_chunks_give_the_register_kernels_bits(rng, precision, tile, K):
+    """Ring steps of KS chunks (``_Staged.KS``): split over KS warp groups, each owner adding the
+    step's partials in ascending chunk order, or (``KW``) each warp's KS interleaved chains added
+    in order by the warp: the register kernel's bits, plain and SwiGLU, in both precisions. K 320
+    is 5 chunks: with 2 a step the last step's second chunk is none, with 4 the second step holds
+    one; K 136 ends in a partial chunk, with the activations in the ring (XA; its second step
+    holds one chunk). Rows end inside a row tile; each owner holds 4 or 1 of a
+    lane's positions."""
     R, N = 13, 40
     x = xs(rng, (R, K))
     (w, _), (wu, _) = weights(rng, (N, K), "bf16"), weights(rng, (N, K), "bf16")

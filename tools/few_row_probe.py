@@ -35,6 +35,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=65)
     ap.add_argument("--workspace", type=int, default=128)
+    ap.add_argument("--no-chosen", action="store_true", help="time the given tiles only (the first is the bits' reference)")
     ap.add_argument("--shapes", default="2048,3072;1024,3072;512,3072;2048,1536;2048,2048;2816,2048")
     ap.add_argument("--tiles", default="4,1,1,2,2;2,1,1,2,2;1,1,1,2,2;4,1,1,1,2;2,1,1,1,2;1,1,1,1,2;"
                                        "1,2,8;2,2,4;1,4,8;2,4,4")
@@ -52,7 +53,7 @@ def main():
         torch = None
     rng = np.random.default_rng(0)
     print(f"rows {a.rows} in a {a.workspace}-row workspace; µs a launch (graph)")
-    print("K,N".ljust(12) + "chosen".rjust(10) + "".join(str(tuple(t)).rjust(24) for t in tiles)
+    print("K,N".ljust(12) + ("" if a.no_chosen else "chosen".rjust(10)) + "".join(str(tuple(t)).rjust(24) for t in tiles)
           + ("torch".rjust(10) if torch else ""))
     for shape in a.shapes.split(";"):
         K, N = (int(v) for v in shape.split(","))
@@ -60,7 +61,7 @@ def main():
         x = cuda.to_device(rng.standard_normal((a.workspace, K)).astype(np.float32), stream=st)
         ref = None
         cols = []
-        for tile in [None] + tiles:
+        for tile in ([] if a.no_chosen else [None]) + tiles:
             out = cuda.device_array((a.workspace, N), np.float32, stream=st)
 
             def fn(tile=tile, out=out):
@@ -76,7 +77,8 @@ def main():
             plan = L._plan(x, 0, w, None, a.workspace, "bf16", tile).tile
             moved = tile is not None and tuple(plan) != tuple(tile)     # the plan changed the tile
             cols.append(f"{us:7.1f}{'' if same else ' DIFF'}{' (plan ' + str(tuple(plan)) + ')' if moved else ''}")
-        line = f"{K},{N}".ljust(12) + "".join(c.rjust(24 if i else 10) for i, c in enumerate(cols))
+        widths = [24] * len(cols) if a.no_chosen else [10] + [24] * len(tiles)
+        line = f"{K},{N}".ljust(12) + "".join(c.rjust(wd) for c, wd in zip(cols, widths))
         if torch:
             tx = torch.randn(a.rows, K, device="cuda", dtype=torch.bfloat16)
             tw = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)

@@ -544,11 +544,13 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
 # of NS shared slots filled by cp.async; XA (with NS): the activations ride the same ring, as
 # float32 slots (a thread converts the pieces it copied to the bf16 buffer the mma reads, one of
 # two by chunk parity), so both operands are NS - 1 chunks ahead and a chunk takes one barrier.
-# KS > 1 (with a ring): KS groups of WM x WN warps split the chunks; a ring step holds KS chunks,
-# group kg multiplies chunk KS*r + kg of step r, and the group that owns an output position adds
-# the KS partials of a step in ascending chunk order (the others' through shared memory): the
-# same sums, in the same order, as one warp walking every chunk.
-_Staged = namedtuple("_Staged", "WM WN MT RT NS XA KS", defaults=(0, 0, 1))
+# KS > 1 (with a ring): a ring step holds KS chunks. KW 0: KS groups of WM x WN warps split them,
+# group kg multiplying chunk KS*r + kg of step r, and the group that owns an output position adds
+# the KS partials of a step in ascending chunk order (the others' through shared memory). KW 1:
+# each warp multiplies all KS chunks of a step as independent chains, interleaved k step by k
+# step, and adds them in ascending order itself. Either way the same sums, in the same order, as
+# one warp walking every chunk.
+_Staged = namedtuple("_Staged", "WM WN MT RT NS XA KS KW", defaults=(0, 0, 1, 0))
 _PAD64 = 4                 # uint64 words of padding a shared row: 64-bit fragment reads of a half
                            # warp then hit 16 distinct bank pairs (row stride 40 words = 8 mod 32)
 _NS_MAX = len(CP_ASYNC_WAIT) + 1   # ring slots the waits allow
@@ -563,19 +565,20 @@ def _staged_smem(tile, swiglu, precision, kind="bf16", block=(0, 0)):
     if tile.XA:                               # the activations' float32 slots: a row's step in pairs
         words += tile.NS * 8 * tile.RT * tile.WN * (_chunk(kind, block) // 2) * tile.KS
     partials = 0
-    if tile.KS > 1:                           # the chunk partials a step hands to their owners
+    if tile.KS > 1 and not tile.KW:           # the chunk partials a step hands to their owners
         partials = tile.KS * tile.WM * tile.WN * 4 * tile.MT * tile.RT * (2 if swiglu else 1) * 32 * 4
     return words * 8 + partials
 
 
 @functools.lru_cache(maxsize=None)
 def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN, MT, RT, NS=0, XA=0, KS=1,
-                   block=(0, 0), scales="f32"):
+                   KW=0, block=(0, 0), scales="f32"):
     """The staged GEMM (above): the arguments and results of ``_mma_kernel`` for bf16 (uint64
     words) or float8 (uint32 words) weights and activations read as float32 pairs. ``NS`` > 0: a
     ring of NS weight slots filled by ``cp.async`` (bf16 weights, K % 8 == 0); ``XA``: the
     activations in the ring too (rows and group offsets of whole 16-byte pieces); ``KS`` > 1 (with
-    a ring): KS warp groups split the chunks (``_Staged``). Row tiles of 8 rows wholly past the
+    a ring): a ring step of KS chunks, split over KS warp groups, or (``KW``) each warp's KS
+    interleaved chains (``_Staged``). Row tiles of 8 rows wholly past the
     block's last row are skipped (no mma)."""
     ASYNC = NS > 0
     if ASYNC and (kind != "bf16" or not 2 <= NS <= _NS_MAX):
@@ -583,7 +586,9 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
     if XA and not ASYNC:
         raise ValueError("activations ride the cp.async ring (XA) only beside a weight ring (NS >= 2)")
     if KS != 1 and not (ASYNC and KS in (2, 4)):
-        raise ValueError(f"warp groups splitting the chunks (KS = {KS}) take 2 or 4 groups and a cp.async ring")
+        raise ValueError(f"ring steps of KS = {KS} chunks take 2 or 4 chunks and a cp.async ring")
+    if KW and KS == 1:
+        raise ValueError("KW (a warp multiplying all of a step's chunks) needs steps of KS >= 2 chunks")
     SLOTS = max(1, NS)
     S = 2 if swiglu else 1
     FP8 = kind in SCALED_KINDS
@@ -597,10 +602,13 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
     XSPLIT = precision == "fp32"
     PAIRED = _paired(kind, block)
     WT = WM * WN                              # warps a group (one per warp tile)
-    NT = 32 * WT * KS
+    G = 1 if KW else KS                       # warp groups splitting a step's chunks
+    CW = KS if KW else 1                      # chunks a warp multiplies a step
+    NT = 32 * WT * G
     BF, BR = 16 * MT * WM, 8 * RT * WN
     P = 4 * MT * RT
     PS = P * S
+    NACC = CW * PS                            # chain accumulators a lane holds
     NWW = 1 if ASYNC else ceil_div(S * BF * Q, NT)   # weight words a thread stages per chunk
     NWC = ceil_div(BF * (QS // 2), NT)        # ASYNC: 16-byte pieces a thread copies per step and matrix
     NXW = ceil_div(BR * QS, NT)               # activation quads a step
@@ -608,7 +616,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
     XB = 2 if XA else 1                       # bf16 activation buffers (XA: one a step's parity)
     WS_SHAPE, XS_SHAPE = (SLOTS, KS, S, BF, QP), (XB, KS, XL, BR, QP)
     XF_SHAPE = (SLOTS, BR, 2 * QS) if XA else (1, 1, 2)   # XA: float32 slots, a row's step as pairs
-    PB_SHAPE = (KS, WT, PS, 32) if KS > 1 else (1, 1, 1, 1)   # partials handed to their owners
+    PB_SHAPE = (G, WT, PS, 32) if G > 1 else (1, 1, 1, 1)   # partials handed to their owners
     # cp.async writes 16-byte pieces: the ring must start 16-byte aligned (numba aligns a uint64
     # array to 8; the simulator takes no alignment argument)
     RING_ALIGN = 16 if ASYNC and not _SIM else None
@@ -756,50 +764,62 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
                         cp_async16(wsm, d, wv, (uint64(z), un, uk), nbytes)
 
     @device_function
-    def mma_chunk(wsm, slot, sub, xsm, xb, wm, wn, g, t, acc, live):
-        """The warp's chains of this chunk from shared memory (weight ring slot ``slot``, chunk
-        ``sub`` of its step) into acc (the register kernel's ``mma_chunk``, its fragments read from
-        the staged tile, activation buffer xb). Only the
-        first ``live`` row tiles of the warp hold rows: the others are left alone (their rows are
-        never stored; the test is the same for the whole warp)."""
-        for q in range(PS):
+    def mma_rows(wsm, slot, sub, xsm, xb, wn, g, qk, r0, mt, s, acc, a_off, live):
+        """One k step of one m tile and matrix against the warp's live row tiles (``mma_chunk``)."""
+        u = wsm[slot, sub, s, r0, qk]
+        u8 = wsm[slot, sub, s, r0 + 8, qk]
+        a0 = uint32(u & uint64(0xFFFFFFFF))
+        a2 = uint32(u >> uint64(32))
+        a1 = uint32(u8 & uint64(0xFFFFFFFF))
+        a3 = uint32(u8 >> uint64(32))
+        for rt in range(RT):
+            if rt >= live:
+                continue
+            xr = wn * 8 * RT + rt * 8 + g
+            ux = xsm[xb, sub, 0, xr, qk]
+            q0 = a_off + (mt * RT + rt) * 4 * S + s
+            d = mma_bf16(a0, a1, a2, a3, uint32(ux & uint64(0xFFFFFFFF)), uint32(ux >> uint64(32)),
+                         acc[q0], acc[q0 + S], acc[q0 + 2 * S], acc[q0 + 3 * S])
+            if XSPLIT:
+                ul = xsm[xb, sub, 1, xr, qk]
+                d = mma_bf16(a0, a1, a2, a3, uint32(ul & uint64(0xFFFFFFFF)), uint32(ul >> uint64(32)),
+                             d[0], d[1], d[2], d[3])
+            acc[q0] = d[0]
+            acc[q0 + S] = d[1]
+            acc[q0 + 2 * S] = d[2]
+            acc[q0 + 3 * S] = d[3]
+
+    @device_function
+    def mma_chunk(wsm, slot, sub0, xsm, xb, wm, wn, g, t, acc, live):
+        """The warp's chains of chunks sub0 .. sub0 + CW - 1 of its step from shared memory
+        (weight ring slot ``slot``) into acc (chunk u's at u*PS), each from 0, the chunks'
+        independent chains interleaved k step by k step (the register kernel's ``mma_chunk``, its
+        fragments read from the staged tile, activation buffer xb). Only the first ``live`` row
+        tiles of the warp hold rows: the others are left alone (their rows are never stored; the
+        test is the same for the whole warp)."""
+        for q in range(NACC):
             acc[q] = float32(0.0)
         for st in range(STEPS):
             qk = _k_offset(st, t, PAIRED) // 4      # the word of the lane's four k
-            for mt in range(MT):
-                r0 = wm * 16 * MT + mt * 16 + g
-                for s in range(S):
-                    u = wsm[slot, sub, s, r0, qk]
-                    u8 = wsm[slot, sub, s, r0 + 8, qk]
-                    a0 = uint32(u & uint64(0xFFFFFFFF))
-                    a2 = uint32(u >> uint64(32))
-                    a1 = uint32(u8 & uint64(0xFFFFFFFF))
-                    a3 = uint32(u8 >> uint64(32))
-                    for rt in range(RT):
-                        if rt >= live:
-                            continue
-                        xr = wn * 8 * RT + rt * 8 + g
-                        ux = xsm[xb, sub, 0, xr, qk]
-                        q0 = (mt * RT + rt) * 4 * S + s
-                        d = mma_bf16(a0, a1, a2, a3, uint32(ux & uint64(0xFFFFFFFF)), uint32(ux >> uint64(32)),
-                                     acc[q0], acc[q0 + S], acc[q0 + 2 * S], acc[q0 + 3 * S])
-                        if XSPLIT:
-                            ul = xsm[xb, sub, 1, xr, qk]
-                            d = mma_bf16(a0, a1, a2, a3, uint32(ul & uint64(0xFFFFFFFF)), uint32(ul >> uint64(32)),
-                                         d[0], d[1], d[2], d[3])
-                        acc[q0] = d[0]
-                        acc[q0 + S] = d[1]
-                        acc[q0 + 2 * S] = d[2]
-                        acc[q0 + 3 * S] = d[3]
+            for u in range(CW):
+                sub = sub0 + u
+                for mt in range(MT):
+                    r0 = wm * 16 * MT + mt * 16 + g
+                    for s in range(S):
+                        mma_rows(wsm, slot, sub, xsm, xb, wn, g, qk, r0, mt, s, acc, u * PS, live)
 
     @device_function
     def add_step(c0, C, kg, wt, lane, acc, ys, sv, pbuf):
-        """A step's chunk partials into the running sums. KS == 1: chunk c0's, the warp's own.
-        Else group k2 holds chunk c0 + k2's (chunks past C are none); the group owning a position
-        (p % KS) adds them in ascending chunk order, the others' read from ``pbuf``, which the
-        next step rewrites only after its own barrier, when every owner here has read it."""
-        if KS == 1:
-            add_chunk(ys, acc, sv)
+        """A step's chunk partials (chunks from c0; none past C) into the running sums, in
+        ascending chunk order. One group (KS == 1, or ``KW``): the warp's own, chunk u's at
+        acc[u*PS]. Else group k2 holds chunk c0 + k2's; the group owning a position (p % KS) adds
+        them, the others' read from ``pbuf``, which the next step rewrites only after its own
+        barrier, when every owner here has read it."""
+        if G == 1:
+            for u in range(CW):
+                if c0 + u < C:
+                    for q in range(PS):
+                        ys[q] = ys[q] + acc[u * PS + q]
         else:
             for p in range(P):
                 if p % KS != kg:
@@ -826,7 +846,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
         lane = tid % 32
         g = lane // 4
         t = lane % 4
-        kg = warp // WT                       # the warp's group (KS > 1: which chunk of a step)
+        kg = warp // WT                       # the warp's group (G > 1: which chunk of a step)
         wt = warp % WT                        # its warp tile
         wm = wt % WM
         wn = wt // WM
@@ -856,7 +876,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
         xst0 = cuda.local.array(NXW, uint64)
         xst1 = cuda.local.array(NXW, uint64)
         xrows = cuda.local.array(NXW, int64)
-        acc = cuda.local.array(PS, float32)
+        acc = cuda.local.array(NACC, float32)
         ys = cuda.local.array(PS, float32)
         sv = cuda.local.array(NSV, float32)
         f = cuda.local.array(4, float32)
@@ -884,7 +904,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
                         copy_x(r + NS - 1, fill, tid, xv, xc, K, xrows, xfs)
                     cp_async_commit()
                     fill = fill + 1 if fill + 1 < SLOTS else 0
-                    c = r * KS + kg           # this group's chunk
+                    c = r * KS + kg           # this group's (first) chunk
                     load_scales(sv, sc, scu, z, col0 + wm * 16 * MT, N, c, C, g)
                     if c < C:
                         mma_chunk(wsm, slot, kg, xsm, xb, wm, wn, g, t, acc, live)
@@ -912,7 +932,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
                         cp_async_commit()
                         fill = fill + 1 if fill + 1 < SLOTS else 0
                     cuda.syncthreads()
-                    c = r * KS + kg           # this group's chunk
+                    c = r * KS + kg           # this group's (first) chunk
                     load_scales(sv, sc, scu, z, col0 + wm * 16 * MT, N, c, C, g)
                     if r + 1 < R:             # the next step's loads fly while this one multiplies
                         stage_load(r + 1, tid, xv, xc, wv, wuv, z, col0, N, K, xrows, wst, xst0, xst1)
@@ -921,7 +941,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
                     add_step(r * KS, C, kg, wt, lane, acc, ys, sv, pbuf)
                     slot = slot + 1 if slot + 1 < SLOTS else 0
             for p in range(P):                # the C fragment layout, as in the register kernel
-                if KS > 1 and p % KS != kg:
+                if G > 1 and p % KS != kg:
                     continue                  # another group owns it
                 e = p % 4
                 mt = p // (4 * RT)
@@ -1209,10 +1229,10 @@ def _plan(x, x_gs, w, w_up, max_rows, precision, tile=None, tile_rows=None, live
     while isinstance(tile, _Staged) and tile.NS and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
         # fp32 activations take twice the shared rows: activations out of the ring, one warp group,
         # a shorter ring, else none
-        tile = (tile._replace(XA=0) if tile.XA else tile._replace(KS=1) if tile.KS > 1
+        tile = (tile._replace(XA=0) if tile.XA else tile._replace(KS=1, KW=0) if tile.KS > 1
                 else tile._replace(NS=tile.NS - 1 if tile.NS > 2 else 0))
     if isinstance(tile, _Staged) and tile.KS > 1 and not tile.NS:
-        tile = tile._replace(KS=1)            # warp groups split the chunks of a ring's steps only
+        tile = tile._replace(KS=1, KW=0)      # steps of several chunks are a ring's only
     if isinstance(tile, _Staged) and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
         tile = _STAGED[swiglu]                # a forced tile too big for this launch: a default one
     return _Plan(tile, kind, block, scales, w, w_up, scale, scale_up, vec, xvec)
@@ -1237,7 +1257,7 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, items, row_index, max_rows, acc
         kernel = _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, *tile, block=block,
                                 scales=scales)
         cols = ceil_div(N, 16 * tile.MT * tile.WM)
-        threads = 32 * tile.WM * tile.WN * tile.KS
+        threads = 32 * tile.WM * tile.WN * (1 if tile.KW else tile.KS)
     else:
         kernel = _mma_kernel(kind, swiglu, accumulate, grouped, gather, plan.vec, plan.xvec, precision, *tile,
                              block=block, scales=scales, xraw=_X_RAW and plan.xvec)
