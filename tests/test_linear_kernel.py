@@ -525,33 +525,6 @@ def test_weight_ring_over_few_chunks_in_both_precisions(rng, precision, slots, K
     assert_bits(swiglu(ring), swiglu(L.TILES["small"]))
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("tile,K", [((1, 1, 1, 2, 2, 0, 2), 320), ((1, 1, 1, 1, 2, 1, 2), 136),
-                                    ((1, 1, 1, 1, 2, 0, 4), 320), ((1, 1, 1, 2, 2, 0, 2, 1), 320),
-                                    ((1, 1, 1, 1, 2, 1, 2, 1), 136)])
-def test_ring_steps_of_several_chunks_give_the_register_kernels_bits(rng, precision, tile, K):
-    """Ring steps of KS chunks (``_Staged.KS``): split over KS warp groups, each owner adding the
-    step's partials in ascending chunk order, or (``KW``) each warp's KS interleaved chains added
-    in order by the warp: the register kernel's bits, plain and SwiGLU, in both precisions. K 320
-    is 5 chunks: with 2 a step the last step's second chunk is none, with 4 the second step holds
-    one; K 136 ends in a partial chunk, with the activations in the ring (XA; its second step
-    holds one chunk). Rows end inside a row tile; each owner holds 4 or 1 of a
-    lane's positions."""
-    R, N = 13, 40
-    x = xs(rng, (R, K))
-    (w, _), (wu, _) = weights(rng, (N, K), "bf16"), weights(rng, (N, K), "bf16")
-    ring = L._Staged(*tile)
-    assert L._plan(dev(x), 0, dev(w.reshape(1, N, K)), None, R, precision, ring).tile == ring
-    assert_bits(run_linear(x, w, precision, tile=ring), run_linear(x, w, precision, tile=L.TILES["small"]))
-
-    def swiglu(t):
-        d_out = dev(np.full((R, N), np.nan, np.float32))
-        L._enqueue_swiglu(dev(x), dev(w), dev(wu), d_out, rows_dev(R), precision=precision, tile=t)
-        return d_out.copy_to_host()
-
-    assert_bits(swiglu(ring), swiglu(L.TILES["small"]))
-
-
 @pytest.mark.parametrize("tile", [(1, 1, 1, 3, 2), (3, 1, 1, 1, 2), (3, 1, 1, 1, 2, 1)])
 def test_ring_tiles_of_three_row_tiles_or_a_partial_staging_pass(rng, tile):
     """Ring tiles like the H200's 24-row ones (RT 3: ``_DENSE_RINGS``, ``_WIDE_RINGS``), and a

@@ -1,15 +1,17 @@
 """What bounds a dense GEMM of few rows: one launch timed at several K, N and tiles (H200).
 
 Usage: python tools/few_row_probe.py [--rows 65] [--workspace 128] [--tiles "T;T;..."]
-[--shapes "K,N;K,N"]. A tile is ``WM,WN,MT,RT,NS[,XA[,KS]]`` (the staged kernel) or ``MT,RT,NW``
-(the register kernel). Each launch is graph-timed (``benchmarks/gemm.py``'s ``graph_time``: device
-µs a launch, median of 10 replays of 10 launches) and its output checked bit for bit against the
-first tile's (the batch-invariance contract: every tile gives the same bits). With torch
-installed, ``F.linear`` in bf16 is timed beside it (the peer).
+[--shapes "K,N;K,N"] [--no-chosen]. A tile is ``WM,WN,MT,RT,NS[,XA]`` (the staged kernel) or
+``MT,RT,NW`` (the register kernel). Each launch is graph-timed (``benchmarks/gemm.py``'s
+``graph_time``: device µs a launch, median of 10 replays of 10 launches) and its output checked bit
+for bit against the first tile's (the batch-invariance contract: every tile gives the same bits;
+"DIFF" marks one that does not). A tile the plan changes (it does not fit, say) is shown with the
+tile that ran. With torch installed, ``F.linear`` in bf16 is timed beside it (the peer).
+``--no-chosen`` leaves out the tile the rule chooses (for Nsight Compute's ``-c 1``).
 
-The question it answers: if a launch's time scales with K at a fixed grid, each warp's chain of
-chunks is the bound (a warp walks its chunks one after another), and splitting the chunks over
-more warps is what shortens it.
+Twentieth session (docs/PERFORMANCE.md): at 65 rows the time grows in proportion to K on a fixed
+grid (q_proj 7.6 / 12.3 / 21.8 µs at K 512 / 1024 / 2048), and neither more warps splitting the
+chunks nor two chunks' chains interleaved in a warp shortened it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=65)
     ap.add_argument("--workspace", type=int, default=128)
+    ap.add_argument("--groups", type=int, default=1,
+                    help="Z > 1: per-group projections (MLA's absorptions): x [R, Z*K], w [Z, N, K], out [R, Z*N]")
     ap.add_argument("--no-chosen", action="store_true", help="time the given tiles only (the first is the bits' reference)")
     ap.add_argument("--shapes", default="2048,3072;1024,3072;512,3072;2048,1536;2048,2048;2816,2048")
     ap.add_argument("--tiles", default="4,1,1,2,2;2,1,1,2,2;1,1,1,2,2;4,1,1,1,2;2,1,1,1,2;1,1,1,1,2;"
@@ -57,15 +61,17 @@ def main():
           + ("torch".rjust(10) if torch else ""))
     for shape in a.shapes.split(";"):
         K, N = (int(v) for v in shape.split(","))
-        w = random_bf16((N, K), 0.05, K * 7 + N, st).reshape(1, N, K)
-        x = cuda.to_device(rng.standard_normal((a.workspace, K)).astype(np.float32), stream=st)
+        Z = a.groups
+        w = random_bf16((Z * N, K), 0.05, K * 7 + N, st).reshape(Z, N, K)
+        x = cuda.to_device(rng.standard_normal((a.workspace, Z * K)).astype(np.float32), stream=st)
+        x_gs, o_gs = (K, N) if Z > 1 else (0, 0)
         ref = None
         cols = []
         for tile in ([] if a.no_chosen else [None]) + tiles:
-            out = cuda.device_array((a.workspace, N), np.float32, stream=st)
+            out = cuda.device_array((a.workspace, Z * N), np.float32, stream=st)
 
             def fn(tile=tile, out=out):
-                L._launch(x, 0, w, None, out, 0, n_rows, None, None, a.workspace, False, "bf16", st, tile)
+                L._launch(x, x_gs, w, None, out, o_gs, n_rows, None, None, a.workspace, False, "bf16", st, tile)
             fn()
             got = out.copy_to_host(stream=st)
             st.synchronize()
@@ -74,15 +80,20 @@ def main():
                 ref = got
             same = np.array_equal(got.view(np.uint32), ref.view(np.uint32))
             us = graph_time(fn, st)
-            plan = L._plan(x, 0, w, None, a.workspace, "bf16", tile).tile
+            plan = L._plan(x, x_gs, w, None, a.workspace, "bf16", tile).tile
             moved = tile is not None and tuple(plan) != tuple(tile)     # the plan changed the tile
             cols.append(f"{us:7.1f}{'' if same else ' DIFF'}{' (plan ' + str(tuple(plan)) + ')' if moved else ''}")
         widths = [24] * len(cols) if a.no_chosen else [10] + [24] * len(tiles)
         line = f"{K},{N}".ljust(12) + "".join(c.rjust(wd) for c, wd in zip(cols, widths))
         if torch:
-            tx = torch.randn(a.rows, K, device="cuda", dtype=torch.bfloat16)
-            tw = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
-            line += f"{torch_time(lambda: torch.nn.functional.linear(tx, tw)):10.1f}"
+            if Z > 1:                          # [Z, R, K] @ [Z, K, N]
+                tx = torch.randn(Z, a.rows, K, device="cuda", dtype=torch.bfloat16)
+                tw = torch.randn(Z, K, N, device="cuda", dtype=torch.bfloat16)
+                line += f"{torch_time(lambda: torch.bmm(tx, tw)):10.1f}"
+            else:
+                tx = torch.randn(a.rows, K, device="cuda", dtype=torch.bfloat16)
+                tw = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+                line += f"{torch_time(lambda: torch.nn.functional.linear(tx, tw)):10.1f}"
         print(line, flush=True)
 
 

@@ -544,13 +544,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
 # of NS shared slots filled by cp.async; XA (with NS): the activations ride the same ring, as
 # float32 slots (a thread converts the pieces it copied to the bf16 buffer the mma reads, one of
 # two by chunk parity), so both operands are NS - 1 chunks ahead and a chunk takes one barrier.
-# KS > 1 (with a ring): a ring step holds KS chunks. KW 0: KS groups of WM x WN warps split them,
-# group kg multiplying chunk KS*r + kg of step r, and the group that owns an output position adds
-# the KS partials of a step in ascending chunk order (the others' through shared memory). KW 1:
-# each warp multiplies all KS chunks of a step as independent chains, interleaved k step by k
-# step, and adds them in ascending order itself. Either way the same sums, in the same order, as
-# one warp walking every chunk.
-_Staged = namedtuple("_Staged", "WM WN MT RT NS XA KS KW", defaults=(0, 0, 1, 0))
+_Staged = namedtuple("_Staged", "WM WN MT RT NS XA", defaults=(0, 0))
 _PAD64 = 4                 # uint64 words of padding a shared row: 64-bit fragment reads of a half
                            # warp then hit 16 distinct bank pairs (row stride 40 words = 8 mod 32)
 _NS_MAX = len(CP_ASYNC_WAIT) + 1   # ring slots the waits allow
@@ -561,34 +555,25 @@ def _staged_smem(tile, swiglu, precision, kind="bf16", block=(0, 0)):
     q = _chunk(kind, block) // 4 + _PAD64
     rows_w = (2 if swiglu else 1) * 16 * tile.MT * tile.WM
     rows_x = (2 if precision == "fp32" else 1) * 8 * tile.RT * tile.WN
-    words = (max(1, tile.NS) * rows_w + (2 if tile.XA else 1) * rows_x) * q * tile.KS
-    if tile.XA:                               # the activations' float32 slots: a row's step in pairs
-        words += tile.NS * 8 * tile.RT * tile.WN * (_chunk(kind, block) // 2) * tile.KS
-    partials = 0
-    if tile.KS > 1 and not tile.KW:           # the chunk partials a step hands to their owners
-        partials = tile.KS * tile.WM * tile.WN * 4 * tile.MT * tile.RT * (2 if swiglu else 1) * 32 * 4
-    return words * 8 + partials
+    words = (max(1, tile.NS) * rows_w + (2 if tile.XA else 1) * rows_x) * q
+    if tile.XA:                               # the activations' float32 slots: a row's chunk in pairs
+        words += tile.NS * 8 * tile.RT * tile.WN * (_chunk(kind, block) // 2)
+    return words * 8
 
 
 @functools.lru_cache(maxsize=None)
-def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN, MT, RT, NS=0, XA=0, KS=1,
-                   KW=0, block=(0, 0), scales="f32"):
+def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN, MT, RT, NS=0, XA=0, block=(0, 0),
+                   scales="f32"):
     """The staged GEMM (above): the arguments and results of ``_mma_kernel`` for bf16 (uint64
     words) or float8 (uint32 words) weights and activations read as float32 pairs. ``NS`` > 0: a
     ring of NS weight slots filled by ``cp.async`` (bf16 weights, K % 8 == 0); ``XA``: the
-    activations in the ring too (rows and group offsets of whole 16-byte pieces); ``KS`` > 1 (with
-    a ring): a ring step of KS chunks, split over KS warp groups, or (``KW``) each warp's KS
-    interleaved chains (``_Staged``). Row tiles of 8 rows wholly past the
-    block's last row are skipped (no mma)."""
+    activations in the ring too (rows and group offsets of whole 16-byte pieces). Row tiles of 8
+    rows wholly past the block's last row are skipped (no mma)."""
     ASYNC = NS > 0
     if ASYNC and (kind != "bf16" or not 2 <= NS <= _NS_MAX):
         raise ValueError(f"a cp.async ring takes bf16 weights and 2..{_NS_MAX} slots, got {kind} and {NS}")
     if XA and not ASYNC:
         raise ValueError("activations ride the cp.async ring (XA) only beside a weight ring (NS >= 2)")
-    if KS != 1 and not (ASYNC and KS in (2, 4)):
-        raise ValueError(f"ring steps of KS = {KS} chunks take 2 or 4 chunks and a cp.async ring")
-    if KW and KS == 1:
-        raise ValueError("KW (a warp multiplying all of a step's chunks) needs steps of KS >= 2 chunks")
     SLOTS = max(1, NS)
     S = 2 if swiglu else 1
     FP8 = kind in SCALED_KINDS
@@ -597,26 +582,20 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
     KCH = _chunk(kind, block)
     STEPS = KCH // 16
     Q = KCH // 4                              # uint64 words of four bf16 a row of a chunk
-    QS = KS * Q                               # ... of a ring step (KS chunks)
     QP = Q + _PAD64
     XSPLIT = precision == "fp32"
     PAIRED = _paired(kind, block)
-    WT = WM * WN                              # warps a group (one per warp tile)
-    G = 1 if KW else KS                       # warp groups splitting a step's chunks
-    CW = KS if KW else 1                      # chunks a warp multiplies a step
-    NT = 32 * WT * G
+    NT = 32 * WM * WN
     BF, BR = 16 * MT * WM, 8 * RT * WN
     P = 4 * MT * RT
     PS = P * S
-    NACC = CW * PS                            # chain accumulators a lane holds
     NWW = 1 if ASYNC else ceil_div(S * BF * Q, NT)   # weight words a thread stages per chunk
-    NWC = ceil_div(BF * (QS // 2), NT)        # ASYNC: 16-byte pieces a thread copies per step and matrix
-    NXW = ceil_div(BR * QS, NT)               # activation quads a step
+    NWC = ceil_div(BF * (Q // 2), NT)         # ASYNC: 16-byte pieces a thread copies per chunk and matrix
+    NXW = ceil_div(BR * Q, NT)                # activation quads
     XL = 2 if XSPLIT else 1
-    XB = 2 if XA else 1                       # bf16 activation buffers (XA: one a step's parity)
-    WS_SHAPE, XS_SHAPE = (SLOTS, KS, S, BF, QP), (XB, KS, XL, BR, QP)
-    XF_SHAPE = (SLOTS, BR, 2 * QS) if XA else (1, 1, 2)   # XA: float32 slots, a row's step as pairs
-    PB_SHAPE = (G, WT, PS, 32) if G > 1 else (1, 1, 1, 1)   # partials handed to their owners
+    XB = 2 if XA else 1                       # bf16 activation buffers (XA: one a chunk's parity)
+    WS_SHAPE, XS_SHAPE = (SLOTS, S, BF, QP), (XB, XL, BR, QP)
+    XF_SHAPE = (SLOTS, BR, 2 * Q) if XA else (1, 1, 2)   # XA: float32 slots, a row's chunk as pairs
     # cp.async writes 16-byte pieces: the ring must start 16-byte aligned (numba aligns a uint64
     # array to 8; the simulator takes no alignment argument)
     RING_ALIGN = 16 if ASYNC and not _SIM else None
@@ -627,9 +606,8 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
 
     @device_function
     def stage_load(c, tid, xv, xc, wv, wuv, z, col0, N, K, xrows, wst, xst0, xst1):
-        """Step c's weight words (unless ``ASYNC``; KS is 1 then: a step is a chunk) and activation
-        quads of this thread, global -> registers (``xrows``: the activation row of each quad, -1
-        past the tile's rows)."""
+        """Chunk c's weight words (unless ``ASYNC``) and activation quads of this thread, global ->
+        registers (``xrows``: the activation row of each quad, -1 past the tile's rows)."""
         for i in range(0 if ASYNC else NWW):
             idx = tid + i * NT
             v = uint64(0)
@@ -652,7 +630,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
             u0 = uint64(0)
             u1 = uint64(0)
             rx = xrows[i]
-            k = c * KS * KCH + 4 * (idx % QS)
+            k = c * KCH + 4 * (idx % Q)
             if rx >= 0 and k < K:             # unsigned indices: no wraparound or sign fix-ups
                 u = uint64(rx)
                 q = uint64(xc + k) >> uint64(1)
@@ -668,8 +646,8 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
         for i in range(NXW):
             idx = tid + i * NT
             rx = -1
-            if NXW * NT == BR * QS or idx < BR * QS:   # (the first test is constant)
-                j = tile0 + idx // QS
+            if NXW * NT == BR * Q or idx < BR * Q:   # (the first test is constant)
+                j = tile0 + idx // Q
                 if j < end:
                     rx = j
                     if gather:
@@ -690,43 +668,40 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
                     lo = pack_bf16x2(widen(b), widen(b >> uint32(UB)))
                     hi = pack_bf16x2(widen(b >> uint32(2 * UB)), widen(b >> uint32(3 * UB)))
                     v = uint64(lo) | (uint64(hi) << uint64(32))
-                wsm[0, 0, s, rem // Q, rem % Q] = v
+                wsm[0, s, rem // Q, rem % Q] = v
         for i in range(NXW):
             idx = tid + i * NT
-            if NXW * NT == BR * QS or idx < BR * QS:
+            if NXW * NT == BR * Q or idx < BR * Q:
                 store_quad(xsm, 0, idx, xst0[i], xst1[i], f)
 
     @device_function
     def store_quad(xsm, b, idx, u0, u1, f):
-        """Activation quad ``idx`` of a step (four float32 in two words: row idx // QS, word kq =
-        idx % QS of the row, so chunk kq // Q of the step), rounded (split) to bf16, into buffer b."""
+        """Activation quad ``idx`` (four float32 in two words), rounded (split) to bf16, into
+        buffer b."""
         _unpack_pairs(u0, u1, f)
-        r = idx // QS
-        sub = (idx % QS) // Q
-        w = idx % Q
         if XSPLIT:
             h0, l0 = _split_bf16x2(f[0], f[1])
             h1, l1 = _split_bf16x2(f[2], f[3])
-            xsm[b, sub, 0, r, w] = uint64(h0) | (uint64(h1) << uint64(32))
-            xsm[b, sub, 1, r, w] = uint64(l0) | (uint64(l1) << uint64(32))
+            xsm[b, 0, idx // Q, idx % Q] = uint64(h0) | (uint64(h1) << uint64(32))
+            xsm[b, 1, idx // Q, idx % Q] = uint64(l0) | (uint64(l1) << uint64(32))
         else:
-            xsm[b, sub, 0, r, w] = uint64(pack_bf16x2(f[0], f[1])) | (
+            xsm[b, 0, idx // Q, idx % Q] = uint64(pack_bf16x2(f[0], f[1])) | (
                 uint64(pack_bf16x2(f[2], f[3])) << uint64(32))
 
     @device_function
     def copy_x(c, slot, tid, xv, xc, K, xrows, xfs):
         """``XA``: issue this thread's cp.async pieces (activation quads, the ``stage_load``
-        ones) of step c into float32 slot ``slot``; zeros past the tile's rows and K."""
+        ones) of chunk c into float32 slot ``slot``; zeros past the tile's rows and K."""
         for i in range(NXW):
             idx = tid + i * NT
-            if NXW * NT == BR * QS or idx < BR * QS:
+            if NXW * NT == BR * Q or idx < BR * Q:
                 rx = xrows[i]
-                k = c * KS * KCH + 4 * (idx % QS)
+                k = c * KCH + 4 * (idx % Q)
                 ok = rx >= 0 and k < K
                 nbytes = uint32(16) if ok else uint32(0)
                 u = uint64(rx) if ok else uint64(0)     # read nothing; keep the address inside
                 q = uint64(xc + k) >> uint64(1) if ok else uint64(0)
-                cp_async16(xfs, (uint64(slot), uint64(idx // QS), uint64(2 * (idx % QS))), xv, (u, q), nbytes)
+                cp_async16(xfs, (uint64(slot), uint64(idx // Q), uint64(2 * (idx % Q))), xv, (u, q), nbytes)
 
     @device_function
     def convert_x(tid, slot, b, xfs, xsm, f):
@@ -734,108 +709,71 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
         barrier needed to read them) -> bf16 buffer b."""
         for i in range(NXW):
             idx = tid + i * NT
-            if NXW * NT == BR * QS or idx < BR * QS:
-                r = idx // QS
-                p = 2 * (idx % QS)
+            if NXW * NT == BR * Q or idx < BR * Q:
+                r = idx // Q
+                p = 2 * (idx % Q)
                 store_quad(xsm, b, idx, xfs[slot, r, p], xfs[slot, r, p + 1], f)
 
     @device_function
     def copy_weights(c, slot, tid, wv, wuv, wsm, z, col0, N, K):
-        """``ASYNC``: issue this thread's cp.async pieces of step c's weights (its KS chunks) into
-        ring slot ``slot`` (zeros past N and K). Consecutive threads take consecutive 16-byte
-        pieces of a row: a warp reads four rows of 128 * KS bytes. Each matrix's pieces in their
-        own unrolled loop, so the matrix a copy reads is known when compiling."""
+        """``ASYNC``: issue this thread's cp.async pieces of chunk c's weights into ring slot
+        ``slot`` (zeros past N and K). Consecutive threads take consecutive 16-byte pieces of a
+        row: a warp reads four rows of 128 bytes. Each matrix's pieces in their own unrolled loop,
+        so the matrix a copy reads is known when compiling."""
         for s in range(S):
             for i in range(NWC):
                 m = tid + i * NT
-                if NWC * NT == BF * (QS // 2) or m < BF * (QS // 2):   # (the first test is constant)
-                    r = m // (QS // 2)
-                    piece = m % (QS // 2)
+                if NWC * NT == BF * (Q // 2) or m < BF * (Q // 2):   # (the first test is constant)
+                    r = m // (Q // 2)
+                    piece = m % (Q // 2)
                     n = col0 + r
-                    k = c * KS * KCH + 8 * piece
+                    k = c * KCH + 8 * piece
                     ok = n < N and k < K
                     nbytes = uint32(16) if ok else uint32(0)
                     un = uint64(n) if ok else uint64(0)   # read nothing; keep the address inside
                     uk = uint64(k) >> uint64(2) if ok else uint64(0)
-                    d = (uint64(slot), uint64(piece // (Q // 2)), uint64(s), uint64(r), uint64(2 * (piece % (Q // 2))))
+                    d = (uint64(slot), uint64(s), uint64(r), uint64(2 * piece))
                     if s == 1:
                         cp_async16(wsm, d, wuv, (uint64(z), un, uk), nbytes)
                     else:
                         cp_async16(wsm, d, wv, (uint64(z), un, uk), nbytes)
 
     @device_function
-    def mma_rows(wsm, slot, sub, xsm, xb, wn, g, qk, r0, mt, s, acc, a_off, live):
-        """One k step of one m tile and matrix against the warp's live row tiles (``mma_chunk``)."""
-        u = wsm[slot, sub, s, r0, qk]
-        u8 = wsm[slot, sub, s, r0 + 8, qk]
-        a0 = uint32(u & uint64(0xFFFFFFFF))
-        a2 = uint32(u >> uint64(32))
-        a1 = uint32(u8 & uint64(0xFFFFFFFF))
-        a3 = uint32(u8 >> uint64(32))
-        for rt in range(RT):
-            if rt >= live:
-                continue
-            xr = wn * 8 * RT + rt * 8 + g
-            ux = xsm[xb, sub, 0, xr, qk]
-            q0 = a_off + (mt * RT + rt) * 4 * S + s
-            d = mma_bf16(a0, a1, a2, a3, uint32(ux & uint64(0xFFFFFFFF)), uint32(ux >> uint64(32)),
-                         acc[q0], acc[q0 + S], acc[q0 + 2 * S], acc[q0 + 3 * S])
-            if XSPLIT:
-                ul = xsm[xb, sub, 1, xr, qk]
-                d = mma_bf16(a0, a1, a2, a3, uint32(ul & uint64(0xFFFFFFFF)), uint32(ul >> uint64(32)),
-                             d[0], d[1], d[2], d[3])
-            acc[q0] = d[0]
-            acc[q0 + S] = d[1]
-            acc[q0 + 2 * S] = d[2]
-            acc[q0 + 3 * S] = d[3]
-
-    @device_function
-    def mma_chunk(wsm, slot, sub0, xsm, xb, wm, wn, g, t, acc, live):
-        """The warp's chains of chunks sub0 .. sub0 + CW - 1 of its step from shared memory
-        (weight ring slot ``slot``) into acc (chunk u's at u*PS), each from 0, the chunks'
-        independent chains interleaved k step by k step (the register kernel's ``mma_chunk``, its
-        fragments read from the staged tile, activation buffer xb). Only the first ``live`` row
-        tiles of the warp hold rows: the others are left alone (their rows are never stored; the
-        test is the same for the whole warp)."""
-        for q in range(NACC):
+    def mma_chunk(wsm, slot, xsm, xb, wm, wn, g, t, acc, live):
+        """The warp's chains of this chunk from shared memory (weight ring slot ``slot``) into acc
+        (the register kernel's ``mma_chunk``, its fragments read from the staged tile, activation
+        buffer xb). Only the
+        first ``live`` row tiles of the warp hold rows: the others are left alone (their rows are
+        never stored; the test is the same for the whole warp)."""
+        for q in range(PS):
             acc[q] = float32(0.0)
         for st in range(STEPS):
             qk = _k_offset(st, t, PAIRED) // 4      # the word of the lane's four k
-            for u in range(CW):
-                sub = sub0 + u
-                for mt in range(MT):
-                    r0 = wm * 16 * MT + mt * 16 + g
-                    for s in range(S):
-                        mma_rows(wsm, slot, sub, xsm, xb, wn, g, qk, r0, mt, s, acc, u * PS, live)
-
-    @device_function
-    def add_step(c0, C, kg, wt, lane, acc, ys, sv, pbuf):
-        """A step's chunk partials (chunks from c0; none past C) into the running sums, in
-        ascending chunk order. One group (KS == 1, or ``KW``): the warp's own, chunk u's at
-        acc[u*PS]. Else group k2 holds chunk c0 + k2's; the group owning a position (p % KS) adds
-        them, the others' read from ``pbuf``, which the next step rewrites only after its own
-        barrier, when every owner here has read it."""
-        if G == 1:
-            for u in range(CW):
-                if c0 + u < C:
-                    for q in range(PS):
-                        ys[q] = ys[q] + acc[u * PS + q]
-        else:
-            for p in range(P):
-                if p % KS != kg:
-                    for s in range(S):
-                        pbuf[kg, wt, p * S + s, lane] = acc[p * S + s]
-            cuda.syncthreads()
-            for p in range(P):
-                if p % KS == kg:
-                    for k2 in range(KS):
-                        if c0 + k2 < C:
-                            for s in range(S):
-                                q = p * S + s
-                                if k2 == kg:
-                                    ys[q] = ys[q] + acc[q]
-                                else:
-                                    ys[q] = ys[q] + pbuf[k2, wt, q, lane]
+            for mt in range(MT):
+                r0 = wm * 16 * MT + mt * 16 + g
+                for s in range(S):
+                    u = wsm[slot, s, r0, qk]
+                    u8 = wsm[slot, s, r0 + 8, qk]
+                    a0 = uint32(u & uint64(0xFFFFFFFF))
+                    a2 = uint32(u >> uint64(32))
+                    a1 = uint32(u8 & uint64(0xFFFFFFFF))
+                    a3 = uint32(u8 >> uint64(32))
+                    for rt in range(RT):
+                        if rt >= live:
+                            continue
+                        xr = wn * 8 * RT + rt * 8 + g
+                        ux = xsm[xb, 0, xr, qk]
+                        q0 = (mt * RT + rt) * 4 * S + s
+                        d = mma_bf16(a0, a1, a2, a3, uint32(ux & uint64(0xFFFFFFFF)), uint32(ux >> uint64(32)),
+                                     acc[q0], acc[q0 + S], acc[q0 + 2 * S], acc[q0 + 3 * S])
+                        if XSPLIT:
+                            ul = xsm[xb, 1, xr, qk]
+                            d = mma_bf16(a0, a1, a2, a3, uint32(ul & uint64(0xFFFFFFFF)), uint32(ul >> uint64(32)),
+                                         d[0], d[1], d[2], d[3])
+                        acc[q0] = d[0]
+                        acc[q0 + S] = d[1]
+                        acc[q0 + 2 * S] = d[2]
+                        acc[q0 + 3 * S] = d[3]
 
     @cached
     @(cuda.jit if _SIM else cuda.jit(launch_bounds=(NT,)))
@@ -846,15 +784,12 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
         lane = tid % 32
         g = lane // 4
         t = lane % 4
-        kg = warp // WT                       # the warp's group (G > 1: which chunk of a step)
-        wt = warp % WT                        # its warp tile
-        wm = wt % WM
-        wn = wt // WM
+        wm = warp % WM
+        wn = warp // WM
         col0 = nonneg(cuda.blockIdx.x) * BF
         N = w.shape[1]
         K = w.shape[2] * 8 if INT4 else w.shape[2]   # int4: eight values a word
         C = (K + KCH - 1) // KCH
-        R = (C + KS - 1) // KS                # ring steps
         z, first, end, step = _block_rows(items, n_rows, BR, grouped)
         xc = z * x_gs
         oc = z * o_gs
@@ -871,12 +806,11 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
         wsm = cuda.shared.array(WS_SHAPE, uint64, alignment=RING_ALIGN)
         xsm = cuda.shared.array(XS_SHAPE, uint64)
         xfs = cuda.shared.array(XF_SHAPE, uint64, alignment=RING_ALIGN)
-        pbuf = cuda.shared.array(PB_SHAPE, float32)
         wst = cuda.local.array(NWW, uint64)
         xst0 = cuda.local.array(NXW, uint64)
         xst1 = cuda.local.array(NXW, uint64)
         xrows = cuda.local.array(NXW, int64)
-        acc = cuda.local.array(NACC, float32)
+        acc = cuda.local.array(PS, float32)
         ys = cuda.local.array(PS, float32)
         sv = cuda.local.array(NSV, float32)
         f = cuda.local.array(4, float32)
@@ -887,62 +821,56 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
             if XA:                            # both operands in the ring: one barrier a chunk
                 cuda.syncthreads()            # every warp is done with the previous tile's slots
                 stage_rows(tid, tile0, end, row_index, xrows)
-                for r in range(NS - 1):       # the ring's first NS - 1 steps (a group each, empty past R)
-                    if r < R:
-                        copy_weights(r, r, tid, wv, wuv, wsm, z, col0, N, K)
-                        copy_x(r, r, tid, xv, xc, K, xrows, xfs)
+                for c in range(NS - 1):       # the ring's first NS - 1 chunks (a group each, empty past C)
+                    if c < C:
+                        copy_weights(c, c, tid, wv, wuv, wsm, z, col0, N, K)
+                        copy_x(c, c, tid, xv, xc, K, xrows, xfs)
                     cp_async_commit()
                 slot = 0
                 fill = NS - 1
-                for r in range(R):
-                    wait_ring()               # this thread's pieces of step r have landed
-                    xb = r & 1                # last read by step r - 2, before the last barrier
+                for c in range(C):
+                    wait_ring()               # this thread's pieces of chunk c have landed
+                    xb = c & 1                # last read by chunk c - 2, before the last barrier
                     convert_x(tid, slot, xb, xfs, xsm, f)
-                    cuda.syncthreads()        # step r is visible; every warp is past step r - 1
-                    if r + NS - 1 < R:        # step r + NS - 1 into the slots step r - 1 left
-                        copy_weights(r + NS - 1, fill, tid, wv, wuv, wsm, z, col0, N, K)
-                        copy_x(r + NS - 1, fill, tid, xv, xc, K, xrows, xfs)
+                    cuda.syncthreads()        # chunk c is visible; every warp is past chunk c - 1
+                    if c + NS - 1 < C:        # chunk c + NS - 1 into the slots chunk c - 1 left
+                        copy_weights(c + NS - 1, fill, tid, wv, wuv, wsm, z, col0, N, K)
+                        copy_x(c + NS - 1, fill, tid, xv, xc, K, xrows, xfs)
                     cp_async_commit()
                     fill = fill + 1 if fill + 1 < SLOTS else 0
-                    c = r * KS + kg           # this group's (first) chunk
                     load_scales(sv, sc, scu, z, col0 + wm * 16 * MT, N, c, C, g)
-                    if c < C:
-                        mma_chunk(wsm, slot, kg, xsm, xb, wm, wn, g, t, acc, live)
-                    add_step(r * KS, C, kg, wt, lane, acc, ys, sv, pbuf)
+                    mma_chunk(wsm, slot, xsm, xb, wm, wn, g, t, acc, live)
+                    add_chunk(ys, acc, sv)
                     slot = slot + 1 if slot + 1 < SLOTS else 0
             else:
                 if ASYNC:
                     cuda.syncthreads()        # every warp is done with the previous tile's slots
-                    for r in range(NS - 1):   # the ring's first NS - 1 steps (a group each, empty past R)
-                        if r < R:
-                            copy_weights(r, r, tid, wv, wuv, wsm, z, col0, N, K)
+                    for c in range(NS - 1):   # the ring's first NS - 1 chunks (a group each, empty past C)
+                        if c < C:
+                            copy_weights(c, c, tid, wv, wuv, wsm, z, col0, N, K)
                         cp_async_commit()
                 stage_rows(tid, tile0, end, row_index, xrows)
                 stage_load(0, tid, xv, xc, wv, wuv, z, col0, N, K, xrows, wst, xst0, xst1)
-                slot = 0                      # the ring slot of step r, and of step r + NS - 1
+                slot = 0                      # the ring slot of chunk c, and of chunk c + NS - 1
                 fill = NS - 1                 # (running counters: a modulo costs ~20 instructions)
-                for r in range(R):            # (no ring: KS is 1, a step is a chunk)
+                for c in range(C):
                     if ASYNC:
-                        wait_ring()           # this thread's pieces of step r have landed
-                    cuda.syncthreads()        # every warp is done reading the previous step
+                        wait_ring()           # this thread's pieces of chunk c have landed
+                    cuda.syncthreads()        # every warp is done reading the previous chunk
                     stage_store(tid, wst, xst0, xst1, wsm, xsm, f)
-                    if ASYNC:                 # step r + NS - 1 into the slot step r - 1 left
-                        if r + NS - 1 < R:
-                            copy_weights(r + NS - 1, fill, tid, wv, wuv, wsm, z, col0, N, K)
+                    if ASYNC:                 # chunk c + NS - 1 into the slot chunk c - 1 left
+                        if c + NS - 1 < C:
+                            copy_weights(c + NS - 1, fill, tid, wv, wuv, wsm, z, col0, N, K)
                         cp_async_commit()
                         fill = fill + 1 if fill + 1 < SLOTS else 0
                     cuda.syncthreads()
-                    c = r * KS + kg           # this group's (first) chunk
                     load_scales(sv, sc, scu, z, col0 + wm * 16 * MT, N, c, C, g)
-                    if r + 1 < R:             # the next step's loads fly while this one multiplies
-                        stage_load(r + 1, tid, xv, xc, wv, wuv, z, col0, N, K, xrows, wst, xst0, xst1)
-                    if c < C:
-                        mma_chunk(wsm, slot, kg, xsm, 0, wm, wn, g, t, acc, live)
-                    add_step(r * KS, C, kg, wt, lane, acc, ys, sv, pbuf)
+                    if c + 1 < C:             # the next chunk's loads fly while this one multiplies
+                        stage_load(c + 1, tid, xv, xc, wv, wuv, z, col0, N, K, xrows, wst, xst0, xst1)
+                    mma_chunk(wsm, slot, xsm, 0, wm, wn, g, t, acc, live)
+                    add_chunk(ys, acc, sv)
                     slot = slot + 1 if slot + 1 < SLOTS else 0
             for p in range(P):                # the C fragment layout, as in the register kernel
-                if G > 1 and p % KS != kg:
-                    continue                  # another group owns it
                 e = p % 4
                 mt = p // (4 * RT)
                 rt = (p // 4) % RT
@@ -1227,12 +1155,9 @@ def _plan(x, x_gs, w, w_up, max_rows, precision, tile=None, tile_rows=None, live
     if isinstance(tile, _Staged) and tile.XA and not (tile.NS and _xring_ok(x, x_gs)):
         tile = tile._replace(XA=0)            # the activations ride the ring in 16-byte pieces
     while isinstance(tile, _Staged) and tile.NS and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
-        # fp32 activations take twice the shared rows: activations out of the ring, one warp group,
-        # a shorter ring, else none
-        tile = (tile._replace(XA=0) if tile.XA else tile._replace(KS=1, KW=0) if tile.KS > 1
-                else tile._replace(NS=tile.NS - 1 if tile.NS > 2 else 0))
-    if isinstance(tile, _Staged) and tile.KS > 1 and not tile.NS:
-        tile = tile._replace(KS=1, KW=0)      # steps of several chunks are a ring's only
+        # fp32 activations take twice the shared rows: activations out of the ring, a shorter
+        # ring, else none
+        tile = tile._replace(XA=0) if tile.XA else tile._replace(NS=tile.NS - 1 if tile.NS > 2 else 0)
     if isinstance(tile, _Staged) and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
         tile = _STAGED[swiglu]                # a forced tile too big for this launch: a default one
     return _Plan(tile, kind, block, scales, w, w_up, scale, scale_up, vec, xvec)
@@ -1257,7 +1182,7 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, items, row_index, max_rows, acc
         kernel = _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, *tile, block=block,
                                 scales=scales)
         cols = ceil_div(N, 16 * tile.MT * tile.WM)
-        threads = 32 * tile.WM * tile.WN * (1 if tile.KW else tile.KS)
+        threads = 32 * tile.WM * tile.WN
     else:
         kernel = _mma_kernel(kind, swiglu, accumulate, grouped, gather, plan.vec, plan.xvec, precision, *tile,
                              block=block, scales=scales, xraw=_X_RAW and plan.xvec)
