@@ -603,6 +603,21 @@ def test_a_chosen_activation_ring_gives_way_to_fp32_planes_or_unaligned_rows(mon
     assert L._plan(odd, 0, w, None, 2048, "bf16").tile == tile._replace(XA=0)
 
 
+def test_per_group_projections_take_the_ring_from_17_rows(monkeypatch):
+    """On a GPU MLA's per-head absorptions (16 groups, x offset 192 floats a head) take the ring
+    tile from a 17-row workspace, in both precisions (it fits fp32's two planes); one row keeps
+    the rule's other tile, and weights that cannot be copied in 16-byte pieces keep theirs."""
+    monkeypatch.setattr(L, "_SIM", False)
+    w = _GpuArray((16, 512, 128), np.uint16)
+    for rows in (32, 128, 2048):
+        x = _GpuArray((rows, 16 * 192), np.float32)
+        for precision in PRECISIONS:
+            assert L._plan(x, 192, w, None, rows, precision).tile == L._HEADS_RING
+    assert L._plan(_GpuArray((1, 16 * 192), np.float32), 192, w, None, 1, "bf16").tile != L._HEADS_RING
+    odd = _GpuArray((16, 512, 124), np.uint16)                  # rows of 248 bytes: no 16-byte pieces
+    assert L._plan(_GpuArray((128, 16 * 192), np.float32), 192, odd, None, 128, "bf16").tile != L._HEADS_RING
+
+
 def test_tall_expert_items_give_way_to_fp32s_planes(monkeypatch):
     """On a GPU experts past _TALL_EXPERT_ROWS typical rows take 32-row items; in fp32 that SwiGLU
     tile's two activation planes do not fit 48 KiB, and the 16-row ring does (not the rule
