@@ -605,17 +605,19 @@ def test_a_chosen_activation_ring_gives_way_to_fp32_planes_or_unaligned_rows(mon
 
 def test_per_group_projections_take_the_ring_from_17_rows(monkeypatch):
     """On a GPU MLA's per-head absorptions (16 groups, x offset 192 floats a head) take the ring
-    tile from a 17-row workspace, in both precisions (it fits fp32's two planes); one row keeps
-    the rule's other tile, and weights that cannot be copied in 16-byte pieces keep theirs."""
+    tiles from a 17-row workspace (16-row blocks, 32-row past 512 rows), in both precisions (they
+    fit fp32's two planes); one row keeps the rule's other tile, and weights that cannot be copied
+    in 16-byte pieces keep theirs."""
     monkeypatch.setattr(L, "_SIM", False)
     w = _GpuArray((16, 512, 128), np.uint16)
-    for rows in (32, 128, 2048):
+    rings = {tile for _, tile in L._HEADS_RINGS}
+    for rows, want in ((32, L._HEADS_RINGS[0][1]), (512, L._HEADS_RINGS[0][1]), (2048, L._HEADS_RINGS[1][1])):
         x = _GpuArray((rows, 16 * 192), np.float32)
         for precision in PRECISIONS:
-            assert L._plan(x, 192, w, None, rows, precision).tile == L._HEADS_RING
-    assert L._plan(_GpuArray((1, 16 * 192), np.float32), 192, w, None, 1, "bf16").tile != L._HEADS_RING
+            assert L._plan(x, 192, w, None, rows, precision).tile == want
+    assert L._plan(_GpuArray((1, 16 * 192), np.float32), 192, w, None, 1, "bf16").tile not in rings
     odd = _GpuArray((16, 512, 124), np.uint16)                  # rows of 248 bytes: no 16-byte pieces
-    assert L._plan(_GpuArray((128, 16 * 192), np.float32), 192, odd, None, 128, "bf16").tile != L._HEADS_RING
+    assert L._plan(_GpuArray((128, 16 * 192), np.float32), 192, odd, None, 128, "bf16").tile not in rings
 
 
 def test_tall_expert_items_give_way_to_fp32s_planes(monkeypatch):

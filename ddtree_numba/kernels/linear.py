@@ -955,13 +955,15 @@ _WIDE_COLS = 16384            # (lm_head; also DeepSeek-V3's q_b_proj, 24576 out
 _WIDE_RING_ROWS = 17
 _WIDE_RINGS = ((32, _Staged(8, 1, 1, 3, 2)), (None, _Staged(4, 2, 1, 5, 2)))
 # Per-group projections (MLA's query and output absorptions: 16 heads of 128 -> 512 and 512 ->
-# 128) from _HEADS_RING_ROWS rows (a workspace's) take the ring in 16-row blocks of 64 features.
-# Measured on the H200 (tools/few_row_probe.py --groups 16, 54d99ab, µs at 1 / 17 / 65 / 272 live
-# rows in workspaces of 1 / 32 / 128 / 512, the tile chosen before -> this): query absorption 3.6
-# -> 3.3, 7.0 -> 4.0, 10.2 -> 7.8, 27.6 -> 19.5; output absorption 3.6 -> 5.6 (so not at one row),
-# 5.7 -> 6.0, 12.9 -> 7.4, 24.6 -> 14.9. Every other tile tried (staged 64 x 64 / 32 x 64 / 32 x 32
-# without a ring, the 8-feature-wide ring, five register tiles) was slower from 65 rows.
-_HEADS_RING = _Staged(4, 1, 1, 2, 2)
+# 128) from _HEADS_RING_ROWS rows (a workspace's) take the ring: blocks of 64 features x 16 rows,
+# x 32 rows past a 512-row workspace. Measured on the H200 (tools/few_row_probe.py --groups 16,
+# 54d99ab / d7fec90, µs at 1 / 17 / 65 / 272 / 1040 live rows in workspaces of 1 / 32 / 128 / 512
+# / 2048, the tile chosen before -> this): query absorption 3.6 -> 3.3, 7.0 -> 4.0, 10.2 -> 7.8,
+# 27.6 -> 19.5, 94.9 -> 56.9 (16-row blocks: 71.9); output absorption 3.6 -> 5.6 (so not at one
+# row), 5.7 -> 6.0, 12.9 -> 7.4, 24.6 -> 14.9, 62.9 -> 35.9 (44.5). Every other tile tried (staged
+# 64 x 64 / 32 x 64 / 32 x 32 without a ring, the 8-feature-wide ring, five register tiles) was
+# slower from 65 rows.
+_HEADS_RINGS = ((512, _Staged(4, 1, 1, 2, 2)), (None, _Staged(4, 1, 1, 4, 2)))
 _HEADS_RING_ROWS = 17
 
 
@@ -977,7 +979,7 @@ def _choose_staged(max_rows, n_cols, swiglu, n_groups, n_k=0, grouped=False, rin
                 return _FEW_EXPERT_RING
             return _EXPERT_RING if max_rows <= _TALL_EXPERT_ROWS else _TALL_EXPERT_RING
         if n_groups > 1 and not swiglu and max_rows >= _HEADS_RING_ROWS:
-            return _HEADS_RING
+            return by_bound(_HEADS_RINGS, max_rows)
         if n_groups == 1 and n_cols * n_k > _SMALL_WEIGHTS:
             if not swiglu and n_cols >= _WIDE_COLS and max_rows >= _WIDE_RING_ROWS:
                 return by_bound(_WIDE_RINGS, max_rows)
