@@ -742,12 +742,17 @@ def test_choose_fills_the_gpu_with_warps_only_up_to_the_chunks(monkeypatch):
             wide = [L._choose_staged(r, L._WIDE_COLS, False, 1, 2048, **ring) for r in (17, 32, 33, 2048)]
             assert wide == [L._WIDE_RINGS[0][1]] * 2 + [L._WIDE_RINGS[1][1]] * 2
             assert no_ring(16, L._WIDE_COLS)                            # below _WIDE_RING_ROWS
-            assert no_ring(32, L._WIDE_COLS, swiglu=True) and no_ring(32, L._WIDE_COLS, n_groups=2)   # not wide
+            assert no_ring(32, L._WIDE_COLS, swiglu=True)              # not wide
+            # per-group projections (MLA's absorptions) by their workspace's rows, from 17
+            heads = [L._choose_staged(r, 512, False, 16, 128, **ring) for r in (17, 512, 513, 2048)]
+            assert heads == [L._HEADS_RINGS[0][1]] * 2 + [L._HEADS_RINGS[1][1]] * 2
+            assert no_ring(16, 512, n_groups=16) and no_ring(32, 512, swiglu=True, n_groups=16)
         for tile, swiglu in ((L._EXPERT_RING, True), (L._EXPERT_RING, False), (L._FEW_EXPERT_RING, True),
                              (L._FEW_EXPERT_RING, False), (L._TALL_EXPERT_RING, True), (L._TALL_EXPERT_RING, False),
-                             (L._DENSE_RING, True), *((t, False) for _, t in L._DENSE_RINGS + L._WIDE_RINGS)):
+                             (L._DENSE_RING, True),
+                             *((t, False) for _, t in L._DENSE_RINGS + L._WIDE_RINGS + L._HEADS_RINGS)):
             assert L._staged_smem(tile, swiglu, "bf16") <= L._SMEM_MAX
-        for _, tile in L._DENSE_RINGS + L._WIDE_RINGS:      # fp32 activations take two planes (no XA)
+        for _, tile in L._DENSE_RINGS + L._WIDE_RINGS + L._HEADS_RINGS:   # fp32 activations: two planes (no XA)
             assert L._staged_smem(tile._replace(XA=0), False, "fp32") <= L._SMEM_MAX
     L._choose.cache_clear()
 

@@ -1087,22 +1087,14 @@ def _vec_ok(w, word=8) -> bool:
     return w.__cuda_array_interface__["data"][0] % word == 0
 
 
-def _xvec_ok(x, x_gs, k) -> bool:
-    """Activations read as float32 pairs: K % 4 == 0 (a lane's four k all in range or all out),
-    every row and group offset even, the array 8-byte aligned."""
-    if k % 4 or x.shape[1] % 2 or x_gs % 2:
+def _x_pieces_ok(x, x_gs, piece) -> bool:
+    """float32 activations read in ``piece``-byte pieces: 8, a lane's float32 pairs (the kernels'
+    word loads), or 16, cp.async's copies (``_Staged.XA``). Every row and group offset starts on a
+    piece, and the array is aligned to one."""
+    floats = piece // 4
+    if np.dtype(x.dtype) != np.float32 or x.shape[1] % floats or x_gs % floats or x.strides[0] % piece:
         return False
-    if _SIM:
-        return True
-    return x.__cuda_array_interface__["data"][0] % 8 == 0
-
-
-def _xring_ok(x, x_gs) -> bool:
-    """Activations copied by cp.async (``_Staged.XA``): float32 rows and group offsets of whole
-    16-byte pieces, the array 16-byte aligned."""
-    if x.shape[1] % 4 or x_gs % 4 or np.dtype(x.dtype) != np.float32 or x.strides[0] % 16:
-        return False
-    return _SIM or x.__cuda_array_interface__["data"][0] % 16 == 0
+    return _SIM or x.__cuda_array_interface__["data"][0] % piece == 0
 
 
 _Plan = namedtuple("_Plan", "tile kind block scales w w_up scale scale_up vec xvec")
@@ -1139,7 +1131,7 @@ def _plan(x, x_gs, w, w_up, max_rows, precision, tile=None, tile_rows=None, live
     word = 4 if kind == "e4m3" and not _paired(kind, block) else 8
     vec = kind == "int4" or (kind in ("bf16", "e4m3") and _vec_ok(w, word) and (not swiglu or _vec_ok(w_up, word)))
     n_k = w.shape[2] * 8 if kind == "int4" else w.shape[2]
-    xvec = _xvec_ok(x, x_gs, n_k)
+    xvec = n_k % 4 == 0 and _x_pieces_ok(x, x_gs, 8)   # a lane's four k all in range or all out
     Z, N = w.shape[0], w.shape[1]
     check_precision(precision)
     rows = min(max_rows, tile_rows or max_rows)
@@ -1148,7 +1140,7 @@ def _plan(x, x_gs, w, w_up, max_rows, precision, tile=None, tile_rows=None, live
     if tile is None:
         tile = _choose_staged(rows, N, swiglu, groups, n_k, grouped, ring) if vec and xvec else None
         if isinstance(tile, _Staged) and tile.XA and (_staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX
-                                                      or not _xring_ok(x, x_gs)):
+                                                      or not _x_pieces_ok(x, x_gs, 16)):
             tile = tile._replace(XA=0)        # fp32's two planes, or activations not in whole pieces
         if tile == _TALL_EXPERT_RING and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
             tile = _EXPERT_RING               # fp32's SwiGLU experts: the 16-row items still fit
@@ -1165,7 +1157,7 @@ def _plan(x, x_gs, w, w_up, max_rows, precision, tile=None, tile_rows=None, live
         tile = tile._replace(NS=0)            # cp.async copies 16-byte pieces of bf16 rows
     if isinstance(tile, _Staged) and tile.NS and not 2 <= tile.NS <= _NS_MAX:
         tile = tile._replace(NS=0 if tile.NS < 2 else _NS_MAX)   # a forced ring of 1 slot is none
-    if isinstance(tile, _Staged) and tile.XA and not (tile.NS and _xring_ok(x, x_gs)):
+    if isinstance(tile, _Staged) and tile.XA and not (tile.NS and _x_pieces_ok(x, x_gs, 16)):
         tile = tile._replace(XA=0)            # the activations ride the ring in 16-byte pieces
     while isinstance(tile, _Staged) and tile.NS and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
         # fp32 activations take twice the shared rows: activations out of the ring, a shorter
