@@ -1,0 +1,98 @@
+"""Can numba drive Hopper's wgmma? An offline check (no GPU): compile one warpgroup MMA to PTX and
+assemble it.
+
+Usage: python tools/wgmma_probe.py [PTXAS]   (PTXAS: a CUDA 12.3+ ptxas, e.g.
+/usr/local/cuda-13.0/bin/ptxas; without it only the PTX is printed)
+
+wgmma needs the architecture-specific target sm_90a. numba-cuda 0.30 compiles for it when the
+compute capability is given as a 3-tuple: ``cuda.compile_ptx(..., cc=(9, 0, "a"))`` writes
+``.target sm_90a``. ``cuda.jit`` compiles for ``get_current_device().compute_capability``, a
+plain 2-tuple attribute, so running wgmma from a jitted kernel needs that attribute set to
+(9, 0, "a") before the first compile, or the PTX loaded by hand.
+
+The kernel below is the register-A form, m64n8k16 bf16 with float32 accumulators. A warpgroup
+(4 warps, 128 threads) holds A, 64 x 16, as four bf16x2 words a thread. B, 16 x 8, is in shared
+memory and named by a 64-bit matrix descriptor. Each thread gets 4 of D's 64 x 8 float32. The
+inline asm goes through llvmlite like ``kernels/_mma.py``'s mma.sync, with a fence before and a
+commit and wait after. Twentieth session: ptxas (CUDA 13.0) assembles it to
+``HGMMA.64x8x16.F32.BF16`` with ``WARPGROUP.ARRIVE`` / ``WARPGROUP.DEPBAR``.
+
+What this does not answer yet (it needs the H200):
+- whether a chain of wgmma k-steps from zero gives, for each 64-k chunk, the bits of four
+  chained mma.sync m16n8k16, which the GEMMs' batch-invariance contract needs (docs/DESIGN.md §4);
+- the descriptor layout for our shared tiles (start address >> 4, leading / stride byte
+  offsets, swizzle mode).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+
+from llvmlite import ir
+from numba import cuda, float32, types
+from numba.cuda.extending import intrinsic
+
+
+def _asm_void(text):
+    @intrinsic
+    def emit(typingctx):
+        def codegen(context, builder, signature, args):
+            fn = ir.FunctionType(ir.VoidType(), [])
+            builder.call(ir.InlineAsm(fn, text, "~{memory}", side_effect=True), [])
+        return types.void(), codegen
+    return emit
+
+
+fence = _asm_void("wgmma.fence.sync.aligned;")
+commit = _asm_void("wgmma.commit_group.sync.aligned;")
+wait_all = _asm_void("wgmma.wait_group.sync.aligned 0;")
+
+
+@intrinsic
+def wgmma_m64n8k16_rs(typingctx, d0, d1, d2, d3, a0, a1, a2, a3, desc_b):
+    """D (4 float32 a thread) = A (registers: 4 bf16x2 words a thread) @ B (shared, descriptor) + D."""
+    f4 = types.UniTuple(types.float32, 4)
+    sig = f4(*([types.float32] * 4), *([types.uint32] * 4), types.uint64)
+
+    def codegen(context, builder, signature, args):
+        f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+        fn = ir.FunctionType(ir.LiteralStructType([f32] * 4), [f32] * 4 + [i32] * 4 + [i64])
+        text = ("{ .reg .pred p; setp.ne.b32 p, 1, 0; "
+                "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+                "{$0, $1, $2, $3}, {$8, $9, $10, $11}, $12, p, 1, 1, 0; }")
+        res = builder.call(ir.InlineAsm(fn, text, "=f,=f,=f,=f,0,1,2,3,r,r,r,r,l", side_effect=True), args)
+        return context.make_tuple(builder, signature.return_type, [builder.extract_value(res, i) for i in range(4)])
+    return sig, codegen
+
+
+def probe(out, a, desc):
+    t = cuda.threadIdx.x
+    fence()
+    d = wgmma_m64n8k16_rs(float32(0), float32(0), float32(0), float32(0), a[t, 0], a[t, 1], a[t, 2], a[t, 3],
+                          desc[0])
+    commit()
+    wait_all()
+    for i in range(4):
+        out[t, i] = d[i]
+
+
+def main():
+    ptx, _ = cuda.compile_ptx(probe, "void(float32[:, ::1], uint32[:, ::1], uint64[::1])", cc=(9, 0, "a"))
+    print([line for line in ptx.splitlines() if line.startswith(".target")])
+    print([line.strip() for line in ptx.splitlines() if "wgmma" in line])
+    if len(sys.argv) < 2:
+        return
+    ptx = re.sub(r"^\.version \d+\.\d+", ".version 8.8", ptx, flags=re.M)   # what a CUDA 13.0 ptxas reads
+    with tempfile.TemporaryDirectory() as tmp:
+        src, cubin = f"{tmp}/k.ptx", f"{tmp}/k.cubin"
+        with open(src, "w") as f:
+            f.write(ptx)
+        res = subprocess.run([sys.argv[1], "-arch=sm_90a", src, "-o", cubin], capture_output=True, text=True)
+        print("ptxas:", "assembled" if res.returncode == 0 else res.stderr.strip()[:400])
+
+
+if __name__ == "__main__":
+    main()
