@@ -18,7 +18,7 @@ float64 A @ B is the layout, and that result is then compared bit for bit with m
 
 wgmma needs the sm_90a target. numba compiles for the current device's compute capability, a
 2-tuple attribute, so the script sets it to (9, 0, "a") before its first compile
-(``tools/wgmma_probe.py``).
+(``tools/wgmma_probe.py``, whose wgmma intrinsics and ptxas check this script uses).
 """
 
 from __future__ import annotations
@@ -30,30 +30,21 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))     # tools/wgmma_probe.py
 
 
 def build(on_device=True):
+    """The probe kernel (``on_device``: compiled for sm_90a on this GPU when first launched)."""
     from llvmlite import ir
     from numba import cuda, float32, types, uint32, uint64
-    from numba.core import cgutils
     from numba.cuda.extending import intrinsic
+
+    from wgmma_probe import asm_void, commit, fence, wait_all, wgmma_m64n8k16_rs
 
     if on_device:
         cuda.get_current_device().compute_capability = (9, 0, "a")   # sm_90a for every kernel from here on
     from ddtree_numba.kernels._mma import mma_bf16
 
-    def asm_void(text):
-        @intrinsic
-        def emit(typingctx):
-            def codegen(context, builder, signature, args):
-                fn = ir.FunctionType(ir.VoidType(), [])
-                builder.call(ir.InlineAsm(fn, text, "~{memory}", side_effect=True), [])
-            return types.void(), codegen
-        return emit
-
-    wg_fence = asm_void("wgmma.fence.sync.aligned;")
-    wg_commit = asm_void("wgmma.commit_group.sync.aligned;")
-    wg_wait = asm_void("wgmma.wait_group.sync.aligned 0;")
     proxy_fence = asm_void("fence.proxy.async.shared::cta;")   # generic-proxy smem writes -> wgmma
 
     @intrinsic
@@ -65,24 +56,6 @@ def build(on_device=True):
             fn = ir.FunctionType(ir.IntType(64), [ir.IntType(64)])
             return builder.call(ir.InlineAsm(fn, "cvta.to.shared.u64 $0, $1;", "=l,l"), [p])
         return types.uint64(arr), codegen
-
-    @intrinsic
-    def wgmma_rs(typingctx, d0, d1, d2, d3, a0, a1, a2, a3, desc):
-        f4 = types.UniTuple(types.float32, 4)
-        sig = f4(*([types.float32] * 4), *([types.uint32] * 4), types.uint64)
-
-        def codegen(context, builder, signature, args):
-            f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
-            fn = ir.FunctionType(ir.LiteralStructType([f32] * 4), [f32] * 4 + [i32] * 4 + [i64])
-            text = ("{ .reg .pred p; setp.ne.b32 p, 1, 0; "
-                    "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
-                    "{$0, $1, $2, $3}, {$8, $9, $10, $11}, $12, p, 1, 1, 0; }")
-            res = builder.call(ir.InlineAsm(fn, text, "=f,=f,=f,=f,0,1,2,3,r,r,r,r,l", side_effect=True), args)
-            vals = [builder.extract_value(res, i) for i in range(4)]
-            return context.make_tuple(builder, signature.return_type, vals)
-        return sig, codegen
-
-    del cgutils
 
     @cuda.jit
     def kernel(a32, bt32, lbo, sbo, out_w, out_m):
@@ -116,15 +89,16 @@ def build(on_device=True):
         # wgmma: the same A fragments, B from shared memory
         base = shared_address(sm)
         e0 = e1 = e2 = e3 = float32(0.0)
-        wg_fence()
+        fence()
         for ks in range(4):
             kw = 8 * ks + q
             desc = (((base + uint64(256 * ks)) & uint64(0x3FFFF)) >> uint64(4)) | \
                    ((uint64(lbo) >> uint64(4)) << uint64(16)) | ((uint64(sbo) >> uint64(4)) << uint64(32))
-            d = wgmma_rs(e0, e1, e2, e3, a32[r0, kw], a32[r0 + 8, kw], a32[r0, kw + 4], a32[r0 + 8, kw + 4], desc)
+            d = wgmma_m64n8k16_rs(e0, e1, e2, e3, a32[r0, kw], a32[r0 + 8, kw], a32[r0, kw + 4], a32[r0 + 8, kw + 4],
+                                  desc)
             e0, e1, e2, e3 = d[0], d[1], d[2], d[3]
-        wg_commit()
-        wg_wait()
+        commit()
+        wait_all()
         out_w[r0, 2 * q] = e0
         out_w[r0, 2 * q + 1] = e1
         out_w[r0 + 8, 2 * q] = e2
@@ -133,22 +107,10 @@ def build(on_device=True):
     return cuda, kernel
 
 
-def bf16_bits(x):
-    """Round float32 to bf16 (to nearest even): the uint16 bits."""
-    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    return ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
-
-
-def bits_to_f64(b):
-    return (b.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
-
-
 def assemble(ptxas):
     """Compile the kernel for sm_90a without a GPU and assemble it (a check of the inline PTX)."""
-    import re
-    import subprocess
-    import tempfile
     from numba.cuda import dispatcher
+    from wgmma_probe import assemble_sm90a
 
     class H200:
         compute_capability = (9, 0)
@@ -156,16 +118,11 @@ def assemble(ptxas):
     cuda, kernel = build(on_device=False)
     sig = "void(uint32[:, ::1], uint32[:, ::1], int64, int64, float32[:, ::1], float32[:, ::1])"
     ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0, "a"))
-    ptx = re.sub(r"^\.version \d+\.\d+", ".version 8.8", ptx, flags=re.M)
-    with tempfile.TemporaryDirectory() as tmp:
-        with open(f"{tmp}/k.ptx", "w") as f:
-            f.write(ptx)
-        res = subprocess.run([ptxas, "-arch=sm_90a", f"{tmp}/k.ptx", "-o", f"{tmp}/k.cubin"],
-                             capture_output=True, text=True)
-    print("ptxas:", "assembled" if res.returncode == 0 else res.stderr.strip()[:600])
+    print("ptxas:", assemble_sm90a(ptx, ptxas))
 
 
 def main():
+    from ddtree_numba.dtypes import bf16_to_float32, to_bf16_bits
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--ptx", metavar="PTXAS", help="no GPU: compile for sm_90a and assemble with this ptxas")
@@ -177,9 +134,9 @@ def main():
     same = 0
     for seed in range(args.seeds):
         rng = np.random.default_rng(seed)
-        a = bf16_bits(rng.standard_normal((64, 64)).astype(np.float32))
-        bt = bf16_bits(rng.standard_normal((8, 64)).astype(np.float32))
-        want = bits_to_f64(a) @ bits_to_f64(bt).T
+        a = to_bf16_bits(rng.standard_normal((64, 64)).astype(np.float32))
+        bt = to_bf16_bits(rng.standard_normal((8, 64)).astype(np.float32))
+        want = bf16_to_float32(a).astype(np.float64) @ bf16_to_float32(bt).astype(np.float64).T
         d_a, d_bt = cuda.to_device(a.view(np.uint32)), cuda.to_device(bt.view(np.uint32))
         for lbo, sbo in ([layout] if layout else [(128, 256), (256, 128)]):
             out_w = cuda.to_device(np.full((64, 8), np.nan, np.float32))

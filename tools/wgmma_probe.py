@@ -36,7 +36,8 @@ from numba import cuda, float32, types
 from numba.cuda.extending import intrinsic
 
 
-def _asm_void(text):
+def asm_void(text):
+    """An intrinsic emitting ``text``, a PTX statement of no operands (also tools/wgmma_bits.py's)."""
     @intrinsic
     def emit(typingctx):
         def codegen(context, builder, signature, args):
@@ -46,9 +47,9 @@ def _asm_void(text):
     return emit
 
 
-fence = _asm_void("wgmma.fence.sync.aligned;")
-commit = _asm_void("wgmma.commit_group.sync.aligned;")
-wait_all = _asm_void("wgmma.wait_group.sync.aligned 0;")
+fence = asm_void("wgmma.fence.sync.aligned;")
+commit = asm_void("wgmma.commit_group.sync.aligned;")
+wait_all = asm_void("wgmma.wait_group.sync.aligned 0;")
 
 
 @intrinsic
@@ -79,19 +80,23 @@ def probe(out, a, desc):
         out[t, i] = d[i]
 
 
-def main():
-    ptx, _ = cuda.compile_ptx(probe, "void(float32[:, ::1], uint32[:, ::1], uint64[::1])", cc=(9, 0, "a"))
-    print([line for line in ptx.splitlines() if line.startswith(".target")])
-    print([line.strip() for line in ptx.splitlines() if "wgmma" in line])
-    if len(sys.argv) < 2:
-        return
+def assemble_sm90a(ptx, ptxas):
+    """'assembled', or ptxas's error, for PTX compiled with cc=(9, 0, "a")."""
     ptx = re.sub(r"^\.version \d+\.\d+", ".version 8.8", ptx, flags=re.M)   # what a CUDA 13.0 ptxas reads
     with tempfile.TemporaryDirectory() as tmp:
         src, cubin = f"{tmp}/k.ptx", f"{tmp}/k.cubin"
         with open(src, "w") as f:
             f.write(ptx)
-        res = subprocess.run([sys.argv[1], "-arch=sm_90a", src, "-o", cubin], capture_output=True, text=True)
-        print("ptxas:", "assembled" if res.returncode == 0 else res.stderr.strip()[:400])
+        res = subprocess.run([ptxas, "-arch=sm_90a", src, "-o", cubin], capture_output=True, text=True)
+    return "assembled" if res.returncode == 0 else res.stderr.strip()[:600]
+
+
+def main():
+    ptx, _ = cuda.compile_ptx(probe, "void(float32[:, ::1], uint32[:, ::1], uint64[::1])", cc=(9, 0, "a"))
+    print([line for line in ptx.splitlines() if line.startswith(".target")])
+    print([line.strip() for line in ptx.splitlines() if "wgmma" in line])
+    if len(sys.argv) > 1:
+        print("ptxas:", assemble_sm90a(ptx, sys.argv[1]))
 
 
 if __name__ == "__main__":
