@@ -1139,9 +1139,8 @@ def _plan(x, x_gs, w, w_up, max_rows, precision, tile=None, tile_rows=None, live
     ring = kind == "bf16" and n_k % 8 == 0 and _vec_ok(w, 16) and (not swiglu or _vec_ok(w_up, 16))
     if tile is None:
         tile = _choose_staged(rows, N, swiglu, groups, n_k, grouped, ring) if vec and xvec else None
-        if isinstance(tile, _Staged) and tile.XA and (_staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX
-                                                      or not _x_pieces_ok(x, x_gs, 16)):
-            tile = tile._replace(XA=0)        # fp32's two planes, or activations not in whole pieces
+        if isinstance(tile, _Staged) and tile.XA and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
+            tile = tile._replace(XA=0)        # fp32's two planes (unaligned activations: the check below)
         if tile == _TALL_EXPERT_RING and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
             tile = _EXPERT_RING               # fp32's SwiGLU experts: the 16-row items still fit
         if isinstance(tile, _Staged) and tile.NS and _staged_smem(tile, swiglu, precision, kind, block) > _SMEM_MAX:
