@@ -69,6 +69,58 @@ def wgmma_m64n8k16_rs(typingctx, d0, d1, d2, d3, a0, a1, a2, a3, desc_b):
     return sig, codegen
 
 
+proxy_fence = asm_void("fence.proxy.async.shared::cta;")   # generic-proxy shared writes -> wgmma reads
+
+
+@intrinsic
+def shared_address(typingctx, arr):
+    """The shared-window address (for a wgmma descriptor) of a shared array's first element."""
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        p = builder.ptrtoint(ary.data, ir.IntType(64))
+        fn = ir.FunctionType(ir.IntType(64), [ir.IntType(64)])
+        return builder.call(ir.InlineAsm(fn, "cvta.to.shared.u64 $0, $1;", "=l,l"), [p])
+    return types.uint64(arr), codegen
+
+
+_WGMMA_RS = {}
+
+
+def wgmma_rs(n):
+    """An intrinsic ``wgmma_rs(acc, a0, a1, a2, a3, desc_b)``: acc (a float32 local array of n / 2,
+    this thread's D fragment of 64 x n) += A (registers: four bf16x2 words, mma.sync's m16 A
+    fragment of the warp's 16 rows) @ B (shared, 16 x n bf16 named by ``desc_b``), m64nNk16. The
+    accumulators are read from and written back to ``acc`` (constant indices: registers)."""
+    if n in _WGMMA_RS:
+        return _WGMMA_RS[n]
+    m = n // 2
+    outs = ",".join(f"${i}" for i in range(m))
+    text = ("{ .reg .pred p; setp.ne.b32 p, 1, 0; "
+            f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 "
+            f"{{{outs}}}, {{${2 * m}, ${2 * m + 1}, ${2 * m + 2}, ${2 * m + 3}}}, ${2 * m + 4}, p, 1, 1, 0; }}")
+    # operands: the m outputs, the m inputs tied to them, the four A words, the descriptor
+    cons = ",".join(["=f"] * m + [str(i) for i in range(m)] + ["r"] * 4 + ["l"])
+
+    @intrinsic
+    def wg(typingctx, acc, a0, a1, a2, a3, desc):
+        sig = types.void(acc, types.uint32, types.uint32, types.uint32, types.uint32, types.uint64)
+
+        def codegen(context, builder, signature, args):
+            from numba.core import cgutils
+            f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+            ary = context.make_array(signature.args[0])(context, builder, args[0])
+            ptrs = [cgutils.gep_inbounds(builder, ary.data, i) for i in range(m)]
+            vals = [builder.load(p) for p in ptrs]
+            fn = ir.FunctionType(ir.LiteralStructType([f32] * m), [f32] * m + [i32] * 4 + [i64])
+            res = builder.call(ir.InlineAsm(fn, text, cons, side_effect=True), vals + list(args[1:]))
+            for i, p in enumerate(ptrs):
+                builder.store(builder.extract_value(res, i), p)
+            return context.get_dummy_value()
+        return sig, codegen
+    _WGMMA_RS[n] = wg
+    return wg
+
+
 def probe(out, a, desc):
     t = cuda.threadIdx.x
     fence()
