@@ -46,32 +46,32 @@ def build(BR, NS, XA=0, OV=0):
     from numba import cuda, float32, uint32, uint64
 
     from ddtree_numba._device import device_function, nonneg
-    from ddtree_numba.kernels._async import CP_ASYNC_WAIT, cp_async16, cp_async_commit
+    from ddtree_numba.kernels._async import cp_async16, cp_async_commit
     from ddtree_numba.kernels._mma import pack_bf16x2
     from ddtree_numba.kernels._widen import hi_f32, lo_f32
     from wgmma_probe import asm_void, commit, fence, proxy_fence, shared_address, wait_all, wgmma_rs
 
-    assert BR % 8 == 0 and 8 <= BR <= 256 and 2 <= NS <= 5
+    assert BR % 8 == 0 and 8 <= BR <= 256 and 2 <= NS <= 8
     M = BR // 2                     # accumulators a thread
     XQ = BR * 16 // NT if BR * 16 >= NT else 1   # activation quads (4 k) a thread stages per chunk
     XR = 2 * XQ                     # their uint64 words (float32 pairs)
     XW = BR * 32                    # uint32 words of one chunk's B (4 steps x BR rows x 16 bf16)
     XB = 3 if OV else 2             # B buffers: OV keeps a chunk's in use until the next one's wait
-    XS = (NS, BR, 32) if XA else (1, 1, 2)
+    WOFF = NS * BF * QP             # the dynamic shared array: NS weight slots, then (XA) NS activation slots
     wg = wgmma_rs(BR)
     wait_one = asm_void("wgmma.wait_group.sync.aligned 1;")
-    wait_ring = CP_ASYNC_WAIT[NS - 2]
+    wait_ring = asm_void(f"cp.async.wait_group {NS - 2};")
     LBO, SBO = 128, 256             # bytes between core matrices along k, along the rows (wgmma_bits.py)
     DESC_HI = ((LBO >> 4) << 16) | ((SBO >> 4) << 32)
 
     @device_function
-    def copy_chunk(c, slot, tid, col0, row0, n, N, wsm, wv, xfs, xv):
+    def copy_chunk(c, slot, tid, col0, row0, n, N, dyn, wv, xv):
         for i in range(4):                # 64 rows x 8 pieces of 16 bytes: 4 a thread
             m = tid + i * NT
             r = m // 8
             piece = m % 8
             ok = col0 + r < N
-            cp_async16(wsm, (uint64(slot), uint64(r), uint64(2 * piece)), wv,
+            cp_async16(dyn, (uint64((slot * BF + r) * QP + 2 * piece),), wv,
                        (uint64(col0 + r) if ok else uint64(0), uint64(c * 16 + 2 * piece)),
                        uint32(16) if ok else uint32(0))
         if XA:
@@ -81,7 +81,7 @@ def build(BR, NS, XA=0, OV=0):
                     r = m // 16
                     u = m % 16
                     ok = row0 + r < n
-                    cp_async16(xfs, (uint64(slot), uint64(r), uint64(2 * u)), xv,
+                    cp_async16(dyn, (uint64(WOFF + (slot * BR + r) * 32 + 2 * u),), xv,
                                (uint64(row0 + r) if ok else uint64(0), uint64(c * 32 + 2 * u)),
                                uint32(16) if ok else uint32(0))
 
@@ -99,15 +99,15 @@ def build(BR, NS, XA=0, OV=0):
                 xr[2 * i + 1] = uint64(0)
 
     @device_function
-    def store_x(b, slot, tid, xsm, xfs, xr):
+    def store_x(b, slot, tid, xsm, dyn, xr):
         for i in range(XQ):
             m = tid + i * NT
             if m < BR * 16:
                 r = m // 16
                 u = m % 16                # step u // 4, lane word u % 4
                 if XA:
-                    p0 = xfs[slot, r, 2 * u]
-                    p1 = xfs[slot, r, 2 * u + 1]
+                    p0 = dyn[WOFF + (slot * BR + r) * 32 + 2 * u]
+                    p1 = dyn[WOFF + (slot * BR + r) * 32 + 2 * u + 1]
                 else:
                     p0 = xr[2 * i]
                     p1 = xr[2 * i + 1]
@@ -116,22 +116,22 @@ def build(BR, NS, XA=0, OV=0):
                 xsm[b, base + 32] = pack_bf16x2(lo_f32(p1), hi_f32(p1))
 
     @device_function
-    def chunk(c, acc, prev, C, tid, col0, row0, n, N, wsm, wv, xfs, xv, xsm, xr, wa, ys, xbase, r0, t):
+    def chunk(c, acc, prev, C, tid, col0, row0, n, N, dyn, wv, xv, xsm, xr, wa, ys, xbase, r0, t):
         """Stage chunk c, start its wgmma into acc; with OV, then finish chunk c - 1's (prev)."""
         slot = c % NS
         b = c % XB
         wait_ring()
-        store_x(b, slot, tid, xsm, xfs, xr)
+        store_x(b, slot, tid, xsm, dyn, xr)
         proxy_fence()
         cuda.syncthreads()
         if c + NS - 1 < C:
-            copy_chunk(c + NS - 1, (c + NS - 1) % NS, tid, col0, row0, n, N, wsm, wv, xfs, xv)
+            copy_chunk(c + NS - 1, (c + NS - 1) % NS, tid, col0, row0, n, N, dyn, wv, xv)
         cp_async_commit()
         if not XA and c + 1 < C:
             load_x(c + 1, tid, row0, n, xr, xv)
         for st in range(4):               # A fragments first: one fence covers every wgmma's registers
-            wa[st] = wsm[slot, r0, 4 * st + t]
-            wa[4 + st] = wsm[slot, r0 + 8, 4 * st + t]
+            wa[st] = dyn[(slot * BF + r0) * QP + 4 * st + t]
+            wa[4 + st] = dyn[(slot * BF + r0 + 8) * QP + 4 * st + t]
         for i in range(M):
             acc[i] = float32(0.0)
         fence()
@@ -169,9 +169,8 @@ def build(BR, NS, XA=0, OV=0):
             return
         N = wv.shape[0]
         C = xv.shape[1] // 32                 # chunks (K % 64 == 0 here)
-        wsm = cuda.shared.array((NS, BF, QP), uint64, alignment=16)
+        dyn = cuda.shared.array(0, uint64, alignment=16)
         xsm = cuda.shared.array((XB, XW), uint32, alignment=16)
-        xfs = cuda.shared.array(XS, uint64, alignment=16)
         ys = cuda.local.array(M, float32)
         acc0 = cuda.local.array(M, float32)
         acc1 = cuda.local.array(M, float32)
@@ -182,16 +181,16 @@ def build(BR, NS, XA=0, OV=0):
 
         for c in range(NS - 1):
             if c < C:
-                copy_chunk(c, c, tid, col0, row0, n, N, wsm, wv, xfs, xv)
+                copy_chunk(c, c, tid, col0, row0, n, N, dyn, wv, xv)
             cp_async_commit()
         if not XA:
             load_x(0, tid, row0, n, xr, xv)
         xbase = shared_address(xsm)
         r0 = 16 * warp + g
         for c2 in range(0, C, 2):
-            chunk(c2, acc0, acc1, C, tid, col0, row0, n, N, wsm, wv, xfs, xv, xsm, xr, wa, ys, xbase, r0, t)
+            chunk(c2, acc0, acc1, C, tid, col0, row0, n, N, dyn, wv, xv, xsm, xr, wa, ys, xbase, r0, t)
             if c2 + 1 < C:
-                chunk(c2 + 1, acc1, acc0, C, tid, col0, row0, n, N, wsm, wv, xfs, xv, xsm, xr, wa, ys, xbase, r0, t)
+                chunk(c2 + 1, acc1, acc0, C, tid, col0, row0, n, N, dyn, wv, xv, xsm, xr, wa, ys, xbase, r0, t)
         if OV:
             wait_all()
             if C % 2 == 1:
@@ -209,6 +208,228 @@ def build(BR, NS, XA=0, OV=0):
             if r < n and f < N:
                 out[r, f] = ys[i]
 
+    kernel.dyn_bytes = 8 * (WOFF + (NS * BR * 32 if XA else 0))
+    return kernel
+
+
+def allow_dynamic_shared(kernel, args):
+    """Compile ``kernel`` for ``args`` and let it take ``kernel.dyn_bytes`` of dynamic shared memory
+    (past 48 KiB the driver needs the opt-in; numba-cuda issue 94's route to the function)."""
+    from numba import cuda
+    from numba.cuda.cudadrv.driver import binding, driver
+    kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+    k = next(iter(kernel.overloads.values()))
+    fn = k._codelibrary.get_cufunc()
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    driver.cuKernelSetAttribute(attr, kernel.dyn_bytes, fn.handle, cuda.get_current_device().id)
+
+
+def _raw_intrinsics():
+    """Shared-memory and cp.async instructions on raw 32-bit shared addresses (and 64-bit global
+    ones), so a chunk's addresses are a base plus a constant, not numba's int64 index arithmetic."""
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+
+    @intrinsic
+    def smem_base(typingctx, arr):
+        """The 32-bit shared address of a shared array's first element."""
+        def codegen(context, builder, signature, args):
+            ary = context.make_array(signature.args[0])(context, builder, args[0])
+            p = builder.ptrtoint(ary.data, i64)
+            fn = ir.FunctionType(i32, [i64])
+            return builder.call(ir.InlineAsm(fn, "{ .reg .u64 a; cvta.to.shared.u64 a, $1; cvt.u32.u64 $0, a; }",
+                                             "=r,l"), [p])
+        return types.uint32(arr), codegen
+
+    @intrinsic
+    def gmem_base(typingctx, arr):
+        """The address of a device array's first element."""
+        def codegen(context, builder, signature, args):
+            ary = context.make_array(signature.args[0])(context, builder, args[0])
+            return builder.ptrtoint(ary.data, i64)
+        return types.uint64(arr), codegen
+
+    @intrinsic
+    def cp16(typingctx, saddr, gaddr, nbytes):
+        def codegen(context, builder, signature, args):
+            fn = ir.FunctionType(ir.VoidType(), [i32, i64, i32])
+            builder.call(ir.InlineAsm(fn, "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}",
+                                      side_effect=True), args)
+            return context.get_dummy_value()
+        return types.void(types.uint32, types.uint64, types.uint32), codegen
+
+    @intrinsic
+    def lds64(typingctx, saddr):
+        def codegen(context, builder, signature, args):
+            fn = ir.FunctionType(i64, [i32])
+            return builder.call(ir.InlineAsm(fn, "ld.shared.u64 $0, [$1];", "=l,r,~{memory}", side_effect=True), args)
+        return types.uint64(types.uint32), codegen
+
+    @intrinsic
+    def lds128(typingctx, saddr):
+        """Four float32 at a 16-byte aligned shared address."""
+        def codegen(context, builder, signature, args):
+            f32 = ir.FloatType()
+            fn = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32])
+            res = builder.call(ir.InlineAsm(fn, "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,r,~{memory}",
+                                            side_effect=True), args)
+            return context.make_tuple(builder, signature.return_type, [builder.extract_value(res, i) for i in range(4)])
+        return types.UniTuple(types.float32, 4)(types.uint32), codegen
+
+    @intrinsic
+    def sts32(typingctx, saddr, v):
+        def codegen(context, builder, signature, args):
+            fn = ir.FunctionType(ir.VoidType(), [i32, i32])
+            builder.call(ir.InlineAsm(fn, "st.shared.u32 [$0], $1;", "r,r,~{memory}", side_effect=True), args)
+            return context.get_dummy_value()
+        return types.void(types.uint32, types.uint32), codegen
+
+    return smem_base, gmem_base, cp16, lds64, lds128, sts32
+
+
+def build_lean(BR, NS):
+    """The XA kernel of ``build`` written on raw addresses (``_raw_intrinsics``): each thread's
+    copy addresses computed once and advanced by a constant a chunk, 32-bit shared offsets, the
+    chunk loop's slot found by a mask (NS a power of two)."""
+    from numba import cuda, float32, uint32, uint64
+
+    from ddtree_numba._device import nonneg
+    from ddtree_numba.kernels._async import cp_async_commit
+    from ddtree_numba.kernels._mma import pack_bf16x2
+    from wgmma_probe import asm_void, commit, fence, proxy_fence, wait_all, wgmma_rs
+
+    assert BR % 8 == 0 and 8 <= BR <= 64 and NS in (2, 4, 8)
+    smem_base, gmem_base, cp16, lds64, lds128, sts32 = _raw_intrinsics()
+    M = BR // 2
+    XQ = max(1, BR * 16 // NT)
+    WSLOT = BF * QP * 8             # bytes a weight slot
+    XSLOT = BR * 256                # bytes an activation slot (float32)
+    XOFF = NS * WSLOT
+    BOFF = XOFF + NS * XSLOT        # the two bf16 B buffers
+    BBUF = BR * 128
+    wg = wgmma_rs(BR)
+    wait_ring = asm_void(f"cp.async.wait_group {NS - 2};")
+    DESC_HI = ((128 >> 4) << 16) | ((256 >> 4) << 32)
+
+    @cuda.jit(launch_bounds=(NT,))
+    def kernel(x, w, out, n_rows):
+        """x [R, K] float32, w [N, K] uint16 (bf16 bits), out [R, N] float32; K % 64 == 0."""
+        tid = uint32(cuda.threadIdx.x)
+        warp = tid >> uint32(5)
+        g = (tid & uint32(31)) >> uint32(2)
+        t = tid & uint32(3)
+        col0 = uint32(cuda.blockIdx.x) * uint32(BF)
+        row0 = uint32(cuda.blockIdx.y) * uint32(BR)
+        n = uint32(n_rows[0])
+        if row0 >= n:
+            return
+        N = uint32(w.shape[0])
+        K = uint64(x.shape[1])
+        C = uint32(K >> uint64(6))
+        dyn = cuda.shared.array(0, uint64, alignment=16)
+        sbase = smem_base(dyn)
+        wg0 = gmem_base(w)
+        xg0 = gmem_base(x)
+        # this thread's copies: 4 weight pieces, XQ activation quads (addresses of chunk 0)
+        wsrc = cuda.local.array(4, uint64)
+        wdst = cuda.local.array(4, uint32)
+        wnb = cuda.local.array(4, uint32)
+        for i in range(4):
+            m = tid + uint32(i * NT)
+            r = m >> uint32(3)
+            p = m & uint32(7)
+            ok = col0 + r < N
+            wsrc[i] = wg0 + ((uint64(col0 + r) * K + uint64(8 * p)) * uint64(2) if ok else uint64(0))
+            wdst[i] = sbase + r * uint32(QP * 8) + p * uint32(16)
+            wnb[i] = uint32(16) if ok else uint32(0)
+        xsrc = cuda.local.array(XQ, uint64)
+        xdst = cuda.local.array(XQ, uint32)
+        xnb = cuda.local.array(XQ, uint32)
+        bdst = cuda.local.array(XQ, uint32)
+        for i in range(XQ):
+            m = tid + uint32(i * NT)
+            r = m >> uint32(4)
+            u = m & uint32(15)
+            ok = m < uint32(BR * 16) and row0 + r < n
+            xsrc[i] = xg0 + ((uint64(row0 + r) * K + uint64(4 * u)) * uint64(4) if ok else uint64(0))
+            xdst[i] = sbase + uint32(XOFF) + r * uint32(256) + u * uint32(16)
+            xnb[i] = uint32(16) if ok else uint32(0)
+            bdst[i] = sbase + uint32(BOFF) + (u >> uint32(2)) * uint32(BR * 32) + (r >> uint32(3)) * uint32(256) + \
+                (r & uint32(7)) * uint32(16) + (u & uint32(3)) * uint32(4)
+        r0 = warp * uint32(16) + g
+        aoff = sbase + r0 * uint32(QP * 8) + t * uint32(8)
+        ys = cuda.local.array(M, float32)
+        acc = cuda.local.array(M, float32)
+        for i in range(M):
+            ys[i] = float32(0.0)
+        for c in range(NS - 1):
+            if uint32(c) < C:
+                for i in range(4):
+                    cp16(wdst[i] + uint32(c * WSLOT), wsrc[i] + uint64(c * 128), wnb[i])
+                for i in range(XQ):
+                    if BR * 16 >= NT or tid < uint32(BR * 16):
+                        cp16(xdst[i] + uint32(c * XSLOT), xsrc[i] + uint64(c * 256), xnb[i])
+            cp_async_commit()
+        bdesc = (uint64(sbase + uint32(BOFF)) & uint64(0x3FFFF)) >> uint64(4) | uint64(DESC_HI)
+        c = uint32(0)
+        while c < C:
+            slot = c & uint32(NS - 1)
+            b = c & uint32(1)
+            wait_ring()
+            for i in range(XQ):
+                if BR * 16 >= NT or tid < uint32(BR * 16):
+                    f = lds128(xdst[i] + slot * uint32(XSLOT))
+                    bo = bdst[i] + b * uint32(BBUF)
+                    sts32(bo, pack_bf16x2(f[0], f[1]))
+                    sts32(bo + uint32(128), pack_bf16x2(f[2], f[3]))
+            proxy_fence()
+            cuda.syncthreads()
+            cn = c + uint32(NS - 1)
+            if cn < C:
+                sn = cn & uint32(NS - 1)
+                for i in range(4):
+                    cp16(wdst[i] + sn * uint32(WSLOT), wsrc[i] + uint64(cn) * uint64(128), wnb[i])
+                for i in range(XQ):
+                    if BR * 16 >= NT or tid < uint32(BR * 16):
+                        cp16(xdst[i] + sn * uint32(XSLOT), xsrc[i] + uint64(cn) * uint64(256), xnb[i])
+            cp_async_commit()
+            ao = aoff + slot * uint32(WSLOT)
+            a00 = lds64(ao)
+            a01 = lds64(ao + uint32(32))
+            a02 = lds64(ao + uint32(64))
+            a03 = lds64(ao + uint32(96))
+            a10 = lds64(ao + uint32(8 * QP * 8))
+            a11 = lds64(ao + uint32(8 * QP * 8 + 32))
+            a12 = lds64(ao + uint32(8 * QP * 8 + 64))
+            a13 = lds64(ao + uint32(8 * QP * 8 + 96))
+            for i in range(M):
+                acc[i] = float32(0.0)
+            d0 = bdesc + uint64(b * uint32(BBUF >> 4))
+            fence()
+            wg(acc, uint32(a00 & uint64(0xFFFFFFFF)), uint32(a10 & uint64(0xFFFFFFFF)),
+               uint32(a00 >> uint64(32)), uint32(a10 >> uint64(32)), d0)
+            wg(acc, uint32(a01 & uint64(0xFFFFFFFF)), uint32(a11 & uint64(0xFFFFFFFF)),
+               uint32(a01 >> uint64(32)), uint32(a11 >> uint64(32)), d0 + uint64(BR * 2))
+            wg(acc, uint32(a02 & uint64(0xFFFFFFFF)), uint32(a12 & uint64(0xFFFFFFFF)),
+               uint32(a02 >> uint64(32)), uint32(a12 >> uint64(32)), d0 + uint64(BR * 4))
+            wg(acc, uint32(a03 & uint64(0xFFFFFFFF)), uint32(a13 & uint64(0xFFFFFFFF)),
+               uint32(a03 >> uint64(32)), uint32(a13 >> uint64(32)), d0 + uint64(BR * 6))
+            commit()
+            wait_all()
+            for i in range(M):
+                ys[i] = ys[i] + acc[i]
+            c += uint32(1)
+        for i in range(M):                    # d[4j + 2h + e]: feature g + 8h, row 8j + 2t + e
+            r = row0 + uint32(8 * (i // 4) + i % 2) + uint32(2) * t
+            f = col0 + r0 + uint32(8 * ((i // 2) % 2))
+            if r < n and f < N:
+                out[r, f] = ys[i]
+
+    kernel.dyn_bytes = BOFF + 2 * BBUF
+    kernel.lean = True
     return kernel
 
 
@@ -217,10 +438,10 @@ def main():
     ap.add_argument("--rows", type=int, default=65)
     ap.add_argument("--workspace", type=int, default=128)
     ap.add_argument("--shapes", default="2048,3072;512,3072;2048,2048;2048,16384")
-    ap.add_argument("--blocks", default="16,4;16,3,1;16,4,0,1;16,3,1,1;8,3,1,1;32,4,0,1")
+    ap.add_argument("--blocks", default="16,4,1;L,16,4;L,16,8;L,8,8;L,32,4;L,64,4")
     ap.add_argument("--ptx", metavar="PTXAS", help="no GPU: compile for sm_90a and assemble with this ptxas")
     a = ap.parse_args()
-    blocks = [tuple(int(v) for v in b.split(",")) for b in a.blocks.split(";")]
+    blocks = [tuple(v if v == "L" else int(v) for v in b.split(",")) for b in a.blocks.split(";")]
     from numba import cuda
     if a.ptx:
         from numba.cuda import dispatcher
@@ -231,8 +452,9 @@ def main():
             compute_capability = (9, 0)
         dispatcher.get_current_device = lambda: H200()
         for b in blocks:
-            k = build(*b)
-            sig = "void(uint64[:, ::1], uint64[:, ::1], float32[:, ::1], int32[::1])"
+            k = build_lean(*b[1:]) if b[0] == "L" else build(*b)
+            sig = ("void(float32[:, ::1], uint16[:, ::1], float32[:, ::1], int32[::1])" if b[0] == "L" else
+                   "void(uint64[:, ::1], uint64[:, ::1], float32[:, ::1], int32[::1])")
             ptx, _ = cuda.compile_ptx(k.py_func, sig, cc=(9, 0, "a"))
             print(b, "ptxas:", assemble_sm90a(ptx, a.ptx))
         return
@@ -249,7 +471,7 @@ def main():
     st = cuda.stream()
     n_rows = cuda.to_device(np.array([a.rows], np.int32), stream=st)
     rng = np.random.default_rng(0)
-    kernels = {b: build(*b) for b in blocks}
+    kernels = {b: build_lean(*b[1:]) if b[0] == "L" else build(*b) for b in blocks}
     print(f"rows {a.rows} in a {a.workspace}-row workspace; µs a launch (graph); wgmma blocks (BR, NS)")
     print("K,N".ljust(12) + "package".rjust(10) + "".join(str(b).rjust(16) for b in blocks)
           + ("torch".rjust(10) if torch else ""))
@@ -265,12 +487,16 @@ def main():
         ref = ref_out.copy_to_host(stream=st)[:a.rows]
         cols = [f"{graph_time(package, st):10.1f}"]
         xv, wv = x.view(np.uint64), w.reshape(N, K).view(np.uint64)
-        for (BR, *_), kern in kernels.items():
+        for spec, kern in kernels.items():
+            BR = spec[1] if spec[0] == "L" else spec[0]
+            args = (x, w.reshape(N, K)) if spec[0] == "L" else (xv, wv)
             out = cuda.to_device(np.full((a.workspace, N), np.nan, np.float32), stream=st)
             grid = (N // BF, -(-a.workspace // BR))
 
-            def fn(kern=kern, out=out, grid=grid):
-                kern[grid, NT, st](xv, wv, out, n_rows)
+            allow_dynamic_shared(kern, (*args, out, n_rows))
+
+            def fn(kern=kern, out=out, grid=grid, args=args):
+                kern[grid, NT, st, kern.dyn_bytes](*args, out, n_rows)
             fn()
             got = out.copy_to_host(stream=st)[:a.rows]
             st.synchronize()
