@@ -61,6 +61,8 @@ def build(BR, NS, XA=0, OV=0):
     wg = wgmma_rs(BR)
     wait_one = asm_void("wgmma.wait_group.sync.aligned 1;")
     wait_ring = asm_void(f"cp.async.wait_group {NS - 2};")
+    wait_next = asm_void(f"cp.async.wait_group {max(0, NS - 3)};")
+    pfence = proxy_fence if F else asm_void("")
     LBO, SBO = 128, 256             # bytes between core matrices along k, along the rows (wgmma_bits.py)
     DESC_HI = ((LBO >> 4) << 16) | ((SBO >> 4) << 32)
 
@@ -290,10 +292,12 @@ def _raw_intrinsics():
     return smem_base, gmem_base, cp16, lds64, lds128, sts32
 
 
-def build_lean(BR, NS):
+def build_lean(BR, NS, F=1, P=0):
     """The XA kernel of ``build`` written on raw addresses (``_raw_intrinsics``): each thread's
     copy addresses computed once and advanced by a constant a chunk, 32-bit shared offsets, the
-    chunk loop's slot found by a mask (NS a power of two)."""
+    chunk loop's slot found by a mask (NS a power of two). ``F`` 0: no proxy fence after the B
+    stores (a timing knockout: wgmma may read stale B). ``P``: chunk c + 1's B converted while
+    chunk c's wgmma run (NS >= 4)."""
     from numba import cuda, float32, uint32, uint64
 
     from ddtree_numba._device import nonneg
@@ -301,7 +305,7 @@ def build_lean(BR, NS):
     from ddtree_numba.kernels._mma import pack_bf16x2
     from wgmma_probe import asm_void, commit, fence, proxy_fence, wait_all, wgmma_rs
 
-    assert BR % 8 == 0 and 8 <= BR <= 64 and NS in (2, 4, 8)
+    assert BR % 8 == 0 and 8 <= BR <= 64 and NS in (2, 4, 8) and not (P and NS < 4)
     smem_base, gmem_base, cp16, lds64, lds128, sts32 = _raw_intrinsics()
     M = BR // 2
     XQ = max(1, BR * 16 // NT)
@@ -312,6 +316,8 @@ def build_lean(BR, NS):
     BBUF = BR * 128
     wg = wgmma_rs(BR)
     wait_ring = asm_void(f"cp.async.wait_group {NS - 2};")
+    wait_next = asm_void(f"cp.async.wait_group {max(0, NS - 3)};")
+    pfence = proxy_fence if F else asm_void("")
     DESC_HI = ((128 >> 4) << 16) | ((256 >> 4) << 32)
 
     @cuda.jit(launch_bounds=(NT,))
@@ -375,27 +381,37 @@ def build_lean(BR, NS):
             cp_async_commit()
         bdesc = (uint64(sbase + uint32(BOFF)) & uint64(0x3FFFF)) >> uint64(4) | uint64(DESC_HI)
         c = uint32(0)
-        while c < C:
-            slot = c & uint32(NS - 1)
-            b = c & uint32(1)
+        if P:
             wait_ring()
             for i in range(XQ):
                 if BR * 16 >= NT or tid < uint32(BR * 16):
-                    f = lds128(xdst[i] + slot * uint32(XSLOT))
-                    bo = bdst[i] + b * uint32(BBUF)
-                    sts32(bo, pack_bf16x2(f[0], f[1]))
-                    sts32(bo + uint32(128), pack_bf16x2(f[2], f[3]))
-            proxy_fence()
+                    f = lds128(xdst[i])
+                    sts32(bdst[i], pack_bf16x2(f[0], f[1]))
+                    sts32(bdst[i] + uint32(128), pack_bf16x2(f[2], f[3]))
+            pfence()
             cuda.syncthreads()
-            cn = c + uint32(NS - 1)
-            if cn < C:
-                sn = cn & uint32(NS - 1)
-                for i in range(4):
-                    cp16(wdst[i] + sn * uint32(WSLOT), wsrc[i] + uint64(cn) * uint64(128), wnb[i])
+        while c < C:
+            slot = c & uint32(NS - 1)
+            b = c & uint32(1)
+            if not P:
+                wait_ring()
                 for i in range(XQ):
                     if BR * 16 >= NT or tid < uint32(BR * 16):
-                        cp16(xdst[i] + sn * uint32(XSLOT), xsrc[i] + uint64(cn) * uint64(256), xnb[i])
-            cp_async_commit()
+                        f = lds128(xdst[i] + slot * uint32(XSLOT))
+                        bo = bdst[i] + b * uint32(BBUF)
+                        sts32(bo, pack_bf16x2(f[0], f[1]))
+                        sts32(bo + uint32(128), pack_bf16x2(f[2], f[3]))
+                pfence()
+                cuda.syncthreads()
+                cn = c + uint32(NS - 1)
+                if cn < C:
+                    sn = cn & uint32(NS - 1)
+                    for i in range(4):
+                        cp16(wdst[i] + sn * uint32(WSLOT), wsrc[i] + uint64(cn) * uint64(128), wnb[i])
+                    for i in range(XQ):
+                        if BR * 16 >= NT or tid < uint32(BR * 16):
+                            cp16(xdst[i] + sn * uint32(XSLOT), xsrc[i] + uint64(cn) * uint64(256), xnb[i])
+                cp_async_commit()
             ao = aoff + slot * uint32(WSLOT)
             a00 = lds64(ao)
             a01 = lds64(ao + uint32(32))
@@ -418,9 +434,33 @@ def build_lean(BR, NS):
             wg(acc, uint32(a03 & uint64(0xFFFFFFFF)), uint32(a13 & uint64(0xFFFFFFFF)),
                uint32(a03 >> uint64(32)), uint32(a13 >> uint64(32)), d0 + uint64(BR * 6))
             commit()
+            if P:                             # chunk c + 1's B while chunk c's wgmma run
+                c1 = c + uint32(1)
+                if c1 < C:
+                    wait_next()
+                    s1 = c1 & uint32(NS - 1)
+                    b1 = c1 & uint32(1)
+                    for i in range(XQ):
+                        if BR * 16 >= NT or tid < uint32(BR * 16):
+                            f = lds128(xdst[i] + s1 * uint32(XSLOT))
+                            bo = bdst[i] + b1 * uint32(BBUF)
+                            sts32(bo, pack_bf16x2(f[0], f[1]))
+                            sts32(bo + uint32(128), pack_bf16x2(f[2], f[3]))
+                    pfence()
             wait_all()
             for i in range(M):
                 ys[i] = ys[i] + acc[i]
+            if P:
+                cuda.syncthreads()            # B(c + 1) visible; slot c and B(c) free
+                cn = c + uint32(NS - 1)
+                if cn < C:
+                    sn = cn & uint32(NS - 1)
+                    for i in range(4):
+                        cp16(wdst[i] + sn * uint32(WSLOT), wsrc[i] + uint64(cn) * uint64(128), wnb[i])
+                    for i in range(XQ):
+                        if BR * 16 >= NT or tid < uint32(BR * 16):
+                            cp16(xdst[i] + sn * uint32(XSLOT), xsrc[i] + uint64(cn) * uint64(256), xnb[i])
+                cp_async_commit()
             c += uint32(1)
         for i in range(M):                    # d[4j + 2h + e]: feature g + 8h, row 8j + 2t + e
             r = row0 + uint32(8 * (i // 4) + i % 2) + uint32(2) * t
@@ -438,7 +478,7 @@ def main():
     ap.add_argument("--rows", type=int, default=65)
     ap.add_argument("--workspace", type=int, default=128)
     ap.add_argument("--shapes", default="2048,3072;512,3072;2048,2048;2048,16384")
-    ap.add_argument("--blocks", default="16,4,1;L,16,4;L,16,8;L,8,8;L,32,4;L,64,4")
+    ap.add_argument("--blocks", default="L,16,4;L,16,4,0;L,16,4,1,1;L,16,4,0,1;L,16,8,1,1;L,32,4,1,1")
     ap.add_argument("--ptx", metavar="PTXAS", help="no GPU: compile for sm_90a and assemble with this ptxas")
     a = ap.parse_args()
     blocks = [tuple(v if v == "L" else int(v) for v in b.split(",")) for b in a.blocks.split(";")]
