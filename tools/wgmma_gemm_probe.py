@@ -62,7 +62,8 @@ def build(BR, NS, XA=0, OV=0):
     wait_one = asm_void("wgmma.wait_group.sync.aligned 1;")
     wait_ring = asm_void(f"cp.async.wait_group {NS - 2};")
     wait_next = asm_void(f"cp.async.wait_group {max(0, NS - 3)};")
-    pfence = proxy_fence if F else asm_void("")
+    pfence = {0: asm_void(""), 1: proxy_fence,
+              2: asm_void("fence.proxy.async::generic.release.sync_restrict::shared::cta.cluster;")}[F]
     LBO, SBO = 128, 256             # bytes between core matrices along k, along the rows (wgmma_bits.py)
     DESC_HI = ((LBO >> 4) << 16) | ((SBO >> 4) << 32)
 
@@ -296,7 +297,7 @@ def build_lean(BR, NS, F=1, P=0):
     """The XA kernel of ``build`` written on raw addresses (``_raw_intrinsics``): each thread's
     copy addresses computed once and advanced by a constant a chunk, 32-bit shared offsets, the
     chunk loop's slot found by a mask (NS a power of two). ``F`` 0: no proxy fence after the B
-    stores (a timing knockout: wgmma may read stale B). ``P``: chunk c + 1's B converted while
+    stores (a timing knockout: wgmma may read stale B); 2: the one-way release form of the fence. ``P``: chunk c + 1's B converted while
     chunk c's wgmma run (NS >= 4)."""
     from numba import cuda, float32, uint32, uint64
 
@@ -317,7 +318,8 @@ def build_lean(BR, NS, F=1, P=0):
     wg = wgmma_rs(BR)
     wait_ring = asm_void(f"cp.async.wait_group {NS - 2};")
     wait_next = asm_void(f"cp.async.wait_group {max(0, NS - 3)};")
-    pfence = proxy_fence if F else asm_void("")
+    pfence = {0: asm_void(""), 1: proxy_fence,
+              2: asm_void("fence.proxy.async::generic.release.sync_restrict::shared::cta.cluster;")}[F]
     DESC_HI = ((128 >> 4) << 16) | ((256 >> 4) << 32)
 
     @cuda.jit(launch_bounds=(NT,))
@@ -478,7 +480,7 @@ def main():
     ap.add_argument("--rows", type=int, default=65)
     ap.add_argument("--workspace", type=int, default=128)
     ap.add_argument("--shapes", default="2048,3072;512,3072;2048,2048;2048,16384")
-    ap.add_argument("--blocks", default="L,16,4;L,16,4,0;L,16,4,1,1;L,16,4,0,1;L,16,8,1,1;L,32,4,1,1")
+    ap.add_argument("--blocks", default="L,16,4;L,16,4,0;L,16,4,2;L,16,4,1,1;L,16,4,0,1;L,16,8,1,1;L,32,4,1,1")
     ap.add_argument("--ptx", metavar="PTXAS", help="no GPU: compile for sm_90a and assemble with this ptxas")
     a = ap.parse_args()
     blocks = [tuple(v if v == "L" else int(v) for v in b.split(",")) for b in a.blocks.split(";")]
