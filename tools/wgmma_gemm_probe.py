@@ -1,23 +1,31 @@
 """A dense bf16 GEMM on wgmma, against the package's GEMM and torch (H200; a probe, not the package).
 
 Usage: python tools/wgmma_gemm_probe.py [--rows 65] [--workspace 128] [--shapes "K,N;..."]
-[--blocks "BR,NS[,XA,OV];..."]      (offline: --ptx PTXAS compiles for sm_90a and assembles)
+[--blocks "SPEC;..."]; offline: --ptx PTXAS compiles every SPEC for sm_90a and assembles it.
+SPEC (``make``): ``BR,NS[,XA,OV]`` (``build``), ``L,BR,NS[,F,P]`` (``build_lean``) or
+``S,BN,NS[,PERM,F]`` (``build_swapped``).
 
 out[r, n] = x[r] . w[n] for x [R, K] float32 and w [N, K] bf16 bits, rows r < n_rows[0], under the
 package's reduction contract (``kernels/linear.py``): 64-k chunks, each a chain of four k steps
 from zero, the chunk partials added in ascending order in float32. So the output must equal the
-package's ``_launch`` bit for bit; "DIFF" marks a block shape that does not.
+package's ``_launch`` bit for bit; "DIFF n" marks a spec whose n outputs do not.
 
-A block is one warpgroup (128 threads): 64 output features x BR rows.
+``build`` and ``build_lean``: a block is one warpgroup (128 threads), 64 output features x BR rows.
 - The weights ride a ``cp.async`` ring of NS slots in shared memory. Each warp reads its 16
   features' A fragments from the slot as the staged kernel does (lane (g, t): the four
   consecutive k 4t..4t+3 of a k step, as one uint64, for rows g and g + 8).
-- The activations, a chunk ahead in registers, are rounded to bf16 and stored once a chunk as
-  wgmma's B operand: K-major core matrices of 8 rows x 16 bytes, with the lanes' k order (a step's
-  core matrix 0 holds k 4t, 4t + 1 in word t, core matrix 1 holds k 4t + 2, 4t + 3). That is the
-  order the package's mma.sync kernels feed, so the products meet in the same tensor-core slots.
+- The activations are rounded to bf16 and stored once a chunk as wgmma's B operand: K-major core
+  matrices of 8 rows x 16 bytes, with the lanes' k order (a step's core matrix 0 holds k 4t,
+  4t + 1 in word t, core matrix 1 holds k 4t + 2, 4t + 3). That is the order the package's
+  mma.sync kernels feed, so the products meet in the same tensor-core slots.
 - Four m64nBRk16 wgmma a chunk, from zero (``tools/wgmma_bits.py``: on the H200 a chain of them
   gives mma.sync's bits), then added into the running sums.
+
+``build_swapped``: the operands the other way round, 64 activation rows x BN features a block
+(its docstring).
+
+Twenty-first session (docs/PERFORMANCE.md): every ``build`` / ``build_lean`` spec gave the
+package's bits; the lean one is ~28 % faster than ``build``'s, and at 65 rows still ~3x torch.
 """
 
 from __future__ import annotations
@@ -290,7 +298,27 @@ def _raw_intrinsics():
             return context.get_dummy_value()
         return types.void(types.uint32, types.uint32), codegen
 
-    return smem_base, gmem_base, cp16, lds64, lds128, sts32
+    @intrinsic
+    def cp4(typingctx, saddr, gaddr):
+        """4 bytes global -> shared (cp.async.ca; part of the thread's current group)."""
+        def codegen(context, builder, signature, args):
+            fn = ir.FunctionType(ir.VoidType(), [i32, i64])
+            builder.call(ir.InlineAsm(fn, "cp.async.ca.shared.global [$0], [$1], 4;", "r,l,~{memory}",
+                                      side_effect=True), args)
+            return context.get_dummy_value()
+        return types.void(types.uint32, types.uint64), codegen
+
+    @intrinsic
+    def ldg64(typingctx, gaddr):
+        """Two float32 at an 8-byte aligned global address (read-only path)."""
+        def codegen(context, builder, signature, args):
+            f32 = ir.FloatType()
+            fn = ir.FunctionType(ir.LiteralStructType([f32] * 2), [i64])
+            res = builder.call(ir.InlineAsm(fn, "ld.global.nc.v2.f32 {$0, $1}, [$2];", "=f,=f,l"), args)
+            return context.make_tuple(builder, signature.return_type, [builder.extract_value(res, i) for i in range(2)])
+        return types.UniTuple(types.float32, 2)(types.uint64), codegen
+
+    return smem_base, gmem_base, cp16, lds64, lds128, sts32, cp4, ldg64
 
 
 def build_lean(BR, NS, F=1, P=0):
@@ -307,7 +335,7 @@ def build_lean(BR, NS, F=1, P=0):
     from wgmma_probe import asm_void, commit, fence, proxy_fence, wait_all, wgmma_rs
 
     assert BR % 8 == 0 and 8 <= BR <= 64 and NS in (2, 4, 8) and not (P and NS < 4)
-    smem_base, gmem_base, cp16, lds64, lds128, sts32 = _raw_intrinsics()
+    smem_base, gmem_base, cp16, lds64, lds128, sts32, _, _ = _raw_intrinsics()
     M = BR // 2
     XQ = max(1, BR * 16 // NT)
     WSLOT = BF * QP * 8             # bytes a weight slot
@@ -475,15 +503,194 @@ def build_lean(BR, NS, F=1, P=0):
     return kernel
 
 
+def build_swapped(BN, NS, PERM=0, F=1):
+    """The operands swapped: A = 64 activation rows a block, rounded to bf16 straight from global
+    memory into the A registers (a chunk ahead), B = BN weight rows (features) on a cp.async ring of
+    NS slots as K-major core matrices, so no thread writes a wgmma operand to shared memory.
+    ``PERM`` 0: the natural k order (position p of a k step holds k p: the B pieces are 16 bytes of
+    8 consecutive k), a test of whether the tensor core's sum depends on the order of its products
+    (the package's mma.sync kernels feed the lanes' order); 1: the package's order (a step's core
+    matrix 0 holds k 4t, 4t + 1 in word t, core matrix 1 holds 4t + 2, 4t + 3: 4-byte B pieces).
+    ``F``: a proxy fence after the ring's wait (cp.async writes, wgmma reads)."""
+    from numba import cuda, float32, uint32, uint64
+
+    from ddtree_numba.kernels._async import cp_async_commit
+    from ddtree_numba.kernels._mma import pack_bf16x2
+    from wgmma_probe import asm_void, commit, fence, proxy_fence, wait_all, wgmma_rs
+
+    assert BN in (16, 32, 64, 128) and NS in (2, 4, 8)
+    smem_base, gmem_base, cp16, lds64, lds128, sts32, cp4, ldg64 = _raw_intrinsics()
+    M = BN // 2
+    WSLOT = BN * 128
+    NP = BN * 8 // NT if not PERM else BN * 32 // NT   # B pieces a thread copies a chunk (16 or 4 bytes)
+    wg = wgmma_rs(BN)
+    wait_ring = asm_void(f"cp.async.wait_group {NS - 2};")
+    pfence = proxy_fence if F else asm_void("")
+    DESC_HI = ((128 >> 4) << 16) | ((256 >> 4) << 32)
+
+    @cuda.jit(launch_bounds=(NT,))
+    def kernel(x, w, out, n_rows):
+        """x [R, K] float32, w [N, K] uint16 (bf16 bits), out [R, N] float32; K % 64 == 0."""
+        tid = uint32(cuda.threadIdx.x)
+        warp = tid >> uint32(5)
+        g = (tid & uint32(31)) >> uint32(2)
+        t = tid & uint32(3)
+        col0 = uint32(cuda.blockIdx.x) * uint32(BN)
+        row0 = uint32(cuda.blockIdx.y) * uint32(64)
+        n = uint32(n_rows[0])
+        if row0 >= n:
+            return
+        N = uint32(w.shape[0])
+        K = uint64(x.shape[1])
+        C = uint32(K >> uint64(6))
+        dyn = cuda.shared.array(0, uint64, alignment=16)
+        sbase = smem_base(dyn)
+        wg0 = gmem_base(w)
+        xg0 = gmem_base(x)
+        wsrc = cuda.local.array(NP, uint64)
+        wdst = cuda.local.array(NP, uint32)
+        wnb = cuda.local.array(NP, uint32)
+        for i in range(NP):
+            m = tid + uint32(i * NT)
+            if PERM:
+                f = m >> uint32(5)
+                q = m & uint32(31)            # step q // 8, core matrix (q // 4) % 2, word q % 4
+                st = q >> uint32(3)
+                cm = (q >> uint32(2)) & uint32(1)
+                tw = q & uint32(3)
+                k = st * uint32(16) + tw * uint32(4) + cm * uint32(2)
+                wdst[i] = sbase + st * uint32(BN * 32) + (f >> uint32(3)) * uint32(256) + cm * uint32(128) + \
+                    (f & uint32(7)) * uint32(16) + tw * uint32(4)
+            else:
+                f = m >> uint32(3)
+                j = m & uint32(7)             # k 8j .. 8j + 7: step j // 2, core matrix j % 2
+                k = j * uint32(8)
+                wdst[i] = sbase + (j >> uint32(1)) * uint32(BN * 32) + (f >> uint32(3)) * uint32(256) + \
+                    (j & uint32(1)) * uint32(128) + (f & uint32(7)) * uint32(16)
+            ok = col0 + f < N
+            wsrc[i] = wg0 + ((uint64(col0 + f) * K + uint64(k)) * uint64(2) if ok else uint64(0))
+            wnb[i] = uint32(16) if ok else uint32(0)
+        rA = row0 + warp * uint32(16) + g
+        okA = rA < n
+        okB = rA + uint32(8) < n
+        pA = xg0 + (uint64(rA) * K * uint64(4) if okA else uint64(0))
+        pB = xg0 + (uint64(rA + uint32(8)) * K * uint64(4) if okB else uint64(0))
+        # a lane's first k of each pair in a step: natural 2t and 2t + 8; PERM 4t and 4t + 2
+        k0 = uint64(8) * uint64(t) if not PERM else uint64(16) * uint64(t)      # bytes
+        k1 = k0 + (uint64(32) if not PERM else uint64(8))
+        xa = cuda.local.array(32, float32)    # this chunk's activations: 16 * (row B) + 4 * step + 2 * pair + e
+        xn = cuda.local.array(32, float32)
+        aw = cuda.local.array(16, uint32)     # their A words: 4 * step + (a0, a1, a2, a3)
+        ys = cuda.local.array(M, float32)
+        acc = cuda.local.array(M, float32)
+        for i in range(M):
+            ys[i] = float32(0.0)
+        for i in range(32):
+            xa[i] = float32(0.0)
+            xn[i] = float32(0.0)
+        for c in range(NS - 1):
+            if uint32(c) < C:
+                for i in range(NP):
+                    if PERM:
+                        cp4(wdst[i] + uint32(c * WSLOT), wsrc[i] + uint64(c * 128))
+                    else:
+                        cp16(wdst[i] + uint32(c * WSLOT), wsrc[i] + uint64(c * 128), wnb[i])
+            cp_async_commit()
+        for st in range(4):
+            if okA:
+                v = ldg64(pA + uint64(64 * st) + k0)
+                xa[4 * st] = v[0]
+                xa[4 * st + 1] = v[1]
+                v = ldg64(pA + uint64(64 * st) + k1)
+                xa[4 * st + 2] = v[0]
+                xa[4 * st + 3] = v[1]
+            if okB:
+                v = ldg64(pB + uint64(64 * st) + k0)
+                xa[16 + 4 * st] = v[0]
+                xa[16 + 4 * st + 1] = v[1]
+                v = ldg64(pB + uint64(64 * st) + k1)
+                xa[16 + 4 * st + 2] = v[0]
+                xa[16 + 4 * st + 3] = v[1]
+        bdesc = (uint64(sbase) & uint64(0x3FFFF)) >> uint64(4) | uint64(DESC_HI)
+        c = uint32(0)
+        while c < C:
+            slot = c & uint32(NS - 1)
+            wait_ring()
+            pfence()
+            cuda.syncthreads()
+            cn = c + uint32(NS - 1)
+            if cn < C:
+                sn = cn & uint32(NS - 1)
+                for i in range(NP):
+                    if PERM:
+                        cp4(wdst[i] + sn * uint32(WSLOT), wsrc[i] + uint64(cn) * uint64(128))
+                    else:
+                        cp16(wdst[i] + sn * uint32(WSLOT), wsrc[i] + uint64(cn) * uint64(128), wnb[i])
+            cp_async_commit()
+            c1 = c + uint32(1)
+            if c1 < C:                        # the next chunk's activations, in flight under this one
+                off = uint64(c1) * uint64(256)
+                for st in range(4):
+                    if okA:
+                        v = ldg64(pA + off + uint64(64 * st) + k0)
+                        xn[4 * st] = v[0]
+                        xn[4 * st + 1] = v[1]
+                        v = ldg64(pA + off + uint64(64 * st) + k1)
+                        xn[4 * st + 2] = v[0]
+                        xn[4 * st + 3] = v[1]
+                    if okB:
+                        v = ldg64(pB + off + uint64(64 * st) + k0)
+                        xn[16 + 4 * st] = v[0]
+                        xn[16 + 4 * st + 1] = v[1]
+                        v = ldg64(pB + off + uint64(64 * st) + k1)
+                        xn[16 + 4 * st + 2] = v[0]
+                        xn[16 + 4 * st + 3] = v[1]
+            for st in range(4):
+                aw[4 * st] = pack_bf16x2(xa[4 * st], xa[4 * st + 1])
+                aw[4 * st + 1] = pack_bf16x2(xa[16 + 4 * st], xa[16 + 4 * st + 1])
+                aw[4 * st + 2] = pack_bf16x2(xa[4 * st + 2], xa[4 * st + 3])
+                aw[4 * st + 3] = pack_bf16x2(xa[16 + 4 * st + 2], xa[16 + 4 * st + 3])
+            for i in range(M):
+                acc[i] = float32(0.0)
+            d0 = bdesc + uint64(slot * uint32(WSLOT >> 4))
+            fence()
+            for st in range(4):
+                wg(acc, aw[4 * st], aw[4 * st + 1], aw[4 * st + 2], aw[4 * st + 3], d0 + uint64(st * BN * 2))
+            commit()
+            wait_all()
+            for i in range(M):
+                ys[i] = ys[i] + acc[i]
+            for i in range(32):
+                xa[i] = xn[i]
+            c += uint32(1)
+        for i in range(M):                    # d[4j + 2h + e]: row g + 8h of the warp, feature 8j + 2t + e
+            r = rA + uint32(8 * ((i // 2) % 2))
+            f = col0 + uint32(8 * (i // 4) + i % 2) + uint32(2) * t
+            if r < n and f < N:
+                out[r, f] = ys[i]
+
+    kernel.dyn_bytes = NS * WSLOT
+    return kernel
+
+
+def make(spec):
+    """The kernel of a block spec: (BR, NS[, XA, OV]), ("L", BR, NS[, F, P]) or ("S", BN, NS[, PERM, F])."""
+    if spec[0] == "L":
+        return build_lean(*spec[1:])
+    if spec[0] == "S":
+        return build_swapped(*spec[1:])
+    return build(*spec)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=65)
     ap.add_argument("--workspace", type=int, default=128)
     ap.add_argument("--shapes", default="2048,3072;512,3072;2048,2048;2048,16384")
-    ap.add_argument("--blocks", default="L,16,4;L,16,4,0;L,16,4,2;L,16,4,1,1;L,16,4,0,1;L,16,8,1,1;L,32,4,1,1")
+    ap.add_argument("--blocks", default="L,16,4;L,16,4,0;L,16,4,2;L,16,4,1,1;L,16,4,0,1;S,32,4;S,32,4,1;S,64,4;S,64,4,0,0;S,64,8;S,128,4")
     ap.add_argument("--ptx", metavar="PTXAS", help="no GPU: compile for sm_90a and assemble with this ptxas")
     a = ap.parse_args()
-    blocks = [tuple(v if v == "L" else int(v) for v in b.split(",")) for b in a.blocks.split(";")]
+    blocks = [tuple(v if v in "LS" else int(v) for v in b.split(",")) for b in a.blocks.split(";")]
     from numba import cuda
     if a.ptx:
         from numba.cuda import dispatcher
@@ -494,8 +701,8 @@ def main():
             compute_capability = (9, 0)
         dispatcher.get_current_device = lambda: H200()
         for b in blocks:
-            k = build_lean(*b[1:]) if b[0] == "L" else build(*b)
-            sig = ("void(float32[:, ::1], uint16[:, ::1], float32[:, ::1], int32[::1])" if b[0] == "L" else
+            k = make(b)
+            sig = ("void(float32[:, ::1], uint16[:, ::1], float32[:, ::1], int32[::1])" if b[0] in "LS" else
                    "void(uint64[:, ::1], uint64[:, ::1], float32[:, ::1], int32[::1])")
             ptx, _ = cuda.compile_ptx(k.py_func, sig, cc=(9, 0, "a"))
             print(b, "ptxas:", assemble_sm90a(ptx, a.ptx))
@@ -513,7 +720,7 @@ def main():
     st = cuda.stream()
     n_rows = cuda.to_device(np.array([a.rows], np.int32), stream=st)
     rng = np.random.default_rng(0)
-    kernels = {b: build_lean(*b[1:]) if b[0] == "L" else build(*b) for b in blocks}
+    kernels = {b: make(b) for b in blocks}
     print(f"rows {a.rows} in a {a.workspace}-row workspace; µs a launch (graph); wgmma blocks (BR, NS)")
     print("K,N".ljust(12) + "package".rjust(10) + "".join(str(b).rjust(16) for b in blocks)
           + ("torch".rjust(10) if torch else ""))
@@ -530,10 +737,10 @@ def main():
         cols = [f"{graph_time(package, st):10.1f}"]
         xv, wv = x.view(np.uint64), w.reshape(N, K).view(np.uint64)
         for spec, kern in kernels.items():
-            BR = spec[1] if spec[0] == "L" else spec[0]
-            args = (x, w.reshape(N, K)) if spec[0] == "L" else (xv, wv)
+            args = (x, w.reshape(N, K)) if spec[0] in "LS" else (xv, wv)
             out = cuda.to_device(np.full((a.workspace, N), np.nan, np.float32), stream=st)
-            grid = (N // BF, -(-a.workspace // BR))
+            grid = ((N // spec[1], -(-a.workspace // 64)) if spec[0] == "S" else
+                    (N // BF, -(-a.workspace // (spec[1] if spec[0] == "L" else spec[0]))))
 
             allow_dynamic_shared(kern, (*args, out, n_rows))
 
