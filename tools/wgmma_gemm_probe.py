@@ -2,7 +2,7 @@
 
 Usage: python tools/wgmma_gemm_probe.py [--rows 65] [--workspace 128] [--shapes "K,N;..."]
 [--blocks "SPEC;..."]; offline: --ptx PTXAS compiles every SPEC for sm_90a and assembles it.
-SPEC (``make``): ``BR,NS[,XA,OV]`` (``build``), ``L,BR,NS[,F,P]`` (``build_lean``) or
+SPEC (``make``): ``BR,NS[,XA,OV]`` (``build``), ``L,BR,NS[,F,P,WG]`` (``build_lean``) or
 ``S,BN,NS[,PERM,F]`` (``build_swapped``).
 
 out[r, n] = x[r] . w[n] for x [R, K] float32 and w [N, K] bf16 bits, rows r < n_rows[0], under the
@@ -220,6 +220,7 @@ def build(BR, NS, XA=0, OV=0):
                 out[r, f] = ys[i]
 
     kernel.dyn_bytes = 8 * (WOFF + (NS * BR * 32 if XA else 0))
+    kernel.threads, kernel.features = NT, BF
     return kernel
 
 
@@ -321,12 +322,13 @@ def _raw_intrinsics():
     return smem_base, gmem_base, cp16, lds64, lds128, sts32, cp4, ldg64
 
 
-def build_lean(BR, NS, F=1, P=0):
+def build_lean(BR, NS, F=1, P=0, WG=1):
     """The XA kernel of ``build`` written on raw addresses (``_raw_intrinsics``): each thread's
     copy addresses computed once and advanced by a constant a chunk, 32-bit shared offsets, the
     chunk loop's slot found by a mask (NS a power of two). ``F`` 0: no proxy fence after the B
     stores (a timing knockout: wgmma may read stale B); 2: the one-way release form of the fence. ``P``: chunk c + 1's B converted while
-    chunk c's wgmma run (NS >= 4)."""
+    chunk c's wgmma run (NS >= 4). ``WG`` warpgroups a block, 64 features each, sharing one B.
+    (``kernel.threads``, ``kernel.features``: the launch's block size and features a block.)"""
     from numba import cuda, float32, uint32, uint64
 
     from ddtree_numba._device import nonneg
@@ -334,11 +336,13 @@ def build_lean(BR, NS, F=1, P=0):
     from ddtree_numba.kernels._mma import pack_bf16x2
     from wgmma_probe import asm_void, commit, fence, proxy_fence, wait_all, wgmma_rs
 
-    assert BR % 8 == 0 and 8 <= BR <= 64 and NS in (2, 4, 8) and not (P and NS < 4)
+    assert BR % 8 == 0 and 8 <= BR <= 128 and NS in (2, 4, 8) and not (P and NS < 4) and WG in (1, 2)
+    NT = 128 * WG
+    BF = 64 * WG
     smem_base, gmem_base, cp16, lds64, lds128, sts32, _, _ = _raw_intrinsics()
     M = BR // 2
     XQ = max(1, BR * 16 // NT)
-    WSLOT = BF * QP * 8             # bytes a weight slot
+    WSLOT = BF * QP * 8             # bytes a weight slot (BF rows)
     XSLOT = BR * 256                # bytes an activation slot (float32)
     XOFF = NS * WSLOT
     BOFF = XOFF + NS * XSLOT        # the two bf16 B buffers
@@ -395,7 +399,7 @@ def build_lean(BR, NS, F=1, P=0):
             xnb[i] = uint32(16) if ok else uint32(0)
             bdst[i] = sbase + uint32(BOFF) + (u >> uint32(2)) * uint32(BR * 32) + (r >> uint32(3)) * uint32(256) + \
                 (r & uint32(7)) * uint32(16) + (u & uint32(3)) * uint32(4)
-        r0 = warp * uint32(16) + g
+        r0 = warp * uint32(16) + g           # warp w of the block: features 16w .. 16w + 15
         aoff = sbase + r0 * uint32(QP * 8) + t * uint32(8)
         ys = cuda.local.array(M, float32)
         acc = cuda.local.array(M, float32)
@@ -499,7 +503,7 @@ def build_lean(BR, NS, F=1, P=0):
                 out[r, f] = ys[i]
 
     kernel.dyn_bytes = BOFF + 2 * BBUF
-    kernel.lean = True
+    kernel.threads, kernel.features = NT, BF
     return kernel
 
 
@@ -670,6 +674,7 @@ def build_swapped(BN, NS, PERM=0, F=1):
                 out[r, f] = ys[i]
 
     kernel.dyn_bytes = NS * WSLOT
+    kernel.threads, kernel.features = NT, BN
     return kernel
 
 
@@ -739,13 +744,13 @@ def main():
         for spec, kern in kernels.items():
             args = (x, w.reshape(N, K)) if spec[0] in "LS" else (xv, wv)
             out = cuda.to_device(np.full((a.workspace, N), np.nan, np.float32), stream=st)
-            grid = ((N // spec[1], -(-a.workspace // 64)) if spec[0] == "S" else
-                    (N // BF, -(-a.workspace // (spec[1] if spec[0] == "L" else spec[0]))))
+            rows_a_block = 64 if spec[0] == "S" else spec[1] if spec[0] == "L" else spec[0]
+            grid = (N // kern.features, -(-a.workspace // rows_a_block))
 
             allow_dynamic_shared(kern, (*args, out, n_rows))
 
             def fn(kern=kern, out=out, grid=grid, args=args):
-                kern[grid, NT, st, kern.dyn_bytes](*args, out, n_rows)
+                kern[grid, kern.threads, st, kern.dyn_bytes](*args, out, n_rows)
             fn()
             got = out.copy_to_host(stream=st)[:a.rows]
             st.synchronize()
