@@ -2,7 +2,8 @@
 
 Usage: python tools/wgmma_gemm_probe.py [--rows 65] [--workspace 128] [--shapes "K,N;..."]
 [--blocks "SPEC;..."]; offline: --ptx PTXAS compiles every SPEC for sm_90a and assembles it.
-SPEC (``make``): ``BR,NS[,XA,OV]`` (``build``), ``L,BR,NS[,F,P,WG]`` (``build_lean``) or
+In the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, stand-ins from ``tools/wgmma_sim.py``) it checks the
+bits only; give it small shapes, e.g. ``--rows 17 --workspace 32 --shapes 128,64``. SPEC (``make``): ``BR,NS[,XA,OV]`` (``build``), ``L,BR,NS[,F,P,WG]`` (``build_lean``) or
 ``S,BN,NS[,PERM,F]`` (``build_swapped``).
 
 out[r, n] = x[r] . w[n] for x [R, K] float32 and w [N, K] bf16 bits, rows r < n_rows[0], under the
@@ -31,16 +32,20 @@ package's bits; the lean one is ~28 % faster than ``build``'s, and at 65 rows st
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
+from numba import cuda      # a module global: the simulator swaps it in the kernels' globals
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
+SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"   # the simulator: stand-ins from tools/wgmma_sim.py
+ALIGN16 = {} if SIM else {"alignment": 16}          # (the simulator takes no alignment)
 BF = 64          # output features a block (one warpgroup)
 NT = 128
 QP = 18          # uint64 words a weight row of a slot: 16 (64 bf16) + 2 of padding (rows stay 16-byte aligned)
@@ -51,7 +56,7 @@ def build(BR, NS, XA=0, OV=0):
     activations ride the ring too (float32 slots, each thread converting its own copies); else
     they are loaded a chunk ahead into registers. ``OV``: a chunk's wgmma run while the next chunk
     is staged (two accumulator sets, ``wgmma.wait_group 1``); else each chunk waits for its own."""
-    from numba import cuda, float32, uint32, uint64
+    from numba import float32, uint32, uint64
 
     from ddtree_numba._device import device_function, nonneg
     from ddtree_numba.kernels._async import cp_async16, cp_async_commit
@@ -69,9 +74,6 @@ def build(BR, NS, XA=0, OV=0):
     wg = wgmma_rs(BR)
     wait_one = asm_void("wgmma.wait_group.sync.aligned 1;")
     wait_ring = asm_void(f"cp.async.wait_group {NS - 2};")
-    wait_next = asm_void(f"cp.async.wait_group {max(0, NS - 3)};")
-    pfence = {0: asm_void(""), 1: proxy_fence,
-              2: asm_void("fence.proxy.async::generic.release.sync_restrict::shared::cta.cluster;")}[F]
     LBO, SBO = 128, 256             # bytes between core matrices along k, along the rows (wgmma_bits.py)
     DESC_HI = ((LBO >> 4) << 16) | ((SBO >> 4) << 32)
 
@@ -165,7 +167,7 @@ def build(BR, NS, XA=0, OV=0):
                 ys[i] = ys[i] + acc[i]
 
 
-    @cuda.jit(launch_bounds=(NT,))
+    @(cuda.jit if SIM else cuda.jit(launch_bounds=(NT,)))
     def kernel(xv, wv, out, n_rows):
         """xv [R, K/2] uint64 (float32 pairs), wv [N, K/4] uint64 (bf16 quads), out [R, N] float32."""
         tid = nonneg(cuda.threadIdx.x)
@@ -180,8 +182,8 @@ def build(BR, NS, XA=0, OV=0):
             return
         N = wv.shape[0]
         C = xv.shape[1] // 32                 # chunks (K % 64 == 0 here)
-        dyn = cuda.shared.array(0, uint64, alignment=16)
-        xsm = cuda.shared.array((XB, XW), uint32, alignment=16)
+        dyn = cuda.shared.array(0, uint64, **ALIGN16)
+        xsm = cuda.shared.array((XB, XW), uint32, **ALIGN16)
         ys = cuda.local.array(M, float32)
         acc0 = cuda.local.array(M, float32)
         acc1 = cuda.local.array(M, float32)
@@ -239,6 +241,9 @@ def allow_dynamic_shared(kernel, args):
 def _raw_intrinsics():
     """Shared-memory and cp.async instructions on raw 32-bit shared addresses (and 64-bit global
     ones), so a chunk's addresses are a base plus a constant, not numba's int64 index arithmetic."""
+    if SIM:
+        import wgmma_sim as S
+        return S.smem_base, S.gmem_base, S.cp16, S.lds64, S.lds128, S.sts32, S.cp4, S.ldg64
     from llvmlite import ir
     from numba import types
     from numba.cuda.extending import intrinsic
@@ -329,7 +334,7 @@ def build_lean(BR, NS, F=1, P=0, WG=1):
     stores (a timing knockout: wgmma may read stale B); 2: the one-way release form of the fence. ``P``: chunk c + 1's B converted while
     chunk c's wgmma run (NS >= 4). ``WG`` warpgroups a block, 64 features each, sharing one B.
     (``kernel.threads``, ``kernel.features``: the launch's block size and features a block.)"""
-    from numba import cuda, float32, uint32, uint64
+    from numba import float32, uint32, uint64
 
     from ddtree_numba._device import nonneg
     from ddtree_numba.kernels._async import cp_async_commit
@@ -354,7 +359,7 @@ def build_lean(BR, NS, F=1, P=0, WG=1):
               2: asm_void("fence.proxy.async::generic.release.sync_restrict::shared::cta.cluster;")}[F]
     DESC_HI = ((128 >> 4) << 16) | ((256 >> 4) << 32)
 
-    @cuda.jit(launch_bounds=(NT,))
+    @(cuda.jit if SIM else cuda.jit(launch_bounds=(NT,)))
     def kernel(x, w, out, n_rows):
         """x [R, K] float32, w [N, K] uint16 (bf16 bits), out [R, N] float32; K % 64 == 0."""
         tid = uint32(cuda.threadIdx.x)
@@ -369,7 +374,7 @@ def build_lean(BR, NS, F=1, P=0, WG=1):
         N = uint32(w.shape[0])
         K = uint64(x.shape[1])
         C = uint32(K >> uint64(6))
-        dyn = cuda.shared.array(0, uint64, alignment=16)
+        dyn = cuda.shared.array(0, uint64, **ALIGN16)
         sbase = smem_base(dyn)
         wg0 = gmem_base(w)
         xg0 = gmem_base(x)
@@ -516,7 +521,7 @@ def build_swapped(BN, NS, PERM=0, F=1):
     (the package's mma.sync kernels feed the lanes' order); 1: the package's order (a step's core
     matrix 0 holds k 4t, 4t + 1 in word t, core matrix 1 holds 4t + 2, 4t + 3: 4-byte B pieces).
     ``F``: a proxy fence after the ring's wait (cp.async writes, wgmma reads)."""
-    from numba import cuda, float32, uint32, uint64
+    from numba import float32, uint32, uint64
 
     from ddtree_numba.kernels._async import cp_async_commit
     from ddtree_numba.kernels._mma import pack_bf16x2
@@ -532,7 +537,7 @@ def build_swapped(BN, NS, PERM=0, F=1):
     pfence = proxy_fence if F else asm_void("")
     DESC_HI = ((128 >> 4) << 16) | ((256 >> 4) << 32)
 
-    @cuda.jit(launch_bounds=(NT,))
+    @(cuda.jit if SIM else cuda.jit(launch_bounds=(NT,)))
     def kernel(x, w, out, n_rows):
         """x [R, K] float32, w [N, K] uint16 (bf16 bits), out [R, N] float32; K % 64 == 0."""
         tid = uint32(cuda.threadIdx.x)
@@ -547,7 +552,7 @@ def build_swapped(BN, NS, PERM=0, F=1):
         N = uint32(w.shape[0])
         K = uint64(x.shape[1])
         C = uint32(K >> uint64(6))
-        dyn = cuda.shared.array(0, uint64, alignment=16)
+        dyn = cuda.shared.array(0, uint64, **ALIGN16)
         sbase = smem_base(dyn)
         wg0 = gmem_base(w)
         xg0 = gmem_base(x)
@@ -696,7 +701,6 @@ def main():
     ap.add_argument("--ptx", metavar="PTXAS", help="no GPU: compile for sm_90a and assemble with this ptxas")
     a = ap.parse_args()
     blocks = [tuple(v if v in "LS" else int(v) for v in b.split(",")) for b in a.blocks.split(";")]
-    from numba import cuda
     if a.ptx:
         from numba.cuda import dispatcher
 
@@ -707,21 +711,27 @@ def main():
         dispatcher.get_current_device = lambda: H200()
         for b in blocks:
             k = make(b)
-            sig = ("void(float32[:, ::1], uint16[:, ::1], float32[:, ::1], int32[::1])" if b[0] in "LS" else
+            sig = ("void(float32[:, ::1], uint16[:, ::1], float32[:, ::1], int32[::1])" if b[0] in ("L", "S") else
                    "void(uint64[:, ::1], uint64[:, ::1], float32[:, ::1], int32[::1])")
             ptx, _ = cuda.compile_ptx(k.py_func, sig, cc=(9, 0, "a"))
             print(b, "ptxas:", assemble_sm90a(ptx, a.ptx))
         return
-    cuda.get_current_device().compute_capability = (9, 0, "a")   # before any kernel compiles
     import importlib
-
-    from _common import random_bf16
-    from gemm import graph_time, torch_time
     L = importlib.import_module("ddtree_numba.kernels.linear")
-    try:
-        import torch
-    except ImportError:
-        torch = None
+    torch = None
+    if SIM:                                  # bits only, at the shapes given (keep them small)
+        from ddtree_numba.dtypes import to_bf16_bits
+
+        def graph_time(fn, stream):
+            return float("nan")
+    else:
+        cuda.get_current_device().compute_capability = (9, 0, "a")   # before any kernel compiles
+        from _common import random_bf16
+        from gemm import graph_time, torch_time
+        try:
+            import torch
+        except ImportError:
+            pass
     st = cuda.stream()
     n_rows = cuda.to_device(np.array([a.rows], np.int32), stream=st)
     rng = np.random.default_rng(0)
@@ -731,7 +741,10 @@ def main():
           + ("torch".rjust(10) if torch else ""))
     for shape in a.shapes.split(";"):
         K, N = (int(v) for v in shape.split(","))
-        w = random_bf16((N, K), 0.05, K * 7 + N, st).reshape(1, N, K)
+        if SIM:
+            w = cuda.to_device(to_bf16_bits(rng.uniform(-0.05, 0.05, (1, N, K)).astype(np.float32)))
+        else:
+            w = random_bf16((N, K), 0.05, K * 7 + N, st).reshape(1, N, K)
         x = cuda.to_device(rng.standard_normal((a.workspace, K)).astype(np.float32), stream=st)
         ref_out = cuda.device_array((a.workspace, N), np.float32, stream=st)
 
@@ -742,12 +755,13 @@ def main():
         cols = [f"{graph_time(package, st):10.1f}"]
         xv, wv = x.view(np.uint64), w.reshape(N, K).view(np.uint64)
         for spec, kern in kernels.items():
-            args = (x, w.reshape(N, K)) if spec[0] in "LS" else (xv, wv)
+            args = (x, w.reshape(N, K)) if spec[0] in ("L", "S") else (xv, wv)
             out = cuda.to_device(np.full((a.workspace, N), np.nan, np.float32), stream=st)
             rows_a_block = 64 if spec[0] == "S" else spec[1] if spec[0] == "L" else spec[0]
             grid = (N // kern.features, -(-a.workspace // rows_a_block))
 
-            allow_dynamic_shared(kern, (*args, out, n_rows))
+            if not SIM:
+                allow_dynamic_shared(kern, (*args, out, n_rows))
 
             def fn(kern=kern, out=out, grid=grid, args=args):
                 kern[grid, kern.threads, st, kern.dyn_bytes](*args, out, n_rows)

@@ -32,7 +32,7 @@ import sys
 import tempfile
 
 from llvmlite import ir
-from numba import cuda, float32, types
+from numba import config, cuda, float32, types
 from numba.cuda.extending import intrinsic
 
 
@@ -141,6 +141,13 @@ def assemble_sm90a(ptx, ptxas):
             f.write(ptx)
         res = subprocess.run([ptxas, "-arch=sm_90a", src, "-o", cubin], capture_output=True, text=True)
     return "assembled" if res.returncode == 0 else res.stderr.strip()[:600]
+
+
+if bool(config.ENABLE_CUDASIM):      # the simulator's stand-ins for the inline PTX (tools/wgmma_sim.py)
+    from wgmma_sim import asm_void, shared_address, wgmma_rs  # noqa: F811
+    fence, commit, wait_all = (asm_void(t) for t in ("wgmma.fence.sync.aligned;", "wgmma.commit_group.sync.aligned;",
+                                                     "wgmma.wait_group.sync.aligned 0;"))
+    proxy_fence = asm_void("fence.proxy.async.shared::cta;")
 
 
 def main():
