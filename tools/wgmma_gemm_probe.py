@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"   # the simulator: stand-ins from tools/wgmma_sim.py
-ALIGN16 = {} if SIM else {"alignment": 16}          # (the simulator takes no alignment)
+ALIGN = None if SIM else 16                        # (the simulator takes no alignment)
 BF = 64          # output features a block (one warpgroup)
 NT = 128
 QP = 18          # uint64 words a weight row of a slot: 16 (64 bf16) + 2 of padding (rows stay 16-byte aligned)
@@ -182,8 +182,8 @@ def build(BR, NS, XA=0, OV=0):
             return
         N = wv.shape[0]
         C = xv.shape[1] // 32                 # chunks (K % 64 == 0 here)
-        dyn = cuda.shared.array(0, uint64, **ALIGN16)
-        xsm = cuda.shared.array((XB, XW), uint32, **ALIGN16)
+        dyn = cuda.shared.array(0, uint64, alignment=ALIGN)
+        xsm = cuda.shared.array((XB, XW), uint32, alignment=ALIGN)
         ys = cuda.local.array(M, float32)
         acc0 = cuda.local.array(M, float32)
         acc1 = cuda.local.array(M, float32)
@@ -374,7 +374,7 @@ def build_lean(BR, NS, F=1, P=0, WG=1):
         N = uint32(w.shape[0])
         K = uint64(x.shape[1])
         C = uint32(K >> uint64(6))
-        dyn = cuda.shared.array(0, uint64, **ALIGN16)
+        dyn = cuda.shared.array(0, uint64, alignment=ALIGN)
         sbase = smem_base(dyn)
         wg0 = gmem_base(w)
         xg0 = gmem_base(x)
@@ -552,7 +552,7 @@ def build_swapped(BN, NS, PERM=0, F=1):
         N = uint32(w.shape[0])
         K = uint64(x.shape[1])
         C = uint32(K >> uint64(6))
-        dyn = cuda.shared.array(0, uint64, **ALIGN16)
+        dyn = cuda.shared.array(0, uint64, alignment=ALIGN)
         sbase = smem_base(dyn)
         wg0 = gmem_base(w)
         xg0 = gmem_base(x)
