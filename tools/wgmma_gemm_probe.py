@@ -4,7 +4,7 @@ Usage: python tools/wgmma_gemm_probe.py [--rows 65] [--workspace 128] [--shapes 
 [--blocks "SPEC;..."]; offline: --ptx PTXAS compiles every SPEC for sm_90a and assembles it.
 In the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, stand-ins from ``tools/wgmma_sim.py``) it checks the
 bits only; give it small shapes, e.g. ``--rows 17 --workspace 32 --shapes 128,64``. SPEC (``make``): ``BR,NS[,XA,OV]`` (``build``), ``L,BR,NS[,F,P,WG]`` (``build_lean``) or
-``S,BN,NS[,PERM,F]`` (``build_swapped``).
+``S,BN,NS[,PERM,F,BULK]`` (``build_swapped``).
 
 out[r, n] = x[r] . w[n] for x [R, K] float32 and w [N, K] bf16 bits, rows r < n_rows[0], under the
 package's reduction contract (``kernels/linear.py``): 64-k chunks, each a chain of four k steps
@@ -327,6 +327,56 @@ def _raw_intrinsics():
     return smem_base, gmem_base, cp16, lds64, lds128, sts32, cp4, ldg64
 
 
+def _bulk_intrinsics():
+    """mbarrier and bulk-copy instructions (sm_90) on raw shared / global addresses:
+    ``mbar_init(bar, count)``, ``mbar_arrive_tx(bar, nbytes)`` (arrive, expecting nbytes of copies),
+    ``bulk16(dst, src, bar)`` (16 bytes by the async proxy, completing on bar), ``mbar_try(bar,
+    parity)`` (1 once the phase of that parity has completed)."""
+    if SIM:
+        import wgmma_sim as S
+        return S.mbar_init, S.mbar_arrive_tx, S.bulk16, S.mbar_try
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+
+    def void2(text, cons, t0, t1, ir0, ir1):
+        @intrinsic
+        def f(typingctx, a, b):
+            def codegen(context, builder, signature, args):
+                fn = ir.FunctionType(ir.VoidType(), [ir0, ir1])
+                builder.call(ir.InlineAsm(fn, text, cons, side_effect=True), args)
+                return context.get_dummy_value()
+            return types.void(t0, t1), codegen
+        return f
+
+    mbar_init = void2("mbarrier.init.shared::cta.b64 [$0], $1;", "r,r,~{memory}", types.uint32, types.uint32, i32, i32)
+    mbar_arrive_tx = void2("mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", "r,r,~{memory}",
+                           types.uint32, types.uint32, i32, i32)
+
+    @intrinsic
+    def bulk16(typingctx, dst, src, bar):
+        def codegen(context, builder, signature, args):
+            fn = ir.FunctionType(ir.VoidType(), [i32, i64, i32])
+            builder.call(ir.InlineAsm(
+                fn, "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], 16, [$2];",
+                "r,l,r,~{memory}", side_effect=True), args)
+            return context.get_dummy_value()
+        return types.void(types.uint32, types.uint64, types.uint32), codegen
+
+    @intrinsic
+    def mbar_try(typingctx, bar, parity):
+        def codegen(context, builder, signature, args):
+            fn = ir.FunctionType(i32, [i32, i32])
+            return builder.call(ir.InlineAsm(
+                fn, "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; selp.u32 $0, 1, 0, p; }",
+                "=r,r,r,~{memory}", side_effect=True), args)
+        return types.uint32(types.uint32, types.uint32), codegen
+
+    return mbar_init, mbar_arrive_tx, bulk16, mbar_try
+
+
 def build_lean(BR, NS, F=1, P=0, WG=1):
     """The XA kernel of ``build`` written on raw addresses (``_raw_intrinsics``): each thread's
     copy addresses computed once and advanced by a constant a chunk, 32-bit shared offsets, the
@@ -512,7 +562,7 @@ def build_lean(BR, NS, F=1, P=0, WG=1):
     return kernel
 
 
-def build_swapped(BN, NS, PERM=0, F=1):
+def build_swapped(BN, NS, PERM=0, F=1, BULK=0):
     """The operands swapped: A = 64 activation rows a block, rounded to bf16 straight from global
     memory into the A registers (a chunk ahead), B = BN weight rows (features) on a cp.async ring of
     NS slots as K-major core matrices, so no thread writes a wgmma operand to shared memory.
@@ -520,21 +570,26 @@ def build_swapped(BN, NS, PERM=0, F=1):
     8 consecutive k), a test of whether the tensor core's sum depends on the order of its products
     (the package's mma.sync kernels feed the lanes' order); 1: the package's order (a step's core
     matrix 0 holds k 4t, 4t + 1 in word t, core matrix 1 holds 4t + 2, 4t + 3: 4-byte B pieces).
-    ``F``: a proxy fence after the ring's wait (cp.async writes, wgmma reads)."""
+    ``F``: a proxy fence after the ring's wait (cp.async writes, wgmma reads). ``BULK``: the B pieces
+    by ``cp.async.bulk`` (the async proxy, as wgmma reads: no proxy fence at all), each slot with an
+    mbarrier (natural order only; N a multiple of BN)."""
     from numba import float32, uint32, uint64
 
     from ddtree_numba.kernels._async import cp_async_commit
     from ddtree_numba.kernels._mma import pack_bf16x2
     from wgmma_probe import asm_void, commit, fence, proxy_fence, wait_all, wgmma_rs
 
-    assert BN in (16, 32, 64, 128) and NS in (2, 4, 8)
+    assert BN in (16, 32, 64, 128) and NS in (2, 4, 8) and not (BULK and PERM)
+    mbar_init, mbar_arrive_tx, bulk16, mbar_try = _bulk_intrinsics()
+    fence_init = asm_void("fence.mbarrier_init.release.cluster;")
+    MOFF = 128 if BULK else 0        # BULK: the slots' mbarriers first
     smem_base, gmem_base, cp16, lds64, lds128, sts32, cp4, ldg64 = _raw_intrinsics()
     M = BN // 2
     WSLOT = BN * 128
     NP = BN * 8 // NT if not PERM else BN * 32 // NT   # B pieces a thread copies a chunk (16 or 4 bytes)
     wg = wgmma_rs(BN)
     wait_ring = asm_void(f"cp.async.wait_group {NS - 2};")
-    pfence = proxy_fence if F else asm_void("")
+    pfence = proxy_fence if F and not BULK else asm_void("")
     DESC_HI = ((128 >> 4) << 16) | ((256 >> 4) << 32)
 
     @(cuda.jit if SIM else cuda.jit(launch_bounds=(NT,)))
@@ -554,6 +609,12 @@ def build_swapped(BN, NS, PERM=0, F=1):
         C = uint32(K >> uint64(6))
         dyn = cuda.shared.array(0, uint64, alignment=ALIGN)
         sbase = smem_base(dyn)
+        wbase = sbase + uint32(MOFF)
+        if BULK:
+            if tid < uint32(NS):
+                mbar_init(sbase + tid * uint32(8), uint32(NT))
+            fence_init()
+            cuda.syncthreads()
         wg0 = gmem_base(w)
         xg0 = gmem_base(x)
         wsrc = cuda.local.array(NP, uint64)
@@ -568,13 +629,13 @@ def build_swapped(BN, NS, PERM=0, F=1):
                 cm = (q >> uint32(2)) & uint32(1)
                 tw = q & uint32(3)
                 k = st * uint32(16) + tw * uint32(4) + cm * uint32(2)
-                wdst[i] = sbase + st * uint32(BN * 32) + (f >> uint32(3)) * uint32(256) + cm * uint32(128) + \
+                wdst[i] = wbase + st * uint32(BN * 32) + (f >> uint32(3)) * uint32(256) + cm * uint32(128) + \
                     (f & uint32(7)) * uint32(16) + tw * uint32(4)
             else:
                 f = m >> uint32(3)
                 j = m & uint32(7)             # k 8j .. 8j + 7: step j // 2, core matrix j % 2
                 k = j * uint32(8)
-                wdst[i] = sbase + (j >> uint32(1)) * uint32(BN * 32) + (f >> uint32(3)) * uint32(256) + \
+                wdst[i] = wbase + (j >> uint32(1)) * uint32(BN * 32) + (f >> uint32(3)) * uint32(256) + \
                     (j & uint32(1)) * uint32(128) + (f & uint32(7)) * uint32(16)
             ok = col0 + f < N
             wsrc[i] = wg0 + ((uint64(col0 + f) * K + uint64(k)) * uint64(2) if ok else uint64(0))
@@ -599,8 +660,12 @@ def build_swapped(BN, NS, PERM=0, F=1):
             xn[i] = float32(0.0)
         for c in range(NS - 1):
             if uint32(c) < C:
+                if BULK:
+                    mbar_arrive_tx(sbase + uint32(8 * c), uint32(16 * NP))
                 for i in range(NP):
-                    if PERM:
+                    if BULK:
+                        bulk16(wdst[i] + uint32(c * WSLOT), wsrc[i] + uint64(c * 128), sbase + uint32(8 * c))
+                    elif PERM:
                         cp4(wdst[i] + uint32(c * WSLOT), wsrc[i] + uint64(c * 128))
                     else:
                         cp16(wdst[i] + uint32(c * WSLOT), wsrc[i] + uint64(c * 128), wnb[i])
@@ -620,18 +685,26 @@ def build_swapped(BN, NS, PERM=0, F=1):
                 v = ldg64(pB + uint64(64 * st) + k1)
                 xa[16 + 4 * st + 2] = v[0]
                 xa[16 + 4 * st + 3] = v[1]
-        bdesc = (uint64(sbase) & uint64(0x3FFFF)) >> uint64(4) | uint64(DESC_HI)
+        bdesc = (uint64(wbase) & uint64(0x3FFFF)) >> uint64(4) | uint64(DESC_HI)
         c = uint32(0)
         while c < C:
             slot = c & uint32(NS - 1)
-            wait_ring()
+            if BULK:
+                while mbar_try(sbase + slot * uint32(8), (c // uint32(NS)) & uint32(1)) == uint32(0):
+                    pass
+            else:
+                wait_ring()
             pfence()
             cuda.syncthreads()
             cn = c + uint32(NS - 1)
             if cn < C:
                 sn = cn & uint32(NS - 1)
+                if BULK:
+                    mbar_arrive_tx(sbase + sn * uint32(8), uint32(16 * NP))
                 for i in range(NP):
-                    if PERM:
+                    if BULK:
+                        bulk16(wdst[i] + sn * uint32(WSLOT), wsrc[i] + uint64(cn) * uint64(128), sbase + sn * uint32(8))
+                    elif PERM:
                         cp4(wdst[i] + sn * uint32(WSLOT), wsrc[i] + uint64(cn) * uint64(128))
                     else:
                         cp16(wdst[i] + sn * uint32(WSLOT), wsrc[i] + uint64(cn) * uint64(128), wnb[i])
@@ -678,7 +751,7 @@ def build_swapped(BN, NS, PERM=0, F=1):
             if r < n and f < N:
                 out[r, f] = ys[i]
 
-    kernel.dyn_bytes = NS * WSLOT
+    kernel.dyn_bytes = MOFF + NS * WSLOT
     kernel.threads, kernel.features = NT, BN
     return kernel
 
@@ -697,7 +770,8 @@ def main():
     ap.add_argument("--rows", type=int, default=65)
     ap.add_argument("--workspace", type=int, default=128)
     ap.add_argument("--shapes", default="2048,3072;512,3072;2048,2048;2048,16384")
-    ap.add_argument("--blocks", default="L,16,4;L,16,4,0;L,16,4,2;L,16,4,1,1;L,16,4,0,1;S,32,4;S,32,4,1;S,64,4;S,64,4,0,0;S,64,8;S,128,4")
+    ap.add_argument("--blocks", default="L,16,4;L,16,4,0;L,16,4,2;L,16,4,1,1;S,32,4;S,32,4,1;S,64,4;S,64,4,0,0;"
+                    "S,32,4,0,0,1;S,64,4,0,0,1;S,64,8,0,0,1;S,128,4,0,0,1")
     ap.add_argument("--ptx", metavar="PTXAS", help="no GPU: compile for sm_90a and assemble with this ptxas")
     a = ap.parse_args()
     blocks = [tuple(v if v in "LS" else int(v) for v in b.split(",")) for b in a.blocks.split(";")]

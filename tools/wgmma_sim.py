@@ -252,3 +252,23 @@ def asm_void(text):
     if text.startswith("wgmma.wait_group"):
         return _wgmma_wait        # (a wait for all: no probe keeps two groups in flight in the simulator)
     return lambda: None
+
+
+# -- mbarriers and bulk copies (the probe's BULK variant): copies land at once; waits pass ---------
+
+def mbar_init(bar, count):
+    pass
+
+
+def mbar_arrive_tx(bar, nbytes):
+    pass
+
+
+def bulk16(dst, src, bar):
+    b, o = _shared(int(dst))
+    g, go = _global(src)
+    b[o:o + 16] = g[go:go + 16]
+
+
+def mbar_try(bar, parity):
+    return np.uint32(1)
