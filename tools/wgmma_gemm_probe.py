@@ -4,7 +4,7 @@ Usage: python tools/wgmma_gemm_probe.py [--rows 65] [--workspace 128] [--shapes 
 [--blocks "SPEC;..."]; offline: --ptx PTXAS compiles every SPEC for sm_90a and assembles it.
 In the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, stand-ins from ``tools/wgmma_sim.py``) it checks the
 bits only; give it small shapes, e.g. ``--rows 17 --workspace 32 --shapes 128,64``. SPEC (``make``): ``BR,NS[,XA,OV]`` (``build``), ``L,BR,NS[,F,P,WG]`` (``build_lean``) or
-``S,BN,NS[,PERM,F,BULK]`` (``build_swapped``).
+``S,BN,NS[,PERM,F,BULK,OV]`` (``build_swapped``).
 
 out[r, n] = x[r] . w[n] for x [R, K] float32 and w [N, K] bf16 bits, rows r < n_rows[0], under the
 package's reduction contract (``kernels/linear.py``): 64-k chunks, each a chain of four k steps
@@ -562,7 +562,7 @@ def build_lean(BR, NS, F=1, P=0, WG=1):
     return kernel
 
 
-def build_swapped(BN, NS, PERM=0, F=1, BULK=0):
+def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0):
     """The operands swapped: A = 64 activation rows a block, rounded to bf16 straight from global
     memory into the A registers (a chunk ahead), B = BN weight rows (features) on a cp.async ring of
     NS slots as K-major core matrices, so no thread writes a wgmma operand to shared memory.
@@ -572,25 +572,138 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0):
     matrix 0 holds k 4t, 4t + 1 in word t, core matrix 1 holds 4t + 2, 4t + 3: 4-byte B pieces).
     ``F``: a proxy fence after the ring's wait (cp.async writes, wgmma reads). ``BULK``: the B pieces
     by ``cp.async.bulk`` (the async proxy, as wgmma reads: no proxy fence at all), each slot with an
-    mbarrier (natural order only; N a multiple of BN)."""
+    mbarrier (natural order only; N a multiple of BN). ``OV``: chunk c's wgmma run while chunk c + 1
+    is waited for, the barrier passed and the ring refilled (the slot of chunk c - 1). Two chunks'
+    chains in flight (two accumulator sets, ``wgmma.wait_group 1``) cannot be had with A in
+    registers: packing the next chunk's A words while a wgmma is in flight makes ptxas serialize
+    every wgmma ("non wgmma instructions defining input registers of a wgmma between start and end
+    of the pipeline stage"), so OV waits for each chunk before packing the next."""
     from numba import float32, uint32, uint64
 
+    from ddtree_numba._device import device_function
     from ddtree_numba.kernels._async import cp_async_commit
     from ddtree_numba.kernels._mma import pack_bf16x2
     from wgmma_probe import asm_void, commit, fence, proxy_fence, wait_all, wgmma_rs
 
-    assert BN in (16, 32, 64, 128) and NS in (2, 4, 8) and not (BULK and PERM)
+    assert BN in (16, 32, 64, 128) and NS in (2, 4, 8) and not (BULK and PERM) and not (OV and NS < 4)
+    smem_base, gmem_base, cp16, lds64, lds128, sts32, cp4, ldg64 = _raw_intrinsics()
     mbar_init, mbar_arrive_tx, bulk16, mbar_try = _bulk_intrinsics()
     fence_init = asm_void("fence.mbarrier_init.release.cluster;")
     MOFF = 128 if BULK else 0        # BULK: the slots' mbarriers first
-    smem_base, gmem_base, cp16, lds64, lds128, sts32, cp4, ldg64 = _raw_intrinsics()
     M = BN // 2
     WSLOT = BN * 128
     NP = BN * 8 // NT if not PERM else BN * 32 // NT   # B pieces a thread copies a chunk (16 or 4 bytes)
     wg = wgmma_rs(BN)
-    wait_ring = asm_void(f"cp.async.wait_group {NS - 2};")
+    wg_first = wgmma_rs(BN, first=True)
+    wait_first = asm_void(f"cp.async.wait_group {NS - 2};")   # chunk c landed, chunks past it in flight
+    wait_ring = asm_void(f"cp.async.wait_group {NS - 3 if OV else NS - 2};")
     pfence = proxy_fence if F and not BULK else asm_void("")
     DESC_HI = ((128 >> 4) << 16) | ((256 >> 4) << 32)
+
+    @device_function
+    def issue(c, sbase, wdst, wsrc, wnb):
+        """This thread's B pieces of chunk c into its slot (then a cp.async group closes)."""
+        slot = c & uint32(NS - 1)
+        bar = sbase + slot * uint32(8)
+        if BULK:
+            mbar_arrive_tx(bar, uint32(16 * NP))
+        for i in range(NP):
+            dst = wdst[i] + slot * uint32(WSLOT)
+            src = wsrc[i] + uint64(c) * uint64(128)
+            if BULK:
+                bulk16(dst, src, bar)
+            elif PERM:
+                cp4(dst, src)
+            else:
+                cp16(dst, src, wnb[i])
+
+    @device_function
+    def land(c, sbase, first):
+        """Until chunk c's slot holds it (every thread's pieces, after the barrier that follows)."""
+        if BULK:
+            slot = c & uint32(NS - 1)
+            while mbar_try(sbase + slot * uint32(8), (c // uint32(NS)) & uint32(1)) == uint32(0):
+                pass
+        elif first:
+            wait_first()
+        else:
+            wait_ring()
+        pfence()
+
+    @device_function
+    def load_x(c, xr, okA, okB, pA, pB, k0, k1):
+        """Chunk c's activations of rows A and B: xr[16 * (row B) + 4 * step + 2 * pair + e]."""
+        off = uint64(c) * uint64(256)
+        for st in range(4):
+            if okA:
+                v = ldg64(pA + off + uint64(64 * st) + k0)
+                xr[4 * st] = v[0]
+                xr[4 * st + 1] = v[1]
+                v = ldg64(pA + off + uint64(64 * st) + k1)
+                xr[4 * st + 2] = v[0]
+                xr[4 * st + 3] = v[1]
+            if okB:
+                v = ldg64(pB + off + uint64(64 * st) + k0)
+                xr[16 + 4 * st] = v[0]
+                xr[16 + 4 * st + 1] = v[1]
+                v = ldg64(pB + off + uint64(64 * st) + k1)
+                xr[16 + 4 * st + 2] = v[0]
+                xr[16 + 4 * st + 3] = v[1]
+
+    @device_function
+    def start_mma(c, xr, aw, acc, bdesc):
+        """Chunk c's four wgmma into acc, from zero (committed, not waited for)."""
+        for st in range(4):
+            aw[4 * st] = pack_bf16x2(xr[4 * st], xr[4 * st + 1])
+            aw[4 * st + 1] = pack_bf16x2(xr[16 + 4 * st], xr[16 + 4 * st + 1])
+            aw[4 * st + 2] = pack_bf16x2(xr[4 * st + 2], xr[4 * st + 3])
+            aw[4 * st + 3] = pack_bf16x2(xr[16 + 4 * st + 2], xr[16 + 4 * st + 3])
+        d0 = bdesc + uint64((c & uint32(NS - 1)) * uint32(WSLOT >> 4))
+        fence()
+        wg_first(acc, aw[0], aw[1], aw[2], aw[3], d0)          # the chain starts from zero
+        for st in range(1, 4):
+            wg(acc, aw[4 * st], aw[4 * st + 1], aw[4 * st + 2], aw[4 * st + 3], d0 + uint64(st * BN * 2))
+        commit()
+
+    @device_function
+    def step(c, C, acc, xa, xn, aw, ys, sbase, wdst, wsrc, wnb, okA, okB, pA, pB, k0, k1, bdesc):
+        """Chunk c (not OV): land it, refill the ring (the slot chunk c - 1 left), fetch chunk c + 1's
+        activations, run its wgmma, add its partial into ys."""
+        land(c, sbase, False)
+        cuda.syncthreads()               # chunk c visible; every thread past chunk c - 1
+        if c + uint32(NS - 1) < C:
+            issue(c + uint32(NS - 1), sbase, wdst, wsrc, wnb)
+        if not BULK:
+            cp_async_commit()
+        if c + uint32(1) < C:
+            load_x(c + uint32(1), xn, okA, okB, pA, pB, k0, k1)
+        start_mma(c, xa, aw, acc, bdesc)
+        wait_all()
+        for i in range(M):
+            ys[i] = ys[i] + acc[i]
+        for i in range(32):
+            xa[i] = xn[i]
+
+    @device_function
+    def step_ov(c, C, acc, xa, xn, aw, ys, sbase, wdst, wsrc, wnb, okA, okB, pA, pB, k0, k1, bdesc):
+        """Chunk c (OV; landed and visible, its activations in xa, chunk c + 1's in xn): start its
+        wgmma, then under them land chunk c + 1, refill the slot chunk c - 1 left, fetch chunk
+        c + 2's activations; then wait and add."""
+        start_mma(c, xa, aw, acc, bdesc)
+        if c + uint32(1) < C:
+            land(c + uint32(1), sbase, False)
+            cuda.syncthreads()           # chunk c + 1 visible; every thread past chunk c - 1's wgmma
+            if c + uint32(NS - 1) < C:
+                issue(c + uint32(NS - 1), sbase, wdst, wsrc, wnb)
+        if not BULK:
+            cp_async_commit()
+        for i in range(32):
+            xa[i] = xn[i]
+        if c + uint32(2) < C:
+            load_x(c + uint32(2), xn, okA, okB, pA, pB, k0, k1)
+        wait_all()
+        for i in range(M):
+            ys[i] = ys[i] + acc[i]
 
     @(cuda.jit if SIM else cuda.jit(launch_bounds=(NT,)))
     def kernel(x, w, out, n_rows):
@@ -648,8 +761,8 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0):
         # a lane's first k of each pair in a step: natural 2t and 2t + 8; PERM 4t and 4t + 2
         k0 = uint64(8) * uint64(t) if not PERM else uint64(16) * uint64(t)      # bytes
         k1 = k0 + (uint64(32) if not PERM else uint64(8))
-        xa = cuda.local.array(32, float32)    # this chunk's activations: 16 * (row B) + 4 * step + 2 * pair + e
-        xn = cuda.local.array(32, float32)
+        xa = cuda.local.array(32, float32)    # this chunk's activations (``load_x``)
+        xn = cuda.local.array(32, float32)    # the next chunk's
         aw = cuda.local.array(16, uint32)     # their A words: 4 * step + (a0, a1, a2, a3)
         ys = cuda.local.array(M, float32)
         acc = cuda.local.array(M, float32)
@@ -660,90 +773,22 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0):
             xn[i] = float32(0.0)
         for c in range(NS - 1):
             if uint32(c) < C:
-                if BULK:
-                    mbar_arrive_tx(sbase + uint32(8 * c), uint32(16 * NP))
-                for i in range(NP):
-                    if BULK:
-                        bulk16(wdst[i] + uint32(c * WSLOT), wsrc[i] + uint64(c * 128), sbase + uint32(8 * c))
-                    elif PERM:
-                        cp4(wdst[i] + uint32(c * WSLOT), wsrc[i] + uint64(c * 128))
-                    else:
-                        cp16(wdst[i] + uint32(c * WSLOT), wsrc[i] + uint64(c * 128), wnb[i])
-            cp_async_commit()
-        for st in range(4):
-            if okA:
-                v = ldg64(pA + uint64(64 * st) + k0)
-                xa[4 * st] = v[0]
-                xa[4 * st + 1] = v[1]
-                v = ldg64(pA + uint64(64 * st) + k1)
-                xa[4 * st + 2] = v[0]
-                xa[4 * st + 3] = v[1]
-            if okB:
-                v = ldg64(pB + uint64(64 * st) + k0)
-                xa[16 + 4 * st] = v[0]
-                xa[16 + 4 * st + 1] = v[1]
-                v = ldg64(pB + uint64(64 * st) + k1)
-                xa[16 + 4 * st + 2] = v[0]
-                xa[16 + 4 * st + 3] = v[1]
+                issue(uint32(c), sbase, wdst, wsrc, wnb)
+            if not BULK:
+                cp_async_commit()
+        load_x(uint32(0), xa, okA, okB, pA, pB, k0, k1)
         bdesc = (uint64(wbase) & uint64(0x3FFFF)) >> uint64(4) | uint64(DESC_HI)
+        if OV:
+            land(uint32(0), sbase, True)
+            cuda.syncthreads()
+            if C > uint32(1):
+                load_x(uint32(1), xn, okA, okB, pA, pB, k0, k1)
         c = uint32(0)
         while c < C:
-            slot = c & uint32(NS - 1)
-            if BULK:
-                while mbar_try(sbase + slot * uint32(8), (c // uint32(NS)) & uint32(1)) == uint32(0):
-                    pass
+            if OV:
+                step_ov(c, C, acc, xa, xn, aw, ys, sbase, wdst, wsrc, wnb, okA, okB, pA, pB, k0, k1, bdesc)
             else:
-                wait_ring()
-            pfence()
-            cuda.syncthreads()
-            cn = c + uint32(NS - 1)
-            if cn < C:
-                sn = cn & uint32(NS - 1)
-                if BULK:
-                    mbar_arrive_tx(sbase + sn * uint32(8), uint32(16 * NP))
-                for i in range(NP):
-                    if BULK:
-                        bulk16(wdst[i] + sn * uint32(WSLOT), wsrc[i] + uint64(cn) * uint64(128), sbase + sn * uint32(8))
-                    elif PERM:
-                        cp4(wdst[i] + sn * uint32(WSLOT), wsrc[i] + uint64(cn) * uint64(128))
-                    else:
-                        cp16(wdst[i] + sn * uint32(WSLOT), wsrc[i] + uint64(cn) * uint64(128), wnb[i])
-            cp_async_commit()
-            c1 = c + uint32(1)
-            if c1 < C:                        # the next chunk's activations, in flight under this one
-                off = uint64(c1) * uint64(256)
-                for st in range(4):
-                    if okA:
-                        v = ldg64(pA + off + uint64(64 * st) + k0)
-                        xn[4 * st] = v[0]
-                        xn[4 * st + 1] = v[1]
-                        v = ldg64(pA + off + uint64(64 * st) + k1)
-                        xn[4 * st + 2] = v[0]
-                        xn[4 * st + 3] = v[1]
-                    if okB:
-                        v = ldg64(pB + off + uint64(64 * st) + k0)
-                        xn[16 + 4 * st] = v[0]
-                        xn[16 + 4 * st + 1] = v[1]
-                        v = ldg64(pB + off + uint64(64 * st) + k1)
-                        xn[16 + 4 * st + 2] = v[0]
-                        xn[16 + 4 * st + 3] = v[1]
-            for st in range(4):
-                aw[4 * st] = pack_bf16x2(xa[4 * st], xa[4 * st + 1])
-                aw[4 * st + 1] = pack_bf16x2(xa[16 + 4 * st], xa[16 + 4 * st + 1])
-                aw[4 * st + 2] = pack_bf16x2(xa[4 * st + 2], xa[4 * st + 3])
-                aw[4 * st + 3] = pack_bf16x2(xa[16 + 4 * st + 2], xa[16 + 4 * st + 3])
-            for i in range(M):
-                acc[i] = float32(0.0)
-            d0 = bdesc + uint64(slot * uint32(WSLOT >> 4))
-            fence()
-            for st in range(4):
-                wg(acc, aw[4 * st], aw[4 * st + 1], aw[4 * st + 2], aw[4 * st + 3], d0 + uint64(st * BN * 2))
-            commit()
-            wait_all()
-            for i in range(M):
-                ys[i] = ys[i] + acc[i]
-            for i in range(32):
-                xa[i] = xn[i]
+                step(c, C, acc, xa, xn, aw, ys, sbase, wdst, wsrc, wnb, okA, okB, pA, pB, k0, k1, bdesc)
             c += uint32(1)
         for i in range(M):                    # d[4j + 2h + e]: row g + 8h of the warp, feature 8j + 2t + e
             r = rA + uint32(8 * ((i // 2) % 2))
@@ -770,8 +815,8 @@ def main():
     ap.add_argument("--rows", type=int, default=65)
     ap.add_argument("--workspace", type=int, default=128)
     ap.add_argument("--shapes", default="2048,3072;512,3072;2048,2048;2048,16384")
-    ap.add_argument("--blocks", default="L,16,4;L,16,4,0;L,16,4,2;L,16,4,1,1;S,32,4;S,32,4,1;S,64,4;S,64,4,0,0;"
-                    "S,32,4,0,0,1;S,64,4,0,0,1;S,64,8,0,0,1;S,128,4,0,0,1")
+    ap.add_argument("--blocks", default="L,16,4;L,16,4,0;L,16,4,2;L,16,4,1,1;S,32,4;S,32,4,1;S,32,4,0,1,0,1;S,64,4;"
+                    "S,64,4,0,0;S,32,4,0,0,1;S,64,4,0,0,1;S,64,8,0,0,1,1;S,32,8,0,0,1,1")
     ap.add_argument("--ptx", metavar="PTXAS", help="no GPU: compile for sm_90a and assemble with this ptxas")
     a = ap.parse_args()
     blocks = [tuple(v if v in "LS" else int(v) for v in b.split(",")) for b in a.blocks.split(";")]

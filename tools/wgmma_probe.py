@@ -86,20 +86,22 @@ def shared_address(typingctx, arr):
 _WGMMA_RS = {}
 
 
-def wgmma_rs(n):
+def wgmma_rs(n, first=False):
     """An intrinsic ``wgmma_rs(acc, a0, a1, a2, a3, desc_b)``: acc (a float32 local array of n / 2,
     this thread's D fragment of 64 x n) += A (registers: four bf16x2 words, mma.sync's m16 A
     fragment of the warp's 16 rows) @ B (shared, 16 x n bf16 named by ``desc_b``), m64nNk16. The
-    accumulators are read from and written back to ``acc`` (constant indices: registers)."""
-    if n in _WGMMA_RS:
-        return _WGMMA_RS[n]
+    accumulators are read from and written back to ``acc`` (constant indices: registers).
+    ``first``: acc = A @ B, its old values not read (scale-d false), so starting a chain writes no
+    input register of a wgmma still in flight (ptxas serializes wgmma around such writes)."""
+    if (n, first) in _WGMMA_RS:
+        return _WGMMA_RS[n, first]
     m = n // 2
     outs = ",".join(f"${i}" for i in range(m))
-    text = ("{ .reg .pred p; setp.ne.b32 p, 1, 0; "
+    nin = 0 if first else m                 # operands: the m outputs, the m inputs tied to them (unless
+    text = ("{ .reg .pred p; setp.ne.b32 p, " + ("0" if first else "1") + ", 0; "   # first), A, the descriptor
             f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 "
-            f"{{{outs}}}, {{${2 * m}, ${2 * m + 1}, ${2 * m + 2}, ${2 * m + 3}}}, ${2 * m + 4}, p, 1, 1, 0; }}")
-    # operands: the m outputs, the m inputs tied to them, the four A words, the descriptor
-    cons = ",".join(["=f"] * m + [str(i) for i in range(m)] + ["r"] * 4 + ["l"])
+            f"{{{outs}}}, {{${m + nin}, ${m + nin + 1}, ${m + nin + 2}, ${m + nin + 3}}}, ${m + nin + 4}, p, 1, 1, 0; }}")
+    cons = ",".join(["=f"] * m + [str(i) for i in range(nin)] + ["r"] * 4 + ["l"])
 
     @intrinsic
     def wg(typingctx, acc, a0, a1, a2, a3, desc):
@@ -110,14 +112,14 @@ def wgmma_rs(n):
             f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
             ary = context.make_array(signature.args[0])(context, builder, args[0])
             ptrs = [cgutils.gep_inbounds(builder, ary.data, i) for i in range(m)]
-            vals = [builder.load(p) for p in ptrs]
-            fn = ir.FunctionType(ir.LiteralStructType([f32] * m), [f32] * m + [i32] * 4 + [i64])
+            vals = [] if first else [builder.load(p) for p in ptrs]
+            fn = ir.FunctionType(ir.LiteralStructType([f32] * m), [f32] * nin + [i32] * 4 + [i64])
             res = builder.call(ir.InlineAsm(fn, text, cons, side_effect=True), vals + list(args[1:]))
             for i, p in enumerate(ptrs):
                 builder.store(builder.extract_value(res, i), p)
             return context.get_dummy_value()
         return sig, codegen
-    _WGMMA_RS[n] = wg
+    _WGMMA_RS[n, first] = wg
     return wg
 
 

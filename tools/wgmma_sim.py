@@ -189,9 +189,10 @@ def _unpack(word) -> tuple[float, float]:
     return tuple(_bf16(w))
 
 
-def wgmma_rs(n):
-    """acc (n/2 float32 a thread) += A (registers) @ B (shared, descriptor), m64nNk16; the result
-    reaches ``acc`` at ``wgmma.wait_group`` (module docstring)."""
+def wgmma_rs(n, first=False):
+    """acc (n/2 float32 a thread) += A (registers) @ B (shared, descriptor), m64nNk16 (``first``:
+    acc = A @ B, its old values unread); the result reaches ``acc`` at ``wgmma.wait_group`` (module
+    docstring)."""
     m = n // 2
 
     def wg(acc, a0, a1, a2, a3, desc):
@@ -200,7 +201,7 @@ def wgmma_rs(n):
         w, lane = (tid // 32) % 4, tid % 32
         g, t = lane // 4, lane % 4
         pend = _pending()
-        c = pend.get(id(acc), (acc, np.asarray(acc, np.float64).copy()))[1]
+        c = np.zeros(m) if first else pend.get(id(acc), (acc, np.asarray(acc, np.float64).copy()))[1]
         st = _block_state()
         with _lock:
             grp = st["groups"].get(tid // 128)
