@@ -4,7 +4,7 @@ Usage: python tools/wgmma_gemm_probe.py [--rows 65] [--workspace 128] [--shapes 
 [--blocks "SPEC;..."]; offline: --ptx PTXAS compiles every SPEC for sm_90a and assembles it.
 In the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, stand-ins from ``tools/wgmma_sim.py``) it checks the
 bits only; give it small shapes, e.g. ``--rows 17 --workspace 32 --shapes 128,64``. SPEC (``make``): ``BR,NS[,XA,OV]`` (``build``), ``L,BR,NS[,F,P,WG]`` (``build_lean``) or
-``S,BN,NS[,PERM,F,BULK,OV]`` (``build_swapped``).
+``S,BN,NS[,PERM,F,BULK,OV,XH]`` (``build_swapped``).
 
 out[r, n] = x[r] . w[n] for x [R, K] float32 and w [N, K] bf16 bits, rows r < n_rows[0], under the
 package's reduction contract (``kernels/linear.py``): 64-k chunks, each a chain of four k steps
@@ -327,6 +327,24 @@ def _raw_intrinsics():
     return smem_base, gmem_base, cp16, lds64, lds128, sts32, cp4, ldg64
 
 
+def _ldg32():
+    """``ldg32(gaddr)``: a uint32 at a 4-byte aligned global address (read-only path)."""
+    if SIM:
+        import wgmma_sim as S
+        return S.ldg32
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def ldg32(typingctx, gaddr):
+        def codegen(context, builder, signature, args):
+            fn = ir.FunctionType(ir.IntType(32), [ir.IntType(64)])
+            return builder.call(ir.InlineAsm(fn, "ld.global.nc.u32 $0, [$1];", "=r,l"), args)
+        return types.uint32(types.uint64), codegen
+    return ldg32
+
+
 def _bulk_intrinsics():
     """mbarrier and bulk-copy instructions (sm_90) on raw shared / global addresses:
     ``mbar_init(bar, count)``, ``mbar_arrive_tx(bar, nbytes)`` (arrive, expecting nbytes of copies),
@@ -562,7 +580,7 @@ def build_lean(BR, NS, F=1, P=0, WG=1):
     return kernel
 
 
-def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0):
+def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0, XH=0):
     """The operands swapped: A = 64 activation rows a block, rounded to bf16 straight from global
     memory into the A registers (a chunk ahead), B = BN weight rows (features) on a cp.async ring of
     NS slots as K-major core matrices, so no thread writes a wgmma operand to shared memory.
@@ -577,7 +595,9 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0):
     chains in flight (two accumulator sets, ``wgmma.wait_group 1``) cannot be had with A in
     registers: packing the next chunk's A words while a wgmma is in flight makes ptxas serialize
     every wgmma ("non wgmma instructions defining input registers of a wgmma between start and end
-    of the pipeline stage"), so OV waits for each chunk before packing the next."""
+    of the pipeline stage"), so OV waits for each chunk before packing the next. ``XH``: the
+    activations arrive as bf16 (x [R, K] uint16 bits, as a producer's bf16 copy would give them):
+    the A words are loaded as they are, half the bytes and no packing."""
     from numba import float32, uint32, uint64
 
     from ddtree_numba._device import device_function
@@ -587,6 +607,9 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0):
 
     assert BN in (16, 32, 64, 128) and NS in (2, 4, 8) and not (BULK and PERM) and not (OV and NS < 4)
     smem_base, gmem_base, cp16, lds64, lds128, sts32, cp4, ldg64 = _raw_intrinsics()
+    ldg32 = _ldg32()
+    XN = 16 if XH else 32              # activation registers a chunk: A words (XH) or float32
+    XE = 2 if XH else 4                # bytes an activation
     mbar_init, mbar_arrive_tx, bulk16, mbar_try = _bulk_intrinsics()
     fence_init = asm_void("fence.mbarrier_init.release.cluster;")
     MOFF = 128 if BULK else 0        # BULK: the slots' mbarriers first
@@ -599,6 +622,7 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0):
     wait_ring = asm_void(f"cp.async.wait_group {NS - 3 if OV else NS - 2};")
     pfence = proxy_fence if F and not BULK else asm_void("")
     DESC_HI = ((128 >> 4) << 16) | ((256 >> 4) << 32)
+    XT = uint32 if XH else float32
 
     @device_function
     def issue(c, sbase, wdst, wsrc, wnb):
@@ -632,8 +656,18 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0):
 
     @device_function
     def load_x(c, xr, okA, okB, pA, pB, k0, k1):
-        """Chunk c's activations of rows A and B: xr[16 * (row B) + 4 * step + 2 * pair + e]."""
-        off = uint64(c) * uint64(256)
+        """Chunk c's activations of rows A and B: xr[16 * (row B) + 4 * step + 2 * pair + e]
+        (XH: the A words, xr[4 * step + (a0, a1, a2, a3)])."""
+        off = uint64(c) * uint64(64 * XE)
+        if XH:
+            for st in range(4):
+                if okA:
+                    xr[4 * st] = ldg32(pA + off + uint64(32 * st) + k0)
+                    xr[4 * st + 2] = ldg32(pA + off + uint64(32 * st) + k1)
+                if okB:
+                    xr[4 * st + 1] = ldg32(pB + off + uint64(32 * st) + k0)
+                    xr[4 * st + 3] = ldg32(pB + off + uint64(32 * st) + k1)
+            return
         for st in range(4):
             if okA:
                 v = ldg64(pA + off + uint64(64 * st) + k0)
@@ -654,6 +688,10 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0):
     def start_mma(c, xr, aw, acc, bdesc):
         """Chunk c's four wgmma into acc, from zero (committed, not waited for)."""
         for st in range(4):
+            if XH:
+                for e in range(4):
+                    aw[4 * st + e] = xr[4 * st + e]
+                continue
             aw[4 * st] = pack_bf16x2(xr[4 * st], xr[4 * st + 1])
             aw[4 * st + 1] = pack_bf16x2(xr[16 + 4 * st], xr[16 + 4 * st + 1])
             aw[4 * st + 2] = pack_bf16x2(xr[4 * st + 2], xr[4 * st + 3])
@@ -681,7 +719,7 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0):
         wait_all()
         for i in range(M):
             ys[i] = ys[i] + acc[i]
-        for i in range(32):
+        for i in range(XN):
             xa[i] = xn[i]
 
     @device_function
@@ -697,7 +735,7 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0):
                 issue(c + uint32(NS - 1), sbase, wdst, wsrc, wnb)
         if not BULK:
             cp_async_commit()
-        for i in range(32):
+        for i in range(XN):
             xa[i] = xn[i]
         if c + uint32(2) < C:
             load_x(c + uint32(2), xn, okA, okB, pA, pB, k0, k1)
@@ -707,7 +745,8 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0):
 
     @(cuda.jit if SIM else cuda.jit(launch_bounds=(NT,)))
     def kernel(x, w, out, n_rows):
-        """x [R, K] float32, w [N, K] uint16 (bf16 bits), out [R, N] float32; K % 64 == 0."""
+        """x [R, K] float32 (XH: uint16 bf16 bits), w [N, K] uint16 (bf16 bits), out [R, N] float32;
+        K % 64 == 0."""
         tid = uint32(cuda.threadIdx.x)
         warp = tid >> uint32(5)
         g = (tid & uint32(31)) >> uint32(2)
@@ -756,21 +795,21 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0):
         rA = row0 + warp * uint32(16) + g
         okA = rA < n
         okB = rA + uint32(8) < n
-        pA = xg0 + (uint64(rA) * K * uint64(4) if okA else uint64(0))
-        pB = xg0 + (uint64(rA + uint32(8)) * K * uint64(4) if okB else uint64(0))
-        # a lane's first k of each pair in a step: natural 2t and 2t + 8; PERM 4t and 4t + 2
-        k0 = uint64(8) * uint64(t) if not PERM else uint64(16) * uint64(t)      # bytes
-        k1 = k0 + (uint64(32) if not PERM else uint64(8))
-        xa = cuda.local.array(32, float32)    # this chunk's activations (``load_x``)
-        xn = cuda.local.array(32, float32)    # the next chunk's
+        pA = xg0 + (uint64(rA) * K * uint64(XE) if okA else uint64(0))
+        pB = xg0 + (uint64(rA + uint32(8)) * K * uint64(XE) if okB else uint64(0))
+        # a lane's first k of each pair in a step: natural 2t and 2t + 8; PERM 4t and 4t + 2 (bytes)
+        k0 = uint64(2 * XE) * uint64(t) if not PERM else uint64(4 * XE) * uint64(t)
+        k1 = k0 + (uint64(8 * XE) if not PERM else uint64(2 * XE))
+        xa = cuda.local.array(XN, XT)         # this chunk's activations (``load_x``)
+        xn = cuda.local.array(XN, XT)         # the next chunk's
         aw = cuda.local.array(16, uint32)     # their A words: 4 * step + (a0, a1, a2, a3)
         ys = cuda.local.array(M, float32)
         acc = cuda.local.array(M, float32)
         for i in range(M):
             ys[i] = float32(0.0)
-        for i in range(32):
-            xa[i] = float32(0.0)
-            xn[i] = float32(0.0)
+        for i in range(XN):
+            xa[i] = XT(0)
+            xn[i] = XT(0)
         for c in range(NS - 1):
             if uint32(c) < C:
                 issue(uint32(c), sbase, wdst, wsrc, wnb)
@@ -816,7 +855,8 @@ def main():
     ap.add_argument("--workspace", type=int, default=128)
     ap.add_argument("--shapes", default="2048,3072;512,3072;2048,2048;2048,16384")
     ap.add_argument("--blocks", default="L,16,4;L,16,4,0;L,16,4,2;L,16,4,1,1;S,32,4;S,32,4,1;S,32,4,0,1,0,1;S,64,4;"
-                    "S,64,4,0,0;S,32,4,0,0,1;S,64,4,0,0,1;S,64,8,0,0,1,1;S,32,8,0,0,1,1")
+                    "S,64,4,0,0;S,32,4,0,0,1;S,64,4,0,0,1;S,64,8,0,0,1,1;S,32,8,0,0,1,1;S,64,8,0,0,1,1,1;"
+                    "S,32,8,0,0,1,1,1")
     ap.add_argument("--ptx", metavar="PTXAS", help="no GPU: compile for sm_90a and assemble with this ptxas")
     a = ap.parse_args()
     blocks = [tuple(v if v in "LS" else int(v) for v in b.split(",")) for b in a.blocks.split(";")]
@@ -830,7 +870,8 @@ def main():
         dispatcher.get_current_device = lambda: H200()
         for b in blocks:
             k = make(b)
-            sig = ("void(float32[:, ::1], uint16[:, ::1], float32[:, ::1], int32[::1])" if b[0] in ("L", "S") else
+            xt = "uint16" if b[0] == "S" and len(b) > 7 and b[7] else "float32"
+            sig = (f"void({xt}[:, ::1], uint16[:, ::1], float32[:, ::1], int32[::1])" if b[0] in ("L", "S") else
                    "void(uint64[:, ::1], uint64[:, ::1], float32[:, ::1], int32[::1])")
             ptx, _ = cuda.compile_ptx(k.py_func, sig, cc=(9, 0, "a"))
             print(b, "ptxas:", assemble_sm90a(ptx, a.ptx))
@@ -838,8 +879,8 @@ def main():
     import importlib
     L = importlib.import_module("ddtree_numba.kernels.linear")
     torch = None
+    from ddtree_numba.dtypes import to_bf16_bits
     if SIM:                                  # bits only, at the shapes given (keep them small)
-        from ddtree_numba.dtypes import to_bf16_bits
 
         def graph_time(fn, stream):
             return float("nan")
@@ -873,8 +914,10 @@ def main():
         ref = ref_out.copy_to_host(stream=st)[:a.rows]
         cols = [f"{graph_time(package, st):10.1f}"]
         xv, wv = x.view(np.uint64), w.reshape(N, K).view(np.uint64)
+        xb = cuda.to_device(to_bf16_bits(x.copy_to_host()), stream=st)   # a producer's bf16 copy (XH)
         for spec, kern in kernels.items():
-            args = (x, w.reshape(N, K)) if spec[0] in ("L", "S") else (xv, wv)
+            xh = spec[0] == "S" and len(spec) > 7 and spec[7]
+            args = ((xb if xh else x), w.reshape(N, K)) if spec[0] in ("L", "S") else (xv, wv)
             out = cuda.to_device(np.full((a.workspace, N), np.nan, np.float32), stream=st)
             rows_a_block = 64 if spec[0] == "S" else spec[1] if spec[0] == "L" else spec[0]
             grid = (N // kern.features, -(-a.workspace // rows_a_block))
