@@ -4,7 +4,7 @@ Usage: python tools/wgmma_gemm_probe.py [--rows 65] [--workspace 128] [--shapes 
 [--blocks "SPEC;..."]; offline: --ptx PTXAS compiles every SPEC for sm_90a and assembles it.
 In the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, stand-ins from ``tools/wgmma_sim.py``) it checks the
 bits only; give it small shapes, e.g. ``--rows 17 --workspace 32 --shapes 128,64``. SPEC (``make``): ``BR,NS[,XA,OV]`` (``build``), ``L,BR,NS[,F,P,WG]`` (``build_lean``) or
-``S,BN,NS[,PERM,F,BULK,OV,XH]`` (``build_swapped``).
+``S,BN,NS[,PERM,F,BULK,OV,XH,WG]`` (``build_swapped``).
 
 out[r, n] = x[r] . w[n] for x [R, K] float32 and w [N, K] bf16 bits, rows r < n_rows[0], under the
 package's reduction contract (``kernels/linear.py``): 64-k chunks, each a chain of four k steps
@@ -580,7 +580,7 @@ def build_lean(BR, NS, F=1, P=0, WG=1):
     return kernel
 
 
-def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0, XH=0):
+def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0, XH=0, WG=1):
     """The operands swapped: A = 64 activation rows a block, rounded to bf16 straight from global
     memory into the A registers (a chunk ahead), B = BN weight rows (features) on a cp.async ring of
     NS slots as K-major core matrices, so no thread writes a wgmma operand to shared memory.
@@ -597,7 +597,9 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0, XH=0):
     every wgmma ("non wgmma instructions defining input registers of a wgmma between start and end
     of the pipeline stage"), so OV waits for each chunk before packing the next. ``XH``: the
     activations arrive as bf16 (x [R, K] uint16 bits, as a producer's bf16 copy would give them):
-    the A words are loaded as they are, half the bytes and no packing."""
+    the A words are loaded as they are, half the bytes and no packing. ``WG`` warpgroups a block,
+    64 rows each, sharing the weights' slots: 65 rows (a 64-node tree) read the weights once
+    with WG 2, twice with WG 1. (``kernel.rows``: rows a block.)"""
     from numba import float32, uint32, uint64
 
     from ddtree_numba._device import device_function
@@ -606,6 +608,8 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0, XH=0):
     from wgmma_probe import asm_void, commit, fence, proxy_fence, wait_all, wgmma_rs
 
     assert BN in (16, 32, 64, 128) and NS in (2, 4, 8) and not (BULK and PERM) and not (OV and NS < 4)
+    assert WG in (1, 2) and BN * 8 >= 128 * WG
+    NT = 128 * WG
     smem_base, gmem_base, cp16, lds64, lds128, sts32, cp4, ldg64 = _raw_intrinsics()
     ldg32 = _ldg32()
     XN = 16 if XH else 32              # activation registers a chunk: A words (XH) or float32
@@ -752,7 +756,7 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0, XH=0):
         g = (tid & uint32(31)) >> uint32(2)
         t = tid & uint32(3)
         col0 = uint32(cuda.blockIdx.x) * uint32(BN)
-        row0 = uint32(cuda.blockIdx.y) * uint32(64)
+        row0 = uint32(cuda.blockIdx.y) * uint32(64 * WG)
         n = uint32(n_rows[0])
         if row0 >= n:
             return
@@ -836,7 +840,7 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0, XH=0):
                 out[r, f] = ys[i]
 
     kernel.dyn_bytes = MOFF + NS * WSLOT
-    kernel.threads, kernel.features = NT, BN
+    kernel.threads, kernel.features, kernel.rows = NT, BN, 64 * WG
     return kernel
 
 
@@ -856,7 +860,7 @@ def main():
     ap.add_argument("--shapes", default="2048,3072;512,3072;2048,2048;2048,16384")
     ap.add_argument("--blocks", default="L,16,4;L,16,4,0;L,16,4,2;L,16,4,1,1;S,32,4;S,32,4,1;S,32,4,0,1,0,1;S,64,4;"
                     "S,64,4,0,0;S,32,4,0,0,1;S,64,4,0,0,1;S,64,8,0,0,1,1;S,32,8,0,0,1,1;S,64,8,0,0,1,1,1;"
-                    "S,32,8,0,0,1,1,1")
+                    "S,32,8,0,0,1,1,1;S,32,8,0,0,1,1,1,2;S,64,8,0,0,1,1,1,2")
     ap.add_argument("--ptx", metavar="PTXAS", help="no GPU: compile for sm_90a and assemble with this ptxas")
     a = ap.parse_args()
     blocks = [tuple(v if v in "LS" else int(v) for v in b.split(",")) for b in a.blocks.split(";")]
@@ -919,7 +923,7 @@ def main():
             xh = spec[0] == "S" and len(spec) > 7 and spec[7]
             args = ((xb if xh else x), w.reshape(N, K)) if spec[0] in ("L", "S") else (xv, wv)
             out = cuda.to_device(np.full((a.workspace, N), np.nan, np.float32), stream=st)
-            rows_a_block = 64 if spec[0] == "S" else spec[1] if spec[0] == "L" else spec[0]
+            rows_a_block = kern.rows if spec[0] == "S" else spec[1] if spec[0] == "L" else spec[0]
             grid = (N // kern.features, -(-a.workspace // rows_a_block))
 
             if not SIM:
