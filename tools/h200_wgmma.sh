@@ -10,6 +10,6 @@ for rows in 65 17; do
 timeout $(left 330) python3 tools/wgmma_gemm_probe.py --rows $rows --shapes "2048,3072;2048,16384" 2>&1 | tail -4
 done
 timeout $(left 560) python3 tools/wgmma_gemm_probe.py --rows 1040 --workspace 2048 --shapes "2048,3072;2048,16384" \
-  --blocks "L,64,4;L,128,2,1,0,2;L,64,4,1,1,2;S,64,4;S,64,4,0,0,1,1;S,64,8,0,0,1,1,1;S,64,8,0,0,1,1,1,2;S,128,4,0,0,1" 2>&1 | tail -4
+  --blocks "L,64,4;L,128,2,1,0,2;L,64,4,1,1,2;S,64,4;S,64,8,0,0,1,1,1,2;S,64,8,1,0,2,1,1,2;S,128,4,1,0,2,1,1,2;S,128,4,1,0,2,1,1" 2>&1 | tail -4
 } 2>&1 | tee "$OUT/log.txt"
 echo "elapsed $(( $(date +%s) - T0 ))"

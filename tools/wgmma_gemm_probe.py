@@ -395,6 +395,50 @@ def _bulk_intrinsics():
     return mbar_init, mbar_arrive_tx, bulk16, mbar_try
 
 
+def _bulk_n():
+    """``bulk_n(dst, src, nbytes, bar)``: one bulk copy of nbytes (a multiple of 16) completing on bar."""
+    if SIM:
+        import wgmma_sim as S
+        return S.bulk_n
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def bulk_n(typingctx, dst, src, nbytes, bar):
+        def codegen(context, builder, signature, args):
+            i32, i64 = ir.IntType(32), ir.IntType(64)
+            fn = ir.FunctionType(ir.VoidType(), [i32, i64, i32, i32])
+            builder.call(ir.InlineAsm(
+                fn, "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
+                "r,l,r,r,~{memory}", side_effect=True), args)
+            return context.get_dummy_value()
+        return types.void(types.uint32, types.uint64, types.uint32, types.uint32), codegen
+    return bulk_n
+
+
+def tile_weights(w: np.ndarray, BN: int, perm: bool) -> np.ndarray:
+    """w [N, K] bf16 bits -> [N / BN, K / 64, BN * 64]: each (block of BN features, 64-k chunk) the
+    bytes of its shared slot, K-major core matrices (step, 8-feature group, core matrix, feature,
+    position) as ``build_swapped`` lays them out, with the k order baked in (``perm``: the
+    package's lane order, position 2t + e <- k 4t + e and 8 + 2t + e <- 4t + 2 + e of each step)."""
+    N, K = w.shape
+    f = np.arange(BN)[:, None]
+    k = np.arange(64)[None, :]
+    kk = k % 16
+    if perm:
+        t, r = kk // 4, kk % 4
+        pos = np.where(r < 2, 2 * t + r, 8 + 2 * t + (r - 2))
+    else:
+        pos = kk
+    off = (k // 16) * (BN * 16) + (f // 8) * 128 + (pos // 8) * 64 + (f % 8) * 8 + pos % 8   # in bf16 elements
+    tiles = np.empty((N // BN, K // 64, BN * 64), np.uint16)
+    for b in range(N // BN):
+        for c in range(K // 64):
+            tiles[b, c, off.reshape(-1)] = w[b * BN:(b + 1) * BN, c * 64:(c + 1) * 64].reshape(-1)
+    return tiles
+
+
 def build_lean(BR, NS, F=1, P=0, WG=1):
     """The XA kernel of ``build`` written on raw addresses (``_raw_intrinsics``): each thread's
     copy addresses computed once and advanced by a constant a chunk, 32-bit shared offsets, the
@@ -588,9 +632,12 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0, XH=0, WG=1):
     8 consecutive k), a test of whether the tensor core's sum depends on the order of its products
     (the package's mma.sync kernels feed the lanes' order); 1: the package's order (a step's core
     matrix 0 holds k 4t, 4t + 1 in word t, core matrix 1 holds 4t + 2, 4t + 3: 4-byte B pieces).
-    ``F``: a proxy fence after the ring's wait (cp.async writes, wgmma reads). ``BULK``: the B pieces
+    ``F``: a proxy fence after the ring's wait (cp.async writes, wgmma reads). ``BULK`` 1: the B pieces
     by ``cp.async.bulk`` (the async proxy, as wgmma reads: no proxy fence at all), each slot with an
-    mbarrier (natural order only; N a multiple of BN). ``OV``: chunk c's wgmma run while chunk c + 1
+    mbarrier (natural order only; N a multiple of BN). (ptxas issues a bulk copy of per-lane
+    addresses one lane at a time.) ``BULK`` 2: the weights pre-tiled in global memory
+    (``tile_weights``: w [N / BN, K / 64, BN * 64], a slot's bytes in order, either k order), so
+    one thread copies a chunk's slot in one bulk copy. ``OV``: chunk c's wgmma run while chunk c + 1
     is waited for, the barrier passed and the ring refilled (the slot of chunk c - 1). Two chunks'
     chains in flight (two accumulator sets, ``wgmma.wait_group 1``) cannot be had with A in
     registers: packing the next chunk's A words while a wgmma is in flight makes ptxas serialize
@@ -607,7 +654,7 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0, XH=0, WG=1):
     from ddtree_numba.kernels._mma import pack_bf16x2
     from wgmma_probe import asm_void, commit, fence, proxy_fence, wait_all, wgmma_rs
 
-    assert BN in (16, 32, 64, 128) and NS in (2, 4, 8) and not (BULK and PERM) and not (OV and NS < 4)
+    assert BN in (16, 32, 64, 128) and NS in (2, 4, 8) and not (BULK == 1 and PERM) and not (OV and NS < 4)
     assert WG in (1, 2) and BN * 8 >= 128 * WG
     NT = 128 * WG
     smem_base, gmem_base, cp16, lds64, lds128, sts32, cp4, ldg64 = _raw_intrinsics()
@@ -619,7 +666,8 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0, XH=0, WG=1):
     MOFF = 128 if BULK else 0        # BULK: the slots' mbarriers first
     M = BN // 2
     WSLOT = BN * 128
-    NP = BN * 8 // NT if not PERM else BN * 32 // NT   # B pieces a thread copies a chunk (16 or 4 bytes)
+    NP = 1 if BULK == 2 else BN * 8 // NT if not PERM else BN * 32 // NT   # B pieces a thread copies a chunk
+    bulk_n = _bulk_n()
     wg = wgmma_rs(BN)
     wg_first = wgmma_rs(BN, first=True)
     wait_first = asm_void(f"cp.async.wait_group {NS - 2};")   # chunk c landed, chunks past it in flight
@@ -633,6 +681,11 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0, XH=0, WG=1):
         """This thread's B pieces of chunk c into its slot (then a cp.async group closes)."""
         slot = c & uint32(NS - 1)
         bar = sbase + slot * uint32(8)
+        if BULK == 2:                    # one thread, the slot's bytes in one copy
+            if wnb[0]:
+                mbar_arrive_tx(bar, uint32(WSLOT))
+                bulk_n(wdst[0] + slot * uint32(WSLOT), wsrc[0] + uint64(c) * uint64(WSLOT), uint32(WSLOT), bar)
+            return
         if BULK:
             mbar_arrive_tx(bar, uint32(16 * NP))
         for i in range(NP):
@@ -760,7 +813,7 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0, XH=0, WG=1):
         n = uint32(n_rows[0])
         if row0 >= n:
             return
-        N = uint32(w.shape[0])
+        N = uint32(w.shape[0] * BN if BULK == 2 else w.shape[0])
         K = uint64(x.shape[1])
         C = uint32(K >> uint64(6))
         dyn = cuda.shared.array(0, uint64, alignment=ALIGN)
@@ -768,7 +821,7 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0, XH=0, WG=1):
         wbase = sbase + uint32(MOFF)
         if BULK:
             if tid < uint32(NS):
-                mbar_init(sbase + tid * uint32(8), uint32(NT))
+                mbar_init(sbase + tid * uint32(8), uint32(1 if BULK == 2 else NT))
             fence_init()
             cuda.syncthreads()
         wg0 = gmem_base(w)
@@ -776,7 +829,7 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0, XH=0, WG=1):
         wsrc = cuda.local.array(NP, uint64)
         wdst = cuda.local.array(NP, uint32)
         wnb = cuda.local.array(NP, uint32)
-        for i in range(NP):
+        for i in range(0 if BULK == 2 else NP):
             m = tid + uint32(i * NT)
             if PERM:
                 f = m >> uint32(5)
@@ -796,6 +849,10 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0, XH=0, WG=1):
             ok = col0 + f < N
             wsrc[i] = wg0 + ((uint64(col0 + f) * K + uint64(k)) * uint64(2) if ok else uint64(0))
             wnb[i] = uint32(16) if ok else uint32(0)
+        if BULK == 2:                         # thread 0 copies the block's column of tiles
+            wsrc[0] = wg0 + uint64(cuda.blockIdx.x) * uint64(C) * uint64(WSLOT)
+            wdst[0] = wbase
+            wnb[0] = uint32(1) if tid == uint32(0) else uint32(0)
         rA = row0 + warp * uint32(16) + g
         okA = rA < n
         okB = rA + uint32(8) < n
@@ -859,8 +916,8 @@ def main():
     ap.add_argument("--workspace", type=int, default=128)
     ap.add_argument("--shapes", default="2048,3072;512,3072;2048,2048;2048,16384")
     ap.add_argument("--blocks", default="L,16,4;L,16,4,0;L,16,4,2;L,16,4,1,1;S,32,4;S,32,4,1;S,32,4,0,1,0,1;S,64,4;"
-                    "S,64,4,0,0;S,32,4,0,0,1;S,64,4,0,0,1;S,64,8,0,0,1,1;S,32,8,0,0,1,1;S,64,8,0,0,1,1,1;"
-                    "S,32,8,0,0,1,1,1;S,32,8,0,0,1,1,1,2;S,64,8,0,0,1,1,1,2")
+                    "S,64,4,0,0;S,32,4,0,0,1;S,64,8,0,0,1,1,1;S,32,8,0,0,1,1,1,2;"
+                    "S,32,8,1,0,2,1;S,32,8,1,0,2,1,1;S,32,8,1,0,2,1,1,2;S,64,8,1,0,2,1,1,2;S,16,8,1,0,2,1,1")
     ap.add_argument("--ptx", metavar="PTXAS", help="no GPU: compile for sm_90a and assemble with this ptxas")
     a = ap.parse_args()
     blocks = [tuple(v if v in "LS" else int(v) for v in b.split(",")) for b in a.blocks.split(";")]
@@ -875,7 +932,8 @@ def main():
         for b in blocks:
             k = make(b)
             xt = "uint16" if b[0] == "S" and len(b) > 7 and b[7] else "float32"
-            sig = (f"void({xt}[:, ::1], uint16[:, ::1], float32[:, ::1], int32[::1])" if b[0] in ("L", "S") else
+            wt = "uint16[:, :, ::1]" if b[0] == "S" and len(b) > 5 and b[5] == 2 else "uint16[:, ::1]"
+            sig = (f"void({xt}[:, ::1], {wt}, float32[:, ::1], int32[::1])" if b[0] in ("L", "S") else
                    "void(uint64[:, ::1], uint64[:, ::1], float32[:, ::1], int32[::1])")
             ptx, _ = cuda.compile_ptx(k.py_func, sig, cc=(9, 0, "a"))
             print(b, "ptxas:", assemble_sm90a(ptx, a.ptx))
@@ -919,9 +977,13 @@ def main():
         cols = [f"{graph_time(package, st):10.1f}"]
         xv, wv = x.view(np.uint64), w.reshape(N, K).view(np.uint64)
         xb = cuda.to_device(to_bf16_bits(x.copy_to_host()), stream=st)   # a producer's bf16 copy (XH)
+        w_host = w.copy_to_host().reshape(N, K)
         for spec, kern in kernels.items():
             xh = spec[0] == "S" and len(spec) > 7 and spec[7]
-            args = ((xb if xh else x), w.reshape(N, K)) if spec[0] in ("L", "S") else (xv, wv)
+            wt = w.reshape(N, K)
+            if spec[0] == "S" and len(spec) > 5 and spec[5] == 2:
+                wt = cuda.to_device(tile_weights(w_host, spec[1], len(spec) > 3 and spec[3]), stream=st)
+            args = ((xb if xh else x), wt) if spec[0] in ("L", "S") else (xv, wv)
             out = cuda.to_device(np.full((a.workspace, N), np.nan, np.float32), stream=st)
             rows_a_block = kern.rows if spec[0] == "S" else spec[1] if spec[0] == "L" else spec[0]
             grid = (N // kern.features, -(-a.workspace // rows_a_block))

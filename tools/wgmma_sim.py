@@ -278,3 +278,10 @@ def mbar_try(bar, parity):
 def ldg32(gaddr):
     b, o = _global(gaddr)
     return b[o:o + 4].view(np.uint32)[0]
+
+
+def bulk_n(dst, src, nbytes, bar):
+    b, o = _shared(int(dst))
+    g, go = _global(src)
+    n = int(nbytes)
+    b[o:o + n] = g[go:go + n]
