@@ -443,12 +443,12 @@ def build_lean(BR, NS, F=1, P=0, WG=1):
     """The XA kernel of ``build`` written on raw addresses (``_raw_intrinsics``): each thread's
     copy addresses computed once and advanced by a constant a chunk, 32-bit shared offsets, the
     chunk loop's slot found by a mask (NS a power of two). ``F`` 0: no proxy fence after the B
-    stores (a timing knockout: wgmma may read stale B); 2: the one-way release form of the fence. ``P``: chunk c + 1's B converted while
-    chunk c's wgmma run (NS >= 4). ``WG`` warpgroups a block, 64 features each, sharing one B.
+    stores (a timing knockout: wgmma may read stale B); 2: the one-way release form of the fence.
+    ``P``: chunk c + 1's B converted while chunk c's wgmma run (NS >= 4). ``WG`` warpgroups a block, 64 features each, sharing one B.
     (``kernel.threads``, ``kernel.features``: the launch's block size and features a block.)"""
     from numba import float32, uint32, uint64
 
-    from ddtree_numba._device import nonneg
+    from ddtree_numba._device import device_function
     from ddtree_numba.kernels._async import cp_async_commit
     from ddtree_numba.kernels._mma import pack_bf16x2
     from wgmma_probe import asm_void, commit, fence, proxy_fence, wait_all, wgmma_rs
@@ -470,6 +470,30 @@ def build_lean(BR, NS, F=1, P=0, WG=1):
     pfence = {0: asm_void(""), 1: proxy_fence,
               2: asm_void("fence.proxy.async::generic.release.sync_restrict::shared::cta.cluster;")}[F]
     DESC_HI = ((128 >> 4) << 16) | ((256 >> 4) << 32)
+    XMINE = BR * 16 >= NT            # every thread holds activation quads (else the first BR * 16)
+    wg_first = wgmma_rs(BR, first=True)
+
+    @device_function
+    def issue(c, tid, wdst, wsrc, wnb, xdst, xsrc, xnb):
+        """This thread's weight pieces and activation quads of chunk c into its ring slot."""
+        slot = c & uint32(NS - 1)
+        for i in range(4):
+            cp16(wdst[i] + slot * uint32(WSLOT), wsrc[i] + uint64(c) * uint64(128), wnb[i])
+        for i in range(XQ):
+            if XMINE or tid < uint32(BR * 16):
+                cp16(xdst[i] + slot * uint32(XSLOT), xsrc[i] + uint64(c) * uint64(256), xnb[i])
+
+    @device_function
+    def convert(c, tid, xdst, bdst):
+        """This thread's activation quads of chunk c (its own copies, landed) -> B buffer c % 2."""
+        slot = c & uint32(NS - 1)
+        for i in range(XQ):
+            if XMINE or tid < uint32(BR * 16):
+                f = lds128(xdst[i] + slot * uint32(XSLOT))
+                bo = bdst[i] + (c & uint32(1)) * uint32(BBUF)
+                sts32(bo, pack_bf16x2(f[0], f[1]))
+                sts32(bo + uint32(128), pack_bf16x2(f[2], f[3]))
+        pfence()
 
     @(cuda.jit if SIM else cuda.jit(launch_bounds=(NT,)))
     def kernel(x, w, out, n_rows):
@@ -520,97 +544,50 @@ def build_lean(BR, NS, F=1, P=0, WG=1):
         aoff = sbase + r0 * uint32(QP * 8) + t * uint32(8)
         ys = cuda.local.array(M, float32)
         acc = cuda.local.array(M, float32)
+        wa = cuda.local.array(8, uint64)      # A: rows g (0..3) and g + 8 (4..7) of each step
         for i in range(M):
             ys[i] = float32(0.0)
         for c in range(NS - 1):
             if uint32(c) < C:
-                for i in range(4):
-                    cp16(wdst[i] + uint32(c * WSLOT), wsrc[i] + uint64(c * 128), wnb[i])
-                for i in range(XQ):
-                    if BR * 16 >= NT or tid < uint32(BR * 16):
-                        cp16(xdst[i] + uint32(c * XSLOT), xsrc[i] + uint64(c * 256), xnb[i])
+                issue(uint32(c), tid, wdst, wsrc, wnb, xdst, xsrc, xnb)
             cp_async_commit()
         bdesc = (uint64(sbase + uint32(BOFF)) & uint64(0x3FFFF)) >> uint64(4) | uint64(DESC_HI)
-        c = uint32(0)
         if P:
             wait_ring()
-            for i in range(XQ):
-                if BR * 16 >= NT or tid < uint32(BR * 16):
-                    f = lds128(xdst[i])
-                    sts32(bdst[i], pack_bf16x2(f[0], f[1]))
-                    sts32(bdst[i] + uint32(128), pack_bf16x2(f[2], f[3]))
-            pfence()
+            convert(uint32(0), tid, xdst, bdst)
             cuda.syncthreads()
+        c = uint32(0)
         while c < C:
             slot = c & uint32(NS - 1)
-            b = c & uint32(1)
             if not P:
                 wait_ring()
-                for i in range(XQ):
-                    if BR * 16 >= NT or tid < uint32(BR * 16):
-                        f = lds128(xdst[i] + slot * uint32(XSLOT))
-                        bo = bdst[i] + b * uint32(BBUF)
-                        sts32(bo, pack_bf16x2(f[0], f[1]))
-                        sts32(bo + uint32(128), pack_bf16x2(f[2], f[3]))
-                pfence()
-                cuda.syncthreads()
-                cn = c + uint32(NS - 1)
-                if cn < C:
-                    sn = cn & uint32(NS - 1)
-                    for i in range(4):
-                        cp16(wdst[i] + sn * uint32(WSLOT), wsrc[i] + uint64(cn) * uint64(128), wnb[i])
-                    for i in range(XQ):
-                        if BR * 16 >= NT or tid < uint32(BR * 16):
-                            cp16(xdst[i] + sn * uint32(XSLOT), xsrc[i] + uint64(cn) * uint64(256), xnb[i])
+                convert(c, tid, xdst, bdst)
+                cuda.syncthreads()            # B(c) visible; every thread past chunk c - 1
+                if c + uint32(NS - 1) < C:
+                    issue(c + uint32(NS - 1), tid, wdst, wsrc, wnb, xdst, xsrc, xnb)
                 cp_async_commit()
             ao = aoff + slot * uint32(WSLOT)
-            a00 = lds64(ao)
-            a01 = lds64(ao + uint32(32))
-            a02 = lds64(ao + uint32(64))
-            a03 = lds64(ao + uint32(96))
-            a10 = lds64(ao + uint32(8 * QP * 8))
-            a11 = lds64(ao + uint32(8 * QP * 8 + 32))
-            a12 = lds64(ao + uint32(8 * QP * 8 + 64))
-            a13 = lds64(ao + uint32(8 * QP * 8 + 96))
-            for i in range(M):
-                acc[i] = float32(0.0)
-            d0 = bdesc + uint64(b * uint32(BBUF >> 4))
+            for st in range(4):               # A fragments first: one fence covers every wgmma's registers
+                wa[st] = lds64(ao + uint32(32 * st))
+                wa[4 + st] = lds64(ao + uint32(8 * QP * 8 + 32 * st))
+            d0 = bdesc + uint64((c & uint32(1)) * uint32(BBUF >> 4))
             fence()
-            wg(acc, uint32(a00 & uint64(0xFFFFFFFF)), uint32(a10 & uint64(0xFFFFFFFF)),
-               uint32(a00 >> uint64(32)), uint32(a10 >> uint64(32)), d0)
-            wg(acc, uint32(a01 & uint64(0xFFFFFFFF)), uint32(a11 & uint64(0xFFFFFFFF)),
-               uint32(a01 >> uint64(32)), uint32(a11 >> uint64(32)), d0 + uint64(BR * 2))
-            wg(acc, uint32(a02 & uint64(0xFFFFFFFF)), uint32(a12 & uint64(0xFFFFFFFF)),
-               uint32(a02 >> uint64(32)), uint32(a12 >> uint64(32)), d0 + uint64(BR * 4))
-            wg(acc, uint32(a03 & uint64(0xFFFFFFFF)), uint32(a13 & uint64(0xFFFFFFFF)),
-               uint32(a03 >> uint64(32)), uint32(a13 >> uint64(32)), d0 + uint64(BR * 6))
+            wg_first(acc, uint32(wa[0] & uint64(0xFFFFFFFF)), uint32(wa[4] & uint64(0xFFFFFFFF)),
+                     uint32(wa[0] >> uint64(32)), uint32(wa[4] >> uint64(32)), d0)
+            for st in range(1, 4):
+                wg(acc, uint32(wa[st] & uint64(0xFFFFFFFF)), uint32(wa[4 + st] & uint64(0xFFFFFFFF)),
+                   uint32(wa[st] >> uint64(32)), uint32(wa[4 + st] >> uint64(32)), d0 + uint64(st * BR * 2))
             commit()
-            if P:                             # chunk c + 1's B while chunk c's wgmma run
-                c1 = c + uint32(1)
-                if c1 < C:
-                    wait_next()
-                    s1 = c1 & uint32(NS - 1)
-                    b1 = c1 & uint32(1)
-                    for i in range(XQ):
-                        if BR * 16 >= NT or tid < uint32(BR * 16):
-                            f = lds128(xdst[i] + s1 * uint32(XSLOT))
-                            bo = bdst[i] + b1 * uint32(BBUF)
-                            sts32(bo, pack_bf16x2(f[0], f[1]))
-                            sts32(bo + uint32(128), pack_bf16x2(f[2], f[3]))
-                    pfence()
+            if P and c + uint32(1) < C:       # chunk c + 1's B while chunk c's wgmma run
+                wait_next()
+                convert(c + uint32(1), tid, xdst, bdst)
             wait_all()
             for i in range(M):
                 ys[i] = ys[i] + acc[i]
             if P:
                 cuda.syncthreads()            # B(c + 1) visible; slot c and B(c) free
-                cn = c + uint32(NS - 1)
-                if cn < C:
-                    sn = cn & uint32(NS - 1)
-                    for i in range(4):
-                        cp16(wdst[i] + sn * uint32(WSLOT), wsrc[i] + uint64(cn) * uint64(128), wnb[i])
-                    for i in range(XQ):
-                        if BR * 16 >= NT or tid < uint32(BR * 16):
-                            cp16(xdst[i] + sn * uint32(XSLOT), xsrc[i] + uint64(cn) * uint64(256), xnb[i])
+                if c + uint32(NS - 1) < C:
+                    issue(c + uint32(NS - 1), tid, wdst, wsrc, wnb, xdst, xsrc, xnb)
                 cp_async_commit()
             c += uint32(1)
         for i in range(M):                    # d[4j + 2h + e]: feature g + 8h, row 8j + 2t + e
