@@ -32,19 +32,18 @@ package's bits; the lean one is ~28 % faster than ``build``'s, and at 65 rows st
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import numpy as np
-from numba import cuda      # a module global: the simulator swaps it in the kernels' globals
+from numba import config, cuda   # cuda a module global: the simulator swaps it in the kernels' globals
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
-SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"   # the simulator: stand-ins from tools/wgmma_sim.py
+SIM = bool(config.ENABLE_CUDASIM)                  # the simulator: stand-ins from tools/wgmma_sim.py
 ALIGN = None if SIM else 16                        # (the simulator takes no alignment)
 BF = 64          # output features a block (one warpgroup)
 NT = 128
@@ -887,6 +886,36 @@ def make(spec):
     return build(*spec)
 
 
+def launcher(spec, kern, x, w, n_rows, workspace, stream, tiles=None):
+    """(fn, out): a launch of spec's kernel ``kern`` for x [W, K] float32 and w [1, N, K] bf16 bits
+    (device arrays; W = ``workspace``) into out [W, N] float32 (NaN-filled first), and its output.
+    XH specs get a bf16 copy of x, BULK 2 specs the tiled weights (``tiles`` overrides them: the
+    simulator test's mismatched k order)."""
+    from ddtree_numba.dtypes import to_bf16_bits
+    N, K = w.shape[1], w.shape[2]
+    lean_or_swapped = spec[0] in ("L", "S")
+    xh = spec[0] == "S" and len(spec) > 7 and spec[7]
+    if not lean_or_swapped:
+        args = (x.view(np.uint64), w.reshape(N, K).view(np.uint64))
+    else:
+        xa = cuda.to_device(to_bf16_bits(x.copy_to_host()), stream=stream) if xh else x   # a producer's bf16 copy
+        wt = w.reshape(N, K)
+        if spec[0] == "S" and len(spec) > 5 and spec[5] == 2:
+            if tiles is None:
+                tiles = tile_weights(w.copy_to_host().reshape(N, K), spec[1], len(spec) > 3 and spec[3])
+            wt = cuda.to_device(tiles, stream=stream)
+        args = (xa, wt)
+    out = cuda.to_device(np.full((workspace, N), np.nan, np.float32), stream=stream)
+    rows_a_block = kern.rows if spec[0] == "S" else spec[1] if spec[0] == "L" else spec[0]
+    grid = (N // kern.features, -(-workspace // rows_a_block))
+    if not SIM:
+        allow_dynamic_shared(kern, (*args, out, n_rows))
+
+    def fn():
+        kern[grid, kern.threads, stream, kern.dyn_bytes](*args, out, n_rows)
+    return fn, out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=65)
@@ -952,24 +981,8 @@ def main():
         package()
         ref = ref_out.copy_to_host(stream=st)[:a.rows]
         cols = [f"{graph_time(package, st):10.1f}"]
-        xv, wv = x.view(np.uint64), w.reshape(N, K).view(np.uint64)
-        xb = cuda.to_device(to_bf16_bits(x.copy_to_host()), stream=st)   # a producer's bf16 copy (XH)
-        w_host = w.copy_to_host().reshape(N, K)
         for spec, kern in kernels.items():
-            xh = spec[0] == "S" and len(spec) > 7 and spec[7]
-            wt = w.reshape(N, K)
-            if spec[0] == "S" and len(spec) > 5 and spec[5] == 2:
-                wt = cuda.to_device(tile_weights(w_host, spec[1], len(spec) > 3 and spec[3]), stream=st)
-            args = ((xb if xh else x), wt) if spec[0] in ("L", "S") else (xv, wv)
-            out = cuda.to_device(np.full((a.workspace, N), np.nan, np.float32), stream=st)
-            rows_a_block = kern.rows if spec[0] == "S" else spec[1] if spec[0] == "L" else spec[0]
-            grid = (N // kern.features, -(-a.workspace // rows_a_block))
-
-            if not SIM:
-                allow_dynamic_shared(kern, (*args, out, n_rows))
-
-            def fn(kern=kern, out=out, grid=grid, args=args):
-                kern[grid, kern.threads, st, kern.dyn_bytes](*args, out, n_rows)
+            fn, out = launcher(spec, kern, x, w, n_rows, a.workspace, st)
             fn()
             got = out.copy_to_host(stream=st)[:a.rows]
             st.synchronize()
