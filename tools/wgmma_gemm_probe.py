@@ -1,10 +1,11 @@
 """A dense bf16 GEMM on wgmma, against the package's GEMM and torch (H200; a probe, not the package).
 
 Usage: python tools/wgmma_gemm_probe.py [--rows 65] [--workspace 128] [--shapes "K,N;..."]
-[--blocks "SPEC;..."]; offline: --ptx PTXAS compiles every SPEC for sm_90a and assembles it.
-In the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, stand-ins from ``tools/wgmma_sim.py``) it checks the
-bits only; give it small shapes, e.g. ``--rows 17 --workspace 32 --shapes 128,64``. SPEC (``make``): ``BR,NS[,XA,OV]`` (``build``), ``L,BR,NS[,F,P,WG]`` (``build_lean``) or
-``S,BN,NS[,PERM,F,BULK,OV,XH,WG]`` (``build_swapped``).
+[--blocks "SPEC;..."]. Offline, ``--ptx PTXAS`` compiles every SPEC for sm_90a and assembles it.
+In the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, stand-ins from ``tools/wgmma_sim.py``;
+``tests/test_wgmma_probe.py``) it checks the bits only: give it small shapes, e.g. ``--rows 17
+--workspace 32 --shapes 128,64``. A SPEC (``make``) is ``BR,NS[,XA,OV]`` (``build``),
+``L,BR,NS[,F,P,WG]`` (``build_lean``) or ``S,BN,NS[,PERM,F,BULK,OV,XH,WG]`` (``build_swapped``).
 
 out[r, n] = x[r] . w[n] for x [R, K] float32 and w [N, K] bf16 bits, rows r < n_rows[0], under the
 package's reduction contract (``kernels/linear.py``): 64-k chunks, each a chain of four k steps
@@ -26,7 +27,8 @@ package's ``_launch`` bit for bit; "DIFF n" marks a spec whose n outputs do not.
 (its docstring).
 
 Twenty-first session (docs/PERFORMANCE.md): every ``build`` / ``build_lean`` spec gave the
-package's bits; the lean one is ~28 % faster than ``build``'s, and at 65 rows still ~3x torch.
+package's bits on the H200; the lean one is ~28 % faster than ``build``'s, and at 65 rows still ~3x
+torch. ``build_swapped`` was written after the device was paused: checked in the simulator only.
 """
 
 from __future__ import annotations
