@@ -21,6 +21,8 @@ Same names and meanings as the GPU intrinsics of ``tools/wgmma_probe.py`` and
   accumulators only at ``wgmma.wait_group``: until then they hold NaNs, so a kernel that reads them
   early fails its bit test (a chained wgmma reads the pending values, as the hardware does).
 - ``asm_void(text)``: the fences and commits are no-ops; the waits retire what they retire.
+- Bulk copies (``bulk16``, ``bulk_n``) land at once and the mbarriers (``mbar_*``) pass: they check
+  where the bytes go, not the waits (a kernel that skipped its mbarrier wait would pass here).
 """
 
 from __future__ import annotations
