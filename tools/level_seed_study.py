@@ -12,9 +12,11 @@ families of nodes that need no search:
 
 On six demo-drafter drafts (held-out prompts) the selecting levels fall, over the six, from 6 / 12
 / 15 / 19 (no seed) to 0 / 0 / 4 / 6 (single + zeros) at budgets 16 / 64 / 256 / 1024 (tenth
-session). The tree is unchanged (checked here against the heap build's scores). A kernel would need
-the family's B-th best cheaply, e.g. a bisection on the value counting each (depth, depth + j)
-list by binary search, with a margin for the lists' sums taken out of path order (see NOTES).
+session). The cheaper subfamilies (deviations at the first depths only) do much less at 1024: 16 /
+14 / 11 for depths < 1 / 2 / 3 (twenty-first session, docs/NOTES.md). The tree is unchanged
+(checked here against the heap build's scores). A kernel would need the family's B-th best
+cheaply, e.g. a bisection on the value counting each (depth, depth + j) list by binary search,
+with a margin for the lists' sums taken out of path order (see NOTES).
 
     python tools/level_seed_study.py [prompts]
 """
@@ -45,20 +47,30 @@ def demo_drafts(n: int) -> list:
     return out
 
 
-def seed(lp64: np.ndarray, budget: int, zeros: bool) -> float:
-    """The budget-th best score of the family (module docstring); -inf when it has fewer."""
+def seed(lp64: np.ndarray, budget: int, zeros: bool, depths: int | None = None) -> float:
+    """The budget-th best score of the family (module docstring); -inf when it has fewer.
+    ``depths``: deviations at the first ``depths`` depths only (deeper depths give their chain
+    node alone), the cheaper subfamilies."""
     L = lp64.shape[0]
     chain, family = 0.0, []
     for d in range(L):
         s = chain + lp64[d]                         # chain(d - 1) + lp[d, r], in path order
-        family.append(s)
-        if zeros:
-            t = s[1:].copy()
-            for e in range(d + 1, L):
-                t = t + lp64[e, 0]
-                family.append(t)
+        if depths is not None and d >= depths:
+            family.append(s[:1])
+        else:
+            family.append(s)
+            if zeros:
+                t = s[1:].copy()
+                for e in range(d + 1, L):
+                    t = t + lp64[e, 0]
+                    family.append(t)
         chain = chain + lp64[d, 0]
     return tb._kth_largest(np.concatenate(family), budget)
+
+
+# (name, seed arguments): no seed, then the families by size
+FAMILIES = (("none", None), ("depth 0 + zeros", (True, 1)), ("depths < 2 + zeros", (True, 2)),
+            ("depths < 3 + zeros", (True, 3)), ("single", (False, None)), ("single + zeros", (True, None)))
 
 
 def levels(lp: np.ndarray, budget: int, tau: float) -> tuple[str, np.ndarray]:
@@ -87,21 +99,19 @@ def levels(lp: np.ndarray, budget: int, tau: float) -> tuple[str, np.ndarray]:
 
 def main():
     drafts = demo_drafts(int(sys.argv[1]) if len(sys.argv) > 1 else 6)
-    print("budget | selecting levels: no seed / single / single + zeros | first draft's levels")
+    print("budget | selecting levels over the drafts: " + " / ".join(name for name, _ in FAMILIES))
     for budget in (16, 32, 64, 128, 256, 1024):
-        sel, first = [0, 0, 0], None
+        sel = [0] * len(FAMILIES)
         for x in drafts:
             lp, ids = ref.topk_logprobs(x, min(budget, x.shape[1]))
             lp64 = lp[:, :min(lp.shape[1], budget)].astype(np.float64)
             want = ref.build_tree(lp, ids, budget).scores
-            traces = []
-            for i, tau in enumerate((-np.inf, seed(lp64, budget, False), seed(lp64, budget, True))):
+            for i, (_, args) in enumerate(FAMILIES):
+                tau = -np.inf if args is None else seed(lp64, budget, *args)
                 trace, top = levels(lp, budget, tau)
                 assert tau <= want[-1] and np.array_equal(top[:want.shape[0]], want), "a seed lost a node"
                 sel[i] += trace.count("S")
-                traces.append(trace)
-            first = first or traces
-        print(f"{budget:6d} | {sel[0]} / {sel[1]} / {sel[2]} | {' / '.join(first)}")
+        print(f"{budget:6d} | {' / '.join(map(str, sel))}")
 
 
 if __name__ == "__main__":
