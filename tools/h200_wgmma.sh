@@ -9,9 +9,9 @@ source tools/h200_env.sh
 {
 python3 tools/wgmma_bits.py --seeds 10 2>&1 | tail -1
 for rows in 65 17; do
-timeout $(left 330) python3 tools/wgmma_gemm_probe.py --rows $rows --shapes "2048,3072;2048,16384" 2>&1 | tail -4
+timeout $(left 420) python3 tools/wgmma_gemm_probe.py --rows $rows --shapes "2048,3072;2048,16384" 2>&1 | tail -4
 done
-[ -n "${FAST:-}" ] || timeout $(left 470) python3 tools/wgmma_gemm_probe.py --rows 1040 --workspace 2048 --shapes "2048,3072;2048,16384" \
+[ -n "${FAST:-}" ] || timeout $(left 560) python3 tools/wgmma_gemm_probe.py --rows 1040 --workspace 2048 --shapes "2048,3072;2048,16384" \
   --blocks "L,64,4;L,128,2,1,0,2;L,64,4,1,1,2;S,64,4;S,64,8,0,0,1,1,1,2;S,64,8,1,0,2,1,1,2;S,128,4,1,0,2,1,1,2;S,128,4,1,0,2,1,1" 2>&1 | tail -4
 if [ -n "${NCU:-}" ]; then
   kernel=$([ "${NCU:0:1}" = S ] && echo build_swapped || echo build_lean)
