@@ -28,6 +28,19 @@ from _common import random_bf16  # noqa: E402
 from gemm import graph_time, torch_time  # noqa: E402
 
 
+def torch_peer_us(rows, K, N, groups=1):
+    """The peer, graph-timed µs a launch: torch's bf16 ``F.linear`` of rows x K by N x K, or with
+    ``groups`` > 1 its ``bmm`` of [groups, rows, K] by [groups, K, N] (random operands)."""
+    import torch
+    if groups > 1:
+        tx = torch.randn(groups, rows, K, device="cuda", dtype=torch.bfloat16)
+        tw = torch.randn(groups, K, N, device="cuda", dtype=torch.bfloat16)
+        return torch_time(lambda: torch.bmm(tx, tw))
+    tx = torch.randn(rows, K, device="cuda", dtype=torch.bfloat16)
+    tw = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    return torch_time(lambda: torch.nn.functional.linear(tx, tw))
+
+
 def parse_tile(L, text):
     v = tuple(int(a) for a in text.split(","))
     return L._Tile(*v) if len(v) == 3 else L._Staged(*v)
@@ -86,14 +99,7 @@ def main():
         widths = [24] * len(cols) if a.no_chosen else [10] + [24] * len(tiles)
         line = f"{K},{N}".ljust(12) + "".join(c.rjust(wd) for c, wd in zip(cols, widths))
         if torch:
-            if Z > 1:                          # [Z, R, K] @ [Z, K, N]
-                tx = torch.randn(Z, a.rows, K, device="cuda", dtype=torch.bfloat16)
-                tw = torch.randn(Z, K, N, device="cuda", dtype=torch.bfloat16)
-                line += f"{torch_time(lambda: torch.bmm(tx, tw)):10.1f}"
-            else:
-                tx = torch.randn(a.rows, K, device="cuda", dtype=torch.bfloat16)
-                tw = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
-                line += f"{torch_time(lambda: torch.nn.functional.linear(tx, tw)):10.1f}"
+            line += f"{torch_peer_us(a.rows, K, N, Z):10.1f}"
         print(line, flush=True)
 
 

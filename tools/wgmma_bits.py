@@ -37,11 +37,12 @@ def build(on_device=True):
     """The probe kernel (``on_device``: compiled for sm_90a on this GPU when first launched)."""
     from numba import cuda, float32, uint32, uint64
 
-    from wgmma_probe import commit, fence, proxy_fence, shared_address, wait_all, wgmma_m64n8k16_rs
+    from wgmma_probe import commit, fence, proxy_fence, shared_address, wait_all, wgmma_rs
 
     if on_device:
         cuda.get_current_device().compute_capability = (9, 0, "a")   # sm_90a for every kernel from here on
     from ddtree_numba.kernels._mma import mma_bf16
+    wgmma_n8 = wgmma_rs(8)
 
     @cuda.jit
     def kernel(a32, bt32, lbo, sbo, out_w, out_m):
@@ -74,21 +75,21 @@ def build(on_device=True):
         out_m[r0 + 8, 2 * q + 1] = c3
         # wgmma: the same A fragments, B from shared memory
         base = shared_address(sm)
-        e0 = e1 = e2 = e3 = float32(0.0)
+        e = cuda.local.array(4, float32)
+        for i in range(4):
+            e[i] = float32(0.0)
         fence()
         for ks in range(4):
             kw = 8 * ks + q
             desc = (((base + uint64(256 * ks)) & uint64(0x3FFFF)) >> uint64(4)) | \
                    ((uint64(lbo) >> uint64(4)) << uint64(16)) | ((uint64(sbo) >> uint64(4)) << uint64(32))
-            d = wgmma_m64n8k16_rs(e0, e1, e2, e3, a32[r0, kw], a32[r0 + 8, kw], a32[r0, kw + 4], a32[r0 + 8, kw + 4],
-                                  desc)
-            e0, e1, e2, e3 = d[0], d[1], d[2], d[3]
+            wgmma_n8(e, a32[r0, kw], a32[r0 + 8, kw], a32[r0, kw + 4], a32[r0 + 8, kw + 4], desc)
         commit()
         wait_all()
-        out_w[r0, 2 * q] = e0
-        out_w[r0, 2 * q + 1] = e1
-        out_w[r0 + 8, 2 * q] = e2
-        out_w[r0 + 8, 2 * q + 1] = e3
+        out_w[r0, 2 * q] = e[0]
+        out_w[r0, 2 * q + 1] = e[1]
+        out_w[r0 + 8, 2 * q] = e[2]
+        out_w[r0 + 8, 2 * q + 1] = e[3]
 
     return cuda, kernel
 

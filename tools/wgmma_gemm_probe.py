@@ -63,7 +63,7 @@ def build(BR, NS, XA=0, OV=0):
     from ddtree_numba.kernels._async import cp_async16, cp_async_commit
     from ddtree_numba.kernels._mma import pack_bf16x2
     from ddtree_numba.kernels._widen import hi_f32, lo_f32
-    from wgmma_probe import asm_void, commit, fence, proxy_fence, shared_address, wait_all, wgmma_rs
+    from wgmma_probe import asm_void, commit, desc_hi, fence, proxy_fence, shared_address, wait_all, wgmma_rs
 
     assert BR % 8 == 0 and 8 <= BR <= 256 and 2 <= NS <= 8
     M = BR // 2                     # accumulators a thread
@@ -75,8 +75,7 @@ def build(BR, NS, XA=0, OV=0):
     wg = wgmma_rs(BR)
     wait_one = asm_void("wgmma.wait_group.sync.aligned 1;")
     wait_ring = asm_void(f"cp.async.wait_group {NS - 2};")
-    LBO, SBO = 128, 256             # bytes between core matrices along k, along the rows (wgmma_bits.py)
-    DESC_HI = ((LBO >> 4) << 16) | ((SBO >> 4) << 32)
+    DESC_HI = desc_hi()             # K-major core matrices, LBO 128 / SBO 256 (wgmma_probe)
 
     @device_function
     def copy_chunk(c, slot, tid, col0, row0, n, N, dyn, wv, xv):
@@ -452,7 +451,7 @@ def build_lean(BR, NS, F=1, P=0, WG=1):
     from ddtree_numba._device import device_function
     from ddtree_numba.kernels._async import cp_async_commit
     from ddtree_numba.kernels._mma import pack_bf16x2
-    from wgmma_probe import asm_void, commit, fence, proxy_fence, wait_all, wgmma_rs
+    from wgmma_probe import asm_void, commit, desc_hi, fence, proxy_fence, wait_all, wgmma_rs
 
     assert BR % 8 == 0 and 8 <= BR <= 128 and NS in (2, 4, 8) and not (P and NS < 4) and WG in (1, 2)
     NT = 128 * WG
@@ -470,7 +469,7 @@ def build_lean(BR, NS, F=1, P=0, WG=1):
     wait_next = asm_void(f"cp.async.wait_group {max(0, NS - 3)};")
     pfence = {0: asm_void(""), 1: proxy_fence,
               2: asm_void("fence.proxy.async::generic.release.sync_restrict::shared::cta.cluster;")}[F]
-    DESC_HI = ((128 >> 4) << 16) | ((256 >> 4) << 32)
+    DESC_HI = desc_hi()
     XMINE = BR * 16 >= NT            # every thread holds activation quads (else the first BR * 16)
     wg_first = wgmma_rs(BR, first=True)
 
@@ -630,7 +629,7 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0, XH=0, WG=1):
     from ddtree_numba._device import device_function
     from ddtree_numba.kernels._async import cp_async_commit
     from ddtree_numba.kernels._mma import pack_bf16x2
-    from wgmma_probe import asm_void, commit, fence, proxy_fence, wait_all, wgmma_rs
+    from wgmma_probe import asm_void, commit, desc_hi, fence, proxy_fence, wait_all, wgmma_rs
 
     assert BN in (16, 32, 64, 128) and NS in (2, 4, 8) and not (BULK == 1 and PERM) and not (OV and NS < 4)
     assert WG in (1, 2) and BN * 8 >= 128 * WG
@@ -651,7 +650,7 @@ def build_swapped(BN, NS, PERM=0, F=1, BULK=0, OV=0, XH=0, WG=1):
     wait_first = asm_void(f"cp.async.wait_group {NS - 2};")   # chunk c landed, chunks past it in flight
     wait_ring = asm_void(f"cp.async.wait_group {NS - 3 if OV else NS - 2};")
     pfence = proxy_fence if F and not BULK else asm_void("")
-    DESC_HI = ((128 >> 4) << 16) | ((256 >> 4) << 32)
+    DESC_HI = desc_hi()
     XT = uint32 if XH else float32
 
     @device_function
@@ -957,7 +956,8 @@ def main():
     else:
         cuda.get_current_device().compute_capability = (9, 0, "a")   # before any kernel compiles
         from _common import random_bf16
-        from gemm import graph_time, torch_time
+        from few_row_probe import torch_peer_us
+        from gemm import graph_time
         try:
             import torch
         except ImportError:
@@ -992,9 +992,7 @@ def main():
             cols.append(f"{graph_time(fn, st):8.1f}" + (f" DIFF{diff}" if diff else "").ljust(8))
         line = f"{K},{N}".ljust(12) + "".join(c.rjust(10 if i == 0 else 16) for i, c in enumerate(cols))
         if torch:
-            tx = torch.randn(a.rows, K, device="cuda", dtype=torch.bfloat16)
-            tw = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
-            line += f"{torch_time(lambda: torch.nn.functional.linear(tx, tw)):10.1f}"
+            line += f"{torch_peer_us(a.rows, K, N):10.1f}"
         print(line, flush=True)
 
 
