@@ -1,12 +1,15 @@
 """Count the kernel launches of one device round of the demo pair, by stage and by kernel.
 
-    python tools/count_launches.py [--method ddtree|dflash|ar] [--budget 16]
+    python tools/count_launches.py [--method ddtree|dflash|ar] [--budget 16] [--gpu-tiles]
 
 Runs on the CPU under the CUDA simulator, and runs nothing: after the models are loaded, every
 launch is recorded instead of executed (``FakeCUDAKernel.__getitem__`` patched), while one
 ``DeviceRound.enqueue_round`` enqueues a round. A round's launches do not depend on the values on
 the device, so the count is the GPU's (the kernel names are the simulator's picks: for the same
-launch the GPU may pick the other GEMM kernel, ``_mma_kernel`` or ``_staged_kernel``). On the H200 a launch in a captured graph costs about
+launch the GPU may pick the other GEMM kernel, ``_mma_kernel`` or ``_staged_kernel``, and a GEMM
+over a normed input may fold the norm in on one and not the other). ``--gpu-tiles`` makes
+``kernels.linear`` choose its tiles by the GPU's rules (nothing runs, so the simulator's own
+limits do not matter): then the names and counts are the GPU's. On the H200 a launch in a captured graph costs about
 2.3 µs (docs/PERFORMANCE.md), which is what sets the demo pair's round: this is the table to keep
 when fusing kernels.
 """
@@ -28,11 +31,38 @@ NEXT = {"draft": "topk", "topk": "build", "build": "verify", "verify": "accept",
         "compact": "after"}
 
 
+def gpu_tiles():
+    """``kernels.linear``'s tile rules as on a GPU: its simulator switch off, and its tables as the
+    GPU branch of the module sets them."""
+    import importlib
+    lin = importlib.import_module("ddtree_numba.kernels.linear")
+    plan = lin._plan
+
+    def gpu_plan(*args, **kwargs):                # the rules read the switch; the kernels keep it
+        lin._SIM = False
+        try:
+            return plan(*args, **kwargs)
+        finally:
+            lin._SIM = True
+    lin._plan = gpu_plan
+    lin.TILES = {"small": lin._Tile(1, 1, 4), "mid": lin._Tile(2, 2, 1), "large": lin._Tile(2, 4, 1),
+                 "staged": lin._Staged(4, 2, 2, 4)}
+    lin._WARPS_WANTED, lin._NW_MAX, lin._STAGED_ROWS, lin._STAGED_BLOCKS = 132 * 8, 16, 64, 132
+    lin._STAGED = {False: lin._Staged(4, 2, 2, 4), True: lin._Staged(2, 4, 2, 2)}
+    lin._vec_ok = lambda w, word=8: w.shape[2] > 0 and (w.shape[2] * w.dtype.itemsize) % word == 0
+    lin._x_pieces_ok = lambda x, x_gs, piece: (x.dtype == "float32" and x.shape[1] % (piece // 4) == 0
+                                               and x_gs % (piece // 4) == 0 and x.strides[0] % piece == 0)
+    lin._choose.cache_clear()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--method", default="ddtree", choices=("ddtree", "dflash", "ar"))
     ap.add_argument("--budget", type=int, default=16)
+    ap.add_argument("--gpu-tiles", action="store_true", help="the GEMM tiles a GPU chooses")
     args = ap.parse_args(argv)
+    if args.gpu_tiles:
+        gpu_tiles()
 
     pair = loader.load_pair(*demo_pair(), backend="cuda")
     drafter = None if args.method == "ar" else pair.drafter

@@ -536,12 +536,15 @@ def _enqueue_moe_combine(bufs, shared_out, out, n_rows, *, residual, stream=0):
 
 
 def enqueue_swiglu_mlp(x, gate_w, up_w, down_w, out, *, act, n_rows, precision, accumulate=False, tile=None,
-                       stream=0):
+                       norm=None, stream=0):
     """out[:n] (+)= down(silu(gate(x[:n])) * up(x[:n])) for n = n_rows[0]; twin:
     ``reference.moe.enqueue_swiglu_mlp`` (with ``accumulate`` it is the residual add x + mlp(m)).
 
-    x [R, M] f32, gate_w / up_w [I, M], down_w [M, I], act [R, I] f32 scratch, out [R, M] f32."""
-    _enqueue_swiglu(x, gate_w, up_w, act, n_rows, precision=precision, tile=tile, stream=stream)
+    x [R, M] f32, gate_w / up_w [I, M], down_w [M, I], act [R, I] f32 scratch, out [R, M] f32.
+    ``norm`` = (weight [M] f32, eps, scratch [R, M] f32): the MLP of the rows' RMSNorm, folded
+    into the gate|up launch where it can be (``linear.enqueue_linear``'s ``norm``); out may then
+    be x itself (the residual: x += mlp(rms_norm(x)))."""
+    _enqueue_swiglu(x, gate_w, up_w, act, n_rows, precision=precision, tile=tile, norm=norm, stream=stream)
     enqueue_linear(act, down_w, out, n_rows, precision=precision, accumulate=accumulate, tile=tile,
                    stream=stream)
 

@@ -58,6 +58,73 @@ def _inv_rms(x, r, c0, m, eps, part, t, T):
     return float32(float32(1.0) / float32(math.sqrt(var + eps)))
 
 
+def _make_warp_inv_rms(T):
+    """``inv_rms(x, r, c0, m, eps, lane, vals)``: ``_inv_rms``'s result with T (virtual) threads,
+    bit for bit, computed by one warp with no barrier, for a kernel that needs a row's norm
+    without a block of its own (a GEMM that folds the norm into its activation loads,
+    ``kernels.linear``). Every lane of the warp calls it; every lane gets the result. ``vals`` a
+    local float32 array of at least T // 32 (GPU) or T (simulator) elements.
+
+    The same additions in the same order: lane l holds the partials of virtual threads l, l + 32,
+    ... (each the same fma chain over k = t, t + T, ...); the tree's levels of stride >= 32 add
+    within a lane (part[t] += part[t + stride] is vals[j] += vals[j + stride / 32]), the levels
+    below by ``shfl_down``. The simulator (no shuffles, and T = 2 there) computes every partial
+    and level in each lane."""
+    WARP = not config.ENABLE_CUDASIM
+
+    if WARP:
+        if T % 32 or T & (T - 1):
+            raise ValueError(f"a warp's norm needs a power-of-two multiple of 32 threads, got {T}")
+        V = T // 32
+
+        @device_function
+        def inv_rms(x, r, c0, m, eps, lane, vals):
+            for j in range(V):
+                acc = float32(0.0)
+                for k in range(lane + 32 * j, m, T):
+                    v = x[r, c0 + k]
+                    acc = fma(v, v, acc)
+                vals[j] = acc
+            s = V // 2
+            while s > 0:                      # the tree's strides 32 * s: within the lane
+                for j in range(s):
+                    vals[j] = vals[j] + vals[j + s]
+                s //= 2
+            p = vals[0]
+            off = 16
+            while off > 0:                    # strides 16 .. 1: lane l < off adds lane l + off
+                q = cuda.shfl_down_sync(0xFFFFFFFF, p, off)
+                if lane < off:
+                    p = p + q
+                off //= 2
+            total = cuda.shfl_sync(0xFFFFFFFF, p, 0)
+            var = total / float32(m)
+            return float32(float32(1.0) / float32(math.sqrt(var + eps)))
+    else:
+        @device_function
+        def inv_rms(x, r, c0, m, eps, lane, vals):
+            for t in range(T):
+                acc = float32(0.0)
+                for k in range(t, m, T):
+                    v = x[r, c0 + k]
+                    acc = fma(v, v, acc)
+                vals[t] = acc
+            stride = T // 2
+            while stride > 0:
+                for t in range(stride):
+                    vals[t] = vals[t] + vals[t + stride]
+                stride //= 2
+            var = vals[0] / float32(m)
+            return float32(float32(1.0) / float32(math.sqrt(var + eps)))
+
+    return inv_rms
+
+
+# what a warp's norm keeps in registers: T // 32 partials a lane (T a lane in the simulator)
+WARP_NORM_VALS = THREADS if config.ENABLE_CUDASIM else THREADS // 32
+warp_inv_rms = _make_warp_inv_rms(THREADS)
+
+
 @functools.lru_cache(maxsize=None)
 def _rms_norm_kernel(threads, pair=False):
     """Row r = blockIdx.x of job blockIdx.y: job 0 normalizes x[r, col0 : col0 + M] with

@@ -11,7 +11,9 @@ Every stage is a kernel of ``ddtree_numba.kernels`` enqueued through its device 
 gather, GQA attention). A layer is 9 launches: input norm, one GEMM for the q | k | v of the block
 rows and the new context rows together, one launch for the per-head q_norm / k_norm and the
 rotate-half RoPE that also appends the context keys and values to the cache
-(``enqueue_qkv_norm_rope``), attention (2), o_proj, post norm, SwiGLU (2). Sizes that change
+(``enqueue_qkv_norm_rope``), attention (2), o_proj, SwiGLU (2; the post norm folded into its
+gate|up, ``enqueue_swiglu_mlp``'s ``norm``, for hidden sizes up to ``linear._NORM_FOLD_K``, else
+a launch of its own). Sizes that change
 between drafts (cache length s0, new context rows n, the bonus token) are read on the device:
 ``_draft_meta_kernel`` (glue, below) turns them into block ids and the live row counts of
 ``Workspace.meta`` at the start of every draft, and
@@ -424,9 +426,10 @@ class CudaDrafter:
             kn.enqueue_gqa_attention(q, k_cache, v_cache, ws.o, k_blk=kb, v_blk=vb,
                                      meta=ws.att_meta, scale=scale, scratch=ws.scratch, stream=stream)
             kn.enqueue_linear(ws.o, lw.o_proj, ws.x, ws.n_blk, accumulate=True, **gemm, stream=stream)
-            kn.enqueue_rms_norm(ws.x, lw.post_attention_layernorm, eps, ws.h, ws.n_blk, stream=stream)
-            kn.enqueue_swiglu_mlp(ws.h, lw.gate_proj, lw.up_proj, lw.down_proj, ws.x, act=ws.act,
-                                  n_rows=ws.n_blk, accumulate=True, **gemm, stream=stream)
+            # x += mlp(post_attention_layernorm(x)), the norm in the gate|up launch where it folds
+            kn.enqueue_swiglu_mlp(ws.x, lw.gate_proj, lw.up_proj, lw.down_proj, ws.x, act=ws.act,
+                                  n_rows=ws.n_blk, accumulate=True, norm=(lw.post_attention_layernorm, eps, ws.h),
+                                  **gemm, stream=stream)
         kn.enqueue_rms_norm(ws.x, self.norm, eps, ws.h, ws.n_blk, stream=stream)
         if logits and ws.block > 1:
             kn.enqueue_linear(ws.h_tail, target.lm_head, ws.logits, ws.n_logits, **gemm, stream=stream)

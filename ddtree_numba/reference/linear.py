@@ -19,6 +19,7 @@ import numpy as np
 
 from .._checks import check_precision
 from ..dtypes import QUANTIZED, bf16_to_float32, from_storage, to_bf16_bits
+from .rms_norm import rms_norm
 
 U32 = 2.0 ** -23           # one float32 rounding, relative, allowing truncation as well as nearest
 
@@ -103,12 +104,15 @@ def swiglu_bound(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, precision:
 # (``tile`` and ``stream`` are the kernels'; here they change nothing, as on the GPU they change no
 # bit.) The kernels match these within ``accumulation_bound``: the twin sums each output exactly.
 
-def enqueue_linear(x, w, out, n_rows, *, precision, accumulate=False, tile=None, stream=0) -> None:
+def enqueue_linear(x, w, out, n_rows, *, precision, accumulate=False, tile=None, norm=None, stream=0) -> None:
     """out[:n] (+)= linear(x[:n], w, precision) for n = n_rows[0]; twin of
     ``kernels.linear.enqueue_linear``. x [R, K] float32, w [N, K] stored (float32 / float16 /
-    uint16 bfloat16 bits), out [R, N] float32 (rows from n on untouched), n_rows [>= 1] int32."""
+    uint16 bfloat16 bits), out [R, N] float32 (rows from n on untouched), n_rows [>= 1] int32.
+    ``norm`` = (weight [K], eps, scratch): the product of ``rms_norm(x[:n], weight, eps)`` instead
+    (scratch unused here; the kernel may write it)."""
     n = int(n_rows[0])
-    y = linear(x[:n], from_storage(w), precision)                    # [n, N]
+    rows = x[:n] if norm is None else rms_norm(x[:n], norm[0], norm[1])
+    y = linear(rows, from_storage(w), precision)                     # [n, N]
     out[:n] = out[:n] + y if accumulate else y
 
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..dtypes import from_storage
 from .linear import enqueue_linear, linear
+from .rms_norm import rms_norm
 
 
 def _top(values: np.ndarray, k: int) -> np.ndarray:
@@ -82,14 +83,16 @@ def swiglu_mlp(x, gate_weight, up_weight, down_weight):
 
 
 def enqueue_swiglu_mlp(x, gate_w, up_w, down_w, out, *, act, n_rows, precision, accumulate=False, tile=None,
-                       stream=0) -> None:
+                       norm=None, stream=0) -> None:
     """out[:n] (+)= down(silu(gate(x[:n])) * up(x[:n])) with the tensor-core GEMMs of ``precision``
     (``reference.linear.linear``), the activation left in act[:n]; twin of
     ``kernels.moe.enqueue_swiglu_mlp`` (its signature, numpy arrays). x [R, M] float32, gate_w /
     up_w [I, M] and down_w [M, I] stored (float32 / float16 / uint16 bfloat16 bits), act [R, I]
-    and out [R, M] float32, n_rows [>= 1] int32."""
+    and out [R, M] float32, n_rows [>= 1] int32. ``norm`` = (weight [M], eps, scratch): the MLP of
+    ``rms_norm(x[:n], weight, eps)`` (scratch unused here; the kernel may write it)."""
     n = int(n_rows[0])
-    act[:n] = _swiglu_act(x[:n], gate_w, up_w, precision)             # [n, I]
+    rows = x[:n] if norm is None else rms_norm(x[:n], norm[0], norm[1])
+    act[:n] = _swiglu_act(rows, gate_w, up_w, precision)             # [n, I]
     enqueue_linear(act, down_w, out, n_rows, precision=precision, accumulate=accumulate)
 
 
