@@ -8,7 +8,7 @@ dim, I MLP width, V vocab (the target's), L drafter layers.
 
 Every stage is a kernel of ``ddtree_numba.kernels`` enqueued through its device tier
 (``enqueue_*``: GEMMs under the reduction contract of ``kernels.linear``, RMSNorm, the embedding
-gather, GQA attention). A layer is 9 launches: input norm, one GEMM for the q | k | v of the block
+gather, GQA attention). A layer is 8 launches: input norm, one GEMM for the q | k | v of the block
 rows and the new context rows together, one launch for the per-head q_norm / k_norm and the
 rotate-half RoPE that also appends the context keys and values to the cache
 (``enqueue_qkv_norm_rope``), attention (2), o_proj, SwiGLU (2; the post norm folded into its

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# An H200 check of the norms folded into their GEMMs (docs/NOTES.md Next 00b); run from the repo
+# root with .whl carried (and ab_old/ for PART=ab); logs to $OUT/log.txt.
+# PART=tests (~4 minutes): the fold against the norm's own launch bit for bit (tests/test_norm_fold.py:
+#   the GPU's warp_inv_rms, 256 virtual threads in shuffles), and the models and rounds over it.
+# PART=ab (~6 minutes): the demo pair in one run on both sides, ab_old/ (a copy of the tree before
+#   the fold: git worktree add ab_old 7d0cc9b, or git archive 7d0cc9b | tar -x -C ab_old) and this
+#   one: per-stage round times (tools/profile_round.py) and tokens/s (benchmarks/demo_pair.py,
+#   not appended).
+source tools/h200_env.sh
+{
+if [ "${PART:-tests}" = tests ]; then
+timeout $(left 560) python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_norm_fold.py tests/test_model_cuda.py \
+  tests/test_cuda_drafter.py tests/test_decode_cuda.py --tb=short 2>&1 | grep -v Warn | tail -6
+else
+end=0
+for side in ab_old .; do                        # each side its own kernel cache and half the time
+  echo "== $side"
+  end=$((end + 290))
+  (cd $side && export PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/cache_$(basename $PWD) &&
+   timeout $(left $((end - 150))) python3 tools/profile_round.py --budgets 16 64 --prompts 4 2>&1 | grep -v Warn | tail -12;
+   timeout $(left $end) python3 benchmarks/demo_pair.py --budgets 16 32 64 --no-append 2>&1 | grep -v Warn | tail -9)
+done
+fi
+} 2>&1 | tee "$OUT/log.txt"
+echo "elapsed $(( $(date +%s) - T0 ))"
