@@ -120,13 +120,20 @@ def per_kernel(V=163840, L=15):
         lp_h, ids_h = ref.topk_logprobs(real, min(budget, real.shape[1]))
         lp, ids = cuda.to_device(lp_h), cuda.to_device(ids_h)
         bufs, sc = kn.TreeBuffers.allocate(budget), kn.LevelScratch.allocate(L, budget)
-        t = graph_us(lambda s: kn.build_tree_levels(lp, ids, budget, out=bufs, scratch=sc, stream=s))
-        assert bufs.to_tree() == ref.build_tree(lp_h, ids_h, budget), "level tree differs"
-        trace = []
-        ref.build_tree_levels(lp_h, ids_h, budget, trace=trace)
+        cells = []                                       # the level build without and with its seed
+        for seed, threads in ((False, None), (True, None), (True, 512)):
+            t = graph_us(lambda s: kn.build_tree_levels(lp, ids, budget, out=bufs, scratch=sc, stream=s,
+                                                        seed=seed, threads=threads))
+            assert bufs.to_tree() == ref.build_tree(lp_h, ids_h, budget), "level tree differs"
+            trace = []
+            ref.build_tree_levels(lp_h, ids_h, budget, trace=trace, seed=seed)
+            ways = "".join({"filter": "f", "select": "S", "seed": "+"}[a] for a in trace)
+            cells.append(f"{'seeded' if seed else 'unseeded'}{f' {threads} threads' if threads else ''} {t:.1f} µs "
+                         f"(levels {ways})")
         t_heap = graph_us(lambda s: kn.build_tree(lp, ids, budget, out=bufs, stream=s))
-        print(f"demo drafter's draft, budget {budget}: level build {t:.1f} µs (levels "
-              f"{''.join(a[0] for a in trace)}), heap build {t_heap:.1f} µs", flush=True)
+        print(f"demo drafter's draft, budget {budget}: level build " + ", ".join(cells)
+              + f" (f filtered, S selected, + the seed computed before that level); heap build {t_heap:.1f} µs",
+              flush=True)
     x = drafter_logits(np.random.default_rng(0), L, V)
     dx = cuda.to_device(x)
     for budget in (16, 64, 256, 1024):
@@ -139,8 +146,9 @@ def per_kernel(V=163840, L=15):
             trace = []
             ref.build_tree_levels(lp_h[:depths], ids_h[:depths], budget, trace=trace)
             t_heap = graph_us(lambda s: kn.build_tree(lp, ids, budget, out=bufs, stream=s))
-            print(f"level build, budget {budget}, L = {depths}: {t:.1f} µs (levels {''.join(a[0] for a in trace)}: "
-                  f"f filtered, s selected); heap build {t_heap:.1f} µs", flush=True)
+            ways = "".join({"filter": "f", "select": "S", "seed": "+"}[a] for a in trace)
+            print(f"level build, budget {budget}, L = {depths}: {t:.1f} µs (levels {ways}: "
+                  f"f filtered, S selected, + the seed computed); heap build {t_heap:.1f} µs", flush=True)
         T = tk._partial_threads(budget)
         G, keep = tk._slices(V, budget), tk._keep_per_thread(budget, T)
         lpd, idd = cuda.device_array((L, budget), np.float32), cuda.device_array((L, budget), np.int32)

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from conftest import THREADS
 from ddtree_numba import kernels as kn
 from ddtree_numba import reference as ref
+from ddtree_numba.reference import tree_build as tb
 
 
 def _draft(rng, L, V, k, kind="normal"):
@@ -218,12 +219,14 @@ def test_the_budget_can_come_from_the_device(rng, fn):
 def test_level_kernel_gives_an_empty_tree_for_unsorted_device_rows():
     """Device inputs are not value-checked: a row out of order breaks the binary searches, and the
     kernel would keep more than the budget at a level. It returns an empty tree instead of
-    writing past its level arrays (the simulator bounds-checks every index)."""
+    writing past its level arrays (the simulator bounds-checks every index). With the seed the
+    count may come back under the budget: some tree of at most the budget, still no write past."""
     from numba import cuda
     lp = np.array([[-0.1, -0.2, -0.3, -0.4], [-9.0, -9.0, -0.01, -0.01]], np.float32)   # row 1 rises
     ids = np.arange(8, dtype=np.int32).reshape(2, 4)
-    tree = kn.build_tree_levels(cuda.to_device(lp), cuda.to_device(ids), 4, threads=THREADS)
+    tree = kn.build_tree_levels(cuda.to_device(lp), cuda.to_device(ids), 4, threads=THREADS, seed=False)
     assert tree.num_nodes == 0 and tree.parents.tolist() == [-1]
+    assert kn.build_tree_levels(cuda.to_device(lp), cuda.to_device(ids), 4, threads=THREADS).num_nodes <= 4
 
 
 @pytest.mark.kernels
@@ -337,24 +340,83 @@ def _peaked_draft(rng, L=15, V=64, k=20):
 
 def test_level_build_filters_by_its_running_bound_and_selects_only_where_it_must():
     """Most levels keep the children scoring >= the running bound tau (the B-th best score kept so
-    far: no selection); a level with more than B of them selects; the build stops at the first empty level. Each way gives the heap
-    build's tree, and both ways occur here (so the kernel test below covers both)."""
+    far: no selection); a level with more than B of them selects; the build stops at the first
+    empty level. Each way gives the heap build's tree, and both ways occur here without the seed
+    (so the kernel test below covers both). With it the seed is computed once, before the first
+    level that would select, and fewer levels select (none here)."""
     rng = np.random.default_rng(1)            # drafts where both ways occur
     for budget in (8, 20, 40):
         lp, ids = _peaked_draft(rng, k=budget)
         trace = []
-        tree = ref.build_tree_levels(lp, ids, budget, trace=trace)
+        tree = ref.build_tree_levels(lp, ids, budget, trace=trace, seed=False)
         assert_same_tree(tree, ref.build_tree(lp, ids, budget))
         assert "select" in trace and trace.count("filter") >= 2, trace
         assert len(trace) == min(lp.shape[0], tree.depths.max() + 1), "the build went on past an empty level"
+        seeded = []
+        assert_same_tree(ref.build_tree_levels(lp, ids, budget, trace=seeded), tree)
+        assert seeded.count("seed") == 1 and seeded.count("select") < trace.count("select"), seeded
+        assert seeded.index("seed") == trace.index("select")
+
+
+def _family_nodes(lp):
+    """Every node of ``family_count``'s family, by brute force over rank paths: one deviation from
+    the chain (rank r at depth d, zeros below it) or the chain itself; their scores in path order."""
+    L, K = lp.shape
+    out = []
+    for d in range(L):
+        for e in range(d, L):
+            for r in range(0 if e == d else 1, K):
+                path = [0] * d + [r] + [0] * (e - d)
+                s = 0.0
+                for i, q in enumerate(path):
+                    s = s + float(lp[i, q])
+                out.append(s)
+    return np.array(out)
+
+
+def test_seed_family_counts_and_seed_against_brute_force():
+    """``family_count`` == a count over the family enumerated path by path (so every counted node is
+    a real node, scored as the heap scores it); ``family_seed`` has at least budget of them at or
+    above it (so it is at most the tree's budget-th best score), and no family value between it
+    and the next candidate would do much better: it is within one last-round step of the largest
+    valid value. Ties included."""
+    rng = np.random.default_rng(5)
+    for trial in range(30):
+        L, K = int(rng.integers(1, 7)), int(rng.integers(1, 9))
+        lp, _ = ref.topk_logprobs(rng.standard_normal((L, 40)).astype(np.float32) * 3, K)
+        if trial % 5 == 0:
+            lp[:, K // 2:] = lp[:, K // 2:K // 2 + 1]          # ties
+        lp64 = lp.astype(np.float64)
+        fam = _family_nodes(lp64)
+        v = np.unique(np.r_[fam, fam - 1e-9, 0.5, -np.inf])
+        np.testing.assert_array_equal(tb.family_count(lp64, K, v), (fam[:, None] >= v[None, :]).sum(axis=0))
+        for budget in (1, 3, 10, 40):
+            seed = tb.family_seed(lp64, K, budget)
+            if fam.shape[0] < budget:
+                assert seed == -np.inf
+                continue
+            assert (fam >= seed).sum() >= budget
+            best = np.sort(fam)[::-1][budget - 1]               # the largest valid value
+            assert seed <= best
+            span = lp64[0, 0] - fam.min()                       # the search's first interval
+            assert best - seed <= span / tb.SEED_CANDIDATES ** tb.SEED_ROUNDS * 1.01 + 1e-12, (seed, best)
+            tree = ref.build_tree(lp, np.zeros_like(lp, np.int32), budget)
+            assert seed <= tree.scores[-1]
 
 
 @pytest.mark.kernels
 def test_level_kernel_filters_and_selects_as_the_twin_does():
+    """With and without the seed: the same tree, and the seed the kernel computed (``LevelScratch.seed``)
+    is the twin's."""
     rng = np.random.default_rng(1)
     for budget in (8, 20):
         lp, ids = _peaked_draft(rng, k=budget)
         trace = []
-        want = ref.build_tree_levels(lp, ids, budget, trace=trace)
+        want = ref.build_tree_levels(lp, ids, budget, trace=trace, seed=False)
         assert "select" in trace and "filter" in trace
-        assert kn.build_tree_levels(lp, ids, budget, threads=THREADS) == want
+        scratch = kn.LevelScratch.allocate(lp.shape[0], budget)
+        assert kn.build_tree_levels(lp, ids, budget, threads=THREADS, seed=False, scratch=scratch) == want
+        assert scratch.seed.copy_to_host()[0] == -np.inf
+        assert kn.build_tree_levels(lp, ids, budget, threads=THREADS, scratch=scratch) == want
+        R = min(lp.shape[1], budget)               # the kernel's seed is the twin's, bit for bit
+        assert scratch.seed.copy_to_host()[0] == tb.family_seed(lp.astype(np.float64)[:, :R], R, budget)

@@ -99,9 +99,11 @@ def levels(lp: np.ndarray, budget: int, tau: float) -> tuple[str, np.ndarray]:
 
 def main():
     drafts = demo_drafts(int(sys.argv[1]) if len(sys.argv) > 1 else 6)
-    print("budget | selecting levels over the drafts: " + " / ".join(name for name, _ in FAMILIES))
+    print("budget | selecting levels over the drafts: " + " / ".join(name for name, _ in FAMILIES)
+          + " / the build's lazy seed (reference.build_tree_levels: family_seed's search at the first level"
+          " that would select)")
     for budget in (16, 32, 64, 128, 256, 1024):
-        sel = [0] * len(FAMILIES)
+        sel, lazy = [0] * len(FAMILIES), 0
         for x in drafts:
             lp, ids = ref.topk_logprobs(x, min(budget, x.shape[1]))
             lp64 = lp[:, :min(lp.shape[1], budget)].astype(np.float64)
@@ -111,7 +113,10 @@ def main():
                 trace, top = levels(lp, budget, tau)
                 assert tau <= want[-1] and np.array_equal(top[:want.shape[0]], want), "a seed lost a node"
                 sel[i] += trace.count("S")
-        print(f"{budget:6d} | {' / '.join(map(str, sel))}")
+            trace = []
+            assert ref.build_tree_levels(lp, ids, budget, trace=trace) == ref.build_tree(lp, ids, budget)
+            lazy += trace.count("select")
+        print(f"{budget:6d} | {' / '.join(map(str, sel))} / {lazy}")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import numpy as np
 from numba import config, cuda, float32, float64, int16, int32, int64, uint64
 
 from .._checks import check_array, check_batch_build_inputs, check_build_inputs
+from ..reference.tree_build import SEED_CANDIDATES, SEED_ROUNDS
 from ..tree import Tree
 from .._device import LINEINFO, cached, check_threads, device_function, grid_dependency, is_device, to_device
 from ._warp import FULL as FULL_MASK, WARP_OPS, claim, hist_add, warp_inclusive_scan, warp_min_u64, warp_sum
@@ -480,6 +481,7 @@ class LevelScratch:
     node: object     # [L, B] int32: node number (pop order) of chosen nodes
     cand: object     # [1, C] float64: a level's candidate scores
     flags: object    # [L * B + 2] int32: ties by preorder position, then their prefix counts
+    seed: object     # [1] float64: the seed the last build computed (-inf: it computed none)
 
     @classmethod
     def allocate(cls, depths: int, budget: int, stream=0) -> "LevelScratch":
@@ -489,16 +491,31 @@ class LevelScratch:
             return cuda.device_array(shape, dt, stream=stream)
         return cls(arr((L, B), np.float64), arr((L, B), np.int32), arr((L, B), np.int32), arr((L, B), np.int32),
                    arr((L, B), np.int32), arr((L, B + 1), np.int32), arr((L, B), np.int32), arr((L, B), np.int32),
-                   arr((1, _level_candidates(B, B)), np.float64), arr(L * B + 2, np.int32))
+                   arr((1, _level_candidates(B, B)), np.float64), arr(L * B + 2, np.int32), arr(1, np.float64))
 
     def fits(self, depths: int, budget: int) -> bool:
         return (self.score.shape[0] >= depths and self.score.shape[1] == budget)
 
 
+# The level build raises its bound by the seed family before its first selection (``seed``; twin:
+# ``reference.tree_build.family_seed``). On six demo-drafter drafts (tools/level_seed_study.py,
+# CPU) it takes the selecting levels at budgets 16 / 64 / 128 / 256 / 1024 from 6 / 12 / 13 / 15 /
+# 19 to 0 / 0 / 4 / 4 / 6; a draft that never selects never computes it. Unmeasured on a GPU.
+# By default only in blocks of up to SEED_THREADS: at 1024 threads (64 registers a thread) its
+# code takes the kernel from 104 to ~2,300 bytes of spill loads (ptxas 13.0 -v), 36 at 512.
+LEVEL_SEED = True
+SEED_THREADS = 512
+
+
 @functools.lru_cache(maxsize=None)
-def _build_tree_levels_kernel(threads):
+def _build_tree_levels_kernel(threads, seed=True):
     T = threads
     NB = MAX_BUDGET
+    NC = SEED_CANDIDATES - 1                  # candidates a round of the seed's search
+    CG = 5                                    # ... a thread searches at once (their loads in
+    G = NC // CG                              # flight together), in G groups
+    FAM = 2 * MAX_DEPTH + NC                  # the seed's shared values: chain sums, lp[:, 0], candidates
+    CAND = 2 * MAX_DEPTH
     SCAN = max(T, 64)                         # the scan's buffer: a partial sum per thread
     WARP = WARP_OPS and T % 32 == 0           # full-warp shuffles (not the simulator)
     NW = T // 32
@@ -802,6 +819,99 @@ def _build_tree_levels_kernel(threads):
             shift = max(shift - 8, 0)
 
     @device_function
+    def family_seed(lp, L, R, B, fam, cnt, low, cv, lo, hi, t):
+        """The twin's ``family_seed``, the same value (the same float64 sums and candidates);
+        every thread returns it (every thread must call). ``fam`` shared float64 [2 MAX_DEPTH + NC]:
+        the chain's sum before each depth, each depth's lp[d, 0], then a round's candidates; ``cnt`` shared int32 [NC];
+        ``cv`` / ``lo`` / ``hi`` a thread's [CG] candidates and search bounds. A thread takes a
+        family list (d, e) and a group of CG candidates: their binary searches run side by side
+        (the loads in flight together)."""
+        if L == 0 or R == 0 or L * R + (L * (L - 1) // 2) * (R - 1) < B:
+            return _NEG_INF
+        if t == 0:
+            c = 0.0
+            for d in range(L):
+                fam[d] = c                    # the chain to depth d - 1, in path order
+                fam[MAX_DEPTH + d] = float64(lp[d, 0])
+                c = c + fam[MAX_DEPTH + d]
+            low[0] = ~uint64(0)
+        cuda.syncthreads()
+        kmin = ~uint64(0)                     # the lists' last entries: the family's lowest score
+        for d in range(t, L, T):
+            v = fam[d] + float64(lp[d, R - 1])
+            kmin = min(kmin, _order_key(v))
+            for e in range(d + 1, L):
+                v = v + fam[MAX_DEPTH + e]
+                kmin = min(kmin, _order_key(v))
+        if WARP:
+            kmin = warp_min_u64(kmin)
+            if t % 32 == 0:
+                cuda.atomic.min(low, 0, kmin)
+        else:
+            cuda.atomic.min(low, 0, kmin)
+        cuda.syncthreads()
+        good = _key_value(low[0])
+        bad = float64(lp[0, 0])
+        cuda.syncthreads()                    # low is read (kth_largest rewrites it)
+        n_lists = L * (L + 1) // 2
+        for _ in range(SEED_ROUNDS):
+            if t == 0:                        # candidates by repeated addition, as the twin
+                step = (bad - good) / SEED_CANDIDATES
+                x = good
+                for j in range(NC):
+                    x = x + step
+                    fam[CAND + j] = x
+            for j in range(t, NC, T):
+                cnt[j] = 0
+            cuda.syncthreads()
+            items = n_lists * G
+            for w in range(t, items + (T - items % T) % T, T):   # the same trips in every thread
+                g = w % G                     # candidates g * CG ..
+                li = w // G                   # list li = (d, e): d's lists e = d .. L - 1 in turn
+                d = 0
+                e = li
+                while d < L and e >= L - d:
+                    e -= L - d
+                    d += 1
+                e += d
+                first = 0 if e == d else 1    # (e > d: rank 0 is the chain, counted at e = d)
+                n = 0
+                if w < items:
+                    n = R
+                for j in range(CG):
+                    cv[j] = fam[CAND + g * CG + j]
+                    lo[j] = first
+                    hi[j] = n
+                live = n > first
+                while live:                   # CG binary searches side by side
+                    live = False
+                    for j in range(CG):
+                        if lo[j] < hi[j]:
+                            mid = (lo[j] + hi[j]) // 2
+                            v = fam[d] + float64(lp[d, mid])
+                            for i in range(d + 1, e + 1):
+                                v = v + fam[MAX_DEPTH + i]
+                            if v >= cv[j]:
+                                lo[j] = mid + 1
+                            else:
+                                hi[j] = mid
+                            live = live or lo[j] < hi[j]
+                for gg in range(G):           # every thread adds to every count (warp sums)
+                    for j in range(CG):
+                        add_over_block(cnt, gg * CG + j, max(lo[j] - first, 0) if gg == g else 0, t)
+            cuda.syncthreads()                # every count is in
+            n_ok = 0
+            for j in range(NC):
+                if cnt[j] >= B:               # a prefix of the candidates (they rise with j)
+                    n_ok += 1
+            if n_ok > 0:
+                good = fam[CAND + n_ok - 1]
+            if n_ok < NC:
+                bad = fam[CAND + n_ok]
+            cuda.syncthreads()                # fam and cnt are rewritten by the next round
+        return good
+
+    @device_function
     def select_level(lv_score, d, P, R, B, row, ss, sk, sp, a0, a1, a2, cand, one, hist, bins, tmp, sel, low,
                      t):
         """The twin's ``select_level``: level d's best B children of the P parents (scores
@@ -854,7 +964,7 @@ def _build_tree_levels_kernel(threads):
     @cached
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
     def kernel(lp, ids, budget, n_budget, tokens, depths, parents, ranks, scores, n_nodes,
-               lv_score, lv_parent, lv_rank, lv_start, lv_keep, lv_csum, lv_pre, lv_node, cand, flags):
+               lv_score, lv_parent, lv_rank, lv_start, lv_keep, lv_csum, lv_pre, lv_node, cand, flags, seed_out):
         grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         t = cuda.threadIdx.x
         L = lp.shape[0]
@@ -882,6 +992,14 @@ def _build_tree_levels_kernel(threads):
         nv = cuda.local.array(MERGE, float64)
         mp = cuda.local.array(MERGE, int32)
         np_ = cuda.local.array(MERGE, int32)
+        fam = cuda.shared.array(FAM, float64)            # the seed's chain sums and candidates
+        cnt = cuda.shared.array(NC, int32)
+        cv = cuda.local.array(CG, float64)
+        slo = cuda.local.array(CG, int32)
+        shi = cuda.local.array(CG, int32)
+        seeded = not seed
+        if t == 0:
+            seed_out[0] = _NEG_INF
         for i in range(t, B, T):
             top[i] = _NEG_INF
         levels = L if (B > 0 and K > 0) else 0
@@ -897,6 +1015,17 @@ def _build_tree_levels_kernel(threads):
                 a0[p] = children_above(s, row, R, tau, False)
             cuda.syncthreads()
             count = scan(a0, a1, P, tmp, t)              # a1: first child of each parent
+            if count > B and not seeded:                 # before the first selection: the seed
+                seeded = True
+                fs = family_seed(lp, L, R, B, fam, cnt, low, cv, slo, shi, t)
+                if t == 0:
+                    seed_out[0] = fs
+                tau = max(tau, fs)
+                for p in range(t, P, T):
+                    s = 0.0 if d == 0 else lv_score[d - 1, p]
+                    a0[p] = children_above(s, row, R, tau, False)
+                cuda.syncthreads()
+                count = scan(a0, a1, P, tmp, t)
             if count > B:
                 count = select_level(lv_score, d, P, R, B, row, ss, sk, sp, a0, a1, a2, cand, one,
                                      hist, bins, tmp, sel, low, t)
@@ -1096,7 +1225,7 @@ def _build_tree_levels_kernel(threads):
 
 
 def build_tree_levels(lp, ids, budget, *, out=None, scratch=None, budget_device=None, stream=0,
-                      threads=None):
+                      threads=None, seed=None):
     """``build_tree``'s tree by the level-synchronous kernel (no pop chain); twin:
     ``reference.build_tree_levels``, bit for bit (and so ``reference.build_tree``).
 
@@ -1104,7 +1233,9 @@ def build_tree_levels(lp, ids, budget, *, out=None, scratch=None, budget_device=
     ``LevelScratch`` for (L, budget) to reuse (allocated when None). Returns a host ``Tree``, or,
     when ``out`` (``TreeBuffers``) is given, fills it on ``stream`` and returns it without
     synchronising. ``budget_device``: as ``build_tree``'s. ``threads``: the block
-    (``_level_threads(budget)`` when None).
+    (``_level_threads(budget)`` when None). ``seed``: raise the bound by the seed family before
+    the first selection (when None: ``LEVEL_SEED`` in blocks of up to ``SEED_THREADS``); the same
+    tree either way.
     """
     budget = _check_limits(check_build_inputs(lp, ids, budget), lp.shape[0])
     L, K = lp.shape
@@ -1118,8 +1249,10 @@ def build_tree_levels(lp, ids, budget, *, out=None, scratch=None, budget_device=
         raise ValueError(f"scratch is for {scratch.score.shape[0]} depths x budget {scratch.score.shape[1]}; "
                          f"this build needs {L} x {budget}")
     sc = scratch
-    _build_tree_levels_kernel(threads)[1, threads, stream](
+    if seed is None:
+        seed = LEVEL_SEED and threads <= SEED_THREADS
+    _build_tree_levels_kernel(threads, bool(seed))[1, threads, stream](
         to_device(lp, stream), to_device(ids, stream), budget, _device_budget(budget_device),
         bufs.tokens, bufs.depths, bufs.parents, bufs.ranks, bufs.scores, bufs.n_nodes,
-        sc.score, sc.parent, sc.rank, sc.start, sc.keep, sc.csum, sc.pre, sc.node, sc.cand, sc.flags)
+        sc.score, sc.parent, sc.rank, sc.start, sc.keep, sc.csum, sc.pre, sc.node, sc.cand, sc.flags, sc.seed)
     return bufs if out is not None else bufs.to_tree(stream)

@@ -105,6 +105,70 @@ def children_at_least(prev_score: np.ndarray, row: np.ndarray, tau: float) -> np
     return (prev_score[:, None] + row[None, :] >= tau).sum(axis=1)
 
 
+# The level build's seed (``family_seed``): candidates a round and rounds of its search
+SEED_CANDIDATES = 16
+SEED_ROUNDS = 3
+
+
+def family_count(lp64: np.ndarray, R: int, v: np.ndarray) -> np.ndarray:
+    """How many nodes of the seed family score >= each value of v [C] float64 -> [C] int64.
+
+    The family: for each deviation depth d and stop depth e >= d, the paths (0, .., 0, r, 0, .., 0)
+    with rank r at depth d (r >= 1 when e > d, so the chain is counted once, at e = d) and zeros
+    below it to depth e. Their scores are the tree's own, summed in path order (the chain, then
+    lp[d, r], then each lp[i, 0]), and fall as r grows: each (d, e) list is counted by a binary
+    search (a GPU does; here every entry is summed)."""
+    L = lp64.shape[0]
+    v = np.asarray(v, np.float64)
+    counts = np.zeros(v.shape[0], np.int64)
+    chain = 0.0
+    for d in range(L):
+        s = chain + lp64[d, :R]                        # [R] the lists (d, e), e = d, d + 1, ...
+        for e in range(d, L):
+            if e > d:
+                s = s + lp64[e, 0]
+            first = 0 if e == d else 1
+            counts += (s[first:, None] >= v[None, :]).sum(axis=0)
+        chain = chain + lp64[d, 0]
+    return counts
+
+
+def family_seed(lp64: np.ndarray, R: int, budget: int) -> float:
+    """A starting bound for the level build: a value at or below which at least ``budget`` real
+    nodes score (so at or below the tree's budget-th best score, T), found without building
+    anything, or -inf. The largest such value of the seed family (``family_count``) is bracketed by
+    a search of ``SEED_ROUNDS`` rounds of ``SEED_CANDIDATES`` evenly spaced values, from [the
+    family's lowest score, the best node's]; a candidate counts only if the family holds budget
+    nodes at or above it, so any result is valid. Candidates are made by repeated addition (no
+    multiply-add a compiler could fuse), so a GPU makes the same ones."""
+    L = lp64.shape[0]
+    if L == 0 or R == 0 or L * R + (L * (L - 1) // 2) * (R - 1) < budget:
+        return -np.inf
+    lows, chain = [], 0.0                              # the lists' last entries: the lowest scores
+    for d in range(L):
+        s = chain + lp64[d, R - 1]
+        lows.append(s)
+        for e in range(d + 1, L):
+            s = s + lp64[e, 0]
+            lows.append(s)
+        chain = chain + lp64[d, 0]
+    good, bad = float(min(lows)), float(lp64[0, 0])    # every family node scores >= good
+    for _ in range(SEED_ROUNDS):
+        step = (bad - good) / SEED_CANDIDATES
+        v = np.empty(SEED_CANDIDATES - 1)
+        x = good
+        for j in range(SEED_CANDIDATES - 1):
+            x = x + step
+            v[j] = x
+        ok = family_count(lp64, R, v) >= budget        # a prefix of the candidates
+        n_ok = int(ok.sum())
+        if n_ok:
+            good = v[n_ok - 1]
+        if n_ok < SEED_CANDIDATES - 1:
+            bad = v[n_ok]
+    return float(good)
+
+
 def _order_with_ties(levels: list, score: np.ndarray, T: float, budget: int) -> np.ndarray:
     """``build_tree_levels``' pop order when scores tie among the B best (or at the B-th): the key
     (-score, preorder). Subtree sizes bottom-up (a node's children are the contiguous run [start,
@@ -133,10 +197,13 @@ def _order_with_ties(levels: list, score: np.ndarray, T: float, budget: int) -> 
     return order[np.lexsort((pre[order], -score[order]))]
 
 
-def build_tree_levels(lp: np.ndarray, ids: np.ndarray, budget: int, trace: list | None = None) -> Tree:
+def build_tree_levels(lp: np.ndarray, ids: np.ndarray, budget: int, trace: list | None = None,
+                      seed: bool = True) -> Tree:
     """``build_tree``'s tree, bit for bit, by a level-synchronous algorithm with no sequential
     pop chain: the numpy twin of the parallel GPU build (issue 15), step for step. ``trace``: a list
-    that receives 'filter' or 'select' for each depth (which way its level was kept).
+    that receives 'filter' or 'select' for each depth (which way its level was kept), and 'seed'
+    before the level that computed the seed. ``seed``: the first level that would select first
+    raises tau to ``family_seed`` and counts again (False: never; the same tree either way).
 
     Order nodes by the key (-score, rank path), the heapq's. The tree is the first ``budget`` = B
     nodes G in that order, and G is prefix-closed (a child's score is fl(parent + lp) <= the
@@ -146,7 +213,9 @@ def build_tree_levels(lp: np.ndarray, ids: np.ndarray, budget: int, trace: list 
       then after each level the B-th best score of all levels kept so far (B real nodes score at
       least that, so the B-th best overall does too). At the end it is T itself.
     - S_d = the children of S_{d-1} scoring >= tau, when there are at most B of them (one binary
-      search a parent: the common case, no selection); else the best B of them in the key
+      search a parent: the common case, no selection). The first time there are more, tau is
+      first raised to ``family_seed`` (B real nodes score at least that too) and the children
+      counted again: a selection costs far more than the seed. If still more: the best B of them in the key
       (-score, parent's path, rank) (``select_level``: a threshold and its ties, no sort of the
       children). Each S_d is laid out in path order: parent p's c_p children are contiguous, from
       an exclusive prefix sum of c over the parents (themselves in path order).
@@ -169,9 +238,17 @@ def build_tree_levels(lp: np.ndarray, ids: np.ndarray, budget: int, trace: list 
     prev_score = np.zeros(1)                           # the root
     tau = -np.inf                                      # a lower bound on the B-th best score
     kept = np.zeros(0)                                 # every level's scores so far
+    seeded = not seed
     for d in range(L if budget and K else 0):
         keep = children_at_least(prev_score, lp64[d, :R], tau)
         filtered = keep.sum() <= budget
+        if not filtered and not seeded:
+            seeded = True
+            tau = max(tau, family_seed(lp64, R, budget))
+            if trace is not None:
+                trace.append("seed")
+            keep = children_at_least(prev_score, lp64[d, :R], tau)
+            filtered = keep.sum() <= budget
         if not filtered:
             keep = select_level(prev_score, lp64[d, :R], budget)
         if trace is not None:
