@@ -168,15 +168,17 @@ SIGNATURES = {
         for tokens, chunks in ((1, "all"), (kernels_pkg.mla._MMA_PV_TOKENS, "prefix"), (1, "tail"))
         for cache in ("float32[:, :, ::1]", "float32[:, :, :]")],
     "mla._mla_combine_kernel": [((128, v), f"void(float32[:, :, ::1], {F32_2}, {F32_2}, {I32_1}, {I32_2}, int64, {F32_2})") for v in (1, 4)],
+    # (..., has_blk, has_mask, fuse): the merge by the splits' last block (fuse), or its own launch
     "gqa._gqa_split_kernel": [
-        ((dh, *kernels_pkg.gqa._gpu_tiles(dh), blk, msk),
+        ((dh, *kernels_pkg.gqa._gpu_tiles(dh), blk, msk, fuse),
          f"void({F32_2}, {F32_2}, {F32_2}, {F32_2}, {F32_2}, boolean[:, ::1], {I32_1}, float32, "
-         f"float32[:, :, ::1], float32[:, :, ::1])")
-        for dh in (64, 128, 256) for blk, msk in ((True, False), (False, False), (False, True))] + [
+         f"float32[:, :, ::1], float32[:, :, ::1], {F32_2}, {I32_1})")
+        for dh in (64, 128, 256) for blk, msk, fuse in ((True, False, True), (False, False, True), (False, True, True),
+                                                         (True, False, False))] + [
         # a DFlash drafter's q / k / v: column views of one stacked projection (strided rows)
-        ((dh, *kernels_pkg.gqa._gpu_tiles(dh), True, False),
+        ((dh, *kernels_pkg.gqa._gpu_tiles(dh), True, False, True),
          f"void(float32[:, :], {F32_2}, {F32_2}, float32[:, :], float32[:, :], boolean[:, ::1], {I32_1}, "
-         f"float32, float32[:, :, ::1], float32[:, :, ::1])") for dh in (32, 64, 128)],
+         f"float32, float32[:, :, ::1], float32[:, :, ::1], {F32_2}, {I32_1})") for dh in (32, 64, 128)],
     "gqa._gqa_combine_kernel": [
         f"void(float32[:, :, ::1], float32[:, :, ::1], {I32_1}, int64, boolean, {F32_2})"],
 }

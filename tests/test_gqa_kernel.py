@@ -113,3 +113,32 @@ def test_enqueue_context_then_block(rng, s):
     # a longer context crosses splits (the simulator's tiles; a GPU's splits are longer than
     # these shapes): the grid covers it and the combine merges them in order
     assert s_cap + tq > _tiles(dh).SPLIT or REAL_GPU
+
+
+def test_fused_merge_gives_the_two_launch_bits_and_resets_its_counters(rng):
+    """The splits merged by their last block (the default, one launch) == the merge's own launch
+    (``fuse=False``), bit for bit, over several splits, groups and row blocks; launched twice (as
+    a replayed graph), since the last block resets the arrival counters; and a context of no key
+    gives NaN rows both ways, as the twin."""
+    tq, t, hq, hkv, dh, s_cap = 6, 5, 6, 2, 8, 23
+    q, kb, vb = qkv(rng, tq, hq, hkv, dh, tq)
+    _, kc, vc = qkv(rng, 1, hq, hkv, dh, s_cap)
+    w = hkv * dh
+    args = [cuda.to_device(a) for a in (q.reshape(tq, -1), kc.reshape(s_cap, w), vc.reshape(s_cap, w))]
+    blk = dict(k_blk=cuda.to_device(kb.reshape(tq, w)), v_blk=cuda.to_device(vb.reshape(tq, w)))
+    scratch = GQAScratch(tq, hq, dh, s_cap + tq)
+
+    def run(fuse, s, has_blk=True):
+        d_out = cuda.to_device(np.full((tq, hq * dh), POISON, np.float32))
+        enqueue_gqa_attention(*args, d_out, meta=cuda.to_device(np.array([s, t], np.int32)), scale=0.3,
+                              scratch=scratch, fuse=fuse, **(blk if has_blk else {}))
+        return d_out.copy_to_host()
+
+    for s in (s_cap, 9):
+        plain = run(False, s)
+        for _ in range(2):
+            fused = run(True, s)
+            np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
+            assert not scratch.arrive.copy_to_host().any()
+    assert s_cap + tq > 2 * _tiles(dh).SPLIT or REAL_GPU      # several splits a row (the simulator's)
+    assert np.isnan(run(True, 0, has_blk=False)[:t]).all() and np.isnan(run(False, 0, has_blk=False)[:t]).all()

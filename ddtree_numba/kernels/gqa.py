@@ -20,8 +20,10 @@ owns one split, one group and RM of its (query, head) rows; per tile it
 3. rescales its running sum and output by exp(m - m') and adds the tile's keys in ascending
    order: l = l + p, o = fma(p, v, o) (the values staged over the keys' buffer).
 
-A second launch (``_gqa_combine_kernel``) merges the splits of a row in ascending order:
-M = max m_c, l = chain of l_c * exp(m_c - M), o = chain of o_c * exp(m_c - M), out = o / l.
+The splits of a row are then merged in ascending order (``_combine``): M = max m_c, l = chain of
+l_c * exp(m_c - M), o = chain of o_c * exp(m_c - M), out = o / l; by the last block of a (group,
+row block) to finish its split (an arrival counter each, ``GQAScratch.arrive``), so the attention
+is one launch; or (``fuse=False``) by a second launch, ``_gqa_combine_kernel``: the same bits.
 A row's arithmetic is a function of its query and the key sequence only: its bits do not
 depend on how many rows share the launch or where the row sits (docs/DESIGN.md §4). The
 twin normalizes p before p @ v and sums in numpy's order: equal within float32 rounding.
@@ -40,7 +42,7 @@ import numpy as np
 from numba import config, cuda, float32
 
 from .._checks import check_array
-from .._device import cached, ceil_div, float32_out, fma, grid_dependency, launcher_result, to_device
+from .._device import cached, ceil_div, device_function, float32_out, fma, grid_dependency, launcher_result, to_device
 
 _SIM = bool(config.ENABLE_CUDASIM)
 THREADS = 8 if _SIM else 128          # combine kernel: threads per block
@@ -81,15 +83,39 @@ def _smem_floats(dh, cfg) -> int:
         + cfg.RM * tpr + 3 * cfg.RM
 
 
+@device_function
+def _combine(o_part, ml_part, out, row, d, Hq, n_split):
+    """out of query row ``row`` (= i * Hq + h), dim d: its n_split splits' partials merged in
+    ascending order (module docstring); NaN when the row saw no key, as the twin."""
+    DH = o_part.shape[2]
+    i = row // Hq
+    big = float32(-math.inf)
+    for c in range(n_split):
+        big = max(big, ml_part[c, row, 0])
+    if big == float32(-math.inf):                          # the row sees no key: NaN, as the twin
+        out[i, (row - i * Hq) * DH + d] = float32(math.nan)
+        return
+    lsum = float32(0.0)
+    acc = float32(0.0)
+    for c in range(n_split):
+        w = float32(math.exp(ml_part[c, row, 0] - big))   # 1 for a single split: exact
+        lsum = fma(ml_part[c, row, 1], w, lsum)
+        acc = fma(o_part[c, row, d], w, acc)
+    out[i, (row - i * Hq) * DH + d] = acc / lsum
+
+
 @functools.lru_cache(maxsize=None)
-def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask):
+def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fuse=True):
     """Partial attention of one split (blockIdx.x), one key/value group g (blockIdx.y) and
     query rows rr in [RM * blockIdx.z, ...) of the group's t * G rows (rr = i * G + (h - g*G)).
 
     Writes, for row = i * Hq + h: o_part[split, row, :] (unnormalized output),
     ml_part[split, row] = (running max, running sum). Keys: context rows [0, s) of
     k_ctx / v_ctx [S_cap, Hkv*Dh], then (``has_blk``) the t block rows of k_blk / v_blk
-    [Tq, Hkv*Dh]. ``has_mask``: key j is seen by query i only where mask[i, j].
+    [Tq, Hkv*Dh]. ``has_mask``: key j is seen by query i only where mask[i, j]. ``fuse``: the
+    last of a (group, row block)'s split blocks to finish merges their partials into out
+    (``arrive`` [>= Hkv * row blocks] int32, zero between launches: it counts the arrivals and the
+    last one resets it); else ``_gqa_combine_kernel`` does, in a launch of its own.
     """
     TX, TY = KT // TN, RM // TM
     TY2 = NT // TX2
@@ -106,7 +132,7 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask):
 
     @cached
     @cuda.jit
-    def kernel(q, k_ctx, v_ctx, k_blk, v_blk, mask, meta, scale, o_part, ml_part):
+    def kernel(q, k_ctx, v_ctx, k_blk, v_blk, mask, meta, scale, o_part, ml_part, out, arrive):
         grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         s = meta[0]
         t = meta[1]
@@ -117,10 +143,17 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask):
         g = cuda.blockIdx.y
         r0 = cuda.blockIdx.z * RM
         key_lo = cuda.blockIdx.x * SPLIT
+        tid = cuda.threadIdx.x
+        if fuse and n_keys == 0 and key_lo == 0 and r0 < rows:   # no key at all: NaN rows, as the twin
+            for e in range(tid, RM * DH, NT):
+                r = r0 + e // DH
+                if r < rows:
+                    i = r // G
+                    _combine(o_part, ml_part, out, i * Hq + g * G + r - i * G, e % DH, Hq, 0)
+            return
         if key_lo >= n_keys or r0 >= rows:
             return  # the whole block leaves together: no thread is left at a barrier
         key_hi = min(key_lo + SPLIT, n_keys)
-        tid = cuda.threadIdx.x
         tx, ty = tid % TX, tid // TX         # scores: keys tx + TX*j, rows ty + TY*m
         tx2, ty2 = tid % TX2, tid // TX2     # p @ v: dims tx2 + TX2*j, rows ty2 + TY2*m
         prow, ppart = tid // TPR, tid % TPR  # softmax: row prow, keys ppart + TPR*u
@@ -252,6 +285,27 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask):
                 if tx2 == 0:
                     ml_part[split, row, 0] = sm[cur * RM + rr]
                     ml_part[split, row, 1] = lsum[m]
+        if fuse:
+            # the (group, row block)'s last split to finish merges them, as topk's fused merge:
+            # the barrier orders the block's writes before thread 0's fence and arrival; the last
+            # arrival's fence orders its block's reads after every other block's writes
+            n_split = (n_keys + SPLIT - 1) // SPLIT
+            slot = g * cuda.gridDim.z + cuda.blockIdx.z
+            cuda.syncthreads()                  # the block's partials are written
+            if tid == 0:
+                cuda.threadfence()
+                arrived = cuda.atomic.add(arrive, slot, 1)
+                if arrived == n_split - 1:
+                    cuda.threadfence()
+                    arrive[slot] = 0            # for the next launch (a replayed graph)
+                salpha[0] = float32(1.0) if arrived == n_split - 1 else float32(0.0)   # (free now)
+            cuda.syncthreads()                  # the arrival's verdict is in
+            if salpha[0] == float32(1.0):
+                for e in range(tid, RM * DH, NT):
+                    r = r0 + e // DH
+                    if r < rows:
+                        i = r // G
+                        _combine(o_part, ml_part, out, i * Hq + g * G + r - i * G, e % DH, Hq, n_split)
 
     return kernel
 
@@ -259,35 +313,20 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask):
 @cached
 @cuda.jit
 def _gqa_combine_kernel(o_part, ml_part, meta, split, has_blk, out):
-    """out[i, h*Dh + d] = (chain over splits c of o_c * exp(m_c - M)) / (chain of l_c * exp(m_c - M))
-    for query i < t, M the max of m_c; one thread per output element, splits ascending."""
+    """out[i, h*Dh + d] = ``_combine`` of query row i * Hq + h, dim d, for query i < t (the
+    split kernel's ``fuse=False``); one thread per output element."""
     grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     idx = cuda.grid(1)
     DH = o_part.shape[2]
     if idx >= o_part.shape[1] * DH:
         return
     row = idx // DH
-    d = idx - row * DH
     Hq = out.shape[1] // DH
-    i = row // Hq
     t = meta[1]
-    if i >= t:
+    if row // Hq >= t:
         return
     n_keys = meta[0] + t if has_blk else meta[0]
-    n_split = (n_keys + split - 1) // split
-    big = float32(-math.inf)
-    for c in range(n_split):
-        big = max(big, ml_part[c, row, 0])
-    if big == float32(-math.inf):                          # the row sees no key: NaN, as the twin
-        out[i, (row - i * Hq) * DH + d] = float32(math.nan)
-        return
-    lsum = float32(0.0)
-    acc = float32(0.0)
-    for c in range(n_split):
-        w = float32(math.exp(ml_part[c, row, 0] - big))   # 1 for a single split: exact
-        lsum = fma(ml_part[c, row, 1], w, lsum)
-        acc = fma(o_part[c, row, d], w, acc)
-    out[i, (row - i * Hq) * DH + d] = acc / lsum
+    _combine(o_part, ml_part, out, row, idx - row * DH, Hq, (n_keys + split - 1) // split)
 
 
 class GQAScratch:
@@ -295,7 +334,9 @@ class GQAScratch:
 
     o [splits, Tq*Hq, Dh] float32 (unnormalized outputs), ml [splits, Tq*Hq, 2] float32
     (running max, running sum), for queries up to ``max_rows`` and keys up to ``max_keys``
-    (context capacity plus block rows); ``mask`` a [1, 1] bool placeholder for unmasked launches.
+    (context capacity plus block rows); ``mask`` a [1, 1] bool placeholder for unmasked launches;
+    ``arrive`` [Tq*Hq] int32 zeros: the fused merge's arrival counters (a (group, row block) holds
+    a row at least), zero again after every launch.
     """
 
     def __init__(self, max_rows: int, heads: int, head_dim: int, max_keys: int, stream=0):
@@ -305,12 +346,13 @@ class GQAScratch:
         self.o = cuda.device_array((splits, rows, head_dim), np.float32, stream=stream)
         self.ml = cuda.device_array((splits, rows, 2), np.float32, stream=stream)
         self.mask = cuda.to_device(np.ones((1, 1), np.bool_), stream=stream)
+        self.arrive = cuda.to_device(np.zeros(rows, np.int32), stream=stream)
 
 
 # -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
 
 def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=None, v_blk=None, mask=None,
-                          tiles=None, stream=0):
+                          tiles=None, fuse=True, stream=0):
     """out[i, h*Dh:(h+1)*Dh] = softmax_j(scale * q[i, h] . key_j) @ value_j for i < t, over the
     keys j: context rows [0, s) of k_ctx / v_ctx, then block rows [0, t) of k_blk / v_blk
     (none when k_blk is None); group h // (Hq / Hkv). Rows i >= t of out are not written.
@@ -321,7 +363,8 @@ def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=N
     ``GQAScratch`` for >= Tq rows and >= S_cap + Tq keys (S_cap without block keys), mask
     [>= t, >= s (+ t)] bool device or None (all keys seen). The grid is sized for Tq, S_cap.
     ``tiles`` overrides ``_tiles`` (tools/tune_tiles.py); its KT and SPLIT must be ``_tiles``'s,
-    which fix the bits and the scratch's splits.
+    which fix the bits and the scratch's splits. ``fuse`` (default): one launch, the splits merged
+    by their last block; False: the merge in a launch of its own (the same bits).
     """
     tq = q.shape[0]
     dh = scratch.o.shape[2]
@@ -336,13 +379,14 @@ def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=N
     max_keys = k_ctx.shape[0] + (tq if has_blk else 0)
     if tq == 0 or max_keys == 0:
         return
-    kernel = _gqa_split_kernel(dh, *cfg, has_blk, mask is not None)
+    kernel = _gqa_split_kernel(dh, *cfg, has_blk, mask is not None, bool(fuse))
     grid = (ceil_div(max_keys, cfg.SPLIT), hkv, ceil_div(tq * g, cfg.RM))
     kernel[grid, cfg.NT, stream](
         q, k_ctx, v_ctx, k_blk if has_blk else k_ctx, v_blk if has_blk else v_ctx,
-        scratch.mask if mask is None else mask, meta, np.float32(scale), scratch.o, scratch.ml)
-    _gqa_combine_kernel[ceil_div(tq * hq * dh, THREADS), THREADS, stream](
-        scratch.o, scratch.ml, meta, cfg.SPLIT, has_blk, out)
+        scratch.mask if mask is None else mask, meta, np.float32(scale), scratch.o, scratch.ml, out, scratch.arrive)
+    if not fuse:
+        _gqa_combine_kernel[ceil_div(tq * hq * dh, THREADS), THREADS, stream](
+            scratch.o, scratch.ml, meta, cfg.SPLIT, has_blk, out)
 
 
 # -- the public launcher (twin: reference.gqa.gqa_attention) ---------------------------------

@@ -8,17 +8,16 @@ dim, I MLP width, V vocab (the target's), L drafter layers.
 
 Every stage is a kernel of ``ddtree_numba.kernels`` enqueued through its device tier
 (``enqueue_*``: GEMMs under the reduction contract of ``kernels.linear``, RMSNorm, the embedding
-gather, GQA attention). A layer is 8 launches: input norm, one GEMM for the q | k | v of the block
+gather, GQA attention). A layer is 7 launches: input norm, one GEMM for the q | k | v of the block
 rows and the new context rows together, one launch for the per-head q_norm / k_norm and the
 rotate-half RoPE that also appends the context keys and values to the cache
-(``enqueue_qkv_norm_rope``), attention (2), o_proj, SwiGLU (2; the post norm folded into its
-gate|up, ``enqueue_swiglu_mlp``'s ``norm``, for hidden sizes up to ``linear._NORM_FOLD_K``, else
-a launch of its own). Sizes that change
-between drafts (cache length s0, new context rows n, the bonus token) are read on the device:
+(``enqueue_qkv_norm_rope``), attention (1: its key splits merged by their last block), o_proj,
+SwiGLU (2; the post norm folded into its gate|up, ``enqueue_swiglu_mlp``'s ``norm``, for hidden
+sizes up to ``linear._NORM_FOLD_K``, else a launch of its own). Sizes that change between drafts
+(cache length s0, new context rows n, the bonus token) are read on the device:
 ``_draft_meta_kernel`` (glue, below) turns them into block ids and the live row counts of
-``Workspace.meta`` at the start of every draft, and
-advances the cache length, so a draft allocates nothing, syncs nothing, and can be captured
-once as a CUDA graph and replayed.
+``Workspace.meta`` at the start of every draft, and advances the cache length, so a draft
+allocates nothing, syncs nothing, and can be captured once as a CUDA graph and replayed.
 
 **Weights.** Matrices are stored as the drafter checkpoint stores them when every matrix has
 one 16-bit dtype (bf16 or fp16; ``load_drafter``), else float32, and widened to float32 in
