@@ -1,5 +1,5 @@
 """A GEMM over its rows' RMSNorm in one launch (``kernels.linear``'s ``norm``): the register kernel
-norms each row itself (``rms_norm.warp_inv_rms``, ``_inv_rms``'s sums in a warp) and scales the raw
+norms each row itself (``rms_norm._warp_inv_rms``, ``_inv_rms``'s sums in a warp) and scales the raw
 activations as it converts them. Held bit for bit to the two launches it replaces
 (``enqueue_rms_norm`` into a buffer, then the GEMM over it), which are each held to their twins
 elsewhere; the scratch buffer left untouched shows that the fold, not the fallback, ran.

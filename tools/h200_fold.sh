@@ -2,7 +2,7 @@
 # An H200 check of the norms folded into their GEMMs (docs/NOTES.md Next 00b); run from the repo
 # root with .whl carried (and ab_old/ for PART=ab); logs to $OUT/log.txt.
 # PART=tests (~4 minutes): the fold against the norm's own launch bit for bit (tests/test_norm_fold.py:
-#   the GPU's warp_inv_rms, 256 virtual threads in shuffles), and the models and rounds over it.
+#   the GPU's _warp_inv_rms, 256 virtual threads in shuffles), and the models and rounds over it.
 # PART=ab (~6 minutes): the demo pair in one run on both sides, ab_old/ (a copy of the tree before
 #   the fold: git worktree add ab_old 7d0cc9b, or git archive 7d0cc9b | tar -x -C ab_old) and this
 #   one: per-stage round times (tools/profile_round.py) and tokens/s (benchmarks/demo_pair.py,

@@ -64,7 +64,7 @@ from ..dtypes import QUANTIZED, BlockScaled, fp8_block_supported
 from ._async import CP_ASYNC_WAIT, cp_async16, cp_async_commit
 from ._mma import mma_bf16, pack_bf16x2
 from ._widen import ELEM as STORED, KINDS, WIDEN, _weight_kind, bf16_to_f32, hi_f32, lo_f32
-from .rms_norm import WARP_NORM_VALS, enqueue_rms_norm, warp_inv_rms
+from .rms_norm import WARP_NORM_VALS, _warp_inv_rms, enqueue_rms_norm
 
 KC = 64                    # reduction chunk of the contract above (fixed: changing it changes bits)
 STEPS = KC // 16           # mma k steps a chunk
@@ -263,7 +263,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
 
     ``norm_eps`` (a float; with ``xraw``, one group, no gather): the activations are the rows'
     RMSNorm, ``norm_w[k] * (x[r, k] * inv_r)`` with inv_r = ``rms_norm._inv_rms``'s, computed by
-    the block's warps before the first mma (``rms_norm.warp_inv_rms``) and applied as each chunk's
+    the block's warps before the first mma (``rms_norm._warp_inv_rms``) and applied as each chunk's
     raw activations are converted: the bits of ``enqueue_rms_norm`` into a buffer and this GEMM
     over it, one launch fewer (``_launch``'s ``norm``).
     """
@@ -521,7 +521,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                 for i in range(warp, RB, NW):     # warp w norms the tile's rows w, w + NW, ...
                     v = float32(0.0)
                     if tile0 + i < end:       # (warp-uniform: the whole warp calls or none)
-                        v = warp_inv_rms(x, tile0 + i, 0, K, EPS, lane, nvals)
+                        v = _warp_inv_rms(x, tile0 + i, 0, K, EPS, lane, nvals)
                     if NW == 1:               # every lane has v: each keeps its rows'
                         for rt in range(RT):
                             if rt * 8 + g == i:

@@ -122,7 +122,7 @@ def _make_warp_inv_rms(T):
 
 # what a warp's norm keeps in registers: T // 32 partials a lane (T a lane in the simulator)
 WARP_NORM_VALS = THREADS if config.ENABLE_CUDASIM else THREADS // 32
-warp_inv_rms = _make_warp_inv_rms(THREADS)
+_warp_inv_rms = _make_warp_inv_rms(THREADS)
 
 
 @functools.lru_cache(maxsize=None)
