@@ -47,7 +47,7 @@ def test_golden_two_drafts_match_the_twin_and_hf(targets):
     assert dev.weight_dtype == "bfloat16" and dev.layers[0].q_proj.dtype == np.uint16
     assert (dev.block_size, dev.target_layer_ids, dev.mask_token_id) == (6, (0, 2), 95)
     split, feats = int(g["split"]), g["features"]
-    hc, dc = host.new_cache(32), dev.new_cache(32)
+    hc, dc, fc = host.new_cache(32), dev.new_cache(32), dev.new_cache(32)
     for call, (lo, hi) in enumerate([(0, split), (split, feats.shape[0])]):
         bonus = int(g[f"block{call}"][0])
         assert (g[f"block{call}"][1:] == dev.mask_token_id).all()
@@ -56,9 +56,10 @@ def test_golden_two_drafts_match_the_twin_and_hf(targets):
         assert isinstance(got, np.ndarray)
         assert_rel(got, want, 1e-4, f"draft {call} vs twin")
         assert_rel(got, g[f"logits{call}"], 1e-4, f"draft {call} vs HF")
-        hidden = dev.workspace(hi - lo).h.copy_to_host()                  # the final-normed block
+        # the final-normed block (a draft folds the final norm into lm_head: forward returns it)
+        hidden = dev.forward(feats[lo:hi], g[f"block{call}"], fc)
         np.testing.assert_allclose(hidden, g[f"hidden{call}"], rtol=1e-4, atol=1e-5)
-        assert dc.length == hc.length == hi
+        assert dc.length == hc.length == fc.length == hi
     assert not dc.overflowed
 
 

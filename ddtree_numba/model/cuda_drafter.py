@@ -162,7 +162,8 @@ class DrafterWorkspace:
     xin: object                 # [B + Nf, M] input_layernorm(x), then hidden_norm(fc(features))
     qkv: object                 # [B + Nf, (Hq + 2 Hkv)*Dh] xin @ qkv_proj (block q, k normed and rotated in place)
     x: object                   # [B, M] residual stream
-    h: object                   # [B, M] normed input of the MLP; the final hidden at the end
+    h: object                   # [B, M] normed input of the MLP (where not folded); the final hidden at the end
+                                # of a forward (a draft's lm_head folds the norm in)
     o: object                   # [B, Hq*Dh] attention output
     act: object                 # [B, I] SwiGLU activation
     logits: object              # [B-1, V] logits of the positions after the bonus
@@ -176,6 +177,7 @@ class DrafterWorkspace:
         self.n_logits = self.meta[4:5]        # B - 1
         self.n_xin = self.meta[5:6]           # B + n: the live rows of xin and qkv
         self.h_tail = self.h[1:]              # [B-1, M] the positions after the bonus
+        self.x_tail = self.x[1:]
         b = self.block
         self.h_blk = self.xin[:b]             # [B, M] the block's normed attention input
         self.ctx = self.xin[b:]               # [Nf, M] hidden_norm(fc(features))
@@ -394,8 +396,9 @@ class CudaDrafter:
 
     def _enqueue_draft(self, ws: DrafterWorkspace, features, n, bonus, cache: DeviceDrafterCache, *,
                        write_block: bool = True, logits: bool = True, stream=0) -> None:
-        """Enqueue the whole draft: sizes, context rows into the cache, the block's layers, the
-        final norm (``ws.h``) and, with ``logits``, lm_head over rows 1.. (``ws.logits``)."""
+        """Enqueue the whole draft: sizes, context rows into the cache, the block's layers, then
+        with ``logits`` lm_head over the final norm of rows 1.. (``ws.logits``; ``ws.h`` is then
+        scratch), else the final norm (``ws.h``)."""
         cfg, target = self.config, self.target
         Hq, Hkv, Dh, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
         self._prepare(ws, cache)
@@ -429,6 +432,8 @@ class CudaDrafter:
             kn.enqueue_swiglu_mlp(ws.x, lw.gate_proj, lw.up_proj, lw.down_proj, ws.x, act=ws.act,
                                   n_rows=ws.n_blk, accumulate=True, norm=(lw.post_attention_layernorm, eps, ws.h),
                                   **gemm, stream=stream)
-        kn.enqueue_rms_norm(ws.x, self.norm, eps, ws.h, ws.n_blk, stream=stream)
-        if logits and ws.block > 1:
-            kn.enqueue_linear(ws.h_tail, target.lm_head, ws.logits, ws.n_logits, **gemm, stream=stream)
+        if logits and ws.block > 1:               # the final norm folded into lm_head where it can be
+            kn.enqueue_linear(ws.x_tail, target.lm_head, ws.logits, ws.n_logits, norm=(self.norm, eps, ws.h_tail),
+                              **gemm, stream=stream)
+        else:
+            kn.enqueue_rms_norm(ws.x, self.norm, eps, ws.h, ws.n_blk, stream=stream)
