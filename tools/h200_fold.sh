@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# An H200 check of the norms folded into their GEMMs (docs/NOTES.md Next 00b); run from the repo
+# An H200 check of the twenty-second session's launch cuts (docs/NOTES.md Next 00b): norms folded
+# into their GEMMs, the drafter's attention in one launch, the level build's seed. Run from the repo
 # root with .whl carried (and ab_old/ for PART=ab); logs to $OUT/log.txt.
 # PART=tests (~4 minutes): the fold against the norm's own launch bit for bit (tests/test_norm_fold.py:
-#   the GPU's _warp_inv_rms, 256 virtual threads in shuffles), and the models and rounds over it.
+#   the GPU's _warp_inv_rms, 256 virtual threads in shuffles), the fused attention merge against its
+#   own launch (tests/test_gqa_kernel.py), the seeded level build against the twin
+#   (tests/test_tree_build.py), and the models and rounds over them.
 # PART=ab (~6 minutes): the demo pair in one run on both sides, ab_old/ (a copy of the tree before
 #   the fold: git worktree add ab_old 7d0cc9b, or git archive 7d0cc9b | tar -x -C ab_old) and this
 #   one: per-stage round times (tools/profile_round.py) and tokens/s (benchmarks/demo_pair.py,
@@ -10,8 +13,9 @@
 source tools/h200_env.sh
 {
 if [ "${PART:-tests}" = tests ]; then
-timeout $(left 560) python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_norm_fold.py tests/test_model_cuda.py \
-  tests/test_cuda_drafter.py tests/test_decode_cuda.py --tb=short 2>&1 | grep -v Warn | tail -6
+timeout $(left 560) python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_norm_fold.py tests/test_gqa_kernel.py \
+  tests/test_tree_build.py tests/test_model_cuda.py tests/test_cuda_drafter.py tests/test_decode_cuda.py --tb=short \
+  2>&1 | grep -v Warn | tail -6
 else
 end=0
 for side in ab_old .; do                        # each side its own kernel cache and half the time
