@@ -142,3 +142,8 @@ def test_fused_merge_gives_the_two_launch_bits_and_resets_its_counters(rng):
             assert not scratch.arrive.copy_to_host().any()
     assert s_cap + tq > 2 * _tiles(dh).SPLIT or REAL_GPU      # several splits a row (the simulator's)
     assert np.isnan(run(True, 0, has_blk=False)[:t]).all() and np.isnan(run(False, 0, has_blk=False)[:t]).all()
+    # a context longer than the grid was sized for (device sizes are not checked): NaN rows and
+    # no arrival counted, so the next launch is right again
+    assert np.isnan(run(True, s_cap + 20 * _tiles(dh).SPLIT)[:t]).all()
+    assert not scratch.arrive.copy_to_host().any()
+    np.testing.assert_array_equal(run(True, 9).view(np.uint32), run(False, 9).view(np.uint32))

@@ -6,11 +6,14 @@ elsewhere; the scratch buffer left untouched shows that the fold, not the fallba
 """
 
 import importlib
+import threading
+import types
 
 import numpy as np
 import pytest
 from numba import cuda
 
+from conftest import REAL_GPU
 from ddtree_numba import kernels as kn
 from ddtree_numba.dtypes import from_storage
 from ddtree_numba.reference.linear import accumulation_bound, linear
@@ -76,6 +79,49 @@ def test_folded_norm_gives_the_bits_of_the_norms_own_launch(rng, precision, tile
         assert not np.isnan(fused[:n]).any()
 
 
+@pytest.mark.parametrize("K, R, n", [(260, 16, 13)] + ([(1020, 8, 1), (1020, 128, 65), (2052, 32, 17)] if REAL_GPU else []))
+def test_folded_norm_with_the_tile_a_launch_chooses(rng, K, R, n):
+    """The tile ``_choose`` gives (on a GPU up to 16 warps splitting the chunks, four row tiles),
+    K past the norm's 256 threads (chains of several terms), and past ``_NORM_FOLD_K`` (2052: the
+    norm's own launch): the two-launch bits, in one launch wherever ``_folds_norm`` says so."""
+    x, gamma = case(rng, R, K)
+    w = bf16_bits(rng, (200, K))
+    fused, scratch = run(x, gamma, w, n, "bf16", None, True)
+    plain, normed = run(x, gamma, w, n, "bf16", None, False)
+    assert_bits(fused, plain)
+    plan = L._plan(cuda.to_device(x), 0, cuda.to_device(w).reshape(1, *w.shape), None, R, "bf16")
+    if L._folds_norm(plan, 0, False, False):
+        assert np.isnan(scratch).all() and K <= L._NORM_FOLD_K
+    else:
+        assert_bits(scratch[:n], normed[:n])
+    assert L._folds_norm(plan, 0, False, False) or K > L._NORM_FOLD_K or REAL_GPU   # (the simulator: folded)
+
+
+@pytest.mark.skipif(not REAL_GPU, reason="a GPU's tile rules and shared-memory limit (the simulator's tiles are small)")
+def test_a_quantized_swiglu_whose_tile_has_no_room_for_the_norms_takes_the_norms_launch(rng):
+    """e4m3 SwiGLU, K 1024, a few rows: the chosen tile's warps fill the 48 KiB of shared memory, so
+    the fold (which needs 4 bytes a row more) is not taken; the result is the two-launch one."""
+    from ddtree_numba.dtypes import BlockScaled
+    K, N, R, n = 1024, 2048, 8, 8
+    x, gamma = case(rng, R, K)
+    data = lambda: (rng.integers(0, 2, (N, K)) << 7 | rng.integers(0, 7, (N, K)) << 3).astype(np.uint8)  # noqa: E731
+    scale = lambda: (rng.random((N // 128, K // 128)) + 0.5).astype(np.float32)  # noqa: E731
+    wg, wu = BlockScaled(data(), scale(), (128, 128)), BlockScaled(data(), scale(), (128, 128))
+    dev = lambda w: BlockScaled(cuda.to_device(w.data), cuda.to_device(w.scale), w.block)  # noqa: E731
+    d_x, d_n = cuda.to_device(x), cuda.to_device(np.array([n], np.int32))
+    outs = []
+    for fold in (True, False):
+        d_out, d_scratch = cuda.to_device(np.zeros((R, N), np.float32)), cuda.to_device(np.zeros((R, K), np.float32))
+        src = d_x
+        if not fold:
+            kn.enqueue_rms_norm(d_x, cuda.to_device(gamma), EPS, d_scratch, d_n)
+            src = d_scratch
+        L._enqueue_swiglu(src, dev(wg), dev(wu), d_out, d_n, precision="bf16",
+                          norm=(cuda.to_device(gamma), EPS, d_scratch) if fold else None)
+        outs.append(d_out.copy_to_host())
+    assert_bits(outs[0], outs[1])
+
+
 @pytest.mark.parametrize("tile", [L._Tile(1, 1, 2), L._Tile(2, 2, 1)])
 def test_folded_norm_in_a_swiglu_gives_the_two_launch_bits(rng, tile):
     K, I, R, n = 64, 20, 12, 11
@@ -130,3 +176,70 @@ def test_folded_norm_mlp_against_its_twin(rng):
     normed = run(x, gamma, w, n, "bf16", L._Tile(1, 1, 1), False)[1][:n]
     want = linear(normed, from_storage(w), "bf16")
     assert (np.abs(fused[:n] - want) <= accumulation_bound(normed, from_storage(w), "bf16")).all()
+
+
+class _Lanes:
+    """``cuda`` for Python threads: a warp's shuffles (32 threads) or a block's barrier."""
+
+    def __init__(self, n):
+        self.barrier, self.slots = threading.Barrier(n), [None] * n
+
+    def _exchange(self, v):
+        lane = threading.current_thread().lane
+        self.slots[lane] = v
+        self.barrier.wait()
+        seen = list(self.slots)
+        self.barrier.wait()
+        return lane, seen
+
+    def shfl_down_sync(self, mask, v, off):
+        lane, seen = self._exchange(v)
+        return seen[lane + off] if lane + off < len(seen) else v
+
+    def shfl_sync(self, mask, v, src):
+        return self._exchange(v)[1][src]
+
+    def syncthreads(self):
+        self.barrier.wait()
+
+
+def _on_threads(fn, n, call):
+    """call(fn with ``cuda`` emulated for n threads, thread index) on n Python threads -> results."""
+    lanes = _Lanes(n)
+    g = dict(fn.__globals__, cuda=lanes, fma=lambda a, b, c: np.float32(np.float64(a) * np.float64(b) + np.float64(c)))
+    f = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
+    out = [None] * n
+
+    def body(i):
+        out[i] = call(f, i)
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
+    for i, th in enumerate(threads):
+        th.lane = i
+        th.start()
+    for th in threads:
+        th.join()
+    return out
+
+
+def test_the_gpus_warp_norm_gives_the_block_norms_bits(rng):
+    """The GPU branch of ``rms_norm._make_warp_inv_rms`` (256 virtual threads: 8 partials a lane,
+    the tree's lower levels by shuffles), run on 32 Python threads with emulated shuffles, gives
+    ``_inv_rms``'s bits with 256 threads (a block's barriers emulated), the norm kernel's on a
+    GPU; and a tree of 128 threads would not (so the check sees the order)."""
+    R = importlib.import_module("ddtree_numba.kernels.rms_norm")
+    warp_norm = R._make_warp_inv_rms(256, warp_ops=True, device=lambda f: f)
+    block_norm = getattr(R._inv_rms, "py_func", R._inv_rms)
+    eps = np.float32(1e-6)
+    differs = 0
+    for m in (96, 260, 1020, 2052):
+        for _ in range(2):
+            x = (rng.standard_normal((1, m)) * np.exp(rng.uniform(-6, 6, (1, m)))).astype(np.float32)
+            warp = _on_threads(warp_norm, 32, lambda f, lane: f(x, 0, 0, m, eps, lane, np.zeros(8, np.float32)))
+            part = np.zeros(256, np.float32)
+            block = _on_threads(block_norm, 256, lambda f, t: f(x, 0, 0, m, eps, part, t, 256))
+            assert len({np.float32(v).view(np.uint32) for v in warp}) == 1       # every lane has it
+            assert np.float32(warp[0]).view(np.uint32) == np.float32(block[0]).view(np.uint32), m
+            part = np.zeros(128, np.float32)
+            half = _on_threads(block_norm, 128, lambda f, t: f(x, 0, 0, m, eps, part, t, 128))
+            differs += np.float32(half[0]).view(np.uint32) != np.float32(block[0]).view(np.uint32)
+    assert differs > 0

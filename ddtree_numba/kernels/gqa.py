@@ -144,12 +144,17 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
         r0 = cuda.blockIdx.z * RM
         key_lo = cuda.blockIdx.x * SPLIT
         tid = cuda.threadIdx.x
-        if fuse and n_keys == 0 and key_lo == 0 and r0 < rows:   # no key at all: NaN rows, as the twin
-            for e in range(tid, RM * DH, NT):
-                r = r0 + e // DH
-                if r < rows:
-                    i = r // G
-                    _combine(o_part, ml_part, out, i * Hq + g * G + r - i * G, e % DH, Hq, 0)
+        n_split = (n_keys + SPLIT - 1) // SPLIT
+        if fuse and (n_keys == 0 or n_split > cuda.gridDim.x):
+            # no key at all: NaN rows, as the twin. More keys than the grid was sized for (meta
+            # past the buffers: device sizes are not checked): NaN rows too, and no arrival, which
+            # would leave a counter that never reaches its last split (every later launch wrong)
+            if key_lo == 0 and r0 < rows:
+                for e in range(tid, RM * DH, NT):
+                    r = r0 + e // DH
+                    if r < rows:
+                        i = r // G
+                        _combine(o_part, ml_part, out, i * Hq + g * G + r - i * G, e % DH, Hq, 0)
             return
         if key_lo >= n_keys or r0 >= rows:
             return  # the whole block leaves together: no thread is left at a barrier
@@ -289,7 +294,6 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
             # the (group, row block)'s last split to finish merges them, as topk's fused merge:
             # the barrier orders the block's writes before thread 0's fence and arrival; the last
             # arrival's fence orders its block's reads after every other block's writes
-            n_split = (n_keys + SPLIT - 1) // SPLIT
             slot = g * cuda.gridDim.z + cuda.blockIdx.z
             cuda.syncthreads()                  # the block's partials are written
             if tid == 0:

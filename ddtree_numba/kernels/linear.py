@@ -380,9 +380,9 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                 for rt in range(RT):
                     bi = (st * RT + rt) * 2
                     _unpack_pairs(xr[bi], xr[bi + 1], f)
-                    if NORM:
-                        for e in range(4):
-                            f[e] = gr[st * 4 + e] * (f[e] * inv[rt])
+                    if NORM:                  # (an fma with -0.0: the rounded product, which the
+                        for e in range(4):    # compiler cannot fuse into the hi / lo split's subtract)
+                            f[e] = fma(gr[st * 4 + e], f[e] * inv[rt], float32(-0.0))
                     _fragment_words(f, xb, xl, bi, bi + 1, XSPLIT)
             for mt in range(MT):
                 for s in range(S):
@@ -530,8 +530,8 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                         ivs[i] = v
                 if NW > 1:
                     cuda.syncthreads()        # every row's inv is in (rewritten only after the
-                    for rt in range(RT):      # next barrier: add_partials holds one a round)
-                        inv[rt] = ivs[rt * 8 + g]
+                    for rt in range(RT):      # next barrier: add_partials holds one a round, and
+                        inv[rt] = ivs[rt * 8 + g]   # a folded launch has K > 0, so a round at least)
             load_chunk(warp, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index, g, t, wa0, wl0, xb0, xl0, xr0,
                        rows, f, norm_w, gr0)
             load_scales(sv0, sc, scu, z, col0, N, warp, C, g)
@@ -1222,10 +1222,13 @@ def _rows_a_tile(tile):
 def _folds_norm(plan, x_gs, grouped, gather) -> bool:
     """Whether a launch of ``plan`` takes its rows' RMSNorm into its activation loads
     (``_mma_kernel``'s ``norm_eps``): the register kernel with raw activation pairs, one group
-    of contiguous rows, at most ``_NORM_FOLD_K`` inputs."""
+    of contiguous rows, at most ``_NORM_FOLD_K`` inputs, and room in shared memory for the tile's
+    rows' norms when its warps share them."""
     n_k = plan.w.shape[2] * 8 if plan.kind == "int4" else plan.w.shape[2]
-    return (not isinstance(plan.tile, _Staged) and _X_RAW and plan.xvec and not grouped and not gather
-            and x_gs == 0 and plan.w.shape[0] == 1 and 0 < n_k <= _NORM_FOLD_K)
+    tile = plan.tile
+    return (not isinstance(tile, _Staged) and _X_RAW and plan.xvec and not grouped and not gather
+            and x_gs == 0 and plan.w.shape[0] == 1 and 0 < n_k <= _NORM_FOLD_K
+            and (tile.NW == 1 or _smem(tile, plan.w_up is not None, plan.kind) + 4 * 8 * tile.RT <= _SMEM_MAX))
 
 
 def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, items, row_index, max_rows, accumulate, precision,

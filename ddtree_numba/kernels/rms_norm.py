@@ -58,7 +58,7 @@ def _inv_rms(x, r, c0, m, eps, part, t, T):
     return float32(float32(1.0) / float32(math.sqrt(var + eps)))
 
 
-def _make_warp_inv_rms(T):
+def _make_warp_inv_rms(T, warp_ops=None, device=device_function):
     """``inv_rms(x, r, c0, m, eps, lane, vals)``: ``_inv_rms``'s result with T (virtual) threads,
     bit for bit, computed by one warp with no barrier, for a kernel that needs a row's norm
     without a block of its own (a GEMM that folds the norm into its activation loads,
@@ -69,15 +69,17 @@ def _make_warp_inv_rms(T):
     ... (each the same fma chain over k = t, t + T, ...); the tree's levels of stride >= 32 add
     within a lane (part[t] += part[t + stride] is vals[j] += vals[j + stride / 32]), the levels
     below by ``shfl_down``. The simulator (no shuffles, and T = 2 there) computes every partial
-    and level in each lane."""
-    WARP = not config.ENABLE_CUDASIM
+    and level in each lane. ``warp_ops`` / ``device``: which branch (default: the GPU's off the
+    simulator) and its decorator, so that a test can run the GPU branch's arithmetic on the CPU
+    with emulated shuffles (tests/test_norm_fold.py)."""
+    WARP = not config.ENABLE_CUDASIM if warp_ops is None else warp_ops
 
     if WARP:
         if T % 32 or T & (T - 1):
             raise ValueError(f"a warp's norm needs a power-of-two multiple of 32 threads, got {T}")
         V = T // 32
 
-        @device_function
+        @device
         def inv_rms(x, r, c0, m, eps, lane, vals):
             for j in range(V):
                 acc = float32(0.0)
@@ -101,7 +103,7 @@ def _make_warp_inv_rms(T):
             var = total / float32(m)
             return float32(float32(1.0) / float32(math.sqrt(var + eps)))
     else:
-        @device_function
+        @device
         def inv_rms(x, r, c0, m, eps, lane, vals):
             for t in range(T):
                 acc = float32(0.0)
