@@ -32,8 +32,8 @@ NEXT = {"draft": "topk", "topk": "build", "build": "verify", "verify": "accept",
 
 
 def gpu_tiles():
-    """``kernels.linear``'s tile rules as on a GPU: its simulator switch off, and its tables as the
-    GPU branch of the module sets them."""
+    """``kernels.linear``'s tile rules as on a GPU: its simulator switch off while a launch is
+    planned, and its GPU tables (``_GPU_RULES``)."""
     import importlib
     lin = importlib.import_module("ddtree_numba.kernels.linear")
     plan = lin._plan
@@ -45,13 +45,7 @@ def gpu_tiles():
         finally:
             lin._SIM = True
     lin._plan = gpu_plan
-    lin.TILES = {"small": lin._Tile(1, 1, 4), "mid": lin._Tile(2, 2, 1), "large": lin._Tile(2, 4, 1),
-                 "staged": lin._Staged(4, 2, 2, 4)}
-    lin._WARPS_WANTED, lin._NW_MAX, lin._STAGED_ROWS, lin._STAGED_BLOCKS = 132 * 8, 16, 64, 132
-    lin._STAGED = {False: lin._Staged(4, 2, 2, 4), True: lin._Staged(2, 4, 2, 2)}
-    lin._vec_ok = lambda w, word=8: w.shape[2] > 0 and (w.shape[2] * w.dtype.itemsize) % word == 0
-    lin._x_pieces_ok = lambda x, x_gs, piece: (x.dtype == "float32" and x.shape[1] % (piece // 4) == 0
-                                               and x_gs % (piece // 4) == 0 and x.strides[0] % piece == 0)
+    lin.TILES, lin._WARPS_WANTED, lin._NW_MAX, lin._STAGED_ROWS, lin._STAGED_BLOCKS, lin._STAGED = lin._GPU_RULES
     lin._choose.cache_clear()
 
 

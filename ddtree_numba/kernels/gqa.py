@@ -130,6 +130,15 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
     N_ACC, N_O = TM * TN, TM2 * TN2
     NEG = -math.inf
 
+    @device_function
+    def combine_block(o_part, ml_part, out, r0, rows, G, g, Hq, n_split, tid):
+        """``_combine`` of every output of the block's rows (``fuse``)."""
+        for e in range(tid, RM * DH, NT):
+            r = r0 + e // DH
+            if r < rows:
+                i = r // G
+                _combine(o_part, ml_part, out, i * Hq + g * G + r - i * G, e % DH, Hq, n_split)
+
     @cached
     @cuda.jit
     def kernel(q, k_ctx, v_ctx, k_blk, v_blk, mask, meta, scale, o_part, ml_part, out, arrive):
@@ -150,11 +159,7 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
             # past the buffers: device sizes are not checked): NaN rows too, and no arrival, which
             # would leave a counter that never reaches its last split (every later launch wrong)
             if key_lo == 0 and r0 < rows:
-                for e in range(tid, RM * DH, NT):
-                    r = r0 + e // DH
-                    if r < rows:
-                        i = r // G
-                        _combine(o_part, ml_part, out, i * Hq + g * G + r - i * G, e % DH, Hq, 0)
+                combine_block(o_part, ml_part, out, r0, rows, G, g, Hq, 0, tid)
             return
         if key_lo >= n_keys or r0 >= rows:
             return  # the whole block leaves together: no thread is left at a barrier
@@ -305,11 +310,7 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
                 salpha[0] = float32(1.0) if arrived == n_split - 1 else float32(0.0)   # (free now)
             cuda.syncthreads()                  # the arrival's verdict is in
             if salpha[0] == float32(1.0):
-                for e in range(tid, RM * DH, NT):
-                    r = r0 + e // DH
-                    if r < rows:
-                        i = r // G
-                        _combine(o_part, ml_part, out, i * Hq + g * G + r - i * G, e % DH, Hq, n_split)
+                combine_block(o_part, ml_part, out, r0, rows, G, g, Hq, n_split, tid)
 
     return kernel
 

@@ -925,6 +925,23 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
 
 
 # -- choosing a tile ------------------------------------------------------------------------
+# The GPU's rules: TILES, _WARPS_WANTED, _NW_MAX, _STAGED_ROWS, _STAGED_BLOCKS, _STAGED (below).
+# tools/count_launches.py --gpu-tiles applies them in the simulator.
+_GPU_RULES = (
+    {"small": _Tile(1, 1, 4), "mid": _Tile(2, 2, 1), "large": _Tile(2, 4, 1), "staged": _Staged(4, 2, 2, 4)},
+    132 * 8,    # warps to stream the weights (the H200 has 132 SMs; measured: more warps splitting
+                # the chunks cost more in partial sums than they hide)
+    16,
+    64,
+    132,        # a block an SM at least
+    # 128 features x 64 rows (SwiGLU: 64 features of both matrices x 64 rows), 8 warps. Grouped
+    # (expert) launches take the SwiGLU shape: the experts' down at 272 rows (a 512-row
+    # workspace, 47 experts of ~35 rows) 375 -> 331 µs (tools/moe_stages.py --tiles). Grouped
+    # SwiGLU (the experts' gate|up) takes the staged kernel only with a ring (``_EXPERT_RING``
+    # below); without one ``_choose`` gives it ``_TALL_SWIGLU`` past ``_GROUPED_ONE_ROW_TILE``
+    # typical rows.
+    {False: _Staged(4, 2, 2, 4), True: _Staged(2, 4, 2, 2)},
+)
 if _SIM:
     # The simulator runs every thread as a Python thread and emulates each mma: one- and
     # two-warp blocks. They still cover several row and column tiles, chunk rounds split over
@@ -938,20 +955,7 @@ if _SIM:
     _STAGED_BLOCKS = 1         # ... if its grid has at least this many blocks
     _STAGED = {False: _Staged(2, 1, 1, 1), True: _Staged(1, 2, 1, 2)}
 else:
-    TILES = {"small": _Tile(1, 1, 4), "mid": _Tile(2, 2, 1), "large": _Tile(2, 4, 1),
-             "staged": _Staged(4, 2, 2, 4)}
-    _WARPS_WANTED = 132 * 8    # warps to stream the weights (the H200 has 132 SMs; measured: more
-                               # warps splitting the chunks cost more in partial sums than they hide)
-    _NW_MAX = 16
-    _STAGED_ROWS = 64
-    _STAGED_BLOCKS = 132       # a block an SM at least
-    # 128 features x 64 rows (SwiGLU: 64 features of both matrices x 64 rows), 8 warps. Grouped
-    # (expert) launches take the SwiGLU shape: the experts' down at 272 rows (a 512-row
-    # workspace, 47 experts of ~35 rows) 375 -> 331 µs (tools/moe_stages.py --tiles). Grouped
-    # SwiGLU (the experts' gate|up) takes the staged kernel only with a ring (``_EXPERT_RING``
-    # below); without one ``_choose`` gives it ``_TALL_SWIGLU`` past ``_GROUPED_ONE_ROW_TILE``
-    # typical rows.
-    _STAGED = {False: _Staged(4, 2, 2, 4), True: _Staged(2, 4, 2, 2)}
+    TILES, _WARPS_WANTED, _NW_MAX, _STAGED_ROWS, _STAGED_BLOCKS, _STAGED = _GPU_RULES
 
 
 # The staged kernel with its weights in a cp.async ring (``NS``; bf16 weights read in 16-byte
@@ -1124,14 +1128,18 @@ def _choose(max_rows, n_cols, n_k, swiglu, n_groups, kind="bf16"):
     return _Tile(mt, rt, nw)
 
 
+def _address(a) -> int:
+    """A device array's address; 0 for the simulator's, which have none (so count as aligned)."""
+    iface = getattr(a, "__cuda_array_interface__", None)
+    return 0 if iface is None else iface["data"][0]
+
+
 def _vec_ok(w, word=8) -> bool:
     """Word loads of a lane's weights (``word`` bytes: a uint64 of four bf16 or eight float8, a
     uint32 of four float8): every row of w [Z, N, K] starts aligned to the word."""
     if w.shape[2] == 0 or (w.shape[2] * np.dtype(w.dtype).itemsize) % word:
         return False
-    if _SIM:
-        return True
-    return w.__cuda_array_interface__["data"][0] % word == 0
+    return _address(w) % word == 0
 
 
 def _x_pieces_ok(x, x_gs, piece) -> bool:
@@ -1141,7 +1149,7 @@ def _x_pieces_ok(x, x_gs, piece) -> bool:
     floats = piece // 4
     if np.dtype(x.dtype) != np.float32 or x.shape[1] % floats or x_gs % floats or x.strides[0] % piece:
         return False
-    return _SIM or x.__cuda_array_interface__["data"][0] % piece == 0
+    return _address(x) % piece == 0
 
 
 _Plan = namedtuple("_Plan", "tile kind block scales w w_up scale scale_up vec xvec")

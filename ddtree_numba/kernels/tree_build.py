@@ -821,9 +821,10 @@ def _build_tree_levels_kernel(threads, seed=True):
     @device_function
     def family_seed(lp, L, R, B, fam, cnt, low, cv, lo, hi, t):
         """The twin's ``family_seed``, the same value (the same float64 sums and candidates);
-        every thread returns it (every thread must call). ``fam`` shared float64 [2 MAX_DEPTH + NC]:
-        the chain's sum before each depth, each depth's lp[d, 0], then a round's candidates; ``cnt`` shared int32 [NC];
-        ``cv`` / ``lo`` / ``hi`` a thread's [CG] candidates and search bounds. A thread takes a
+        every thread returns it (every thread must call). ``fam`` shared float64
+        [2 MAX_DEPTH + NC]: the chain's sum before each depth, each depth's lp[d, 0], then a
+        round's candidates; ``cnt`` shared int32 [NC]; ``cv`` / ``lo`` / ``hi`` a thread's [CG]
+        candidates and search bounds. A thread takes a
         family list (d, e) and a group of CG candidates: their binary searches run side by side
         (the loads in flight together)."""
         if L == 0 or R == 0 or L * R + (L * (L - 1) // 2) * (R - 1) < B:

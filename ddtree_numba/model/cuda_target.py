@@ -621,14 +621,14 @@ class CudaTarget:
                 batch.offsets[i].copy_to_device(ws.moe.offsets, stream=stream)
             if i in hidden_layer_ids and i != last:
                 ws.hidden[i].copy_to_device(ws.x, stream=stream)
-        final_norm = (self.norm, self.config.rms_norm_eps, ws.normed)
+        eps = self.config.rms_norm_eps
         if last in hidden_layer_ids:            # the last layer's feature is the final-normed state:
             normed = ws.hidden[last]            # normed straight into it, and lm_head reads it there
-            kn.enqueue_rms_norm(ws.x, self.norm, self.config.rms_norm_eps, normed, ws.n_rows, stream=stream)
+            kn.enqueue_rms_norm(ws.x, self.norm, eps, normed, ws.n_rows, stream=stream)
             kn.enqueue_linear(normed, self.lm_head, ws.logits, ws.n_rows, **self.gemm_args, stream=stream)
         else:                                   # the norm folded into lm_head where it can be
-            kn.enqueue_linear(ws.x, self.lm_head, ws.logits, ws.n_rows, norm=final_norm, **self.gemm_args,
-                              stream=stream)
+            kn.enqueue_linear(ws.x, self.lm_head, ws.logits, ws.n_rows, norm=(self.norm, eps, ws.normed),
+                              **self.gemm_args, stream=stream)
 
     def layer_stages(self, ws: Workspace, cache: DeviceMLACache | None, i: int, batch: BatchLaunch | None = None):
         """Decoder layer i over ws.x in place, as its named stages: a list of (name, enqueue)
