@@ -53,19 +53,18 @@ SIGNATURES = {
     "accept._round_seed_kernel": [f"void(uint64[::1], {I32_1}, uint64[::1])"],
     "accept._follow_tree_kernel": [f"void({I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1})"],
     "compact._compact_rows_columns_kernel": [
-        f"void({t}[:, :, ::1], {I32_1}, {I32_1})" for t in ("float32", "uint16")],
+        f"void({t}[:, :, ::1], {I32_1}, {I32_1}, {t}[:, :, ::1], int64)" for t in ("float32", "uint16")],
     "compact._compact_rows_gather_kernel": [
         f"void({t}[:, ::1], {I32_1}, {I32_1}, {t}[:, ::1])" for t in ("float32", "uint16")],
     "compact._compact_rows_copy_back_kernel": [
         f"void({t}[:, ::1], {I32_1}, {t}[:, ::1])" for t in ("float32", "uint16")],
     "compact._compact_rows_naive_kernel": [f"void(float32[:, ::1], {I32_1}, {I32_1})"],
     # -- the GPU-resident round's glue (decode/device.py) --
-    "decode.device._round_begin_kernel": [f"void({I32_1}, int64, {I32_1})"],
     "decode.device._verify_inputs_kernel": [
         f"void({I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1})"],
-    "decode.device._nonfinite_kernel": [f"void({F32_2}, {I32_1}, int64, {I32_1})"],
+    "decode.device._nonfinite_kernel": [f"void({F32_2}, {I32_1}, int64, {F32_2}, {I32_1}, int64, {I32_1})"],
     "decode.device._after_accept_kernel": [
-        f"void({I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1})"],
+        f"void({I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, int64, {I32_1})"],
     "decode.device._gather_features_kernel": [
         f"void(float32[:, :, ::1], {I32_1}, {I32_1}, {I32_1}, {F32_2})"],
     # -- the drafter's glue (model/cuda_drafter.py) --

@@ -100,3 +100,24 @@ def test_a_stack_of_layers_compacts_in_one_launch_as_each_layer_alone(rng):
     np.testing.assert_array_equal(d_rows.copy_to_host(), want)
     with pytest.raises(ValueError, match="scratch scheme"):
         kn.enqueue_compact_rows(d_rows, None, None, n_max=1, method="scratch")
+
+
+@pytest.mark.kernels
+def test_a_second_array_compacts_in_the_same_launch(rng):
+    """``second`` (a cache's rope keys beside its latents): both arrays as the twin compacts each,
+    with a different width and layer count, the first one wider than a block (its column blocks,
+    then the second's)."""
+    from numba import cuda
+    a = rng.standard_normal((3, 30, 130)).astype(np.float32)
+    b = rng.standard_normal((2, 30, 7)).astype(np.float32)
+    keep = np.array([0, 2, 3, 7, 11], np.int32)
+    start_n = np.array([5, len(keep)], np.int32)
+    d_a, d_b = cuda.to_device(a), cuda.to_device(b)
+    kn.enqueue_compact_rows(d_a, cuda.to_device(start_n), cuda.to_device(keep), n_max=len(keep), second=d_b)
+    want_a, want_b = a.copy(), b.copy()
+    ref.enqueue_compact_rows(want_a, start_n, keep, n_max=len(keep), second=want_b)
+    for got, want, orig in ((d_a, want_a, a), (d_b, want_b, b)):
+        np.testing.assert_array_equal(got.copy_to_host(), want)
+        np.testing.assert_array_equal(want[:, 5:10], orig[:, 5 + keep])   # the twin moved the rows
+    with pytest.raises(ValueError, match="columns scheme"):
+        kn.enqueue_compact_rows(d_a[0], None, None, n_max=1, method="scratch", second=d_b[0])

@@ -44,18 +44,9 @@ LEVEL_BUILD_FROM = 256
 
 # -- glue kernels ----------------------------------------------------------------------------------
 # The round's state lives on the device, so one captured graph replays every round:
-# state [3] int32 = (cache rows before the round, round number, cache rows allowed).
-
-@cached
-@cuda.jit
-def _round_begin_kernel(state, cap, budget):
-    """Start round state[1] + 1 and set its tree budget, min(cap, rows allowed - cache rows - 1):
-    as many nodes as still fit."""
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
-    if cuda.grid(1) == 0:
-        state[1] += 1
-        budget[0] = max(0, min(cap, state[2] - state[0] - 1))
-
+# state [3] int32 = (cache rows before the round, round number, cache rows allowed), and
+# budget [1] int32 the round's tree budget: set for round 1 by the prefill, then for the next
+# round at the end of each (``_after_accept_kernel``), so a round starts with no launch of its own.
 
 @cached
 @cuda.jit
@@ -89,25 +80,29 @@ def _verify_inputs_kernel(bonus, tokens, depths, tree_parents, n_nodes, state, i
 
 @cached
 @cuda.jit
-def _nonfinite_kernel(x, n_rows, bit, report):
-    """report[3] |= bit when a live row of x (rows < n_rows[0]) holds NaN or infinity: x is a
-    forward's logits (bit 1: the target's, bit 2: the drafter's). Every thread that writes writes
-    the same value, and the kernels that write report[3] run one after another on the stream."""
+def _nonfinite_kernel(x, n_rows, bit, x2, n_rows2, bit2, report):
+    """report[3] |= bit when a live row of x (rows < n_rows[0]) holds NaN or infinity, and
+    (grid z = 1) bit2 for x2's rows < n_rows2[0]: forwards' logits (bit 1: the target's, bit 2:
+    the drafter's), both checked in one launch. Every thread that writes writes the same value,
+    and the kernels that write report[3] run one after another on the stream."""
     grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     i, c = cuda.grid(2)
-    if i < n_rows[0] and c < x.shape[1]:
-        v = x[i, c]
+    second = cuda.blockIdx.z == 1
+    a = x2 if second else x
+    if i < (n_rows2[0] if second else n_rows[0]) and c < a.shape[1]:
+        v = a[i, c]
         if math.isnan(v) or math.isinf(v):
-            report[3] = report[3] | bit
+            report[3] = report[3] | (bit2 if second else bit)
 
 
 @cached
 @cuda.jit
-def _after_accept_kernel(keep, info, tokens, n_nodes, state, start_n, n_new, bonus, report):
+def _after_accept_kernel(keep, info, tokens, n_nodes, state, start_n, n_new, bonus, report, cap, budget):
     """After ``follow_tree``: start_n = (start, n) for the cache compaction, n_new = n context
-    rows for the drafter, bonus = the new bonus, state[0] = start + n (the next round's start),
-    and report = [n, new bonus, N, non-finite flag, accepted tokens...] for the host
-    (``tokens[keep[j] - 1]``, j = 1 .. n-1). Only thread 0 reads or writes ``state``."""
+    rows for the drafter, bonus = the new bonus, state = (start + n, round + 1, _): the next
+    round's start and number, and its tree budget, min(cap, rows allowed - its start - 1): as
+    many nodes as still fit; report = [n, new bonus, N, non-finite flag, accepted tokens...] for
+    the host (``tokens[keep[j] - 1]``, j = 1 .. n-1). Only thread 0 reads or writes ``state``."""
     grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     j = cuda.grid(1)
     n = info[0]
@@ -116,6 +111,8 @@ def _after_accept_kernel(keep, info, tokens, n_nodes, state, start_n, n_new, bon
         start_n[0] = start
         start_n[1] = n
         state[0] = start + n
+        state[1] += 1
+        budget[0] = max(0, min(cap, state[2] - start - n - 1))
         n_new[0] = n
         bonus[0] = info[1]
         report[0] = n
@@ -239,9 +236,13 @@ class DeviceRound:
             self.topk_scratch = kn.TopKScratch.allocate(L, V, K, 0)  # between its slice blocks and merge
             self.level_scratch = kn.LevelScratch.allocate(L, cap, 0) if cap >= LEVEL_BUILD_FROM else None
 
-    def flag_nonfinite(self, logits, n_rows, bit, stream):
-        grid = (ceil_div(logits.shape[0], 4), ceil_div(logits.shape[1], 64))
-        _nonfinite_kernel[grid, (4, 64), stream](logits, n_rows, bit, self.report)
+    def flag_nonfinite(self, logits, n_rows, bit, stream, second=None):
+        """report[3] |= bit if a live row of ``logits`` is not finite; ``second`` = (logits2,
+        n_rows2, bit2): the same for another forward's logits, in the same launch."""
+        x2, n2, bit2 = (logits, n_rows, bit) if second is None else second
+        grid = (ceil_div(max(logits.shape[0], x2.shape[0]), 4), ceil_div(max(logits.shape[1], x2.shape[1]), 64),
+                1 if second is None else 2)
+        _nonfinite_kernel[grid, (4, 64), stream](logits, n_rows, bit, x2, n2, bit2, self.report)
 
     def gather(self, hidden, rows_keep, n_rows, rows, stream):
         """features[j] = the drafter's layers of hidden row rows_keep[j], j < n_rows[0]."""
@@ -254,7 +255,8 @@ class DeviceRound:
         drafter's first context rows (enqueued; the caller syncs)."""
         target, p = self.target, prompt.shape[0]
         self.tcache.reset()
-        self.state.copy_to_device(np.array([p, 0, max_tokens], np.int32), stream=stream)
+        self.state.copy_to_device(np.array([p, 1, max_tokens], np.int32), stream=stream)   # round 1 next
+        self.budget.copy_to_device(np.array([max(0, min(self.cap, max_tokens - p - 1))], np.int32), stream=stream)
         self.seed.copy_to_device(np.array([seed], np.uint64), stream=stream)
         wp = target.workspace(p)
         wp.ids.copy_to_device(np.pad(prompt, (0, wp.rows - p)).astype(np.int32), stream=stream)
@@ -289,8 +291,8 @@ class DeviceRound:
         build -> verify -> accept -> compaction -> the drafter's next context rows, and the
         report the host reads. ``mark(stage)`` is called after each stage (eager runs time them)."""
         ws, tbufs, n_out = self.ws, self.tbufs, self.tbufs.capacity + 1
-        _round_begin_kernel[1, 1, stream](self.state, self.cap, self.budget)
-        kn.enqueue_round_seed(self.seed, self.state[1:2], self.round_seed, stream=stream)
+        if temperature > 0:                   # (the arg-max draws no random numbers)
+            kn.enqueue_round_seed(self.seed, self.state[1:2], self.round_seed, stream=stream)
         if self.method != "ar":
             logits_d = self.drafter.draft_device(self.features, self.n_ctx, self.bonus, self.dcache, stream=stream)
             mark("draft")
@@ -305,17 +307,16 @@ class DeviceRound:
         _verify_inputs_kernel[ceil_div(ws.rows, THREADS), THREADS, stream](
             self.bonus, tbufs.tokens, tbufs.depths, tbufs.parents, tbufs.n_nodes, self.state,
             ws.ids, ws.positions, ws.parents, ws.meta, self.report)          # (clears the flags)
-        if self.method != "ar":
-            self.flag_nonfinite(logits_d, self.draft_rows, DRAFTER_BIT, stream)
         self.target.forward_device(ws, self.tcache, self.layers, stream=stream)
-        self.flag_nonfinite(ws.logits, ws.n_rows, TARGET_BIT, stream)
+        self.flag_nonfinite(ws.logits, ws.n_rows, TARGET_BIT, stream,   # and the draft's, in one launch
+                            second=None if self.method == "ar" else (logits_d, self.draft_rows, DRAFTER_BIT))
         mark("verify")
         kn.sample_post(ws.logits[:n_out], temperature, 0, out=self.post, seed_device=self.round_seed,
                        stream=stream)
         kn.follow_tree(tbufs, self.post, out=(self.keep, self.info), stream=stream)
         _after_accept_kernel[ceil_div(n_out, THREADS), THREADS, stream](
             self.keep, self.info, tbufs.tokens, tbufs.n_nodes, self.state, self.start_n, self.n_ctx,
-            self.bonus, self.report)
+            self.bonus, self.report, self.cap, self.budget)
         mark("accept")
         self.tcache.enqueue_compact(self.start_n, self.keep, n_max=n_out, stream=stream)
         if self.method != "ar":

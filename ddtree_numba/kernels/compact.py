@@ -23,27 +23,37 @@ import numpy as np
 from numba import cuda
 
 from .._checks import check_array, check_compact_inputs
-from .._device import cached, ceil_div, grid_dependency, is_device, to_device
+from .._device import cached, ceil_div, device_function, grid_dependency, is_device, to_device
 
 THREADS = 128
 BLOCK_2D = (4, 64)
 METHODS = ("columns", "scratch")
 
 
-@cached
-@cuda.jit
-def _compact_rows_columns_kernel(rows, start_n, keep):
-    """rows [layers, S, W]: one thread per (column, layer) (grid y = layer), so a cache's every
-    layer compacts in one launch."""
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
-    c = cuda.grid(1)
-    layer = cuda.blockIdx.y
-    if c < rows.shape[2]:
+@device_function
+def _compact_column(rows, start_n, keep, layer, c):
+    """Column c of layer ``layer`` of rows [layers, S, W], in increasing i (the columns scheme)."""
+    if layer < rows.shape[0] and c < rows.shape[2]:
         start = start_n[0]
         for i in range(1, start_n[1]):  # increasing i: every read precedes the writes that reach it
             src = keep[i]
             if src != i:
                 rows[layer, start + i, c] = rows[layer, start + src, c]
+
+
+@cached
+@cuda.jit
+def _compact_rows_columns_kernel(rows, start_n, keep, rows2, blocks):
+    """rows [layers, S, W]: one thread per (column, layer) (grid y = layer), so a cache's every
+    layer compacts in one launch; the grid's blocks from ``blocks`` on take rows2 [layers2, S2, W2]
+    alike (a second array of the same rows, e.g. the rope keys beside the latents)."""
+    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    layer = cuda.blockIdx.y
+    b = cuda.blockIdx.x
+    if b < blocks:
+        _compact_column(rows, start_n, keep, layer, b * cuda.blockDim.x + cuda.threadIdx.x)
+    else:
+        _compact_column(rows2, start_n, keep, layer, (b - blocks) * cuda.blockDim.x + cuda.threadIdx.x)
 
 
 @cached
@@ -76,20 +86,27 @@ def _compact_rows_naive_kernel(rows, start_n, keep):
 
 # -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
 
-def enqueue_compact_rows(rows, start_n, keep, *, n_max, method="columns", scratch=None, stream=0):
+def enqueue_compact_rows(rows, start_n, keep, *, n_max, method="columns", scratch=None, second=None, stream=0):
     """rows[start + i] = rows[start + keep[i]] for i < n, (start, n) = start_n[0:2], on the device;
     twin: ``reference.compact.enqueue_compact_rows``.
 
     rows [S, W] contiguous, or (``columns`` only) [layers, S, W]: every layer's rows move alike,
     in one launch (a cache's layers). start_n [2] int32 device, keep [>= n] int32 device; ``n_max``
     bounds n (it sizes the grid of the scratch scheme, whose ``scratch`` is [>= n_max, W] of rows'
-    dtype).
+    dtype). ``second`` (``columns`` only): another such array of rows' dtype ([S2, W2] or [layers2,
+    S2, W2]) whose rows move alike, in the same launch (a cache's rope keys beside its latents).
     """
     W = rows.shape[rows.ndim - 1]          # (the simulator's shapes take no negative index)
     if method == "columns":
-        stack = rows if rows.ndim == 3 else rows.reshape((1,) + tuple(rows.shape))
-        _compact_rows_columns_kernel[(ceil_div(W, THREADS), stack.shape[0]), THREADS, stream](stack, start_n, keep)
+        stack, stack2 = (a if a.ndim == 3 else a.reshape((1,) + tuple(a.shape))
+                         for a in (rows, rows if second is None else second))
+        blocks = ceil_div(W, THREADS)
+        grid = (blocks + (0 if second is None else ceil_div(stack2.shape[2], THREADS)),
+                max(stack.shape[0], stack2.shape[0]))
+        _compact_rows_columns_kernel[grid, THREADS, stream](stack, start_n, keep, stack2, blocks)
     elif method == "scratch":
+        if second is not None:
+            raise ValueError("second: the columns scheme compacts two arrays in one launch, not the scratch one")
         if rows.ndim != 2:
             raise ValueError(f"the scratch scheme compacts one [S, W] array, got {rows.ndim} dimensions")
         grid = (ceil_div(n_max, BLOCK_2D[0]), ceil_div(W, BLOCK_2D[1]))

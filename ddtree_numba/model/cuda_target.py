@@ -222,8 +222,8 @@ class DeviceMLACache:
         """Compact every layer from device values: rows ``start + keep[i]`` move to ``start + i``
         for i < n, (start, n) = start_n[0:2] (int32 [2] device), keep [>= n] int32 device, n <=
         ``n_max``. No sync; ``length`` is the caller's to update (the decode loop knows n)."""
-        kn.enqueue_compact_rows(self.c_kv, start_n, keep, n_max=n_max, stream=stream)   # every layer at once
-        kn.enqueue_compact_rows(self.k_pe, start_n, keep, n_max=n_max, stream=stream)
+        kn.enqueue_compact_rows(self.c_kv, start_n, keep, n_max=n_max, second=self.k_pe,   # every layer,
+                                stream=stream)                                          # one launch
 
 
 class DeviceCachePool:

@@ -26,15 +26,17 @@ def compact_rows(rows: np.ndarray, start: int, keep: np.ndarray) -> None:
     rows[start:start + keep.shape[0]] = rows[start + keep]  # fancy index copies first
 
 
-def enqueue_compact_rows(rows, start_n, keep, *, n_max, method="columns", scratch=None, stream=0) -> None:
+def enqueue_compact_rows(rows, start_n, keep, *, n_max, method="columns", scratch=None, second=None,
+                         stream=0) -> None:
     """``compact_rows(rows, start, keep[:n])`` for (start, n) = start_n[0:2], of every layer of a
-    [layers, S, W] ``rows`` alike; twin of ``kernels.compact.enqueue_compact_rows`` (its signature,
-    numpy arrays: ``n_max``, ``method``, ``scratch`` and ``stream`` choose how the GPU moves the rows,
-    not where they go)."""
+    [layers, S, W] ``rows`` alike, and of ``second`` (another such array) if given; twin of
+    ``kernels.compact.enqueue_compact_rows`` (its signature, numpy arrays: ``n_max``, ``method``,
+    ``scratch`` and ``stream`` choose how the GPU moves the rows, not where they go)."""
     start, n = int(start_n[0]), int(start_n[1])
     if n:
-        for layer in (rows if rows.ndim == 3 else rows[None]):
-            compact_rows(layer, start, np.asarray(keep[:n]))
+        for a in (rows,) if second is None else (rows, second):
+            for layer in (a if a.ndim == 3 else a[None]):
+                compact_rows(layer, start, np.asarray(keep[:n]))
 
 
 def naive_row_hazards(keep: np.ndarray) -> list[tuple[int, int]]:
