@@ -151,6 +151,64 @@ def test_a_norm_that_does_not_fold_takes_its_own_launch(rng, monkeypatch):
     assert_bits(out, run(x, gamma, w, n, "bf16", staged, False)[0])
 
 
+def run_head(head, rest, gamma, w, n, tile, fold):
+    """(out, x after) of the GEMM over [rms_norm(head); rest[H:n]] (``norm_head``): ``fold``
+    through ``enqueue_linear(norm_head=)`` with x's first H rows poisoned with NaN (a fold never
+    reads them; the norm's own launch writes them), else the norm's launch into x[:H], then the
+    GEMM over x."""
+    H = head.shape[0]
+    x = rest.copy()
+    x[:H] = np.nan
+    d_x, d_h, d_n, d_g = (cuda.to_device(a) for a in (x, head, np.array([n], np.int32), gamma))
+    d_out = cuda.to_device(np.full((x.shape[0], w.shape[0]), np.nan, np.float32))
+    if fold:
+        kn.enqueue_linear(d_x, cuda.to_device(w), d_out, d_n, precision="bf16", tile=tile,
+                          norm=(d_g, EPS, None), norm_head=d_h)
+    else:
+        kn.enqueue_rms_norm(d_h, d_g, EPS, d_x[:H], d_n)
+        kn.enqueue_linear(d_x, cuda.to_device(w), d_out, d_n, precision="bf16", tile=tile)
+    return d_out.copy_to_host(), d_x.copy_to_host()
+
+
+@pytest.mark.parametrize("tile, R, H, n", [(L._Tile(1, 1, 1), 9, 5, 9),     # the head ends inside a row tile
+                                           (L._Tile(1, 1, 2), 12, 8, 11),   # warps splitting the chunks
+                                           (L._Tile(2, 2, 1), 20, 11, 19)])  # two row tiles, two row blocks
+def test_a_folded_norm_of_the_head_rows_gives_the_two_launch_bits(rng, tile, R, H, n):
+    """``norm_head`` (the drafter's block rows over its context rows): rows below H are the norm of
+    norm_head's rows, the rest x's as they are; one launch gives the bits of the norm's launch
+    into x[:H] followed by the GEMM over x, and the twin computes that product."""
+    from ddtree_numba.reference.linear import enqueue_linear as twin_linear
+    K, N = 96, 22
+    rest, gamma = case(rng, R, K)
+    head = case(rng, H, K)[0]
+    w = bf16_bits(rng, (N, K))
+    fused, x_after = run_head(head, rest, gamma, w, n, tile, True)
+    plain, normed = run_head(head, rest, gamma, w, n, tile, False)
+    assert np.isnan(x_after[:H]).all()             # one launch: the head's norms never written out
+    assert_bits(fused, plain)
+    assert not np.isnan(fused[:n]).any()
+    want = np.full_like(fused, np.nan)
+    twin_linear(np.concatenate([np.full((H, K), np.nan, np.float32), rest[H:]]), w, want, np.array([n], np.int32),
+                precision="bf16", norm=(gamma, EPS, None), norm_head=head)
+    assert_bits(want[:n], linear(normed[:n], from_storage(w), "bf16"))   # the twin computes that product
+    assert (np.abs(fused[:n] - want[:n]) <= accumulation_bound(normed[:n], from_storage(w), "bf16")).all()
+
+
+def test_a_head_norm_that_does_not_fold_is_written_into_the_head_rows(rng, monkeypatch):
+    """Past ``_NORM_FOLD_K``: the head's norms are launched into x[:H] (scratch unused), then the
+    GEMM reads x whole: the bits of the two launches."""
+    K, N, R, H, n = 96, 22, 9, 5, 8
+    rest, gamma = case(rng, R, K)
+    head = case(rng, H, K)[0]
+    w = bf16_bits(rng, (N, K))
+    plain, normed = run_head(head, rest, gamma, w, n, L._Tile(1, 1, 1), False)
+    monkeypatch.setattr(L, "_NORM_FOLD_K", 64)
+    out, x_after = run_head(head, rest, gamma, w, n, L._Tile(1, 1, 1), True)
+    assert_bits(x_after[:H], normed[:H])
+    assert_bits(x_after[H:], rest[H:])
+    assert_bits(out, plain)
+
+
 def test_folded_norm_mlp_against_its_twin(rng):
     """``enqueue_swiglu_mlp(norm=)`` as the models call it (out = x, the residual: x += mlp(rms_norm(x)))
     against ``reference.moe.enqueue_swiglu_mlp`` within the bf16 GEMMs' bound."""

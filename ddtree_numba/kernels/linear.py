@@ -241,7 +241,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                 scales="f32", xraw=False, norm_eps=None):
     """Every projection of the module (the device tier below is its only caller).
 
-    ``kernel(x, x_gs, w, w_up, w_scale, w_up_scale, out, o_gs, n_rows, items, row_index, norm_w)``: for group z
+    ``kernel(x, x_gs, w, w_up, w_scale, w_up_scale, out, o_gs, n_rows, items, row_index, norm_w, norm_x)``: for group z
     and rows j in [start, end) (grouped: work item y = blockIdx.y of ``items``, the triple
     (z, start, end) at 3y, from ``_enqueue_moe_sort``; else z = blockIdx.z and 0, n_rows[0]),
     out[j, z*o_gs + n] (+)= f(x[r, z*x_gs : z*x_gs + K] @ w[z, n]) with
@@ -261,11 +261,13 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
     before the current chunk's mma; and a tile's gathered row numbers are read once, not once a
     chunk. The same conversions in the same order: the same bits as without it.
 
-    ``norm_eps`` (a float; with ``xraw``, one group, no gather): the activations are the rows'
-    RMSNorm, ``norm_w[k] * (x[r, k] * inv_r)`` with inv_r = ``rms_norm._inv_rms``'s, computed by
-    the block's warps before the first mma (``rms_norm._warp_inv_rms``) and applied as each chunk's
-    raw activations are converted: the bits of ``enqueue_rms_norm`` into a buffer and this GEMM
-    over it, one launch fewer (``_launch``'s ``norm``).
+    ``norm_eps`` (a float; with ``xraw``, one group, no gather): the activations of rows r below
+    H = norm_x.shape[0] are the RMSNorm of norm_x's, ``norm_w[k] * (norm_x[r, k] * inv_r)`` with
+    inv_r = ``rms_norm._inv_rms``'s, computed by the block's warps before the first mma
+    (``rms_norm._warp_inv_rms``) and applied as each chunk's raw activations are converted: the
+    bits of ``enqueue_rms_norm`` into a buffer and this GEMM over it, one launch fewer
+    (``_launch``'s ``norm``); rows from H on are x's as they are. (norm_x is x itself to norm
+    every row; without ``norm_eps`` norm_w and norm_x are unread stand-ins.)
     """
     NORM = norm_eps is not None
     if NORM and not (xraw and xvec and not grouped and not gather):
@@ -300,10 +302,11 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
 
     @device_function
     def load_chunk(c, x, xc, wv, wuv, z, col0, N, K, tile0, end, row_index, g, t, wa, wl, xb, xl, xr, rows, f,
-                   nw, gr):
+                   nw, gr, nx, NH):
         """Chunk c's fragments into (wa, wl, xb, xl): lane (g, t) takes k = 4t..4t+3 of each
         k step, for its weight rows g and g+8 of each m tile and its row g of each row tile
-        (``NORM``: and the norm weights of those k into gr). Past K (or C) the loads give zeros."""
+        (``NORM``: and the norm weights of those k into gr; rows below NH from nx). Past K (or
+        C) the loads give zeros."""
         for st in range(STEPS):
             k0 = c * KCH + _k_offset(st, t, PAIRED)
             if NORM:
@@ -351,8 +354,12 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                     u0 = uint64(0)
                     u1 = uint64(0)
                     if j < end and k0 < K:
-                        u0 = x[rx, (xc + k0) // 2]
-                        u1 = x[rx, (xc + k0) // 2 + 1]
+                        if NORM and rx < NH:  # a row to norm: norm_x's (xc = 0)
+                            u0 = nx[rx, k0 // 2]
+                            u1 = nx[rx, k0 // 2 + 1]
+                        else:
+                            u0 = x[rx, (xc + k0) // 2]
+                            u1 = x[rx, (xc + k0) // 2 + 1]
                     if XRAW:                  # kept raw: mma_chunk converts them
                         xr[bi] = u0
                         xr[bi + 1] = u1
@@ -368,10 +375,10 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                     _fragment_words(f, xb, xl, bi, bi + 1, XSPLIT)
 
     @device_function
-    def mma_chunk(wa, wl, xb, xl, xr, f, acc, gr, inv):
+    def mma_chunk(wa, wl, xb, xl, xr, f, acc, gr, inv, rows, NH):
         """The chunk's mma chains into acc, from 0, ascending k step (the terms of a step in the
         order of the module docstring). ``XRAW``: each step's activations are converted from
-        their raw pairs in xr into xb (xl) first (``NORM``: normed on the way, as
+        their raw pairs in xr into xb (xl) first (``NORM``: rows below NH normed on the way, as
         ``enqueue_rms_norm`` writes them: norm weight times (x times the row's inv))."""
         for q in range(PS):
             acc[q] = float32(0.0)
@@ -380,8 +387,8 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                 for rt in range(RT):
                     bi = (st * RT + rt) * 2
                     _unpack_pairs(xr[bi], xr[bi + 1], f)
-                    if NORM:                  # (an fma with -0.0: the rounded product, which the
-                        for e in range(4):    # compiler cannot fuse into the hi / lo split's subtract)
+                    if NORM and rows[rt] < NH:   # (an fma with -0.0: the rounded product, which the
+                        for e in range(4):       # compiler cannot fuse into the hi / lo split's subtract)
                             f[e] = fma(gr[st * 4 + e], f[e] * inv[rt], float32(-0.0))
                     _fragment_words(f, xb, xl, bi, bi + 1, XSPLIT)
             for mt in range(MT):
@@ -450,7 +457,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
     # launch bounds: registers capped so that a block of 32*NW threads always fits an SM
     @cached
     @(cuda.jit if _SIM else cuda.jit(launch_bounds=(32 * NW,)))
-    def kernel(x, x_gs, w, w_up, sc, scu, out, o_gs, n_rows, items, row_index, norm_w):
+    def kernel(x, x_gs, w, w_up, sc, scu, out, o_gs, n_rows, items, row_index, norm_w, norm_x):
         grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         tid = nonneg(cuda.threadIdx.x)
         warp = tid // 32
@@ -484,6 +491,12 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
             xv = x.view(np.uint64)
         else:
             xv = x
+        if NORM:                              # the rows to norm, below NH (norm_x: x, or a head of rows)
+            nxv = norm_x.view(np.uint64)
+            NH = norm_x.shape[0]
+        else:
+            nxv = xv
+            NH = 0
         pbuf = cuda.shared.array(PB, float32)
         sbuf = cuda.shared.array(SB, float32)
         # two sets of fragments: chunk r + 1 loads while chunk r is multiplied
@@ -520,8 +533,8 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
             if NORM:                          # (before chunk 0's loads: neither holds registers for the other)
                 for i in range(warp, RB, NW):     # warp w norms the tile's rows w, w + NW, ...
                     v = float32(0.0)
-                    if tile0 + i < end:       # (warp-uniform: the whole warp calls or none)
-                        v = _warp_inv_rms(x, tile0 + i, 0, K, EPS, lane, nvals)
+                    if tile0 + i < end and tile0 + i < NH:    # (warp-uniform: the whole warp calls or none)
+                        v = _warp_inv_rms(norm_x, tile0 + i, 0, K, EPS, lane, nvals)
                     if NW == 1:               # every lane has v: each keeps its rows'
                         for rt in range(RT):
                             if rt * 8 + g == i:
@@ -533,24 +546,24 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                     for rt in range(RT):      # next barrier: add_partials holds one a round, and
                         inv[rt] = ivs[rt * 8 + g]   # a folded launch has K > 0, so a round at least)
             load_chunk(warp, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index, g, t, wa0, wl0, xb0, xl0, xr0,
-                       rows, f, norm_w, gr0)
+                       rows, f, norm_w, gr0, nxv, NH)
             load_scales(sv0, sc, scu, z, col0, N, warp, C, g)
             for rnd in range(0, rounds, 2):
                 if rnd + 1 < rounds:
                     load_chunk((rnd + 1) * NW + warp, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index,
-                               g, t, wa1, wl1, xb1, xl1, xr1, rows, f, norm_w, gr1)
+                               g, t, wa1, wl1, xb1, xl1, xr1, rows, f, norm_w, gr1, nxv, NH)
                     load_scales(sv1, sc, scu, z, col0, N, (rnd + 1) * NW + warp, C, g)
-                mma_chunk(wa0, wl0, xb0, xl0, xr0, f, acc, gr0, inv)
+                mma_chunk(wa0, wl0, xb0, xl0, xr0, f, acc, gr0, inv, rows, NH)
                 add_partials(rnd, C, warp, lane, acc, ys, pbuf, sv0, sbuf)
                 if rnd + 1 < rounds:
                     if rnd + 2 < rounds:
                         load_chunk((rnd + 2) * NW + warp, xv, xc, wv, wuv, z, col0, N, K, tile0, end,
-                                   row_index, g, t, wa0, wl0, xb0, xl0, xr0, rows, f, norm_w, gr0)
+                                   row_index, g, t, wa0, wl0, xb0, xl0, xr0, rows, f, norm_w, gr0, nxv, NH)
                         load_scales(sv0, sc, scu, z, col0, N, (rnd + 2) * NW + warp, C, g)
                     if XRAW:                  # xb0 / xl0 are scratch for either chunk's conversion
-                        mma_chunk(wa1, wl1, xb0, xl0, xr1, f, acc, gr1, inv)
+                        mma_chunk(wa1, wl1, xb0, xl0, xr1, f, acc, gr1, inv, rows, NH)
                     else:
-                        mma_chunk(wa1, wl1, xb1, xl1, xr1, f, acc, gr1, inv)
+                        mma_chunk(wa1, wl1, xb1, xl1, xr1, f, acc, gr1, inv, rows, NH)
                     add_partials(rnd + 1, C, warp, lane, acc, ys, pbuf, sv1, sbuf)
             # -- write the owned outputs: position p = (mt*RT + rt)*4 + e is feature g + 8*(e//2)
             #    of m tile mt and row 2t + e%2 of row tile rt (the C fragment layout)
@@ -1227,30 +1240,37 @@ def _rows_a_tile(tile):
     return 8 * tile.RT * (tile.WN if isinstance(tile, _Staged) else 1)
 
 
-def _folds_norm(plan, x_gs, grouped, gather) -> bool:
+def _folds_norm(plan, x_gs, grouped, gather, head=None) -> bool:
     """Whether a launch of ``plan`` takes its rows' RMSNorm into its activation loads
-    (``_mma_kernel``'s ``norm_eps``): the register kernel with raw activation pairs, one group
-    of contiguous rows, at most ``_NORM_FOLD_K`` inputs, and room in shared memory for the tile's
-    rows' norms when its warps share them."""
+    (``_mma_kernel``'s ``norm_eps``): the register kernel with raw activation pairs (``head``'s
+    too), one group of contiguous rows, at most ``_NORM_FOLD_K`` inputs, and room in shared memory
+    for the tile's rows' norms when its warps share them."""
     n_k = plan.w.shape[2] * 8 if plan.kind == "int4" else plan.w.shape[2]
     tile = plan.tile
     return (not isinstance(tile, _Staged) and _X_RAW and plan.xvec and not grouped and not gather
+            and (head is None or _x_pieces_ok(head, 0, 8))
             and x_gs == 0 and plan.w.shape[0] == 1 and 0 < n_k <= _NORM_FOLD_K
             and (tile.NW == 1 or _smem(tile, plan.w_up is not None, plan.kind) + 4 * 8 * tile.RT <= _SMEM_MAX))
 
 
 def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, items, row_index, max_rows, accumulate, precision,
-            stream, tile=None, tile_rows=None, live_groups=None, norm=None):
+            stream, tile=None, tile_rows=None, live_groups=None, norm=None, head=None):
     """Every GEMM of the module, tiled by ``_plan``. Grouped (``items`` given, [3 * Y] int32):
     a row of blocks a work item, Y rows. ``norm`` = (weight [K] float32, eps, scratch [R, K]
     float32): the GEMM of the rows' RMSNorm, folded into the launch (``_folds_norm``) or, where
-    it does not fold, ``enqueue_rms_norm`` into scratch first; the same bits either way."""
+    it does not fold, ``enqueue_rms_norm`` into scratch first; the same bits either way. With
+    ``head`` [H, K] float32 only rows below H are normed, head's (into x[:H] where the norm does
+    not fold; scratch unused), the rest taken from x as they are."""
     grouped, gather = items is not None, row_index is not None
     swiglu = w_up is not None
     plan = _plan(x, x_gs, w, w_up, max_rows, precision, tile, tile_rows, live_groups, grouped)
-    if norm is not None and not _folds_norm(plan, x_gs, grouped, gather):
+    if norm is not None and not _folds_norm(plan, x_gs, grouped, gather, head):
         norm_w, eps, scratch = norm
-        enqueue_rms_norm(x, norm_w, eps, scratch, n_rows, stream=stream)
+        if head is not None:                  # head's norms into x's first rows, x read whole
+            enqueue_rms_norm(head, norm_w, eps, x[:head.shape[0]], n_rows, stream=stream)
+            scratch = x
+        else:
+            enqueue_rms_norm(x, norm_w, eps, scratch, n_rows, stream=stream)
         return _launch(scratch, x_gs, w, w_up, out, o_gs, n_rows, items, row_index, max_rows, accumulate,
                        precision, stream, tile, tile_rows, live_groups)
     tile, kind, block, scales, w, w_up = plan.tile, plan.kind, plan.block, plan.scales, plan.w, plan.w_up
@@ -1268,7 +1288,8 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, items, row_index, max_rows, acc
                              norm_eps=None if norm is None else float(np.float32(norm[1])))
         cols = ceil_div(N, 16 * tile.MT)
         threads = 32 * tile.NW
-        extra = (out if norm is None else norm[0],)    # the norm weights (a stand-in without a norm)
+        # the norm weights and the rows to norm (stand-ins without a norm)
+        extra = (out, x) if norm is None else (norm[0], x if head is None else head)
     grid = (cols, row_blocks, 1 if grouped else Z)
     if cols == 0 or Z == 0 or row_blocks == 0:
         return
@@ -1290,7 +1311,8 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, items, row_index, max_rows, acc
 # from the rows (``_choose``), as a forward does; a ``TILES`` entry forces one for every launch
 # (the same bits by the contract; the simulator's whole-forward tests take the smallest).
 
-def enqueue_linear(x, w, out, n_rows, *, precision, accumulate=False, tile=None, norm=None, stream=0):
+def enqueue_linear(x, w, out, n_rows, *, precision, accumulate=False, tile=None, norm=None, norm_head=None,
+                   stream=0):
     """out[:n] (+)= x[:n] @ w.T for n = n_rows[0]; twin: ``reference.linear.enqueue_linear`` (over
     ``reference.linear.linear``).
 
@@ -1299,9 +1321,12 @@ def enqueue_linear(x, w, out, n_rows, *, precision, accumulate=False, tile=None,
     the product of the rows' RMSNorm instead, rms_norm(x[:n]) @ w.T, with the bits of
     ``rms_norm.enqueue_rms_norm`` into scratch followed by this GEMM over scratch; few-row
     launches of at most ``_NORM_FOLD_K`` inputs do it in one launch (scratch untouched), the
-    others in those two (scratch written)."""
+    others in those two (scratch written). ``norm_head`` [H, K] f32 (with ``norm``; H <= n): only
+    the first H rows are normed, and they are norm_head's: the product of [rms_norm(norm_head);
+    x[H:n]], with the bits of ``enqueue_rms_norm`` of norm_head into x[:H] followed by this GEMM
+    over x (which the launches that do not fold do; x[:H] is then written, scratch unused)."""
     _launch(x, 0, w.reshape(1, *w.shape), None, out, 0, n_rows, None, None, x.shape[0],
-            accumulate, precision, stream, tile, norm=norm)
+            accumulate, precision, stream, tile, norm=norm, head=norm_head)
 
 
 def enqueue_linear_heads(x, x_group_stride, w, out, n_rows, *, precision, tile=None, stream=0):

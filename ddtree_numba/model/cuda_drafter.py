@@ -8,8 +8,10 @@ dim, I MLP width, V vocab (the target's), L drafter layers.
 
 Every stage is a kernel of ``ddtree_numba.kernels`` enqueued through its device tier
 (``enqueue_*``: GEMMs under the reduction contract of ``kernels.linear``, RMSNorm, the embedding
-gather, GQA attention). A layer is 7 launches: input norm, one GEMM for the q | k | v of the block
-rows and the new context rows together, one launch for the per-head q_norm / k_norm and the
+gather, GQA attention). A layer is 6 launches: one GEMM for the q | k | v of the block rows and
+the new context rows together (the block rows' input norm folded into it, ``enqueue_linear``'s
+``norm_head``, for hidden sizes up to ``linear._NORM_FOLD_K``, else a launch of its own), one
+launch for the per-head q_norm / k_norm and the
 rotate-half RoPE that also appends the context keys and values to the cache
 (``enqueue_qkv_norm_rope``), attention (1: its key splits merged by their last block), o_proj,
 SwiGLU (2; the post norm folded into its gate|up, ``enqueue_swiglu_mlp``'s ``norm``, for hidden
@@ -159,7 +161,8 @@ class DrafterWorkspace:
     ids: object                 # [B] int32 block token ids
     feat: object                # [Nf, Y*M] features of the host API (the device API reads the caller's)
     ctx_raw: object             # [Nf, M] fc(features)
-    xin: object                 # [B + Nf, M] input_layernorm(x), then hidden_norm(fc(features))
+    xin: object                 # [B + Nf, M] input_layernorm(x) (where the norm does not fold into the qkv
+                                # GEMM; else unused), then hidden_norm(fc(features))
     qkv: object                 # [B + Nf, (Hq + 2 Hkv)*Dh] xin @ qkv_proj (block q, k normed and rotated in place)
     x: object                   # [B, M] residual stream
     h: object                   # [B, M] normed input of the MLP (where not folded); the final hidden at the end
@@ -179,7 +182,6 @@ class DrafterWorkspace:
         self.h_tail = self.h[1:]              # [B-1, M] the positions after the bonus
         self.x_tail = self.x[1:]
         b = self.block
-        self.h_blk = self.xin[:b]             # [B, M] the block's normed attention input
         self.ctx = self.xin[b:]               # [Nf, M] hidden_norm(fc(features))
 
 
@@ -416,11 +418,12 @@ class CudaDrafter:
         scale = float(Dh) ** -0.5
         for i, lw in enumerate(self.layers):
             k_cache, v_cache = cache.k[i], cache.v[i]                  # [S_cap, Hkv*Dh]
-            # one GEMM projects the block (q, k, v at positions s0 + n + j, never cached) and
-            # the new context rows (k, v at s0 + c); one launch norms and rotates the block's q
-            # and k in place and appends the context rows' keys and values to the cache
-            kn.enqueue_rms_norm(ws.x, lw.input_layernorm, eps, ws.h_blk, ws.n_blk, stream=stream)
-            kn.enqueue_linear(ws.xin, lw.qkv_proj, ws.qkv, ws.n_xin, **gemm, stream=stream)
+            # one GEMM projects the block (q, k, v at positions s0 + n + j, never cached) from the
+            # input norm of x (folded into it where it can be, else normed into xin's block rows
+            # first) and the new context rows (k, v at s0 + c); one launch norms and rotates the
+            # block's q and k in place and appends the context rows' keys and values to the cache
+            kn.enqueue_linear(ws.xin, lw.qkv_proj, ws.qkv, ws.n_xin, norm=(lw.input_layernorm, eps, None),
+                              norm_head=ws.x, **gemm, stream=stream)      # (xin's block rows: x's norms)
             kn.enqueue_qkv_norm_rope(ws.qkv, ws.meta, lw.q_norm, lw.k_norm, eps, self.inv_freq,
                                      n_q_heads=Hq, n_kv_heads=Hkv, interleave=False,   # Qwen3's rotate-half
                                      k_cache=k_cache, v_cache=v_cache, stream=stream)

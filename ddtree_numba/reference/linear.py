@@ -104,14 +104,22 @@ def swiglu_bound(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, precision:
 # (``tile`` and ``stream`` are the kernels'; here they change nothing, as on the GPU they change no
 # bit.) The kernels match these within ``accumulation_bound``: the twin sums each output exactly.
 
-def enqueue_linear(x, w, out, n_rows, *, precision, accumulate=False, tile=None, norm=None, stream=0) -> None:
+def enqueue_linear(x, w, out, n_rows, *, precision, accumulate=False, tile=None, norm=None, norm_head=None,
+                   stream=0) -> None:
     """out[:n] (+)= linear(x[:n], w, precision) for n = n_rows[0]; twin of
     ``kernels.linear.enqueue_linear``. x [R, K] float32, w [N, K] stored (float32 / float16 /
     uint16 bfloat16 bits), out [R, N] float32 (rows from n on untouched), n_rows [>= 1] int32.
     ``norm`` = (weight [K], eps, scratch): the product of ``rms_norm(x[:n], weight, eps)`` instead
-    (scratch unused here; the kernel may write it)."""
+    (scratch unused here; the kernel may write it). ``norm_head`` [H, K] (with ``norm``): the
+    product of [rms_norm(norm_head); x[H:n]] (x[:H] unused here; the kernel may write it)."""
     n = int(n_rows[0])
-    rows = x[:n] if norm is None else rms_norm(x[:n], norm[0], norm[1])
+    if norm is None:
+        rows = x[:n]
+    elif norm_head is None:
+        rows = rms_norm(x[:n], norm[0], norm[1])
+    else:
+        head = norm_head.shape[0]
+        rows = np.concatenate([rms_norm(norm_head, norm[0], norm[1]), x[head:n]])[:n]
     y = linear(rows, from_storage(w), precision)                     # [n, N]
     out[:n] = out[:n] + y if accumulate else y
 
