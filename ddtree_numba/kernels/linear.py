@@ -238,7 +238,7 @@ def _block_rows(items, n_rows, rows_per_tile, grouped):
 
 @functools.lru_cache(maxsize=None)
 def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision, MT, RT, NW, block=(0, 0),
-                scales="f32", xraw=False, norm_eps=None):
+                scales="f32", xraw=False, norm_eps=None, norm_head=False):
     """Every projection of the module (the device tier below is its only caller).
 
     ``kernel(x, x_gs, w, w_up, w_scale, w_up_scale, out, o_gs, n_rows, items, row_index, norm_w, norm_x)``: for group z
@@ -266,13 +266,15 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
     inv_r = ``rms_norm._inv_rms``'s, computed by the block's warps before the first mma
     (``rms_norm._warp_inv_rms``) and applied as each chunk's raw activations are converted: the
     bits of ``enqueue_rms_norm`` into a buffer and this GEMM over it, one launch fewer
-    (``_launch``'s ``norm``); rows from H on are x's as they are. (norm_x is x itself to norm
-    every row; without ``norm_eps`` norm_w and norm_x are unread stand-ins.)
+    (``_launch``'s ``norm``); with ``norm_head`` rows from H on are x's as they are (without it
+    norm_x is x itself and every row is normed: no per-row test, fewer registers). Without
+    ``norm_eps`` norm_w and norm_x are unread stand-ins.
     """
     NORM = norm_eps is not None
     if NORM and not (xraw and xvec and not grouped and not gather):
         raise ValueError("a folded norm needs raw activation pairs (xraw), one group and no gather")
     EPS = np.float32(norm_eps if NORM else 0.0)
+    HEAD = NORM and norm_head                 # only the rows below norm_x's are normed, norm_x's
     S = 2 if swiglu else 1                    # matrices: gate (and up)
     FP8 = kind in SCALED_KINDS                # quantized (float8 / int4): scales per block (``_epilogue``)
     INT4 = kind == "int4"                     # eight 4-bit values an int32 word
@@ -354,7 +356,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                     u0 = uint64(0)
                     u1 = uint64(0)
                     if j < end and k0 < K:
-                        if NORM and rx < NH:  # a row to norm: norm_x's (xc = 0)
+                        if HEAD and rx < NH:  # a row to norm: norm_x's (xc = 0)
                             u0 = nx[rx, k0 // 2]
                             u1 = nx[rx, k0 // 2 + 1]
                         else:
@@ -387,8 +389,8 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                 for rt in range(RT):
                     bi = (st * RT + rt) * 2
                     _unpack_pairs(xr[bi], xr[bi + 1], f)
-                    if NORM and rows[rt] < NH:   # (an fma with -0.0: the rounded product, which the
-                        for e in range(4):       # compiler cannot fuse into the hi / lo split's subtract)
+                    if NORM and (not HEAD or rows[rt] < NH):   # (an fma with -0.0: the rounded
+                        for e in range(4):    # product, which the compiler cannot fuse into the hi / lo split's subtract)
                             f[e] = fma(gr[st * 4 + e], f[e] * inv[rt], float32(-0.0))
                     _fragment_words(f, xb, xl, bi, bi + 1, XSPLIT)
             for mt in range(MT):
@@ -491,7 +493,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
             xv = x.view(np.uint64)
         else:
             xv = x
-        if NORM:                              # the rows to norm, below NH (norm_x: x, or a head of rows)
+        if HEAD:                              # the rows to norm, below NH, are norm_x's
             nxv = norm_x.view(np.uint64)
             NH = norm_x.shape[0]
         else:
@@ -533,7 +535,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
             if NORM:                          # (before chunk 0's loads: neither holds registers for the other)
                 for i in range(warp, RB, NW):     # warp w norms the tile's rows w, w + NW, ...
                     v = float32(0.0)
-                    if tile0 + i < end and tile0 + i < NH:    # (warp-uniform: the whole warp calls or none)
+                    if tile0 + i < end and (not HEAD or tile0 + i < NH):   # (warp-uniform: all or none)
                         v = _warp_inv_rms(norm_x, tile0 + i, 0, K, EPS, lane, nvals)
                     if NW == 1:               # every lane has v: each keeps its rows'
                         for rt in range(RT):
@@ -1285,7 +1287,8 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, items, row_index, max_rows, acc
     else:
         kernel = _mma_kernel(kind, swiglu, accumulate, grouped, gather, plan.vec, plan.xvec, precision, *tile,
                              block=block, scales=scales, xraw=_X_RAW and plan.xvec,
-                             norm_eps=None if norm is None else float(np.float32(norm[1])))
+                             norm_eps=None if norm is None else float(np.float32(norm[1])),
+                             norm_head=head is not None)
         cols = ceil_div(N, 16 * tile.MT)
         threads = 32 * tile.NW
         # the norm weights and the rows to norm (stand-ins without a norm)
