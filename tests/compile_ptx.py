@@ -64,7 +64,8 @@ SIGNATURES = {
         f"void({I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1})"],
     "decode.device._nonfinite_kernel": [f"void({F32_2}, {I32_1}, int64, {F32_2}, {I32_1}, int64, {I32_1})"],
     "decode.device._after_accept_kernel": [
-        f"void({I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, int64, {I32_1})"],
+        f"void({I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, int64, {I32_1}, "
+        f"float32[:, :, ::1], {I32_1}, {F32_2})"],
     "decode.device._gather_features_kernel": [
         f"void(float32[:, :, ::1], {I32_1}, {I32_1}, {I32_1}, {F32_2})"],
     # -- the drafter's glue (model/cuda_drafter.py) --

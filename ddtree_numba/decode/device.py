@@ -28,7 +28,8 @@ from numba import config as numba_config
 from numba import cuda
 
 from .. import kernels as kn
-from .._device import cached, capture_graph, capture_graphs, ceil_div, destroy_graph, grid_dependency, replay_graph
+from .._device import (cached, capture_graph, capture_graphs, ceil_div, destroy_graph, device_function, grid_dependency,
+                       replay_graph)
 from ..model.protocols import DeviceDrafter, DeviceTarget
 from .rounds import STAGES, GenerationResult, RoundLog, round_seed
 
@@ -95,17 +96,37 @@ def _nonfinite_kernel(x, n_rows, bit, x2, n_rows2, bit2, report):
             report[3] = report[3] | (bit2 if second else bit)
 
 
+@device_function
+def _gather_feature(hidden, layer_ids, keep, j, col, features):
+    """features[j, y*M + c] = hidden[layer_ids[y], keep[j], c] for col = y*M + c: a target hidden
+    state of an accepted node, a column of the drafter's next context row j."""
+    if col < features.shape[1]:
+        M = hidden.shape[2]
+        y = col // M
+        features[j, col] = hidden[layer_ids[y], keep[j], col - y * M]
+
+
 @cached
 @cuda.jit
-def _after_accept_kernel(keep, info, tokens, n_nodes, state, start_n, n_new, bonus, report, cap, budget):
-    """After ``follow_tree``: start_n = (start, n) for the cache compaction, n_new = n context
-    rows for the drafter, bonus = the new bonus, state = (start + n, round + 1, _): the next
-    round's start and number, and its tree budget, min(cap, rows allowed - its start - 1): as
-    many nodes as still fit; report = [n, new bonus, N, non-finite flag, accepted tokens...] for
-    the host (``tokens[keep[j] - 1]``, j = 1 .. n-1). Only thread 0 reads or writes ``state``."""
+def _after_accept_kernel(keep, info, tokens, n_nodes, state, start_n, n_new, bonus, report, cap, budget,
+                         hidden, layer_ids, features):
+    """After ``follow_tree``, blocks of grid y = 0 (thread j over the x blocks): start_n = (start,
+    n) for the cache compaction, n_new = n context rows for the drafter, bonus = the new bonus,
+    state = (start + n, round + 1, _): the next round's start and number, and its tree budget,
+    min(cap, rows allowed - its start - 1): as many nodes as still fit; report = [n, new bonus, N,
+    non-finite flag, accepted tokens...] for the host (``tokens[keep[j] - 1]``, j = 1 .. n-1).
+    Only thread 0 reads or writes ``state``. Blocks of y >= 1 (a grid of as many x blocks as
+    nodes, none for ``ar``): features[j] = the drafter's layers of hidden row keep[j] for j < n,
+    columns (y - 1) * blockDim + thread, the drafter's next context rows."""
     grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
-    j = cuda.grid(1)
     n = info[0]
+    if cuda.blockIdx.y > 0:
+        j = cuda.blockIdx.x
+        if j < n:
+            _gather_feature(hidden, layer_ids, keep, j, (cuda.blockIdx.y - 1) * cuda.blockDim.x + cuda.threadIdx.x,
+                            features)
+        return
+    j = cuda.grid(1)
     if j == 0:
         start = state[0]
         start_n[0] = start
@@ -126,13 +147,11 @@ def _after_accept_kernel(keep, info, tokens, n_nodes, state, start_n, n_new, bon
 @cuda.jit
 def _gather_features_kernel(hidden, layer_ids, keep, n_rows, features):
     """features[j, y*M + c] = hidden[layer_ids[y], keep[j], c] for j < n_rows[0]: the target's
-    hidden states of the accepted nodes, the drafter's next context rows."""
+    hidden states of the prompt's rows, the drafter's first context rows."""
     grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     j, col = cuda.grid(2)
-    M = hidden.shape[2]
-    if j < n_rows[0] and col < features.shape[1]:
-        y = col // M
-        features[j, col] = hidden[layer_ids[y], keep[j], col - y * M]
+    if j < n_rows[0]:
+        _gather_feature(hidden, layer_ids, keep, j, col, features)
 
 
 # -- the loop --------------------------------------------------------------------------------------
@@ -235,6 +254,9 @@ class DeviceRound:
             self.ids = cuda.device_array((L, K), np.int32)
             self.topk_scratch = kn.TopKScratch.allocate(L, V, K, 0)  # between its slice blocks and merge
             self.level_scratch = kn.LevelScratch.allocate(L, cap, 0) if cap >= LEVEL_BUILD_FROM else None
+        # the gather of the drafter's next context rows in _after_accept_kernel (stand-ins for ar)
+        self.feature_args = ((self.ws.hidden, self.info, self.ws.logits) if method == "ar" else
+                             (self.ws.hidden, self.layer_ids, self.features))
 
     def flag_nonfinite(self, logits, n_rows, bit, stream, second=None):
         """report[3] |= bit if a live row of ``logits`` is not finite; ``second`` = (logits2,
@@ -314,13 +336,13 @@ class DeviceRound:
         kn.sample_post(ws.logits[:n_out], temperature, 0, out=self.post, seed_device=self.round_seed,
                        stream=stream)
         kn.follow_tree(tbufs, self.post, out=(self.keep, self.info), stream=stream)
-        _after_accept_kernel[ceil_div(n_out, THREADS), THREADS, stream](
+        # (with a drafter, also the accepted nodes' hidden states: its next context rows)
+        gather = 0 if self.method == "ar" else ceil_div(self.features.shape[1], THREADS)
+        _after_accept_kernel[(n_out if gather else ceil_div(n_out, THREADS), 1 + gather), THREADS, stream](
             self.keep, self.info, tbufs.tokens, tbufs.n_nodes, self.state, self.start_n, self.n_ctx,
-            self.bonus, self.report, self.cap, self.budget)
+            self.bonus, self.report, self.cap, self.budget, *self.feature_args)
         mark("accept")
         self.tcache.enqueue_compact(self.start_n, self.keep, n_max=n_out, stream=stream)
-        if self.method != "ar":
-            self.gather(ws.hidden, self.keep, self.n_ctx, n_out, stream)
         mark("compact")
 
     def close(self) -> None:
