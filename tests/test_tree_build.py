@@ -407,7 +407,7 @@ def test_seed_family_counts_and_seed_against_brute_force():
 @pytest.mark.kernels
 def test_level_kernel_filters_and_selects_as_the_twin_does():
     """With and without the seed: the same tree, and the seed the kernel computed (``LevelScratch.seed``)
-    is the twin's."""
+    is the twin's. Below ``SEED_FROM`` nodes the default build computes no seed."""
     rng = np.random.default_rng(1)
     for budget in (8, 20):
         lp, ids = _peaked_draft(rng, k=budget)
@@ -417,6 +417,10 @@ def test_level_kernel_filters_and_selects_as_the_twin_does():
         scratch = kn.LevelScratch.allocate(lp.shape[0], budget)
         assert kn.build_tree_levels(lp, ids, budget, threads=THREADS, seed=False, scratch=scratch) == want
         assert scratch.seed.copy_to_host()[0] == -np.inf
-        assert kn.build_tree_levels(lp, ids, budget, threads=THREADS, scratch=scratch) == want
+        assert kn.build_tree_levels(lp, ids, budget, threads=THREADS, seed=True, scratch=scratch) == want
         R = min(lp.shape[1], budget)               # the kernel's seed is the twin's, bit for bit
         assert scratch.seed.copy_to_host()[0] == tb.family_seed(lp.astype(np.float64)[:, :R], R, budget)
+        fresh = kn.LevelScratch.allocate(lp.shape[0], budget)
+        assert budget < kn.tree_build.SEED_FROM
+        assert kn.build_tree_levels(lp, ids, budget, threads=THREADS, scratch=fresh) == want
+        assert fresh.seed.copy_to_host()[0] == -np.inf

@@ -500,10 +500,15 @@ class LevelScratch:
 # The level build raises its bound by the seed family before its first selection (``seed``; twin:
 # ``reference.tree_build.family_seed``). On six demo-drafter drafts (tools/level_seed_study.py,
 # CPU) it takes the selecting levels at budgets 16 / 64 / 128 / 256 / 1024 from 6 / 12 / 13 / 15 /
-# 19 to 0 / 0 / 4 / 4 / 6; a draft that never selects never computes it. Unmeasured on a GPU.
-# By default only in blocks of up to SEED_THREADS: at 1024 threads (64 registers a thread) its
-# code takes the kernel from 104 to ~2,300 bytes of spill loads (ptxas 13.0 -v), 36 at 512.
+# 19 to 0 / 0 / 4 / 4 / 6; a draft that never selects never computes it. Measured on the H200
+# (4815288, a demo-drafter draft, µs unseeded / seeded in its own block / seeded in 512 threads):
+# 92 / 468 / 97 at budget 16, 111 / 344 / 137 at 64, 161 / 211 / 183 at 256, 447 / 324 / 304 at
+# 1024. The seed's search (binary searches of lp in global memory) costs more than the selections
+# it saves below ~1024 nodes, so by default it runs from SEED_FROM nodes, in SEED_THREADS threads:
+# at 1024 threads (64 registers a thread) its code takes the kernel from 104 to ~2,300 bytes of
+# spill loads (ptxas 13.0 -v), 36 at 512.
 LEVEL_SEED = True
+SEED_FROM = 512
 SEED_THREADS = 512
 
 
@@ -1233,14 +1238,18 @@ def build_tree_levels(lp, ids, budget, *, out=None, scratch=None, budget_device=
     lp [L, K] float32 (rows descending), ids [L, K] int32, numpy or device. ``scratch``: a
     ``LevelScratch`` for (L, budget) to reuse (allocated when None). Returns a host ``Tree``, or,
     when ``out`` (``TreeBuffers``) is given, fills it on ``stream`` and returns it without
-    synchronising. ``budget_device``: as ``build_tree``'s. ``threads``: the block
-    (``_level_threads(budget)`` when None). ``seed``: raise the bound by the seed family before
-    the first selection (when None: ``LEVEL_SEED`` in blocks of up to ``SEED_THREADS``); the same
-    tree either way.
+    synchronising. ``budget_device``: as ``build_tree``'s. ``seed``: raise the bound by the
+    seed family before the first selection (when None: ``LEVEL_SEED`` from ``SEED_FROM`` nodes,
+    in blocks of up to ``SEED_THREADS``); the same tree either way. ``threads``: the block (when
+    None ``_level_threads(budget)``, at most ``SEED_THREADS`` when seeding).
     """
     budget = _check_limits(check_build_inputs(lp, ids, budget), lp.shape[0])
     L, K = lp.shape
-    threads = _level_threads(budget) if threads is None else check_threads(threads, hi=LEVEL_THREADS)
+    if seed is None:
+        seed = LEVEL_SEED and budget >= SEED_FROM and (threads is None or threads <= SEED_THREADS)
+    if threads is None:
+        threads = min(_level_threads(budget), SEED_THREADS) if seed else _level_threads(budget)
+    threads = check_threads(threads, hi=LEVEL_THREADS)
     bufs = out if out is not None else TreeBuffers.allocate(budget, stream)
     if bufs.capacity < budget:
         raise ValueError(f"out holds {bufs.capacity} nodes; budget is {budget}")
@@ -1250,8 +1259,6 @@ def build_tree_levels(lp, ids, budget, *, out=None, scratch=None, budget_device=
         raise ValueError(f"scratch is for {scratch.score.shape[0]} depths x budget {scratch.score.shape[1]}; "
                          f"this build needs {L} x {budget}")
     sc = scratch
-    if seed is None:
-        seed = LEVEL_SEED and threads <= SEED_THREADS
     _build_tree_levels_kernel(threads, bool(seed))[1, threads, stream](
         to_device(lp, stream), to_device(ids, stream), budget, _device_budget(budget_device),
         bufs.tokens, bufs.depths, bufs.parents, bufs.ranks, bufs.scores, bufs.n_nodes,
