@@ -49,9 +49,10 @@ SIGNATURES = {
                         f"float64[:, ::1], {I32_1}, {F64_1})") for seed in (True, False)],
     "visibility._visibility_kernel": [f"void({I32_1}, boolean[:, ::1])"],
     "visibility._visibility_bits_kernel": [f"void({I32_1}, {U32_2})"],
-    "accept._sample_post_kernel": [f"void({F32_2}, float64, uint64[::1], {I32_1})"],
+    "visibility._pooled_visibility_bits_kernel": [f"void({I32_1}, {I32_2}, {U32_2})"],
+    "accept._sample_post_kernel": [f"void({F32_2}, float64, uint64[::1], {I32_2}, {I32_1})"],
     "accept._round_seed_kernel": [f"void(uint64[::1], {I32_1}, uint64[::1])"],
-    "accept._follow_tree_kernel": [f"void({I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1})"],
+    "accept._follow_tree_kernel": [f"void({I32_2}, {I32_2}, {I32_1}, {I32_1}, {I32_2}, {I32_2}, {I32_2})"],
     "compact._compact_rows_columns_kernel": [
         f"void({t}[:, :, ::1], {I32_1}, {I32_1}, {t}[:, :, ::1], int64)" for t in ("float32", "uint16")],
     "compact._compact_rows_gather_kernel": [

@@ -288,3 +288,52 @@ def test_rounds_launched_ahead_commit_the_tokens_of_one_at_a_time(monkeypatch):
     if REAL_GPU:        # (the simulator runs one launch at a time: nothing is ever in flight there)
         res = dd.generate(gpu, None, prompt, 4, method="ar")             # the same configuration, clean
         np.testing.assert_array_equal(res.tokens, want)
+
+
+class DeviceOracles:
+    """One ``DeviceOracle`` a sequence behind one device drafter (``generate_batch`` makes the
+    drafter caches in the prompts' order: the i-th cache belongs to the i-th oracle). A slot with
+    no new context rows (a finished sequence, whose draft is not read) gets background logits."""
+
+    backend = "cuda"
+
+    def __init__(self, oracles):
+        self.oracles, self.made = oracles, 0
+        self.block_size, self.target_layer_ids = oracles[0].block_size, oracles[0].target_layer_ids
+
+    def new_cache(self, max_tokens):
+        cache = self.oracles[self.made].new_cache(max_tokens)
+        cache.owner = self.oracles[self.made]
+        self.made += 1
+        return cache
+
+    def draft_device(self, features, n, bonus, cache, *, graph=False, stream=0):
+        stream.synchronize()
+        if int(n.copy_to_host()[0]) == 0:
+            return cuda.to_device(np.zeros((self.block_size - 1, cache.owner.vocab), np.float32), stream=stream)
+        return cache.owner.draft_device(features, n, bonus, cache, stream=stream)
+
+
+def test_the_gpu_resident_batch_gives_each_sequence_its_ar_tokens():
+    """generate_batch on a cuda target with a device drafter: every round of every sequence on the
+    GPU (decode.device_batch: one verify forward over the live slots' packed rows), each sequence
+    its own ar tokens; a stop token ends one sequence early and its slot costs no verify row after."""
+    n_new = 24 if REAL_GPU else 8               # (at least two rounds: 5 tokens a round at most)
+    runs = [_oracle_run(seed, 4 + 2 * seed, n_new) for seed in (1, 2)]
+    gpu = runs[0][0]
+    prompts, wants = [r[1] for r in runs], [r[2] for r in runs]
+    drafter = DeviceOracles([r[3](11 + i) for i, r in enumerate(runs)])
+    stop = int(wants[1][1])                       # the second sequence stops at its second token
+    batch = dd.generate_batch(gpu, drafter, prompts, n_new, method="ddtree", budget=4, stop_token_ids=[stop])
+    for i, (res, want) in enumerate(zip(batch, wants)):
+        assert res.loop == "device"
+        k = list(want).index(stop) + 1 if stop in want else n_new
+        np.testing.assert_array_equal(res.tokens, want[:k], err_msg=f"sequence {i}")
+    assert batch[1].stopped and len(batch[1].tokens) == 2
+    assert len(batch.rounds) >= 2 and batch.rounds[-1].sequences == 1      # the first goes on alone
+    for k, rnd in enumerate(batch.rounds):       # the rows of the live sequences' trees only
+        live = [r for r in batch if len(r.tree_sizes) > k]
+        assert rnd.sequences == len(live)
+        assert rnd.rows == sum(int(r.tree_sizes[k]) + 1 for r in live)
+        assert rnd.accepted == sum(int(r.acceptance_lengths[k]) for r in live)
+        assert rnd.unique_experts.max() > 0

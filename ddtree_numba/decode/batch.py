@@ -18,10 +18,11 @@ On the cuda backend ``CudaTarget.forward_batch`` is the same one forward: the GE
 launched once over every live sequence's rows, each sequence's cache writes over its own rows,
 and the attention of all of them in one launch set over a pool of caches (``new_cache_pool``: a
 slot a sequence, each as large as the largest sequence needs); each sequence's bits are those of
-its own forward. The rounds are
-driven from the host, launch by launch: the device-resident, graph-captured round
-(``decode.device``) is single-sequence so far. A target without ``forward_batch`` gets a forward
-per sequence in the same rounds (same tokens, no shared expert reads, no unique-expert counts).
+its own forward. With a
+device drafter (``CudaDrafter``) or ``ar``, every round runs on the GPU instead
+(``decode.device_batch``: the sizes on the device, a round one CUDA graph). A target without
+``forward_batch`` gets a forward per sequence in the same rounds (same tokens, no shared expert
+reads, no unique-expert counts).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import numpy as np
 
 from ..model.protocols import Drafter, Target
 from ..reference.accept import sample_post
+from .device_batch import generate_batch_device
 from .host import _StageTimer, _accept_and_compact, _draft_tree
 from .rounds import RoundLog, check_generate_inputs, round_seed
 
@@ -85,12 +87,17 @@ class _Sequence:
 
 def generate_batch(target: Target, drafter: Drafter | None, prompts, max_new_tokens: int, method: str = "ddtree",
                    budget: int = 64, temperature: float = 0.0, seed: int = 0, stop_token_ids=(),
-                   max_tokens: int | None = None, allow_long_context: bool = False) -> BatchResult:
+                   max_tokens: int | None = None, allow_long_context: bool = False, graph=None) -> BatchResult:
     """``generate`` for every prompt of ``prompts`` (a non-empty list of 1-D token-id arrays, of any
     lengths), their rounds batched; -> ``BatchResult``, a list of ``GenerationResult`` in the
     prompts' order. The other arguments are ``generate``'s, applied to every prompt (``max_tokens``:
     cache rows per sequence). Each sequence's tokens equal ``generate`` of its prompt alone with the
-    same arguments (``ar``'s at temperature 0)."""
+    same arguments (``ar``'s at temperature 0).
+
+    A device target with cache pools (``CudaTarget``) with a device drafter (``CudaDrafter``), or
+    ``ar``, runs every round on the GPU (``decode.device_batch``; results with ``loop='device'``):
+    ``graph`` as ``generate``'s (None: each round one CUDA graph where it can be captured). Any
+    other pair runs the rounds from the host (``loop='host'``; ``graph`` must be None)."""
     if isinstance(prompts, np.ndarray) and prompts.ndim == 1 or not isinstance(prompts, (list, tuple)):
         raise ValueError("prompts must be a list of prompts (1-D token-id arrays), got "
                          f"{type(prompts).__name__}")
@@ -104,6 +111,11 @@ def generate_batch(target: Target, drafter: Drafter | None, prompts, max_new_tok
         except ValueError as err:
             raise ValueError(f"prompts[{s}]: {err}") from None
     t_start = time.perf_counter()
+    if _on_device(target, drafter, method):
+        return _generate_batch_device(target, drafter, args, method, budget, temperature, seed, graph, t_start)
+    if graph is not None:
+        raise ValueError("graph is for a batch whose rounds run on the GPU: a cuda target with a cuda drafter "
+                         "(or method='ar'); leave it None here")
     timer = _StageTimer()
     layers = () if method == "ar" else tuple(drafter.target_layer_ids)
     vocab = target.config.vocab_size
@@ -159,6 +171,23 @@ def generate_batch(target: Target, drafter: Drafter | None, prompts, max_new_tok
     elapsed = time.perf_counter() - t_start
     results = [s.log.result(timer.times, elapsed, loop="host", stage_clock="host") for s in seqs]
     return BatchResult(results, rounds, elapsed)
+
+
+def _on_device(target, drafter, method: str) -> bool:
+    """Whether a batch of this pair runs every round on the GPU (``decode.device_batch``)."""
+    return (getattr(target, "backend", None) == "cuda" and hasattr(target, "pooled_launch")
+            and (method == "ar" or getattr(drafter, "backend", None) == "cuda"))
+
+
+def _generate_batch_device(target, drafter, args, method, budget, temperature, seed, graph, t_start):
+    decoding = [a for a in args if a.n_new > 0]
+    logs, rounds, times = ([], [], {}) if not decoding else generate_batch_device(
+        target, drafter, decoding, method=method, budget=budget, temperature=temperature, seed=seed, graph=graph)
+    elapsed = time.perf_counter() - t_start
+    it = iter(logs)
+    results = [(next(it) if a.n_new > 0 else RoundLog(method, int(a.prompt.shape[0]), 0, a.stops))
+               .result(times, elapsed, loop="device", stage_clock="host") for a in args]
+    return BatchResult(results, [BatchRound(*r) for r in rounds], elapsed)
 
 
 def _verify(target, batched: bool, segs, layers):

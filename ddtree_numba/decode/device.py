@@ -97,13 +97,14 @@ def _nonfinite_kernel(x, n_rows, bit, x2, n_rows2, bit2, report):
 
 
 @device_function
-def _gather_feature(hidden, layer_ids, keep, j, col, features):
-    """features[j, y*M + c] = hidden[layer_ids[y], keep[j], c] for col = y*M + c: a target hidden
-    state of an accepted node, a column of the drafter's next context row j."""
+def gather_feature(hidden, layer_ids, keep, j, col, features, row0):
+    """features[j, y*M + c] = hidden[layer_ids[y], row0 + keep[j], c] for col = y*M + c: a target
+    hidden state of an accepted node (verified at row row0 + keep[j]), a column of the drafter's
+    next context row j."""
     if col < features.shape[1]:
         M = hidden.shape[2]
         y = col // M
-        features[j, col] = hidden[layer_ids[y], keep[j], col - y * M]
+        features[j, col] = hidden[layer_ids[y], row0 + keep[j], col - y * M]
 
 
 @cached
@@ -123,8 +124,8 @@ def _after_accept_kernel(keep, info, tokens, n_nodes, state, start_n, n_new, bon
     if cuda.blockIdx.y > 0:
         j = cuda.blockIdx.x
         if j < n:
-            _gather_feature(hidden, layer_ids, keep, j, (cuda.blockIdx.y - 1) * cuda.blockDim.x + cuda.threadIdx.x,
-                            features)
+            gather_feature(hidden, layer_ids, keep, j, (cuda.blockIdx.y - 1) * cuda.blockDim.x + cuda.threadIdx.x,
+                           features, 0)
         return
     j = cuda.grid(1)
     if j == 0:
@@ -151,7 +152,7 @@ def _gather_features_kernel(hidden, layer_ids, keep, n_rows, features):
     grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     j, col = cuda.grid(2)
     if j < n_rows[0]:
-        _gather_feature(hidden, layer_ids, keep, j, col, features)
+        gather_feature(hidden, layer_ids, keep, j, col, features, 0)
 
 
 # -- the loop --------------------------------------------------------------------------------------

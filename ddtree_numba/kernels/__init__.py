@@ -18,7 +18,7 @@ Two tiers (docs/DESIGN.md §3):
 from .topk import TopKScratch, topk_logprobs
 from .tree_build import LevelScratch, TreeBatchBuffers, TreeBuffers, build_tree, build_tree_levels, build_trees
 from .visibility import enqueue_visibility_bits, visibility, visibility_bits
-from .accept import enqueue_round_seed, follow_tree, sample_post
+from .accept import enqueue_round_seed, follow_tree, follow_trees, sample_post
 from .compact import compact_rows, enqueue_compact_rows
 from .._checks import PRECISIONS
 from .linear import TILES, enqueue_linear, enqueue_linear_heads, linear
@@ -31,7 +31,7 @@ from .embedding import embedding, enqueue_embedding, lm_head
 
 __all__ = [
     # launchers (twins in ddtree_numba.reference)
-    "topk_logprobs", "build_tree", "build_tree_levels", "build_trees", "visibility", "visibility_bits", "follow_tree", "sample_post",
+    "topk_logprobs", "build_tree", "build_tree_levels", "build_trees", "visibility", "visibility_bits", "follow_tree", "follow_trees", "sample_post",
     "compact_rows", "linear", "mla_attention_absorbed", "gqa_attention", "moe_route", "moe_experts",
     "swiglu_mlp", "rms_norm", "rope", "rope_cos_sin", "embedding", "lm_head",
     # the device tier

@@ -1,4 +1,5 @@
-"""Tree acceptance on the GPU; twins: ``reference.accept.sample_post`` and ``follow_tree``.
+"""Tree acceptance on the GPU; twins: ``reference.accept.sample_post``, ``follow_tree`` and
+``follow_trees``.
 
 Shapes: N+1 tree nodes (root included), V vocabulary.
 """
@@ -14,7 +15,7 @@ from numba import cuda, float64, int32, uint64
 from .._checks import check_array, check_follow_inputs, check_sample_inputs
 from ..tree import Tree
 from .._device import cached, check_threads, device_function, grid_dependency, is_device, to_device
-from .tree_build import TreeBuffers
+from .tree_build import TreeBatchBuffers, TreeBuffers  # noqa: F401  (follow_trees takes the first)
 
 THREADS = 256
 _NONE = 2**31 - 1
@@ -54,10 +55,23 @@ def _sample_post_kernel(threads):
 
     @cached
     @cuda.jit
-    def kernel(logits, temperature, seeds, post):
+    def kernel(logits, temperature, seeds, seqs, post):
+        # a block a row. A batch (seqs [S, 4] = (s0, t, row0, slot) a sequence, not empty): row
+        # row0 + i of sequence z draws as row i of that sequence alone, with its seed seeds[z];
+        # a row in no sequence is not written
         grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         row = cuda.blockIdx.x
-        seed = seeds[0]
+        g = row                                   # the global row, written in post
+        z = 0
+        if seqs.shape[0] > 0:
+            z = -1
+            for y in range(seqs.shape[0]):
+                if seqs[y, 2] <= g and g < seqs[y, 2] + seqs[y, 1]:
+                    z = y
+            if z < 0:
+                return
+            row = g - seqs[z, 2]
+        seed = seeds[z]
         t = cuda.threadIdx.x
         V = logits.shape[1]
         red_val = cuda.shared.array(T, float64)
@@ -65,7 +79,7 @@ def _sample_post_kernel(threads):
         best = -math.inf
         best_id = _NONE
         for v in range(t, V, T):  # ascending ids: a strict > keeps the lower id on ties
-            val = float64(logits[row, v])
+            val = float64(logits[g, v])
             if temperature > 0.0:
                 h = _splitmix64(seed ^ _splitmix64((uint64(row) << uint64(32)) | uint64(v)))
                 u = (float64(h >> uint64(11)) + 0.5) * (1.0 / 9007199254740992.0)
@@ -88,20 +102,29 @@ def _sample_post_kernel(threads):
             cuda.syncthreads()  # this level of the arg-max tree is done
             stride //= 2
         if t == 0:
-            post[row] = red_id[0]
+            post[g] = red_id[0]
 
     return kernel
 
 
-def sample_post(logits, temperature, seed, *, out=None, seed_device=None, stream=0, threads=THREADS):
+def sample_post(logits, temperature, seed, *, out=None, seed_device=None, seqs=None, stream=0,
+                threads=THREADS):
     """The target's token at every node: arg-max at T = 0, else the seeded Gumbel-max draw.
 
     logits [N+1, V] float32 -> post [N+1] int32; the same draws as ``reference.sample_post``.
     ``seed_device``: a uint64 [1] device array whose value is the seed, read when the kernel runs
     (a captured round replays with each round's own seed); ``seed`` is then ignored.
+    ``seqs``: several trees' rows side by side (the batched device round): [S, 4] int32 device =
+    (s0, t, row0, slot) a tree; rows row0 .. row0 + t draw as ``sample_post`` of those rows alone
+    with seed ``seed_device[z]`` (uint64 [S], required), rows in no tree are not written.
     """
     temperature, seed = check_sample_inputs(logits, temperature, seed)
-    if seed_device is None:
+    if seqs is not None:
+        check_array("seqs", seqs, 2, np.int32, shape=(None, 4))
+        if seed_device is None:
+            raise ValueError("sample_post with seqs needs seed_device: a seed a tree")
+        check_array("seed_device", seed_device, 1, np.uint64, shape=(seqs.shape[0],))
+    elif seed_device is None:
         seed_device = to_device(np.array([seed], np.uint64), stream)
     else:
         check_array("seed_device", seed_device, 1, np.uint64, shape=(1,))
@@ -114,7 +137,7 @@ def sample_post(logits, temperature, seed, *, out=None, seed_device=None, stream
         post = out
     if n:
         _sample_post_kernel(threads)[n, threads, stream](
-            to_device(logits, stream), temperature, seed_device, post)
+            to_device(logits, stream), temperature, seed_device, _no_sequences() if seqs is None else seqs, post)
     if out is None and not is_device(logits):
         return post.copy_to_host(stream=stream)
     return post
@@ -126,10 +149,26 @@ def _follow_tree_kernel(threads):
 
     @cached
     @cuda.jit
-    def kernel(parents, tokens, n_nodes, post, keep, info):
+    def kernel(parents_all, tokens_all, n_nodes, post_all, seqs, keep_all, info_all):
+        # a block a tree: block s walks tree s, whose root's target token is post_all[row0] with
+        # row0 = seqs[s, 2] (a batch's verify rows), or post_all[0] when seqs is empty (one tree);
+        # a tree with no verified rows (seqs[s, 1] == 0) is not walked: info = (0, 0)
         grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        b_ = cuda.blockIdx.x
+        parents = parents_all[b_]
+        tokens = tokens_all[b_]
+        keep = keep_all[b_]
+        info = info_all[b_]
+        row0 = 0
         t = cuda.threadIdx.x
-        n = n_nodes[0]
+        if seqs.shape[0] > 0:
+            row0 = seqs[b_, 2]
+            if seqs[b_, 1] == 0:
+                if t == 0:
+                    info[0] = 0
+                    info[1] = 0
+                return
+        n = n_nodes[b_]
         cur = cuda.shared.array(1, int32)
         nxt = cuda.shared.array(1, int32)
         if t == 0:
@@ -142,7 +181,7 @@ def _follow_tree_kernel(threads):
             if t == 0:
                 nxt[0] = _NONE
             cuda.syncthreads()  # nxt is reset before anyone proposes
-            want = post[c]
+            want = post_all[row0 + c]
             for j in range(c + 1 + t, n + 1, T):  # children have larger ids than their parent
                 if parents[j] == c and tokens[j - 1] == want:
                     cuda.atomic.min(nxt, 0, j)
@@ -157,9 +196,18 @@ def _follow_tree_kernel(threads):
                 info[0] += 1
             cuda.syncthreads()  # the step is recorded before the next reads cur
         if t == 0:
-            info[1] = post[c]
+            info[1] = post_all[row0 + c]
 
     return kernel
+
+
+_NO_SEQUENCES = []      # an empty [0, 4] int32 device array, made once: "one tree, post from row 0"
+
+
+def _no_sequences():
+    if not _NO_SEQUENCES:
+        _NO_SEQUENCES.append(cuda.device_array((0, 4), np.int32))
+    return _NO_SEQUENCES[0]
 
 
 def follow_tree(tree, post, *, out=None, stream=0, threads=THREADS):
@@ -190,8 +238,32 @@ def follow_tree(tree, post, *, out=None, stream=0, threads=THREADS):
         check_array("out[0]", keep, 1, np.int32, shape=(cap + 1,))
         check_array("out[1]", info, 1, np.int32, shape=(2,))
     _follow_tree_kernel(threads)[1, threads, stream](
-        parents, tokens, n_nodes, to_device(post, stream), keep, info)
+        parents.reshape(1, cap + 1), tokens.reshape(1, tokens.shape[0]), n_nodes,
+        to_device(post, stream), _no_sequences(), keep.reshape(1, cap + 1), info.reshape(1, 2))
     if out is not None:
         return out
     n, bonus = info.copy_to_host(stream=stream)
     return keep.copy_to_host(stream=stream)[:n], int(bonus)
+
+
+def follow_trees(trees, post, seqs, *, out, stream=0, threads=THREADS):
+    """``follow_tree`` for every tree of a batch, a block a tree, from device arrays (no checks
+    of their values; the batched device round's launch). Twin: ``reference.follow_trees``.
+
+    trees ``TreeBatchBuffers`` (S trees of capacity C), post [R] int32 device: the target's token
+    at every verify row of the batch, seqs [S, 4] int32 device = (cache rows, t, row0, slot) a
+    tree: tree s's node i was verified at row row0 + i, and a tree with t = 0 (a finished
+    sequence) is not walked. out = (keep [S, C+1] int32, info [S, 2] int32) device: keep[s, :n]
+    and info[s] = (n, bonus), (0, 0) for a tree not walked. Returns ``out``, not synchronised.
+    """
+    check_threads(threads)
+    S, C = trees.trees, trees.capacity
+    keep, info = out
+    check_array("seqs", seqs, 2, np.int32, shape=(S, 4))
+    check_array("out[0]", keep, 2, np.int32, shape=(S, C + 1))
+    check_array("out[1]", info, 2, np.int32, shape=(S, 2))
+    check_array("post", post, 1, np.int32)
+    if S:
+        _follow_tree_kernel(threads)[S, threads, stream](trees.parents, trees.tokens, trees.n_nodes, post, seqs,
+                                                         keep, info)
+    return out

@@ -107,8 +107,8 @@ def _build_tree_kernel(threads):
         t = cuda.threadIdx.x
         L = lp.shape[0]
         K = lp.shape[1]
-        if n_budget.shape[0] > 0:                  # this launch's budget, from the device
-            budget = max(0, min(budget, n_budget[0]))
+        if n_budget.shape[0] > 0:                  # this launch's budget (or this tree's), from the device
+            budget = max(0, min(budget, n_budget[b_ if n_budget.shape[0] > 1 else 0]))
         n_score = cuda.shared.array(NB, float64)   # node i's path score (root: 0)
         n_parent = cuda.shared.array(NB, int16)
         n_rank = cuda.shared.array(NB, int16)
@@ -307,14 +307,16 @@ class TreeBatchBuffers:
 _NO_BUDGET = []     # an empty device array, made once: "no device budget"
 
 
-def _device_budget(budget_device):
-    """The launch's device budget: ``budget_device`` (int32 [1] device array), checked, or an
-    empty array (the kernels then build the host budget)."""
+def _device_budget(budget_device, trees: int = 1):
+    """The launch's device budget: ``budget_device`` (int32 [1] device array, or [trees]: a
+    budget a tree), checked, or an empty array (the kernels then build the host budget)."""
     if budget_device is None:
         if not _NO_BUDGET:
             _NO_BUDGET.append(cuda.device_array(0, np.int32))
         return _NO_BUDGET[0]
-    check_array("budget_device", budget_device, 1, np.int32, shape=(1,))
+    check_array("budget_device", budget_device, 1, np.int32)
+    if budget_device.shape[0] not in (1, trees):
+        raise ValueError(f"budget_device holds {budget_device.shape[0]} budgets; give 1, or one a tree ({trees})")
     if not is_device(budget_device):
         raise ValueError("budget_device must be a device array (it is read by the kernel, for graph replay)")
     return budget_device
@@ -353,7 +355,7 @@ def _launch_heap_build(lp, ids, budget, budget_device, bufs, stream, threads):
     check_threads(threads, hi=256)  # static shared memory: 48 KiB a block
     if S:
         _build_tree_kernel(threads)[S, threads, stream](
-            lp, ids, budget, _device_budget(budget_device),
+            lp, ids, budget, _device_budget(budget_device, S),
             bufs.tokens, bufs.depths, bufs.parents, bufs.ranks, bufs.scores, bufs.n_nodes)
 
 
@@ -385,7 +387,8 @@ def build_trees(lp, ids, budget, *, out=None, budget_device=None, stream=0, thre
     ``Tree``s, each bit-identical to ``reference.build_tree`` of its sequence (the twin:
     ``reference.build_trees``), or, when ``out`` (``TreeBatchBuffers`` for at least S trees) is
     given, fills its first S rows on ``stream`` and returns it without synchronising.
-    ``budget_device``: as ``build_tree``'s, one budget for every sequence. ``threads``: each
+    ``budget_device``: as ``build_tree``'s, one budget for every sequence, or int32 [S]: tree
+    s builds min(budget, budget_device[s]) nodes (the batched device round's). ``threads``: each
     block's threads (default None: ``_heap_threads(budget)``, as ``build_tree``'s); they never
     change the trees.
     """

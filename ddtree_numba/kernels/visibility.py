@@ -65,11 +65,42 @@ def _launch(kernel, parents, cols, dtype, out, stream, block):
     return out_dev
 
 
-def enqueue_visibility_bits(parents, bits, *, stream=0, block=BLOCK):
+@cached
+@cuda.jit
+def _pooled_visibility_bits_kernel(parents, seqs, bits):
+    """``_visibility_bits_kernel`` for a batch's rows: row r of sequence z (row0 <= r < row0 + t,
+    seqs[z] = (s0, t, row0, slot)) is node r - row0 of the tree whose parents are
+    parents[row0 .. row0 + t) (numbered within the tree), and its bits are over that tree's
+    nodes; a row in no sequence is left as it is."""
+    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    r, w = cuda.grid(2)
+    if r < bits.shape[0] and w < bits.shape[1]:
+        for z in range(seqs.shape[0]):
+            row0 = seqs[z, 2]
+            if row0 <= r and r < row0 + seqs[z, 1]:
+                lo = 32 * w
+                word = uint32(0)
+                a = r - row0
+                while a >= lo:  # ancestors decrease: stop once below this word
+                    if a < lo + 32:
+                        word |= uint32(1) << uint32(a - lo)
+                    a = parents[row0 + a]
+                bits[r, w] = word
+
+
+def enqueue_visibility_bits(parents, bits, *, seqs=None, stream=0, block=BLOCK):
     """bits[i] = the packed ancestor mask of node i, from device arrays (no checks, no allocation);
-    twin: ``reference.visibility.enqueue_visibility_bits``. parents [N+1] int32, bits [N+1, W] uint32."""
+    twin: ``reference.visibility.enqueue_visibility_bits``. parents [N+1] int32, bits [N+1, W] uint32.
+
+    ``seqs`` [S, 4] int32 (s0, t, row0, slot) a sequence: several trees side by side (a batch's
+    verify rows, ``CudaTarget.forward_batch``): rows row0 .. row0 + t of parents are a tree over
+    its own nodes (parents[row0] = -1, parents[row0 + i] < i), and rows row0 .. row0 + t of bits
+    its own mask, as ``bits`` of that tree alone; rows in no sequence are not written."""
     grid = (ceil_div(bits.shape[0], block[0]), ceil_div(bits.shape[1], block[1]))
-    _visibility_bits_kernel[grid, block, stream](parents, bits)
+    if seqs is None:
+        _visibility_bits_kernel[grid, block, stream](parents, bits)
+    else:
+        _pooled_visibility_bits_kernel[grid, block, stream](parents, seqs, bits)
 
 
 def visibility(parents, *, out=None, stream=0, block=BLOCK):

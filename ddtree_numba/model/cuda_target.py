@@ -328,20 +328,22 @@ def new_workspace(cfg: ModelConfig, rows: int, paths: tuple[str, ...] | None = N
 @dataclass
 class BatchLaunch:
     """Where ``CudaTarget.enqueue_batch`` put a batched forward: the workspace (logits [T, V],
-    hidden [L, T, M]), the segments' row bounds ``rows`` [S + 1], the hidden layers kept, the
-    (row view, cache) parts, ``seqs`` [S, 4] int32 device = (cache length, rows, first row, pool
-    slot) a sequence (its first two columns are its part's meta), the pool when every cache is a
-    slot of one (then one launch of the cache writes and one attention launch set for all), each
-    MoE layer's counting-sort offsets [L, E + 1] int32 device, and the captured graph (None when
-    eager)."""
+    hidden [L, T, M]), the segments' row bounds ``rows`` [S + 1] (None when the layout lives on
+    the device: ``CudaTarget.pooled_launch``), the hidden layers kept, the (row view, cache) parts,
+    ``seqs`` [S, 4] int32 device = (cache length, rows, first row, pool slot) a sequence (its first
+    two columns are its part's meta), the pool when every cache is a slot of one (then one launch
+    of the visibility bits, one of the cache writes and one attention launch set for all), each
+    MoE layer's counting-sort offsets [L, E + 1] int32 device, the most rows a sequence has
+    (the attention's grid), and the captured graph (None when eager)."""
 
     ws: Workspace
-    rows: np.ndarray
+    rows: np.ndarray | None
     hidden_layer_ids: tuple
     parts: list
     seqs: object
     pool: "DeviceCachePool | None"
     offsets: object
+    max_rows: int
     graph: object = None
 
 
@@ -560,7 +562,7 @@ class CudaTarget:
             seqs = cuda.device_array((len(segments), 4), np.int32)
             parts = [(_row_view(ws, int(rows[j]), sizes[j], seqs[j, 0:2]), seg.cache) for j, seg in enumerate(segments)]
             offsets = cuda.device_array((cfg.num_hidden_layers, (cfg.n_routed_experts or 0) + 1), np.int32)
-            launch = BatchLaunch(ws, rows, layers_out, parts, seqs, pool, offsets)
+            launch = BatchLaunch(ws, rows, layers_out, parts, seqs, pool, offsets, max(sizes))
         launch.seqs.copy_to_device(np.array([[seg.cache.length, n, r0, seg.cache.slot]
                                              for seg, n, r0 in zip(segments, sizes, rows)], np.int32), stream=stream)
         if not graph:
@@ -572,6 +574,29 @@ class CudaTarget:
             ws.graphs[key] = launch
         replay_graph(launch.graph, stream)
         return launch
+
+    def pooled_launch(self, ws: Workspace, pool: DeviceCachePool, seqs, max_rows: int,
+                      hidden_layer_ids=()) -> BatchLaunch:
+        """A batched forward whose layout lives on the device, for a decode loop that builds it
+        there (``decode.device_batch``): every slot of ``pool`` a sequence, ``seqs`` [slots, 4]
+        int32 device = (cache length, t, first row, slot) a sequence, written before each forward
+        (t = 0: a sequence with no rows this time), ``ws.meta`` = (0, the rows of all of them) and
+        ws's ids, positions and parents (each tree's numbered within it) likewise; ``max_rows``
+        bounds every t. Allocates the attention scratch and the expert counts now; enqueue it with
+        ``forward_pooled``."""
+        layers_out = tuple(check_int("hidden_layer_ids entry", i, 0, self.config.num_hidden_layers - 1)
+                           for i in hidden_layer_ids)
+        check_int("max_rows", max_rows, 1, ws.rows)
+        self._size_scratch(ws, pool.c_kv.shape[2])
+        offsets = cuda.device_array((self.config.num_hidden_layers, (self.config.n_routed_experts or 0) + 1), np.int32)
+        return BatchLaunch(ws, None, layers_out, [], seqs, pool, offsets, int(max_rows))
+
+    def forward_pooled(self, launch: BatchLaunch, stream=0) -> None:
+        """Enqueue the forward of a ``pooled_launch`` (no sync, no allocation: capturable): the
+        logits and hidden states in ``launch.ws``, each sequence's new latent rows written into its
+        slot at its cache length; each sequence's bits are those of its own forward. The caller
+        keeps the caches' lengths."""
+        self._enqueue_forward(launch.ws, None, launch.hidden_layer_ids, stream, launch)
 
     def _size_scratch(self, ws: Workspace, capacity: int) -> None:
         """The attention's scratch: scores of every (row, head) over a cache of ``capacity`` rows;
@@ -610,8 +635,11 @@ class CudaTarget:
         over its parts, keeping each MoE layer's counting-sort offsets in ``batch.offsets``
         (``forward_batch``'s expert counts)."""
         parts = [(ws, cache)] if batch is None else batch.parts
-        for p, _ in parts:
-            kn.enqueue_visibility_bits(p.parents, p.vis_bits, stream=stream)    # ancestor bits of its new rows
+        if batch is not None and batch.pool is not None:          # every sequence's tree in one launch
+            kn.enqueue_visibility_bits(ws.parents, ws.vis_bits, seqs=batch.seqs, stream=stream)
+        else:
+            for p, _ in parts:
+                kn.enqueue_visibility_bits(p.parents, p.vis_bits, stream=stream)    # ancestor bits of its new rows
         kn.enqueue_embedding(ws.ids, self.embed_tokens, ws.x, ws.n_rows, stream=stream)
         last = len(self.layers) - 1
         for i in range(len(self.layers)):
@@ -714,7 +742,7 @@ class CudaTarget:
                 kn.enqueue_mla_attention(ws.q_lat, ws.q_pe, batch.pool.c_kv[:, i], batch.pool.k_pe[:, i], ws.o_lat,
                                          vis_bits=ws.vis_bits, meta=ws.meta, scale=self.rope.scale,
                                          scratch=ws.mla_scratch, seqs=batch.seqs,
-                                         max_rows=int(np.diff(batch.rows).max()), precision=self.precision,
+                                         max_rows=batch.max_rows, precision=self.precision,
                                          stream=s)
                 return
             for p, cache in parts:                  # a sequence sees its own cache and its own tree only

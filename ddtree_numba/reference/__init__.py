@@ -4,7 +4,7 @@ tier's ``enqueue_*`` too: their signatures, on numpy arrays)."""
 from .topk import topk_logprobs
 from .tree_build import build_tree, build_tree_levels, build_trees, enumerate_paths
 from .visibility import enqueue_visibility_bits, visibility, visibility_bits
-from .accept import enqueue_round_seed, follow_tree, round_seed, sample_post
+from .accept import enqueue_round_seed, follow_tree, follow_trees, round_seed, sample_post
 from .compact import compact_rows, enqueue_compact_rows, naive_gather_in_order, naive_row_hazards
 from .embedding import embedding, enqueue_embedding, lm_head
 from .linear import enqueue_linear, enqueue_linear_heads, linear

@@ -80,3 +80,17 @@ def follow_tree(tree: Tree, post: np.ndarray) -> tuple[np.ndarray, int]:
         if tree.parents[j] == keep[-1] and tree.tokens[j - 1] == post[keep[-1]]:
             keep.append(j)
     return np.asarray(keep, np.int32), int(post[keep[-1]])
+
+
+def follow_trees(trees: list, post: np.ndarray, seqs: np.ndarray) -> list:
+    """``follow_tree`` of each tree of a batch, as ``kernels.follow_trees`` walks them: trees S
+    ``Tree``s, post [R] int32 the target's token at every verify row of the batch, seqs [S, 4]
+    int32 = (cache rows, t, row0, slot) a tree (its node i verified at row row0 + i). -> a (keep,
+    bonus) a tree; a tree with t = 0 (a finished sequence) is not walked: (keep [0], 0)."""
+    out = []
+    for tree, (_, t, row0, _) in zip(trees, np.asarray(seqs)):
+        if t == 0:
+            out.append((np.zeros(0, np.int32), 0))
+        else:
+            out.append(follow_tree(tree, np.asarray(post)[row0:row0 + tree.num_nodes + 1]))
+    return out

@@ -41,10 +41,17 @@ def visibility_bits(parents: np.ndarray) -> np.ndarray:
     return (padded.reshape(n, w, 32) * weights).sum(axis=2).astype(np.uint32)  # [N+1, W]
 
 
-def enqueue_visibility_bits(parents, bits, *, stream=0, block=None) -> None:
+def enqueue_visibility_bits(parents, bits, *, seqs=None, stream=0, block=None) -> None:
     """bits[:] = visibility_bits(parents), words past the tree's zero; twin of
     ``kernels.visibility.enqueue_visibility_bits`` (its signature, numpy arrays: ``block`` and
-    ``stream`` are the kernel's). parents [N+1] int32, bits [N+1, W >= ceil((N+1)/32)] uint32."""
-    packed = visibility_bits(parents)                                 # [N+1, w]
-    bits[:] = 0
-    bits[:, :packed.shape[1]] = packed
+    ``stream`` are the kernel's). parents [N+1] int32, bits [N+1, W >= ceil((N+1)/32)] uint32.
+    ``seqs`` [S, 4] int32 (s0, t, row0, slot) a tree: rows row0 .. row0 + t are that tree alone
+    (its parents numbered within it), the other rows left as they are."""
+    if seqs is None:
+        seqs = np.array([[0, parents.shape[0], 0, 0]], np.int32)
+        bits[:] = 0
+    for _, t, row0, _ in np.asarray(seqs):
+        if t:
+            packed = visibility_bits(np.asarray(parents[row0:row0 + t], np.int32))   # [t, w]
+            bits[row0:row0 + t] = 0
+            bits[row0:row0 + t, :packed.shape[1]] = packed

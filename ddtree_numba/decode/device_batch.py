@@ -1,0 +1,362 @@
+"""``generate_batch`` with every round on the GPU (issue 17): a ``DeviceTarget`` with cache pools
+(``CudaTarget``) and a ``DeviceDrafter`` (or ``ar``).
+
+The batched round of docs/DECODE.md "Batches of trees on the GPU", for S sequences in S slots:
+
+- each slot's draft (its own drafter cache and context rows; one drafter forward a slot, one
+  after another in the drafter's workspace) and its top-K into lp[s], ids[s];
+- every slot's tree in one build launch (a block a tree, each with its own budget), or one level
+  build a slot from ``LEVEL_BUILD_FROM`` nodes;
+- the verify rows packed on the device (``_batch_verify_inputs_kernel``): slot s's rows follow the
+  live slots before it, ``seqs[s]`` = (its cache rows, its rows t, its first row, s), t = 0 for a
+  finished sequence, which then costs no verify row;
+- one target forward over all of them (``CudaTarget.forward_pooled``: the GEMMs and the MoE once
+  over every row, the cache writes and the attention for every slot of the pool in one launch set,
+  each sequence's bits those of its own forward);
+- one ``sample_post`` launch (each row drawing as in its sequence alone), one ``follow_trees``
+  launch, one accept launch (``_batch_after_accept_kernel``: the next round's state and budget, the
+  report, the drafter's next context rows), then each slot's cache compaction.
+
+Every size is on the device, so the round is one CUDA graph per (slots, budget, method) on a real
+GPU. The host reads one report a round ([S, 4 + C]: n, bonus, N, flags, the accepted tokens) and
+the experts' counting-sort offsets, commits tokens, and marks a finished sequence's slot dead
+(``live``) before the next round. Rounds are not launched ahead here (the single-sequence loop's
+"rounds in flight"): a finished slot must be marked first.
+
+Shapes: S slots, C tree capacity (nodes besides the root), L draft depths, K ranks a depth, Y
+hidden layers the drafter reads, M hidden size, F feature rows a slot.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from numba import cuda
+
+from .. import kernels as kn
+from .._device import cached, capture_graph, ceil_div, destroy_graph, grid_dependency, replay_graph
+from .device import (DRAFTER_BIT, LEVEL_BUILD_FROM, SIM, TARGET_BIT, THREADS, _check_finite,
+                     _gather_features_kernel, _nonfinite_kernel, _pow2, gather_feature)
+from .rounds import round_seed
+
+
+# -- glue kernels ----------------------------------------------------------------------------------
+# state [S, 3] int32 = (cache rows before the round, round number, cache rows allowed) a slot,
+# budget [S] int32 its next tree's budget, live [S] int32 (0: a finished sequence, set by the host).
+
+@cached
+@cuda.jit
+def _batch_verify_inputs_kernel(bonus, tokens, depths, tree_parents, n_nodes, live, state, seqs, ids, positions,
+                                parents, meta, report):
+    """The verify rows of every slot, packed (grid: x blocks over a slot's rows, y = the slot).
+    Slot z's t = N_z + 1 rows (0 when not live) start after the live slots before it: row0 = the
+    sum of their t. Its rows: ids = [bonus, tokens], positions = start + [0, depths], parents =
+    its tree's (numbered within it); seqs[z] = (start, t, row0, z); the last slot's block writes
+    meta = (0, all rows) and clears the batch's non-finite flags (report[0, 3])."""
+    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    z = cuda.blockIdx.y
+    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    row0 = 0
+    for y in range(z):
+        if live[y] != 0:
+            row0 += n_nodes[y] + 1
+    t = n_nodes[z] + 1 if live[z] != 0 else 0
+    start = state[z, 0]
+    if i == 0:
+        seqs[z, 0] = start
+        seqs[z, 1] = t
+        seqs[z, 2] = row0
+        seqs[z, 3] = z
+        if z == seqs.shape[0] - 1:
+            meta[0] = 0
+            meta[1] = row0 + t
+            report[0, 3] = 0
+    if i < t:
+        r = row0 + i
+        if i == 0:
+            ids[r] = bonus[z]
+            positions[r] = start
+            parents[r] = -1
+        else:
+            ids[r] = tokens[z, i - 1]
+            positions[r] = start + depths[z, i - 1]
+            parents[r] = tree_parents[z, i]
+
+
+@cached
+@cuda.jit
+def _batch_after_accept_kernel(keep, info, tokens, n_nodes, live, seqs, state, start_n, n_new, bonus, report, cap,
+                               budget, hidden, layer_ids, features):
+    """After ``follow_trees``, slot z = grid z. Blocks of y = 0 (thread j over the x blocks):
+    start_n[z] = (start, n) for its compaction, n_new[z] = n context rows for its drafter, bonus[z]
+    = the new bonus, state[z] = (start + n, round + 1, _), budget[z] = min(cap, rows allowed - the
+    next start - 1); report[z] = [n, new bonus, N, _, accepted tokens...]. A slot that is not live
+    takes n = 0 and budget 0 (its state and bonus stay). Blocks of y >= 1 (as many x blocks as
+    nodes, none for ``ar``): features[z, j] = the drafter's layers of hidden row row0 + keep[z, j],
+    columns (y - 1) * blockDim + thread: the slot's next context rows."""
+    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    z = cuda.blockIdx.z
+    alive = live[z] != 0
+    n = info[z, 0] if alive else 0
+    if cuda.blockIdx.y > 0:
+        j = cuda.blockIdx.x
+        if j < n:
+            gather_feature(hidden, layer_ids, keep[z], j, (cuda.blockIdx.y - 1) * cuda.blockDim.x + cuda.threadIdx.x,
+                           features[z], seqs[z, 2])
+        return
+    j = cuda.grid(1)
+    if j == 0:
+        start = state[z, 0]
+        start_n[z, 0] = start
+        start_n[z, 1] = n
+        n_new[z] = n
+        report[z, 0] = n
+        report[z, 2] = n_nodes[z] if alive else 0
+        if alive:
+            state[z, 0] = start + n
+            state[z, 1] += 1
+            budget[z] = max(0, min(cap, state[z, 2] - start - n - 1))
+            bonus[z] = info[z, 1]
+        else:
+            budget[z] = 0
+        report[z, 1] = bonus[z]
+    elif j < n:
+        report[z, 3 + j] = tokens[z, keep[z, j] - 1]
+
+
+# -- the round -------------------------------------------------------------------------------------
+
+class BatchDeviceRound:
+    """What a batch of S sequences keeps on the device between rounds, and the round's CUDA graph:
+    the cache pool (a slot a sequence), a drafter cache a slot, the trees, the state, the report.
+
+    Sequences of different prompt lengths and cache limits share the pool's capacity (the largest);
+    ``state[s, 2]`` holds each one's own limit. Made per ``generate_batch`` call (not kept).
+    """
+
+    def __init__(self, target, drafter, method: str, K: int, cap: int, slots: int, capacity: int,
+                 feature_rows: int, temperature: float):
+        cfg = target.config
+        S = slots
+        self.target, self.drafter, self.method = target, drafter, method
+        self.K, self.cap, self.S, self.temperature = K, cap, S, temperature
+        self.layers = () if method == "ar" else tuple(drafter.target_layer_ids)
+        i32 = lambda *shape: cuda.device_array(shape, np.int32)          # noqa: E731
+        self.pool = target.new_cache_pool(S, capacity)
+        self.tbufs = kn.TreeBatchBuffers.allocate(S, max(cap, 1))
+        self.tbufs.n_nodes.copy_to_device(np.zeros(S, np.int32))        # ar: no trees
+        rows = S * (self.tbufs.capacity + 1)                               # the most verify rows
+        self.ws = target.workspace(rows)
+        self.rows = rows
+        self.seqs = i32(S, 4)
+        self.launch = target.pooled_launch(self.ws, self.pool, self.seqs, self.tbufs.capacity + 1, self.layers)
+        self.post = i32(self.ws.rows)
+        self.keep, self.info = i32(S, self.tbufs.capacity + 1), i32(S, 2)
+        self.bonus, self.start_n, self.n_ctx = i32(S), i32(S, 2), i32(S)
+        self.state, self.budget, self.live = i32(S, 3), i32(S), i32(S)
+        self.report = i32(S, 4 + self.tbufs.capacity)      # a slot: [n, bonus, N, flags (slot 0), tokens...]
+        self.host_report = cuda.pinned_array(self.report.shape, np.int32)
+        self.host_offsets = cuda.pinned_array(self.launch.offsets.shape, np.int32)
+        self.seed = cuda.device_array(1, np.uint64)
+        self.round_seeds = cuda.device_array(S, np.uint64)
+        self.graph = None
+        self.dcaches, self.level_scratch = [], None
+        if method != "ar":
+            L, V = drafter.block_size - 1, cfg.vocab_size
+            self.dcaches = [drafter.new_cache(capacity) for _ in range(S)]
+            self.features = cuda.device_array((S, feature_rows, len(self.layers) * cfg.hidden_size), np.float32)
+            self.layer_ids = cuda.to_device(np.array(self.layers, np.int32))
+            self.rows_in_order = cuda.to_device(np.arange(feature_rows, dtype=np.int32))   # the prefill's keep
+            self.lp = cuda.device_array((S, L, K), np.float32)
+            self.ids = cuda.device_array((S, L, K), np.int32)
+            self.draft_rows = cuda.to_device(np.array([S * L], np.int32))   # every slot's L draft rows
+            self.topk_scratch = kn.TopKScratch.allocate(L, V, K, 0)
+            if cap >= LEVEL_BUILD_FROM:
+                self.level_scratch = kn.LevelScratch.allocate(L, cap, 0)
+        if method == "ar":      # stand-ins of the kernel's types (never read: no gather blocks)
+            self.feature_args = (self.ws.hidden, cuda.device_array(1, np.int32), cuda.device_array((S, 1, 1), np.float32))
+        else:
+            self.feature_args = (self.ws.hidden, self.layer_ids, self.features)
+
+    def prefill(self, prompts, max_tokens, seed: int, stream) -> np.ndarray:
+        """Every prompt in one batched forward into its slot, its bonus sampled, the drafter's first
+        context rows gathered, the round state set. -> the bonus tokens [S] (host)."""
+        from ..model.target import Segment
+        S, target = self.S, self.target
+        segments = [Segment(np.asarray(p, np.int32), np.arange(p.shape[0], dtype=np.int32), self.pool.caches[z], None)
+                    for z, p in enumerate(prompts)]
+        launch = target.enqueue_batch(segments, self.layers, stream=stream)
+        ws, rows = launch.ws, launch.rows
+        for seg, n in zip(segments, np.diff(rows)):
+            seg.cache.length += int(n)
+        lens = np.array([p.shape[0] for p in prompts], np.int32)
+        self.state.copy_to_device(np.stack([lens, np.ones(S, np.int32), np.asarray(max_tokens, np.int32)], 1),
+                                  stream=stream)
+        self.budget.copy_to_device(np.maximum(0, np.minimum(self.cap, np.asarray(max_tokens) - lens - 1)).astype(np.int32),
+                                   stream=stream)
+        self.live.copy_to_device(np.ones(S, np.int32), stream=stream)
+        self.seed.copy_to_device(np.array([seed], np.uint64), stream=stream)
+        self.report[0, 3:4].copy_to_device(np.zeros(1, np.int32), stream=stream)
+        _nonfinite_kernel[(ceil_div(ws.rows, 4), ceil_div(ws.logits.shape[1], 64), 1), (4, 64), stream](
+            ws.logits, ws.n_rows, TARGET_BIT, ws.logits, ws.n_rows, TARGET_BIT, self.report[0])
+        first = round_seed(seed, 0)
+        for z in range(S):
+            r1 = int(rows[z + 1])
+            kn.sample_post(ws.logits[r1 - 1:r1], self.temperature, first, out=self.bonus[z:z + 1], stream=stream)
+            if self.method != "ar":
+                p = int(lens[z])
+                self.n_ctx[z:z + 1].copy_to_device(np.array([p], np.int32), stream=stream)
+                grid = (p, ceil_div(self.features.shape[2], THREADS))
+                _gather_features_kernel[grid, (1, THREADS), stream](ws.hidden[:, int(rows[z]):r1], self.layer_ids,
+                                                                    self.rows_in_order, self.n_ctx[z:z + 1],
+                                                                    self.features[z])
+        bonus = self.bonus.copy_to_host(stream=stream)
+        _check_finite(self.report[0], "the prefill", stream)
+        return bonus
+
+    def enqueue_round(self, stream) -> None:
+        """One round of every slot, every size read from the device (capturable)."""
+        S, ws, tb, C1 = self.S, self.ws, self.tbufs, self.tbufs.capacity + 1
+        if self.temperature > 0:
+            for z in range(S):
+                kn.enqueue_round_seed(self.seed, self.state[z, 1:2], self.round_seeds[z:z + 1], stream=stream)
+        if self.method != "ar":
+            for z in range(S):      # (a finished slot drafts too, with no new context: it is not read)
+                logits_d = self.drafter.draft_device(self.features[z], self.n_ctx[z:z + 1], self.bonus[z:z + 1],
+                                                     self.dcaches[z], stream=stream)
+                kn.topk_logprobs(logits_d, self.K, out=(self.lp[z], self.ids[z]), scratch=self.topk_scratch,
+                                 stream=stream)
+            if self.level_scratch is None:
+                kn.build_trees(self.lp, self.ids, self.cap, out=tb, budget_device=self.budget, stream=stream)
+            else:
+                for z in range(S):
+                    one = kn.TreeBuffers(tb.tokens[z], tb.depths[z], tb.parents[z], tb.ranks[z], tb.scores[z],
+                                         tb.n_nodes[z:z + 1])
+                    kn.build_tree_levels(self.lp[z], self.ids[z], self.cap, out=one, scratch=self.level_scratch,
+                                         budget_device=self.budget[z:z + 1], stream=stream)
+        _batch_verify_inputs_kernel[(ceil_div(C1, THREADS), S), THREADS, stream](
+            self.bonus, tb.tokens, tb.depths, tb.parents, tb.n_nodes, self.live, self.state, self.seqs,
+            ws.ids, ws.positions, ws.parents, ws.meta, self.report)
+        self.target.forward_pooled(self.launch, stream=stream)
+        if self.method == "ar":
+            second = (ws.logits, ws.n_rows, TARGET_BIT)
+        else:
+            second = (self.lp.reshape(S * self.lp.shape[1], self.K), self.draft_rows, DRAFTER_BIT)
+        grid = (ceil_div(max(self.rows, second[0].shape[0]), 4), ceil_div(max(ws.logits.shape[1], self.K), 64), 2)
+        _nonfinite_kernel[grid, (4, 64), stream](ws.logits, ws.n_rows, TARGET_BIT, *second, self.report[0])
+        kn.sample_post(ws.logits[:self.rows], self.temperature, 0, out=self.post[:self.rows],
+                       seed_device=self.round_seeds, seqs=self.seqs, stream=stream)
+        kn.follow_trees(tb, self.post, self.seqs, out=(self.keep, self.info), stream=stream)
+        gather = 0 if self.method == "ar" else ceil_div(self.features.shape[2], THREADS)
+        _batch_after_accept_kernel[(C1 if gather else ceil_div(C1, THREADS), 1 + gather, S), THREADS, stream](
+            self.keep, self.info, tb.tokens, tb.n_nodes, self.live, self.seqs, self.state, self.start_n, self.n_ctx,
+            self.bonus, self.report, self.cap, self.budget, *self.feature_args)
+        for z, cache in enumerate(self.pool.caches):
+            cache.enqueue_compact(self.start_n[z], self.keep[z], n_max=C1, stream=stream)
+
+    def run_round(self, graph: bool, stream) -> None:
+        """Enqueue one round: its graph (captured after a first eager round), else its launches;
+        then the copies of the report and the expert counts to the host."""
+        if self.graph is not None:
+            replay_graph(self.graph, stream)
+        else:
+            self.enqueue_round(stream)
+        self.report.copy_to_host(self.host_report, stream=stream)
+        self.launch.offsets.copy_to_host(self.host_offsets, stream=stream)
+
+    def capture(self) -> None:
+        """Capture ``enqueue_round`` as one CUDA graph (after an eager round has compiled every
+        kernel and made every scratch)."""
+        self.graph = capture_graph(self.enqueue_round, warm_up=False)
+
+    def close(self) -> None:
+        if self.graph is not None:
+            destroy_graph(self.graph)
+            self.graph = None
+
+
+def unique_experts(cfg, offsets) -> np.ndarray:
+    """[layers] int32: the distinct routed experts a forward's router picked in each layer (0 for a
+    dense layer), from its counting-sort offsets [layers, E + 1]."""
+    unique = np.zeros(cfg.num_hidden_layers, np.int32)
+    moe = [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)]
+    if moe:
+        unique[moe] = (np.diff(np.asarray(offsets), axis=1)[moe] > 0).sum(axis=1)
+    return unique
+
+
+def generate_batch_device(target, drafter, args, *, method: str, budget: int, temperature: float, seed: int,
+                          graph=None) -> tuple:
+    """The body of ``generate_batch`` for a device target with cache pools (and a device drafter):
+    ``args`` the checked arguments of each prompt (``check_generate_inputs``), every one with
+    ``n_new >= 1``. -> (a ``RoundLog`` a prompt, the rounds' (live, rows, accepted, unique experts)
+    tuples, stage times {"prefill", "round"} by the host's clock around each call and its sync).
+    ``graph``: True replays each round as one CUDA graph (captured after a first eager round),
+    False launches every kernel from Python, None: True where ``decode.device.capturable``."""
+    from .device import capturable
+    from .rounds import RoundLog
+    can = capturable(drafter, method)
+    if graph not in (None, False, True):
+        raise ValueError(f"graph must be None, False or True, got {graph!r}")
+    if graph is None:
+        graph = can
+    elif graph and not can:
+        raise ValueError("graph=True needs a real GPU and a drafter whose draft can be captured "
+                         "(capturable = True, as CudaDrafter)")
+    S = len(args)
+    chain = method == "dflash"
+    L = 0 if method == "ar" else drafter.block_size - 1
+    K = 1 if chain else min(budget, target.config.vocab_size)
+    cap = 0 if method == "ar" else (L if chain else budget)
+    prompts = [a.prompt for a in args]
+    max_tokens = [a.max_tokens for a in args]
+    capacity = _pow2(max(max_tokens))
+    feature_rows = _pow2(max(max(p.shape[0] for p in prompts), cap + 1))
+    stream = cuda.stream()
+    times = {"prefill": 0.0, "round": 0.0}
+    t0 = time.perf_counter()
+    br = BatchDeviceRound(target, drafter, method, K, cap, S, capacity, feature_rows, temperature)
+    logs = [RoundLog(method, int(a.prompt.shape[0]), a.n_new, a.stops) for a in args]
+    rounds = []
+    try:
+        bonus = br.prefill(prompts, max_tokens, seed, stream)
+        live = np.ones(S, np.int32)
+        for z, log in enumerate(logs):
+            log.target_forwards += 1
+            if log.bonus_ends(int(bonus[z])):
+                live[z] = 0
+        times["prefill"] = time.perf_counter() - t0
+        eager_done = False
+        while live.any():
+            t1 = time.perf_counter()
+            br.live.copy_to_device(live, stream=stream)
+            br.run_round(graph, stream)
+            stream.synchronize()
+            times["round"] += time.perf_counter() - t1
+            rep, offsets = br.host_report.copy(), br.host_offsets.copy()
+            _check_finite(rep[0], f"round {max(log.target_forwards for log in logs)}", stream)
+            rows = accepted = 0
+            alive = int(live.sum())
+            for z in np.flatnonzero(live):
+                log = logs[z]
+                n, new_bonus, n_tree = int(rep[z, 0]), int(rep[z, 1]), int(rep[z, 2])
+                if method != "ar":
+                    log.drafter_forwards += 1
+                log.target_forwards += 1
+                rows += n_tree + 1
+                accepted += n
+                if log.commit([int(bonus[z])] + [int(x) for x in rep[z, 4:3 + n]], n_tree):
+                    live[z] = 0
+                    continue
+                bonus[z] = new_bonus
+                if log.bonus_ends(new_bonus):
+                    live[z] = 0
+            rounds.append((alive, rows, accepted, unique_experts(target.config, offsets)))
+            if graph and not eager_done:
+                br.capture()               # after a first eager round: everything is compiled
+            eager_done = True
+        stream.synchronize()
+    finally:
+        br.close()
+    return logs, rounds, times
