@@ -69,6 +69,13 @@ SIGNATURES = {
         f"float32[:, :, ::1], {I32_1}, {F32_2})"],
     "decode.device._gather_features_kernel": [
         f"void(float32[:, :, ::1], {I32_1}, {I32_1}, {I32_1}, {F32_2})"],
+    # -- the batched round's glue (decode/device_batch.py) --
+    "decode.device_batch._batch_verify_inputs_kernel": [
+        f"void({I32_1}, {I32_2}, {I32_2}, {I32_2}, {I32_1}, {I32_1}, {I32_2}, {I32_2}, {I32_1}, {I32_1}, {I32_1}, "
+        f"{I32_1}, {I32_2})"],
+    "decode.device_batch._batch_after_accept_kernel": [
+        f"void({I32_2}, {I32_2}, {I32_2}, {I32_1}, {I32_1}, {I32_2}, {I32_2}, {I32_2}, {I32_1}, {I32_1}, {I32_2}, "
+        f"int64, {I32_1}, float32[:, :, ::1], {I32_1}, float32[:, :, ::1])"],
     # -- the drafter's glue (model/cuda_drafter.py) --
     "model.cuda_drafter._draft_meta_kernel": [
         f"void({I32_1}, {I32_1}, {I32_1}, int64, int64, int64, boolean, {I32_1}, {I32_1})"],

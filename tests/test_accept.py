@@ -96,6 +96,54 @@ def test_follow_tree_kernel_on_gpu_built_buffers(rng):
     assert bonus == want_bonus and n >= 3
 
 
+@pytest.mark.kernels
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_batch_of_trees_samples_and_walks_as_each_tree_alone(rng, temperature):
+    """The batched device round's launches: ``sample_post`` over several trees' rows side by side
+    (``seqs`` = (s0, t, row0, slot) a tree, a seed a tree) draws each tree's rows as that tree
+    alone, rows in no tree untouched; ``follow_trees`` walks each tree from its own row0 (a tree
+    with t = 0 not at all); both equal their twins."""
+    cases = [make_case(rng, budget=b, p_follow=0.9) for b in (6, 9, 3)]
+    V = 12
+    seqs, row0 = [], 2
+    for z, (tree, _) in enumerate(cases):
+        seqs.append((0, tree.num_nodes + 1, row0, z))
+        row0 += tree.num_nodes + 1
+    seqs = np.array(seqs, np.int32)
+    seqs[2, 1] = 0                                          # a finished sequence
+    logits = (rng.standard_normal((row0 + 2, V)) * 2).astype(np.float32)
+    for (tree, post), (_, t, r0, _) in zip(cases, seqs):    # logits whose arg-max walks the trees
+        logits[r0:r0 + tree.num_nodes + 1, :] -= 10
+        logits[np.arange(r0, r0 + tree.num_nodes + 1), post] += 40
+    seeds = np.array([3, 2**64 - 5, 11], np.uint64)
+    post_d = cuda.to_device(np.full(row0 + 2, -7, np.int32))
+    kn.sample_post(cuda.to_device(logits), temperature, 0, out=post_d, seed_device=cuda.to_device(seeds),
+                   seqs=cuda.to_device(seqs), threads=THREADS)
+    got = post_d.copy_to_host()
+    want = np.full(row0 + 2, -7, np.int32)
+    for z, (_, t, r0, _) in enumerate(seqs):
+        if t:
+            want[r0:r0 + t] = ref.sample_post(logits[r0:r0 + t], temperature, int(seeds[z]))
+    np.testing.assert_array_equal(got, want)
+    bufs = kn.TreeBatchBuffers.allocate(3, 10)
+    for z, (tree, _) in enumerate(cases):
+        n = tree.num_nodes
+        for field, arr in (("tokens", tree.tokens), ("depths", tree.depths), ("parents", tree.parents)):
+            getattr(bufs, field)[z, :arr.shape[0]].copy_to_device(np.asarray(arr, np.int32))
+        bufs.n_nodes[z:z + 1].copy_to_device(np.array([n], np.int32))
+    keep, info = cuda.device_array((3, 11), np.int32), cuda.device_array((3, 2), np.int32)
+    kn.follow_trees(bufs, post_d, cuda.to_device(seqs), out=(keep, info), threads=THREADS)
+    keep_h, info_h = keep.copy_to_host(), info.copy_to_host()
+    walks = ref.follow_trees([c[0] for c in cases], got, seqs)
+    assert [len(k) for k, _ in walks][:2] == info_h[:2, 0].tolist() and info_h[2].tolist() == [0, 0]
+    for z, (k, bonus) in enumerate(walks):
+        np.testing.assert_array_equal(keep_h[z, :len(k)], k)
+        assert info_h[z, 1] == bonus
+    if temperature == 0:                                   # the arg-max walks each tree as far as make_case's post
+        for z in range(2):
+            np.testing.assert_array_equal(walks[z][0], ref.follow_tree(*cases[z])[0])
+
+
 @pytest.mark.parametrize("fn", [ref.follow_tree, kn.follow_tree])
 def test_follow_tree_bad_input_is_refused(rng, fn):
     tree, post = make_case(rng, budget=10)

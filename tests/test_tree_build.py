@@ -313,6 +313,11 @@ def test_batch_kernel_into_device_buffers_and_the_device_budget(rng):
     n_budget = cuda.to_device(np.array([5], np.int32))
     kn.build_trees(lp, ids, 12, out=bufs, budget_device=n_budget, threads=THREADS)
     assert bufs.to_trees()[:3] == ref.build_trees(lp, ids, 5)
+    per_tree = cuda.to_device(np.array([7, 0, 12], np.int32))             # a budget a tree
+    kn.build_trees(lp, ids, 12, out=bufs, budget_device=per_tree, threads=THREADS)
+    assert bufs.to_trees()[:3] == [ref.build_tree(lp[s], ids[s], b) for s, b in enumerate((7, 0, 12))]
+    with pytest.raises(ValueError, match="budget_device holds 2 budgets; give 1, or one a tree"):
+        kn.build_trees(lp, ids, 12, out=bufs, budget_device=cuda.to_device(np.array([1, 2], np.int32)))
     with pytest.raises(ValueError, match="out holds 4 trees of 16 nodes"):
         kn.build_trees(np.concatenate([lp, lp]), np.concatenate([ids, ids]), 12, out=bufs)
 

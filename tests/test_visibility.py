@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from numba import cuda
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,6 +37,34 @@ def test_kernel_matches_twin(rng, n):
     parents = random_parents(rng, n)
     np.testing.assert_array_equal(kn.visibility(parents), ref.visibility(parents))
     np.testing.assert_array_equal(kn.visibility_bits(parents, block=(4, 2)), ref.visibility_bits(parents))
+
+
+@pytest.mark.kernels
+def test_trees_side_by_side_get_each_its_own_mask(rng):
+    """A batch's verify rows (``seqs`` = (s0, t, row0, slot) a tree): each tree's rows get the mask
+    of that tree alone, over its own nodes; rows in no tree are left as they were; the kernel
+    equals its twin, and the twin equals each tree's ``visibility_bits``."""
+    trees = [random_parents(rng, n) for n in (5, 0, 40, 2)]
+    seqs, row0 = [], 1                                   # row 0 and the rows past the trees: no tree
+    for j, p in enumerate(trees):
+        seqs.append((7, p.shape[0], row0, j))
+        row0 += p.shape[0]
+    rows = row0 + 3
+    parents = np.zeros(rows, np.int32)
+    for (_, t, r0, _), p in zip(seqs, trees):
+        parents[r0:r0 + t] = p
+    seqs = np.array(seqs, np.int32)
+    seqs[1, 1] = 0                                       # a finished sequence: no rows
+    want = np.full((rows, 3), 0xAB, np.uint32)
+    ref.enqueue_visibility_bits(parents, want, seqs=seqs)
+    for (_, t, r0, _) in seqs:
+        if t:
+            packed = ref.visibility_bits(parents[r0:r0 + t])
+            np.testing.assert_array_equal(want[r0:r0 + t, :packed.shape[1]], packed)
+    assert (want[0] == 0xAB).all() and (want[row0:] == 0xAB).all()
+    bits = cuda.to_device(np.full((rows, 3), 0xAB, np.uint32))
+    kn.enqueue_visibility_bits(cuda.to_device(parents), bits, seqs=cuda.to_device(seqs), block=(4, 2))
+    np.testing.assert_array_equal(bits.copy_to_host(), want)
 
 
 @pytest.mark.parametrize("fn", [ref.visibility, kn.visibility, ref.visibility_bits, kn.visibility_bits])

@@ -34,7 +34,6 @@ import numpy as np
 
 from ..model.protocols import Drafter, Target
 from ..reference.accept import sample_post
-from .device_batch import generate_batch_device
 from .host import _StageTimer, _accept_and_compact, _draft_tree
 from .rounds import RoundLog, check_generate_inputs, round_seed
 
@@ -180,6 +179,7 @@ def _on_device(target, drafter, method: str) -> bool:
 
 
 def _generate_batch_device(target, drafter, args, method, budget, temperature, seed, graph, t_start):
+    from .device_batch import generate_batch_device      # (numba.cuda only when a GPU batch runs)
     decoding = [a for a in args if a.n_new > 0]
     logs, rounds, times = ([], [], {}) if not decoding else generate_batch_device(
         target, drafter, decoding, method=method, budget=budget, temperature=temperature, seed=seed, graph=graph)
