@@ -54,7 +54,7 @@ SIGNATURES = {
     "accept._round_seed_kernel": [f"void(uint64[::1], {I32_1}, uint64[::1])"],
     "accept._follow_tree_kernel": [f"void({I32_2}, {I32_2}, {I32_1}, {I32_1}, {I32_2}, {I32_2}, {I32_2})"],
     "compact._compact_rows_columns_kernel": [
-        f"void({t}[:, :, ::1], {I32_1}, {I32_1}, {t}[:, :, ::1], int64)" for t in ("float32", "uint16")],
+        f"void({t}[:, :, ::1], {I32_2}, {I32_2}, int64, {t}[:, :, ::1], int64, int64)" for t in ("float32", "uint16")],
     "compact._compact_rows_gather_kernel": [
         f"void({t}[:, ::1], {I32_1}, {I32_1}, {t}[:, ::1])" for t in ("float32", "uint16")],
     "compact._compact_rows_copy_back_kernel": [

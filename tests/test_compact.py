@@ -121,3 +121,32 @@ def test_a_second_array_compacts_in_the_same_launch(rng):
         np.testing.assert_array_equal(want[:, 5:10], orig[:, 5 + keep])   # the twin moved the rows
     with pytest.raises(ValueError, match="columns scheme"):
         kn.enqueue_compact_rows(d_a[0], None, None, n_max=1, method="scratch", second=d_b[0])
+
+
+@pytest.mark.kernels
+def test_a_pool_of_caches_compacts_each_slot_by_its_own_keep_in_one_launch(rng):
+    """Groups (a cache pool's slots, ``DeviceCachePool.enqueue_compact``): the layers in G equal
+    runs, run g moved by start_n[g] and keep[g] (a slot with n = 0 untouched), both arrays in one
+    launch, as the twin moves them and as each run compacted alone."""
+    from numba import cuda
+    G, L = 3, 2
+    a = rng.standard_normal((G * L, 20, 9)).astype(np.float32)
+    b = rng.standard_normal((G * L, 20, 4)).astype(np.float32)
+    start_n = np.array([[4, 3], [0, 0], [2, 5]], np.int32)
+    keep = np.array([[0, 2, 5, -1, -1, -1], [0, 0, 0, 0, 0, 0], [0, 1, 3, 4, 8, -1]], np.int32)
+    d_a, d_b = cuda.to_device(a), cuda.to_device(b)
+    kn.enqueue_compact_rows(d_a, cuda.to_device(start_n), cuda.to_device(keep), n_max=6, second=d_b)
+    want_a, want_b = a.copy(), b.copy()
+    ref.enqueue_compact_rows(want_a, start_n, keep, n_max=6, second=want_b)
+    for got, want, orig in ((d_a, want_a, a), (d_b, want_b, b)):
+        np.testing.assert_array_equal(got.copy_to_host(), want)
+        for g, (start, n) in enumerate(start_n):
+            alone = orig[g * L:(g + 1) * L].copy()
+            for layer in alone:
+                if n:
+                    ref.compact_rows(layer, int(start), keep[g, :n])
+            np.testing.assert_array_equal(want[g * L:(g + 1) * L], alone)
+    np.testing.assert_array_equal(want_a[L:2 * L], a[L:2 * L])                  # n = 0: untouched
+    with pytest.raises(ValueError, match="start_n gives 2 groups"):
+        kn.enqueue_compact_rows(d_a, cuda.to_device(start_n[:2]), cuda.to_device(keep), n_max=6)
+

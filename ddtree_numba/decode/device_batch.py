@@ -15,7 +15,7 @@ The batched round of docs/DECODE.md "Batches of trees on the GPU", for S sequenc
   each sequence's bits those of its own forward);
 - one ``sample_post`` launch (each row drawing as in its sequence alone), one ``follow_trees``
   launch, one accept launch (``_batch_after_accept_kernel``: the next round's state and budget, the
-  report, the drafter's next context rows), then each slot's cache compaction.
+  report, the drafter's next context rows), then every slot's cache compaction in one launch.
 
 Every size is on the device, so the round is one CUDA graph per (slots, budget, method) on a real
 GPU. The host reads one report a round ([S, 4 + C]: n, bonus, N, flags, the accepted tokens) and
@@ -30,6 +30,7 @@ hidden layers the drafter reads, M hidden size, F feature rows a slot.
 from __future__ import annotations
 
 import time
+import weakref
 
 import numpy as np
 from numba import cuda
@@ -132,14 +133,22 @@ class BatchDeviceRound:
     the cache pool (a slot a sequence), a drafter cache a slot, the trees, the state, the report.
 
     Sequences of different prompt lengths and cache limits share the pool's capacity (the largest);
-    ``state[s, 2]`` holds each one's own limit. Made per ``generate_batch`` call (not kept).
+    ``state[s, 2]`` holds each one's own limit. A configuration (drafter, method, K, cap, slots,
+    capacity, feature rows, temperature) is kept per target for later calls (``batch_round_for``):
+    its prefill resets the caches, and its graph is replayed as it is. It holds the scratch its
+    graph points at (``held``), so a larger cache that makes the models allocate new scratch leaves
+    the graph's pointers valid.
     """
 
     def __init__(self, target, drafter, method: str, K: int, cap: int, slots: int, capacity: int,
                  feature_rows: int, temperature: float):
         cfg = target.config
         S = slots
-        self.target, self.drafter, self.method = target, drafter, method
+        # weak: _BATCH_ROUNDS is keyed weakly by the target, and the drafter refers to it too
+        self.target = weakref.proxy(target)
+        self.drafter = None if drafter is None else weakref.proxy(drafter)
+        self.drafter_ref = None if drafter is None else weakref.ref(drafter)
+        self.method = method
         self.K, self.cap, self.S, self.temperature = K, cap, S, temperature
         self.layers = () if method == "ar" else tuple(drafter.target_layer_ids)
         i32 = lambda *shape: cuda.device_array(shape, np.int32)          # noqa: E731
@@ -161,6 +170,8 @@ class BatchDeviceRound:
         self.seed = cuda.device_array(1, np.uint64)
         self.round_seeds = cuda.device_array(S, np.uint64)
         self.graph = None
+        self.generations = 0                 # prefills so far (the drafter caches reset from the second)
+        self.held = ()                       # scratch the graph points at
         self.dcaches, self.level_scratch = [], None
         if method != "ar":
             L, V = drafter.block_size - 1, cfg.vocab_size
@@ -184,6 +195,12 @@ class BatchDeviceRound:
         context rows gathered, the round state set. -> the bonus tokens [S] (host)."""
         from ..model.target import Segment
         S, target = self.S, self.target
+        for cache in self.pool.caches:
+            cache.reset()
+        if self.generations:
+            for cache in self.dcaches:
+                cache.reset()
+        self.generations += 1
         segments = [Segment(np.asarray(p, np.int32), np.arange(p.shape[0], dtype=np.int32), self.pool.caches[z], None)
                     for z, p in enumerate(prompts)]
         launch = target.enqueue_batch(segments, self.layers, stream=stream)
@@ -252,13 +269,12 @@ class BatchDeviceRound:
         _batch_after_accept_kernel[(C1 if gather else ceil_div(C1, THREADS), 1 + gather, S), THREADS, stream](
             self.keep, self.info, tb.tokens, tb.n_nodes, self.live, self.seqs, self.state, self.start_n, self.n_ctx,
             self.bonus, self.report, self.cap, self.budget, *self.feature_args)
-        for z, cache in enumerate(self.pool.caches):
-            cache.enqueue_compact(self.start_n[z], self.keep[z], n_max=C1, stream=stream)
+        self.pool.enqueue_compact(self.start_n, self.keep, n_max=C1, stream=stream)     # every slot, one launch
 
     def run_round(self, graph: bool, stream) -> None:
         """Enqueue one round: its graph (captured after a first eager round), else its launches;
         then the copies of the report and the expert counts to the host."""
-        if self.graph is not None:
+        if graph and self.graph is not None:
             replay_graph(self.graph, stream)
         else:
             self.enqueue_round(stream)
@@ -269,11 +285,39 @@ class BatchDeviceRound:
         """Capture ``enqueue_round`` as one CUDA graph (after an eager round has compiled every
         kernel and made every scratch)."""
         self.graph = capture_graph(self.enqueue_round, warm_up=False)
+        self.held = (self.ws.mla_scratch,) + (() if self.method == "ar" else
+                                              (self.drafter.workspace(self.features.shape[1]).scratch,))
 
     def close(self) -> None:
         if self.graph is not None:
             destroy_graph(self.graph)
             self.graph = None
+
+
+_BATCH_ROUNDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # target -> {key: BatchDeviceRound}
+KEPT_BATCH_ROUNDS = 4                 # configurations kept per target (least recently used dropped)
+
+
+def batch_round_for(target, drafter, method: str, K: int, cap: int, slots: int, capacity: int, feature_rows: int,
+                    temperature: float) -> BatchDeviceRound:
+    """The ``BatchDeviceRound`` of this configuration: a kept one when the drafter allows it
+    (``decode.device.reusable``), else a new one."""
+    from .device import reusable
+    args = (target, drafter, method, K, cap, slots, capacity, feature_rows, temperature)
+    if not reusable(drafter, method):
+        return BatchDeviceRound(*args)
+    kept = _BATCH_ROUNDS.setdefault(target, {})
+    key = (id(drafter), *args[2:])
+    br = kept.pop(key, None)
+    if br is not None and drafter is not None and br.drafter_ref() is not drafter:
+        br.close()                            # a new drafter at a dropped one's id
+        br = None
+    if br is None:
+        br = BatchDeviceRound(*args)
+        while len(kept) >= KEPT_BATCH_ROUNDS:
+            kept.pop(next(iter(kept))).close()
+    kept[key] = br                        # most recently used last
+    return br
 
 
 def unique_experts(cfg, offsets) -> np.ndarray:
@@ -316,7 +360,7 @@ def generate_batch_device(target, drafter, args, *, method: str, budget: int, te
     stream = cuda.stream()
     times = {"prefill": 0.0, "round": 0.0}
     t0 = time.perf_counter()
-    br = BatchDeviceRound(target, drafter, method, K, cap, S, capacity, feature_rows, temperature)
+    br = batch_round_for(target, drafter, method, K, cap, S, capacity, feature_rows, temperature)
     logs = [RoundLog(method, int(a.prompt.shape[0]), a.n_new, a.stops) for a in args]
     rounds = []
     try:
@@ -327,7 +371,7 @@ def generate_batch_device(target, drafter, args, *, method: str, budget: int, te
             if log.bonus_ends(int(bonus[z])):
                 live[z] = 0
         times["prefill"] = time.perf_counter() - t0
-        eager_done = False
+        captured = br.graph is not None        # a kept configuration replays its graph from round 1
         while live.any():
             t1 = time.perf_counter()
             br.live.copy_to_device(live, stream=stream)
@@ -353,10 +397,12 @@ def generate_batch_device(target, drafter, args, *, method: str, budget: int, te
                 if log.bonus_ends(new_bonus):
                     live[z] = 0
             rounds.append((alive, rows, accepted, unique_experts(target.config, offsets)))
-            if graph and not eager_done:
+            if graph and not captured:
                 br.capture()               # after a first eager round: everything is compiled
-            eager_done = True
-        stream.synchronize()
+                captured = True
     finally:
-        br.close()
+        try:
+            stream.synchronize()      # nothing of this call left running on the kept configuration
+        except Exception:             # (a broken stream: the first error is the one to see)
+            pass
     return logs, rounds, times

@@ -31,29 +31,32 @@ METHODS = ("columns", "scratch")
 
 
 @device_function
-def _compact_column(rows, start_n, keep, layer, c):
-    """Column c of layer ``layer`` of rows [layers, S, W], in increasing i (the columns scheme)."""
+def _compact_column(rows, start_n, keep, per_group, layer, c):
+    """Column c of layer ``layer`` of rows [layers, S, W], in increasing i (the columns scheme);
+    the layer's group g = layer // per_group takes (start, n) = start_n[g] and keep[g]."""
     if layer < rows.shape[0] and c < rows.shape[2]:
-        start = start_n[0]
-        for i in range(1, start_n[1]):  # increasing i: every read precedes the writes that reach it
-            src = keep[i]
+        g = layer // per_group
+        start = start_n[g, 0]
+        for i in range(1, start_n[g, 1]):  # increasing i: every read precedes the writes that reach it
+            src = keep[g, i]
             if src != i:
                 rows[layer, start + i, c] = rows[layer, start + src, c]
 
 
 @cached
 @cuda.jit
-def _compact_rows_columns_kernel(rows, start_n, keep, rows2, blocks):
+def _compact_rows_columns_kernel(rows, start_n, keep, per_group, rows2, per_group2, blocks):
     """rows [layers, S, W]: one thread per (column, layer) (grid y = layer), so a cache's every
-    layer compacts in one launch; the grid's blocks from ``blocks`` on take rows2 [layers2, S2, W2]
-    alike (a second array of the same rows, e.g. the rope keys beside the latents)."""
+    layer compacts in one launch (a pool's every slot too: layer l takes group l // per_group's
+    start_n and keep); the grid's blocks from ``blocks`` on take rows2 [layers2, S2, W2] alike (a
+    second array of the same rows, e.g. the rope keys beside the latents)."""
     grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     layer = cuda.blockIdx.y
     b = cuda.blockIdx.x
     if b < blocks:
-        _compact_column(rows, start_n, keep, layer, b * cuda.blockDim.x + cuda.threadIdx.x)
+        _compact_column(rows, start_n, keep, per_group, layer, b * cuda.blockDim.x + cuda.threadIdx.x)
     else:
-        _compact_column(rows2, start_n, keep, layer, (b - blocks) * cuda.blockDim.x + cuda.threadIdx.x)
+        _compact_column(rows2, start_n, keep, per_group2, layer, (b - blocks) * cuda.blockDim.x + cuda.threadIdx.x)
 
 
 @cached
@@ -95,20 +98,33 @@ def enqueue_compact_rows(rows, start_n, keep, *, n_max, method="columns", scratc
     bounds n (it sizes the grid of the scratch scheme, whose ``scratch`` is [>= n_max, W] of rows'
     dtype). ``second`` (``columns`` only): another such array of rows' dtype ([S2, W2] or [layers2,
     S2, W2]) whose rows move alike, in the same launch (a cache's rope keys beside its latents).
+
+    **Groups** (``columns`` only; a cache pool's slots in one launch): start_n [G, 2] and keep
+    [G, >= n_g] split the layers of rows (and of ``second``) into G equal runs, run g moved by
+    (start, n) = start_n[g] and keep[g].
     """
     W = rows.shape[rows.ndim - 1]          # (the simulator's shapes take no negative index)
     if method == "columns":
         stack, stack2 = (a if a.ndim == 3 else a.reshape((1,) + tuple(a.shape))
                          for a in (rows, rows if second is None else second))
+        if start_n.ndim == 1:
+            start_n, keep = start_n.reshape(1, 2), keep.reshape(1, keep.shape[0])
+        G = start_n.shape[0]
+        if keep.shape[0] != G or stack.shape[0] % G or stack2.shape[0] % G:
+            raise ValueError(f"start_n gives {G} groups: keep must have {G} rows ({keep.shape[0]}) and each "
+                             f"array's layers ({stack.shape[0]}, {stack2.shape[0]}) split into {G} equal runs")
         blocks = ceil_div(W, THREADS)
         grid = (blocks + (0 if second is None else ceil_div(stack2.shape[2], THREADS)),
                 max(stack.shape[0], stack2.shape[0]))
-        _compact_rows_columns_kernel[grid, THREADS, stream](stack, start_n, keep, stack2, blocks)
+        _compact_rows_columns_kernel[grid, THREADS, stream](stack, start_n, keep, stack.shape[0] // G,
+                                                            stack2, stack2.shape[0] // G, blocks)
     elif method == "scratch":
         if second is not None:
             raise ValueError("second: the columns scheme compacts two arrays in one launch, not the scratch one")
         if rows.ndim != 2:
             raise ValueError(f"the scratch scheme compacts one [S, W] array, got {rows.ndim} dimensions")
+        if start_n.ndim != 1:
+            raise ValueError("groups (a 2-D start_n): the columns scheme, not the scratch one")
         grid = (ceil_div(n_max, BLOCK_2D[0]), ceil_div(W, BLOCK_2D[1]))
         _compact_rows_gather_kernel[grid, BLOCK_2D, stream](rows, start_n, keep, scratch)
         _compact_rows_copy_back_kernel[grid, BLOCK_2D, stream](rows, start_n, scratch)

@@ -243,6 +243,15 @@ class DeviceCachePool:
         self.k_pe_rows = self.k_pe.reshape(slots * L * capacity, R)          #   the batch's cache writes
         self.caches = [DeviceMLACache(cfg, capacity, pool=self, slot=j) for j in range(slots)]
 
+    def enqueue_compact(self, start_n, keep, *, n_max, stream=0) -> None:
+        """Every slot's ``DeviceMLACache.enqueue_compact`` in one launch: slot j's rows ``start +
+        keep[j, i]`` move to ``start + i`` for i < n, (start, n) = start_n[j] (int32 [slots, 2]
+        device), keep [slots, >= n] int32 device, n <= ``n_max``. No sync; the lengths are the
+        caller's to update."""
+        slots, L = self.c_kv.shape[0], self.c_kv.shape[1]
+        kn.enqueue_compact_rows(self.c_kv.reshape(slots * L, *self.c_kv.shape[2:]), start_n, keep, n_max=n_max,
+                                second=self.k_pe.reshape(slots * L, *self.k_pe.shape[2:]), stream=stream)
+
 
 @dataclass
 class Workspace:

@@ -31,12 +31,20 @@ def enqueue_compact_rows(rows, start_n, keep, *, n_max, method="columns", scratc
     """``compact_rows(rows, start, keep[:n])`` for (start, n) = start_n[0:2], of every layer of a
     [layers, S, W] ``rows`` alike, and of ``second`` (another such array) if given; twin of
     ``kernels.compact.enqueue_compact_rows`` (its signature, numpy arrays: ``n_max``, ``method``,
-    ``scratch`` and ``stream`` choose how the GPU moves the rows, not where they go)."""
-    start, n = int(start_n[0]), int(start_n[1])
-    if n:
-        for a in (rows,) if second is None else (rows, second):
-            for layer in (a if a.ndim == 3 else a[None]):
-                compact_rows(layer, start, np.asarray(keep[:n]))
+    ``scratch`` and ``stream`` choose how the GPU moves the rows, not where they go). Groups: start_n
+    [G, 2] and keep [G, >= n_g] move the G equal runs of layers each by its own (start, n) and keep."""
+    start_n, keep = np.asarray(start_n), np.asarray(keep)
+    if start_n.ndim == 1:
+        start_n, keep = start_n[None], keep[None]
+    G = start_n.shape[0]
+    for a in (rows,) if second is None else (rows, second):
+        layers = a if a.ndim == 3 else a[None]
+        per = layers.shape[0] // G
+        for g in range(G):
+            start, n = int(start_n[g, 0]), int(start_n[g, 1])
+            if n:
+                for layer in layers[g * per:(g + 1) * per]:
+                    compact_rows(layer, start, keep[g, :n])
 
 
 def naive_row_hazards(keep: np.ndarray) -> list[tuple[int, int]]:
