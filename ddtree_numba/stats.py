@@ -138,7 +138,7 @@ def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budget
 
 
 def batch_sweep(target, drafter, prompts, batches=(1, 4, 16, 64), max_new_tokens: int = 64, budgets=(16, 64),
-                progress: bool | None = None, info: dict | None = None) -> dict:
+                progress: bool | None = None, info: dict | None = None, warmup: bool | None = None) -> dict:
     """Greedy ``ar`` and ``ddtree`` at each budget with ``generate_batch``, at each batch size:
     how throughput and the experts a verify forward reads grow with the number of sequences in
     flight (issue 17).
@@ -146,6 +146,8 @@ def batch_sweep(target, drafter, prompts, batches=(1, 4, 16, 64), max_new_tokens
     prompts   list of 1-D token-id sequences or dicts with ``"ids"`` (as ``acceptance_sweep``); a
               batch of B takes B of them, cycling through the list
     batches   batch sizes, distinct integers >= 1
+    warmup    run each (batch, method, budget) once untimed first, so the timed run replays its
+              compiled kernels and captured round graph (None: on the cuda backend)
 
     Returns a JSON-ready dict, ``kind`` 'batch_sweep', with ``rows``: one per batch x method x
     budget: ``batch``, ``method``, ``budget``, ``tokens_per_s`` (every sequence's tokens over the
@@ -160,6 +162,7 @@ def batch_sweep(target, drafter, prompts, batches=(1, 4, 16, 64), max_new_tokens
     if not ids:
         raise ValueError("batch_sweep needs at least one prompt")
     moe = [i for i in range(target.config.num_hidden_layers) if target.config.is_moe_layer(i)]
+    warmup = getattr(target, "backend", "numpy") == "cuda" if warmup is None else bool(warmup)
     from tqdm import tqdm
     plan = [("ar", None)] + [("ddtree", b) for b in budgets]
     n_ref = min(len(ids), max(batches))
@@ -171,8 +174,11 @@ def batch_sweep(target, drafter, prompts, batches=(1, 4, 16, 64), max_new_tokens
         for B in batches:
             prompts_b = [ids[i % len(ids)] for i in range(B)]
             for method, budget in plan:
-                res = generate_batch(target, None if method == "ar" else drafter, prompts_b, max_new_tokens,
-                                     method=method, budget=budget or 1)
+                run = lambda: generate_batch(target, None if method == "ar" else drafter, prompts_b,  # noqa: E731
+                                             max_new_tokens, method=method, budget=budget or 1)
+                if warmup:
+                    run()
+                res = run()
                 lengths = np.concatenate([r.acceptance_lengths for r in res])
                 unique = [r.unique_experts for r in res.rounds if r.unique_experts is not None]
                 rows.append(dict(
@@ -186,7 +192,7 @@ def batch_sweep(target, drafter, prompts, batches=(1, 4, 16, 64), max_new_tokens
     return dict(kind="batch_sweep", schema=SCHEMA, backend=getattr(target, "backend", "numpy"),
                 device=device_name(getattr(target, "backend", "numpy")),
                 date=datetime.date.today().isoformat(), platform=platform.platform(),
-                max_new_tokens=int(max_new_tokens), batches=batches, budgets=budgets, prompts=len(ids),
+                max_new_tokens=int(max_new_tokens), batches=batches, budgets=budgets, prompts=len(ids), warmup=warmup,
                 n_routed_experts=int(target.config.n_routed_experts or 0),
                 seconds=time.perf_counter() - t0, rows=rows, **(info or {}))
 

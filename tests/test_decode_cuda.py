@@ -337,3 +337,25 @@ def test_the_gpu_resident_batch_gives_each_sequence_its_ar_tokens():
         assert rnd.rows == sum(int(r.tree_sizes[k]) + 1 for r in live)
         assert rnd.accepted == sum(int(r.acceptance_lengths[k]) for r in live)
         assert rnd.unique_experts.max() > 0
+
+
+@pytest.mark.gpu   # the golden drafter's batch: ~100 s a call in the simulator (checked there by hand)
+def test_the_gpu_resident_batch_with_the_golden_drafter_keeps_its_configuration():
+    """generate_batch with a CudaDrafter: each sequence its ar tokens and the acceptance of its own
+    generate; a second call replays the kept configuration (caches reset, the round's graph on a
+    GPU) with the same results, and eager rounds (graph=False) give the same too."""
+    from ddtree_numba.decode import device_batch
+    gpu = load_cuda_target(os.path.join(DATA, "v3_noaux_tc"))
+    drafter = dd.load_drafter(os.path.join(DATA, "drafters", "dflash_v3_noaux_tc"), gpu)
+    n_new = N_NEW if REAL_GPU else 3
+    prompts = [_prompt(2, 96, n=5), _prompt(3, 96, n=7), _prompt(4, 96, n=4)]
+    ar = [dd.generate(gpu, None, p, n_new, method="ar").tokens for p in prompts]
+    solo = [dd.generate(gpu, drafter, p, n_new, method="ddtree", budget=4).acceptance_lengths for p in prompts]
+    runs = [dd.generate_batch(gpu, drafter, prompts, n_new, method="ddtree", budget=4) for _ in range(2)]
+    runs.append(dd.generate_batch(gpu, drafter, prompts, n_new, method="ddtree", budget=4, graph=False))
+    for batch in runs:
+        for res, want, acc in zip(batch, ar, solo):
+            assert res.loop == "device"
+            np.testing.assert_array_equal(res.tokens, want)
+            np.testing.assert_array_equal(res.acceptance_lengths, acc)
+    assert len(device_batch._BATCH_ROUNDS[gpu]) == 1          # one configuration served every call
