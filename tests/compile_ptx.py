@@ -85,8 +85,8 @@ SIGNATURES = {
         ((256, pair), f"void({F32_2}, float32[::1], float32, {F32_2}, {I32_1}, int64, {_ROWS}, "
                       f"float32[::1], {F32_2}, int64, {_ROWS})") for pair in (False, True)],
     "rms_norm._qkv_norm_rope_kernel": [
-        ((256,), f"void({q}, {I32_1}, float32[::1], float32[::1], float32, {F64_1}, boolean, int64, int64, "
-                 f"{F32_2}, {F32_2})") for q in (F32_2, "float32[:, :]")],
+        ((256,), f"void({q}, {I32_2}, float32[::1], float32[::1], float32, {F64_1}, boolean, int64, int64, "
+                 f"float32[:, :, ::1], float32[:, :, ::1], boolean)") for q in (F32_2, "float32[:, :]")],
     "rope._rope_cos_sin_kernel": [
         f"void({p}[::1], {F64_1}, float64, {F32_2}, {F32_2})" for p in ("int32", "int64")],
     "rope._rope_table_kernel": [f"void({F32_2}, {F32_2}, {F32_2}, boolean, {F32_2})"],
@@ -182,14 +182,16 @@ SIGNATURES = {
     # (..., has_blk, has_mask, fuse): the merge by the splits' last block (fuse), or its own launch
     "gqa._gqa_split_kernel": [
         ((dh, *kernels_pkg.gqa._gpu_tiles(dh), blk, msk, fuse),
-         f"void({F32_2}, {F32_2}, {F32_2}, {F32_2}, {F32_2}, boolean[:, ::1], {I32_1}, float32, "
-         f"float32[:, :, ::1], float32[:, :, ::1], {F32_2}, {I32_1})")
+         f"void({F32_2}, float32[:, :, ::1], float32[:, :, ::1], {F32_2}, {F32_2}, boolean[:, ::1], {I32_2}, int64, "
+         f"int64, float32, float32[:, :, ::1], float32[:, :, ::1], {F32_2}, {I32_1})")
         for dh in (64, 128, 256) for blk, msk, fuse in ((True, False, True), (False, False, True), (False, True, True),
                                                          (True, False, False))] + [
-        # a DFlash drafter's q / k / v: column views of one stacked projection (strided rows)
+        # a DFlash drafter's q / k / v: column views of one stacked projection (strided rows); its
+        # cache one sequence ([1, S_cap, W] contiguous) or a pool's layer ([S, S_cap, W] contiguous)
         ((dh, *kernels_pkg.gqa._gpu_tiles(dh), True, False, True),
-         f"void(float32[:, :], {F32_2}, {F32_2}, float32[:, :], float32[:, :], boolean[:, ::1], {I32_1}, "
-         f"float32, float32[:, :, ::1], float32[:, :, ::1], {F32_2}, {I32_1})") for dh in (32, 64, 128)],
+         f"void(float32[:, :], float32[:, :, ::1], float32[:, :, ::1], float32[:, :], float32[:, :], boolean[:, ::1], "
+         f"{I32_2}, int64, int64, float32, float32[:, :, ::1], float32[:, :, ::1], {F32_2}, {I32_1})")
+        for dh in (32, 64, 128)],
     "gqa._gqa_combine_kernel": [
         f"void(float32[:, :, ::1], float32[:, :, ::1], {I32_1}, int64, boolean, {F32_2})"],
 }

@@ -147,3 +147,36 @@ def test_fused_merge_gives_the_two_launch_bits_and_resets_its_counters(rng):
     assert np.isnan(run(True, s_cap + 20 * _tiles(dh).SPLIT)[:t]).all()
     assert not scratch.arrive.copy_to_host().any()
     np.testing.assert_array_equal(run(True, 9).view(np.uint32), run(False, 9).view(np.uint32))
+
+
+def test_a_batch_of_sequences_in_one_launch_gives_each_its_own_launchs_bits(rng):
+    """k_ctx [S, S_cap, W] (a drafter cache pool's layer), meta [S, 2]: S sequences' queries (equal
+    runs of rows, strided column views as the drafter passes them) in one launch, each run the
+    bits of its own launch, the counters back at zero; the twin gives the same within float32."""
+    S, tq, hq, hkv, dh, s_cap = 3, 5, 4, 2, 8, 14
+    w = hkv * dh
+    qkv = rng.standard_normal((S * tq, hq * dh + 2 * w)).astype(np.float32)     # q | k | v, one buffer
+    kc = rng.standard_normal((S, s_cap, w)).astype(np.float32)
+    vc = rng.standard_normal((S, s_cap, w)).astype(np.float32)
+    meta = np.array([[9, tq], [0, tq], [s_cap, tq]], np.int32)                  # (s, t) a sequence
+    scratch = GQAScratch(S * tq, hq, dh, s_cap + tq)
+    d_qkv = cuda.to_device(qkv)
+    q, kb, vb = d_qkv[:, :hq * dh], d_qkv[:, hq * dh:hq * dh + w], d_qkv[:, hq * dh + w:]
+    d_out = cuda.to_device(np.full((S * tq, hq * dh), POISON, np.float32))
+    enqueue_gqa_attention(q, cuda.to_device(kc), cuda.to_device(vc), d_out, k_blk=kb, v_blk=vb,
+                          meta=cuda.to_device(meta), scale=0.3, scratch=scratch)
+    got = d_out.copy_to_host()
+    assert not scratch.arrive.copy_to_host().any()
+    for z in range(S):
+        rows = slice(z * tq, (z + 1) * tq)
+        one = cuda.to_device(np.full((tq, hq * dh), POISON, np.float32))
+        enqueue_gqa_attention(q[rows], cuda.to_device(kc[z]), cuda.to_device(vc[z]), one, k_blk=kb[rows],
+                              v_blk=vb[rows], meta=cuda.to_device(meta[z]), scale=0.3, scratch=scratch)
+        np.testing.assert_array_equal(got[rows].view(np.uint32), one.copy_to_host().view(np.uint32))
+    want = np.zeros_like(got)
+    ref.enqueue_gqa_attention(qkv[:, :hq * dh], kc, vc, want, k_blk=qkv[:, hq * dh:hq * dh + w],
+                              v_blk=qkv[:, hq * dh + w:], meta=meta, scale=0.3, scratch=scratch)
+    assert_rel(got, want)
+    with pytest.raises(ValueError, match="no mask and the fused merge only"):
+        enqueue_gqa_attention(q, cuda.to_device(kc), cuda.to_device(vc), d_out, meta=cuda.to_device(meta),
+                              scale=0.3, scratch=scratch, fuse=False)

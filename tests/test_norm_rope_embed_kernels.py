@@ -383,3 +383,38 @@ def test_bad_input_raises_value_errors(rng):
     for call, words in cases:
         with pytest.raises(ValueError, match=words):
             call()
+
+
+def test_qkv_norm_rope_of_a_batch_gives_each_sequence_its_own_launchs_bits(rng):
+    """A batch of drafts (meta [S, 4] = (s0, n, c0, B), a cache pool's layer [S, S_cap, W]): the S
+    blocks first, then the context rows packed (c0 each, one sequence with none); each sequence's
+    rows and cache rows the bits of its own launch; nothing else written; the twin agrees."""
+    hq, hkv, dh, nb, cap, eps = 2, 1, 6, 3, 9, 1e-6
+    inv_freq = ref.rope_inv_freq(dh, 10000.0)
+    seqs = [(4, 2), (0, 0), (1, 3)]                         # (s0, n) a sequence
+    S, width = len(seqs), (hq + 2 * hkv) * dh
+    c0 = np.cumsum([0] + [n for _, n in seqs])[:-1]
+    meta = np.array([[s0, n, c, nb] for (s0, n), c in zip(seqs, c0)], np.int32)
+    qkv = rng.standard_normal((S * nb + sum(n for _, n in seqs) + 2, width)).astype(np.float32)
+    wq, wk = (rng.standard_normal(dh).astype(np.float32) for _ in range(2))
+    cache = np.full((S, cap, hkv * dh), POISON, np.float32)
+    d_qkv, d_k, d_v = cuda.to_device(qkv), cuda.to_device(cache), cuda.to_device(cache)
+    args = dict(n_q_heads=hq, n_kv_heads=hkv, interleave=False)
+    kn.enqueue_qkv_norm_rope(d_qkv, cuda.to_device(meta), cuda.to_device(wq), cuda.to_device(wk), eps,
+                             cuda.to_device(inv_freq), k_cache=d_k, v_cache=d_v, **args)
+    got, got_k, got_v = d_qkv.copy_to_host(), d_k.copy_to_host(), d_v.copy_to_host()
+    for z, (s0, n) in enumerate(seqs):                      # each sequence alone: block, then context rows
+        rows = np.concatenate([np.arange(z * nb, (z + 1) * nb), S * nb + c0[z] + np.arange(n)])
+        one = cuda.to_device(np.ascontiguousarray(qkv[rows]))
+        k1, v1 = cuda.to_device(cache[z]), cuda.to_device(cache[z])
+        kn.enqueue_qkv_norm_rope(one, i32(s0, n, s0 + n, nb), cuda.to_device(wq), cuda.to_device(wk), eps,
+                                 cuda.to_device(inv_freq), k_cache=k1, v_cache=v1, **args)
+        np.testing.assert_array_equal(got[rows].view(np.uint32), one.copy_to_host().view(np.uint32))
+        np.testing.assert_array_equal(got_k[z].view(np.uint32), k1.copy_to_host().view(np.uint32))
+        np.testing.assert_array_equal(got_v[z].view(np.uint32), v1.copy_to_host().view(np.uint32))
+    np.testing.assert_array_equal(got[-2:], qkv[-2:])       # rows past every sequence's: untouched
+    want, want_k, want_v = qkv.copy(), cache.copy(), cache.copy()
+    ref.enqueue_qkv_norm_rope(want, meta, wq, wk, eps, inv_freq, k_cache=want_k, v_cache=want_v, **args)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got_k, want_k, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got_v, want_v)

@@ -141,16 +141,31 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
 
     @cached
     @cuda.jit
-    def kernel(q, k_ctx, v_ctx, k_blk, v_blk, mask, meta, scale, o_part, ml_part, out, arrive):
+    def kernel(q_all, k_ctx_all, v_ctx_all, k_blk_all, v_blk_all, mask, meta, per_seq, n_rb, scale, o_all, ml_all,
+               out_all, arrive):
+        # Sequence z = blockIdx.z // n_rb (its row block the rest): its queries, block keys and
+        # outputs are the z-th run of per_seq rows of q / k_blk / v_blk / out, its context keys
+        # k_ctx_all[z], its partials the z-th run of per_seq * Hq rows, (s, t) = meta[z]. One
+        # sequence (the drafter's own draft) is a batch of one.
         grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
-        s = meta[0]
-        t = meta[1]
+        zq = cuda.blockIdx.z // n_rb
+        a0 = zq * per_seq
+        q = q_all[a0:a0 + per_seq]
+        k_blk = k_blk_all[a0:a0 + per_seq]
+        v_blk = v_blk_all[a0:a0 + per_seq]
+        out = out_all[a0:a0 + per_seq]
+        k_ctx = k_ctx_all[zq]
+        v_ctx = v_ctx_all[zq]
+        s = meta[zq, 0]
+        t = meta[zq, 1]
         n_keys = s + t if has_blk else s
         Hq = q.shape[1] // DH
+        o_part = o_all[:, a0 * Hq:(a0 + per_seq) * Hq]
+        ml_part = ml_all[:, a0 * Hq:(a0 + per_seq) * Hq]
         G = Hq // (k_ctx.shape[1] // DH)
         rows = t * G
         g = cuda.blockIdx.y
-        r0 = cuda.blockIdx.z * RM
+        r0 = (cuda.blockIdx.z - zq * n_rb) * RM
         key_lo = cuda.blockIdx.x * SPLIT
         tid = cuda.threadIdx.x
         n_split = (n_keys + SPLIT - 1) // SPLIT
@@ -367,13 +382,30 @@ def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=N
     None, meta [>= 2] int32 device = (s, t), scale float, out [Tq, Hq*Dh] f32, scratch a
     ``GQAScratch`` for >= Tq rows and >= S_cap + Tq keys (S_cap without block keys), mask
     [>= t, >= s (+ t)] bool device or None (all keys seen). The grid is sized for Tq, S_cap.
+
+    **A batch of sequences** in one launch (the batched device round's drafts): k_ctx / v_ctx
+    [S, S_cap, Hkv*Dh] (a drafter cache pool's layer), meta [S, 2] int32 device = (s, t) a
+    sequence, and q / k_blk / v_blk / out in S equal runs of Tq / S rows, run z sequence z's; no
+    mask, the fused merge. Each sequence's bits are those of its own launch.
     ``tiles`` overrides ``_tiles`` (tools/tune_tiles.py); its KT and SPLIT must be ``_tiles``'s,
     which fix the bits and the scratch's splits. ``fuse`` (default): one launch, the splits merged
     by their last block; False: the merge in a launch of its own (the same bits).
     """
-    tq = q.shape[0]
+    batched = k_ctx.ndim == 3
+    if batched:
+        if mask is not None or not fuse:
+            raise ValueError("a batch of sequences (k_ctx [S, S_cap, W]) takes no mask and the fused merge only")
+        n_seq = k_ctx.shape[0]
+        if n_seq == 0 or q.shape[0] % n_seq:
+            raise ValueError(f"q's {q.shape[0]} rows are not {n_seq} equal runs, one a sequence")
+        seq_meta = meta
+    else:
+        n_seq = 1
+        k_ctx, v_ctx = k_ctx.reshape(1, *k_ctx.shape), v_ctx.reshape(1, *v_ctx.shape)
+        seq_meta = meta[:2].reshape(1, 2)
+    tq = q.shape[0] // n_seq                # query rows a sequence
     dh = scratch.o.shape[2]
-    hq, hkv = q.shape[1] // dh, k_ctx.shape[1] // dh
+    hq, hkv = q.shape[1] // dh, k_ctx.shape[2] // dh
     g = hq // hkv
     has_blk = k_blk is not None
     cfg = _tiles(dh)
@@ -381,14 +413,16 @@ def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=N
         if (tiles.KT, tiles.SPLIT) != (cfg.KT, cfg.SPLIT):
             raise ValueError(f"tiles {tiles}: KT and SPLIT fix the bits and must stay {cfg.KT} and {cfg.SPLIT}")
         cfg = tiles
-    max_keys = k_ctx.shape[0] + (tq if has_blk else 0)
+    max_keys = k_ctx.shape[1] + (tq if has_blk else 0)
     if tq == 0 or max_keys == 0:
         return
     kernel = _gqa_split_kernel(dh, *cfg, has_blk, mask is not None, bool(fuse))
-    grid = (ceil_div(max_keys, cfg.SPLIT), hkv, ceil_div(tq * g, cfg.RM))
+    n_rb = ceil_div(tq * g, cfg.RM)         # row blocks a sequence
+    grid = (ceil_div(max_keys, cfg.SPLIT), hkv, n_rb * n_seq)
     kernel[grid, cfg.NT, stream](
-        q, k_ctx, v_ctx, k_blk if has_blk else k_ctx, v_blk if has_blk else v_ctx,
-        scratch.mask if mask is None else mask, meta, np.float32(scale), scratch.o, scratch.ml, out, scratch.arrive)
+        q, k_ctx, v_ctx, k_blk if has_blk else q, v_blk if has_blk else q,
+        scratch.mask if mask is None else mask, seq_meta, tq, n_rb, np.float32(scale), scratch.o, scratch.ml, out,
+        scratch.arrive)
     if not fuse:
         _gqa_combine_kernel[ceil_div(tq * hq * dh, THREADS), THREADS, stream](
             scratch.o, scratch.ml, meta, cfg.SPLIT, has_blk, out)

@@ -170,20 +170,39 @@ def _qkv_norm_rope_kernel(threads):
 
     @cached
     @cuda.jit
-    def kernel(qkv, meta, q_norm, k_norm, eps, inv_freq, interleave, n_q, n_kv, k_cache, v_cache):
+    def kernel(qkv, meta, q_norm, k_norm, eps, inv_freq, interleave, n_q, n_kv, k_cache_all, v_cache_all, single):
+        # meta [S, 4] = (s0, n, c0, B) a sequence: rows [0, S B) are the S blocks (sequence z's rows
+        # [z B, (z + 1) B)), then the context rows, sequence z's n at [S B + c0, S B + c0 + n)
+        # (``single``: one sequence, c0 taken as 0), written into k_cache_all[z] / v_cache_all[z]
         grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         r = cuda.blockIdx.x
         g = cuda.blockIdx.y
-        s0, n, nb = meta[0], meta[1], meta[3]
-        c = r - nb                      # the context row (r >= nb)
-        if r < nb:
+        nb = meta[0, 3]                 # block rows a sequence
+        blocks = nb * meta.shape[0]     # every sequence's block rows
+        z = -1
+        if r < blocks:
             if g >= n_q + n_kv:
                 return                  # a block row's values stay where they are
-            pos = s0 + n + r
+            z = r // nb
+            j = r - z * nb
+            s0, n = meta[z, 0], meta[z, 1]
+            pos = s0 + n + j
+            c = 0
         else:
-            if c >= n or g < n_q:
-                return                  # past the new context rows, or a context row's query
+            if g < n_q:
+                return                  # a context row's query
+            cc = r - blocks             # the context row, among all sequences'
+            for y in range(meta.shape[0]):
+                off = 0 if single else meta[y, 2]
+                if off <= cc and cc < off + meta[y, 1]:
+                    z = y
+            if z < 0:
+                return                  # past every sequence's new context rows
+            s0 = meta[z, 0]
+            c = cc - (0 if single else meta[z, 2])
             pos = s0 + c
+        k_cache = k_cache_all[z]
+        v_cache = v_cache_all[z]
         # (every return above is block-uniform: no thread is left at a barrier)
         t = cuda.threadIdx.x
         part = cuda.shared.array(T, float32)
@@ -199,7 +218,7 @@ def _qkv_norm_rope_kernel(threads):
             r2 = dh // 2
             for i in range(t, r2, T):
                 cs, sn = _cos_sin(pos, inv_freq[i], 1.0)
-                if r < nb:              # the block's q and k, rotated in place
+                if r < blocks:          # the block's q and k, rotated in place
                     _rotate(head, 0, 0, qkv, r, c0, i, r2, interleave, cs, sn)
                 else:                   # a context key, rotated into the cache row s0 + c
                     _rotate(head, 0, 0, k_cache, s0 + c, (g - n_q) * dh, i, r2, interleave, cs, sn)
@@ -251,14 +270,23 @@ def enqueue_qkv_norm_rope(qkv, meta, q_norm, k_norm, eps, inv_freq, *, n_q_heads
     value copied into v_cache[s0 + c] (its query ignored). Each head's bits equal
     ``enqueue_rms_norm`` over a [rows * heads, Dh] view then ``enqueue_rope`` (the same
     reduction, ``_inv_rms``; the same rotation). The grid is (B + Nf) x (Hq + 2 Hkv) blocks.
+
+    **A batch of sequences** (the batched device round's drafts): meta [S, 4] int32 device =
+    (s0, n, c0, B) a sequence, k_cache / v_cache [S, S_cap, Hkv*Dh] (a drafter cache pool's
+    layer); qkv's rows [0, S B) are the S blocks, sequence z's at [z B, (z + 1) B), then the
+    context rows, sequence z's n of them at S B + c0 + [0, n), into k_cache[z] / v_cache[z].
     """
     if q_norm.shape[0] > MAX_HEAD_DIM:        # the one check: shared memory stages a head
         raise ValueError(f"head dim {q_norm.shape[0]} exceeds MAX_HEAD_DIM = {MAX_HEAD_DIM}")
     if qkv.shape[0] == 0:
         return
+    single = meta.ndim == 1
+    if single:
+        meta, k_cache, v_cache = meta[:4].reshape(1, 4), k_cache.reshape(1, *k_cache.shape), \
+            v_cache.reshape(1, *v_cache.shape)
     _qkv_norm_rope_kernel(THREADS)[(qkv.shape[0], n_q_heads + 2 * n_kv_heads), THREADS, stream](
         qkv, meta, q_norm, k_norm, np.float32(eps), inv_freq, bool(interleave), int(n_q_heads),
-        int(n_kv_heads), k_cache, v_cache)
+        int(n_kv_heads), k_cache, v_cache, single)
 
 
 # -- the public launcher ----------------------------------------------------------------------

@@ -40,7 +40,18 @@ def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=N
     the kernel's ``GQAScratch`` of which only the head dim, scratch.o.shape[2], is read, as the
     kernel reads it): out[:t] = ``gqa_attention`` of q[:t] over the keys context rows [0, s) of
     k_ctx / v_ctx, then block rows [0, t) of k_blk / v_blk (if given), (s, t) = meta[:2], under
-    mask[:t, :keys] (or none). q [Tq, Hq*Dh], k_ctx / v_ctx [S_cap, Hkv*Dh], out [Tq, Hq*Dh]."""
+    mask[:t, :keys] (or none). q [Tq, Hq*Dh], k_ctx / v_ctx [S_cap, Hkv*Dh], out [Tq, Hq*Dh].
+    A batch of sequences: k_ctx / v_ctx [S, S_cap, Hkv*Dh], meta [S, 2] = (s, t) a sequence, and
+    q / k_blk / v_blk / out in S equal runs of rows, run z sequence z's (no mask)."""
+    if np.asarray(k_ctx).ndim == 3:
+        S = k_ctx.shape[0]
+        per = q.shape[0] // S
+        for z in range(S):
+            rows = slice(z * per, (z + 1) * per)
+            enqueue_gqa_attention(q[rows], k_ctx[z], v_ctx[z], out[rows], meta=np.asarray(meta)[z], scale=scale,
+                                  scratch=scratch, k_blk=None if k_blk is None else k_blk[rows],
+                                  v_blk=None if v_blk is None else v_blk[rows])
+        return
     s, t = int(meta[0]), int(meta[1])
     if t == 0:
         return

@@ -52,7 +52,20 @@ def enqueue_qkv_norm_rope(qkv, meta, q_norm, k_norm, eps, inv_freq, *, n_q_heads
     arrays): over a stacked q | k | v projection qkv [B + Nf, (Hq + 2 Hkv) * Dh], (s0, n, _, B) =
     meta[:4], ``head_norm_rope`` of the block rows' q and k heads in place (positions s0 + n + j;
     their v untouched), and of the new context rows' keys (positions s0 + c, c < n) into
-    k_cache[s0 + c], their values copied into v_cache[s0 + c] (their queries ignored)."""
+    k_cache[s0 + c], their values copied into v_cache[s0 + c] (their queries ignored). A batch:
+    meta [S, 4] = (s0, n, c0, B) a sequence, k_cache / v_cache [S, S_cap, Hkv*Dh]; sequence z's
+    block at rows [z B, (z + 1) B), its context rows at S B + c0 + [0, n)."""
+    meta = np.asarray(meta)
+    if meta.ndim == 2:
+        S, nb = meta.shape[0], int(meta[0, 3])
+        for z, (s0, n, c0, _) in enumerate(meta):
+            rows = np.concatenate([np.arange(z * nb, (z + 1) * nb), S * nb + c0 + np.arange(n)])
+            part = qkv[rows]                                            # (a copy: written back below)
+            enqueue_qkv_norm_rope(part, np.array([s0, n, 0, nb], np.int32), q_norm, k_norm, eps, inv_freq,
+                                  n_q_heads=n_q_heads, n_kv_heads=n_kv_heads, interleave=interleave,
+                                  k_cache=k_cache[z], v_cache=v_cache[z])
+            qkv[rows] = part
+        return
     s0, n, nb = int(meta[0]), int(meta[1]), int(meta[3])
     dh, hq, hkv = q_norm.shape[0], n_q_heads, n_kv_heads
     heads = qkv.reshape(qkv.shape[0], hq + 2 * hkv, dh)                # [B + Nf, H, Dh] (a view)
