@@ -166,3 +166,36 @@ def test_draft_meta_from_device_sizes():
         np.testing.assert_array_equal(meta.copy_to_host(), [11, 0, 11, 4, 3, 4])   # n taken as 0
         np.testing.assert_array_equal(ids.copy_to_host(), np.arange(4))  # ids left as written
         status.copy_to_device(np.array([11, 0], np.int32))
+
+
+def test_a_batch_of_drafts_in_one_forward_gives_each_slot_its_own_drafts_bits():
+    """``draft_batch_device``: three slots of a ``DeviceDrafterPool``, two rounds of drafts with
+    packed context rows (one slot with none in the second round, as a finished sequence): each
+    slot's logits and cache length are bit for bit those of ``draft_device`` on its own cache;
+    a slot asking for more rows than its capacity appends nothing and is flagged."""
+    path = os.path.join(DATA, "v3_released")
+    dev_t = dd.load_target(path, backend="cuda", precision="fp32")
+    dev = random_drafter(dev_t, num_hidden_layers=1, block_size=4, num_attention_heads=6, num_key_value_heads=2,
+                         head_dim=4, intermediate_size=24, seed=7)
+    rng = np.random.default_rng(2)
+    y, m, L = len(dev.target_layer_ids), dev.config.hidden_size, dev.block_size - 1
+    S, cap = 3, 12
+    pool = dev.new_pool(S, cap)
+    alone = [dev.new_cache(cap) for _ in range(S)]
+    for counts, bonus in [((3, 5, 2), (4, 9, 60)), ((1, 0, 4), (7, 9, 2))]:
+        feats = [rng.standard_normal((c, y * m)).astype(np.float32) for c in counts]
+        packed = np.concatenate(feats + [np.full((2, y * m), np.nan, np.float32)])   # rows past: poison
+        logits = dev.draft_batch_device(cuda.to_device(packed), cuda.to_device(np.array(counts, np.int32)),
+                                        cuda.to_device(np.array(bonus, np.int32)), pool).copy_to_host()
+        assert logits.shape == (S * L, 96)
+        for z in range(S):
+            buf = cuda.to_device(np.concatenate([feats[z], np.zeros((1, y * m), np.float32)]))
+            one = dev.draft_device(buf, cuda.to_device(np.array([counts[z]], np.int32)),
+                                   cuda.to_device(np.array([bonus[z]], np.int32)), alone[z]).copy_to_host()
+            np.testing.assert_array_equal(logits[z * L:(z + 1) * L].view(np.uint32), one.view(np.uint32))
+        np.testing.assert_array_equal(pool.lengths, [c.length for c in alone])
+    assert not pool.overflowed.any()
+    too_many = np.array([0, 0, cap], np.int32)                 # slot 2 holds 6 rows: 12 more do not fit
+    dev.draft_batch_device(cuda.to_device(np.zeros((cap, y * m), np.float32)), cuda.to_device(too_many),
+                           cuda.to_device(np.zeros(S, np.int32)), pool)
+    assert pool.overflowed.tolist() == [False, False, True] and pool.lengths[2] == 6

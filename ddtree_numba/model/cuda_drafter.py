@@ -37,7 +37,7 @@ from numba import cuda
 
 from .. import kernels as kn
 from .._checks import check_array, check_int
-from .._device import cached, capture_graph, grid_dependency, is_device, replay_graph
+from .._device import cached, capture_graph, ceil_div, grid_dependency, is_device, replay_graph
 from ..dtypes import check_weight_dtype, to_storage
 from ..kernels.rms_norm import MAX_HEAD_DIM
 from .drafter import DrafterConfig, NumpyDrafter
@@ -81,6 +81,62 @@ def _draft_meta_kernel(status, n_in, bonus, capacity, n_cap, mask_id, write_bloc
         status[0] = s0 + n
         if not ok:
             status[1] = 1
+
+
+@cached
+@cuda.jit
+def _draft_batch_meta_kernel(status, n_in, bonus, capacity, n_cap, mask_id, ids, seq_meta, att, meta):
+    """The sizes of S drafts in one forward (``CudaDrafter.draft_batch_device``), from device
+    values. status [S, 2] int32 = (cache length s0, overflow flag) a sequence, n_in [S] int32 its
+    new context rows n (0 <= n <= n_cap and s0 + n <= capacity, else taken as 0 and its overflow
+    flag set), bonus [S] int32. Its context rows sit at c0 = the sum of n_in of the sequences
+    before it (as the producer packed them). Writes ids [S B] (each block: bonus, mask_id, ...),
+    seq_meta [S, 4] = (s0, n, c0, B), att [S, 2] = (s0 + n, B), meta [6] = (0, the rows after the
+    last sequence's, _, S B, S (B - 1), S B + those rows), and advances each s0 by its n. One block."""
+    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    S = status.shape[0]
+    nb = ids.shape[0] // S
+    for e in range(tid, S * nb, nt):
+        z = e // nb
+        ids[e] = bonus[z] if e == z * nb else mask_id
+    cuda.syncthreads()  # every thread has read bonus before thread 0 moves on (no status read above)
+    if tid == 0:
+        c0 = 0
+        for z in range(S):
+            s0 = status[z, 0]
+            n = n_in[z]
+            ok = n >= 0 and n <= n_cap and s0 + n <= capacity
+            seq_meta[z, 0] = s0
+            seq_meta[z, 1] = n if ok else 0
+            seq_meta[z, 2] = c0
+            seq_meta[z, 3] = nb
+            att[z, 0] = s0 + (n if ok else 0)
+            att[z, 1] = nb
+            if ok:
+                status[z, 0] = s0 + n
+            else:
+                status[z, 1] = 1
+            c0 += max(n, 0)
+        meta[0] = 0
+        meta[1] = c0
+        meta[2] = 0
+        meta[3] = S * nb
+        meta[4] = S * (nb - 1)
+        meta[5] = S * nb + c0
+
+
+@cached
+@cuda.jit
+def _block_tails_kernel(x, nb, tail):
+    """tail[z (B - 1) + j - 1] = x[z B + j] for j = 1 .. B - 1: every block's rows after its bonus
+    (the positions a draft predicts), packed for one lm_head launch."""
+    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    r, c = cuda.grid(2)
+    if r < tail.shape[0] and c < tail.shape[1]:
+        z = r // (nb - 1)
+        tail[r, c] = x[z * nb + 1 + r - z * (nb - 1), c]
 
 
 @dataclass
@@ -138,6 +194,71 @@ class DeviceDrafterCache:
 
     def reset(self) -> None:
         self.status.copy_to_device(np.zeros(2, np.int32))
+
+
+class DeviceDrafterPool:
+    """The context caches of ``slots`` sequences for drafts of all of them in one forward
+    (``CudaDrafter.draft_batch_device``): k, v [L, slots, S_cap, Hkv*Dh] float32 (a layer's
+    slots contiguous: the batched attention reads k[i] as [slots, S_cap, W]), status [slots, 2]
+    int32 device = (length, overflow flag) a slot."""
+
+    def __init__(self, cfg: DrafterConfig, slots: int, capacity: int):
+        slots = check_int("slots", slots, 1)
+        capacity = check_int("max_tokens", capacity, 1)
+        self.slots, self.capacity = slots, capacity
+        width = cfg.num_key_value_heads * cfg.head_dim
+        self.k = cuda.device_array((cfg.num_hidden_layers, slots, capacity, width), np.float32)
+        self.v = cuda.device_array((cfg.num_hidden_layers, slots, capacity, width), np.float32)
+        self.status = cuda.to_device(np.zeros((slots, 2), np.int32))
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """[slots] int32: each slot's context rows (a sync)."""
+        return self.status.copy_to_host()[:, 0]
+
+    @property
+    def overflowed(self) -> np.ndarray:
+        """[slots] bool: a draft asked for more context rows than fit in that slot (dropped)."""
+        return self.status.copy_to_host()[:, 1].astype(bool)
+
+    def reset(self) -> None:
+        self.status.copy_to_device(np.zeros(self.status.shape, np.int32))
+
+
+@dataclass
+class BatchDrafterWorkspace:
+    """Every device buffer S drafts in one forward need (``draft_batch_device``): block rows S B
+    (sequence z's at [z B, (z + 1) B)), up to ``rows`` new context rows of all of them packed
+    after them in ``xin`` / ``qkv``; written on the device by ``_draft_batch_meta_kernel``:
+    ``meta`` (its one-element slices the kernels' row counts, as ``DrafterWorkspace``'s),
+    ``seq_meta`` [S, 4] (s0, n, c0, B) and ``att`` [S, 2] (s0 + n, B) a sequence."""
+
+    sequences: int
+    rows: int
+    block: int
+    meta: object                # [6] int32 (0, n all, _, S B, S (B - 1), S B + n all)
+    seq_meta: object            # [S, 4] int32
+    att: object                 # [S, 2] int32
+    ids: object                 # [S B] int32
+    ctx_raw: object             # [rows, M]
+    xin: object                 # [S B + rows, M]: the blocks' normed rows (where the norm does not fold), then
+                                #   hidden_norm(fc(features)) of the context rows
+    qkv: object                 # [S B + rows, (Hq + 2 Hkv)*Dh]
+    x: object                   # [S B, M]
+    h: object                   # [S B, M]
+    o: object                   # [S B, Hq*Dh]
+    act: object                 # [S B, I]
+    tail: object                # [S (B - 1), M] every block's rows after its bonus
+    tail_h: object              # [S (B - 1), M] their final norm (where it does not fold into lm_head)
+    logits: object              # [S (B - 1), V]: sequence z's L rows at [z L, (z + 1) L)
+    scratch: object             # GQAScratch for S B queries, S_cap + B keys a sequence
+
+    def __post_init__(self):
+        self.n_ctx = self.meta[1:2]
+        self.n_blk = self.meta[3:4]
+        self.n_logits = self.meta[4:5]
+        self.n_xin = self.meta[5:6]
+        self.ctx = self.xin[self.sequences * self.block:]
 
 
 @dataclass
@@ -376,6 +497,66 @@ class CudaDrafter:
         replay_graph(entry[0], stream)
         return ws.logits
 
+    def new_pool(self, slots: int, max_tokens: int) -> DeviceDrafterPool:
+        """``slots`` empty context caches of ``max_tokens`` rows in one pool, for
+        ``draft_batch_device``."""
+        return DeviceDrafterPool(self.config, slots, max_tokens)
+
+    def batch_workspace(self, pool: DeviceDrafterPool, rows: int) -> BatchDrafterWorkspace:
+        """The buffers of ``draft_batch_device`` over ``pool`` with up to ``rows`` new context
+        rows in all, made on first use and kept (keyed by the pool's slots and capacity, and
+        ``rows``)."""
+        cfg, S, B = self.config, pool.slots, self.block_size
+        key = ("batch", S, pool.capacity, int(rows))
+        if key not in self._workspaces:
+            M, Dh, Hq, Hkv = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+            f32 = lambda *shape: cuda.device_array(shape, np.float32)  # noqa: E731
+            i32 = lambda *shape: cuda.to_device(np.zeros(shape, np.int32))  # noqa: E731
+            tails = S * (B - 1)
+            self._workspaces[key] = BatchDrafterWorkspace(
+                sequences=S, rows=int(rows), block=B, meta=i32(6), seq_meta=i32(S, 4), att=i32(S, 2),
+                ids=i32(S * B), ctx_raw=f32(rows, M), xin=f32(S * B + rows, M),
+                qkv=f32(S * B + rows, (Hq + 2 * Hkv) * Dh), x=f32(S * B, M), h=f32(S * B, M),
+                o=f32(S * B, Hq * Dh), act=f32(S * B, cfg.intermediate_size), tail=f32(tails, M),
+                tail_h=f32(tails, M), logits=f32(tails, self.target.config.vocab_size),
+                scratch=kn.GQAScratch(S * B, Hq, Dh, pool.capacity + B))
+        return self._workspaces[key]
+
+    def draft_batch_device(self, features, n, bonus, pool: DeviceDrafterPool, *, stream=0):
+        """Enqueue the drafts of every slot of ``pool`` in one forward; returns the device logits
+        [S (B-1), V] float32, slot z's L = B - 1 rows at [z L, (z + 1) L).
+
+        features [Nf, Y*M] float32 device: the new context rows of every slot packed in slot
+        order (slot z's n[z] rows after the rows of the slots before it), n [S] int32 device,
+        bonus [S] int32 device. Each slot's cache advances by its n (an n past the slot's
+        capacity, or past Nf, appends nothing to it and sets its overflow flag). Slot z's logits
+        are bit for bit ``draft_device`` of its own inputs and cache: every GEMM row is computed
+        alone, and the fused norm + RoPE and the attention take a table of the slots. No sync, no
+        allocation after the first call (capturable)."""
+        y, m = len(self.config.target_layer_ids), self.config.hidden_size
+        check_array("features", features, 2, np.float32, shape=(None, y * m))
+        check_array("n", n, 1, np.int32, shape=(pool.slots,))
+        check_array("bonus", bonus, 1, np.int32, shape=(pool.slots,))
+        if not (is_device(features) and is_device(n) and is_device(bonus)):
+            raise ValueError("draft_batch_device takes device arrays (features, n, bonus)")
+        if not isinstance(pool, DeviceDrafterPool):
+            raise ValueError(f"pool must be a DeviceDrafterPool from new_pool(), got {type(pool).__name__}")
+        cfg, target = self.config, self.target
+        ws = self.batch_workspace(pool, features.shape[0])
+        S, B = pool.slots, ws.block
+        eps, gemm = cfg.rms_norm_eps, target.gemm_args
+        _draft_batch_meta_kernel[1, META_THREADS, stream](
+            pool.status, n, bonus, int(pool.capacity), int(features.shape[0]), int(cfg.mask_token_id), ws.ids,
+            ws.seq_meta, ws.att, ws.meta)
+        kn.enqueue_linear(features, self.fc, ws.ctx_raw, ws.n_ctx, **gemm, stream=stream)
+        kn.enqueue_rms_norm(ws.ctx_raw, self.hidden_norm, eps, ws.ctx, ws.n_ctx, stream=stream)
+        kn.enqueue_embedding(ws.ids, target.embed_tokens, ws.x, ws.n_blk, stream=stream)
+        self._enqueue_layers(ws, S * B, lambda i: (pool.k[i], pool.v[i]), ws.seq_meta, ws.att, stream)
+        _block_tails_kernel[(ceil_div(ws.tail.shape[0], 4), ceil_div(m, 64)), (4, 64), stream](ws.x, B, ws.tail)
+        kn.enqueue_linear(ws.tail, target.lm_head, ws.logits, ws.n_logits, norm=(self.norm, eps, ws.tail_h),
+                          **gemm, stream=stream)
+        return ws.logits
+
     def prepare(self, rows: int, cache: DeviceDrafterCache) -> DrafterWorkspace:
         """Allocate now what drafts of up to ``rows`` context rows into ``cache`` need (the
         workspace and the attention scratch), e.g. before capturing ``draft_device`` inside a
@@ -402,7 +583,7 @@ class CudaDrafter:
         with ``logits`` lm_head over the final norm of rows 1.. (``ws.logits``; ``ws.h`` is then
         scratch), else the final norm (``ws.h``)."""
         cfg, target = self.config, self.target
-        Hq, Hkv, Dh, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
+        eps = cfg.rms_norm_eps
         self._prepare(ws, cache)
         nf = features.shape[0]
         gemm = target.gemm_args          # the target's precision and tile for every projection
@@ -413,30 +594,39 @@ class CudaDrafter:
         kn.enqueue_linear(features, self.fc, ws.ctx_raw, ws.n_ctx, **gemm, stream=stream)
         kn.enqueue_rms_norm(ws.ctx_raw, self.hidden_norm, eps, ws.ctx, ws.n_ctx, stream=stream)
         kn.enqueue_embedding(ws.ids, target.embed_tokens, ws.x, ws.n_blk, stream=stream)   # [B, M]
+        self._enqueue_layers(ws, ws.block, lambda i: (cache.k[i], cache.v[i]), ws.meta, ws.att_meta, stream)
+        if logits and ws.block > 1:               # the final norm folded into lm_head where it can be
+            kn.enqueue_linear(ws.x_tail, target.lm_head, ws.logits, ws.n_logits, norm=(self.norm, eps, ws.h_tail),
+                              **gemm, stream=stream)
+        else:
+            kn.enqueue_rms_norm(ws.x, self.norm, eps, ws.h, ws.n_blk, stream=stream)
+
+    def _enqueue_layers(self, ws, block_rows: int, caches, norm_meta, att_meta, stream) -> None:
+        """Every drafter layer over ``ws``'s ``block_rows`` block rows (and its new context rows,
+        whose keys and values go into the caches): ``caches(i)`` = layer i's (k, v) cache, [S_cap,
+        W] for one draft or [S, S_cap, W] for a batch, ``norm_meta`` / ``att_meta`` the fused norm
+        + RoPE's and the attention's sizes (``enqueue_qkv_norm_rope``, ``enqueue_gqa_attention``)."""
+        cfg, gemm = self.config, self.target.gemm_args
+        Hq, Hkv, Dh, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
         nq, nk = Hq * Dh, Hkv * Dh
-        q, kb, vb = ws.qkv[:ws.block, :nq], ws.qkv[:ws.block, nq:nq + nk], ws.qkv[:ws.block, nq + nk:]
+        q, kb, vb = ws.qkv[:block_rows, :nq], ws.qkv[:block_rows, nq:nq + nk], ws.qkv[:block_rows, nq + nk:]
         scale = float(Dh) ** -0.5
         for i, lw in enumerate(self.layers):
-            k_cache, v_cache = cache.k[i], cache.v[i]                  # [S_cap, Hkv*Dh]
+            k_cache, v_cache = caches(i)                               # [S_cap, Hkv*Dh] (or [S, S_cap, ...])
             # one GEMM projects the block (q, k, v at positions s0 + n + j, never cached) from the
             # input norm of x (folded into it where it can be, else normed into xin's block rows
             # first) and the new context rows (k, v at s0 + c); one launch norms and rotates the
             # block's q and k in place and appends the context rows' keys and values to the cache
             kn.enqueue_linear(ws.xin, lw.qkv_proj, ws.qkv, ws.n_xin, norm=(lw.input_layernorm, eps, None),
                               norm_head=ws.x, **gemm, stream=stream)      # (xin's block rows: x's norms)
-            kn.enqueue_qkv_norm_rope(ws.qkv, ws.meta, lw.q_norm, lw.k_norm, eps, self.inv_freq,
+            kn.enqueue_qkv_norm_rope(ws.qkv, norm_meta, lw.q_norm, lw.k_norm, eps, self.inv_freq,
                                      n_q_heads=Hq, n_kv_heads=Hkv, interleave=False,   # Qwen3's rotate-half
                                      k_cache=k_cache, v_cache=v_cache, stream=stream)
             # non-causal attention over the context rows then the block, o_proj into the residual
             kn.enqueue_gqa_attention(q, k_cache, v_cache, ws.o, k_blk=kb, v_blk=vb,
-                                     meta=ws.att_meta, scale=scale, scratch=ws.scratch, stream=stream)
+                                     meta=att_meta, scale=scale, scratch=ws.scratch, stream=stream)
             kn.enqueue_linear(ws.o, lw.o_proj, ws.x, ws.n_blk, accumulate=True, **gemm, stream=stream)
             # x += mlp(post_attention_layernorm(x)), the norm in the gate|up launch where it folds
             kn.enqueue_swiglu_mlp(ws.x, lw.gate_proj, lw.up_proj, lw.down_proj, ws.x, act=ws.act,
                                   n_rows=ws.n_blk, accumulate=True, norm=(lw.post_attention_layernorm, eps, ws.h),
                                   **gemm, stream=stream)
-        if logits and ws.block > 1:               # the final norm folded into lm_head where it can be
-            kn.enqueue_linear(ws.x_tail, target.lm_head, ws.logits, ws.n_logits, norm=(self.norm, eps, ws.h_tail),
-                              **gemm, stream=stream)
-        else:
-            kn.enqueue_rms_norm(ws.x, self.norm, eps, ws.h, ws.n_blk, stream=stream)
