@@ -3,8 +3,9 @@
 
 The batched round of docs/DECODE.md "Batches of trees on the GPU", for S sequences in S slots:
 
-- each slot's draft (its own drafter cache and context rows; one drafter forward a slot, one
-  after another in the drafter's workspace) and its top-K into lp[s], ids[s];
+- every slot's draft in one drafter forward (``draft_batch_device`` over a pool of context
+  caches, the slots' new context rows packed) and the top-K of all their rows in one launch; a
+  drafter without it drafts a slot at a time (its own cache and F feature rows);
 - every slot's tree in one build launch (a block a tree, each with its own budget), or one level
   build a slot from ``LEVEL_BUILD_FROM`` nodes;
 - the verify rows packed on the device (``_batch_verify_inputs_kernel``): slot s's rows follow the
@@ -88,14 +89,16 @@ def _batch_verify_inputs_kernel(bonus, tokens, depths, tree_parents, n_nodes, li
 @cached
 @cuda.jit
 def _batch_after_accept_kernel(keep, info, tokens, n_nodes, live, seqs, state, start_n, n_new, bonus, report, cap,
-                               budget, hidden, layer_ids, features):
+                               budget, hidden, layer_ids, features, packed):
     """After ``follow_trees``, slot z = grid z. Blocks of y = 0 (thread j over the x blocks):
     start_n[z] = (start, n) for its compaction, n_new[z] = n context rows for its drafter, bonus[z]
     = the new bonus, state[z] = (start + n, round + 1, _), budget[z] = min(cap, rows allowed - the
     next start - 1); report[z] = [n, new bonus, N, _, accepted tokens...]. A slot that is not live
     takes n = 0 and budget 0 (its state and bonus stay). Blocks of y >= 1 (as many x blocks as
-    nodes, none for ``ar``): features[z, j] = the drafter's layers of hidden row row0 + keep[z, j],
-    columns (y - 1) * blockDim + thread: the slot's next context rows."""
+    nodes, none for ``ar``): the slot's next context rows, the drafter's layers of hidden row row0
+    + keep[z, j] for j < n, columns (y - 1) * blockDim + thread, into features [S F, Y M] at row
+    f0 + j: f0 = z F (a slot's own F rows), or (``packed``: one drafter forward for every slot)
+    the sum of the n of the slots before it."""
     grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     z = cuda.blockIdx.z
     alive = live[z] != 0
@@ -103,8 +106,14 @@ def _batch_after_accept_kernel(keep, info, tokens, n_nodes, live, seqs, state, s
     if cuda.blockIdx.y > 0:
         j = cuda.blockIdx.x
         if j < n:
+            f0 = z * (features.shape[0] // live.shape[0])
+            if packed:
+                f0 = 0
+                for y in range(z):
+                    if live[y] != 0:
+                        f0 += info[y, 0]
             gather_feature(hidden, layer_ids, keep[z], j, (cuda.blockIdx.y - 1) * cuda.blockDim.x + cuda.threadIdx.x,
-                           features[z], seqs[z, 2])
+                           features[f0:], seqs[z, 2])
         return
     j = cuda.grid(1)
     if j == 0:
@@ -172,23 +181,32 @@ class BatchDeviceRound:
         self.graph = None
         self.generations = 0                 # prefills so far (the drafter caches reset from the second)
         self.held = ()                       # scratch the graph points at
-        self.dcaches, self.level_scratch = [], None
+        self.dcaches, self.dpool, self.level_scratch = [], None, None
+        # one drafter forward for every slot where the drafter has it (a pool of context caches,
+        # the slots' new context rows packed), else a draft a slot (its own cache and F rows)
+        self.packed = method != "ar" and hasattr(drafter, "draft_batch_device")
+        self.F = feature_rows
         if method != "ar":
             L, V = drafter.block_size - 1, cfg.vocab_size
-            self.dcaches = [drafter.new_cache(capacity) for _ in range(S)]
-            self.features = cuda.device_array((S, feature_rows, len(self.layers) * cfg.hidden_size), np.float32)
+            if self.packed:
+                self.dpool = drafter.new_pool(S, capacity)
+            else:
+                self.dcaches = [drafter.new_cache(capacity) for _ in range(S)]
+            self.features = cuda.device_array((S * feature_rows, len(self.layers) * cfg.hidden_size), np.float32)
             self.layer_ids = cuda.to_device(np.array(self.layers, np.int32))
             self.rows_in_order = cuda.to_device(np.arange(feature_rows, dtype=np.int32))   # the prefill's keep
             self.lp = cuda.device_array((S, L, K), np.float32)
             self.ids = cuda.device_array((S, L, K), np.int32)
             self.draft_rows = cuda.to_device(np.array([S * L], np.int32))   # every slot's L draft rows
-            self.topk_scratch = kn.TopKScratch.allocate(L, V, K, 0)
+            # the top-K of every slot's rows in one launch (packed drafts), else of one slot's
+            self.topk_scratch = kn.TopKScratch.allocate(S * L if self.packed else L, V, K, 0)
             if cap >= LEVEL_BUILD_FROM:
                 self.level_scratch = kn.LevelScratch.allocate(L, cap, 0)
         if method == "ar":      # stand-ins of the kernel's types (never read: no gather blocks)
-            self.feature_args = (self.ws.hidden, cuda.device_array(1, np.int32), cuda.device_array((S, 1, 1), np.float32))
+            self.feature_args = (self.ws.hidden, cuda.device_array(1, np.int32), cuda.device_array((S, 1), np.float32),
+                                 False)
         else:
-            self.feature_args = (self.ws.hidden, self.layer_ids, self.features)
+            self.feature_args = (self.ws.hidden, self.layer_ids, self.features, self.packed)
 
     def prefill(self, prompts, max_tokens, seed: int, stream) -> np.ndarray:
         """Every prompt in one batched forward into its slot, its bonus sampled, the drafter's first
@@ -200,6 +218,8 @@ class BatchDeviceRound:
         if self.generations:
             for cache in self.dcaches:
                 cache.reset()
+            if self.dpool is not None:
+                self.dpool.reset()
         self.generations += 1
         segments = [Segment(np.asarray(p, np.int32), np.arange(p.shape[0], dtype=np.int32), self.pool.caches[z], None)
                     for z, p in enumerate(prompts)]
@@ -218,16 +238,17 @@ class BatchDeviceRound:
         _nonfinite_kernel[(ceil_div(ws.rows, 4), ceil_div(ws.logits.shape[1], 64), 1), (4, 64), stream](
             ws.logits, ws.n_rows, TARGET_BIT, ws.logits, ws.n_rows, TARGET_BIT, self.report[0])
         first = round_seed(seed, 0)
+        if self.method != "ar":
+            self.n_ctx.copy_to_device(lens, stream=stream)
         for z in range(S):
             r1 = int(rows[z + 1])
             kn.sample_post(ws.logits[r1 - 1:r1], self.temperature, first, out=self.bonus[z:z + 1], stream=stream)
-            if self.method != "ar":
-                p = int(lens[z])
-                self.n_ctx[z:z + 1].copy_to_device(np.array([p], np.int32), stream=stream)
-                grid = (p, ceil_div(self.features.shape[2], THREADS))
+            if self.method != "ar":             # its prompt's rows: the drafter's first context rows
+                p, f0 = int(lens[z]), (int(rows[z]) if self.packed else z * self.F)
+                grid = (p, ceil_div(self.features.shape[1], THREADS))
                 _gather_features_kernel[grid, (1, THREADS), stream](ws.hidden[:, int(rows[z]):r1], self.layer_ids,
                                                                     self.rows_in_order, self.n_ctx[z:z + 1],
-                                                                    self.features[z])
+                                                                    self.features[f0:f0 + p])
         bonus = self.bonus.copy_to_host(stream=stream)
         _check_finite(self.report[0], "the prefill", stream)
         return bonus
@@ -238,12 +259,20 @@ class BatchDeviceRound:
         if self.temperature > 0:
             for z in range(S):
                 kn.enqueue_round_seed(self.seed, self.state[z, 1:2], self.round_seeds[z:z + 1], stream=stream)
-        if self.method != "ar":
-            for z in range(S):      # (a finished slot drafts too, with no new context: it is not read)
-                logits_d = self.drafter.draft_device(self.features[z], self.n_ctx[z:z + 1], self.bonus[z:z + 1],
-                                                     self.dcaches[z], stream=stream)
-                kn.topk_logprobs(logits_d, self.K, out=(self.lp[z], self.ids[z]), scratch=self.topk_scratch,
-                                 stream=stream)
+        if self.method != "ar":     # (a finished slot drafts too, with no new context: it is not read)
+            L = self.lp.shape[1]
+            if self.packed:         # every slot's draft in one forward, their top-K in one launch
+                logits_d = self.drafter.draft_batch_device(self.features, self.n_ctx, self.bonus, self.dpool,
+                                                           stream=stream)
+                kn.topk_logprobs(logits_d, self.K, out=(self.lp.reshape(S * L, self.K), self.ids.reshape(S * L, self.K)),
+                                 scratch=self.topk_scratch, stream=stream)
+            else:
+                F = self.F
+                for z in range(S):
+                    logits_d = self.drafter.draft_device(self.features[z * F:(z + 1) * F], self.n_ctx[z:z + 1],
+                                                         self.bonus[z:z + 1], self.dcaches[z], stream=stream)
+                    kn.topk_logprobs(logits_d, self.K, out=(self.lp[z], self.ids[z]), scratch=self.topk_scratch,
+                                     stream=stream)
             if self.level_scratch is None:
                 kn.build_trees(self.lp, self.ids, self.cap, out=tb, budget_device=self.budget, stream=stream)
             else:
@@ -265,7 +294,7 @@ class BatchDeviceRound:
         kn.sample_post(ws.logits[:self.rows], self.temperature, 0, out=self.post[:self.rows],
                        seed_device=self.round_seeds, seqs=self.seqs, stream=stream)
         kn.follow_trees(tb, self.post, self.seqs, out=(self.keep, self.info), stream=stream)
-        gather = 0 if self.method == "ar" else ceil_div(self.features.shape[2], THREADS)
+        gather = 0 if self.method == "ar" else ceil_div(self.features.shape[1], THREADS)
         _batch_after_accept_kernel[(C1 if gather else ceil_div(C1, THREADS), 1 + gather, S), THREADS, stream](
             self.keep, self.info, tb.tokens, tb.n_nodes, self.live, self.seqs, self.state, self.start_n, self.n_ctx,
             self.bonus, self.report, self.cap, self.budget, *self.feature_args)
@@ -285,8 +314,8 @@ class BatchDeviceRound:
         """Capture ``enqueue_round`` as one CUDA graph (after an eager round has compiled every
         kernel and made every scratch)."""
         self.graph = capture_graph(self.enqueue_round, warm_up=False)
-        self.held = (self.ws.mla_scratch,) + (() if self.method == "ar" else
-                                              (self.drafter.workspace(self.features.shape[1]).scratch,))
+        self.held = (self.ws.mla_scratch,) + (() if self.method == "ar" or self.packed else
+                                              (self.drafter.workspace(self.F).scratch,))
 
     def close(self) -> None:
         if self.graph is not None:
