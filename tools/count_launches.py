@@ -1,6 +1,6 @@
 """Count the kernel launches of one device round of the demo pair, by stage and by kernel.
 
-    python tools/count_launches.py [--method ddtree|dflash|ar] [--budget 16] [--gpu-tiles]
+    python tools/count_launches.py [--method ddtree|dflash|ar] [--budget 16] [--gpu-tiles] [--batch S]
 
 Runs on the CPU under the CUDA simulator, and runs nothing: after the models are loaded, every
 launch is recorded instead of executed (``FakeCUDAKernel.__getitem__`` patched), while one
@@ -11,7 +11,8 @@ over a normed input may fold the norm in on one and not the other). ``--gpu-tile
 ``kernels.linear`` choose its tiles by the GPU's rules (nothing runs, so the simulator's own
 limits do not matter): then the names and counts are the GPU's. On the H200 a launch in a captured graph costs about
 2.3 µs (docs/PERFORMANCE.md), which is what sets the demo pair's round: this is the table to keep
-when fusing kernels.
+when fusing kernels. ``--batch S``: a round of ``generate_batch``'s GPU round for S sequences
+(``decode.device_batch.BatchDeviceRound``), counted as one stage.
 """
 
 import argparse
@@ -54,6 +55,7 @@ def main(argv=None):
     ap.add_argument("--method", default="ddtree", choices=("ddtree", "dflash", "ar"))
     ap.add_argument("--budget", type=int, default=16)
     ap.add_argument("--gpu-tiles", action="store_true", help="the GEMM tiles a GPU chooses")
+    ap.add_argument("--batch", type=int, default=0, metavar="S", help="a batched round of S sequences")
     args = ap.parse_args(argv)
     if args.gpu_tiles:
         gpu_tiles()
@@ -62,9 +64,13 @@ def main(argv=None):
     drafter = None if args.method == "ar" else pair.drafter
     L = 0 if drafter is None else drafter.block_size - 1
     K, cap = {"ar": (1, 0), "dflash": (1, L), "ddtree": (args.budget, args.budget)}[args.method]
-    rnd = device.DeviceRound(pair.target, drafter, args.method, K, cap, 64, 16)
+    if args.batch:
+        from ddtree_numba.decode import device_batch
+        rnd = device_batch.BatchDeviceRound(pair.target, drafter, args.method, K, cap, args.batch, 64, 32, 0.0)
+    else:
+        rnd = device.DeviceRound(pair.target, drafter, args.method, K, cap, 64, 16)
 
-    stage = ["draft" if drafter is not None else "verify"]
+    stage = ["round" if args.batch else "draft" if drafter is not None else "verify"]
     counts = collections.defaultdict(collections.Counter)
     launch = sim_kernel.FakeCUDAKernel.__getitem__
 
@@ -74,9 +80,13 @@ def main(argv=None):
         return lambda *a, **k: counts[stage[0]].update([name])
 
     sim_kernel.FakeCUDAKernel.__getitem__ = record
-    rnd.enqueue_round(0.0, 0, lambda done: stage.__setitem__(0, NEXT[done]))
+    if args.batch:
+        rnd.enqueue_round(0)
+    else:
+        rnd.enqueue_round(0.0, 0, lambda done: stage.__setitem__(0, NEXT[done]))
     total = 0
-    print(f"{args.method}" + (f", budget {args.budget}" if args.method == "ddtree" else "") + ": launches a round")
+    print(f"{args.method}" + (f", budget {args.budget}" if args.method == "ddtree" else "")
+          + (f", batch {args.batch}" if args.batch else "") + ": launches a round")
     for name, per_kernel in counts.items():
         n = sum(per_kernel.values())
         total += n
