@@ -136,6 +136,8 @@ def test_bad_batches_are_refused():
         dd.generate_batch(target, None, np.arange(3, dtype=np.int32), 4, method="ar")
     with pytest.raises(ValueError, match=r"prompts\[1\]: prompt token id"):
         dd.generate_batch(target, None, [np.arange(3), np.array([1, 10**6])], 4, method="ar")
+    with pytest.raises(ValueError, match="graph is for a batch whose rounds run on the GPU"):
+        dd.generate_batch(target, None, [np.arange(3)], 4, method="ar", graph=True)
     cache = target.new_cache(8)
     ids = np.arange(2, dtype=np.int32)
     with pytest.raises(ValueError, match="shares its cache"):
