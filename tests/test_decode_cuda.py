@@ -17,6 +17,7 @@ from ddtree_numba.model.cuda_drafter import CudaDrafter
 
 from conftest import REAL_GPU, load_cuda_target
 from test_decode import NoisyOracle, _prompt
+from test_generate_batch import Oracles
 
 pytestmark = pytest.mark.kernels
 
@@ -290,22 +291,11 @@ def test_rounds_launched_ahead_commit_the_tokens_of_one_at_a_time(monkeypatch):
         np.testing.assert_array_equal(res.tokens, want)
 
 
-class DeviceOracles:
-    """One ``DeviceOracle`` a sequence behind one device drafter (``generate_batch`` makes the
-    drafter caches in the prompts' order: the i-th cache belongs to the i-th oracle). A slot with
-    no new context rows (a finished sequence, whose draft is not read) gets background logits."""
+class DeviceOracles(Oracles):
+    """``Oracles`` of ``DeviceOracle``s: the batched GPU round's device drafter. A slot with no new
+    context rows (a finished sequence, whose draft is not read) gets background logits."""
 
     backend = "cuda"
-
-    def __init__(self, oracles):
-        self.oracles, self.made = oracles, 0
-        self.block_size, self.target_layer_ids = oracles[0].block_size, oracles[0].target_layer_ids
-
-    def new_cache(self, max_tokens):
-        cache = self.oracles[self.made].new_cache(max_tokens)
-        cache.owner = self.oracles[self.made]
-        self.made += 1
-        return cache
 
     def draft_device(self, features, n, bonus, cache, *, graph=False, stream=0):
         stream.synchronize()

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..model.protocols import Drafter, Target
 from ..reference.accept import sample_post
+from .dispatch import device_loop_applies
 from .host import _StageTimer, _accept_and_compact, _draft_tree
 from .rounds import RoundLog, check_generate_inputs, round_seed
 
@@ -173,9 +174,9 @@ def generate_batch(target: Target, drafter: Drafter | None, prompts, max_new_tok
 
 
 def _on_device(target, drafter, method: str) -> bool:
-    """Whether a batch of this pair runs every round on the GPU (``decode.device_batch``)."""
-    return (getattr(target, "backend", None) == "cuda" and hasattr(target, "pooled_launch")
-            and (method == "ar" or getattr(drafter, "backend", None) == "cuda"))
+    """Whether a batch of this pair runs every round on the GPU (``decode.device_batch``): where
+    ``generate`` would run its device loop, and the target has cache pools."""
+    return device_loop_applies(target, drafter, method) and hasattr(target, "pooled_launch")
 
 
 def _generate_batch_device(target, drafter, args, method, budget, temperature, seed, graph, t_start):

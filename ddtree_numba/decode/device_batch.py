@@ -38,7 +38,8 @@ from numba import cuda
 
 from .. import kernels as kn
 from .._device import cached, capture_graph, ceil_div, destroy_graph, grid_dependency, replay_graph
-from .device import (DRAFTER_BIT, LEVEL_BUILD_FROM, SIM, TARGET_BIT, THREADS, _check_finite,
+from ..model.cuda_target import unique_experts
+from .device import (DRAFTER_BIT, LEVEL_BUILD_FROM, TARGET_BIT, THREADS, _check_finite,
                      _gather_features_kernel, _nonfinite_kernel, _pow2, gather_feature)
 from .rounds import round_seed
 
@@ -347,16 +348,6 @@ def batch_round_for(target, drafter, method: str, K: int, cap: int, slots: int, 
             kept.pop(next(iter(kept))).close()
     kept[key] = br                        # most recently used last
     return br
-
-
-def unique_experts(cfg, offsets) -> np.ndarray:
-    """[layers] int32: the distinct routed experts a forward's router picked in each layer (0 for a
-    dense layer), from its counting-sort offsets [layers, E + 1]."""
-    unique = np.zeros(cfg.num_hidden_layers, np.int32)
-    moe = [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)]
-    if moe:
-        unique[moe] = (np.diff(np.asarray(offsets), axis=1)[moe] > 0).sum(axis=1)
-    return unique
 
 
 def generate_batch_device(target, drafter, args, *, method: str, budget: int, temperature: float, seed: int,

@@ -15,7 +15,8 @@ from numba import cuda, float64, int32, uint64
 from .._checks import check_array, check_follow_inputs, check_sample_inputs
 from ..tree import Tree
 from .._device import cached, check_threads, device_function, grid_dependency, is_device, to_device
-from .tree_build import TreeBatchBuffers, TreeBuffers  # noqa: F401  (follow_trees takes the first)
+from .rope import _no_seqs    # an empty sequence table: one tree, post from row 0
+from .tree_build import TreeBuffers
 
 THREADS = 256
 _NONE = 2**31 - 1
@@ -137,7 +138,7 @@ def sample_post(logits, temperature, seed, *, out=None, seed_device=None, seqs=N
         post = out
     if n:
         _sample_post_kernel(threads)[n, threads, stream](
-            to_device(logits, stream), temperature, seed_device, _no_sequences() if seqs is None else seqs, post)
+            to_device(logits, stream), temperature, seed_device, _no_seqs() if seqs is None else seqs, post)
     if out is None and not is_device(logits):
         return post.copy_to_host(stream=stream)
     return post
@@ -201,15 +202,6 @@ def _follow_tree_kernel(threads):
     return kernel
 
 
-_NO_SEQUENCES = []      # an empty [0, 4] int32 device array, made once: "one tree, post from row 0"
-
-
-def _no_sequences():
-    if not _NO_SEQUENCES:
-        _NO_SEQUENCES.append(cuda.device_array((0, 4), np.int32))
-    return _NO_SEQUENCES[0]
-
-
 def follow_tree(tree, post, *, out=None, stream=0, threads=THREADS):
     """Walk from the root while a child holds the target's token; on the GPU.
 
@@ -239,7 +231,7 @@ def follow_tree(tree, post, *, out=None, stream=0, threads=THREADS):
         check_array("out[1]", info, 1, np.int32, shape=(2,))
     _follow_tree_kernel(threads)[1, threads, stream](
         parents.reshape(1, cap + 1), tokens.reshape(1, tokens.shape[0]), n_nodes,
-        to_device(post, stream), _no_sequences(), keep.reshape(1, cap + 1), info.reshape(1, 2))
+        to_device(post, stream), _no_seqs(), keep.reshape(1, cap + 1), info.reshape(1, 2))
     if out is not None:
         return out
     n, bonus = info.copy_to_host(stream=stream)

@@ -101,8 +101,7 @@ def _draft_batch_meta_kernel(status, n_in, bonus, capacity, n_cap, mask_id, ids,
     for e in range(tid, S * nb, nt):
         z = e // nb
         ids[e] = bonus[z] if e == z * nb else mask_id
-    cuda.syncthreads()  # every thread has read bonus before thread 0 moves on (no status read above)
-    if tid == 0:
+    if tid == 0:                # (only thread 0 reads or writes status: no barrier needed)
         c0 = 0
         for z in range(S):
             s0 = status[z, 0]

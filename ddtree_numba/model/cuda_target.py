@@ -356,6 +356,18 @@ class BatchLaunch:
     graph: object = None
 
 
+def unique_experts(cfg: ModelConfig, offsets: np.ndarray) -> np.ndarray:
+    """[layers] int32: the distinct routed experts a batched forward's router picked in each layer
+    (0 for a dense layer), from its counting-sort offsets [layers, E + 1] (``BatchLaunch.offsets``,
+    copied to the host)."""
+    unique = np.zeros(cfg.num_hidden_layers, np.int32)
+    moe = [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)]
+    if moe:
+        spans = np.diff(np.asarray(offsets), axis=1)                         # [L, E] rows routed to each expert
+        unique[moe] = (spans[moe] > 0).sum(axis=1)
+    return unique
+
+
 def _row_view(ws: Workspace, row0: int, n: int, meta) -> Workspace:
     """Rows ``row0 .. row0 + n`` of ``ws`` as a workspace of their own for one sequence of a
     batch: every per-row buffer a view (no copy), ``meta`` [2] int32 device = (its cache length,
@@ -528,11 +540,7 @@ class CudaTarget:
         check_finite_output("target", "logits", logits, None)
         for seg, n in zip(segments, np.diff(rows)):
             seg.cache.length += int(n)
-        moe_layers = [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)]
-        unique = np.zeros(cfg.num_hidden_layers, np.int32)
-        if moe_layers:
-            spans = np.diff(launch.offsets.copy_to_host(), axis=1)            # [L, E] rows routed to each expert
-            unique[moe_layers] = (spans[moe_layers] > 0).sum(axis=1)
+        unique = unique_experts(cfg, launch.offsets.copy_to_host())
         if launch.hidden_layer_ids:
             hid = np.stack([ws.hidden[i][:t].copy_to_host() for i in launch.hidden_layer_ids], axis=1)  # [T, Y, M]
         else:
