@@ -1,17 +1,27 @@
 #!/usr/bin/env bash
 # An H200 check of issue 17's batched round on the GPU (decode/device_batch.py; docs/NOTES.md Next 4).
-# Run from the repo root with .whl carried; logs to $OUT/log.txt, the sweep's JSON to $OUT.
+# Run from the repo root with .whl and .commit carried; logs to $OUT/log.txt, results to $OUT.
+# PART=demo (the default, ~7 minutes):
 # 1. (~3 minutes) the batch kernels and the batched round on the GPU: each sequence == its ar, a
 #    stopping sequence, graph == eager (tests/test_decode_cuda.py -k batch), the kernels' twins.
 # 2. (~4 minutes) the demo pair at batch 1 / 4 / 16, ar and ddtree at budget 16, every round one
 #    CUDA graph (a warm-up run each first): `ddtree-numba sweep --batch`, the README's table.
+# PART=moonlight (~9 minutes): benchmarks/batch.py at the Moonlight-16B-A3B shape, whole batched
+#    rounds (results/batch.json, PERFORMANCE.md), then the verify alone at batch 16 in the same run.
 source tools/h200_env.sh
 {
+if [ "${PART:-demo}" = demo ]; then
 timeout $(left 200) python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_decode_cuda.py tests/test_compact.py \
   tests/test_accept.py tests/test_visibility.py tests/test_generate_batch.py --tb=short -k "batch or pool or compact or trees or side" \
   2>&1 | grep -v Warn | tail -6
 echo "tests done $(( $(date +%s) - T0 ))"
 timeout $(left 560) ddtree-numba sweep --backend cuda --batch 1 4 16 --budgets 16 --max-new-tokens 128 \
   --out "$OUT/batch_demo.json" 2>&1 | grep -v Warn | tail -12
+else
+timeout $(left 420) python3 benchmarks/batch.py 2>&1 | grep -v Warn | tail -22
+echo "rounds done $(( $(date +%s) - T0 ))"
+timeout $(left 580) python3 benchmarks/batch.py --verify-only --batches 16 --budgets 16 --no-append 2>&1 | grep -v Warn | tail -5
+fi
+cp docs/PERFORMANCE.md benchmarks/results/*.json "$OUT/" 2>/dev/null
 } 2>&1 | tee "$OUT/log.txt"
 echo "elapsed $(( $(date +%s) - T0 ))"
