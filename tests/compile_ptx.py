@@ -75,7 +75,7 @@ SIGNATURES = {
         f"{I32_1}, {I32_2})"],
     "decode.device_batch._batch_after_accept_kernel": [
         f"void({I32_2}, {I32_2}, {I32_2}, {I32_1}, {I32_1}, {I32_2}, {I32_2}, {I32_2}, {I32_1}, {I32_1}, {I32_2}, "
-        f"int64, {I32_1}, float32[:, :, ::1], {I32_1}, {F32_2}, boolean)"],
+        f"int64, {I32_1}, {I32_1}, {I32_1}, float32[:, :, ::1], {I32_1}, {F32_2}, boolean)"],
     # -- the drafter's glue (model/cuda_drafter.py) --
     "model.cuda_drafter._draft_batch_meta_kernel": [
         f"void({I32_2}, {I32_1}, {I32_1}, int64, int64, int64, {I32_1}, {I32_2}, {I32_2}, {I32_1})"],

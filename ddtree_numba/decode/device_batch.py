@@ -19,10 +19,13 @@ The batched round of docs/DECODE.md "Batches of trees on the GPU", for S sequenc
   report, the drafter's next context rows), then every slot's cache compaction in one launch.
 
 Every size is on the device, so the round is one CUDA graph per (slots, budget, method) on a real
-GPU. The host reads one report a round ([S, 4 + C]: n, bonus, N, flags, the accepted tokens) and
-the experts' counting-sort offsets, commits tokens, and marks a finished sequence's slot dead
-(``live``) before the next round. Rounds are not launched ahead here (the single-sequence loop's
-"rounds in flight"): a finished slot must be marked first.
+GPU. The accept launch also ends a slot's sequence by the host's own rule (``RoundLog``: a stop
+token among the tokens it commits or as its new bonus, or ``max_new_tokens`` reached), marking it
+dead (``live``) for the next round. So rounds run one ahead of the host as the single sequence's do
+(docs/DECODE.md "Rounds in flight"): the host reads a round's report ([S, 4 + C]: n, bonus, N,
+flags, the accepted tokens; n = 0 for a slot that was not live) and the experts' counting-sort
+offsets while the next round runs, commits tokens, and checks that the device ended the same
+sequences it did.
 
 Shapes: S slots, C tree capacity (nodes besides the root), L draft depths, K ranks a depth, Y
 hidden layers the drafter reads, M hidden size, F feature rows a slot.
@@ -46,7 +49,10 @@ from .rounds import round_seed
 
 # -- glue kernels ----------------------------------------------------------------------------------
 # state [S, 3] int32 = (cache rows before the round, round number, cache rows allowed) a slot,
-# budget [S] int32 its next tree's budget, live [S] int32 (0: a finished sequence, set by the host).
+# budget [S] int32 its next tree's budget, live [S] int32 (0: a finished sequence; set by the host
+# after the prefill, then by the accept launch), ends [S] int32 = prompt + max_new_tokens a slot,
+# stops [1 + n] int32 = (n, the stop ids).
+STOP_IDS = 16                         # stop ids a configuration's array holds (a call with more: a larger one)
 
 @cached
 @cuda.jit
@@ -90,19 +96,23 @@ def _batch_verify_inputs_kernel(bonus, tokens, depths, tree_parents, n_nodes, li
 @cached
 @cuda.jit
 def _batch_after_accept_kernel(keep, info, tokens, n_nodes, live, seqs, state, start_n, n_new, bonus, report, cap,
-                               budget, hidden, layer_ids, features, packed):
-    """After ``follow_trees``, slot z = grid z. Blocks of y = 0 (thread j over the x blocks):
-    start_n[z] = (start, n) for its compaction, n_new[z] = n context rows for its drafter, bonus[z]
-    = the new bonus, state[z] = (start + n, round + 1, _), budget[z] = min(cap, rows allowed - the
-    next start - 1); report[z] = [n, new bonus, N, _, accepted tokens...]. A slot that is not live
-    takes n = 0 and budget 0 (its state and bonus stay). Blocks of y >= 1 (as many x blocks as
-    nodes, none for ``ar``): the slot's next context rows, the drafter's layers of hidden row row0
-    + keep[z, j] for j < n, columns (y - 1) * blockDim + thread, into features [S F, Y M] at row
-    f0 + j: f0 = z F (a slot's own F rows), or (``packed``: one drafter forward for every slot)
-    the sum of the n of the slots before it."""
+                               budget, ends, stops, hidden, layer_ids, features, packed):
+    """After ``follow_trees``, slot z = grid z; a slot is live this round when it had verify rows
+    (seqs[z, 1] > 0: ``live`` is written here, so no block reads it). Blocks of y = 0 (thread j
+    over the x blocks): start_n[z] = (start, n) for its compaction, n_new[z] = n context rows for
+    its drafter, bonus[z] = the new bonus, state[z] = (start + n, round + 1, _), budget[z] =
+    min(cap, rows allowed - the next start - 1); report[z] = [n, new bonus, N, _, accepted
+    tokens...]; live[z] = 0 when the round ends its sequence (``RoundLog.commit`` then
+    ``bonus_ends``: a stop id among the committed tokens (the old bonus and the accepted nodes')
+    or as the new bonus, or start + n + 1 >= ends[z]). A slot that is not live takes n = 0 and
+    budget 0 (its state and bonus stay). Blocks of y >= 1 (as many x blocks as nodes, none for
+    ``ar``): the slot's next context rows, the drafter's layers of hidden row row0 + keep[z, j] for
+    j < n, columns (y - 1) * blockDim + thread, into features [S F, Y M] at row f0 + j: f0 = z F
+    (a slot's own F rows), or (``packed``: one drafter forward for every slot) the sum of the n of
+    the slots before it (0 for a slot not live: ``follow_trees``' info)."""
     grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     z = cuda.blockIdx.z
-    alive = live[z] != 0
+    alive = seqs[z, 1] != 0
     n = info[z, 0] if alive else 0
     if cuda.blockIdx.y > 0:
         j = cuda.blockIdx.x
@@ -111,8 +121,7 @@ def _batch_after_accept_kernel(keep, info, tokens, n_nodes, live, seqs, state, s
             if packed:
                 f0 = 0
                 for y in range(z):
-                    if live[y] != 0:
-                        f0 += info[y, 0]
+                    f0 += info[y, 0]
             gather_feature(hidden, layer_ids, keep[z], j, (cuda.blockIdx.y - 1) * cuda.blockDim.x + cuda.threadIdx.x,
                            features[f0:], seqs[z, 2])
         return
@@ -125,6 +134,14 @@ def _batch_after_accept_kernel(keep, info, tokens, n_nodes, live, seqs, state, s
         report[z, 0] = n
         report[z, 2] = n_nodes[z] if alive else 0
         if alive:
+            ended = start + n + 1 >= ends[z]
+            for i in range(n + 1):              # the old bonus, the accepted nodes' tokens, the new bonus
+                tok = bonus[z] if i == 0 else (info[z, 1] if i == n else tokens[z, keep[z, i] - 1])
+                for k in range(stops[0]):
+                    if tok == stops[1 + k]:
+                        ended = True
+            if ended:
+                live[z] = 0
             state[z, 0] = start + n
             state[z, 1] += 1
             budget[z] = max(0, min(cap, state[z, 2] - start - n - 1))
@@ -173,10 +190,12 @@ class BatchDeviceRound:
         self.post = i32(self.ws.rows)
         self.keep, self.info = i32(S, self.tbufs.capacity + 1), i32(S, 2)
         self.bonus, self.start_n, self.n_ctx = i32(S), i32(S, 2), i32(S)
-        self.state, self.budget, self.live = i32(S, 3), i32(S), i32(S)
+        self.state, self.budget, self.live, self.ends = i32(S, 3), i32(S), i32(S), i32(S)
+        self.stops = i32(1 + STOP_IDS)                     # (n, the stop ids); larger when a call has more
         self.report = i32(S, 4 + self.tbufs.capacity)      # a slot: [n, bonus, N, flags (slot 0), tokens...]
-        self.host_report = cuda.pinned_array(self.report.shape, np.int32)
-        self.host_offsets = cuda.pinned_array(self.launch.offsets.shape, np.int32)
+        # two of each: the host reads one round's while the next round's copy is queued
+        self.host_reports = tuple(cuda.pinned_array(self.report.shape, np.int32) for _ in range(2))
+        self.host_offsets = tuple(cuda.pinned_array(self.launch.offsets.shape, np.int32) for _ in range(2))
         self.seed = cuda.device_array(1, np.uint64)
         self.round_seeds = cuda.device_array(S, np.uint64)
         self.graph = None
@@ -209,11 +228,20 @@ class BatchDeviceRound:
         else:
             self.feature_args = (self.ws.hidden, self.layer_ids, self.features, self.packed)
 
-    def prefill(self, prompts, max_tokens, seed: int, stream) -> np.ndarray:
+    def prefill(self, prompts, max_tokens, ends, stops, seed: int, stream) -> np.ndarray:
         """Every prompt in one batched forward into its slot, its bonus sampled, the drafter's first
-        context rows gathered, the round state set. -> the bonus tokens [S] (host)."""
+        context rows gathered, the round state set (``ends`` [S]: prompt + max_new_tokens a slot;
+        ``stops`` the stop ids). Every slot live: the caller marks the ones its bonus ends
+        (``set_live``). -> the bonus tokens [S] (host)."""
         from ..model.target import Segment
         S, target = self.S, self.target
+        stops = np.asarray(sorted(stops), np.int32)
+        if stops.size + 1 > self.stops.shape[0]:       # a new array: the graph pointing at the old one goes
+            self.close()
+            self.stops = cuda.device_array(stops.size + 1, np.int32)
+        self.stops[:stops.size + 1].copy_to_device(np.concatenate([[stops.size], stops]).astype(np.int32),
+                                                   stream=stream)
+        self.ends.copy_to_device(np.asarray(ends, np.int32), stream=stream)
         for cache in self.pool.caches:
             cache.reset()
         if self.generations:
@@ -298,18 +326,22 @@ class BatchDeviceRound:
         gather = 0 if self.method == "ar" else ceil_div(self.features.shape[1], THREADS)
         _batch_after_accept_kernel[(C1 if gather else ceil_div(C1, THREADS), 1 + gather, S), THREADS, stream](
             self.keep, self.info, tb.tokens, tb.n_nodes, self.live, self.seqs, self.state, self.start_n, self.n_ctx,
-            self.bonus, self.report, self.cap, self.budget, *self.feature_args)
+            self.bonus, self.report, self.cap, self.budget, self.ends, self.stops, *self.feature_args)
         self.pool.enqueue_compact(self.start_n, self.keep, n_max=C1, stream=stream)     # every slot, one launch
 
-    def run_round(self, graph: bool, stream) -> None:
+    def run_round(self, graph: bool, stream, buffer: int):
         """Enqueue one round: its graph (captured after a first eager round), else its launches;
-        then the copies of the report and the expert counts to the host."""
+        then the copies of the report and the expert counts into host buffer ``buffer`` (0 or 1).
+        -> an event recorded after the copies."""
         if graph and self.graph is not None:
             replay_graph(self.graph, stream)
         else:
             self.enqueue_round(stream)
-        self.report.copy_to_host(self.host_report, stream=stream)
-        self.launch.offsets.copy_to_host(self.host_offsets, stream=stream)
+        self.report.copy_to_host(self.host_reports[buffer], stream=stream)
+        self.launch.offsets.copy_to_host(self.host_offsets[buffer], stream=stream)
+        done = cuda.event()
+        done.record(stream)
+        return done
 
     def capture(self) -> None:
         """Capture ``enqueue_round`` as one CUDA graph (after an eager round has compiled every
@@ -384,22 +416,42 @@ def generate_batch_device(target, drafter, args, *, method: str, budget: int, te
     logs = [RoundLog(method, int(a.prompt.shape[0]), a.n_new, a.stops) for a in args]
     rounds = []
     try:
-        bonus = br.prefill(prompts, max_tokens, seed, stream)
+        ends = [a.prompt.shape[0] + a.n_new for a in args]
+        bonus = br.prefill(prompts, max_tokens, ends, args[0].stops, seed, stream)
         live = np.ones(S, np.int32)
         for z, log in enumerate(logs):
             log.target_forwards += 1
             if log.bonus_ends(int(bonus[z])):
                 live[z] = 0
+        br.live.copy_to_device(live, stream=stream)
         times["prefill"] = time.perf_counter() - t0
         captured = br.graph is not None        # a kept configuration replays its graph from round 1
+        most = 1 if method == "ar" else L + 1  # tokens a round commits at most
+        launched = 0
+
+        def launch():
+            nonlocal launched
+            launched += 1
+            return (launched - 1) % 2, br.run_round(graph, stream, (launched - 1) % 2)
+
+        # Rounds in flight: the next round is launched before the host reads this one's report
+        # (the accept launch ends sequences on the device), so the GPU does not wait while the host
+        # commits tokens. Not while a first eager round is still to be captured, nor when every
+        # live sequence can end by length in this round; a round launched ahead of stop tokens
+        # that end every sequence runs with no live slot, unread.
+        ahead = None
+        t1 = time.perf_counter()
         while live.any():
-            t1 = time.perf_counter()
-            br.live.copy_to_device(live, stream=stream)
-            br.run_round(graph, stream)
-            stream.synchronize()
-            times["round"] += time.perf_counter() - t1
-            rep, offsets = br.host_report.copy(), br.host_offsets.copy()
+            current = ahead if ahead is not None else launch()
+            ahead = (launch() if (captured or not graph)
+                     and any(len(logs[z].tokens) + most + 1 < logs[z].n_new for z in np.flatnonzero(live)) else None)
+            buffer, done = current
+            done.synchronize()
+            rep, offsets = br.host_reports[buffer].copy(), br.host_offsets[buffer].copy()
             _check_finite(rep[0], f"round {max(log.target_forwards for log in logs)}", stream)
+            if not np.array_equal(rep[:, 0] > 0, live > 0):
+                raise RuntimeError(f"the batched round's live slots {np.flatnonzero(rep[:, 0] > 0).tolist()} are not "
+                                   f"the host's {np.flatnonzero(live).tolist()} (a device/host stop-rule mismatch)")
             rows = accepted = 0
             alive = int(live.sum())
             for z in np.flatnonzero(live):
@@ -418,8 +470,12 @@ def generate_batch_device(target, drafter, args, *, method: str, budget: int, te
                     live[z] = 0
             rounds.append((alive, rows, accepted, unique_experts(target.config, offsets)))
             if graph and not captured:
+                t2 = time.perf_counter()
                 br.capture()               # after a first eager round: everything is compiled
                 captured = True
+                t1 += time.perf_counter() - t2      # (not a round's time)
+        stream.synchronize()               # a round launched ahead past the end
+        times["round"] = time.perf_counter() - t1
     finally:
         try:
             stream.synchronize()      # nothing of this call left running on the kept configuration
