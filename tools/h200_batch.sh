@@ -18,7 +18,7 @@ echo "tests done $(( $(date +%s) - T0 ))"
 timeout $(left 560) ddtree-numba sweep --backend cuda --batch 1 4 16 --budgets 16 --max-new-tokens 128 \
   --out "$OUT/batch_demo.json" 2>&1 | grep -v Warn | tail -12
 else
-timeout $(left 420) python3 benchmarks/batch.py 2>&1 | grep -v Warn | tail -22
+timeout $(left 440) python3 benchmarks/batch.py --batches 1 4 16 64 2>&1 | grep -v Warn | tail -22
 echo "rounds done $(( $(date +%s) - T0 ))"
 timeout $(left 580) python3 benchmarks/batch.py --verify-only --batches 16 --budgets 16 --no-append 2>&1 | grep -v Warn | tail -5
 fi
