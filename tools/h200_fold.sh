@@ -10,12 +10,25 @@
 #   the fold: git worktree add ab_old 7d0cc9b, or git archive 7d0cc9b | tar -x -C ab_old) and this
 #   one: per-stage round times (tools/profile_round.py) and tokens/s (benchmarks/demo_pair.py,
 #   not appended).
+# PART=knob (~5 minutes): the fold alone, in one checkout: benchmarks/demo_pair.py at budgets 16 and
+#   64 with the fold on, off (linear._NORM_FOLD_K = 0: each norm its own launch, the same bits),
+#   on again, off again (alternating, so the machine's drift shows).
 source tools/h200_env.sh
 {
 if [ "${PART:-tests}" = tests ]; then
 timeout $(left 560) python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_norm_fold.py tests/test_gqa_kernel.py \
   tests/test_tree_build.py tests/test_model_cuda.py tests/test_cuda_drafter.py tests/test_decode_cuda.py --tb=short \
   2>&1 | grep -v Warn | tail -6
+elif [ "${PART}" = knob ]; then
+for fold in 1024 0 1024 0; do
+  echo "== _NORM_FOLD_K = $fold"
+  timeout $(left 580) python3 -c "
+import runpy, sys
+import ddtree_numba.kernels.linear as lin
+lin._NORM_FOLD_K = $fold
+sys.argv = ['demo_pair.py', '--budgets', '16', '64', '--no-append']
+runpy.run_path('benchmarks/demo_pair.py', run_name='__main__')" 2>&1 | grep -v Warn | grep "^| \(ar\|dflash\|ddtree\)"
+done
 else
 end=0
 for side in ab_old .; do                        # each side its own kernel cache and half the time
