@@ -387,7 +387,8 @@ def generate_batch_device(target, drafter, args, *, method: str, budget: int, te
     """The body of ``generate_batch`` for a device target with cache pools (and a device drafter):
     ``args`` the checked arguments of each prompt (``check_generate_inputs``), every one with
     ``n_new >= 1``. -> (a ``RoundLog`` a prompt, the rounds' (live, rows, accepted, unique experts)
-    tuples, stage times {"prefill", "round"} by the host's clock around each call and its sync).
+    tuples, stage times by the host's clock: "prefill" (with its sync), "round" (from the first
+    round's launch to the last round's end, the graph's capture not counted))
     ``graph``: True replays each round as one CUDA graph (captured after a first eager round),
     False launches every kernel from Python, None: True where ``decode.device.capturable``."""
     from .device import capturable
