@@ -56,6 +56,12 @@ def test_notebook_runs(path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
     monkeypatch.delenv("MPLBACKEND", raising=False)   # the kernel's inline backend, as for a user
+    # one BLAS thread in the kernel: beside CI's two busy xdist workers on two cores, OpenBLAS's
+    # spinning threads made notebook 04's live sweep take 67 s instead of 13 (9 s on an idle
+    # machine, either way), past the cell timeout in some runs; the demo's matrices are too small
+    # for BLAS threads to help (ddtree_numba.demo limits them likewise)
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.setenv(name, "1")
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(NOTEBOOKS)}})
