@@ -10,7 +10,10 @@
 #   the fold: git worktree add ab_old 7d0cc9b, or git archive 7d0cc9b | tar -x -C ab_old) and this
 #   one: per-stage round times (tools/profile_round.py) and tokens/s (benchmarks/demo_pair.py,
 #   not appended).
-# PART=knob (~5 minutes): the fold alone, in one checkout: benchmarks/demo_pair.py at budgets 16 and
+# PART=c7 (~4 minutes): ab_old/ = c7f9e50 (git archive c7f9e50 ddtree_numba benchmarks | tar -x -C
+#   ab_old), the commit of the best demo figures, against this tree: benchmarks/demo_pair.py at
+#   budgets 16 and 64, alternating old, new, old, new (each side its own kernel cache).
+# PART=knob (~1 minute): the fold alone, in one checkout: benchmarks/demo_pair.py at budgets 16 and
 #   64 with the fold on, off (linear._NORM_FOLD_K = 0: each norm its own launch, the same bits),
 #   on again, off again (alternating, so the machine's drift shows).
 source tools/h200_env.sh
@@ -19,6 +22,13 @@ if [ "${PART:-tests}" = tests ]; then
 timeout $(left 560) python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_norm_fold.py tests/test_gqa_kernel.py \
   tests/test_tree_build.py tests/test_model_cuda.py tests/test_cuda_drafter.py tests/test_decode_cuda.py --tb=short \
   2>&1 | grep -v Warn | tail -6
+elif [ "${PART}" = c7 ]; then
+for side in ab_old . ab_old .; do
+  echo "== $side"
+  (cd $side && export PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/cache_$(basename $PWD) &&
+   timeout $(left 560) python3 benchmarks/demo_pair.py --budgets 16 64 --no-append 2>&1 | grep -v Warn |
+   grep "^| \(ar\|dflash\|ddtree\)")
+done
 elif [ "${PART}" = knob ]; then
 for fold in 1024 0 1024 0; do
   echo "== _NORM_FOLD_K = $fold"
