@@ -11,7 +11,7 @@
 #   one: per-stage round times (tools/profile_round.py) and tokens/s (benchmarks/demo_pair.py,
 #   not appended).
 # PART=c7 (~4 minutes): ab_old/ = c7f9e50 (git archive c7f9e50 ddtree_numba benchmarks | tar -x -C
-#   ab_old), the commit of the best demo figures, against this tree: benchmarks/demo_pair.py at
+#   ab_old; its ddtree_numba/data may be left out, copied from this tree), the commit of the best demo figures, against this tree: benchmarks/demo_pair.py at
 #   budgets 16 and 64, alternating old, new, old, new (each side its own kernel cache).
 # PART=knob (~1 minute): the fold alone, in one checkout: benchmarks/demo_pair.py at budgets 16 and
 #   64 with the fold on, off (linear._NORM_FOLD_K = 0: each norm its own launch, the same bits),
@@ -23,6 +23,7 @@ timeout $(left 560) python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_nor
   tests/test_tree_build.py tests/test_model_cuda.py tests/test_cuda_drafter.py tests/test_decode_cuda.py --tb=short \
   2>&1 | grep -v Warn | tail -6
 elif [ "${PART}" = c7 ]; then
+[ -d ab_old/ddtree_numba/data ] || cp -r ddtree_numba/data ab_old/ddtree_numba/   # (not carried: 26 MB, unchanged)
 for side in ab_old . ab_old .; do
   echo "== $side"
   (cd $side && export PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/cache_$(basename $PWD) &&
