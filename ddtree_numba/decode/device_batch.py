@@ -200,6 +200,7 @@ class BatchDeviceRound:
         self.round_seeds = cuda.device_array(S, np.uint64)
         self.graph = None
         self.generations = 0                 # prefills so far (the drafter caches reset from the second)
+        self.prompt_layouts = set()          # the prompt lengths of the prefills so far
         self.held = ()                       # scratch the graph points at
         self.dcaches, self.dpool, self.level_scratch = [], None, None
         # one drafter forward for every slot where the drafter has it (a pool of context caches,
@@ -228,11 +229,15 @@ class BatchDeviceRound:
         else:
             self.feature_args = (self.ws.hidden, self.layer_ids, self.features, self.packed)
 
-    def prefill(self, prompts, max_tokens, ends, stops, seed: int, stream) -> np.ndarray:
+    def prefill(self, prompts, max_tokens, ends, stops, seed: int, graph: bool, stream) -> np.ndarray:
         """Every prompt in one batched forward into its slot, its bonus sampled, the drafter's first
         context rows gathered, the round state set (``ends`` [S]: prompt + max_new_tokens a slot;
-        ``stops`` the stop ids). Every slot live: the caller marks the ones its bonus ends
-        (``set_live``). -> the bonus tokens [S] (host)."""
+        ``stops`` the stop ids). Every slot live: the caller marks the ones its bonus ends. The
+        forward runs eagerly for prompt lengths this configuration has not prefilled before, and
+        with ``graph`` from their second time on as the target's CUDA graph of that layout
+        (``enqueue_batch(graph=True)``: captured then, replayed after), so a one-off batch pays
+        no capture and a repeated one (a warm-up, a sweep) no launches. -> the bonus tokens [S]
+        (host)."""
         from ..model.target import Segment
         S, target = self.S, self.target
         stops = np.asarray(sorted(stops), np.int32)
@@ -252,7 +257,10 @@ class BatchDeviceRound:
         self.generations += 1
         segments = [Segment(np.asarray(p, np.int32), np.arange(p.shape[0], dtype=np.int32), self.pool.caches[z], None)
                     for z, p in enumerate(prompts)]
-        launch = target.enqueue_batch(segments, self.layers, stream=stream)
+        layout = tuple(p.shape[0] for p in prompts)
+        launch = target.enqueue_batch(segments, self.layers, graph=graph and layout in self.prompt_layouts,
+                                      stream=stream)
+        self.prompt_layouts.add(layout)
         ws, rows = launch.ws, launch.rows
         for seg, n in zip(segments, np.diff(rows)):
             seg.cache.length += int(n)
@@ -418,7 +426,7 @@ def generate_batch_device(target, drafter, args, *, method: str, budget: int, te
     rounds = []
     try:
         ends = [a.prompt.shape[0] + a.n_new for a in args]
-        bonus = br.prefill(prompts, max_tokens, ends, args[0].stops, seed, stream)
+        bonus = br.prefill(prompts, max_tokens, ends, args[0].stops, seed, graph, stream)
         live = np.ones(S, np.int32)
         for z, log in enumerate(logs):
             log.target_forwards += 1
