@@ -30,7 +30,8 @@ What is and is not in the figures:
   ddtree round as committing the demo pair's measured mean acceptance at that budget
   (``results/demo_pair.json``, 8 held-out prompts, graph mode) and an ar round 1 token:
   tokens/s = S x tokens a round / ms a round. (The whole-round runs' trees are those of the
-  random drafter's drafts; their verify rows are S x (budget + 1) as a real draft's.)
+  random drafter's drafts; ``rows``, their verify rows a round, is measured: S x (budget + 1) as
+  a real draft's.)
 - ``unique_experts``: the distinct routed experts the router picked in a round, the mean over the
   MoE layers (and over the rounds; uniform-ish under random weights; at most 64).
 - The floor: of the verify forward alone, max(bytes / 4.2 TB/s, FLOPs / the mma.sync ceiling
@@ -92,8 +93,8 @@ def moonlight_drafter(target, layers: int, dry_run: bool):
 
 
 def time_rounds(target, drafter, method: str, budget: int, batch: int, prompt: int, rounds: int, graph: bool, rng):
-    """ms a whole batched round (the host's clock, over a timed call after a warm-up call) and the
-    mean unique experts a MoE layer a round."""
+    """ms a whole batched round (the host's clock, over a timed call after a warm-up call), the
+    mean unique experts a MoE layer a round, the rounds, and the mean verify rows a round."""
     import ddtree_numba as dd
     cfg = target.config
     prompts = [rng.integers(0, cfg.vocab_size - 1, prompt).astype(np.int32) for _ in range(batch)]
@@ -104,7 +105,7 @@ def time_rounds(target, drafter, method: str, budget: int, batch: int, prompt: i
     n = len(res.rounds)
     moe = [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)]
     unique = float(np.mean([r.unique_experts[moe].mean() for r in res.rounds])) if moe else 0.0
-    return res[0].stage_times["round"] / n * 1e3, unique, n
+    return res[0].stage_times["round"] / n * 1e3, unique, n, float(np.mean([r.rows for r in res.rounds]))
 
 
 def main():
@@ -170,9 +171,10 @@ def main():
                 print(f"skipped: {method} budget {budget} batch {batch} ({batch * per_seq} rows > --max-rows)")
                 continue
             if whole:
-                ms, unique, n_rounds = time_rounds(target, None if method == "ar" else drafter, method, budget, batch,
-                                                   args.prompt, args.rounds, not sim, rng)
+                ms, unique, n_rounds, n_rows = time_rounds(target, None if method == "ar" else drafter, method,
+                                                           budget, batch, args.prompt, args.rounds, not sim, rng)
             else:
+                n_rows = batch * per_seq
                 segs = []
                 for cache in caches[:batch]:
                     cache.length = args.prefix
@@ -194,9 +196,9 @@ def main():
             n_bytes, flops = cost_model(cfg, batch * per_seq, prefix + per_seq)
             n_bytes += (batch - 1) * cfg.num_hidden_layers * (prefix + per_seq) * (C + R) * 4
             floor_ms = max(n_bytes / COPY_BW, flops / mma_rate) * 1e3
-            rows.append([batch, method, b, batch * per_seq, f"{tokens:.2f}", f"{ms:.2f}", f"{floor_ms:.2f}",
+            rows.append([batch, method, b, f"{n_rows:g}", f"{tokens:.2f}", f"{ms:.2f}", f"{floor_ms:.2f}",
                          f"{ms / floor_ms:.1f}x", f"{tps:,.0f}", f"{unique:.1f}"])
-            values.append([batch, method, b, batch * per_seq, round(tokens, 3), round(ms, 3), round(floor_ms, 3),
+            values.append([batch, method, b, round(n_rows, 2), round(tokens, 3), round(ms, 3), round(floor_ms, 3),
                            round(ms / floor_ms, 2), round(tps, 1), round(unique, 2)])
             print(f"{method} budget {b} batch {batch}: {ms:.2f} ms a round"
                   + (f" ({n_rounds} rounds)" if whole else "") + f", {tps:,.0f} tokens/s", flush=True)
