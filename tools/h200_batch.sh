@@ -6,16 +6,24 @@
 #    stopping sequence, graph == eager (tests/test_decode_cuda.py -k batch), the kernels' twins.
 # 2. (~4 minutes) the demo pair at batch 1 / 4 / 16, ar and ddtree at budget 16, every round one
 #    CUDA graph (a warm-up run each first): `ddtree-numba sweep --batch`, the README's table.
+# PART=check (~5 minutes): the batched round's GPU tests of tests/test_decode_cuda.py (the golden
+#    drafter's kept configuration: the prefill's graph from the second call), then step 2 above.
 # PART=moonlight (~9 minutes): benchmarks/batch.py at the Moonlight-16B-A3B shape, whole batched
 #    rounds (results/batch.json, PERFORMANCE.md), then the verify alone at batch 16 in the same run.
 source tools/h200_env.sh
 {
+if [ "${PART:-demo}" != moonlight ]; then
 if [ "${PART:-demo}" = demo ]; then
 timeout $(left 200) python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_decode_cuda.py tests/test_compact.py \
   tests/test_accept.py tests/test_visibility.py tests/test_generate_batch.py --tb=short -k "batch or pool or compact or trees or side" \
   2>&1 | grep -v Warn | tail -6
+else
+timeout $(left 200) python3 -m pytest -q -p no:cacheprovider tests/test_decode_cuda.py -k "gpu_resident_batch" --tb=short \
+  2>&1 | grep -v Warn | tail -4
+fi
 echo "tests done $(( $(date +%s) - T0 ))"
-timeout $(left 560) ddtree-numba sweep --backend cuda --batch 1 4 16 --budgets 16 --max-new-tokens 128 \
+# (the package is not installed there: the CLI's main, not the ddtree-numba script)
+timeout $(left 560) python3 -m ddtree_numba.cli sweep --backend cuda --batch 1 4 16 --budgets 16 --max-new-tokens 128 \
   --out "$OUT/batch_demo.json" 2>&1 | grep -v Warn | tail -12
 else
 timeout $(left 440) python3 benchmarks/batch.py --batches 1 4 16 64 2>&1 | grep -v Warn | tail -22
