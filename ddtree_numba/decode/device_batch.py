@@ -54,6 +54,7 @@ from .rounds import round_seed
 # stops [1 + n] int32 = (n, the stop ids).
 STOP_IDS = 16                         # stop ids a configuration's array holds (a call with more: a larger one)
 
+
 @cached
 @cuda.jit
 def _batch_verify_inputs_kernel(bonus, tokens, depths, tree_parents, n_nodes, live, state, seqs, ids, positions,
