@@ -328,12 +328,12 @@ def test_the_gpu_resident_batch_gives_each_sequence_its_ar_tokens():
         assert rnd.rows == sum(int(r.tree_sizes[k]) + 1 for r in live)
         assert rnd.accepted == sum(int(r.acceptance_lengths[k]) for r in live)
         assert rnd.unique_experts.max() > 0
-    # rounds run one ahead (the device ends sequences itself): the second prompt alone stops in its
-    # first round, so the round launched ahead of it has no live slot (on a GPU, the kept
-    # configuration's second call replays its graph from round 1, so rounds run ahead there too)
+    # rounds run one ahead (the device ends sequences itself): the second prompt alone, by ar (the
+    # cheap round), stops in its first round, so the round launched ahead of it has no live slot
+    # and verifies no row (on a GPU, the kept configuration's second call replays its graph from
+    # round 1, so rounds run ahead there too)
     for _ in range(2 if REAL_GPU else 1):
-        alone = dd.generate_batch(gpu, DeviceOracles([runs[1][3](13)]), prompts[1:], n_new, method="ddtree",
-                                  budget=4, stop_token_ids=[stop])
+        alone = dd.generate_batch(gpu, None, prompts[1:], n_new, method="ar", stop_token_ids=[stop])
         np.testing.assert_array_equal(alone[0].tokens, wants[1][:2])
         assert len(alone.rounds) == 1 and alone[0].stopped
 
