@@ -76,25 +76,20 @@ DRAFTER = dict(num_attention_heads=16, num_key_value_heads=4, head_dim=128, inte
 
 def moonlight_drafter(target, layers: int, dry_run: bool):
     """A CudaDrafter of random bf16 matrices for ``target`` (``DRAFTER``; the dry run's tiny shape)."""
-    from ddtree_numba.model.cuda_drafter import CudaDrafter
-    from ddtree_numba.model.drafter import DrafterConfig, drafter_shapes
-    tc = target.config
+    from ddtree_numba.model.loader import random_drafter
     shape = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=8, intermediate_size=16,
                  block_size=4) if dry_run else DRAFTER
-    n = tc.num_hidden_layers
+    n = target.config.num_hidden_layers
     ids = tuple(sorted({min(1, n - 1), n // 2, n - 2 if n > 2 else n - 1}))
-    cfg = DrafterConfig(hidden_size=tc.hidden_size, num_hidden_layers=layers, rms_norm_eps=1e-6, rope_theta=10000.0,
-                        target_layer_ids=ids, mask_token_id=tc.vocab_size - 1, **shape)
-    cfg.validate()
-    rng = np.random.default_rng(1)
-    weights = {name: (rng.uniform(0.5, 1.5, sh) if len(sh) == 1 else rng.standard_normal(sh) / np.sqrt(sh[1]))
-               .astype(np.float32) for name, sh in drafter_shapes(cfg).items()}
-    return CudaDrafter(cfg, weights, target, weight_dtype="bfloat16")
+    return random_drafter(target, num_hidden_layers=layers, target_layer_ids=ids, seed=1, weight_dtype="bfloat16",
+                          **shape)
 
 
-def time_rounds(target, drafter, method: str, budget: int, batch: int, prompt: int, rounds: int, graph: bool, rng):
+def time_rounds(target, drafter, method: str, budget: int, batch: int, prompt: int, rounds: int, graph: bool, rng,
+                moe_layers):
     """ms a whole batched round (the host's clock, over a timed call after a warm-up call), the
-    mean unique experts a MoE layer a round, the rounds, and the mean verify rows a round."""
+    mean unique experts a MoE layer (of ``moe_layers``) a round, the rounds, and the mean verify
+    rows a round."""
     import ddtree_numba as dd
     cfg = target.config
     prompts = [rng.integers(0, cfg.vocab_size - 1, prompt).astype(np.int32) for _ in range(batch)]
@@ -103,8 +98,7 @@ def time_rounds(target, drafter, method: str, budget: int, batch: int, prompt: i
     res = dd.generate_batch(target, drafter, prompts, **kw)       # replays the kept graph from round 1
     assert all(r.loop == "device" for r in res), "the batch did not run on the GPU"
     n = len(res.rounds)
-    moe = [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)]
-    unique = float(np.mean([r.unique_experts[moe].mean() for r in res.rounds])) if moe else 0.0
+    unique = float(np.mean([r.unique_experts[moe_layers].mean() for r in res.rounds])) if moe_layers else 0.0
     return res[0].stage_times["round"] / n * 1e3, unique, n, float(np.mean([r.rows for r in res.rounds]))
 
 
@@ -172,7 +166,8 @@ def main():
                 continue
             if whole:
                 ms, unique, n_rounds, n_rows = time_rounds(target, None if method == "ar" else drafter, method,
-                                                           budget, batch, args.prompt, args.rounds, not sim, rng)
+                                                           budget, batch, args.prompt, args.rounds, not sim, rng,
+                                                           moe_layers)
             else:
                 n_rows = batch * per_seq
                 segs = []

@@ -190,10 +190,11 @@ def load_drafter(path: str | os.PathLike, target):
 def random_drafter(target, num_hidden_layers: int = 1, block_size: int = 8,
                    target_layer_ids: tuple[int, ...] | None = None, num_attention_heads: int = 4,
                    num_key_value_heads: int = 2, head_dim: int = 8, intermediate_size: int = 48,
-                   mask_token_id: int | None = None, seed: int = 0):
-    """A drafter with random weights for ``target`` on its backend (tests, notebooks). Unit-gain
-    projections and norm weights in [0.5, 1.5]; by default it reads the target's first and last
-    layers and uses the last token id as MASK. A cuda target's drafter stores float32 matrices."""
+                   mask_token_id: int | None = None, seed: int = 0, weight_dtype: str = "float32"):
+    """A drafter with random weights for ``target`` on its backend (tests, notebooks, benchmarks).
+    Unit-gain projections and norm weights in [0.5, 1.5]; by default it reads the target's first
+    and last layers and uses the last token id as MASK. A cuda target's drafter stores its
+    matrices as ``weight_dtype`` ('float32', or 'bfloat16' as a bf16 checkpoint's)."""
     tc = target.config
     if target_layer_ids is None:
         target_layer_ids = tuple(sorted({0, tc.num_hidden_layers - 1}))
@@ -211,7 +212,7 @@ def random_drafter(target, num_hidden_layers: int = 1, block_size: int = 8,
             weights[name] = rng.uniform(0.5, 1.5, shape).astype(np.float32)
         else:
             weights[name] = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
-    return _drafter_on(target, cfg, weights)
+    return _drafter_on(target, cfg, weights, weight_dtype)
 
 
 class PairLoadError(ValueError):
