@@ -107,8 +107,7 @@ SIGNATURES = {
     "linear._mma_kernel": [
         ((kind, swiglu, acc, grouped, gather, kind == "int4" or (kind in ("bf16", "e4m3") and vec), vec, precision,
           *tile, block, scales, vec),
-         f"void({F32_2}, int64, {w}[:, :, ::1], {w}[:, :, ::1], {sc}, {sc}, {F32_2}, int64, {I32_1}, {I32_1}, {I32_1}, "
-         f"{F32_2}, {F32_2})")
+         f"void({F32_2}, int64, {w}[:, :, ::1], {w}[:, :, ::1], {sc}, {sc}, {F32_2}, int64, {I32_1}, {I32_1}, {I32_1})")
         for kind, w, sc, block, scales in _QUANT_KINDS + (
             ("f32", "float32", F32_2, (0, 0), "f32"), ("f16", "float16", F32_2, (0, 0), "f32"),
             ("bf16", "uint16", F32_2, (0, 0), "f32"))
@@ -130,16 +129,7 @@ SIGNATURES = {
         # so that path still compiles: gathered SwiGLU experts in fp32 (hi + lo)
         (("bf16", True, False, True, True, True, True, "fp32", 1, 2, 2, (0, 0), "f32", False),
          f"void({F32_2}, int64, uint16[:, :, ::1], uint16[:, :, ::1], {F32_2}, {F32_2}, {F32_2}, int64, {I32_1}, "
-         f"{I32_1}, {I32_1}, {F32_2}, {F32_2})")] + [
-        # a folded RMSNorm (``norm_eps``; the norm weights float32 [K]): a plain projection of warps
-        # splitting the chunks (the inv through shared memory), a SwiGLU of one warp (in registers),
-        # and a projection norming its head rows only (``norm_head``: the drafter's q | k | v)
-        (("bf16", swiglu, acc, False, False, True, True, precision, *tile, (0, 0), "f32", True, 1e-6, head),
-         f"void({F32_2}, int64, uint16[:, :, ::1], uint16[:, :, ::1], {F32_2}, {F32_2}, {F32_2}, int64, {I32_1}, "
-         f"{I32_1}, {I32_1}, float32[::1], {F32_2})")
-        for swiglu, acc, precision, tile, head in ((False, True, "bf16", (1, 1, 4), False),
-                                                   (True, False, "fp32", (1, 2, 1), False),
-                                                   (False, False, "bf16", (1, 1, 4), True))],
+         f"{I32_1}, {I32_1})")],
     # staged: (kind, swiglu, accumulate, grouped, gather, precision, WM, WN, MT, RT, NS, XA, block); NS > 0
     # (the cp.async weight ring; XA: the activations in it too) for bf16 weights only: the experts' gate|up and down
     "linear._staged_kernel": [

@@ -6,8 +6,7 @@ Runs on the CPU under the CUDA simulator, and runs nothing: after the models are
 launch is recorded instead of executed (``FakeCUDAKernel.__getitem__`` patched), while one
 ``DeviceRound.enqueue_round`` enqueues a round. A round's launches do not depend on the values on
 the device, so the count is the GPU's (the kernel names are the simulator's picks: for the same
-launch the GPU may pick the other GEMM kernel, ``_mma_kernel`` or ``_staged_kernel``, and a GEMM
-over a normed input may fold the norm in on one and not the other). ``--gpu-tiles`` makes
+launch the GPU may pick the other GEMM kernel, ``_mma_kernel`` or ``_staged_kernel``). ``--gpu-tiles`` makes
 ``kernels.linear`` choose its tiles by the GPU's rules (nothing runs, so the simulator's own
 limits do not matter): then the names and counts are the GPU's. On the H200 a launch in a captured graph costs about
 2.3 µs (docs/PERFORMANCE.md), which is what sets the demo pair's round: this is the table to keep

@@ -2,11 +2,9 @@
 
 Usage: PTXAS=/path/to/ptxas python tools/kernel_registers.py SPEC [SPEC ...]
 
-SPEC = swiglu,grouped,gather:TILE[:precision[:xraw|norm|head]], bf16 weights read as words, e.g.
+SPEC = swiglu,grouped,gather:TILE[:precision[:xraw]], bf16 weights read as words, e.g.
 ``1,1,1:1,1,4`` (the experts' gate|up at tile MT 1, RT 1, NW 4), ``0,0,0:2,4,2,2:fp32`` (a plain
-projection on the staged kernel, four numbers WM,WN,MT,RT), ``1,1,1:2,1,1:bf16:xraw``,
-``0,0,0:1,2,4:bf16:norm`` (raw activations with a folded RMSNorm, ``norm_eps``; ``head``: of the
-head rows only, ``norm_head``).
+projection on the staged kernel, four numbers WM,WN,MT,RT), ``1,1,1:2,1,1:bf16:xraw``.
 
 Each variant is compiled to PTX for sm_90 as tests/compile_ptx.py does (no GPU needed), then
 assembled by ``ptxas -v``, which reports the registers a thread uses, the bytes it spills and its
@@ -33,8 +31,7 @@ class _H200:
 
 F32_2, I32_1 = "float32[:, ::1]", "int32[::1]"
 SIGNATURE = (f"void({F32_2}, int64, uint16[:, :, ::1], uint16[:, :, ::1], {F32_2}, {F32_2}, {F32_2}, int64, "
-             f"{I32_1}, {I32_1}, {I32_1})")          # the staged kernel's
-REGISTER_SIGNATURE = SIGNATURE[:-1] + f", {F32_2}, {F32_2})"   # the register kernel's: + norm stand-ins
+             f"{I32_1}, {I32_1}, {I32_1})")          # both kernels'
 
 
 def kernel_for(spec: str):
@@ -45,22 +42,17 @@ def kernel_for(spec: str):
     swiglu, grouped, gather = (bool(int(v)) for v in parts[0].split(","))
     tile = tuple(int(v) for v in parts[1].split(","))
     precision = parts[2] if len(parts) > 2 else "bf16"
-    xraw = len(parts) > 3 and parts[3] in ("xraw", "norm", "head")
-    norm = len(parts) > 3 and parts[3] in ("norm", "head")
+    xraw = len(parts) > 3 and parts[3] == "xraw"
     if len(tile) == 3:
         return linear._mma_kernel("bf16", swiglu, False, grouped, gather, True, True, precision, *tile,
-                                  block=(0, 0), scales="f32", xraw=xraw, norm_eps=1e-6 if norm else None,
-                                  norm_head=parts[-1] == "head")
+                                  block=(0, 0), scales="f32", xraw=xraw)
     return linear._staged_kernel("bf16", swiglu, False, grouped, gather, precision, *tile, block=(0, 0), scales="f32")
 
 
 def registers(spec: str, ptxas: str) -> str:
     """'N registers, S bytes spilled (stores / loads), F bytes of stack' for one SPEC."""
     disp = kernel_for(spec)
-    sig = SIGNATURE if "staged" in disp.py_func.__qualname__ else REGISTER_SIGNATURE
-    if spec.endswith((":norm", ":head")):     # the norm weights [K]
-        sig = sig.replace(f"{F32_2}, {F32_2})", f"float32[::1], {F32_2})")
-    ptx, _ = cuda.compile_ptx(disp.py_func, sig, cc=(9, 0))
+    ptx, _ = cuda.compile_ptx(disp.py_func, SIGNATURE, cc=(9, 0))
     ptx = re.sub(r"^\.version \d+\.\d+", ".version 8.8", ptx, flags=re.M)
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "k.ptx")

@@ -64,7 +64,7 @@ from ..dtypes import QUANTIZED, BlockScaled, fp8_block_supported
 from ._async import CP_ASYNC_WAIT, cp_async16, cp_async_commit
 from ._mma import mma_bf16, pack_bf16x2
 from ._widen import ELEM as STORED, KINDS, WIDEN, _weight_kind, bf16_to_f32, hi_f32, lo_f32
-from .rms_norm import WARP_NORM_VALS, _warp_inv_rms, enqueue_rms_norm
+from .rms_norm import enqueue_rms_norm
 
 KC = 64                    # reduction chunk of the contract above (fixed: changing it changes bits)
 STEPS = KC // 16           # mma k steps a chunk
@@ -238,10 +238,10 @@ def _block_rows(items, n_rows, rows_per_tile, grouped):
 
 @functools.lru_cache(maxsize=None)
 def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision, MT, RT, NW, block=(0, 0),
-                scales="f32", xraw=False, norm_eps=None, norm_head=False):
+                scales="f32", xraw=False):
     """Every projection of the module (the device tier below is its only caller).
 
-    ``kernel(x, x_gs, w, w_up, w_scale, w_up_scale, out, o_gs, n_rows, items, row_index, norm_w, norm_x)``: for group z
+    ``kernel(x, x_gs, w, w_up, w_scale, w_up_scale, out, o_gs, n_rows, items, row_index)``: for group z
     and rows j in [start, end) (grouped: work item y = blockIdx.y of ``items``, the triple
     (z, start, end) at 3y, from ``_enqueue_moe_sort``; else z = blockIdx.z and 0, n_rows[0]),
     out[j, z*o_gs + n] (+)= f(x[r, z*x_gs : z*x_gs + K] @ w[z, n]) with
@@ -260,21 +260,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
     weights do), so the prefetch of the next chunk does not wait for its activations to land
     before the current chunk's mma; and a tile's gathered row numbers are read once, not once a
     chunk. The same conversions in the same order: the same bits as without it.
-
-    ``norm_eps`` (a float; with ``xraw``, one group, no gather): the activations of rows r below
-    H = norm_x.shape[0] are the RMSNorm of norm_x's, ``norm_w[k] * (norm_x[r, k] * inv_r)`` with
-    inv_r = ``rms_norm._inv_rms``'s, computed by the block's warps before the first mma
-    (``rms_norm._warp_inv_rms``) and applied as each chunk's raw activations are converted: the
-    bits of ``enqueue_rms_norm`` into a buffer and this GEMM over it, one launch fewer
-    (``_launch``'s ``norm``); with ``norm_head`` rows from H on are x's as they are (without it
-    norm_x is x itself and every row is normed: no per-row test, fewer registers). Without
-    ``norm_eps`` norm_w and norm_x are unread stand-ins.
     """
-    NORM = norm_eps is not None
-    if NORM and not (xraw and xvec and not grouped and not gather):
-        raise ValueError("a folded norm needs raw activation pairs (xraw), one group and no gather")
-    EPS = np.float32(norm_eps if NORM else 0.0)
-    HEAD = NORM and norm_head                 # only the rows below norm_x's are normed, norm_x's
     S = 2 if swiglu else 1                    # matrices: gate (and up)
     FP8 = kind in SCALED_KINDS                # quantized (float8 / int4): scales per block (``_epilogue``)
     INT4 = kind == "int4"                     # eight 4-bit values an int32 word
@@ -297,23 +283,17 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
     XVEC = xvec                               # activations read as float32 pairs (uint64)
     XRAW = xraw and xvec                      # ... kept raw until the mma step
     NXR = STEPS * RT * 2 if XRAW else 1       # raw uint64 pairs a lane holds for a chunk
-    NG = STEPS * 4 if NORM else 1             # NORM: the norm weights of a lane's k of a chunk
     PB = (NW, PS, 32) if NW > 1 else (1, 1, 1)
     ELEM = STORED[kind]
     widen = WIDEN[kind]
 
     @device_function
-    def load_chunk(c, x, xc, wv, wuv, z, col0, N, K, tile0, end, row_index, g, t, wa, wl, xb, xl, xr, rows, f,
-                   nw, gr, nx, NH):
+    def load_chunk(c, x, xc, wv, wuv, z, col0, N, K, tile0, end, row_index, g, t, wa, wl, xb, xl, xr, rows, f):
         """Chunk c's fragments into (wa, wl, xb, xl): lane (g, t) takes k = 4t..4t+3 of each
-        k step, for its weight rows g and g+8 of each m tile and its row g of each row tile
-        (``NORM``: and the norm weights of those k into gr; rows below NH from nx). Past K (or
-        C) the loads give zeros."""
+        k step, for its weight rows g and g+8 of each m tile and its row g of each row tile.
+        Past K (or C) the loads give zeros."""
         for st in range(STEPS):
             k0 = c * KCH + _k_offset(st, t, PAIRED)
-            if NORM:
-                for e in range(4):
-                    gr[st * 4 + e] = nw[k0 + e] if k0 < K else float32(0.0)
             for mt in range(MT):
                 for s in range(S):
                     for h in range(2):
@@ -356,12 +336,8 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                     u0 = uint64(0)
                     u1 = uint64(0)
                     if j < end and k0 < K:
-                        if HEAD and rx < NH:  # a row to norm: norm_x's (xc = 0)
-                            u0 = nx[rx, k0 // 2]
-                            u1 = nx[rx, k0 // 2 + 1]
-                        else:
-                            u0 = x[rx, (xc + k0) // 2]
-                            u1 = x[rx, (xc + k0) // 2 + 1]
+                        u0 = x[rx, (xc + k0) // 2]
+                        u1 = x[rx, (xc + k0) // 2 + 1]
                     if XRAW:                  # kept raw: mma_chunk converts them
                         xr[bi] = u0
                         xr[bi + 1] = u1
@@ -377,11 +353,10 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                     _fragment_words(f, xb, xl, bi, bi + 1, XSPLIT)
 
     @device_function
-    def mma_chunk(wa, wl, xb, xl, xr, f, acc, gr, inv, rows, NH):
+    def mma_chunk(wa, wl, xb, xl, xr, f, acc):
         """The chunk's mma chains into acc, from 0, ascending k step (the terms of a step in the
         order of the module docstring). ``XRAW``: each step's activations are converted from
-        their raw pairs in xr into xb (xl) first (``NORM``: rows below NH normed on the way, as
-        ``enqueue_rms_norm`` writes them: norm weight times (x times the row's inv))."""
+        their raw pairs in xr into xb (xl) first."""
         for q in range(PS):
             acc[q] = float32(0.0)
         for st in range(STEPS):
@@ -389,9 +364,6 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                 for rt in range(RT):
                     bi = (st * RT + rt) * 2
                     _unpack_pairs(xr[bi], xr[bi + 1], f)
-                    if NORM and (not HEAD or rows[rt] < NH):   # (an fma with -0.0: the rounded
-                        for e in range(4):    # product, which the compiler cannot fuse into the hi / lo split's subtract)
-                            f[e] = fma(gr[st * 4 + e], f[e] * inv[rt], float32(-0.0))
                     _fragment_words(f, xb, xl, bi, bi + 1, XSPLIT)
             for mt in range(MT):
                 for s in range(S):
@@ -423,8 +395,6 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
     load_scales, add_chunk, store = _epilogue(kind, block, MT, RT, swiglu, accumulate, scales)
     NSV = _scale_slots(kind, MT, swiglu)
     SB = (NW, NSV, 32) if NW > 1 and FP8 else (1, 1, 1)
-    RBN = RB if NORM and NW > 1 else 1        # NORM: the shared inv of a tile's rows
-    NVALS = WARP_NORM_VALS if NORM else 1
 
     @device_function
     def add_partials(rnd, C, warp, lane, acc, ys, pbuf, sv, sbuf):
@@ -459,7 +429,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
     # launch bounds: registers capped so that a block of 32*NW threads always fits an SM
     @cached
     @(cuda.jit if _SIM else cuda.jit(launch_bounds=(32 * NW,)))
-    def kernel(x, x_gs, w, w_up, sc, scu, out, o_gs, n_rows, items, row_index, norm_w, norm_x):
+    def kernel(x, x_gs, w, w_up, sc, scu, out, o_gs, n_rows, items, row_index):
         grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         tid = nonneg(cuda.threadIdx.x)
         warp = tid // 32
@@ -493,12 +463,6 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
             xv = x.view(np.uint64)
         else:
             xv = x
-        if HEAD:                              # the rows to norm, below NH, are norm_x's
-            nxv = norm_x.view(np.uint64)
-            NH = norm_x.shape[0]
-        else:
-            nxv = xv
-            NH = 0
         pbuf = cuda.shared.array(PB, float32)
         sbuf = cuda.shared.array(SB, float32)
         # two sets of fragments: chunk r + 1 loads while chunk r is multiplied
@@ -518,11 +482,6 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
         acc = cuda.local.array(PS, float32)
         ys = cuda.local.array(OWNS, float32)
         f = cuda.local.array(4, float32)
-        gr0 = cuda.local.array(NG, float32)   # NORM: the norm weights of a chunk's k
-        gr1 = cuda.local.array(NG, float32)
-        inv = cuda.local.array(RT, float32)   # NORM: 1 / rms of the lane's row of each row tile
-        nvals = cuda.local.array(NVALS, float32)
-        ivs = cuda.shared.array(RBN, float32)  # NORM: the tile's rows' inv, a warp's share each
         for tile0 in range(first, end, step):
             for q in range(OWNS):
                 ys[q] = float32(0.0)
@@ -532,40 +491,25 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
                     rows[rt] = j
                     if gather and j < end:
                         rows[rt] = row_index[j]
-            if NORM:                          # (before chunk 0's loads: neither holds registers for the other)
-                for i in range(warp, RB, NW):     # warp w norms the tile's rows w, w + NW, ...
-                    v = float32(0.0)
-                    if tile0 + i < end and (not HEAD or tile0 + i < NH):   # (warp-uniform: all or none)
-                        v = _warp_inv_rms(norm_x, tile0 + i, 0, K, EPS, lane, nvals)
-                    if NW == 1:               # every lane has v: each keeps its rows'
-                        for rt in range(RT):
-                            if rt * 8 + g == i:
-                                inv[rt] = v
-                    elif lane == 0:
-                        ivs[i] = v
-                if NW > 1:
-                    cuda.syncthreads()        # every row's inv is in (rewritten only after the
-                    for rt in range(RT):      # next barrier: add_partials holds one a round, and
-                        inv[rt] = ivs[rt * 8 + g]   # a folded launch has K > 0, so a round at least)
             load_chunk(warp, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index, g, t, wa0, wl0, xb0, xl0, xr0,
-                       rows, f, norm_w, gr0, nxv, NH)
+                       rows, f)
             load_scales(sv0, sc, scu, z, col0, N, warp, C, g)
             for rnd in range(0, rounds, 2):
                 if rnd + 1 < rounds:
                     load_chunk((rnd + 1) * NW + warp, xv, xc, wv, wuv, z, col0, N, K, tile0, end, row_index,
-                               g, t, wa1, wl1, xb1, xl1, xr1, rows, f, norm_w, gr1, nxv, NH)
+                               g, t, wa1, wl1, xb1, xl1, xr1, rows, f)
                     load_scales(sv1, sc, scu, z, col0, N, (rnd + 1) * NW + warp, C, g)
-                mma_chunk(wa0, wl0, xb0, xl0, xr0, f, acc, gr0, inv, rows, NH)
+                mma_chunk(wa0, wl0, xb0, xl0, xr0, f, acc)
                 add_partials(rnd, C, warp, lane, acc, ys, pbuf, sv0, sbuf)
                 if rnd + 1 < rounds:
                     if rnd + 2 < rounds:
                         load_chunk((rnd + 2) * NW + warp, xv, xc, wv, wuv, z, col0, N, K, tile0, end,
-                                   row_index, g, t, wa0, wl0, xb0, xl0, xr0, rows, f, norm_w, gr0, nxv, NH)
+                                   row_index, g, t, wa0, wl0, xb0, xl0, xr0, rows, f)
                         load_scales(sv0, sc, scu, z, col0, N, (rnd + 2) * NW + warp, C, g)
                     if XRAW:                  # xb0 / xl0 are scratch for either chunk's conversion
-                        mma_chunk(wa1, wl1, xb0, xl0, xr1, f, acc, gr1, inv, rows, NH)
+                        mma_chunk(wa1, wl1, xb0, xl0, xr1, f, acc)
                     else:
-                        mma_chunk(wa1, wl1, xb1, xl1, xr1, f, acc, gr1, inv, rows, NH)
+                        mma_chunk(wa1, wl1, xb1, xl1, xr1, f, acc)
                     add_partials(rnd + 1, C, warp, lane, acc, ys, pbuf, sv1, sbuf)
             # -- write the owned outputs: position p = (mt*RT + rt)*4 + e is feature g + 8*(e//2)
             #    of m tile mt and row 2t + e%2 of row tile rt (the C fragment layout)
@@ -1054,11 +998,6 @@ def _choose_staged(max_rows, n_cols, swiglu, n_groups, n_k=0, grouped=False, rin
 
 
 _SMALL_WEIGHTS = 1 << 20      # a launch over at most this many weights (per group) is latency-bound
-# A GEMM over a normed input folds the norm in (``_folds_norm``) up to this many inputs: each block
-# then reads its rows once more for their norms, which at the demo pair's 256 (a row 1 KB) costs
-# far less than the norm's own launch (~3-4 µs in a launch-bound round). At Moonlight's 2048 every
-# column block would reread 8 KB a row: not measured, so there the norm keeps its launch.
-_NORM_FOLD_K = 1024
 _SMALL_ROWS = 128             # a workspace's rows (a power of two): 128 holds budget 64's 65-row verify
 # Grouped (expert) launches whose groups typically hold up to this many rows take one row tile a
 # warp. Measured on the H200 (tools/moe_stages.py --tiles, Moonlight's 64 experts of 1408 x 2048,
@@ -1242,43 +1181,31 @@ def _rows_a_tile(tile):
     return 8 * tile.RT * (tile.WN if isinstance(tile, _Staged) else 1)
 
 
-def _folds_norm(plan, x_gs, grouped, gather, head=None) -> bool:
-    """Whether a launch of ``plan`` takes its rows' RMSNorm into its activation loads
-    (``_mma_kernel``'s ``norm_eps``): the register kernel with raw activation pairs (``head``'s
-    too), one group of contiguous rows, at most ``_NORM_FOLD_K`` inputs, and room in shared memory
-    for the tile's rows' norms when its warps share them."""
-    n_k = plan.w.shape[2] * 8 if plan.kind == "int4" else plan.w.shape[2]
-    tile = plan.tile
-    return (not isinstance(tile, _Staged) and _X_RAW and plan.xvec and not grouped and not gather
-            and (head is None or _x_pieces_ok(head, 0, 8))
-            and x_gs == 0 and plan.w.shape[0] == 1 and 0 < n_k <= _NORM_FOLD_K
-            and (tile.NW == 1 or _smem(tile, plan.w_up is not None, plan.kind) + 4 * 8 * tile.RT <= _SMEM_MAX))
-
-
 def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, items, row_index, max_rows, accumulate, precision,
             stream, tile=None, tile_rows=None, live_groups=None, norm=None, head=None):
     """Every GEMM of the module, tiled by ``_plan``. Grouped (``items`` given, [3 * Y] int32):
     a row of blocks a work item, Y rows. ``norm`` = (weight [K] float32, eps, scratch [R, K]
-    float32): the GEMM of the rows' RMSNorm, folded into the launch (``_folds_norm``) or, where
-    it does not fold, ``enqueue_rms_norm`` into scratch first; the same bits either way. With
-    ``head`` [H, K] float32 only rows below H are normed, head's (into x[:H] where the norm does
-    not fold; scratch unused), the rest taken from x as they are."""
-    grouped, gather = items is not None, row_index is not None
-    swiglu = w_up is not None
-    plan = _plan(x, x_gs, w, w_up, max_rows, precision, tile, tile_rows, live_groups, grouped)
-    if norm is not None and not _folds_norm(plan, x_gs, grouped, gather, head):
+    float32): the GEMM of the rows' RMSNorm, launched as ``enqueue_rms_norm`` into scratch and
+    the GEMM over scratch. With ``head`` [H, K] float32 only rows below H are normed, head's,
+    into x[:H] (scratch unused); the rest are taken from x as they are.
+
+    (The norm was once folded into the register kernel's activation loads, one launch fewer; the
+    folded kernel needed ~255 registers against ~120 and ran ~2x slower, which cost the demo
+    pair's round ~11 % on an H100: docs/PERFORMANCE.md, twenty-sixth session.)"""
+    if norm is not None:
         norm_w, eps, scratch = norm
         if head is not None:                  # head's norms into x's first rows, x read whole
             enqueue_rms_norm(head, norm_w, eps, x[:head.shape[0]], n_rows, stream=stream)
             scratch = x
         else:
             enqueue_rms_norm(x, norm_w, eps, scratch, n_rows, stream=stream)
-        return _launch(scratch, x_gs, w, w_up, out, o_gs, n_rows, items, row_index, max_rows, accumulate,
-                       precision, stream, tile, tile_rows, live_groups)
+        x = scratch
+    grouped, gather = items is not None, row_index is not None
+    swiglu = w_up is not None
+    plan = _plan(x, x_gs, w, w_up, max_rows, precision, tile, tile_rows, live_groups, grouped)
     tile, kind, block, scales, w, w_up = plan.tile, plan.kind, plan.block, plan.scales, plan.w, plan.w_up
     Z, N = w.shape[0], w.shape[1]
     row_blocks = items.shape[0] // 3 if grouped else max(1, ceil_div(max_rows, _rows_a_tile(tile)))
-    extra = ()
     if isinstance(tile, _Staged):
         kernel = _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, *tile, block=block,
                                 scales=scales)
@@ -1286,13 +1213,9 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, items, row_index, max_rows, acc
         threads = 32 * tile.WM * tile.WN
     else:
         kernel = _mma_kernel(kind, swiglu, accumulate, grouped, gather, plan.vec, plan.xvec, precision, *tile,
-                             block=block, scales=scales, xraw=_X_RAW and plan.xvec,
-                             norm_eps=None if norm is None else float(np.float32(norm[1])),
-                             norm_head=head is not None)
+                             block=block, scales=scales, xraw=_X_RAW and plan.xvec)
         cols = ceil_div(N, 16 * tile.MT)
         threads = 32 * tile.NW
-        # the norm weights and the rows to norm (stand-ins without a norm)
-        extra = (out, x) if norm is None else (norm[0], x if head is None else head)
     grid = (cols, row_blocks, 1 if grouped else Z)
     if cols == 0 or Z == 0 or row_blocks == 0:
         return
@@ -1305,7 +1228,7 @@ def _launch(x, x_gs, w, w_up, out, o_gs, n_rows, items, row_index, max_rows, acc
     kernel[grid, threads, stream](x, x_gs, w, w if w_up is None else w_up, scale, scale_up, out, o_gs,
                                   idx if n_rows is None else n_rows,
                                   idx if items is None else items,
-                                  idx if row_index is None else row_index, *extra)
+                                  idx if row_index is None else row_index)
 
 
 # -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
@@ -1321,13 +1244,11 @@ def enqueue_linear(x, w, out, n_rows, *, precision, accumulate=False, tile=None,
 
     x [R, K] f32, w [N, K] (f32 / f16 / uint16 bf16 bits), out [R, N] f32, n_rows [>=1] int32
     device; the grid is sized for R rows. ``norm`` = (weight [K] f32, eps, scratch [R, K] f32):
-    the product of the rows' RMSNorm instead, rms_norm(x[:n]) @ w.T, with the bits of
-    ``rms_norm.enqueue_rms_norm`` into scratch followed by this GEMM over scratch; few-row
-    launches of at most ``_NORM_FOLD_K`` inputs do it in one launch (scratch untouched), the
-    others in those two (scratch written). ``norm_head`` [H, K] f32 (with ``norm``; H <= n): only
-    the first H rows are normed, and they are norm_head's: the product of [rms_norm(norm_head);
-    x[H:n]], with the bits of ``enqueue_rms_norm`` of norm_head into x[:H] followed by this GEMM
-    over x (which the launches that do not fold do; x[:H] is then written, scratch unused)."""
+    the product of the rows' RMSNorm instead, rms_norm(x[:n]) @ w.T: ``rms_norm.enqueue_rms_norm``
+    into scratch (written), then this GEMM over scratch. ``norm_head`` [H, K] f32 (with ``norm``;
+    H <= n): only the first H rows are normed, and they are norm_head's: the product of
+    [rms_norm(norm_head); x[H:n]], by ``enqueue_rms_norm`` of norm_head into x[:H] (written;
+    scratch unused), then this GEMM over x."""
     _launch(x, 0, w.reshape(1, *w.shape), None, out, 0, n_rows, None, None, x.shape[0],
             accumulate, precision, stream, tile, norm=norm, head=norm_head)
 

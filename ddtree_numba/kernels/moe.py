@@ -541,8 +541,8 @@ def enqueue_swiglu_mlp(x, gate_w, up_w, down_w, out, *, act, n_rows, precision, 
     ``reference.moe.enqueue_swiglu_mlp`` (with ``accumulate`` it is the residual add x + mlp(m)).
 
     x [R, M] f32, gate_w / up_w [I, M], down_w [M, I], act [R, I] f32 scratch, out [R, M] f32.
-    ``norm`` = (weight [M] f32, eps, scratch [R, M] f32): the MLP of the rows' RMSNorm, folded
-    into the gate|up launch where it can be (``linear.enqueue_linear``'s ``norm``); out may then
+    ``norm`` = (weight [M] f32, eps, scratch [R, M] f32): the MLP of the rows' RMSNorm, the norm
+    launched into scratch before the gate|up (``linear.enqueue_linear``'s ``norm``); out may then
     be x itself (the residual: x += mlp(rms_norm(x)))."""
     _enqueue_swiglu(x, gate_w, up_w, act, n_rows, precision=precision, tile=tile, norm=norm, stream=stream)
     enqueue_linear(act, down_w, out, n_rows, precision=precision, accumulate=accumulate, tile=tile,

@@ -8,14 +8,12 @@ dim, I MLP width, V vocab (the target's), L drafter layers.
 
 Every stage is a kernel of ``ddtree_numba.kernels`` enqueued through its device tier
 (``enqueue_*``: GEMMs under the reduction contract of ``kernels.linear``, RMSNorm, the embedding
-gather, GQA attention). A layer is 6 launches: one GEMM for the q | k | v of the block rows and
-the new context rows together (the block rows' input norm folded into it, ``enqueue_linear``'s
-``norm_head``, for hidden sizes up to ``linear._NORM_FOLD_K``, else a launch of its own), one
-launch for the per-head q_norm / k_norm and the
+gather, GQA attention). A layer is 8 launches: the block rows' input norm into xin's first rows
+and one GEMM for the q | k | v of the block rows and the new context rows together
+(``enqueue_linear``'s ``norm_head``), one launch for the per-head q_norm / k_norm and the
 rotate-half RoPE that also appends the context keys and values to the cache
 (``enqueue_qkv_norm_rope``), attention (1: its key splits merged by their last block), o_proj,
-SwiGLU (2; the post norm folded into its gate|up, ``enqueue_swiglu_mlp``'s ``norm``, for hidden
-sizes up to ``linear._NORM_FOLD_K``, else a launch of its own). Sizes that change between drafts
+the post norm and the SwiGLU (3, ``enqueue_swiglu_mlp``'s ``norm``). Sizes that change between drafts
 (cache length s0, new context rows n, the bonus token) are read on the device:
 ``_draft_meta_kernel`` (glue, below) turns them into block ids and the live row counts of
 ``Workspace.meta`` at the start of every draft, and advances the cache length, so a draft
@@ -240,7 +238,7 @@ class BatchDrafterWorkspace:
     att: object                 # [S, 2] int32
     ids: object                 # [S B] int32
     ctx_raw: object             # [rows, M]
-    xin: object                 # [S B + rows, M]: the blocks' normed rows (where the norm does not fold), then
+    xin: object                 # [S B + rows, M]: the blocks' normed rows, then
                                 #   hidden_norm(fc(features)) of the context rows
     qkv: object                 # [S B + rows, (Hq + 2 Hkv)*Dh]
     x: object                   # [S B, M]
@@ -248,7 +246,7 @@ class BatchDrafterWorkspace:
     o: object                   # [S B, Hq*Dh]
     act: object                 # [S B, I]
     tail: object                # [S (B - 1), M] every block's rows after its bonus
-    tail_h: object              # [S (B - 1), M] their final norm (where it does not fold into lm_head)
+    tail_h: object              # [S (B - 1), M] their final norm (lm_head's input)
     logits: object              # [S (B - 1), V]: sequence z's L rows at [z L, (z + 1) L)
     scratch: object             # GQAScratch for S B queries, S_cap + B keys a sequence
 
@@ -281,12 +279,11 @@ class DrafterWorkspace:
     ids: object                 # [B] int32 block token ids
     feat: object                # [Nf, Y*M] features of the host API (the device API reads the caller's)
     ctx_raw: object             # [Nf, M] fc(features)
-    xin: object                 # [B + Nf, M] input_layernorm(x) (where the norm does not fold into the qkv
-                                # GEMM; else unused), then hidden_norm(fc(features))
+    xin: object                 # [B + Nf, M] input_layernorm(x), then hidden_norm(fc(features))
     qkv: object                 # [B + Nf, (Hq + 2 Hkv)*Dh] xin @ qkv_proj (block q, k normed and rotated in place)
     x: object                   # [B, M] residual stream
-    h: object                   # [B, M] normed input of the MLP (where not folded); the final hidden at the end
-                                # of a forward (a draft's lm_head folds the norm in)
+    h: object                   # [B, M] normed input of the MLP; the final hidden at the end of a
+                                # forward (a draft's final norm covers only h_tail = h[1:])
     o: object                   # [B, Hq*Dh] attention output
     act: object                 # [B, I] SwiGLU activation
     logits: object              # [B-1, V] logits of the positions after the bonus
@@ -594,7 +591,7 @@ class CudaDrafter:
         kn.enqueue_rms_norm(ws.ctx_raw, self.hidden_norm, eps, ws.ctx, ws.n_ctx, stream=stream)
         kn.enqueue_embedding(ws.ids, target.embed_tokens, ws.x, ws.n_blk, stream=stream)   # [B, M]
         self._enqueue_layers(ws, ws.block, lambda i: (cache.k[i], cache.v[i]), ws.meta, ws.att_meta, stream)
-        if logits and ws.block > 1:               # the final norm folded into lm_head where it can be
+        if logits and ws.block > 1:               # the final norm of the tails into h_tail, then lm_head
             kn.enqueue_linear(ws.x_tail, target.lm_head, ws.logits, ws.n_logits, norm=(self.norm, eps, ws.h_tail),
                               **gemm, stream=stream)
         else:
@@ -613,8 +610,7 @@ class CudaDrafter:
         for i, lw in enumerate(self.layers):
             k_cache, v_cache = caches(i)                               # [S_cap, Hkv*Dh] (or [S, S_cap, ...])
             # one GEMM projects the block (q, k, v at positions s0 + n + j, never cached) from the
-            # input norm of x (folded into it where it can be, else normed into xin's block rows
-            # first) and the new context rows (k, v at s0 + c); one launch norms and rotates the
+            # input norm of x (normed into xin's block rows first) and the new context rows (k, v at s0 + c); one launch norms and rotates the
             # block's q and k in place and appends the context rows' keys and values to the cache
             kn.enqueue_linear(ws.xin, lw.qkv_proj, ws.qkv, ws.n_xin, norm=(lw.input_layernorm, eps, None),
                               norm_head=ws.x, **gemm, stream=stream)      # (xin's block rows: x's norms)
@@ -625,7 +621,7 @@ class CudaDrafter:
             kn.enqueue_gqa_attention(q, k_cache, v_cache, ws.o, k_blk=kb, v_blk=vb,
                                      meta=att_meta, scale=scale, scratch=ws.scratch, stream=stream)
             kn.enqueue_linear(ws.o, lw.o_proj, ws.x, ws.n_blk, accumulate=True, **gemm, stream=stream)
-            # x += mlp(post_attention_layernorm(x)), the norm in the gate|up launch where it folds
+            # x += mlp(post_attention_layernorm(x)), the norm launched into ws.h first
             kn.enqueue_swiglu_mlp(ws.x, lw.gate_proj, lw.up_proj, lw.down_proj, ws.x, act=ws.act,
                                   n_rows=ws.n_blk, accumulate=True, norm=(lw.post_attention_layernorm, eps, ws.h),
                                   **gemm, stream=stream)

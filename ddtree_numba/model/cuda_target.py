@@ -666,14 +666,11 @@ class CudaTarget:
                 batch.offsets[i].copy_to_device(ws.moe.offsets, stream=stream)
             if i in hidden_layer_ids and i != last:
                 ws.hidden[i].copy_to_device(ws.x, stream=stream)
-        eps = self.config.rms_norm_eps
-        if last in hidden_layer_ids:            # the last layer's feature is the final-normed state:
-            normed = ws.hidden[last]            # normed straight into it, and lm_head reads it there
-            kn.enqueue_rms_norm(ws.x, self.norm, eps, normed, ws.n_rows, stream=stream)
-            kn.enqueue_linear(normed, self.lm_head, ws.logits, ws.n_rows, **self.gemm_args, stream=stream)
-        else:                                   # the norm folded into lm_head where it can be
-            kn.enqueue_linear(ws.x, self.lm_head, ws.logits, ws.n_rows, norm=(self.norm, eps, ws.normed),
-                              **self.gemm_args, stream=stream)
+        # the last layer's feature is the final-normed state: normed straight into it, and lm_head
+        # reads it there
+        normed = ws.hidden[last] if last in hidden_layer_ids else ws.normed
+        kn.enqueue_rms_norm(ws.x, self.norm, self.config.rms_norm_eps, normed, ws.n_rows, stream=stream)
+        kn.enqueue_linear(normed, self.lm_head, ws.logits, ws.n_rows, **self.gemm_args, stream=stream)
 
     def layer_stages(self, ws: Workspace, cache: DeviceMLACache | None, i: int, batch: BatchLaunch | None = None):
         """Decoder layer i over ws.x in place, as its named stages: a list of (name, enqueue)
@@ -701,15 +698,8 @@ class CudaTarget:
         rope = dict(interleave=cfg.rope_interleave, attention_factor=self.rope.attention_factor)
 
         path = lw.latent_path
-        # one GEMM reads the normed rows unless the query and the kv latent are projected apart:
-        # then the norm goes into it (``enqueue_linear``'s ``norm``: one launch where it folds,
-        # else the norm's own launch into ws.normed first; the same bits)
-        fold_input = path != "apart"
-        normed, input_normed = (ws.x, (lw.input_layernorm, eps, ws.normed)) if fold_input else (ws.normed, None)
-
         def input_norm(s):
-            if not fold_input:
-                kn.enqueue_rms_norm(ws.x, lw.input_layernorm, eps, ws.normed, n, stream=s)
+            kn.enqueue_rms_norm(ws.x, lw.input_layernorm, eps, ws.normed, n, stream=s)
 
         fused = path == "qkv_a"                                     # q_a and kv_a in one GEMM
         # where a part's query and its kv latent + rope key are: the kv at column kv_col of kv_of(p)
@@ -720,11 +710,11 @@ class CudaTarget:
 
         def q_projection(s):
             if path == "q_kv":
-                kn.enqueue_linear(normed, lw.q_kv_proj, ws.q_kv, n, norm=input_normed, **gemm, stream=s)
+                kn.enqueue_linear(ws.normed, lw.q_kv_proj, ws.q_kv, n, **gemm, stream=s)
             elif lw.q_proj is not None:
                 kn.enqueue_linear(ws.normed, lw.q_proj, ws.q, n, **gemm, stream=s)
             elif fused:
-                kn.enqueue_linear(normed, lw.qkv_a_proj, ws.qkv_a, n, norm=input_normed, **gemm, stream=s)
+                kn.enqueue_linear(ws.normed, lw.qkv_a_proj, ws.qkv_a, n, **gemm, stream=s)
                 # both latents' norms in one launch: q_a's, and the kv latent's straight into cache row s0 + r
                 for p, c_kv, _, row0 in writes:
                     kn.enqueue_rms_norm(p.qkv_a, lw.q_a_layernorm, eps, p.q_a_normed, p.n_rows,
@@ -774,8 +764,7 @@ class CudaTarget:
             kn.enqueue_linear(ws.o, lw.o_proj, ws.x, n, accumulate=True, **gemm, stream=s)
 
         def post_attention_norm(s):
-            if lw.is_moe:                   # (a dense MLP takes the norm into its gate|up)
-                kn.enqueue_rms_norm(ws.x, lw.post_attention_layernorm, eps, ws.normed, n, stream=s)
+            kn.enqueue_rms_norm(ws.x, lw.post_attention_layernorm, eps, ws.normed, n, stream=s)
 
         def moe(s):
             kn.enqueue_moe_block(
@@ -786,9 +775,8 @@ class CudaTarget:
                 bufs=ws.moe, n_rows=n, **gemm, stream=s)
 
         def dense_mlp(s):
-            kn.enqueue_swiglu_mlp(ws.x, lw.mlp_gate_proj, lw.mlp_up_proj, lw.mlp_down_proj, ws.x,
-                                  act=ws.act, n_rows=n, accumulate=True, **gemm, stream=s,
-                                  norm=(lw.post_attention_layernorm, eps, ws.normed))
+            kn.enqueue_swiglu_mlp(ws.normed, lw.mlp_gate_proj, lw.mlp_up_proj, lw.mlp_down_proj, ws.x,
+                                  act=ws.act, n_rows=n, accumulate=True, **gemm, stream=s)
 
         # attention: x += o_proj(MLA(rms_norm(x))); feed-forward: x += FFN(rms_norm(x))
         return [("input norm", input_norm), ("q projection", q_projection),

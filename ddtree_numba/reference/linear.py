@@ -110,8 +110,9 @@ def enqueue_linear(x, w, out, n_rows, *, precision, accumulate=False, tile=None,
     ``kernels.linear.enqueue_linear``. x [R, K] float32, w [N, K] stored (float32 / float16 /
     uint16 bfloat16 bits), out [R, N] float32 (rows from n on untouched), n_rows [>= 1] int32.
     ``norm`` = (weight [K], eps, scratch): the product of ``rms_norm(x[:n], weight, eps)`` instead
-    (scratch unused here; the kernel may write it). ``norm_head`` [H, K] (with ``norm``): the
-    product of [rms_norm(norm_head); x[H:n]] (x[:H] unused here; the kernel may write it)."""
+    (scratch unused here; the kernel writes the normed rows there). ``norm_head`` [H, K] (with
+    ``norm``): the product of [rms_norm(norm_head); x[H:n]] (x[:H] unused here; the kernel
+    writes norm_head's norms there)."""
     n = int(n_rows[0])
     if norm is None:
         rows = x[:n]

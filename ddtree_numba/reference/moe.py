@@ -89,7 +89,7 @@ def enqueue_swiglu_mlp(x, gate_w, up_w, down_w, out, *, act, n_rows, precision, 
     ``kernels.moe.enqueue_swiglu_mlp`` (its signature, numpy arrays). x [R, M] float32, gate_w /
     up_w [I, M] and down_w [M, I] stored (float32 / float16 / uint16 bfloat16 bits), act [R, I]
     and out [R, M] float32, n_rows [>= 1] int32. ``norm`` = (weight [M], eps, scratch): the MLP of
-    ``rms_norm(x[:n], weight, eps)`` (scratch unused here; the kernel may write it)."""
+    ``rms_norm(x[:n], weight, eps)`` (scratch unused here; the kernel writes the normed rows there)."""
     n = int(n_rows[0])
     rows = x[:n] if norm is None else rms_norm(x[:n], norm[0], norm[1])
     act[:n] = _swiglu_act(rows, gate_w, up_w, precision)             # [n, I]

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# A same-run A/B of the demo pair on a GPU: this tree against ab_old/, an older commit's package
+# (`mkdir ab_old && git archive REV ddtree_numba benchmarks tools | tar -x -C ab_old && rm -rf
+# ab_old/ddtree_numba/data`: git-ignored; its data is copied from this tree on the device). Run
+# from the repo root with .whl, .commit and ab_old carried; logs to $OUT/log.txt. Each side has its
+# own kernel cache.
+# PART=demo (the default, ~4 minutes): benchmarks/demo_pair.py at budgets 16 and 64 (not
+#   appended), alternating old, new, old, new, so that the machine's drift shows.
+# PART=stages (~2 minutes): per side, the per-stage round times (tools/profile_round.py) and the
+#   time of every kernel of one ddtree round at budget 16 under Nsight Compute (graph nodes
+#   profiled one by one: $OUT/ncu_old.csv, $OUT/ncu_new.csv; compare with tools/ncu_round.py).
+# (Twenty-sixth session: this is how the norm fold of 511ebd5 / 19ce1c1 / 01c2860 was found to
+#   cost the demo round ~11 %; docs/PERFORMANCE.md.)
+source tools/h200_env.sh
+[ -d ab_old/ddtree_numba/data ] || cp -r ddtree_numba/data ab_old/ddtree_numba/   # (not carried: 26 MB, unchanged)
+side() {  # $1 = directory, $2 = label: the rest of the command runs there with its own cache
+  local dir=$1 label=$2; shift 2
+  (cd "$dir" && PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/cache_$label "$@")
+}
+{
+if [ "${PART:-demo}" = demo ]; then
+for label in old new old new; do
+  echo "== $label"
+  dir=$([ $label = old ] && echo ab_old || echo .)
+  side $dir $label timeout $(left 560) python3 benchmarks/demo_pair.py --budgets 16 64 --no-append 2>&1 |
+    grep -v Warn | grep "^| \(ar\|dflash\|ddtree\)"
+done
+else
+for label in old new; do
+  echo "== $label"
+  dir=$([ $label = old ] && echo ab_old || echo .)
+  side $dir $label timeout 150 python3 tools/profile_round.py --budgets 16 --prompts 4 2>&1 | grep -v Warn | tail -5
+  side $dir $label timeout 150 ncu --profile-from-start off --clock-control none --graph-profiling node \
+    --metrics gpu__time_duration.sum,launch__registers_per_thread --csv \
+    python3 tools/profile_round.py --kernels 16 > "$OUT/ncu_$label.csv" 2>/dev/null; echo "ncu rc $?"
+done
+fi
+} 2>&1 | tee "$OUT/log.txt"
+echo "elapsed $(( $(date +%s) - T0 ))"
