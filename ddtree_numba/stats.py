@@ -138,20 +138,27 @@ def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budget
 
 
 def batch_sweep(target, drafter, prompts, batches=(1, 4, 16, 64), max_new_tokens: int = 64, budgets=(16, 64),
-                progress: bool | None = None, info: dict | None = None, warmup: bool | None = None) -> dict:
+                progress: bool | None = None, info: dict | None = None, warmup: bool | None = None,
+                repeats: int | None = None) -> dict:
     """Greedy ``ar`` and ``ddtree`` at each budget with ``generate_batch``, at each batch size:
     how throughput and the experts a verify forward reads grow with the number of sequences in
     flight (issue 17).
 
-    prompts   list of 1-D token-id sequences or dicts with ``"ids"`` (as ``acceptance_sweep``); a
-              batch of B takes B of them, cycling through the list
+    prompts   list of 1-D token-id sequences or dicts with ``"ids"`` (as ``acceptance_sweep``). At
+              batch B every prompt is decoded: ceil(P / B) calls of B sequences, consecutive
+              prompts, cycling through the list to fill the last call (and a batch larger than
+              the list), so every batch size decodes the same prompts
     batches   batch sizes, distinct integers >= 1
-    warmup    run each (batch, method, budget) once untimed first, so the timed run replays its
-              compiled kernels and captured round graph (None: on the cuda backend)
+    warmup    run each (batch, method, budget)'s first call once untimed first, so the timed runs
+              replay its compiled kernels and captured round graph (None: on the cuda backend)
+    repeats   timed passes over the prompts; ``tokens_per_s`` is their median (None: 3 on the
+              cuda backend, where one pass of a small model lasts well under a second and the
+              host's jitter shows, else 1)
 
     Returns a JSON-ready dict, ``kind`` 'batch_sweep', with ``rows``: one per batch x method x
     budget: ``batch``, ``method``, ``budget``, ``tokens_per_s`` (every sequence's tokens over the
-    batch's wall time on this backend), ``mean_acceptance``, ``rows_per_round`` (verify rows),
+    calls' wall time on this backend, the median pass; ``tokens_per_s_runs`` each pass's),
+    ``calls`` (a pass's), ``mean_acceptance``, ``rows_per_round`` (verify rows),
     ``unique_experts`` (distinct routed experts the router picked per MoE layer and round, mean;
     None without a batched forward), ``rounds``, ``equal_ar`` (every sequence's tokens equal its
     own ar at batch 1).
@@ -162,37 +169,53 @@ def batch_sweep(target, drafter, prompts, batches=(1, 4, 16, 64), max_new_tokens
     if not ids:
         raise ValueError("batch_sweep needs at least one prompt")
     moe = [i for i in range(target.config.num_hidden_layers) if target.config.is_moe_layer(i)]
-    warmup = getattr(target, "backend", "numpy") == "cuda" if warmup is None else bool(warmup)
+    cuda = getattr(target, "backend", "numpy") == "cuda"
+    warmup = cuda if warmup is None else bool(warmup)
+    repeats = (3 if cuda else 1) if repeats is None else int(repeats)
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     from tqdm import tqdm
     plan = [("ar", None)] + [("ddtree", b) for b in budgets]
-    n_ref = min(len(ids), max(batches))
-    reference = [generate(target, None, ids[i], max_new_tokens, method="ar").tokens for i in range(n_ref)]
+    P = len(ids)
+    reference = [generate(target, None, p, max_new_tokens, method="ar").tokens for p in ids]
     rows = []
     t0 = time.perf_counter()
-    with tqdm(total=len(plan) * len(batches), unit="run", desc="batch sweep",
+    with tqdm(total=len(plan) * len(batches) * repeats, unit="pass", desc="batch sweep",
               disable=None if progress is None else not progress, leave=False) as bar:
         for B in batches:
-            prompts_b = [ids[i % len(ids)] for i in range(B)]
+            # the calls of a pass: prompt numbers [c B, (c + 1) B) mod P, until every prompt is in one
+            calls = [[(c * B + i) % P for i in range(B)] for c in range(-(-P // B))]
             for method, budget in plan:
-                run = lambda: generate_batch(target, None if method == "ar" else drafter, prompts_b,  # noqa: E731
-                                             max_new_tokens, method=method, budget=budget or 1)
+                def run(numbers):
+                    return generate_batch(target, None if method == "ar" else drafter, [ids[i] for i in numbers],
+                                          max_new_tokens, method=method, budget=budget or 1)
                 if warmup:
-                    run()
-                res = run()
-                lengths = np.concatenate([r.acceptance_lengths for r in res])
-                unique = [r.unique_experts for r in res.rounds if r.unique_experts is not None]
+                    run(calls[0])
+                passes = []
+                for _ in range(repeats):
+                    passes.append([run(numbers) for numbers in calls])
+                    bar.update(1)
+                speeds = [sum(len(r.tokens) for res in ps for r in res) / sum(res.elapsed_s for res in ps)
+                          for ps in passes]
+                first = passes[0]
+                rounds = [r for res in first for r in res.rounds]
+                lengths = np.concatenate([r.acceptance_lengths for res in first for r in res])
+                unique = [r.unique_experts for r in rounds if r.unique_experts is not None]
                 rows.append(dict(
-                    batch=B, method=method, budget=budget, tokens_per_s=res.tokens_per_s,
+                    batch=B, method=method, budget=budget, tokens_per_s=float(np.median(speeds)),
+                    tokens_per_s_runs=[float(v) for v in speeds], calls=len(calls),
                     mean_acceptance=float(lengths.mean()) if lengths.size else float("nan"),
-                    rows_per_round=float(np.mean([r.rows for r in res.rounds])) if res.rounds else 0.0,
+                    rows_per_round=float(np.mean([r.rows for r in rounds])) if rounds else 0.0,
                     unique_experts=float(np.mean([u[moe] for u in unique])) if unique and moe else None,
-                    rounds=len(res.rounds),
-                    equal_ar=all(np.array_equal(r.tokens, reference[i % len(ids)]) for i, r in enumerate(res))))
-                bar.update(1)
+                    rounds=len(rounds),
+                    equal_ar=all(np.array_equal(r.tokens, reference[i])
+                                 for ps in passes for res, numbers in zip(ps, calls)
+                                 for r, i in zip(res, numbers))))
     return dict(kind="batch_sweep", schema=SCHEMA, backend=getattr(target, "backend", "numpy"),
                 device=device_name(getattr(target, "backend", "numpy")),
                 date=datetime.date.today().isoformat(), platform=platform.platform(),
                 max_new_tokens=int(max_new_tokens), batches=batches, budgets=budgets, prompts=len(ids), warmup=warmup,
+                repeats=repeats,
                 n_routed_experts=int(target.config.n_routed_experts or 0),
                 seconds=time.perf_counter() - t0, rows=rows, **(info or {}))
 

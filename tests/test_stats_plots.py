@@ -250,6 +250,9 @@ def test_cli_batch_sweep_and_its_figure(golden_demo_dir, tmp_path, capsys):
     # its routers pick a superset of experts every round
     assert ar[3]["unique_experts"] >= ar[1]["unique_experts"] > 0
     assert ar[3]["rows_per_round"] == 3 and ar[1]["rows_per_round"] == 1
+    # every batch size decodes every prompt: one call a prompt at batch 1; one pass (numpy)
+    assert ar[1]["calls"] == s["prompts"] and ar[3]["calls"] == -(-s["prompts"] // 3)
+    assert s["repeats"] == 1 and all(r["tokens_per_s_runs"] == [r["tokens_per_s"]] for r in s["rows"])
     assert "batch" in capsys.readouterr().out
     assert cli.main(["plot", str(path), "--out", str(tmp_path / "figs")]) == 0
     assert (tmp_path / "figs" / "batch_sweep.png").is_file()
