@@ -149,11 +149,10 @@ def batch_sweep(target, drafter, prompts, batches=(1, 4, 16, 64), max_new_tokens
               prompts, cycling through the list to fill the last call (and a batch larger than
               the list), so every batch size decodes the same prompts
     batches   batch sizes, distinct integers >= 1
-    warmup    run each (batch, method, budget)'s pass once untimed first, so the timed passes
-              replay its compiled kernels and captured round graph (None: on the cuda backend).
-              A prompt layout's prefill graph is captured on its second call
-              (``generate_batch``), so the first timed pass still captures them: the median of
-              three passes is a replay
+    warmup    run each (batch, method, budget)'s pass twice untimed first (None: on the cuda
+              backend): the first compiles the kernels and captures the round graph, the
+              second each prompt layout's prefill graph (``generate_batch`` captures it on a
+              layout's second call), so every timed pass replays
     repeats   timed passes over the prompts; ``tokens_per_s`` is their median (None: 3 on the
               cuda backend, where one pass of a small model lasts well under a second and the
               host's jitter shows, else 1)
@@ -161,10 +160,11 @@ def batch_sweep(target, drafter, prompts, batches=(1, 4, 16, 64), max_new_tokens
     Returns a JSON-ready dict, ``kind`` 'batch_sweep', with ``rows``: one per batch x method x
     budget: ``batch``, ``method``, ``budget``, ``tokens_per_s`` (every sequence's tokens over the
     calls' wall time on this backend, the median pass; ``tokens_per_s_runs`` each pass's),
-    ``calls`` (a pass's), ``mean_acceptance``, ``rows_per_round`` (verify rows),
+    ``calls`` (a pass's), and over the first pass's calls (the prompts that fill the last call
+    counted again): ``mean_acceptance``, ``rows_per_round`` (verify rows),
     ``unique_experts`` (distinct routed experts the router picked per MoE layer and round, mean;
-    None without a batched forward), ``rounds``, ``equal_ar`` (every sequence's tokens equal its
-    own ar at batch 1).
+    None without a batched forward), ``rounds``; and ``equal_ar`` (every sequence of every pass
+    equal to its own ar at batch 1).
     """
     batches = _distinct_counts("batches", batches)
     budgets = _distinct_counts("budgets", budgets, allow_empty=True)
@@ -192,7 +192,7 @@ def batch_sweep(target, drafter, prompts, batches=(1, 4, 16, 64), max_new_tokens
                 def run(numbers):
                     return generate_batch(target, None if method == "ar" else drafter, [ids[i] for i in numbers],
                                           max_new_tokens, method=method, budget=budget or 1)
-                if warmup:
+                for _ in range(2 if warmup else 0):
                     for numbers in calls:
                         run(numbers)
                 passes = []

@@ -110,3 +110,11 @@ def test_the_mlp_of_normed_rows_against_its_twin(rng):
     got = d_x.copy_to_host()
     assert_bits(got[n:], x[n:])                    # rows past n untouched
     np.testing.assert_allclose(got[:n], want[:n], rtol=1e-2, atol=5e-2 * float(np.abs(want[:n]).max()))
+    # the bits of the norm's launch into a buffer, then the MLP over it (scratch holds the norms)
+    d_y, d_normed = cuda.to_device(x), cuda.to_device(np.zeros((R, K), np.float32))
+    kn.enqueue_rms_norm(d_y, cuda.to_device(gamma), EPS, d_normed, d_n)
+    M.enqueue_swiglu_mlp(d_normed, cuda.to_device(wg), cuda.to_device(wu), cuda.to_device(wd), d_y,
+                         act=cuda.to_device(np.zeros((R, I), np.float32)), n_rows=d_n, precision="bf16",
+                         accumulate=True)
+    assert_bits(d_scratch.copy_to_host()[:n], d_normed.copy_to_host()[:n])
+    assert_bits(got, d_y.copy_to_host())

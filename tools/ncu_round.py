@@ -10,6 +10,9 @@ import csv
 import sys
 
 
+_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
+
+
 def load(path: str) -> list[dict]:
     """The kernels of one CSV in launch order: name, grid, registers, us."""
     rows: dict[str, dict] = {}
@@ -18,8 +21,8 @@ def load(path: str) -> list[dict]:
             k = rows.setdefault(r["ID"], {"name": r["Kernel Name"].split("[")[0].split("(")[0],
                                           "grid": r["Grid Size"], "regs": 0, "us": 0.0})
             value = float(r["Metric Value"].replace(",", ""))
-            if r["Metric Name"] == "gpu__time_duration.sum":
-                k["us"] = value / 1000.0
+            if r["Metric Name"] == "gpu__time_duration.sum":     # ncu picks the unit a row
+                k["us"] = value * _US[r["Metric Unit"]]
             elif r["Metric Name"] == "launch__registers_per_thread":
                 k["regs"] = int(value)
     return list(rows.values())

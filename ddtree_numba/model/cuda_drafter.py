@@ -610,8 +610,9 @@ class CudaDrafter:
         for i, lw in enumerate(self.layers):
             k_cache, v_cache = caches(i)                               # [S_cap, Hkv*Dh] (or [S, S_cap, ...])
             # one GEMM projects the block (q, k, v at positions s0 + n + j, never cached) from the
-            # input norm of x (normed into xin's block rows first) and the new context rows (k, v at s0 + c); one launch norms and rotates the
-            # block's q and k in place and appends the context rows' keys and values to the cache
+            # input norm of x (normed into xin's block rows first) and the new context rows (k, v
+            # at s0 + c); one launch norms and rotates the block's q and k in place and appends
+            # the context rows' keys and values to the cache
             kn.enqueue_linear(ws.xin, lw.qkv_proj, ws.qkv, ws.n_xin, norm=(lw.input_layernorm, eps, None),
                               norm_head=ws.x, **gemm, stream=stream)      # (xin's block rows: x's norms)
             kn.enqueue_qkv_norm_rope(ws.qkv, norm_meta, lw.q_norm, lw.k_norm, eps, self.inv_freq,
