@@ -256,14 +256,14 @@ def _block_case(rng, R, n, dtype="bf16", shared=True):
     return route, m, x, gate, bias, (g, u, d), sh, bufs
 
 
-def _run_block(route, m, x, gate, bias, experts, sh, bufs, n, concurrent=False, tile=None):
+def _run_block(route, m, x, gate, bias, experts, sh, bufs, n, concurrent=False, tile=None, offsets=None):
     stream = cuda.stream()
     dx = cuda.to_device(x, stream=stream)
     dev = [None if a is None else cuda.to_device(a, stream=stream) for a in (m, gate, bias, *experts, *sh)]
     names = ("gate", "bias", "experts_gate", "experts_up", "experts_down", "shared_gate", "shared_up", "shared_down")
     enqueue_moe_block(dev[0], dx, **dict(zip(names, dev[1:])), route=route, bufs=bufs, precision="fp32",
                       n_rows=cuda.to_device(np.array([n], np.int32), stream=stream), concurrent=concurrent,
-                      tile=tile, stream=stream)
+                      tile=tile, offsets=offsets, stream=stream)
     return dx.copy_to_host(stream=stream)
 
 
@@ -301,6 +301,22 @@ def test_moe_block_matches_twin_composition_and_leaves_other_rows(rng, shared):
                           n_rows=np.array([n], np.int32), precision="fp32")
     assert _rel_err(got[:n], twin[:n]) <= FP32_MODE_REL and _rel_err(twin[:n], want) <= FP32_MODE_REL
     np.testing.assert_array_equal(twin[n:].view(np.uint32), x[n:].view(np.uint32))
+    # ``offsets=``: the sort's expert offsets go there instead (a batched forward keeps a layer's),
+    # the block's bits unchanged; the twin's offsets count the same rows an expert
+    kept = bufs.offsets.copy_to_host()
+    E = kept.shape[0] - 1
+    np.testing.assert_array_equal(np.diff(kept), np.bincount(ids.ravel(), minlength=E))
+    out = cuda.to_device(np.full(E + 1, -1, np.int32))
+    bufs.offsets.copy_to_device(np.full(E + 1, -7, np.int32))
+    again = _run_block(route, m, x, gate, bias, (g, u, d), sh, bufs, n, offsets=out)
+    np.testing.assert_array_equal(again.view(np.uint32), got.view(np.uint32))
+    np.testing.assert_array_equal(out.copy_to_host(), kept)
+    assert (bufs.offsets.copy_to_host() == -7).all()             # bufs' own left alone
+    twin_offsets = np.full(E + 1, -1, np.int32)
+    ref.enqueue_moe_block(m, x.copy(), gate=gate, bias=bias, experts_gate=g, experts_up=u, experts_down=d,
+                          shared_gate=sh[0], shared_up=sh[1], shared_down=sh[2], route=route,
+                          n_rows=np.array([n], np.int32), precision="fp32", offsets=twin_offsets)
+    np.testing.assert_array_equal(twin_offsets, kept)
 
 
 def test_tall_experts_share_the_gate_up_tile_and_match_the_twin(rng, monkeypatch):

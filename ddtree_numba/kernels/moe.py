@@ -440,18 +440,20 @@ def _enqueue_moe_route(logits, bias, route, *, topk_ids, topk_weights, n_rows, s
         n_rows, topk_ids, topk_weights)
 
 
-def _enqueue_moe_sort(topk_ids, topk_weights, bufs, n_rows, *, item_rows=8, stream=0):
+def _enqueue_moe_sort(topk_ids, topk_weights, bufs, n_rows, *, item_rows=8, offsets=None, stream=0):
     """Counting sort of rows r < n_rows[0] by expert into ``bufs`` (offsets, slot_token,
     slot_weight, token_slot), and the grouped GEMMs' work items of ``item_rows`` slots (a
     multiple of 8; recorded as ``bufs.item_rows``, which sizes their grids); twins: the grouping
     of ``reference.moe.moe_experts``, ``reference.moe.expert_work_items``.
 
-    topk_ids [R, K] int32 (distinct per row), topk_weights [R, K] f32."""
+    topk_ids [R, K] int32 (distinct per row), topk_weights [R, K] f32; ``offsets`` [E + 1] int32
+    device: where the experts' slot offsets go instead of ``bufs.offsets`` (nothing after the
+    sort reads them: the grouped GEMMs and the combine go by the work items and the slots)."""
     if item_rows < 8 or item_rows % 8:
         raise ValueError(f"item_rows must be a positive multiple of 8 (an mma row tile), got {item_rows}")
     bufs.item_rows = item_rows
     _sort_kernel(SORT_THREADS)[1, SORT_THREADS, stream](
-        topk_ids, topk_weights, n_rows, bufs.bitmap, bufs.word_prefix, bufs.offsets,
+        topk_ids, topk_weights, n_rows, bufs.bitmap, bufs.word_prefix, bufs.offsets if offsets is None else offsets,
         bufs.slot_token, bufs.slot_weight, bufs.token_slot, bufs.items, item_rows)
 
 
@@ -551,7 +553,7 @@ def enqueue_swiglu_mlp(x, gate_w, up_w, down_w, out, *, act, n_rows, precision, 
 
 def enqueue_moe_block(m, x, *, gate, bias, experts_gate, experts_up, experts_down, shared_gate=None,
                       shared_up=None, shared_down=None, route, bufs, n_rows, precision, tile=None,
-                      concurrent=None, stream=0):
+                      concurrent=None, offsets=None, stream=0):
     """x[r] += routed(m[r]) + shared(m[r]) for r < n_rows[0] <= bufs.max_rows; 8 launches (6
     without shared experts). Twin: ``reference.moe.enqueue_moe_block`` (``reference.moe.moe_route``,
     the experts of ``moe_experts`` and ``swiglu_mlp`` for the shared ones, as the target's MoE layer
@@ -567,14 +569,19 @@ def enqueue_moe_block(m, x, *, gate, bias, experts_gate, experts_up, experts_dow
     ``concurrent`` (default ``CONCURRENT_SHARED``): the shared experts run on a second stream
     (``bufs.side_stream()``), forked from ``stream`` at the block's start and joined before the
     combine, so that a captured graph runs them beside the routed ones instead of after them.
-    The same launches on the same inputs: the same bits."""
+    The same launches on the same inputs: the same bits.
+
+    ``offsets`` [E + 1] int32 device, or None (``bufs.offsets``): where the counting sort leaves
+    the routed experts' slot offsets, offsets[e + 1] - offsets[e] the rows routed to expert e (a
+    batched forward keeps each layer's for its expert statistics)."""
     if concurrent is None:
         concurrent = CONCURRENT_SHARED
     side = bufs.side_stream() if concurrent and shared_gate is not None else None
     launches = _moe_block_launches(m, x, gate=gate, bias=bias, experts_gate=experts_gate, experts_up=experts_up,
                                    experts_down=experts_down, shared_gate=shared_gate, shared_up=shared_up,
                                    shared_down=shared_down, route=route, bufs=bufs, n_rows=n_rows,
-                                   precision=precision, tile=tile, stream=stream, shared_stream=side)
+                                   precision=precision, tile=tile, stream=stream, shared_stream=side,
+                                   offsets=offsets)
     if side is not None:
         bufs.fork.record(stream)              # the shared experts start with the block ...
         bufs.fork.wait(side)
@@ -587,7 +594,7 @@ def enqueue_moe_block(m, x, *, gate, bias, experts_gate, experts_up, experts_dow
 
 def _moe_block_launches(m, x, *, gate, bias, experts_gate, experts_up, experts_down, shared_gate=None,
                         shared_up=None, shared_down=None, route, bufs, n_rows, precision, tile=None, stream=0,
-                        shared_stream=None):
+                        shared_stream=None, offsets=None):
     """The launches of ``enqueue_moe_block`` (same arguments), in order, as (name, launch())
     pairs: ``tools/moe_stages.py`` times them one by one. The shared experts' go to
     ``shared_stream`` if given (the caller orders it), else to ``stream``."""
@@ -600,7 +607,7 @@ def _moe_block_launches(m, x, *, gate, bias, experts_gate, experts_up, experts_d
                                              topk_ids=bufs.topk_ids, topk_weights=bufs.topk_weights,
                                              n_rows=n_rows, stream=stream)),
         ("sort", lambda: _enqueue_moe_sort(bufs.topk_ids, bufs.topk_weights, bufs, n_rows, item_rows=item_rows,
-                                           stream=stream)),
+                                           offsets=offsets, stream=stream)),
         *_expert_launches(m, experts_gate, experts_up, experts_down, bufs, precision, tile, stream),
     ]
     if shared_gate is not None:

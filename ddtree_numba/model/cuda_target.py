@@ -649,8 +649,8 @@ class CudaTarget:
     def _enqueue_forward(self, ws: Workspace, cache: DeviceMLACache | None, hidden_layer_ids, stream,
                          batch: BatchLaunch | None = None) -> None:
         """One forward over ws's rows into ``cache``, or for a batch (``batch``, its ``BatchLaunch``)
-        over its parts, keeping each MoE layer's counting-sort offsets in ``batch.offsets``
-        (``forward_batch``'s expert counts)."""
+        over its parts, each MoE layer's counting sort writing its offsets straight into its row
+        of ``batch.offsets`` (``forward_batch``'s expert counts; no copy node in the graph)."""
         parts = [(ws, cache)] if batch is None else batch.parts
         if batch is not None and batch.pool is not None:          # every sequence's tree in one launch
             kn.enqueue_visibility_bits(ws.parents, ws.vis_bits, seqs=batch.seqs, stream=stream)
@@ -662,8 +662,6 @@ class CudaTarget:
         for i in range(len(self.layers)):
             for _, enqueue in self.layer_stages(ws, cache, i, batch=batch):
                 enqueue(stream)
-            if batch is not None and self.config.is_moe_layer(i):
-                batch.offsets[i].copy_to_device(ws.moe.offsets, stream=stream)
             if i in hidden_layer_ids and i != last:
                 ws.hidden[i].copy_to_device(ws.x, stream=stream)
         # the last layer's feature is the final-normed state: normed straight into it, and lm_head
@@ -772,7 +770,7 @@ class CudaTarget:
                 experts_gate=lw.experts_gate_proj, experts_up=lw.experts_up_proj,
                 experts_down=lw.experts_down_proj, shared_gate=lw.shared_gate_proj,
                 shared_up=lw.shared_up_proj, shared_down=lw.shared_down_proj, route=self._route,
-                bufs=ws.moe, n_rows=n, **gemm, stream=s)
+                bufs=ws.moe, n_rows=n, offsets=None if batch is None else batch.offsets[i], **gemm, stream=s)
 
         def dense_mlp(s):
             kn.enqueue_swiglu_mlp(ws.normed, lw.mlp_gate_proj, lw.mlp_up_proj, lw.mlp_down_proj, ws.x,

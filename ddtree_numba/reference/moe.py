@@ -105,17 +105,23 @@ def _swiglu_act(x, gate_w, up_w, precision):
 
 def enqueue_moe_block(m, x, *, gate, bias, experts_gate, experts_up, experts_down, shared_gate=None, shared_up=None,
                       shared_down=None, route, bufs=None, n_rows, precision, tile=None, concurrent=None,
-                      stream=0) -> None:
+                      offsets=None, stream=0) -> None:
     """Twin of ``kernels.moe.enqueue_moe_block`` (its signature and docstring; numpy arrays): x[r] +=
     routed(m[r]) + shared(m[r]) for r < n_rows[0]. The route is ``moe_route`` of the ``MoERoute``
     ``route`` (in float32, as HF routes); each routed expert and the shared one a SwiGLU MLP with the
     GEMMs of ``precision``, the experts' outputs weighted by their routing weights. ``bufs`` (the
     kernels' buffers), ``tile``, ``concurrent`` and ``stream`` say how the GPU runs it, not what.
     m / x [>= n, M] float32, gate [E, M], experts_gate / up [E, I, M], experts_down [E, M, I],
-    shared_* [Is, M] / [M, Is] or None, weights stored (float32 / float16 / uint16 bfloat16 bits)."""
+    shared_* [Is, M] / [M, Is] or None, weights stored (float32 / float16 / uint16 bfloat16 bits).
+    ``offsets`` [E + 1] int32 or None: the rows routed to each expert, as slot offsets
+    (offsets[e + 1] - offsets[e] rows to expert e, offsets[0] = 0)."""
     n = int(n_rows[0])
     ids, w = moe_route(m[:n], from_storage(gate), bias, route.scoring_func, route.topk_method, route.n_group,
                        route.topk_group, route.top_k, route.norm_topk_prob, route.routed_scaling_factor)  # [n, K]
+    if offsets is not None:
+        counts = np.bincount(ids.ravel(), minlength=offsets.shape[0] - 1)         # [E] rows per expert
+        offsets[0] = 0
+        offsets[1:] = np.cumsum(counts)
     y = np.zeros((n, x.shape[1]), np.float32)                         # [n, M]
     for e in np.unique(ids):
         rows, k = np.nonzero(ids == e)
