@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# An H200 check of issue 17's batched round on the GPU (decode/device_batch.py; docs/NOTES.md Next 4).
+# An H200 check of issue 17's batched round on the GPU (decode/device_batch.py; docs/NOTES.md Next 4,
+# docs/PLANS.md §4).
 # Run from the repo root with .whl and .commit carried; logs to $OUT/log.txt, results to $OUT.
 # PART=demo (the default, ~7 minutes):
 # 1. (~3 minutes) the batch kernels and the batched round on the GPU: each sequence == its ar, a

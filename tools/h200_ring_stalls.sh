@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Where the cp.async ring GEMM waits (~3 minutes on the H200; the eighteenth session ruled out DRAM
 # re-reads, the chunk loop's instruction count, and the depth of both prefetches: docs/NOTES.md
-# "Next" 0). Nsight Compute on the staged ring kernel's launches of tools/moe_stages.py --profile
+# "Next" 0, in full docs/PLANS.md §0). Nsight Compute on the staged ring kernel's launches of
+# tools/moe_stages.py --profile
 # at ROWS (default "65 272"): speed of light, occupancy, every warp stall reason, scheduler issue
 # rates and shared-memory bank conflicts, KERNELS (default 4) launches a row count. numba names
 # every kernel `kernel`, so the filter matches the demangled name (its factory). Each row count's

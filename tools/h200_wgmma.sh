@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# An H200 run of the wgmma GEMM probe (~3 minutes; docs/NOTES.md Next 00): every default spec of
+# An H200 run of the wgmma GEMM probe (~3 minutes; docs/NOTES.md Next 00, its specs in docs/PLANS.md
+# §00): every default spec of
 # tools/wgmma_gemm_probe.py at 65 and 17 live rows (q_proj and lm_head-like shapes), then the
 # many-row specs at 1040 rows; each against the package's bits and torch. Run from the repo root
 # with .whl carried; logs to $OUT/log.txt. Check the probe in the simulator first (NOTES).

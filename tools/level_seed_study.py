@@ -13,10 +13,11 @@ families of nodes that need no search:
 On six demo-drafter drafts (held-out prompts) the selecting levels fall, over the six, from 6 / 12
 / 15 / 19 (no seed) to 0 / 0 / 4 / 6 (single + zeros) at budgets 16 / 64 / 256 / 1024 (tenth
 session). The cheaper subfamilies (deviations at the first depths only) do much less at 1024: 16 /
-14 / 11 for depths < 1 / 2 / 3 (twenty-first session, docs/NOTES.md). The tree is unchanged
+14 / 11 for depths < 1 / 2 / 3 (twenty-first session, docs/PLANS.md §1). The tree is unchanged
 (checked here against the heap build's scores). A kernel would need the family's B-th best
 cheaply, e.g. a bisection on the value counting each (depth, depth + j) list by binary search,
-with a margin for the lists' sums taken out of path order (see NOTES).
+with a margin for the lists' sums taken out of path order (see docs/PLANS.md §1,
+NOTES Next 1).
 
     python tools/level_seed_study.py [prompts]
 """
