@@ -8,7 +8,7 @@
 #   appended), alternating old, new, old, new, so that the machine's drift shows.
 # PART=stages (~2 minutes): per side, the per-stage round times (tools/profile_round.py) and the
 #   time of every kernel of one ddtree round at budget 16 under Nsight Compute (graph nodes
-#   profiled one by one: $OUT/ncu_old.csv, $OUT/ncu_new.csv; compare with tools/ncu_round.py).
+#   profiled one by one: $OUT/ncu_old.csv, $OUT/ncu_new.csv; compare with tools/ncu_summary.py).
 # (Twenty-sixth session: this is how the norm fold of 511ebd5 / 19ce1c1 / 01c2860 was found to
 #   cost the demo round ~11 %; docs/PERFORMANCE.md.)
 source tools/h200_env.sh
