@@ -42,6 +42,10 @@ Four stages, scores and partials kept in a global scratch (``MLAScratch``):
    launch over the chunks wholly in the cached prefix (two tokens a block) and one over the rest.
 4. ``_mla_combine_kernel``: the chunks of each output, rescaled and added in ascending order.
 
+``_mla_fused_kernel`` (``MLA_FUSED``, off: measured slower) does stages 1-3 of a chunk in one
+block, with the bits of the tensor-core kernels: one launch over the chunks wholly in the cached
+prefix (several tokens' rows a block) and one over the rest (a token a block).
+
 Tile shapes are chosen from the arrays' shapes (``_tiles``); they never change the bits.
 """
 
@@ -1046,6 +1050,347 @@ def _mla_pv_mma_kernel(warps, mt, hb, tokens=1, chunks="all"):
     return kernel
 
 
+# -- scores, softmax and p @ c_kv of a chunk in one block (MLA_FUSED) -------------------------------
+
+# Off: measured slower than the three launches it replaces (twenty-seventh session, Moonlight, 1024
+# cached rows, DDTree trees, µs a layer, same run: H200 (8, 32, 2) 79.8 / 569.2 / 633.8 against
+# 32.1 / 387.7 / 398.3 at 1 / 256 nodes / 16 x 17; H100 (8, 32, 2, 2) 79.8 / 439.3 / 496.5).
+# Nsight Compute at 16 x 17 (H100): the prefix launch at 84 % memory throughput and 0.30
+# instructions issued a scheduler, 2 blocks an SM (123 registers): each block rereads the chunk's
+# latent rows for its 32 rows (~630 KB through L1 a block) in 34 dependent staging steps. What
+# would make it pay (docs/PLANS.md §3): more rows a block (> 48 KB of shared memory) and a cp.async
+# ring several steps deep. Its bits are those of the three launches (tests), so it can be switched
+# on per run to measure (tools/mla_stages.py --fused).
+MLA_FUSED = False
+# (warps, rows, mt, blocks): a fused block's warps, its query rows (the prefix launch: any of a
+# sequence's t * H; the tail launch: one token's heads), 16-channel tiles a warp a pass of p @ c_kv,
+# and the blocks an SM should hold at once (launch bounds: they cap a thread's registers).
+_FUSED_PREFIX = (1, 16, 1, 1) if config.ENABLE_CUDASIM else (8, 32, 2, 2)
+_FUSED_TAIL = (1, 16, 1, 1) if config.ENABLE_CUDASIM else (8, 16, 2, 2)
+_SHARED_BYTES = 48 * 1024         # a block's static shared memory
+
+
+@functools.lru_cache(maxsize=None)
+def _mla_fused_kernel(warps, rows, mt, blocks, tail):
+    """Scores, softmax and p @ c_kv of one key chunk for a block of query rows, with the bits of
+    ``_mla_scores_mma_kernel`` -> ``_mla_softmax_kernel`` -> ``_mla_pv_mma_kernel`` (each output
+    the same operations on the same operands in the same order), but with no round trip of the
+    scores and p through global memory, and the chunk's latent rows read by one block for all
+    its rows. Writes m_part[g, k], o_part[k, g, :] and l_part[k, g] of its rows g = row0*H + r.
+
+    ``tail`` False (the prefix launch): chunk k (blockIdx.x) wholly inside the cached prefix
+    ((k + 1) * KEY_CHUNK <= s0: the same keys j0 .. j0 + KEY_CHUNK for every token), rows r0 =
+    ``rows`` * blockIdx.y .. of the sequence's t * H (tokens r // H, heads r % H), sequence
+    blockIdx.z. ``tail`` True: chunk k of the others, token blockIdx.y // ceil(H / rows), its
+    heads tile blockIdx.y % ceil(H / rows): its visible keys of index [j0, min(j0 + KEY_CHUNK,
+    n_vis)); a chunk past them gets m = -inf (the combine skips it). Grid: (chunks, ceil(Tq*H /
+    rows) or Tq * ceil(H / rows), sequences), blocks of 32 ``warps`` threads, ``blocks`` of them
+    an SM (the launch bounds).
+
+    1. Scores: the chunk's keys (positions in shared memory) as mma's A, the rows as B, staged
+       through shared memory ``_MMA_STEP`` channels at a time (the next step's loads in flight),
+       KC-channel partials added to the total at each chunk's end, times ``scale``: into s_sh
+       [rows, keys] (-inf past the chunk's keys).
+    2. Softmax: each row's max over the chunk (``NT / rows`` threads a row), p = exp(s - m) in
+       place (0 past the chunk's keys); m -> m_part.
+    3. p @ c_kv in passes of 16 ``mt`` ``warps`` channels: the latent rows of the chunk's 16-key
+       steps staged as bf16 pairs along the keys (A: channels x keys), p packed to bf16 pairs
+       from s_sh (B: keys x rows); the ones row gives l (warp 0 of the first pass)."""
+    NT = 32 * warps
+    RB = rows
+    KP = 16 * -(-KEY_CHUNK // 16)   # a chunk's keys, padded to whole 16-key steps
+    WN = min(warps, KP // 16)       # scores: warps over the keys ...
+    WM = warps // WN                # ... and over the rows
+    assert warps % WN == 0 and KP % (16 * WN) == 0 and RB % (8 * WM) == 0 and NT % RB == 0, (warps, rows)
+    MS = KP // (16 * WN)            # 16-key tiles a warp
+    NS = RB // (8 * WM)             # 8-row tiles a warp
+    KS = _MMA_STEP
+    PW = KS // 2                    # bf16 pairs a staged row a step
+    ROW = PW + _MMA_PAD
+    LK = -(-(KP * PW) // NT)        # key pairs a thread loads a step (of one key)
+    LQ = -(-(RB * PW) // NT)        # query pairs (of one row)
+    assert PW % LK == 0 and PW % LQ == 0, "a thread's pairs a step lie in one row"
+    CP = 16 * mt * warps            # channels a pass of p @ c_kv
+    VS = NT // CP                   # threads a channel: each stages key pairs kv0, kv0 + VS, ..
+    assert NT % CP == 0 and 8 % VS == 0, "the block's threads tile a step's 8 key pairs exactly"
+    LV = 8 // VS
+    NB = RB // 8                    # mma n tiles (rows) of p @ c_kv
+    VROW = 12                       # words a staged latent row: 8 key pairs + 4 of padding
+    TPR = NT // RB                  # softmax threads a row
+    KT = -(-KP // TPR)
+    SROW = KP + 1
+    STAGE = max(2 * KP * ROW, 2 * CP * VROW)    # the keys' staging (scores), then the latents' (p @ c_kv)
+    ONE = 0x3F803F80                # two bf16 1.0
+    shared = 4 * (STAGE + 2 * RB * ROW + RB * SROW + KP + NT + RB)
+    assert shared <= _SHARED_BYTES, f"the fused MLA block needs {shared} bytes of shared memory"
+    TAIL = bool(tail)
+
+    @cached
+    @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(NT, blocks)))
+    def kernel(q_lat, q_pe, c_kv, k_pe, vis_bits, meta, seqs, scale, n_heads, m_part, o_part, l_part):
+        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        C, R = c_kv.shape[2], k_pe.shape[2]
+        D = C + R
+        H = n_heads
+        k = nonneg(cuda.blockIdx.x)
+        row0, t, s0, slot = _sequence(meta, seqs, cuda.blockIdx.z)
+        j0 = int32(k * KEY_CHUNK)
+        shared_keys = j0 + KEY_CHUNK <= s0              # the chunk is the same for every token
+        tid = nonneg(cuda.threadIdx.x)
+        if TAIL:
+            HT = (H + RB - 1) // RB
+            ti = nonneg(cuda.blockIdx.y) // HT
+            if ti >= t or shared_keys:
+                return                                  # the whole block leaves
+            i = row0 + ti                               # the token's query (mask) row
+            r0 = ti * H + (nonneg(cuda.blockIdx.y) - ti * HT) * RB
+            r_end = min(r0 + RB, ti * H + H)
+            n_vis = _visible_count(vis_bits, i, s0)
+            if j0 >= n_vis:                             # past the token's keys
+                for r in range(r0 + tid, r_end, NT):
+                    m_part[row0 * H + r, k] = -math.inf
+                return
+            j_end = min(j0 + KEY_CHUNK, n_vis)
+        else:
+            r0 = nonneg(cuda.blockIdx.y) * RB
+            if not shared_keys or r0 >= t * H:
+                return
+            r_end = min(r0 + RB, t * H)
+            i = row0
+            j_end = j0 + KEY_CHUNK
+        n_keys = j_end - j0
+        warp = tid // 32
+        lane = tid % 32
+        g = lane // 4
+        q4 = lane % 4
+        pos_sh = cuda.shared.array(KP, int32)           # the chunk's cache positions (-1 past its end)
+        stage = cuda.shared.array(STAGE, uint32)        # [buffer, key, channel pair], then [buffer, channel, key pair]
+        q_sh = cuda.shared.array((2, RB, ROW), uint32)  # [buffer, row, channel pair]
+        s_sh = cuda.shared.array((RB, SROW), float32)   # the rows' scores, then p
+        red = cuda.shared.array(NT, float32)
+        m_sh = cuda.shared.array(RB, float32)
+        for jj in range(tid, KP, NT):
+            pos_sh[jj] = _chunk_position(vis_bits, i, j0 + jj, s0, j_end)
+
+        # 1. the scores (``_mla_scores_mma_kernel``'s arithmetic over the chunk's keys)
+        kw = (warp % WN) * (16 * MS)
+        rw = (warp // WN) * (8 * NS)
+        busy = kw < n_keys and r0 + rw < r_end          # warp-uniform: mma needs all its lanes
+        total = cuda.local.array((MS, NS, 4), float32)
+        part = cuda.local.array((MS, NS, 4), float32)
+        a = cuda.local.array((MS, 4), uint32)
+        b = cuda.local.array((NS, 2), uint32)
+        k_lo = cuda.local.array(LK, float32)
+        k_hi = cuda.local.array(LK, float32)
+        q_lo = cuda.local.array(LQ, float32)
+        q_hi = cuda.local.array(LQ, float32)
+        kt, qt = tid // (PW // LK), tid // (PW // LQ)
+        kp, qp = LK * (tid % (PW // LK)), LQ * (tid % (PW // LQ))
+        r = r0 + qt
+        row_ok = qt < RB and r < r_end
+        r = min(r, r_end - 1)
+        qi = nonneg(row0 + r // H)
+        qh = nonneg(r - (r // H) * H)
+        lat = c_kv[slot]
+        rope = k_pe[slot]
+        for m in range(MS):
+            for n in range(NS):
+                for c in range(4):
+                    total[m, n, c] = float32(0.0)
+                    part[m, n, c] = float32(0.0)
+        cuda.syncthreads()                              # the positions are in
+        key = pos_sh[min(kt, KP - 1)]
+        key_ok = kt < KP and key >= 0
+        key = nonneg(max(key, 0))                       # clamped into the cache; its pairs are zeroed
+        n_steps = (D + KS - 1) // KS
+        for st in range(-1, n_steps):
+            d0 = (st + 1) * KS
+            if st + 1 < n_steps and d0 + KS <= C:
+                kc = nonneg(d0 + 2 * kp)
+                qc = nonneg(qh * C + d0 + 2 * qp)
+                for j in range(LK):
+                    k_lo[j] = lat[key, kc + 2 * j]
+                    k_hi[j] = lat[key, kc + 2 * j + 1]
+                for j in range(LQ):
+                    q_lo[j] = q_lat[qi, qc + 2 * j]
+                    q_hi[j] = q_lat[qi, qc + 2 * j + 1]
+            elif st + 1 < n_steps and d0 >= C and d0 + KS <= D:
+                kc = nonneg(d0 - C + 2 * kp)
+                qc = nonneg(qh * R + d0 - C + 2 * qp)
+                for j in range(LK):
+                    k_lo[j] = rope[key, kc + 2 * j]
+                    k_hi[j] = rope[key, kc + 2 * j + 1]
+                for j in range(LQ):
+                    q_lo[j] = q_pe[qi, qc + 2 * j]
+                    q_hi[j] = q_pe[qi, qc + 2 * j + 1]
+            elif st + 1 < n_steps:
+                for j in range(LK):
+                    k_lo[j], k_hi[j] = _key_floats(c_kv, k_pe, slot, key, d0 + 2 * (kp + j), C, D)
+                for j in range(LQ):
+                    q_lo[j], q_hi[j] = _query_floats(q_lat, q_pe, qi, qh, d0 + 2 * (qp + j), C, R, D)
+            if st >= 0 and busy:
+                cur = st & 1
+                for kk in range(KS // 16):
+                    k0 = st * KS + 16 * kk
+                    if k0 < D:
+                        if k0 % KC == 0:
+                            for m in range(MS):
+                                for n in range(NS):
+                                    for c in range(4):
+                                        part[m, n, c] = float32(0.0)
+                        w = 8 * kk + q4
+                        for m in range(MS):
+                            kr = (cur * KP + kw + 16 * m + g) * ROW + w
+                            a[m, 0] = stage[kr]
+                            a[m, 1] = stage[kr + 8 * ROW]
+                            a[m, 2] = stage[kr + 4]
+                            a[m, 3] = stage[kr + 8 * ROW + 4]
+                        for n in range(NS):
+                            qr = rw + 8 * n + g
+                            b[n, 0] = q_sh[cur, qr, w]
+                            b[n, 1] = q_sh[cur, qr, w + 4]
+                        for m in range(MS):
+                            for n in range(NS):
+                                d0_, d1, d2, d3 = mma_bf16(a[m, 0], a[m, 1], a[m, 2], a[m, 3], b[n, 0], b[n, 1],
+                                                           part[m, n, 0], part[m, n, 1], part[m, n, 2],
+                                                           part[m, n, 3])
+                                part[m, n, 0] = d0_
+                                part[m, n, 1] = d1
+                                part[m, n, 2] = d2
+                                part[m, n, 3] = d3
+                        if (k0 + 16) % KC == 0 or k0 + 16 >= D:
+                            for m in range(MS):
+                                for n in range(NS):
+                                    for c in range(4):
+                                        total[m, n, c] = total[m, n, c] + part[m, n, c]
+            if st + 1 < n_steps:
+                nxt = (st + 1) & 1
+                if kt < KP:
+                    for j in range(LK):
+                        stage[(nxt * KP + kt) * ROW + kp + j] = (pack_bf16x2(k_lo[j], k_hi[j]) if key_ok
+                                                                 else uint32(0))
+                if row_ok:
+                    for j in range(LQ):
+                        q_sh[nxt, qt, qp + j] = pack_bf16x2(q_lo[j], q_hi[j])
+                elif qt < RB:
+                    for j in range(LQ):
+                        q_sh[nxt, qt, qp + j] = uint32(0)
+            cuda.syncthreads()  # the next tiles are in; every warp is done with this step's
+        for m in range(MS):
+            for n in range(NS):
+                for c in range(4):
+                    kk = kw + 16 * m + g + 8 * (c // 2)         # D's row: the key
+                    rr = rw + 8 * n + 2 * q4 + (c % 2)          # D's column: the row
+                    s_sh[rr, kk] = total[m, n, c] * scale if kk < n_keys else float32(-math.inf)
+        cuda.syncthreads()
+
+        # 2. the softmax (``_mla_softmax_kernel``'s: the max is exact in any order)
+        rr = tid // TPR
+        lr = tid - rr * TPR
+        mx = float32(-math.inf)
+        for u in range(KT):
+            kk = lr + TPR * u
+            if kk < KP:
+                mx = max(mx, s_sh[rr, kk])
+        red[tid] = mx
+        cuda.syncthreads()
+        if lr == 0:
+            for e in range(1, TPR):
+                mx = max(mx, red[tid + e])
+            m_sh[rr] = mx
+            if r0 + rr < r_end:
+                m_part[row0 * H + r0 + rr, k] = mx
+        cuda.syncthreads()
+        mx = m_sh[rr]
+        for u in range(KT):
+            kk = lr + TPR * u
+            if kk < KP:
+                s_sh[rr, kk] = math.exp(s_sh[rr, kk] - mx) if kk < n_keys else float32(0.0)
+        cuda.syncthreads()
+
+        # 3. p @ c_kv (``_mla_pv_mma_kernel``'s arithmetic) in passes of CP channels
+        wc = warp * (16 * mt)
+        kv0 = int32(tid // CP)
+        acc = cuda.local.array((mt, NB, 4), float32)
+        lsum = cuda.local.array((NB, 4), float32)
+        av = cuda.local.array((mt, 4), uint32)
+        v_lo = cuda.local.array(LV, float32)
+        v_hi = cuda.local.array(LV, float32)
+        for n in range(NB):
+            for c in range(4):
+                lsum[n, c] = float32(0.0)
+        a_one = uint32(ONE) if g == 0 else uint32(0)
+        n_pv = (n_keys + 15) // 16
+        for c0 in range(0, C, CP):
+            for m in range(mt):
+                for n in range(NB):
+                    for c in range(4):
+                        acc[m, n, c] = float32(0.0)
+            v_live = c0 + tid % CP < C
+            vch = uint32(min(c0 + tid % CP, C - 1))
+            busy_v = c0 + wc < C
+            sums = warp == 0 and c0 == 0
+            for st in range(-1, n_pv):
+                if st + 1 < n_pv:                       # the next step's latent pairs, in flight
+                    j1 = int32(16 * (st + 1))
+                    for u in range(LV):
+                        jj = uint32(j1 + 2 * (kv0 + VS * u))
+                        pa = pos_sh[jj]
+                        pb = pos_sh[jj + 1]
+                        lo = lat[uint32(max(pa, 0)), vch]
+                        hi = lat[uint32(max(pb, 0)), vch]
+                        v_lo[u] = lo if v_live & (pa >= 0) else float32(0.0)
+                        v_hi[u] = hi if v_live & (pb >= 0) else float32(0.0)
+                if st >= 0 and busy_v:
+                    cur = st & 1
+                    for m in range(mt):
+                        cr = (cur * CP + wc + 16 * m + g) * VROW + q4
+                        av[m, 0] = stage[cr]
+                        av[m, 1] = stage[cr + 8 * VROW]
+                        av[m, 2] = stage[cr + 4]
+                        av[m, 3] = stage[cr + 8 * VROW + 4]
+                    ks = 16 * st + 2 * q4
+                    for n in range(NB):
+                        pr = 8 * n + g
+                        b0 = pack_bf16x2(s_sh[pr, ks], s_sh[pr, ks + 1])
+                        b1 = pack_bf16x2(s_sh[pr, ks + 8], s_sh[pr, ks + 9])
+                        for m in range(mt):
+                            d0_, d1, d2, d3 = mma_bf16(av[m, 0], av[m, 1], av[m, 2], av[m, 3], b0, b1,
+                                                       acc[m, n, 0], acc[m, n, 1], acc[m, n, 2], acc[m, n, 3])
+                            acc[m, n, 0] = d0_
+                            acc[m, n, 1] = d1
+                            acc[m, n, 2] = d2
+                            acc[m, n, 3] = d3
+                        if sums:
+                            e0, e1, e2, e3 = mma_bf16(a_one, uint32(0), a_one, uint32(0), b0, b1,
+                                                      lsum[n, 0], lsum[n, 1], lsum[n, 2], lsum[n, 3])
+                            lsum[n, 0] = e0
+                            lsum[n, 1] = e1
+                            lsum[n, 2] = e2
+                            lsum[n, 3] = e3
+                if st + 1 < n_pv:
+                    nxt = (st + 1) & 1
+                    for u in range(LV):
+                        stage[(nxt * CP + tid % CP) * VROW + kv0 + VS * u] = pack_bf16x2(v_lo[u], v_hi[u])
+                cuda.syncthreads()  # the next tiles are in; every warp is done with this step's
+            if busy_v:
+                for m in range(mt):
+                    for n in range(NB):
+                        for c in range(4):
+                            ch = c0 + wc + 16 * m + g + 8 * (c // 2)    # D's row: the channel
+                            rr = 8 * n + 2 * q4 + (c % 2)               # D's column: the row
+                            if ch < C and r0 + rr < r_end:
+                                o_part[k, row0 * H + r0 + rr, ch] = acc[m, n, c]
+            if sums and g == 0:
+                for n in range(NB):
+                    for c in range(2):
+                        rr = 8 * n + 2 * q4 + c
+                        if r0 + rr < r_end:
+                            l_part[k, row0 * H + r0 + rr] = lsum[n, c]
+
+    return kernel
+
+
 @functools.lru_cache(maxsize=None)
 def _mla_combine_kernel(threads, per_thread):
     """out_lat[row0 + i, h*C + c] = (sum_k w_k o_part[k, g, c]) / (sum_k w_k l_part[k, g]), w_k
@@ -1211,16 +1556,35 @@ def _mla_launches(q_lat, q_pe, c_kv, k_pe, out_lat, *, vis_bits, meta, scale, sc
                                     seqs, H, scratch.o_part, scratch.l_part))
               for name, chunks, tokens in parts]
     per_thread = _combine_channels(C)
+    combine = ("combine", lambda: _mla_combine_kernel(COMBINE_THREADS, per_thread)[
+        (ceil_div(C, COMBINE_THREADS * per_thread), tq * H, n_seq), COMBINE_THREADS, stream](
+        scratch.o_part, scratch.l_part, scratch.m_part, meta, seqs, H, out_lat))
+    if _fused(C, precision):
+        args = (q_lat, q_pe, c_kv, k_pe, vis_bits, meta, seqs, scale, H, scratch.m_part, scratch.o_part,
+                scratch.l_part)
+        w_p, rb_p = _FUSED_PREFIX[:2]
+        w_t, rb_t = _FUSED_TAIL[:2]
+        prefix = _mla_fused_kernel(*_FUSED_PREFIX, False)
+        tail = _mla_fused_kernel(*_FUSED_TAIL, True)
+        return [
+            ("fused prefix", lambda: prefix[(nch, ceil_div(tq * H, rb_p), n_seq), 32 * w_p, stream](*args)),
+            ("fused tail", lambda: tail[(nch, tq * ceil_div(H, rb_t), n_seq), 32 * w_t, stream](*args)),
+            combine,
+        ]
     return [
         ("scores", lambda: scores_kernel[scores_grid, scores_block, stream](
             q_lat, q_pe, c_kv, k_pe, vis_bits, meta, seqs, scale, scores)),
         ("softmax", lambda: _mla_softmax_kernel(THREADS, _softmax_lanes(tq * n_seq))[(nch, tq, n_seq), THREADS, stream](
             scores, vis_bits, meta, seqs, H, scratch.m_part, scratch.bounds)),
         *pv,
-        ("combine", lambda: _mla_combine_kernel(COMBINE_THREADS, per_thread)[
-            (ceil_div(C, COMBINE_THREADS * per_thread), tq * H, n_seq), COMBINE_THREADS, stream](
-            scratch.o_part, scratch.l_part, scratch.m_part, meta, seqs, H, out_lat)),
+        combine,
     ]
+
+
+def _fused(C: int, precision) -> bool:
+    """Whether a forward of latent width C in ``precision`` takes the fused kernel (``MLA_FUSED``):
+    where both the scores and p @ c_kv run on tensor cores, whose bits it keeps."""
+    return MLA_FUSED and MMA_SCORES and MMA_PV and precision != "fp32" and C >= MMA_PV_LATENT
 
 
 def _softmax_lanes(tokens: int) -> int:
