@@ -12,7 +12,8 @@ is the batched round's graph; one in the prefill column is the batched prefill.
 ``--kernels single|batch``: instead, one ddtree round's graph of that loop (``batch``: of ``--batch``
 prompts) replayed under the CUDA profiler API (run it under ``ncu --profile-from-start off
 --graph-profiling node --metrics gpu__time_duration.sum --csv``), for ``tools/ncu_summary.py``.
-``--profile``: instead, the host's time in each function (cProfile, cumulative) over a pass of
+``--kernels prefill``: ``generate``'s prefill of the first prompt (its graph and the launches
+after it). ``--profile``: instead, the host's time in each function (cProfile, cumulative) over a pass of
 ``generate`` and one of ``generate_batch`` of one prompt, ddtree, after the warm-up.
 """
 
@@ -30,7 +31,7 @@ def main():
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--kernels", choices=("single", "batch"))
+    ap.add_argument("--kernels", choices=("single", "batch", "prefill"))
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
 
@@ -48,15 +49,22 @@ def main():
         p = prompts[0]
         stream = cuda.stream()
         for _ in range(2):                       # compiles, captures the round (and the prefill's graph)
-            if args.kernels == "single":
+            if args.kernels in ("single", "prefill"):
                 dd.generate(target, drafter, p, args.new, budget=b, graph=True)
             else:
                 dd.generate_batch(target, drafter, prompts[:args.batch], args.new, budget=b, graph=True)
-        if args.kernels == "single":
+        if args.kernels in ("single", "prefill"):
             from ddtree_numba.decode.device import rounds_for
             n = len(p)
             dr = rounds_for(target, drafter, "ddtree", b, b, n + args.new + b + 1, max(n, b + 1), keep=True)
+            if args.kernels == "prefill":
+                cuda.synchronize()
+                cuda.profile_start()
             dr.prefill(p, n + args.new + b + 1, 0.0, 0, True, stream)
+            if args.kernels == "prefill":
+                cuda.synchronize()
+                cuda.profile_stop()
+                return
             (_, exe), = dr.graphs[True][1]
         else:
             from ddtree_numba.decode.device_batch import _BATCH_ROUNDS
