@@ -463,23 +463,28 @@ def test_mma_pv_within_the_twins_bound_chunk_by_chunk(rng, monkeypatch, h, c, ti
     assert chunks >= 2 * t                                # every token's keys span several chunks
 
 
-def test_fused_kernel_has_the_bits_of_the_three_launches(rng, monkeypatch):
+@pytest.mark.parametrize("h,tail_rows", [(3, None), (9, 8)])
+def test_fused_kernel_has_the_bits_of_the_three_launches(rng, monkeypatch, h, tail_rows):
     """``MLA_FUSED``: the scores, softmax and p @ c_kv of a chunk in one block (a launch over the
     chunks wholly in the cached prefix, several tokens' rows a block, and one over the rest, a
     token a block) give every output, and every chunk's m, l and o, the bits of
     ``_mla_scores_mma_kernel`` -> ``_mla_softmax_kernel`` -> ``_mla_pv_mma_kernel``. Three
     sequences of a pool: a causal step, two trees, one with more prefix chunks than the others;
-    3 heads (a block's rows cross tokens) and 20 + 6 channels (staging steps across C and past D,
-    a partial pass of p @ c_kv)."""
+    3 heads (a block's rows cross tokens), or 9 over tail blocks of 8 rows (a token's heads over two
+    blocks), and 20 + 6 channels (staging steps across C and past D, a partial pass of p @ c_kv)."""
     import importlib
     mla = importlib.import_module("ddtree_numba.kernels.mla")
     monkeypatch.setattr(mla, "MMA_SCORES", True)
     monkeypatch.setattr(mla, "MMA_PV", True)
     monkeypatch.setattr(mla, "MMA_PV_LATENT", 1)            # the test's latent is narrow
+    if tail_rows is not None:
+        monkeypatch.setattr(mla, "_FUSED_TAIL", (1, tail_rows, 1, 1))
     kc = mla.KEY_CHUNK
-    h, c, r, cap = 3, 20, 6, 3 * kc + 10
+    c, r, cap = 20, 6, 3 * kc + 10
     layout = [(2, kc + 1, None), (6, 2 * kc + 2, "random"), (5, 3, "build")]   # (t, s0, tree)
-    slots = [1, 2, 0]
+    if tail_rows is not None:
+        layout = layout[1:2]
+    slots = [1, 2, 0][:len(layout)]
     pool_ckv = rng.standard_normal((3, cap, c)).astype(np.float32)        # [slots, S_cap, C]
     pool_kpe = rng.standard_normal((3, cap, r)).astype(np.float32)
     total = sum(t for t, _, _ in layout)
