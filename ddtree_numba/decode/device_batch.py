@@ -198,10 +198,13 @@ class BatchDeviceRound:
         self.host_reports = tuple(cuda.pinned_array(self.report.shape, np.int32) for _ in range(2))
         self.host_offsets = tuple(cuda.pinned_array(self.launch.offsets.shape, np.int32) for _ in range(2))
         self.seed = cuda.device_array(1, np.uint64)
+        self.first_seed = cuda.device_array(1, np.uint64)      # the prefill's draw: round_seed(seed, 0)
+        self.report_head = self.report[0]                      # slot 0's row: the batch's flags (column 3)
         self.round_seeds = cuda.device_array(S, np.uint64)
         self.graph = None
         self.generations = 0                 # prefills so far (the drafter caches reset from the second)
         self.prompt_layouts = set()          # the prompt lengths of the prefills so far
+        self.prefill_views = {}              # (layout, workspace) -> the prefill's per-slot views (``_slot_views``)
         self.held = ()                       # scratch the graph points at
         self.dcaches, self.dpool, self.level_scratch = [], None, None
         # one drafter forward for every slot where the drafter has it (a pool of context caches,
@@ -272,24 +275,41 @@ class BatchDeviceRound:
                                    stream=stream)
         self.live.copy_to_device(np.ones(S, np.int32), stream=stream)
         self.seed.copy_to_device(np.array([seed], np.uint64), stream=stream)
-        self.report[0, 3:4].copy_to_device(np.zeros(1, np.int32), stream=stream)
+        self.report_head[3:4].copy_to_device(np.zeros(1, np.int32), stream=stream)
         _nonfinite_kernel[(ceil_div(ws.rows, 4), ceil_div(ws.logits.shape[1], 64), 1), (4, 64), stream](
-            ws.logits, ws.n_rows, TARGET_BIT, ws.logits, ws.n_rows, TARGET_BIT, self.report[0])
-        first = round_seed(seed, 0)
+            ws.logits, ws.n_rows, TARGET_BIT, ws.logits, ws.n_rows, TARGET_BIT, self.report_head)
+        self.first_seed.copy_to_device(np.array([round_seed(seed, 0)], np.uint64), stream=stream)
         if self.method != "ar":
             self.n_ctx.copy_to_device(lens, stream=stream)
-        for z in range(S):
-            r1 = int(rows[z + 1])
-            kn.sample_post(ws.logits[r1 - 1:r1], self.temperature, first, out=self.bonus[z:z + 1], stream=stream)
-            if self.method != "ar":             # its prompt's rows: the drafter's first context rows
-                p, f0 = int(lens[z]), (int(rows[z]) if self.packed else z * self.F)
-                grid = (p, ceil_div(self.features.shape[1], THREADS))
-                _gather_features_kernel[grid, (1, THREADS), stream](ws.hidden[:, int(rows[z]):r1], self.layer_ids,
-                                                                    self.rows_in_order, self.n_ctx[z:z + 1],
-                                                                    self.features[f0:f0 + p])
+        for last, bonus, gather in self._slot_views(layout, ws, rows):
+            kn.sample_post(last, self.temperature, 0, out=bonus, seed_device=self.first_seed, stream=stream)
+            if gather is not None:              # its prompt's rows: the drafter's first context rows
+                grid, hidden, n_ctx, features = gather
+                _gather_features_kernel[grid, (1, THREADS), stream](hidden, self.layer_ids, self.rows_in_order, n_ctx,
+                                                                    features)
         bonus = self.bonus.copy_to_host(stream=stream)
-        _check_finite(self.report[0], "the prefill", stream)
+        _check_finite(self.report_head, "the prefill", stream)
         return bonus
+
+    def _slot_views(self, layout: tuple, ws, rows) -> list:
+        """Per slot z of a prefill of prompt lengths ``layout`` in workspace ``ws`` (rows[z] ..
+        rows[z + 1] its prompt's rows): (its last logits row, its bonus, None for ``ar`` else
+        (the gather's grid, its hidden rows, its context count, its feature rows)). Made once a
+        (layout, workspace) and kept: a device array's slice costs the host ~0.1 ms, a prefill
+        of S slots 5 S of them."""
+        key = (layout, id(ws))
+        if key not in self.prefill_views:
+            views = []
+            for z, p in enumerate(layout):
+                r0, r1 = int(rows[z]), int(rows[z + 1])
+                gather = None
+                if self.method != "ar":
+                    f0 = r0 if self.packed else z * self.F
+                    gather = ((p, ceil_div(self.features.shape[1], THREADS)), ws.hidden[:, r0:r1],
+                              self.n_ctx[z:z + 1], self.features[f0:f0 + p])
+                views.append((ws.logits[r1 - 1:r1], self.bonus[z:z + 1], gather))
+            self.prefill_views[key] = (ws, views)     # (the workspace held: its id stays its own)
+        return self.prefill_views[key][1]
 
     def enqueue_round(self, stream) -> None:
         """One round of every slot, every size read from the device (capturable)."""
@@ -328,7 +348,7 @@ class BatchDeviceRound:
         else:
             second = (self.lp.reshape(S * self.lp.shape[1], self.K), self.draft_rows, DRAFTER_BIT)
         grid = (ceil_div(max(self.rows, second[0].shape[0]), 4), ceil_div(max(ws.logits.shape[1], self.K), 64), 2)
-        _nonfinite_kernel[grid, (4, 64), stream](ws.logits, ws.n_rows, TARGET_BIT, *second, self.report[0])
+        _nonfinite_kernel[grid, (4, 64), stream](ws.logits, ws.n_rows, TARGET_BIT, *second, self.report_head)
         kn.sample_post(ws.logits[:self.rows], self.temperature, 0, out=self.post[:self.rows],
                        seed_device=self.round_seeds, seqs=self.seqs, stream=stream)
         kn.follow_trees(tb, self.post, self.seqs, out=(self.keep, self.info), stream=stream)
