@@ -171,11 +171,6 @@ SIGNATURES = {
          f"void({F32_2}, {cache}, {U32_2}, {I32_1}, {I32_2}, int64, float32[:, :, ::1], {F32_2})")
         for tokens, chunks in ((1, "all"), (kernels_pkg.mla._MMA_PV_TOKENS, "prefix"), (1, "tail"))
         for cache in ("float32[:, :, ::1]", "float32[:, :, :]")],
-    "mla._mla_fused_kernel": [   # the H200's blocks (MLA_FUSED, off): the prefix launch, the tail launch (a pool's)
-        ((*tile, tail), f"void({F32_2}, {F32_2}, {cache}, {cache}, {U32_2}, {I32_1}, {I32_2}, float32, int64, "
-                        f"{F32_2}, float32[:, :, ::1], {F32_2})")
-        for tile, tail, cache in ((kernels_pkg.mla._FUSED_PREFIX, False, "float32[:, :, ::1]"),
-                                  (kernels_pkg.mla._FUSED_TAIL, True, "float32[:, :, :]"))],
     "mla._mla_combine_kernel": [((128, v), f"void(float32[:, :, ::1], {F32_2}, {F32_2}, {I32_1}, {I32_2}, int64, {F32_2})") for v in (1, 4)],
     # (..., has_blk, has_mask, fuse): the merge by the splits' last block (fuse), or its own launch
     "gqa._gqa_split_kernel": [
@@ -225,7 +220,7 @@ def variants(name, mod, obj):
 # Instructions a kernel's PTX must hold: the tensor-core intrinsics (kernels/_mma.py) really emitted.
 INSTRUCTIONS = {name: ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "cvt.rn.bf16x2.f32")
                 for name in ("linear._mma_kernel", "linear._staged_kernel", "mla._mla_scores_mma_kernel",
-                             "mla._mla_pv_mma_kernel", "mla._mla_fused_kernel")}
+                             "mla._mla_pv_mma_kernel")}
 
 
 class _H200:

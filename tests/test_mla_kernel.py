@@ -426,7 +426,6 @@ def test_mma_pv_within_the_twins_bound_chunk_by_chunk(rng, monkeypatch, h, c, ti
     mla = importlib.import_module("ddtree_numba.kernels.mla")
     monkeypatch.setattr(mla, "MMA_PV", True)
     monkeypatch.setattr(mla, "MMA_PV_LATENT", 1)            # the test's latent is narrow
-    monkeypatch.setattr(mla, "MLA_FUSED", False)            # the launches one by one
     if tile is not None:
         monkeypatch.setattr(mla, "_MMA_PV_TILE", tile)
     r, t = 4, 9
@@ -461,72 +460,6 @@ def test_mma_pv_within_the_twins_bound_chunk_by_chunk(rng, monkeypatch, h, c, ti
             assert (np.abs(l_part[k, rows] - l) <= lb).all(), (i, k)
             chunks += 1
     assert chunks >= 2 * t                                # every token's keys span several chunks
-
-
-@pytest.mark.parametrize("h,tail_rows", [(3, None), (9, 8)])
-def test_fused_kernel_has_the_bits_of_the_three_launches(rng, monkeypatch, h, tail_rows):
-    """``MLA_FUSED``: the scores, softmax and p @ c_kv of a chunk in one block (a launch over the
-    chunks wholly in the cached prefix, several tokens' rows a block, and one over the rest, a
-    token a block) give every output, and every chunk's m, l and o, the bits of
-    ``_mla_scores_mma_kernel`` -> ``_mla_softmax_kernel`` -> ``_mla_pv_mma_kernel``. Three
-    sequences of a pool: a causal step, two trees, one with more prefix chunks than the others;
-    3 heads (a block's rows cross tokens), or 9 over tail blocks of 8 rows (a token's heads over two
-    blocks), and 20 + 6 channels (staging steps across C and past D, a partial pass of p @ c_kv)."""
-    import importlib
-    mla = importlib.import_module("ddtree_numba.kernels.mla")
-    monkeypatch.setattr(mla, "MMA_SCORES", True)
-    monkeypatch.setattr(mla, "MMA_PV", True)
-    monkeypatch.setattr(mla, "MMA_PV_LATENT", 1)            # the test's latent is narrow
-    if tail_rows is not None:
-        monkeypatch.setattr(mla, "_FUSED_TAIL", (1, tail_rows, 1, 1))
-    kc = mla.KEY_CHUNK
-    c, r, cap = 20, 6, 3 * kc + 10
-    layout = [(2, kc + 1, None), (6, 2 * kc + 2, "random"), (5, 3, "build")]   # (t, s0, tree)
-    if tail_rows is not None:
-        layout = layout[1:2]
-    slots = [1, 2, 0][:len(layout)]
-    pool_ckv = rng.standard_normal((3, cap, c)).astype(np.float32)        # [slots, S_cap, C]
-    pool_kpe = rng.standard_normal((3, cap, r)).astype(np.float32)
-    total = sum(t for t, _, _ in layout)
-    q_lat, q_pe, _, _ = core_inputs(rng, total, 1, h, c, r)
-    bits = np.zeros((total, 1), np.uint32)
-    seqs, row0 = [], 0
-    for (t, s0, tree), slot in zip(layout, slots):
-        parents = {None: lambda: np.arange(-1, t - 1, dtype=np.int32), "random": lambda: random_parents(rng, t),
-                   "build": lambda: tree_from_build(rng, t)}[tree]()
-        bits[row0:row0 + t] = ref.visibility_bits(parents)
-        seqs.append((s0, t, row0, slot))
-        row0 += t
-    vis = []                                                # each row's visible key count
-    for s0, t, row0, _ in seqs:
-        vis += [s0 + int(bin(int(bits[row0 + i, 0])).count("1")) for i in range(t)]
-
-    def run(fused):
-        monkeypatch.setattr(mla, "MLA_FUSED", fused)
-        scratch = MLAScratch(total, h, cap, c)
-        for part in (scratch.m_part, scratch.l_part, scratch.o_part):
-            part.copy_to_device(np.full(part.shape, np.nan, np.float32))
-        out = cuda.to_device(np.full((total, h * c), np.nan, np.float32))
-        names = [name for name, go in mla._mla_launches(
-            cuda.to_device(q_lat), cuda.to_device(q_pe), cuda.to_device(pool_ckv), cuda.to_device(pool_kpe), out,
-            vis_bits=cuda.to_device(bits), meta=cuda.to_device(np.zeros(2, np.int32)), scale=0.7, scratch=scratch,
-            seqs=cuda.to_device(np.array(seqs, np.int32)), max_rows=max(t for t, _, _ in layout)) if go() or True]
-        return names, out.copy_to_host(), scratch.m_part.copy_to_host(), scratch.l_part.copy_to_host(), \
-            scratch.o_part.copy_to_host()
-
-    names, out, m, l, o = run(True)
-    assert names == ["fused prefix", "fused tail", "combine"], names
-    names_3, out_3, m_3, l_3, o_3 = run(False)
-    assert "scores" in names_3
-    assert np.isfinite(out).all()
-    np.testing.assert_array_equal(bits_of(out), bits_of(out_3))
-    for i in range(total):
-        live = -(-vis[i] // kc)                             # chunks with keys
-        rows = i * h + np.arange(h)
-        np.testing.assert_array_equal(bits_of(m[rows, :live]), bits_of(m_3[rows, :live]), err_msg=f"m, row {i}")
-        assert (m[rows, live:] == -np.inf).all(), f"row {i}: a chunk past its keys is not -inf"
-        np.testing.assert_array_equal(bits_of(l[:live, rows]), bits_of(l_3[:live, rows]), err_msg=f"l, row {i}")
-        np.testing.assert_array_equal(bits_of(o[:live, rows]), bits_of(o_3[:live, rows]), err_msg=f"o, row {i}")
 
 
 def test_visible_scans_over_many_mask_words(rng):

@@ -2,16 +2,17 @@
 the demo pair's held-out prompts, each decoded alone by both, every round one CUDA graph.
 
 Usage (a GPU machine): python tools/batch_gap.py [--budget 16] [--new 128] [--prompts 8] [--batch 8]
-    [--kernels single|batch]
+    [--kernels batch|prefill] [--profile]
 
 Prints, per method (ar, ddtree at ``--budget``) and per loop (``generate``; ``generate_batch`` of
 one prompt; ``generate_batch`` of ``--batch`` prompts at once): tokens/s over the prompts, the
 wall time a call spends before its first round (the prefill, with its sync) and a round's wall
 time (the rounds' span over their count), after two warm-up passes. A gap in the round column
 is the batched round's graph; one in the prefill column is the batched prefill.
-``--kernels single|batch``: instead, one ddtree round's graph of that loop (``batch``: of ``--batch``
-prompts) replayed under the CUDA profiler API (run it under ``ncu --profile-from-start off
---graph-profiling node --metrics gpu__time_duration.sum --csv``), for ``tools/ncu_summary.py``.
+``--kernels batch``: instead, one batched ddtree round's graph (``--batch`` prompts, its first
+round after their prefill) replayed under the CUDA profiler API (run it under ``ncu
+--profile-from-start off --graph-profiling node --metrics gpu__time_duration.sum --csv``), for
+``tools/ncu_summary.py``; ``generate``'s round: ``tools/profile_round.py --kernels``.
 ``--kernels prefill``: ``generate``'s prefill of the first prompt (its graph and the launches
 after it). ``--profile``: instead, the host's time in each function (cProfile, cumulative) over a pass of
 ``generate`` and one of ``generate_batch`` of one prompt, ddtree, after the warm-up.
@@ -31,7 +32,7 @@ def main():
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--kernels", choices=("single", "batch", "prefill"))
+    ap.add_argument("--kernels", choices=("batch", "prefill"))
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
 
@@ -49,34 +50,28 @@ def main():
         p = prompts[0]
         stream = cuda.stream()
         for _ in range(2):                       # compiles, captures the round (and the prefill's graph)
-            if args.kernels in ("single", "prefill"):
+            if args.kernels == "prefill":
                 dd.generate(target, drafter, p, args.new, budget=b, graph=True)
             else:
                 dd.generate_batch(target, drafter, prompts[:args.batch], args.new, budget=b, graph=True)
-        if args.kernels in ("single", "prefill"):
+        if args.kernels == "prefill":
             from ddtree_numba.decode.device import rounds_for
             n = len(p)
             dr = rounds_for(target, drafter, "ddtree", b, b, n + args.new + b + 1, max(n, b + 1), keep=True)
-            if args.kernels == "prefill":
-                cuda.synchronize()
-                cuda.profile_start()
+            cuda.synchronize()
+            cuda.profile_start()
             dr.prefill(p, n + args.new + b + 1, 0.0, 0, True, stream)
-            if args.kernels == "prefill":
-                cuda.synchronize()
-                cuda.profile_stop()
-                return
-            (_, exe), = dr.graphs[True][1]
-        else:
-            from ddtree_numba.decode.device_batch import _BATCH_ROUNDS
-            br = list(_BATCH_ROUNDS[target].values())[-1]
-            ps = prompts[:args.batch]
-            br.prefill(ps, [len(q) + args.new + b + 1 for q in ps], [len(q) + args.new for q in ps], set(), 0, True,
-                       stream)
-            br.live.copy_to_device(np.ones(len(ps), np.int32), stream=stream)
-            exe = br.graph
+            cuda.synchronize()
+            cuda.profile_stop()
+            return
+        from ddtree_numba.decode.device_batch import _BATCH_ROUNDS
+        br = list(_BATCH_ROUNDS[target].values())[-1]
+        ps = prompts[:args.batch]
+        br.prefill(ps, [len(q) + args.new + b + 1 for q in ps], [len(q) + args.new for q in ps], set(), 0, True, stream)
+        br.live.copy_to_device(np.ones(len(ps), np.int32), stream=stream)
         cuda.synchronize()
         cuda.profile_start()
-        replay_graph(exe, stream)
+        replay_graph(br.graph, stream)
         cuda.synchronize()
         cuda.profile_stop()
         return

@@ -88,10 +88,6 @@ def main():
                                       "(kernels.mla.SOFTMAX_LANES, overriding its table, and THREADS)")
     ap.add_argument("--mma-step", type=int, help="channels the tensor-core scores kernel stages a step")
     ap.add_argument("--mma-tile", help="wm,wn,mt,nt: the tensor-core scores kernel's tile (overrides kernels.mla._MMA_TILES)")
-    ap.add_argument("--fused", action="store_true",
-                    help="the scores, softmax and p @ c_kv of a chunk in one kernel (kernels.mla.MLA_FUSED on)")
-    ap.add_argument("--fused-prefix", help="warps,rows,mt,blocks: the fused prefix launch's block (kernels.mla._FUSED_PREFIX)")
-    ap.add_argument("--fused-tail", help="warps,rows,mt,blocks: the fused tail launch's block (kernels.mla._FUSED_TAIL)")
     args = ap.parse_args()
     import importlib
     mla_module = importlib.import_module("ddtree_numba.kernels.mla")
@@ -105,11 +101,6 @@ def main():
         mla_module._MMA_STEP = args.mma_step
     if args.mma_pv_tile:
         mla_module._MMA_PV_TILE = tuple(int(v) for v in args.mma_pv_tile.split(","))
-    mla_module.MLA_FUSED = mla_module.MLA_FUSED or args.fused
-    if args.fused_prefix:
-        mla_module._FUSED_PREFIX = tuple(int(v) for v in args.fused_prefix.split(","))
-    if args.fused_tail:
-        mla_module._FUSED_TAIL = tuple(int(v) for v in args.fused_tail.split(","))
     mla_module.MMA_SCORES = mla_module.MMA_SCORES and not args.fp32_scores
     mla_module.MMA_PV = mla_module.MMA_PV and not args.fp32_pv
     from tune_tiles import timed
