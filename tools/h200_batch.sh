@@ -9,11 +9,19 @@
 #    CUDA graph (a warm-up run each first): `ddtree-numba sweep --batch`, the README's table.
 # PART=check (~5 minutes): the batched round's GPU tests of tests/test_decode_cuda.py (the golden
 #    drafter's kept configuration: the prefill's graph from the second call), then step 2 above.
+# PART=gap (~4 minutes): the batched round's GPU tests (tests/test_decode_cuda.py -k batch), then
+#    tools/batch_gap.py: generate against generate_batch of one prompt and of eight (docs/NOTES.md
+#    Next 4; the table to hold it to in docs/PERFORMANCE.md).
 # PART=moonlight (~9 minutes): benchmarks/batch.py at the Moonlight-16B-A3B shape, whole batched
 #    rounds (results/batch.json, PERFORMANCE.md), then the verify alone at batch 16 in the same run.
 source tools/h200_env.sh
 {
-if [ "${PART:-demo}" != moonlight ]; then
+if [ "${PART:-demo}" = gap ]; then
+timeout $(left 200) python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_decode_cuda.py -k "batch" --tb=short \
+  2>&1 | grep -v Warn | tail -4
+echo "tests done $(( $(date +%s) - T0 ))"
+timeout $(left 420) python3 tools/batch_gap.py 2>&1 | grep -v Warn | tail -8
+elif [ "${PART:-demo}" != moonlight ]; then
 if [ "${PART:-demo}" = demo ]; then
 timeout $(left 200) python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_decode_cuda.py tests/test_compact.py \
   tests/test_accept.py tests/test_visibility.py tests/test_generate_batch.py --tb=short -k "batch or pool or compact or trees or side" \
