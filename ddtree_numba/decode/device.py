@@ -239,10 +239,13 @@ class DeviceRound:
         # two page-locked host copies of the report: the host reads one round's while the next
         # round, launched ahead, copies into the other
         self.host_reports = tuple(cuda.pinned_array(self.report.shape, np.int32) for _ in range(2))
-        self.state = i32(3)                  # (cache rows, round, rows allowed): the glue kernels'
-        self.budget = i32(1)                 # this round's tree budget
-        self.seed = cuda.device_array(1, np.uint64)         # the generation's seed
-        self.round_seed = cuda.device_array(1, np.uint64)   # this round's
+        # views of two arrays, so that a prefill sets each pair with one copy
+        self.state_budget = i32(4)
+        self.state = self.state_budget[0:3]  # (cache rows, round, rows allowed): the glue kernels'
+        self.budget = self.state_budget[3:4]  # this round's tree budget
+        self.seeds = cuda.device_array(2, np.uint64)
+        self.seed = self.seeds[0:1]          # the generation's seed
+        self.round_seed = self.seeds[1:2]    # this round's (the prefill's: round_seed(seed, 0))
         self.level_scratch = None            # the level build's, from LEVEL_BUILD_FROM nodes
         if method != "ar":
             L, V = drafter.block_size - 1, cfg.vocab_size
@@ -278,9 +281,9 @@ class DeviceRound:
         drafter's first context rows (enqueued; the caller syncs)."""
         target, p = self.target, prompt.shape[0]
         self.tcache.reset()
-        self.state.copy_to_device(np.array([p, 1, max_tokens], np.int32), stream=stream)   # round 1 next
-        self.budget.copy_to_device(np.array([max(0, min(self.cap, max_tokens - p - 1))], np.int32), stream=stream)
-        self.seed.copy_to_device(np.array([seed], np.uint64), stream=stream)
+        self.state_budget.copy_to_device(np.array([p, 1, max_tokens, max(0, min(self.cap, max_tokens - p - 1))],
+                                                  np.int32), stream=stream)      # round 1 next, its budget
+        self.seeds.copy_to_device(np.array([seed, round_seed(seed, 0)], np.uint64), stream=stream)
         wp = target.workspace(p)
         wp.ids.copy_to_device(np.pad(prompt, (0, wp.rows - p)).astype(np.int32), stream=stream)
         wp.positions.copy_to_device(np.arange(wp.rows, dtype=np.int32), stream=stream)
@@ -300,7 +303,8 @@ class DeviceRound:
             replay_graph(exe, stream)
         self.report[3:4].copy_to_device(np.zeros(1, np.int32), stream=stream)
         self.flag_nonfinite(wp.logits, wp.n_rows, TARGET_BIT, stream)
-        kn.sample_post(wp.logits[p - 1:p], temperature, round_seed(seed, 0), out=self.bonus, stream=stream)
+        kn.sample_post(wp.logits[p - 1:p], temperature, 0, out=self.bonus, seed_device=self.round_seed,
+                       stream=stream)
         if self.method != "ar":
             if self.generations:
                 self.dcache.reset()           # a kept configuration (a CudaDrafter's cache)
