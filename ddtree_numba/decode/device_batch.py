@@ -197,8 +197,9 @@ class BatchDeviceRound:
         # two of each: the host reads one round's while the next round's copy is queued
         self.host_reports = tuple(cuda.pinned_array(self.report.shape, np.int32) for _ in range(2))
         self.host_offsets = tuple(cuda.pinned_array(self.launch.offsets.shape, np.int32) for _ in range(2))
-        self.seed = cuda.device_array(1, np.uint64)
-        self.first_seed = cuda.device_array(1, np.uint64)      # the prefill's draw: round_seed(seed, 0)
+        self.seeds = cuda.device_array(2, np.uint64)           # views of one array: one copy a prefill
+        self.seed = self.seeds[0:1]                            # the generation's seed
+        self.first_seed = self.seeds[1:2]                      # the prefill's draw: round_seed(seed, 0)
         self.report_head = self.report[0]                      # slot 0's row: the batch's flags (column 3)
         self.round_seeds = cuda.device_array(S, np.uint64)
         self.graph = None
@@ -274,11 +275,10 @@ class BatchDeviceRound:
         self.budget.copy_to_device(np.maximum(0, np.minimum(self.cap, np.asarray(max_tokens) - lens - 1)).astype(np.int32),
                                    stream=stream)
         self.live.copy_to_device(np.ones(S, np.int32), stream=stream)
-        self.seed.copy_to_device(np.array([seed], np.uint64), stream=stream)
+        self.seeds.copy_to_device(np.array([seed, round_seed(seed, 0)], np.uint64), stream=stream)
         self.report_head[3:4].copy_to_device(np.zeros(1, np.int32), stream=stream)
         _nonfinite_kernel[(ceil_div(ws.rows, 4), ceil_div(ws.logits.shape[1], 64), 1), (4, 64), stream](
             ws.logits, ws.n_rows, TARGET_BIT, ws.logits, ws.n_rows, TARGET_BIT, self.report_head)
-        self.first_seed.copy_to_device(np.array([round_seed(seed, 0)], np.uint64), stream=stream)
         if self.method != "ar":
             self.n_ctx.copy_to_device(lens, stream=stream)
         for last, bonus, gather in self._slot_views(layout, ws, rows):
