@@ -67,6 +67,10 @@ SIGNATURES = {
     "decode.device._after_accept_kernel": [
         f"void({I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, int64, {I32_1}, "
         f"float32[:, :, ::1], {I32_1}, {F32_2})"],
+    "decode.device._prefill_inputs_kernel": [
+        f"void(uint32[::1], {I32_1}, uint64[::1], {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_2})"],
+    "decode.device._prefill_tail_kernel": [
+        f"void({I32_1}, {I32_1}, {I32_1}, {I32_1}, float32[:, :, ::1], {I32_1}, {I32_1}, {F32_2})"],
     "decode.device._gather_features_kernel": [
         f"void(float32[:, :, ::1], {I32_1}, {I32_1}, {I32_1}, {F32_2})"],
     # -- the batched round's glue (decode/device_batch.py) --

@@ -25,7 +25,7 @@ import weakref
 
 import numpy as np
 from numba import config as numba_config
-from numba import cuda
+from numba import cuda, int32, uint64
 
 from .. import kernels as kn
 from .._device import (cached, capture_graph, capture_graphs, ceil_div, destroy_graph, device_function, grid_dependency,
@@ -144,6 +144,60 @@ def _after_accept_kernel(keep, info, tokens, n_nodes, state, start_n, n_new, bon
         report[3 + j] = tokens[keep[j] - 1]
 
 
+# The prefill's inputs, staged by the host in one page-locked buffer and copied with one copy:
+# PREFILL_HEAD uint32 = (state: P, 1, rows allowed; round 1's budget; the seed, low and high
+# halves; the first draw's seed, the same; P), then the prompt's P ids.
+PREFILL_HEAD = 9
+
+
+@cached
+@cuda.jit
+def _prefill_inputs_kernel(staged, state_budget, seeds, ids, positions, parents, meta, report, n_ctx, seq):
+    """A prefill's inputs from its staged buffer (``PREFILL_HEAD``): state_budget and seeds
+    [2] uint64 as staged; the forward's ids = the prompt padded with 0, positions = 0 .., parents
+    = a chain, meta = (0, P); the report's non-finite flags cleared; n_ctx = P (the drafter's first
+    context rows); seq [1, 4] = (0, 1, P - 1, 0): ``sample_post``'s table drawing row P - 1 alone."""
+    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    i = cuda.grid(1)
+    p = int32(staged[8])
+    if i < ids.shape[0]:
+        ids[i] = int32(staged[PREFILL_HEAD + i]) if i < p else 0
+        positions[i] = i
+        parents[i] = i - 1
+    if i == 0:
+        for k in range(4):
+            state_budget[k] = int32(staged[k])
+        for k in range(2):
+            seeds[k] = (uint64(staged[5 + 2 * k]) << uint64(32)) | uint64(staged[4 + 2 * k])
+        meta[0] = 0
+        meta[1] = p
+        report[3] = 0
+        n_ctx[0] = p
+        seq[0, 0] = 0
+        seq[0, 1] = 1
+        seq[0, 2] = p - 1
+        seq[0, 3] = 0
+
+
+@cached
+@cuda.jit
+def _prefill_tail_kernel(post, meta, bonus, report, hidden, layer_ids, keep, features):
+    """After the prefill's forward and its draw (``post`` [T], row P - 1 drawn, P = meta[1]): the
+    bonus, in ``bonus`` [1] and in report[1] for the host; blocks of grid y >= 1 (none for ``ar``):
+    features[j] = the drafter's layers of hidden row keep[j] for j < P, the drafter's first
+    context rows."""
+    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    p = meta[1]
+    if cuda.blockIdx.y > 0:
+        j = cuda.blockIdx.x
+        if j < p:
+            gather_feature(hidden, layer_ids, keep, j, (cuda.blockIdx.y - 1) * cuda.blockDim.x + cuda.threadIdx.x,
+                           features, 0)
+    elif cuda.grid(1) == 0:
+        bonus[0] = post[p - 1]
+        report[1] = post[p - 1]
+
+
 @cached
 @cuda.jit
 def _gather_features_kernel(hidden, layer_ids, keep, n_rows, features):
@@ -225,7 +279,7 @@ class DeviceRound:
         self.K, self.cap, self.capacity = K, cap, capacity
         self.layers = () if method == "ar" else tuple(drafter.target_layer_ids)
         self.graphs = {}                     # mode (True | "stages") -> (temperature, [(stage, graph)])
-        self.prefill_graphs = {}             # prefill workspace rows -> its forward's graph
+        self.prefill_graphs = {}             # (prefill workspace rows, temperature) -> the prefill's graph
         self.generations = 0                 # prefills so far (the caches are reset from the second)
         self.held = ()                       # scratch the graph points at (see the class docstring)
         i32 = lambda n: cuda.device_array(n, np.int32)              # noqa: E731
@@ -246,6 +300,11 @@ class DeviceRound:
         self.seeds = cuda.device_array(2, np.uint64)
         self.seed = self.seeds[0:1]          # the generation's seed
         self.round_seed = self.seeds[1:2]    # this round's (the prefill's: round_seed(seed, 0))
+        # a prefill's inputs: staged in page-locked memory, one copy, spread by _prefill_inputs_kernel
+        self.staged_host = cuda.pinned_array(PREFILL_HEAD + capacity, np.uint32)
+        self.staged = cuda.device_array(PREFILL_HEAD + capacity, np.uint32)
+        self.prefill_seq = cuda.device_array((1, 4), np.int32)   # sample_post's table: row P - 1 alone
+        self.prefill_posts = {}              # prefill workspace rows -> its draws' buffer [T] int32
         self.level_scratch = None            # the level build's, from LEVEL_BUILD_FROM nodes
         if method != "ar":
             L, V = drafter.block_size - 1, cfg.vocab_size
@@ -258,9 +317,12 @@ class DeviceRound:
             self.ids = cuda.device_array((L, K), np.int32)
             self.topk_scratch = kn.TopKScratch.allocate(L, V, K, 0)  # between its slice blocks and merge
             self.level_scratch = kn.LevelScratch.allocate(L, cap, 0) if cap >= LEVEL_BUILD_FROM else None
-        # the gather of the drafter's next context rows in _after_accept_kernel (stand-ins for ar)
+        # the gather of the drafter's next context rows in _after_accept_kernel, and of its first
+        # in _prefill_tail_kernel (stand-ins of the kernels' types for ar: no gather blocks)
         self.feature_args = ((self.ws.hidden, self.info, self.ws.logits) if method == "ar" else
                              (self.ws.hidden, self.layer_ids, self.features))
+        self.first_feature_args = ((self.info, self.info, self.ws.logits) if method == "ar" else
+                                   (self.layer_ids, self.rows_in_order, self.features))
 
     def flag_nonfinite(self, logits, n_rows, bit, stream, second=None):
         """report[3] |= bit if a live row of ``logits`` is not finite; ``second`` = (logits2,
@@ -270,48 +332,55 @@ class DeviceRound:
                 1 if second is None else 2)
         _nonfinite_kernel[grid, (4, 64), stream](logits, n_rows, bit, x2, n2, bit2, self.report)
 
-    def gather(self, hidden, rows_keep, n_rows, rows, stream):
-        """features[j] = the drafter's layers of hidden row rows_keep[j], j < n_rows[0]."""
-        grid = (rows, ceil_div(self.features.shape[1], THREADS))
-        _gather_features_kernel[grid, (1, THREADS), stream](hidden, self.layer_ids, rows_keep, n_rows,
-                                                            self.features)
-
     def prefill(self, prompt, max_tokens: int, temperature: float, seed: int, graph: bool, stream) -> None:
-        """Reset the caches and the round state, run the prompt, sample its bonus and gather the
-        drafter's first context rows (enqueued; the caller syncs)."""
+        """Reset the caches and the round state, run the prompt, sample its bonus (in ``bonus`` and
+        report[1]) and gather the drafter's first context rows (enqueued; the caller syncs). The
+        host stages the inputs and makes one copy; the rest is ``enqueue_prefill``, with ``graph``
+        one CUDA graph a (prefill workspace, temperature), captured on its first use."""
         target, p = self.target, prompt.shape[0]
         self.tcache.reset()
-        self.state_budget.copy_to_device(np.array([p, 1, max_tokens, max(0, min(self.cap, max_tokens - p - 1))],
-                                                  np.int32), stream=stream)      # round 1 next, its budget
-        self.seeds.copy_to_device(np.array([seed, round_seed(seed, 0)], np.uint64), stream=stream)
+        if self.method != "ar" and self.generations:
+            self.dcache.reset()               # a kept configuration (a CudaDrafter's cache)
+        staged = self.staged_host             # (free: the previous generation ended with a sync)
+        staged[0:4] = (p, 1, max_tokens, max(0, min(self.cap, max_tokens - p - 1)))   # round 1 next, its budget
+        staged[4:8].view(np.uint64)[:] = (seed, round_seed(seed, 0))
+        staged[8] = p
+        staged[PREFILL_HEAD:PREFILL_HEAD + p] = prompt
+        self.staged.copy_to_device(staged, stream=stream)
         wp = target.workspace(p)
-        wp.ids.copy_to_device(np.pad(prompt, (0, wp.rows - p)).astype(np.int32), stream=stream)
-        wp.positions.copy_to_device(np.arange(wp.rows, dtype=np.int32), stream=stream)
-        wp.parents.copy_to_device(np.arange(-1, wp.rows - 1, dtype=np.int32), stream=stream)
-        wp.meta.copy_to_device(np.array([0, p], np.int32), stream=stream)
         if not graph:
-            target.forward_device(wp, self.tcache, self.layers, stream=stream)
-        else:                                 # this configuration's own graph of the prefill forward
-            exe = self.prefill_graphs.get(wp.rows)
+            self.enqueue_prefill(wp, temperature, stream)
+        else:
+            key = (wp.rows, temperature)
+            exe = self.prefill_graphs.get(key)
             if exe is None:
-                # capture_graph warms up on its own stream: the inputs copied above must be in
-                # first. The warm-up run and the capture write the same rows, the prompt's.
+                # capture_graph warms up on its own stream: the staged inputs must be in first.
+                # The warm-up run and the capture write the same rows, the prompt's.
                 stream.synchronize()
-                exe = self.prefill_graphs[wp.rows] = capture_graph(
-                    lambda s: target.forward_device(wp, self.tcache, self.layers, stream=s))
+                exe = self.prefill_graphs[key] = capture_graph(lambda s: self.enqueue_prefill(wp, temperature, s))
                 self.held += (wp.mla_scratch,)
             replay_graph(exe, stream)
-        self.report[3:4].copy_to_device(np.zeros(1, np.int32), stream=stream)
-        self.flag_nonfinite(wp.logits, wp.n_rows, TARGET_BIT, stream)
-        kn.sample_post(wp.logits[p - 1:p], temperature, 0, out=self.bonus, seed_device=self.round_seed,
-                       stream=stream)
-        if self.method != "ar":
-            if self.generations:
-                self.dcache.reset()           # a kept configuration (a CudaDrafter's cache)
-            self.n_ctx.copy_to_device(np.array([p], np.int32), stream=stream)
-            self.gather(wp.hidden, self.rows_in_order, self.n_ctx, p, stream)
         self.tcache.length = p
         self.generations += 1
+
+    def enqueue_prefill(self, wp, temperature: float, stream) -> None:
+        """The prefill's device work from its staged inputs (``self.staged``), every size read from
+        the device (capturable): the inputs spread to the workspace ``wp`` and the round state,
+        the forward, the non-finite check, the draw of row P - 1, the bonus and the drafter's
+        first context rows."""
+        _prefill_inputs_kernel[ceil_div(wp.rows, THREADS), THREADS, stream](
+            self.staged, self.state_budget, self.seeds, wp.ids, wp.positions, wp.parents, wp.meta, self.report,
+            self.n_ctx, self.prefill_seq)
+        self.target.forward_device(wp, self.tcache, self.layers, stream=stream)
+        self.flag_nonfinite(wp.logits, wp.n_rows, TARGET_BIT, stream)
+        post = self.prefill_posts.get(wp.rows)
+        if post is None:
+            post = self.prefill_posts[wp.rows] = cuda.device_array(wp.rows, np.int32)
+        kn.sample_post(wp.logits, temperature, 0, out=post, seed_device=self.round_seed, seqs=self.prefill_seq,
+                       stream=stream)
+        gather = 0 if self.method == "ar" else ceil_div(self.features.shape[1], THREADS)
+        _prefill_tail_kernel[(wp.rows, 1 + gather), THREADS, stream](post, wp.meta, self.bonus, self.report,
+                                                                     wp.hidden, *self.first_feature_args)
 
     def enqueue_round(self, temperature: float, stream, mark=lambda stage: None) -> None:
         """One round, every size read from the device (so it can be captured): draft -> top-K ->
@@ -458,8 +527,10 @@ def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prom
     timer.mark()
     dr.prefill(prompt, max_tokens, temperature, seed, graph, stream)
     timer.mark("prefill")
-    bonus_h = int(dr.bonus.copy_to_host(stream=stream)[0])
-    _check_finite(dr.report, "the prefill", stream)
+    first = dr.report.copy_to_host(dr.host_reports[0], stream=stream)     # [_, bonus, _, flags, ...]
+    stream.synchronize()
+    bonus_h = int(first[1])
+    _check_finite(first, "the prefill", stream)
     timer.collect()
     log.target_forwards += 1
     start = p
