@@ -9,6 +9,10 @@
 # PART=stages (~2 minutes): per side, the per-stage round times (tools/profile_round.py) and the
 #   time of every kernel of one ddtree round at budget 16 under Nsight Compute (graph nodes
 #   profiled one by one: $OUT/ncu_old.csv, $OUT/ncu_new.csv; compare with tools/ncu_summary.py).
+# PART=gap (~8 minutes): this tree's GPU tests of the decode loops (tests/test_decode_cuda.py: the
+#   prefill's graph, kept configurations, the batched round), then tools/batch_gap.py per side
+#   (old, new): generate against generate_batch of one prompt and of eight, the wall time a call
+#   spends before its first round beside a round's (docs/PERFORMANCE.md, "batch gap").
 # (Twenty-sixth session: this is how the norm fold of 511ebd5 / 19ce1c1 / 01c2860 was found to
 #   cost the demo round ~11 %; docs/PERFORMANCE.md.)
 source tools/h200_env.sh
@@ -24,6 +28,15 @@ for label in old new old new; do
   dir=$([ $label = old ] && echo ab_old || echo .)
   side $dir $label timeout $(left 560) python3 benchmarks/demo_pair.py --budgets 16 64 --no-append 2>&1 |
     grep -v Warn | grep "^| \(ar\|dflash\|ddtree\)"
+done
+elif [ "$PART" = gap ]; then
+side . new timeout $(left 200) python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_decode_cuda.py --tb=short \
+  2>&1 | grep -v Warn | tail -4
+for label in old new; do
+  echo "== $label"
+  dir=$([ $label = old ] && echo ab_old || echo .)
+  side $dir $label timeout $(left $([ $label = old ] && echo 390 || echo 580)) python3 tools/batch_gap.py 2>&1 |
+    grep -v Warn | tail -9
 done
 else
 for label in old new; do

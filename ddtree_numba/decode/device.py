@@ -107,6 +107,17 @@ def gather_feature(hidden, layer_ids, keep, j, col, features, row0):
         features[j, col] = hidden[layer_ids[y], row0 + keep[j], col - y * M]
 
 
+@device_function
+def _gather_block(hidden, layer_ids, keep, n, features):
+    """A gather block (grid y >= 1) of the kernels below: features[j] = the drafter's layers of
+    hidden row keep[j] for j = the block's x < n, columns (y - 1) * blockDim + thread. (Reads the
+    block's indices: callers in this module only, for the simulator's ``cuda``.)"""
+    j = cuda.blockIdx.x
+    if j < n:
+        gather_feature(hidden, layer_ids, keep, j, (cuda.blockIdx.y - 1) * cuda.blockDim.x + cuda.threadIdx.x,
+                       features, 0)
+
+
 @cached
 @cuda.jit
 def _after_accept_kernel(keep, info, tokens, n_nodes, state, start_n, n_new, bonus, report, cap, budget,
@@ -122,10 +133,7 @@ def _after_accept_kernel(keep, info, tokens, n_nodes, state, start_n, n_new, bon
     grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     n = info[0]
     if cuda.blockIdx.y > 0:
-        j = cuda.blockIdx.x
-        if j < n:
-            gather_feature(hidden, layer_ids, keep, j, (cuda.blockIdx.y - 1) * cuda.blockDim.x + cuda.threadIdx.x,
-                           features, 0)
+        _gather_block(hidden, layer_ids, keep, n, features)
         return
     j = cuda.grid(1)
     if j == 0:
@@ -189,10 +197,7 @@ def _prefill_tail_kernel(post, meta, bonus, report, hidden, layer_ids, keep, fea
     grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     p = meta[1]
     if cuda.blockIdx.y > 0:
-        j = cuda.blockIdx.x
-        if j < p:
-            gather_feature(hidden, layer_ids, keep, j, (cuda.blockIdx.y - 1) * cuda.blockDim.x + cuda.threadIdx.x,
-                           features, 0)
+        _gather_block(hidden, layer_ids, keep, p, features)
     elif cuda.grid(1) == 0:
         bonus[0] = post[p - 1]
         report[1] = post[p - 1]
