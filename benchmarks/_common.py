@@ -225,7 +225,7 @@ def _number(v):
 def append_rows(title: str, header: list[str], rows: list[list], note: str = "", device: str | None = None,
                 commit_id: str | None = None, date: str | None = None, append: bool = True,
                 results: str | None = None, command: str | None = None, keys: list[str] | None = None,
-                values: list[list] | None = None) -> None:
+                values: list[list] | None = None, extra: dict | None = None) -> None:
     """Append a dated table to docs/PERFORMANCE.md and print it (``append=False``: print only,
     undated). ``device``, ``commit_id`` and ``date`` default to this machine's GPU, the
     checkout's commit and today (give them when tabling a measurement made elsewhere).
@@ -233,7 +233,8 @@ def append_rows(title: str, header: list[str], rows: list[list], note: str = "",
     date, command, pdl (the DDTREE_PDL mode), rows: [{key: value}]} (the latest H200 run is
     committed), the keys ``keys`` (the names the issues give the results) or else the header's;
     the values ``values`` (unformatted, one list a row) or else the table's cells. Under the CUDA
-    simulator nothing is appended or written (its timings measure nothing: e.g. a ``--dry-run``)."""
+    simulator nothing is appended or written (its timings measure nothing: e.g. a ``--dry-run``).
+    ``extra``: more keys of the results file's envelope (e.g. the shape a benchmark ran at)."""
     if append and os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         append = False
         print("(the CUDA simulator: nothing appended to docs/PERFORMANCE.md or written to results/)")
@@ -247,7 +248,7 @@ def append_rows(title: str, header: list[str], rows: list[list], note: str = "",
     if append and results:
         RESULTS.mkdir(exist_ok=True)
         record = dict(benchmark=results, device=device, commit=commit_id, date=date,
-                      command=command or " ".join(sys.argv), pdl=PDL,
+                      command=command or " ".join(sys.argv), pdl=PDL, **(extra or {}),
                       rows=[{h: _number(v) for h, v in zip(keys or header, r)} for r in (values or rows)])
         (RESULTS / f"{results}.json").write_text(json.dumps(record, indent=1) + "\n")
     if note:

@@ -222,7 +222,9 @@ def main():
             "tokens_per_s", "unique_experts"]
     title = "whole rounds" if whole else "verify forward only"
     append_rows(f"Batches of trees, Moonlight-16B-A3B shape, {title} (benchmarks/batch.py)", header, rows, note,
-                append=not args.no_append, results="batch" if whole else "batch_verify", keys=keys, values=values)
+                append=not args.no_append, results="batch" if whole else "batch_verify", keys=keys, values=values,
+                extra=dict(shape="Moonlight-16B-A3B", layers=cfg.num_hidden_layers,
+                           n_routed_experts=cfg.n_routed_experts))
 
 
 if __name__ == "__main__":

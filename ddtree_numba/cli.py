@@ -370,7 +370,14 @@ def run_plot(args) -> int:
     from .stats import check_stats
     raw = read(args.stats, "STATS")
     if isinstance(raw, dict) and raw.get("kind") == "batch_sweep":
-        return _plot_batch(raw, args)
+        return _plot_batch(raw, args, "batch_sweep.png")
+    if isinstance(raw, dict) and raw.get("benchmark") in ("batch", "batch_verify"):
+        from .stats import batch_sweep_from_benchmark
+        try:
+            bench = batch_sweep_from_benchmark(raw)
+        except (ValueError, KeyError, TypeError) as e:
+            raise _CliError(f"STATS {args.stats}: {e}") from None
+        return _plot_batch(bench, args, f"{raw['benchmark']}_benchmark.png")
     stats = check_stats(raw, f"STATS {args.stats}")
     if args.verify_bench and not args.cost:
         raise _CliError("--verify-bench is drawn in the cost figure: give --cost (a sweep run with --backend cuda) too")
@@ -391,14 +398,15 @@ def run_plot(args) -> int:
     return 0
 
 
-def _plot_batch(stats, args) -> int:
-    """``ddtree-numba plot`` of a ``sweep --batch`` JSON: one figure, batch_sweep.png."""
+def _plot_batch(stats, args, name: str) -> int:
+    """``ddtree-numba plot`` of a ``sweep --batch`` JSON, or of a ``benchmarks/batch.py`` record:
+    one figure, ``name`` in --out."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from .plots import plot_batch_sweep
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "batch_sweep.png")
+    path = os.path.join(args.out, name)
     if os.path.exists(path) and not args.overwrite:
         raise _CliError(f"{path} exists: give another --out, or --overwrite")
     axes = plot_batch_sweep(stats)
@@ -458,7 +466,9 @@ def _add_pair_commands(sub) -> None:
     s.add_argument("--no-progress", action="store_true")
     p = sub.add_parser("plot", help="figures from a sweep's statistics JSON",
                        description="Write the acceptance figures (PNG) and their captions (README.md).")
-    p.add_argument("stats", metavar="STATS", help="statistics JSON from `ddtree-numba sweep`")
+    p.add_argument("stats", metavar="STATS",
+                   help="statistics JSON from `ddtree-numba sweep` (with --batch: batch_sweep.png), or a "
+                        "benchmarks/batch.py record (results/batch.json: batch_benchmark.png)")
     p.add_argument("--out", default="ddtree_figures", metavar="DIR",
                    help="output directory, new or empty (default ddtree_figures/)")
     p.add_argument("--overwrite", action="store_true", help="write into a directory that holds files already")

@@ -269,11 +269,16 @@ def plot_batch_sweep(stats: dict, axes=None):
         _, axes = plt.subplots(1, 2, figsize=(11.0, 4.0))
     left, right = axes
     configs = sorted({(r["method"], r["budget"] or 0) for r in stats["rows"]}, key=lambda c: (c[0] != "ar", c[1]))
+    import matplotlib.colors as mcolors
+    base = np.array(mcolors.to_rgb(TREE_COLOUR))
+    trees = [c for c in configs if c[0] != "ar"]      # DDTree's budgets: shades of its colour, deeper as they grow
+    shade = {c: tuple(1 - s * (1 - base)) for c, s in zip(trees, np.linspace(1.0 if len(trees) == 1 else 0.5, 1.0,
+                                                                             len(trees)))}
     for method, budget in configs:
         rows = sorted((r for r in stats["rows"] if r["method"] == method and (r["budget"] or 0) == budget),
                       key=lambda r: r["batch"])
         label = "AR" if method == "ar" else f"DDTree, budget {budget}"
-        colour = CHAIN_COLOUR if method == "ar" else None
+        colour = "#555555" if method == "ar" else shade[(method, budget)]
         b = [r["batch"] for r in rows]
         left.plot(b, [r["tokens_per_s"] for r in rows], "o-", label=label, color=colour)
         if rows[0]["unique_experts"] is not None:

@@ -224,6 +224,29 @@ def batch_sweep(target, drafter, prompts, batches=(1, 4, 16, 64), max_new_tokens
                 seconds=time.perf_counter() - t0, rows=rows, **(info or {}))
 
 
+def batch_sweep_from_benchmark(bench: dict, n_routed_experts: int | None = None) -> dict:
+    """A ``benchmarks/batch.py`` results record (``benchmarks/results/batch.json``: whole batched
+    rounds at the Moonlight-16B-A3B shape, random weights, a ddtree round credited with the demo
+    pair's measured mean acceptance) in the form ``batch_sweep`` returns, for ``plots.
+    plot_batch_sweep`` and ``ddtree-numba plot``. ``n_routed_experts``: the routed experts of a
+    layer (the record's own if it has one; drawn as the ceiling of the experts curve)."""
+    kind = bench.get("benchmark") if isinstance(bench, dict) else type(bench).__name__
+    if kind not in ("batch", "batch_verify") or not bench.get("rows"):
+        raise ValueError("batch_sweep_from_benchmark needs a benchmarks/batch.py record (results/batch.json): "
+                         f"a dict with benchmark 'batch' and rows, got {kind!r}")
+    rows = bench["rows"]
+    missing = {"batch", "method", "budget", "tokens_per_s", "unique_experts"} - set(rows[0])
+    if missing:
+        raise ValueError(f"batch_sweep_from_benchmark: its rows lack {sorted(missing)}")
+    experts = n_routed_experts if n_routed_experts is not None else bench.get("n_routed_experts")
+    return dict(kind="batch_sweep", backend="cuda", device=bench["device"], date=bench.get("date"),
+                commit=bench.get("commit"), command=bench.get("command"),
+                batches=sorted({int(r["batch"]) for r in rows}),
+                budgets=sorted({int(r["budget"]) for r in rows if r["method"] != "ar"}),
+                n_routed_experts=int(experts) if experts else None,
+                rows=[dict(r, budget=None if r["method"] == "ar" else int(r["budget"])) for r in rows])
+
+
 def format_batch_table(stats: dict) -> str:
     """A ``batch_sweep`` as a plain-text table."""
     head = f"{'batch':>5} {'method':>7} {'budget':>6} {'tokens/s':>9} {'accept':>6} {'rows/round':>10} " \

@@ -185,9 +185,7 @@ for r in batch["rows"]:
 
 # %%
 h200 = json.loads((FIGURES.parent / "benchmarks" / "results" / "batch.json").read_text())
-moonlight = dict(kind="batch_sweep", backend="cuda", device=h200["device"], n_routed_experts=64,
-                 batches=sorted({r["batch"] for r in h200["rows"]}),
-                 rows=[dict(r, budget=None if r["method"] == "ar" else r["budget"]) for r in h200["rows"]])
+moonlight = stats.batch_sweep_from_benchmark(h200, n_routed_experts=64)   # Moonlight: 64 routed experts
 axes = plots.plot_batch_sweep(moonlight)
 axes[0].figure.set_size_inches(13, 4.3)
 axes[0].figure.tight_layout()

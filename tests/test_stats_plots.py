@@ -9,6 +9,7 @@ tree's paths."""
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -256,6 +257,37 @@ def test_cli_batch_sweep_and_its_figure(golden_demo_dir, tmp_path, capsys):
     assert "batch" in capsys.readouterr().out
     assert cli.main(["plot", str(path), "--out", str(tmp_path / "figs")]) == 0
     assert (tmp_path / "figs" / "batch_sweep.png").is_file()
+
+
+def test_the_moonlight_batch_benchmark_plots_as_a_batch_sweep(tmp_path):
+    """``benchmarks/results/batch.json`` (benchmarks/batch.py, H200) through
+    ``stats.batch_sweep_from_benchmark``: every curve of the figure is the file's own tokens/s and
+    unique experts, ar's budget None; ``ddtree-numba plot`` writes it; other JSON is refused by name."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ddtree_numba.stats import batch_sweep_from_benchmark
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "batch.json"
+    raw = json.loads(path.read_text())
+    sweep = batch_sweep_from_benchmark(raw, n_routed_experts=64)
+    assert sweep["kind"] == "batch_sweep" and sweep["budgets"] == sorted({r["budget"] for r in raw["rows"]
+                                                                          if r["method"] != "ar"})
+    left, right = plots.plot_batch_sweep(sweep)
+    curves = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in left.get_lines()}
+    for label, method, budget in [("AR", "ar", None)] + [(f"DDTree, budget {b}", "ddtree", b) for b in sweep["budgets"]]:
+        rows = sorted((r for r in raw["rows"] if r["method"] == method and (budget is None or r["budget"] == budget)),
+                      key=lambda r: r["batch"])
+        assert curves[label] == ([r["batch"] for r in rows], [r["tokens_per_s"] for r in rows])
+    assert any(list(line.get_ydata()) == [64, 64] for line in right.get_lines())      # the ceiling
+    plt.close(left.figure)
+    assert cli.main(["plot", str(path), "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "batch_benchmark.png").is_file()
+    with pytest.raises(ValueError, match="benchmarks/batch.py record"):
+        batch_sweep_from_benchmark(dict(raw, benchmark="gemm"))
+    with pytest.raises(ValueError, match="lack"):
+        batch_sweep_from_benchmark(dict(raw, rows=[{"batch": 1}]))
 
 
 @pytest.mark.parametrize("argv, msg", [
