@@ -400,20 +400,16 @@ def run_plot(args) -> int:
 
 def _plot_batch(stats, args, name: str) -> int:
     """``ddtree-numba plot`` of a ``sweep --batch`` JSON, or of a ``benchmarks/batch.py`` record:
-    one figure, ``name`` in --out."""
+    one figure, ``name`` in --out, its caption in --out's README.md (other figures' kept)."""
     import matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from .plots import plot_batch_sweep
-    os.makedirs(args.out, exist_ok=True)
+    from .plots import write_batch_figure
     path = os.path.join(args.out, name)
     if os.path.exists(path) and not args.overwrite:
         raise _CliError(f"{path} exists: give another --out, or --overwrite")
-    axes = plot_batch_sweep(stats)
-    axes[0].figure.tight_layout()
-    axes[0].figure.savefig(path, dpi=120)
-    plt.close(axes[0].figure)
+    write_batch_figure(stats, args.out, name, command="ddtree-numba " + " ".join(args.argv))
     print(path)
+    print(f"caption in {os.path.join(args.out, 'README.md')}", file=sys.stderr)
     return 0
 
 

@@ -300,6 +300,53 @@ def plot_batch_sweep(stats: dict, axes=None):
     return axes
 
 
+def batch_caption(stats: dict) -> str:
+    """The caption of ``plot_batch_sweep``'s figure of ``stats``: what ran, where, and what the
+    tokens/s count."""
+    ddtree = [b for b in stats.get("budgets", []) if b]
+    experts = f" of {stats['n_routed_experts']}" if stats.get("n_routed_experts") else ""
+    what = (f"Tokens/s against the batch (left) and the distinct routed experts{experts} a verify forward's router "
+            f"picks per MoE layer (right), ar and DDTree at budget{'s' if len(ddtree) > 1 else ''} "
+            f"{', '.join(str(b) for b in ddtree)}")
+    if stats.get("source") == "benchmarks/batch.py":
+        run = (f"the {stats.get('shape') or 'benchmark'} shape, random weights, whole batched rounds on the GPU: "
+               "a DDTree round credited with the demo pair's measured mean acceptance (benchmarks/batch.py)")
+    else:
+        run = (f"the demo pair, {stats['prompts']} held-out prompts x {stats['max_new_tokens']} tokens, every prompt "
+               f"at every batch size, the median of {stats.get('repeats', 1)} timed pass"
+               f"{'es' if stats.get('repeats', 1) > 1 else ''}")
+    where = ", ".join(str(x) for x in (stats.get("device"), stats.get("date"),
+                                        stats.get("commit") and f"commit {stats['commit']}") if x)
+    return f"{what}: {run}; {stats['backend']} backend ({where})."
+
+
+def write_batch_figure(stats: dict, out_dir, name: str, command: str | None = None, dpi: int = 120) -> str:
+    """Write ``plot_batch_sweep``'s figure of ``stats`` as ``name`` into ``out_dir`` and its
+    section (``batch_caption``, the command) into the directory's ``README.md``, keeping the other
+    figures' sections there. -> the caption."""
+    import os
+
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11.0, 4.0))
+    plot_batch_sweep(stats, (fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)))
+    fig.tight_layout()
+    os.makedirs(out_dir, exist_ok=True)
+    fig.savefig(os.path.join(out_dir, name), dpi=dpi)
+    caption = batch_caption(stats)
+    readme = os.path.join(out_dir, "README.md")
+    sections = {}
+    if os.path.exists(readme):
+        for part in open(readme).read().split("\n## ")[1:]:
+            sections[part.split("\n", 1)[0].strip()] = "## " + part.rstrip() + "\n"
+    sections[name] = (f"## {name}\n\n![{name}]({name})\n\n{caption}\n"
+                      + (f"\nMade by `{command}`.\n" if command else ""))
+    with open(readme, "w") as f:
+        f.write("# Batch figures\n\nEach made by `ddtree-numba plot` of a `sweep --batch` JSON or of a "
+                "`benchmarks/batch.py` record (its section says which).\n\n" + "\n".join(sections[k] for k in sorted(sections)))
+    return caption
+
+
 def plot_depth_acceptance(stats: dict, ax=None, budgets=None, conditional: bool = False):
     """Per drafted depth d, the fraction of rounds that accepted at least d drafted tokens
     (``conditional=True``: the rate at depth d given d-1), for the DFlash chain and DDTree at

@@ -239,8 +239,10 @@ def batch_sweep_from_benchmark(bench: dict, n_routed_experts: int | None = None)
     if missing:
         raise ValueError(f"batch_sweep_from_benchmark: its rows lack {sorted(missing)}")
     experts = n_routed_experts if n_routed_experts is not None else bench.get("n_routed_experts")
-    return dict(kind="batch_sweep", backend="cuda", device=bench["device"], date=bench.get("date"),
-                commit=bench.get("commit"), command=bench.get("command"),
+    # (benchmarks/batch.py builds the Moonlight shape only; its records name it from 2026-12-05 on)
+    return dict(kind="batch_sweep", source="benchmarks/batch.py", shape=bench.get("shape", "Moonlight-16B-A3B"),
+                backend="cuda",
+                device=bench["device"], date=bench.get("date"), commit=bench.get("commit"), command=bench.get("command"),
                 batches=sorted({int(r["batch"]) for r in rows}),
                 budgets=sorted({int(r["budget"]) for r in rows if r["method"] != "ar"}),
                 n_routed_experts=int(experts) if experts else None,

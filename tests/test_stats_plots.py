@@ -257,6 +257,7 @@ def test_cli_batch_sweep_and_its_figure(golden_demo_dir, tmp_path, capsys):
     assert "batch" in capsys.readouterr().out
     assert cli.main(["plot", str(path), "--out", str(tmp_path / "figs")]) == 0
     assert (tmp_path / "figs" / "batch_sweep.png").is_file()
+    assert "![batch_sweep.png](batch_sweep.png)" in (tmp_path / "figs" / "README.md").read_text()
 
 
 def test_the_moonlight_batch_benchmark_plots_as_a_batch_sweep(tmp_path):
@@ -284,6 +285,12 @@ def test_the_moonlight_batch_benchmark_plots_as_a_batch_sweep(tmp_path):
     plt.close(left.figure)
     assert cli.main(["plot", str(path), "--out", str(tmp_path)]) == 0
     assert (tmp_path / "batch_benchmark.png").is_file()
+    # its caption says what ran; a second figure in the same directory keeps the first's section
+    plots.write_batch_figure(dict(sweep, source=None, prompts=8, max_new_tokens=128, repeats=3), tmp_path, "b.png")
+    readme = (tmp_path / "README.md").read_text()
+    assert "![batch_benchmark.png](batch_benchmark.png)" in readme and "![b.png](b.png)" in readme
+    assert "random weights" in readme and "median of 3 timed passes" in readme
+    assert f"commit {raw['commit']}" in readme
     with pytest.raises(ValueError, match="benchmarks/batch.py record"):
         batch_sweep_from_benchmark(dict(raw, benchmark="gemm"))
     with pytest.raises(ValueError, match="lack"):

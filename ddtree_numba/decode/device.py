@@ -256,6 +256,15 @@ def _check_finite(report, what: str, stream) -> None:
                              "loop (trace=True) names the first layer whose output is not")
 
 
+def _drain(stream) -> None:
+    """Wait for the work on ``stream`` before an error propagates, unless the stream is broken:
+    then the first error is the one to see."""
+    try:
+        stream.synchronize()
+    except Exception:
+        pass
+
+
 def _pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
@@ -284,7 +293,7 @@ class DeviceRound:
         self.K, self.cap, self.capacity = K, cap, capacity
         self.layers = () if method == "ar" else tuple(drafter.target_layer_ids)
         self.graphs = {}                     # mode (True | "stages") -> (temperature, [(stage, graph)])
-        self.prefill_graphs = {}             # (prefill workspace rows, temperature) -> the prefill's graph
+        self.prefill_graphs = {}             # prefill workspace rows -> (temperature, the prefill's graph)
         self.generations = 0                 # prefills so far (the caches are reset from the second)
         self.held = ()                       # scratch the graph points at (see the class docstring)
         i32 = lambda n: cuda.device_array(n, np.int32)              # noqa: E731
@@ -341,7 +350,8 @@ class DeviceRound:
         """Reset the caches and the round state, run the prompt, sample its bonus (in ``bonus`` and
         report[1]) and gather the drafter's first context rows (enqueued; the caller syncs). The
         host stages the inputs and makes one copy; the rest is ``enqueue_prefill``, with ``graph``
-        one CUDA graph a (prefill workspace, temperature), captured on its first use."""
+        one CUDA graph a prefill workspace, captured on its first use (again when the temperature
+        changes, as the round's graph is)."""
         target, p = self.target, prompt.shape[0]
         self.tcache.reset()
         if self.method != "ar" and self.generations:
@@ -356,14 +366,17 @@ class DeviceRound:
         if not graph:
             self.enqueue_prefill(wp, temperature, stream)
         else:
-            key = (wp.rows, temperature)
-            exe = self.prefill_graphs.get(key)
-            if exe is None:
+            temp, exe = self.prefill_graphs.get(wp.rows, (None, None))
+            if exe is None or temp != temperature:      # (the draw's temperature is an argument of the graph)
+                if exe is not None:
+                    destroy_graph(exe)
                 # capture_graph warms up on its own stream: the staged inputs must be in first.
                 # The warm-up run and the capture write the same rows, the prompt's.
                 stream.synchronize()
-                exe = self.prefill_graphs[key] = capture_graph(lambda s: self.enqueue_prefill(wp, temperature, s))
-                self.held += (wp.mla_scratch,)
+                exe = capture_graph(lambda s: self.enqueue_prefill(wp, temperature, s))
+                self.prefill_graphs[wp.rows] = (temperature, exe)
+                if not any(h is wp.mla_scratch for h in self.held):
+                    self.held += (wp.mla_scratch,)
             replay_graph(exe, stream)
         self.tcache.length = p
         self.generations += 1
@@ -429,7 +442,7 @@ class DeviceRound:
         for _, parts in self.graphs.values():
             for _, exe in parts:
                 destroy_graph(exe)
-        for exe in self.prefill_graphs.values():
+        for _, exe in self.prefill_graphs.values():
             destroy_graph(exe)
         self.graphs, self.prefill_graphs = {}, {}
 
@@ -530,7 +543,11 @@ def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prom
     dr = rounds_for(target, drafter, method, K, cap, max_tokens, max(p, cap + 1), keep=reusable(drafter, method))
 
     timer.mark()
-    dr.prefill(prompt, max_tokens, temperature, seed, graph, stream)
+    try:
+        dr.prefill(prompt, max_tokens, temperature, seed, graph, stream)
+    except BaseException:
+        _drain(stream)                # (its staged copy may be in flight: the next call rewrites the buffer)
+        raise
     timer.mark("prefill")
     first = dr.report.copy_to_host(dr.host_reports[0], stream=stream)     # [_, bonus, _, flags, ...]
     stream.synchronize()
@@ -588,10 +605,7 @@ def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prom
                 break
             bonus_h = new_bonus
     except BaseException:
-        try:
-            stream.synchronize()      # a round in flight (the configuration is reused) ...
-        except Exception:             # ... unless the stream is broken: the first error is the one to see
-            pass
+        _drain(stream)                # a round in flight (the configuration is reused)
         raise
     stream.synchronize()              # a round launched ahead past the end (the configuration is reused)
     return log.result(timer.times, time.perf_counter() - t_start, loop="device", stage_clock=timer.clock)
