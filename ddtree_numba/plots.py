@@ -203,8 +203,17 @@ def show_topk(lp, ids, ax=None, labels=None):
 # acceptance statistics (the JSON of ``ddtree_numba.stats.acceptance_sweep``)
 # ----------------------------------------------------------------------------------------------
 CHAIN_COLOUR = "#3c6e9f"    # the DFlash chain
+AR_COLOUR = "#555555"       # autoregressive decoding (the batch figures)
 TREE_COLOUR = ACCEPT_COLOUR  # DDTree
 SPECIAL_NAMES = {256: "<BOS>", 257: "<EOS>", 258: "<PAD>", 259: "<MASK>"}
+
+
+def _tree_shades(n: int, lightest: float) -> list[tuple]:
+    """n shades of ``TREE_COLOUR`` for DDTree's budgets, deeper as they grow: from ``lightest``
+    of its strength (mixed with white) to the full colour."""
+    import matplotlib.colors as mcolors
+    base = np.array(mcolors.to_rgb(TREE_COLOUR))
+    return [tuple(1 - s * (1 - base)) for s in np.linspace(lightest, 1.0, n)]
 
 
 def byte_label(token: int) -> str:
@@ -269,16 +278,13 @@ def plot_batch_sweep(stats: dict, axes=None):
         _, axes = plt.subplots(1, 2, figsize=(11.0, 4.0))
     left, right = axes
     configs = sorted({(r["method"], r["budget"] or 0) for r in stats["rows"]}, key=lambda c: (c[0] != "ar", c[1]))
-    import matplotlib.colors as mcolors
-    base = np.array(mcolors.to_rgb(TREE_COLOUR))
-    trees = [c for c in configs if c[0] != "ar"]      # DDTree's budgets: shades of its colour, deeper as they grow
-    shade = {c: tuple(1 - s * (1 - base)) for c, s in zip(trees, np.linspace(1.0 if len(trees) == 1 else 0.5, 1.0,
-                                                                             len(trees)))}
+    trees = [c for c in configs if c[0] != "ar"]
+    shade = dict(zip(trees, _tree_shades(len(trees), 1.0 if len(trees) == 1 else 0.5)))
     for method, budget in configs:
         rows = sorted((r for r in stats["rows"] if r["method"] == method and (r["budget"] or 0) == budget),
                       key=lambda r: r["batch"])
         label = "AR" if method == "ar" else f"DDTree, budget {budget}"
-        colour = "#555555" if method == "ar" else shade[(method, budget)]
+        colour = AR_COLOUR if method == "ar" else shade[(method, budget)]
         b = [r["batch"] for r in rows]
         left.plot(b, [r["tokens_per_s"] for r in rows], "o-", label=label, color=colour)
         if rows[0]["unique_experts"] is not None:
@@ -337,7 +343,9 @@ def write_batch_figure(stats: dict, out_dir, name: str, command: str | None = No
     readme = os.path.join(out_dir, "README.md")
     sections = {}
     if os.path.exists(readme):
-        for part in open(readme).read().split("\n## ")[1:]:
+        with open(readme) as f:
+            text = f.read()
+        for part in text.split("\n## ")[1:]:
             sections[part.split("\n", 1)[0].strip()] = "## " + part.rstrip() + "\n"
     sections[name] = (f"## {name}\n\n![{name}]({name})\n\n{caption}\n"
                       + (f"\nMade by `{command}`.\n" if command else ""))
@@ -359,10 +367,7 @@ def plot_depth_acceptance(stats: dict, ax=None, budgets=None, conditional: bool 
     if missing:
         raise ValueError(f"budgets {missing} are not in the sweep ({all_b})")
     curves = [("DFlash chain", "dflash", None, CHAIN_COLOUR, "--")]
-    shades = np.linspace(0.45, 1.0, len(budgets))
-    import matplotlib.colors as mcolors
-    base = np.array(mcolors.to_rgb(TREE_COLOUR))
-    curves += [(f"DDTree {b}", "ddtree", b, tuple(1 - s * (1 - base)), "-") for b, s in zip(budgets, shades)]
+    curves += [(f"DDTree {b}", "ddtree", b, shade, "-") for b, shade in zip(budgets, _tree_shades(len(budgets), 0.45))]
     for label, method, budget, colour, ls in curves:
         if not any(r["method"] == method for r in stats["runs"]):
             continue
