@@ -27,10 +27,12 @@ if "NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS" not in os.environ:
         pass
 
 # The simulator runs a block's threads as Python threads and its barriers hand the GIL from
-# thread to thread; at Python's default 5 ms switch interval each barrier costs milliseconds
-# (the tensor-core emulation meets at two per mma). A shorter interval makes them ~10x cheaper.
+# thread to thread (the tensor-core emulation meets at one per mma). With numba's polling block
+# scheduler a 50 µs switch interval made them ~10x cheaper than Python's default 5 ms; with the
+# scheduler below, which waits instead of polling, 1 ms is the quickest measured (a forward of a
+# test golden: 5.8 s at 50 µs, 4.2-4.6 s at 1-5 ms, 15.3 s with the polling scheduler at 50 µs).
 if config.ENABLE_CUDASIM and sys.getswitchinterval() == 0.005:
-    sys.setswitchinterval(5e-5)
+    sys.setswitchinterval(1e-3)
 
 
 def _patch_simulator_shared_arrays() -> None:
@@ -64,8 +66,81 @@ def _patch_simulator_shared_arrays() -> None:
     FakeCUDAShared.array = array
 
 
+def _patch_simulator_block_scheduler() -> None:
+    """numba-cuda's simulator (0.30) runs a block as one Python thread a CUDA thread, and its
+    ``BlockManager.run`` finds the barriers by polling: the launching thread loops over every
+    thread of the block (``is_alive``, ``syncthreads_blocked``) without ever waiting, so it takes
+    the GIL from the threads it waits for at every switch interval. Measured on a forward of the
+    test goldens: most of the launching thread's time, ~1.5 M ``is_alive`` calls a forward.
+
+    The same schedule, told instead of polled: a thread that reaches ``syncthreads`` or ends
+    says so under one condition, and the launching thread sleeps on it until every live thread
+    of the block is at the barrier (it then releases them all) or has ended. As before, the
+    first exception of a thread aborts the others (their next barrier raises) and is raised."""
+    import threading
+
+    from numba.cuda.simulator import kernel as sim_kernel
+
+    def syncthreads(self):
+        if self.abort:
+            raise RuntimeError("abort flag set on syncthreads call")
+        manager = self._manager
+        with manager._told:
+            manager._at_barrier.append(self)
+            manager._told.notify()
+        self.syncthreads_event.wait()
+        self.syncthreads_event.clear()
+        if self.abort:
+            raise RuntimeError("abort flag set on syncthreads clear")
+
+    def run(self, grid_point, *args):
+        told = self._told = threading.Condition()
+        at_barrier = self._at_barrier = []
+        failed = []
+        live = [0]
+
+        def target():
+            try:
+                self._f(*args)
+            except BaseException:
+                failed.append(threading.current_thread())
+                raise                         # (BlockThread.run records it as the thread's exception)
+            finally:
+                with told:
+                    live[0] -= 1
+                    told.notify()
+
+        threads = []
+        for block_point in np.ndindex(*self._block_dim):
+            threads.append(sim_kernel.BlockThread(target, self, grid_point, block_point, self._debug))
+        live[0] = len(threads)
+        for t in threads:
+            t.start()
+        with told:
+            while live[0] and not failed:
+                if len(at_barrier) == live[0]:
+                    for t in at_barrier:
+                        t.syncthreads_event.set()
+                    at_barrier.clear()
+                else:
+                    told.wait()
+        if failed:
+            for t in threads:                 # every other thread raises at its next barrier
+                t.abort = True
+                t.syncthreads_event.set()
+        for t in threads:
+            t.join()
+        for t in failed[:1] + threads:        # the first to fail (the others may only have aborted)
+            if t.exception:
+                raise t.exception[0].with_traceback(t.exception[1])
+
+    sim_kernel.BlockThread.syncthreads = syncthreads
+    sim_kernel.BlockManager.run = run
+
+
 if config.ENABLE_CUDASIM:
     _patch_simulator_shared_arrays()
+    _patch_simulator_block_scheduler()
 
 
 # Line tables in the compiled kernels that opt in, for Nsight Compute's source view

@@ -73,7 +73,7 @@ def test_verify_forward_dry_run(monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(BENCH))
     vf = importlib.import_module("verify_forward")
     monkeypatch.setattr(sys, "argv", ["verify_forward.py", "--dry-run", "--nodes", "1", "3", "--layers", "1",
-                                      "--reps", "1", "--no-append", "--no-breakdown"])
+                                      "--prefix", "40", "--reps", "1", "--no-append", "--no-breakdown"])
     vf.main()
     out = capsys.readouterr().out.splitlines()
     rows = [line for line in out if line.startswith(("| 1 |", "| 3 |"))]
