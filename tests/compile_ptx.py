@@ -71,8 +71,6 @@ SIGNATURES = {
         f"void(uint32[::1], {I32_1}, uint64[::1], {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_2})"],
     "decode.device._prefill_tail_kernel": [
         f"void({I32_1}, {I32_1}, {I32_1}, {I32_1}, float32[:, :, ::1], {I32_1}, {I32_1}, {F32_2})"],
-    "decode.device._gather_features_kernel": [
-        f"void(float32[:, :, ::1], {I32_1}, {I32_1}, {I32_1}, {F32_2})"],
     # -- the batched round's glue (decode/device_batch.py) --
     "decode.device_batch._batch_verify_inputs_kernel": [
         f"void({I32_1}, {I32_2}, {I32_2}, {I32_2}, {I32_1}, {I32_1}, {I32_2}, {I32_2}, {I32_1}, {I32_1}, {I32_1}, "
@@ -80,6 +78,11 @@ SIGNATURES = {
     "decode.device_batch._batch_after_accept_kernel": [
         f"void({I32_2}, {I32_2}, {I32_2}, {I32_1}, {I32_1}, {I32_2}, {I32_2}, {I32_2}, {I32_1}, {I32_1}, {I32_2}, "
         f"int64, {I32_1}, {I32_1}, {I32_1}, float32[:, :, ::1], {I32_1}, {F32_2}, boolean)"],
+    "decode.device_batch._batch_prefill_inputs_kernel": [
+        f"void(uint32[::1], {I32_2}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, uint64[::1], {I32_2}, uint64[::1], {I32_2}, "
+        f"{I32_1})"],
+    "decode.device_batch._batch_prefill_tail_kernel": [
+        f"void({I32_1}, {I32_2}, {I32_1}, {I32_1}, {I32_2}, float32[:, :, ::1], {I32_1}, {I32_1}, {F32_2}, boolean)"],
     # -- the drafter's glue (model/cuda_drafter.py) --
     "model.cuda_drafter._draft_batch_meta_kernel": [
         f"void({I32_2}, {I32_1}, {I32_1}, int64, int64, int64, {I32_1}, {I32_2}, {I32_2}, {I32_1})"],

@@ -358,3 +358,28 @@ def test_the_gpu_resident_batch_with_the_golden_drafter_keeps_its_configuration(
             np.testing.assert_array_equal(res.tokens, want)
             np.testing.assert_array_equal(res.acceptance_lengths, acc)
     assert len(device_batch._BATCH_ROUNDS[gpu]) == 1          # one configuration served every call
+
+
+def test_the_gpu_resident_batch_draws_at_t_above_0_what_each_sequence_draws_alone():
+    """At T > 0 the batched device round draws each sequence's own tokens: its prefill's draw of
+    every slot's last prompt row (one launch over the slots) and each round's draws. ar as the
+    host loop draws them; ddtree as the device loop of that prompt alone does (the same drafter
+    bits: drafts are batch invariant). One dense layer, prompts of two lengths."""
+    import dataclasses
+    from ddtree_numba.kernels import TILES
+    from ddtree_numba.model import ModelConfig, random_drafter, random_target
+    from ddtree_numba.model.cuda_target import CudaTarget
+    host = random_target(dataclasses.replace(ModelConfig.tiny(), num_hidden_layers=1), seed=2)
+    gpu = CudaTarget.from_host(host, precision="fp32", gemm_tile=None if REAL_GPU else TILES["small"])
+    prompts = [np.array([5, 9, 2, 7, 1], np.int32), np.array([1, 3, 8], np.int32)]
+    kw = dict(temperature=0.7, seed=11)
+    batch = dd.generate_batch(gpu, None, prompts, 3, method="ar", **kw)
+    for p, res in zip(prompts, batch):
+        assert res.loop == "device"
+        np.testing.assert_array_equal(res.tokens, dd.generate(host, None, p, 3, method="ar", **kw).tokens)
+    drafter = random_drafter(gpu, block_size=4, seed=3)
+    batch = dd.generate_batch(gpu, drafter, prompts, 4, method="ddtree", budget=3, **kw)
+    for p, res in zip(prompts, batch):
+        solo = dd.generate(gpu, drafter, p, 4, method="ddtree", budget=3, **kw)
+        assert res.loop == solo.loop == "device"
+        np.testing.assert_array_equal(res.tokens, solo.tokens)

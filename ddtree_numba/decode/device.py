@@ -203,17 +203,6 @@ def _prefill_tail_kernel(post, meta, bonus, report, hidden, layer_ids, keep, fea
         report[1] = post[p - 1]
 
 
-@cached
-@cuda.jit
-def _gather_features_kernel(hidden, layer_ids, keep, n_rows, features):
-    """features[j, y*M + c] = hidden[layer_ids[y], keep[j], c] for j < n_rows[0]: the target's
-    hidden states of the prompt's rows, the drafter's first context rows."""
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
-    j, col = cuda.grid(2)
-    if j < n_rows[0]:
-        gather_feature(hidden, layer_ids, keep, j, col, features, 0)
-
-
 # -- the loop --------------------------------------------------------------------------------------
 
 class _EventTimer:

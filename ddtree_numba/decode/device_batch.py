@@ -37,13 +37,13 @@ import time
 import weakref
 
 import numpy as np
-from numba import cuda
+from numba import cuda, int32, uint64
 
 from .. import kernels as kn
 from .._device import cached, capture_graph, ceil_div, destroy_graph, grid_dependency, replay_graph
 from ..model.cuda_target import unique_experts
-from .device import (DRAFTER_BIT, LEVEL_BUILD_FROM, TARGET_BIT, THREADS, _check_finite,
-                     _gather_features_kernel, _nonfinite_kernel, _pow2, gather_feature)
+from .device import (DRAFTER_BIT, LEVEL_BUILD_FROM, TARGET_BIT, THREADS, _check_finite, _nonfinite_kernel, _pow2,
+                     gather_feature)
 from .rounds import round_seed
 
 
@@ -154,6 +154,80 @@ def _batch_after_accept_kernel(keep, info, tokens, n_nodes, live, seqs, state, s
         report[z, 3 + j] = tokens[z, keep[z, j] - 1]
 
 
+
+# A batched prefill's inputs, staged by the host in one page-locked buffer and copied with one
+# copy: BATCH_PREFILL_HEAD uint32 = (the seed, low and high halves; the first draw's seed, the
+# same; the number of stop ids n), then SLOT_WORDS a slot = (its prompt's first row in the
+# forward, its length P, its cache rows allowed, round 1's budget, its end), then the n stop ids.
+BATCH_PREFILL_HEAD = 5
+SLOT_WORDS = 5
+
+
+@cached
+@cuda.jit
+def _batch_prefill_inputs_kernel(staged, state, budget, live, ends, n_ctx, seeds, post_seqs, post_seeds, report,
+                                 stops):
+    """A batched prefill's round state from its staged buffer, thread z a slot: state[z] = (P, 1,
+    rows allowed), budget, live = 1, ends, n_ctx = P (the drafter's first context rows), the
+    draw's table post_seqs[z] = (0, 1, the prompt's last row, z) (``sample_post``: that row drawn
+    as row 0 of a sequence alone) with seed post_seeds[z] = the first draw's seed; thread 0: seeds
+    = (the seed, the first draw's), the batch's non-finite flags (report[0, 3]) cleared, stops =
+    (n, the ids)."""
+    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    z = cuda.grid(1)
+    S = state.shape[0]
+    first = (uint64(staged[3]) << uint64(32)) | uint64(staged[2])
+    if z < S:
+        w = BATCH_PREFILL_HEAD + SLOT_WORDS * z
+        r0, p = int32(staged[w]), int32(staged[w + 1])
+        state[z, 0] = p
+        state[z, 1] = 1
+        state[z, 2] = int32(staged[w + 2])
+        budget[z] = int32(staged[w + 3])
+        ends[z] = int32(staged[w + 4])
+        live[z] = 1
+        n_ctx[z] = p
+        post_seqs[z, 0] = 0
+        post_seqs[z, 1] = 1
+        post_seqs[z, 2] = r0 + p - 1
+        post_seqs[z, 3] = z
+        post_seeds[z] = first
+    if z == 0:
+        seeds[0] = (uint64(staged[1]) << uint64(32)) | uint64(staged[0])
+        seeds[1] = first
+        report[0, 3] = 0
+        n = int32(staged[4])
+        stops[0] = n
+        for k in range(n):
+            stops[1 + k] = int32(staged[BATCH_PREFILL_HEAD + SLOT_WORDS * S + k])
+
+
+@cached
+@cuda.jit
+def _batch_prefill_tail_kernel(post, post_seqs, n_ctx, bonus, report, hidden, layer_ids, rows_in_order, features,
+                               packed):
+    """After a batched prefill's forward and its draw (``post``: each slot's last prompt row
+    drawn, ``post_seqs`` as ``_batch_prefill_inputs_kernel`` wrote it), slot z = grid z: its bonus
+    in bonus[z] and report[z, 1] for the host; blocks of grid y >= 1 (none for ``ar``): its
+    drafter's first context rows, the drafter's layers of its prompt rows r0 + j for j < P = n_ctx[z]
+    (x blocks), columns (y - 1) * blockDim + thread, into features at row f0 + j: f0 = z F (a
+    slot's own F rows), or (``packed``) r0, the prompts' rows packed as the forward packed them."""
+    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    z = cuda.blockIdx.z
+    last = post_seqs[z, 2]
+    if cuda.blockIdx.y > 0:
+        j = cuda.blockIdx.x
+        p = n_ctx[z]
+        if j < p:
+            r0 = last - p + 1
+            f0 = r0 if packed else z * (features.shape[0] // n_ctx.shape[0])
+            gather_feature(hidden, layer_ids, rows_in_order, j, (cuda.blockIdx.y - 1) * cuda.blockDim.x
+                           + cuda.threadIdx.x, features[f0:], r0)
+    elif cuda.grid(1) == 0:
+        bonus[z] = post[last]
+        report[z, 1] = post[last]
+
+
 # -- the round -------------------------------------------------------------------------------------
 
 class BatchDeviceRound:
@@ -205,7 +279,6 @@ class BatchDeviceRound:
         self.graph = None
         self.generations = 0                 # prefills so far (the drafter caches reset from the second)
         self.prompt_layouts = set()          # the prompt lengths of the prefills so far
-        self.prefill_views = {}              # (layout, workspace) -> the prefill's per-slot views (``_slot_views``)
         self.held = ()                       # scratch the graph points at
         self.dcaches, self.dpool, self.level_scratch = [], None, None
         # one drafter forward for every slot where the drafter has it (a pool of context caches,
@@ -228,11 +301,15 @@ class BatchDeviceRound:
             self.topk_scratch = kn.TopKScratch.allocate(S * L if self.packed else L, V, K, 0)
             if cap >= LEVEL_BUILD_FROM:
                 self.level_scratch = kn.LevelScratch.allocate(L, cap, 0)
-        if method == "ar":      # stand-ins of the kernel's types (never read: no gather blocks)
-            self.feature_args = (self.ws.hidden, cuda.device_array(1, np.int32), cuda.device_array((S, 1), np.float32),
-                                 False)
-        else:
-            self.feature_args = (self.ws.hidden, self.layer_ids, self.features, self.packed)
+        if method == "ar":      # stand-ins of the kernels' types (never read: no gather blocks)
+            self.layer_ids = self.rows_in_order = cuda.device_array(1, np.int32)
+            self.features = cuda.device_array((S, 1), np.float32)
+        self.feature_args = (self.ws.hidden, self.layer_ids, self.features, self.packed)
+        # the prefill's inputs: staged in page-locked memory, one copy, spread by
+        # _batch_prefill_inputs_kernel; its draw's table and seeds, a post a prefill workspace
+        self.staged_host, self.staged = None, None
+        self.post_seqs, self.post_seeds = i32(S, 4), cuda.device_array(S, np.uint64)
+        self.prefill_posts = {}
 
     def prefill(self, prompts, max_tokens, ends, stops, seed: int, graph: bool, stream) -> np.ndarray:
         """Every prompt in one batched forward into its slot, its bonus sampled, the drafter's first
@@ -241,17 +318,21 @@ class BatchDeviceRound:
         forward runs eagerly for prompt lengths this configuration has not prefilled before, and
         with ``graph`` from their second time on as the target's CUDA graph of that layout
         (``enqueue_batch(graph=True)``: captured then, replayed after), so a one-off batch pays
-        no capture and a repeated one (a warm-up, a sweep) no launches. -> the bonus tokens [S]
-        (host)."""
+        no capture and a repeated one (a warm-up, a sweep) no launches. The round state is staged
+        by the host and copied once (``BATCH_PREFILL_HEAD``); after the forward come the non-finite
+        check, one draw of every slot's last prompt row (``sample_post``'s sequence table, each row
+        drawn as ``generate`` draws it) and one launch for the bonuses and the drafter's first
+        context rows; the host reads the report once. -> the bonus tokens [S] (host)."""
         from ..model.target import Segment
         S, target = self.S, self.target
         stops = np.asarray(sorted(stops), np.int32)
         if stops.size + 1 > self.stops.shape[0]:       # a new array: the graph pointing at the old one goes
             self.close()
             self.stops = cuda.device_array(stops.size + 1, np.int32)
-        self.stops[:stops.size + 1].copy_to_device(np.concatenate([[stops.size], stops]).astype(np.int32),
-                                                   stream=stream)
-        self.ends.copy_to_device(np.asarray(ends, np.int32), stream=stream)
+        words = BATCH_PREFILL_HEAD + SLOT_WORDS * S + self.stops.shape[0] - 1
+        if self.staged_host is None or self.staged_host.shape[0] < words:
+            self.staged_host = cuda.pinned_array(words, np.uint32)
+            self.staged = cuda.device_array(words, np.uint32)
         for cache in self.pool.caches:
             cache.reset()
         if self.generations:
@@ -269,47 +350,34 @@ class BatchDeviceRound:
         ws, rows = launch.ws, launch.rows
         for seg, n in zip(segments, np.diff(rows)):
             seg.cache.length += int(n)
-        lens = np.array([p.shape[0] for p in prompts], np.int32)
-        self.state.copy_to_device(np.stack([lens, np.ones(S, np.int32), np.asarray(max_tokens, np.int32)], 1),
-                                  stream=stream)
-        self.budget.copy_to_device(np.maximum(0, np.minimum(self.cap, np.asarray(max_tokens) - lens - 1)).astype(np.int32),
-                                   stream=stream)
-        self.live.copy_to_device(np.ones(S, np.int32), stream=stream)
-        self.seeds.copy_to_device(np.array([seed, round_seed(seed, 0)], np.uint64), stream=stream)
-        self.report_head[3:4].copy_to_device(np.zeros(1, np.int32), stream=stream)
+        lens = np.array(layout, np.int64)
+        staged = self.staged_host             # (free: the previous generation ended with a sync)
+        staged[0:4].view(np.uint64)[:] = (seed, round_seed(seed, 0))
+        staged[4] = stops.size
+        staged[BATCH_PREFILL_HEAD:BATCH_PREFILL_HEAD + SLOT_WORDS * S].reshape(S, SLOT_WORDS)[:] = np.stack(
+            [rows[:-1], lens, max_tokens, np.maximum(0, np.minimum(self.cap, np.asarray(max_tokens) - lens - 1)),
+             ends], 1)
+        staged[BATCH_PREFILL_HEAD + SLOT_WORDS * S:][:stops.size] = stops
+        self.staged.copy_to_device(staged, stream=stream)
+        _batch_prefill_inputs_kernel[1, max(32, _pow2(S)), stream](
+            self.staged, self.state, self.budget, self.live, self.ends, self.n_ctx, self.seeds, self.post_seqs,
+            self.post_seeds, self.report, self.stops)
         _nonfinite_kernel[(ceil_div(ws.rows, 4), ceil_div(ws.logits.shape[1], 64), 1), (4, 64), stream](
             ws.logits, ws.n_rows, TARGET_BIT, ws.logits, ws.n_rows, TARGET_BIT, self.report_head)
-        if self.method != "ar":
-            self.n_ctx.copy_to_device(lens, stream=stream)
-        for last, bonus, gather in self._slot_views(layout, ws, rows):
-            kn.sample_post(last, self.temperature, 0, out=bonus, seed_device=self.first_seed, stream=stream)
-            if gather is not None:              # its prompt's rows: the drafter's first context rows
-                grid, hidden, n_ctx, features = gather
-                _gather_features_kernel[grid, (1, THREADS), stream](hidden, self.layer_ids, self.rows_in_order, n_ctx,
-                                                                    features)
-        bonus = self.bonus.copy_to_host(stream=stream)
-        _check_finite(self.report_head, "the prefill", stream)
-        return bonus
-
-    def _slot_views(self, layout: tuple, ws, rows) -> list:
-        """Per slot z of a prefill of prompt lengths ``layout`` in workspace ``ws`` (rows[z] ..
-        rows[z + 1] its prompt's rows): (its last logits row, its bonus, None for ``ar`` else
-        (the gather's grid, its hidden rows, its context count, its feature rows)). Made once a
-        (layout, workspace) and kept: a device array's slice costs the host ~0.1 ms, a prefill
-        of S slots 5 S of them."""
-        key = (layout, id(ws))
-        if key not in self.prefill_views:
-            views = []
-            for z, p in enumerate(layout):
-                r0, r1 = int(rows[z]), int(rows[z + 1])
-                gather = None
-                if self.method != "ar":
-                    f0 = r0 if self.packed else z * self.F
-                    gather = ((p, ceil_div(self.features.shape[1], THREADS)), ws.hidden[:, r0:r1],
-                              self.n_ctx[z:z + 1], self.features[f0:f0 + p])
-                views.append((ws.logits[r1 - 1:r1], self.bonus[z:z + 1], gather))
-            self.prefill_views[key] = (ws, views)     # (the workspace held: its id stays its own)
-        return self.prefill_views[key][1]
+        post = self.prefill_posts.get(ws.rows)
+        if post is None:
+            post = self.prefill_posts[ws.rows] = cuda.device_array(ws.rows, np.int32)
+        kn.sample_post(ws.logits, self.temperature, 0, out=post, seed_device=self.post_seeds, seqs=self.post_seqs,
+                       stream=stream)
+        gather = 0 if self.method == "ar" else ceil_div(self.features.shape[1], THREADS)
+        _batch_prefill_tail_kernel[(int(lens.max()), 1 + gather, S), THREADS, stream](
+            post, self.post_seqs, self.n_ctx, self.bonus, self.report, ws.hidden, self.layer_ids, self.rows_in_order,
+            self.features, self.packed)
+        report = self.host_reports[0]         # (no round yet: its buffers are free)
+        self.report.copy_to_host(report, stream=stream)
+        stream.synchronize()
+        _check_finite(report[0], "the prefill", stream)
+        return report[:, 1].copy()
 
     def enqueue_round(self, stream) -> None:
         """One round of every slot, every size read from the device (capturable)."""

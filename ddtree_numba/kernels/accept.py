@@ -10,7 +10,7 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, float64, int32, uint64
+from numba import config, cuda, float64, int32, uint64
 
 from .._checks import check_array, check_follow_inputs, check_sample_inputs
 from ..tree import Tree
@@ -18,7 +18,10 @@ from .._device import cached, check_threads, device_function, grid_dependency, i
 from .rope import _no_seqs    # an empty sequence table: one tree, post from row 0
 from .tree_build import TreeBuffers
 
-THREADS = 256
+# Threads a block (a row to draw, a tree to walk). The results do not depend on it (the arg-max
+# keeps the lowest id on ties however the rows are split; the walk is one thread's), so the
+# simulator, which runs a Python thread a CUDA thread, takes fewer.
+THREADS = 32 if config.ENABLE_CUDASIM else 256
 _NONE = 2**31 - 1
 
 
