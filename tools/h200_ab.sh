@@ -13,6 +13,9 @@
 #   prefill's graph, kept configurations, the batched round), then tools/batch_gap.py per side
 #   (old, new): generate against generate_batch of one prompt and of eight, the wall time a call
 #   spends before its first round beside a round's (docs/PERFORMANCE.md, "batch gap").
+# PART=batch_ncu (~4 minutes, this tree only): Nsight Compute, graph nodes one by one, of a batched
+#   ddtree round of --batch 8 demo prompts ($OUT/ncu_b8.csv) and of generate's ddtree round
+#   ($OUT/ncu_b1.csv), budget 16; compare with tools/ncu_summary.py.
 # (Twenty-sixth session: this is how the norm fold of 511ebd5 / 19ce1c1 / 01c2860 was found to
 #   cost the demo round ~11 %; docs/PERFORMANCE.md.)
 source tools/h200_env.sh
@@ -29,6 +32,13 @@ for label in old new old new; do
   side $dir $label timeout $(left 560) python3 benchmarks/demo_pair.py --budgets 16 64 --no-append 2>&1 |
     grep -v Warn | grep "^| \(ar\|dflash\|ddtree\)"
 done
+elif [ "$PART" = batch_ncu ]; then
+M="--profile-from-start off --clock-control none --graph-profiling node"
+M="$M --metrics gpu__time_duration.sum,launch__registers_per_thread --csv"
+timeout $(left 280) ncu $M python3 tools/batch_gap.py --kernels batch --batch 8 > "$OUT/ncu_b8.csv" 2>/dev/null
+echo "batch 8 rc $?"
+timeout $(left 500) ncu $M python3 tools/profile_round.py --kernels 16 > "$OUT/ncu_b1.csv" 2>/dev/null
+echo "generate rc $?"
 elif [ "$PART" = gap ]; then
 side . new timeout $(left 200) python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_decode_cuda.py --tb=short \
   2>&1 | grep -v Warn | tail -4
