@@ -77,9 +77,18 @@ def _patch_simulator_block_scheduler() -> None:
     says so under one condition, and the launching thread sleeps on it until every live thread
     of the block is at the barrier (it then releases them all) or has ended. As before, the
     first exception of a thread aborts the others (their next barrier raises) and is raised."""
+    import inspect
     import threading
 
     from numba.cuda.simulator import kernel as sim_kernel
+
+    # The replacement uses the simulator's internals as numba-cuda 0.30 has them; a version whose
+    # block classes differ keeps its own scheduler (slower, never wrong).
+    if (list(inspect.signature(sim_kernel.BlockThread.__init__).parameters)
+            != ["self", "f", "manager", "blockIdx", "threadIdx", "debug"]
+            or list(inspect.signature(sim_kernel.BlockManager.__init__).parameters)
+            != ["self", "f", "grid_dim", "block_dim", "debug"]):
+        return
 
     def syncthreads(self):
         if self.abort:
