@@ -359,7 +359,7 @@ class BatchDeviceRound:
              ends], 1)
         staged[BATCH_PREFILL_HEAD + SLOT_WORDS * S:][:stops.size] = stops
         self.staged.copy_to_device(staged, stream=stream)
-        _batch_prefill_inputs_kernel[1, max(32, _pow2(S)), stream](
+        _batch_prefill_inputs_kernel[ceil_div(S, THREADS), THREADS, stream](
             self.staged, self.state, self.budget, self.live, self.ends, self.n_ctx, self.seeds, self.post_seqs,
             self.post_seeds, self.report, self.stops)
         _nonfinite_kernel[(ceil_div(ws.rows, 4), ceil_div(ws.logits.shape[1], 64), 1), (4, 64), stream](
