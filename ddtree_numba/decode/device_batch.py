@@ -154,7 +154,6 @@ def _batch_after_accept_kernel(keep, info, tokens, n_nodes, live, seqs, state, s
         report[z, 3 + j] = tokens[z, keep[z, j] - 1]
 
 
-
 # A batched prefill's inputs, staged by the host in one page-locked buffer and copied with one
 # copy: BATCH_PREFILL_HEAD uint32 = (the seed, low and high halves; the first draw's seed, the
 # same; the number of stop ids n), then SLOT_WORDS a slot = (its prompt's first row in the
@@ -165,14 +164,14 @@ SLOT_WORDS = 5
 
 @cached
 @cuda.jit
-def _batch_prefill_inputs_kernel(staged, state, budget, live, ends, n_ctx, seeds, post_seqs, post_seeds, report,
+def _batch_prefill_inputs_kernel(staged, state, budget, live, ends, n_ctx, seed, post_seqs, post_seeds, report,
                                  stops):
     """A batched prefill's round state from its staged buffer, thread z a slot: state[z] = (P, 1,
     rows allowed), budget, live = 1, ends, n_ctx = P (the drafter's first context rows), the
     draw's table post_seqs[z] = (0, 1, the prompt's last row, z) (``sample_post``: that row drawn
-    as row 0 of a sequence alone) with seed post_seeds[z] = the first draw's seed; thread 0: seeds
-    = (the seed, the first draw's), the batch's non-finite flags (report[0, 3]) cleared, stops =
-    (n, the ids)."""
+    as row 0 of a sequence alone) with seed post_seeds[z] = the first draw's seed; thread 0: seed
+    [1] = the generation's seed (the rounds' draws), the batch's non-finite flags (report[0, 3])
+    cleared, stops = (n, the ids)."""
     grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     z = cuda.grid(1)
     S = state.shape[0]
@@ -193,8 +192,7 @@ def _batch_prefill_inputs_kernel(staged, state, budget, live, ends, n_ctx, seeds
         post_seqs[z, 3] = z
         post_seeds[z] = first
     if z == 0:
-        seeds[0] = (uint64(staged[1]) << uint64(32)) | uint64(staged[0])
-        seeds[1] = first
+        seed[0] = (uint64(staged[1]) << uint64(32)) | uint64(staged[0])
         report[0, 3] = 0
         n = int32(staged[4])
         stops[0] = n
@@ -271,9 +269,7 @@ class BatchDeviceRound:
         # two of each: the host reads one round's while the next round's copy is queued
         self.host_reports = tuple(cuda.pinned_array(self.report.shape, np.int32) for _ in range(2))
         self.host_offsets = tuple(cuda.pinned_array(self.launch.offsets.shape, np.int32) for _ in range(2))
-        self.seeds = cuda.device_array(2, np.uint64)           # views of one array: one copy a prefill
-        self.seed = self.seeds[0:1]                            # the generation's seed
-        self.first_seed = self.seeds[1:2]                      # the prefill's draw: round_seed(seed, 0)
+        self.seed = cuda.device_array(1, np.uint64)            # the generation's seed
         self.report_head = self.report[0]                      # slot 0's row: the batch's flags (column 3)
         self.round_seeds = cuda.device_array(S, np.uint64)
         self.graph = None
@@ -360,7 +356,7 @@ class BatchDeviceRound:
         staged[BATCH_PREFILL_HEAD + SLOT_WORDS * S:][:stops.size] = stops
         self.staged.copy_to_device(staged, stream=stream)
         _batch_prefill_inputs_kernel[ceil_div(S, THREADS), THREADS, stream](
-            self.staged, self.state, self.budget, self.live, self.ends, self.n_ctx, self.seeds, self.post_seqs,
+            self.staged, self.state, self.budget, self.live, self.ends, self.n_ctx, self.seed, self.post_seqs,
             self.post_seeds, self.report, self.stops)
         _nonfinite_kernel[(ceil_div(ws.rows, 4), ceil_div(ws.logits.shape[1], 64), 1), (4, 64), stream](
             ws.logits, ws.n_rows, TARGET_BIT, ws.logits, ws.n_rows, TARGET_BIT, self.report_head)

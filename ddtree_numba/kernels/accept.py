@@ -19,8 +19,8 @@ from .rope import _no_seqs    # an empty sequence table: one tree, post from row
 from .tree_build import TreeBuffers
 
 # Threads a block (a row to draw, a tree to walk). The results do not depend on it (the arg-max
-# keeps the lowest id on ties however the rows are split; the walk is one thread's), so the
-# simulator, which runs a Python thread a CUDA thread, takes fewer.
+# keeps the lowest id on ties however the row is split; a node has at most one child that matches,
+# found by an atomic minimum), so the simulator, which runs a Python thread a CUDA thread, takes fewer.
 THREADS = 32 if config.ENABLE_CUDASIM else 256
 _NONE = 2**31 - 1
 
