@@ -80,7 +80,7 @@ SIGNATURES = {
         f"int64, {I32_1}, {I32_1}, {I32_1}, float32[:, :, ::1], {I32_1}, {F32_2}, boolean)"],
     "decode.device_batch._batch_prefill_inputs_kernel": [
         f"void(uint32[::1], {I32_2}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, uint64[::1], {I32_2}, uint64[::1], {I32_2}, "
-        f"{I32_1})"],
+        f"{I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_2})"],
     "decode.device_batch._batch_prefill_tail_kernel": [
         f"void({I32_1}, {I32_2}, {I32_1}, {I32_1}, {I32_2}, float32[:, :, ::1], {I32_1}, {I32_1}, {F32_2}, boolean)"],
     # -- the drafter's glue (model/cuda_drafter.py) --

@@ -156,43 +156,74 @@ def _batch_after_accept_kernel(keep, info, tokens, n_nodes, live, seqs, state, s
 
 # A batched prefill's inputs, staged by the host in one page-locked buffer and copied with one
 # copy: BATCH_PREFILL_HEAD uint32 = (the seed, low and high halves; the first draw's seed, the
-# same; the number of stop ids n), then SLOT_WORDS a slot = (its prompt's first row in the
-# forward, its length P, its cache rows allowed, round 1's budget, its end), then the n stop ids.
-BATCH_PREFILL_HEAD = 5
+# same; the number of stop ids n; the forward's rows T), then SLOT_WORDS a slot = (its prompt's
+# first row in the forward, its length P, its cache rows allowed, round 1's budget, its end), then
+# the stop ids (n of them, in room for the configuration's ``stops`` array), then the T prompt ids,
+# the prompts one after another in slot order.
+BATCH_PREFILL_HEAD = 6
 SLOT_WORDS = 5
 
 
 @cached
 @cuda.jit
 def _batch_prefill_inputs_kernel(staged, state, budget, live, ends, n_ctx, seed, post_seqs, post_seeds, report,
-                                 stops):
-    """A batched prefill's round state from its staged buffer, thread z a slot: state[z] = (P, 1,
+                                 stops, ids, positions, parents, meta, seqs):
+    """A batched prefill's inputs from its staged buffer. Thread z < S a slot: state[z] = (P, 1,
     rows allowed), budget, live = 1, ends, n_ctx = P (the drafter's first context rows), the
-    draw's table post_seqs[z] = (0, 1, the prompt's last row, z) (``sample_post``: that row drawn
-    as row 0 of a sequence alone) with seed post_seeds[z] = the first draw's seed; thread 0: seed
-    [1] = the generation's seed (the rounds' draws), the batch's non-finite flags (report[0, 3])
-    cleared, stops = (n, the ids)."""
+    forward's table seqs[z] = (0, P, first row, z) (an empty cache), the draw's table post_seqs[z]
+    = (0, 1, the prompt's last row, z) (``sample_post``: that row drawn as row 0 of a sequence
+    alone) with seed post_seeds[z] = the first draw's seed. Thread i < ids.shape[0] a row of the
+    forward: row i < T of the slot whose rows hold it (a binary search of the first rows) takes
+    its prompt id, position i - first row and a chain within its prompt (parents numbered within
+    it); rows past T id 0, position 0, no parent. Thread 0: seed [1] = the generation's seed (the
+    rounds' draws), meta = (0, T), the batch's non-finite flags (report[0, 3]) cleared, stops =
+    (n, the ids)."""
     grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
-    z = cuda.grid(1)
+    i = cuda.grid(1)
     S = state.shape[0]
     first = (uint64(staged[3]) << uint64(32)) | uint64(staged[2])
-    if z < S:
-        w = BATCH_PREFILL_HEAD + SLOT_WORDS * z
+    stop_room = stops.shape[0] - 1
+    if i < S:
+        w = BATCH_PREFILL_HEAD + SLOT_WORDS * i
         r0, p = int32(staged[w]), int32(staged[w + 1])
-        state[z, 0] = p
-        state[z, 1] = 1
-        state[z, 2] = int32(staged[w + 2])
-        budget[z] = int32(staged[w + 3])
-        ends[z] = int32(staged[w + 4])
-        live[z] = 1
-        n_ctx[z] = p
-        post_seqs[z, 0] = 0
-        post_seqs[z, 1] = 1
-        post_seqs[z, 2] = r0 + p - 1
-        post_seqs[z, 3] = z
-        post_seeds[z] = first
-    if z == 0:
+        state[i, 0] = p
+        state[i, 1] = 1
+        state[i, 2] = int32(staged[w + 2])
+        budget[i] = int32(staged[w + 3])
+        ends[i] = int32(staged[w + 4])
+        live[i] = 1
+        n_ctx[i] = p
+        seqs[i, 0] = 0
+        seqs[i, 1] = p
+        seqs[i, 2] = r0
+        seqs[i, 3] = i
+        post_seqs[i, 0] = 0
+        post_seqs[i, 1] = 1
+        post_seqs[i, 2] = r0 + p - 1
+        post_seqs[i, 3] = i
+        post_seeds[i] = first
+    t = int32(staged[5])
+    if i < ids.shape[0]:
+        if i < t:
+            lo, hi = 0, S - 1                 # the last slot whose first row is <= i
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if int32(staged[BATCH_PREFILL_HEAD + SLOT_WORDS * mid]) <= i:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            j = i - int32(staged[BATCH_PREFILL_HEAD + SLOT_WORDS * lo])
+            ids[i] = int32(staged[BATCH_PREFILL_HEAD + SLOT_WORDS * S + stop_room + i])
+            positions[i] = j
+            parents[i] = j - 1
+        else:
+            ids[i] = 0
+            positions[i] = 0
+            parents[i] = -1
+    if i == 0:
         seed[0] = (uint64(staged[1]) << uint64(32)) | uint64(staged[0])
+        meta[0] = 0
+        meta[1] = t
         report[0, 3] = 0
         n = int32(staged[4])
         stops[0] = n
@@ -274,7 +305,6 @@ class BatchDeviceRound:
         self.round_seeds = cuda.device_array(S, np.uint64)
         self.graph = None
         self.generations = 0                 # prefills so far (the drafter caches reset from the second)
-        self.prompt_layouts = set()          # the prompt lengths of the prefills so far
         self.held = ()                       # scratch the graph points at
         self.dcaches, self.dpool, self.level_scratch = [], None, None
         # one drafter forward for every slot where the drafter has it (a pool of context caches,
@@ -302,62 +332,88 @@ class BatchDeviceRound:
             self.features = cuda.device_array((S, 1), np.float32)
         self.feature_args = (self.ws.hidden, self.layer_ids, self.features, self.packed)
         # the prefill's inputs: staged in page-locked memory, one copy, spread by
-        # _batch_prefill_inputs_kernel; its draw's table and seeds, a post a prefill workspace
+        # _batch_prefill_inputs_kernel; its draw's table and seeds, a post a prefill workspace;
+        # (workspace rows, longest prompt bucket) -> [its pooled launch, its graph, the scratch
+        # the graph holds]
         self.staged_host, self.staged = None, None
         self.post_seqs, self.post_seeds = i32(S, 4), cuda.device_array(S, np.uint64)
         self.prefill_posts = {}
+        self.prefill_launches = {}
 
     def prefill(self, prompts, max_tokens, ends, stops, seed: int, graph: bool, stream) -> np.ndarray:
         """Every prompt in one batched forward into its slot, its bonus sampled, the drafter's first
         context rows gathered, the round state set (``ends`` [S]: prompt + max_new_tokens a slot;
         ``stops`` the stop ids). Every slot live: the caller marks the ones its bonus ends. The
-        forward runs eagerly for prompt lengths this configuration has not prefilled before, and
-        with ``graph`` from their second time on as the target's CUDA graph of that layout
-        (``enqueue_batch(graph=True)``: captured then, replayed after), so a one-off batch pays
-        no capture and a repeated one (a warm-up, a sweep) no launches. The round state is staged
-        by the host and copied once (``BATCH_PREFILL_HEAD``); after the forward come the non-finite
-        check, one draw of every slot's last prompt row (``sample_post``'s sequence table, each row
-        drawn as ``generate`` draws it) and one launch for the bonuses and the drafter's first
-        context rows; the host reads the report once. -> the bonus tokens [S] (host)."""
-        from ..model.target import Segment
+        host stages the prompts and the round state in page-locked memory
+        (``BATCH_PREFILL_HEAD``) and makes one copy; the rest is ``enqueue_prefill``, every size
+        on the device, with ``graph`` one CUDA graph a (prefill workspace, longest prompt rounded
+        up to a power of two), captured on its first use; the host reads the report once.
+        -> the bonus tokens [S] (host)."""
         S, target = self.S, self.target
         stops = np.asarray(sorted(stops), np.int32)
-        if stops.size + 1 > self.stops.shape[0]:       # a new array: the graph pointing at the old one goes
+        if stops.size + 1 > self.stops.shape[0]:       # a new array: the graphs pointing at the old one go
             self.close()
             self.stops = cuda.device_array(stops.size + 1, np.int32)
-        words = BATCH_PREFILL_HEAD + SLOT_WORDS * S + self.stops.shape[0] - 1
-        if self.staged_host is None or self.staged_host.shape[0] < words:
-            self.staged_host = cuda.pinned_array(words, np.uint32)
-            self.staged = cuda.device_array(words, np.uint32)
-        for cache in self.pool.caches:
-            cache.reset()
+            self.staged_host = None
+        ids_at = BATCH_PREFILL_HEAD + SLOT_WORDS * S + self.stops.shape[0] - 1
+        if self.staged_host is None:                  # room for S prompts of the pool's capacity
+            self.staged_host = cuda.pinned_array(ids_at + S * self.pool.c_kv.shape[2], np.uint32)
+            self.staged = cuda.device_array(self.staged_host.shape[0], np.uint32)
         if self.generations:
             for cache in self.dcaches:
                 cache.reset()
             if self.dpool is not None:
                 self.dpool.reset()
         self.generations += 1
-        segments = [Segment(np.asarray(p, np.int32), np.arange(p.shape[0], dtype=np.int32), self.pool.caches[z], None)
-                    for z, p in enumerate(prompts)]
-        layout = tuple(p.shape[0] for p in prompts)
-        launch = target.enqueue_batch(segments, self.layers, graph=graph and layout in self.prompt_layouts,
-                                      stream=stream)
-        self.prompt_layouts.add(layout)
-        ws, rows = launch.ws, launch.rows
-        for seg, n in zip(segments, np.diff(rows)):
-            seg.cache.length += int(n)
-        lens = np.array(layout, np.int64)
+        lens = np.array([p.shape[0] for p in prompts], np.int64)
+        rows = np.concatenate([[0], np.cumsum(lens)])
+        t = int(rows[-1])
         staged = self.staged_host             # (free: the previous generation ended with a sync)
         staged[0:4].view(np.uint64)[:] = (seed, round_seed(seed, 0))
-        staged[4] = stops.size
+        staged[4:6] = (stops.size, t)
         staged[BATCH_PREFILL_HEAD:BATCH_PREFILL_HEAD + SLOT_WORDS * S].reshape(S, SLOT_WORDS)[:] = np.stack(
             [rows[:-1], lens, max_tokens, np.maximum(0, np.minimum(self.cap, np.asarray(max_tokens) - lens - 1)),
              ends], 1)
         staged[BATCH_PREFILL_HEAD + SLOT_WORDS * S:][:stops.size] = stops
-        self.staged.copy_to_device(staged, stream=stream)
-        _batch_prefill_inputs_kernel[ceil_div(S, THREADS), THREADS, stream](
+        staged[ids_at:ids_at + t] = np.concatenate(prompts)
+        self.staged[:ids_at + t].copy_to_device(staged[:ids_at + t], stream=stream)   # (the words in use)
+        ws = target.workspace(t)
+        key = (ws.rows, min(ws.rows, _pow2(int(lens.max()))))
+        entry = self.prefill_launches.get(key)
+        if entry is None:
+            launch = target.pooled_launch(ws, self.pool, self.seqs, key[1], self.layers)
+            entry = self.prefill_launches[key] = [launch, None, None]
+        launch = entry[0]
+        if not graph:
+            self.enqueue_prefill(launch, stream)
+        else:
+            if entry[1] is None:
+                # capture_graph warms up on its own stream: the staged inputs must be in first.
+                # The warm-up run and the capture write the same rows, the prompts'.
+                stream.synchronize()
+                entry[1] = capture_graph(lambda s: self.enqueue_prefill(launch, s))
+                entry[2] = ws.mla_scratch              # held: the graph points at it
+            replay_graph(entry[1], stream)
+        for cache, n in zip(self.pool.caches, lens):
+            cache.length = int(n)
+        report = self.host_reports[0]         # (no round yet: its buffers are free)
+        self.report.copy_to_host(report, stream=stream)
+        stream.synchronize()
+        _check_finite(report[0], "the prefill", stream)
+        return report[:, 1].copy()
+
+    def enqueue_prefill(self, launch, stream) -> None:
+        """The batched prefill's device work from its staged inputs (``self.staged``), every size
+        read from the device (capturable): the inputs spread to ``launch``'s workspace and the
+        round state, the forward of every slot's prompt into its slot, the non-finite check, one
+        draw of every slot's last prompt row (``sample_post``'s sequence table, each row drawn
+        as ``generate`` draws it) and one launch for the bonuses and the drafter's first context
+        rows."""
+        ws, S = launch.ws, self.S
+        _batch_prefill_inputs_kernel[ceil_div(max(S, ws.rows), THREADS), THREADS, stream](
             self.staged, self.state, self.budget, self.live, self.ends, self.n_ctx, self.seed, self.post_seqs,
-            self.post_seeds, self.report, self.stops)
+            self.post_seeds, self.report, self.stops, ws.ids, ws.positions, ws.parents, ws.meta, self.seqs)
+        self.target.forward_pooled(launch, stream=stream)
         _nonfinite_kernel[(ceil_div(ws.rows, 4), ceil_div(ws.logits.shape[1], 64), 1), (4, 64), stream](
             ws.logits, ws.n_rows, TARGET_BIT, ws.logits, ws.n_rows, TARGET_BIT, self.report_head)
         post = self.prefill_posts.get(ws.rows)
@@ -366,14 +422,9 @@ class BatchDeviceRound:
         kn.sample_post(ws.logits, self.temperature, 0, out=post, seed_device=self.post_seeds, seqs=self.post_seqs,
                        stream=stream)
         gather = 0 if self.method == "ar" else ceil_div(self.features.shape[1], THREADS)
-        _batch_prefill_tail_kernel[(int(lens.max()), 1 + gather, S), THREADS, stream](
+        _batch_prefill_tail_kernel[(launch.max_rows, 1 + gather, S), THREADS, stream](
             post, self.post_seqs, self.n_ctx, self.bonus, self.report, ws.hidden, self.layer_ids, self.rows_in_order,
             self.features, self.packed)
-        report = self.host_reports[0]         # (no round yet: its buffers are free)
-        self.report.copy_to_host(report, stream=stream)
-        stream.synchronize()
-        _check_finite(report[0], "the prefill", stream)
-        return report[:, 1].copy()
 
     def enqueue_round(self, stream) -> None:
         """One round of every slot, every size read from the device (capturable)."""
@@ -444,9 +495,14 @@ class BatchDeviceRound:
                                               (self.drafter.workspace(self.F).scratch,))
 
     def close(self) -> None:
+        """Destroy the round's graph and the prefill's (a new one is captured on next use)."""
         if self.graph is not None:
             destroy_graph(self.graph)
             self.graph = None
+        for entry in self.prefill_launches.values():
+            if entry[1] is not None:
+                destroy_graph(entry[1])
+            entry[1:] = [None, None]
 
 
 _BATCH_ROUNDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # target -> {key: BatchDeviceRound}
