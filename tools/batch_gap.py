@@ -9,8 +9,8 @@ one prompt; ``generate_batch`` of ``--batch`` prompts at once): tokens/s over th
 wall time a call spends before its first round (the prefill, with its sync) and a round's wall
 time (the rounds' span over their count), after two warm-up passes. A gap in the round column
 is the batched round's graph; one in the prefill column is the batched prefill.
-``--kernels batch``: instead, one batched ddtree round's graph (``--batch`` prompts, its first
-round after their prefill) replayed under the CUDA profiler API (run it under ``ncu
+``--kernels batch``: instead, one batched ddtree round's graph (``--batch`` prompts, the round
+after ``--after`` rounds, default 4: a steady round, as ``tools/profile_round.py --kernels``'s) replayed under the CUDA profiler API (run it under ``ncu
 --profile-from-start off --graph-profiling node --metrics gpu__time_duration.sum --csv``), for
 ``tools/ncu_summary.py``; ``generate``'s round: ``tools/profile_round.py --kernels``.
 ``--kernels prefill``: ``generate``'s prefill of the first prompt (its graph and the launches
@@ -33,6 +33,7 @@ def main():
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--kernels", choices=("batch", "prefill"))
+    ap.add_argument("--after", type=int, default=4, help="--kernels batch: rounds replayed before the profiled one")
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
 
@@ -69,6 +70,8 @@ def main():
         ps = prompts[:args.batch]
         br.prefill(ps, [len(q) + args.new + b + 1 for q in ps], [len(q) + args.new for q in ps], set(), 0, True, stream)
         br.live.copy_to_device(np.ones(len(ps), np.int32), stream=stream)
+        for _ in range(args.after):              # the device state advances round by round
+            replay_graph(br.graph, stream)
         cuda.synchronize()
         cuda.profile_start()
         replay_graph(br.graph, stream)

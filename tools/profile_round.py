@@ -9,7 +9,8 @@ build, verify, accept, compact) and of the whole round, over the held-out prompt
 warm-up. Splitting the graph adds a few microseconds a stage (each part is its own launch).
 ``--kernels B``: instead, one ddtree round at budget B replayed under the CUDA profiler API
 (run it under ``ncu --profile-from-start off --graph-profiling node --metrics
-gpu__time_duration.sum --csv``) for each kernel's time.
+gpu__time_duration.sum --csv``) for each kernel's time: the round after ``--after`` rounds
+(default 4: a steady round, its new context rows a round's accepted tokens, not the prompt's).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ def main():
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--kernels", type=int, metavar="BUDGET")
+    ap.add_argument("--after", type=int, default=4, help="--kernels: rounds replayed before the profiled one")
     args = ap.parse_args()
 
     import ddtree_numba as dd
@@ -45,6 +47,8 @@ def main():
         dr.prefill(prompts[0], p + args.new + b + 1, 0.0, 0, True, stream)
         (_, exe), = dr.graphs[True][1]
         from ddtree_numba._device import replay_graph
+        for _ in range(args.after):              # the device state advances round by round
+            replay_graph(exe, stream)
         cuda.synchronize()
         cuda.profile_start()
         replay_graph(exe, stream)
