@@ -199,3 +199,56 @@ def test_a_batch_of_drafts_in_one_forward_gives_each_slot_its_own_drafts_bits():
     dev.draft_batch_device(cuda.to_device(np.zeros((cap, y * m), np.float32)), cuda.to_device(too_many),
                            cuda.to_device(np.zeros(S, np.int32)), pool)
     assert pool.overflowed.tolist() == [False, False, True] and pool.lengths[2] == 6
+
+
+def test_the_drafters_device_prefill_then_narrow_drafts_give_one_drafts_bits():
+    """``prefill_device`` (a decode loop's prefill: the cache emptied, the prompt's context rows
+    appended, n set to 0), then drafts over a narrow feature view, give bit for bit the logits
+    and cache lengths of drafts that take the prompt's rows themselves, from a cache that held
+    rows before the prefill (it is emptied); the batched ``prefill_batch_device`` likewise
+    against ``draft_batch_device``. A second prefill of the same inputs (a captured prefill's
+    warm-up, then its replay) leaves the same state."""
+    path = os.path.join(DATA, "v3_released")
+    dev_t = dd.load_target(path, backend="cuda", precision="fp32")
+    dev = random_drafter(dev_t, num_hidden_layers=1, block_size=4, num_attention_heads=6, num_key_value_heads=2,
+                         head_dim=4, intermediate_size=24, seed=7)
+    rng = np.random.default_rng(3)
+    y, m, B = len(dev.target_layer_ids), dev.config.hidden_size, dev.block_size
+    as_bits = lambda a: a.copy_to_host().view(np.uint32)             # noqa: E731
+    dev_i32 = lambda *v: cuda.to_device(np.array(v, np.int32))       # noqa: E731
+    prompt = rng.standard_normal((7, y * m)).astype(np.float32)
+    rounds = [(rng.standard_normal((c, y * m)).astype(np.float32), bonus) for c, bonus in ((3, 5), (4, 71))]
+    # one sequence: a 16-row feature buffer, the prompt's 7 rows
+    feats = cuda.to_device(np.concatenate([prompt, np.full((9, y * m), np.nan, np.float32)]))
+    wide, narrow = dev.new_cache(32), dev.new_cache(32)
+    dev.draft_device(cuda.to_device(prompt[:5]), dev_i32(5), dev_i32(1), narrow)    # rows to be emptied
+    n = dev_i32(7)
+    for _ in range(2):
+        n.copy_to_device(np.array([7], np.int32))
+        dev.prefill_device(feats, n, narrow)
+        assert int(n.copy_to_host()[0]) == 0 and narrow.length == 7
+    want = as_bits(dev.draft_device(feats, dev_i32(7), dev_i32(9), wide))
+    np.testing.assert_array_equal(as_bits(dev.draft_device(feats[:B], n, dev_i32(9), narrow)), want)
+    for rows, bonus in rounds:
+        feats[:rows.shape[0]].copy_to_device(rows)
+        want = as_bits(dev.draft_device(feats, dev_i32(rows.shape[0]), dev_i32(bonus), wide))
+        got = as_bits(dev.draft_device(feats[:B], dev_i32(rows.shape[0]), dev_i32(bonus), narrow))
+        np.testing.assert_array_equal(got, want)
+    assert narrow.length == wide.length == 14
+    # two slots, packed: prompts of 7 and 2 rows
+    S = 2
+    packed = cuda.to_device(np.concatenate([prompt, prompt[:2], np.full((7, y * m), np.nan, np.float32)]))
+    wide, narrow = dev.new_pool(S, 32), dev.new_pool(S, 32)
+    n = dev_i32(7, 2)
+    for _ in range(2):
+        n.copy_to_device(np.array([7, 2], np.int32))
+        dev.prefill_batch_device(packed, n, dev_i32(0, 0), narrow)
+        assert n.copy_to_host().tolist() == [0, 0] and narrow.lengths.tolist() == [7, 2]
+    want = as_bits(dev.draft_batch_device(packed, dev_i32(7, 2), dev_i32(9, 4), wide))
+    np.testing.assert_array_equal(as_bits(dev.draft_batch_device(packed[:S * B], n, dev_i32(9, 4), narrow)), want)
+    rows = np.concatenate([r for r, _ in rounds])                    # slot 0 takes 3 rows, slot 1 four
+    packed[:7].copy_to_device(rows)
+    want = as_bits(dev.draft_batch_device(packed, dev_i32(3, 4), dev_i32(5, 71), wide))
+    got = as_bits(dev.draft_batch_device(packed[:S * B], dev_i32(3, 4), dev_i32(5, 71), narrow))
+    np.testing.assert_array_equal(got, want)
+    assert narrow.lengths.tolist() == wide.lengths.tolist() == [10, 6]

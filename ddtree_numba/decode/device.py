@@ -320,6 +320,13 @@ class DeviceRound:
             self.ids = cuda.device_array((L, K), np.int32)
             self.topk_scratch = kn.TopKScratch.allocate(L, V, K, 0)  # between its slice blocks and merge
             self.level_scratch = kn.LevelScratch.allocate(L, cap, 0) if cap >= LEVEL_BUILD_FROM else None
+        # A drafter with a device prefill (``prefill_device``) takes the prompt's context rows in
+        # the prefill; then a round's draft sees at most the rows a round accepts (a path of
+        # min(L, cap) nodes and its root), and its launches are sized for those, not the prompt
+        self.drafter_prefill = method != "ar" and hasattr(drafter, "prefill_device")
+        self.draft_features = (None if method == "ar" else
+                               self.features[:min(drafter.block_size - 1, cap) + 1] if self.drafter_prefill
+                               else self.features)
         # the gather of the drafter's next context rows in _after_accept_kernel, and of its first
         # in _prefill_tail_kernel (stand-ins of the kernels' types for ar: no gather blocks)
         self.feature_args = ((self.ws.hidden, self.info, self.ws.logits) if method == "ar" else
@@ -364,8 +371,9 @@ class DeviceRound:
                 stream.synchronize()
                 exe = capture_graph(lambda s: self.enqueue_prefill(wp, temperature, s))
                 self.prefill_graphs[wp.rows] = (temperature, exe)
-                if not any(h is wp.mla_scratch for h in self.held):
-                    self.held += (wp.mla_scratch,)
+                held = (wp.mla_scratch,) + ((self.drafter.workspace(self.features.shape[0], 1).scratch,)
+                                            if self.drafter_prefill else ())
+                self.held += tuple(h for h in held if not any(h is k for k in self.held))
             replay_graph(exe, stream)
         self.tcache.length = p
         self.generations += 1
@@ -374,7 +382,7 @@ class DeviceRound:
         """The prefill's device work from its staged inputs (``self.staged``), every size read from
         the device (capturable): the inputs spread to the workspace ``wp`` and the round state,
         the forward, the non-finite check, the draw of row P - 1, the bonus and the drafter's
-        first context rows."""
+        first context rows (taken into its cache here by a drafter with ``prefill_device``)."""
         _prefill_inputs_kernel[ceil_div(wp.rows, THREADS), THREADS, stream](
             self.staged, self.state_budget, self.seeds, wp.ids, wp.positions, wp.parents, wp.meta, self.report,
             self.n_ctx, self.prefill_seq)
@@ -388,6 +396,8 @@ class DeviceRound:
         gather = 0 if self.method == "ar" else ceil_div(self.features.shape[1], THREADS)
         _prefill_tail_kernel[(wp.rows, 1 + gather), THREADS, stream](post, wp.meta, self.bonus, self.report,
                                                                      wp.hidden, *self.first_feature_args)
+        if self.drafter_prefill:             # the prompt's context rows into the drafter's cache
+            self.drafter.prefill_device(self.features, self.n_ctx, self.dcache, stream=stream)
 
     def enqueue_round(self, temperature: float, stream, mark=lambda stage: None) -> None:
         """One round, every size read from the device (so it can be captured): draft -> top-K ->
@@ -397,7 +407,8 @@ class DeviceRound:
         if temperature > 0:                   # (the arg-max draws no random numbers)
             kn.enqueue_round_seed(self.seed, self.state[1:2], self.round_seed, stream=stream)
         if self.method != "ar":
-            logits_d = self.drafter.draft_device(self.features, self.n_ctx, self.bonus, self.dcache, stream=stream)
+            logits_d = self.drafter.draft_device(self.draft_features, self.n_ctx, self.bonus, self.dcache,
+                                                 stream=stream)
             mark("draft")
             kn.topk_logprobs(logits_d, self.K, out=(self.lp, self.ids), scratch=self.topk_scratch, stream=stream)
             mark("topk")
@@ -457,7 +468,7 @@ class DeviceRound:
             parts = [("round", capture_graph(lambda s: self.enqueue_round(temperature, s), warm_up=False))]
         self.graphs[mode] = (temperature, parts)
         self.held += (self.ws.mla_scratch,) + (() if self.method == "ar" else
-                                               (self.drafter.workspace(self.features.shape[0]).scratch,))
+                                               (self.drafter.workspace(self.draft_features.shape[0]).scratch,))
 
 
 _ROUNDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # target -> {key: DeviceRound}

@@ -327,6 +327,14 @@ class BatchDeviceRound:
             self.topk_scratch = kn.TopKScratch.allocate(S * L if self.packed else L, V, K, 0)
             if cap >= LEVEL_BUILD_FROM:
                 self.level_scratch = kn.LevelScratch.allocate(L, cap, 0)
+        # A drafter with a device prefill (``prefill_batch_device`` for packed drafts, else
+        # ``prefill_device``) takes the prompts' context rows in the prefill; then a round's draft
+        # sees at most the rows a round accepts a slot (a path of min(L, cap) nodes and its root),
+        # and its launches are sized for those, not the prompts
+        self.drafter_prefill = method != "ar" and hasattr(drafter, "prefill_batch_device" if self.packed
+                                                          else "prefill_device")
+        self.draft_rows_a_slot = (min(drafter.block_size - 1, cap) + 1 if self.drafter_prefill else feature_rows
+                                  ) if method != "ar" else 0
         if method == "ar":      # stand-ins of the kernels' types (never read: no gather blocks)
             self.layer_ids = self.rows_in_order = cuda.device_array(1, np.int32)
             self.features = cuda.device_array((S, 1), np.float32)
@@ -392,7 +400,8 @@ class BatchDeviceRound:
                 # The warm-up run and the capture write the same rows, the prompts'.
                 stream.synchronize()
                 entry[1] = capture_graph(lambda s: self.enqueue_prefill(launch, s))
-                entry[2] = ws.mla_scratch              # held: the graph points at it
+                entry[2] = (ws.mla_scratch,) + (     # held: the graph points at them
+                    (self.drafter.workspace(self.F, 1).scratch,) if self.drafter_prefill and not self.packed else ())
             replay_graph(entry[1], stream)
         for cache, n in zip(self.pool.caches, lens):
             cache.length = int(n)
@@ -425,6 +434,14 @@ class BatchDeviceRound:
         _batch_prefill_tail_kernel[(launch.max_rows, 1 + gather, S), THREADS, stream](
             post, self.post_seqs, self.n_ctx, self.bonus, self.report, ws.hidden, self.layer_ids, self.rows_in_order,
             self.features, self.packed)
+        if self.drafter_prefill:             # the prompts' context rows into the drafter's caches
+            if self.packed:
+                self.drafter.prefill_batch_device(self.features, self.n_ctx, self.bonus, self.dpool, stream=stream)
+            else:
+                F = self.F
+                for z in range(S):
+                    self.drafter.prefill_device(self.features[z * F:(z + 1) * F], self.n_ctx[z:z + 1],
+                                                self.dcaches[z], stream=stream)
 
     def enqueue_round(self, stream) -> None:
         """One round of every slot, every size read from the device (capturable)."""
@@ -435,15 +452,16 @@ class BatchDeviceRound:
         if self.method != "ar":     # (a finished slot drafts too, with no new context: it is not read)
             L = self.lp.shape[1]
             if self.packed:         # every slot's draft in one forward, their top-K in one launch
-                logits_d = self.drafter.draft_batch_device(self.features, self.n_ctx, self.bonus, self.dpool,
-                                                           stream=stream)
+                logits_d = self.drafter.draft_batch_device(self.features[:S * self.draft_rows_a_slot], self.n_ctx,
+                                                           self.bonus, self.dpool, stream=stream)
                 kn.topk_logprobs(logits_d, self.K, out=(self.lp.reshape(S * L, self.K), self.ids.reshape(S * L, self.K)),
                                  scratch=self.topk_scratch, stream=stream)
             else:
                 F = self.F
                 for z in range(S):
-                    logits_d = self.drafter.draft_device(self.features[z * F:(z + 1) * F], self.n_ctx[z:z + 1],
-                                                         self.bonus[z:z + 1], self.dcaches[z], stream=stream)
+                    logits_d = self.drafter.draft_device(self.features[z * F:z * F + self.draft_rows_a_slot],
+                                                         self.n_ctx[z:z + 1], self.bonus[z:z + 1], self.dcaches[z],
+                                                         stream=stream)
                     kn.topk_logprobs(logits_d, self.K, out=(self.lp[z], self.ids[z]), scratch=self.topk_scratch,
                                      stream=stream)
             if self.level_scratch is None:
@@ -492,7 +510,7 @@ class BatchDeviceRound:
         kernel and made every scratch)."""
         self.graph = capture_graph(self.enqueue_round, warm_up=False)
         self.held = (self.ws.mla_scratch,) + (() if self.method == "ar" or self.packed else
-                                              (self.drafter.workspace(self.F).scratch,))
+                                              (self.drafter.workspace(self.draft_rows_a_slot).scratch,))
 
     def close(self) -> None:
         """Destroy the round's graph and the prefill's (a new one is captured on next use)."""

@@ -172,6 +172,7 @@ class DeviceDrafterCache:
         self.k = cuda.device_array((cfg.num_hidden_layers, capacity, width), np.float32)  # [L, S, Hkv*Dh]
         self.v = cuda.device_array((cfg.num_hidden_layers, capacity, width), np.float32)  # [L, S, Hkv*Dh]
         self.status = cuda.to_device(np.zeros(2, np.int32))                              # (length, overflow)
+        self._empty = cuda.to_device(np.zeros(2, np.int32))                              # enqueue_reset's source
 
     @property
     def length(self) -> int:
@@ -192,6 +193,10 @@ class DeviceDrafterCache:
     def reset(self) -> None:
         self.status.copy_to_device(np.zeros(2, np.int32))
 
+    def enqueue_reset(self, stream=0) -> None:
+        """``reset`` as a device-to-device copy on ``stream``: no sync, capturable."""
+        self.status.copy_to_device(self._empty, stream=stream)
+
 
 class DeviceDrafterPool:
     """The context caches of ``slots`` sequences for drafts of all of them in one forward
@@ -207,6 +212,7 @@ class DeviceDrafterPool:
         self.k = cuda.device_array((cfg.num_hidden_layers, slots, capacity, width), np.float32)
         self.v = cuda.device_array((cfg.num_hidden_layers, slots, capacity, width), np.float32)
         self.status = cuda.to_device(np.zeros((slots, 2), np.int32))
+        self._empty = cuda.to_device(np.zeros((slots, 2), np.int32))    # enqueue_reset's source
 
     @property
     def lengths(self) -> np.ndarray:
@@ -220,6 +226,10 @@ class DeviceDrafterPool:
 
     def reset(self) -> None:
         self.status.copy_to_device(np.zeros(self.status.shape, np.int32))
+
+    def enqueue_reset(self, stream=0) -> None:
+        """``reset`` as a device-to-device copy on ``stream``: no sync, capturable."""
+        self.status.copy_to_device(self._empty, stream=stream)
 
 
 @dataclass
@@ -359,6 +369,7 @@ class CudaDrafter:
         self.inv_freq = cuda.to_device(np.ascontiguousarray(host.inv_freq, np.float64))   # [Dh/2]
         self._workspaces: dict[tuple[int, int], DrafterWorkspace] = {}
         self._scratch: dict[int, kn.GQAScratch] = {}      # block rows -> attention scratch
+        self._zero_arrays: dict[tuple, object] = {}       # shape -> device int32 zeros (copy sources)
 
     def __repr__(self) -> str:
         return f"CudaDrafter({self.config.describe()}, {self.weight_dtype} weights)"
@@ -492,6 +503,47 @@ class CudaDrafter:
             entry = ws.graphs[key] = (exe, (features, n, bonus, cache))
         replay_graph(entry[0], stream)
         return ws.logits
+
+    def prefill_device(self, features, n, cache: DeviceDrafterCache, *, stream=0) -> None:
+        """The drafter's prefill on the device: ``cache`` emptied, then the context rows [0, n)
+        of ``features`` appended (the first part of a draft, in a draft of one block row whose
+        result is not read), then n[0] set to 0, so that the next ``draft_device`` sees only the
+        rows that come after. A decode loop calls it once after the target's prefill, so that its
+        rounds draft over at most a block's new rows (``features[:block_size]``: launches sized
+        for that, not for the prompt). The next draft's logits are bit for bit those of one
+        draft that takes the rows itself: each context row's keys and values are computed alone.
+        features [Nf, Y*M] float32, n [1] int32 (n[0] <= Nf), device; no sync, no allocation
+        after the first call (capturable); the whole call depends on its inputs only, so a
+        captured prefill may run it twice (a warm-up, then the replay)."""
+        y, m = len(self.config.target_layer_ids), self.config.hidden_size
+        check_array("features", features, 2, np.float32, shape=(None, y * m))
+        check_array("n", n, 1, np.int32)
+        if not (is_device(features) and is_device(n)):
+            raise ValueError("prefill_device takes device arrays (features, n)")
+        if not isinstance(cache, DeviceDrafterCache):
+            raise ValueError(f"cache must be a DeviceDrafterCache from new_cache(), got {type(cache).__name__}")
+        ws = self.workspace(features.shape[0], 1)
+        self._prepare(ws, cache)
+        cache.enqueue_reset(stream)
+        self._enqueue_draft(ws, features, n, ws.bonus_in, cache, logits=False, stream=stream)   # (token 0)
+        n.copy_to_device(self._zeros(n.shape), stream=stream)
+
+    def prefill_batch_device(self, features, n, bonus, pool: "DeviceDrafterPool", *, stream=0) -> None:
+        """``prefill_device`` for every slot of ``pool`` (``draft_batch_device``'s arguments;
+        a full draft whose logits are not read): every slot emptied, then its new context rows
+        appended, then n set to 0; the next ``draft_batch_device`` may take
+        ``features[:slots * block_size]``."""
+        check_array("n", n, 1, np.int32, shape=(pool.slots,))
+        pool.enqueue_reset(stream)
+        self.draft_batch_device(features, n, bonus, pool, stream=stream)
+        n.copy_to_device(self._zeros(n.shape), stream=stream)
+
+    def _zeros(self, shape) -> object:
+        """A device int32 array of zeros of ``shape``, kept (a device-to-device copy's source)."""
+        key = tuple(shape)
+        if key not in self._zero_arrays:
+            self._zero_arrays[key] = cuda.to_device(np.zeros(shape, np.int32))
+        return self._zero_arrays[key]
 
     def new_pool(self, slots: int, max_tokens: int) -> DeviceDrafterPool:
         """``slots`` empty context caches of ``max_tokens`` rows in one pool, for
