@@ -104,4 +104,10 @@ class DeviceDrafter(Drafter, Protocol):
 
     def draft_device(self, features, n, bonus, cache: Cache, *, graph: bool = False, stream=0):
         """features [Nf, Y*M] f32, n [1] i32 (rows of features that are new), bonus [1] i32, all
-        device -> device logits [L, V]; advances the cache on the device, no sync."""
+        device -> device logits [L, V]; advances the cache on the device, no sync.
+
+        Optional (the decode loops use it where present; ``CudaDrafter`` has it):
+        ``prefill_device(features, n, cache, *, stream)``: the cache emptied, the rows [0, n)
+        appended, n set to 0, all on the device, so that the rounds' drafts take a feature view
+        of a round's rows only (``prefill_batch_device(features, n, bonus, pool, *, stream)``
+        for ``draft_batch_device``)."""
