@@ -686,8 +686,8 @@ def test_choose_fills_the_gpu_with_warps_only_up_to_the_chunks(monkeypatch):
         assert small.NW <= (L._NW_MAX if sim else 4)
         wide = L._choose(128, 128, 512, False, 1)                 # budget 64's verify workspace
         assert (wide.RT, wide.MT) == ((4, 2) if sim else (1, 1))
-        assert L._choose(256, 128, 512, False, 1).RT == (4 if sim else 1)    # a batch of 8 trees of 17
-        assert L._choose(512, 128, 512, False, 1).RT == 4         # past _SMALL_ROWS: the general rule
+        assert L._choose(512, 128, 512, False, 1).RT == (4 if sim else 1)    # a batch of 16 trees of 17
+        assert L._choose(1024, 128, 512, False, 1).RT == 4        # past _SMALL_ROWS: the general rule
         # narrow (the router, 64 outputs): one tile a warp, warps up to the chunks, at any rows
         for rows in (1, 512):
             assert L._choose(rows, 64, 2048, False, 1, "f32") == ((1, 1, L._NW_MAX) if not sim else

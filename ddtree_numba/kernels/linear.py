@@ -999,9 +999,10 @@ def _choose_staged(max_rows, n_cols, swiglu, n_groups, n_k=0, grouped=False, rin
 
 _SMALL_WEIGHTS = 1 << 20      # a launch over at most this many weights (per group) is latency-bound
 # a workspace's rows (a power of two): 128 holds budget 64's 65-row verify, 256 a batch of 8
-# budget-16 trees (136 rows; H100, tools/batch_gap.py: the demo's batched ddtree round of 8 at
-# 128: 1,185 µs, at 256: 1,055 µs; the verify's GEMMs 12.4-17.3 -> ~5 µs a launch)
-_SMALL_ROWS = 256
+# budget-16 trees (136 rows), 512 a batch of 16 (272). H100: the demo's batched ddtree round of 8
+# at 128: 1,185 µs, at 256: 1,055 µs (tools/batch_gap.py; the verify's GEMMs 12.4-17.3 -> ~5 µs
+# a launch); at batch 16, ddtree 26,099 tokens/s at 256, 27,290 at 512 (`sweep --batch 16`)
+_SMALL_ROWS = 512
 # Grouped (expert) launches whose groups typically hold up to this many rows take one row tile a
 # warp. Measured on the H200 (tools/moe_stages.py --tiles, Moonlight's 64 experts of 1408 x 2048,
 # a 65-row verify in a 128-row workspace, typical share 24 rows): gate|up 669 -> 345 µs with MT 2,
