@@ -50,6 +50,8 @@ def main():
     ap.add_argument("--keys", type=int, default=330, help="cached / context keys (the demo's ~330)")
     ap.add_argument("--quick", action="store_true", help="two candidates a kernel, one shape (a smoke run)")
     ap.add_argument("--gemm-rows", type=int, nargs="+", default=[17, 1], help="the GEMMs' live rows")
+    ap.add_argument("--sequences", type=int, default=1,
+                    help="GQA: this many sequences in one launch (the batched round's drafts), each --keys keys")
     ap.add_argument("--only", choices=["gqa", "gemm"], nargs="+", default=["gqa", "gemm"],
                     help="which kernels to time")
     args = ap.parse_args()
@@ -64,20 +66,22 @@ def main():
     S0 = args.keys
     CAP = 1 << (S0 + 80).bit_length()
 
-    # -- GQA: Hq = 8, Hkv = 4, Dh = 32, 330 context keys + 16 block rows
-    Hq, Hkv, DH, S, T = 8, 4, 32, S0, 16
-    q = dev(rng.standard_normal((T, Hq * DH), np.float32))
-    k_ctx, v_ctx = (dev(rng.standard_normal((CAP, Hkv * DH), np.float32)) for _ in range(2))
-    k_blk, v_blk = (dev(rng.standard_normal((T, Hkv * DH), np.float32)) for _ in range(2))
-    out = cuda.device_array((T, Hq * DH), np.float32)
-    meta = dev(np.array([S, T], np.int32))
-    scratch = gqa.GQAScratch(T, Hq, DH, CAP + T)
+    # -- GQA: Hq = 8, Hkv = 4, Dh = 32, 330 context keys + 16 block rows (a sequence)
+    Hq, Hkv, DH, S, T, Z = 8, 4, 32, S0, 16, args.sequences
+    q = dev(rng.standard_normal((Z * T, Hq * DH), np.float32))
+    ctx = (CAP, Hkv * DH) if Z == 1 else (Z, CAP, Hkv * DH)
+    k_ctx, v_ctx = (dev(rng.standard_normal(ctx, np.float32)) for _ in range(2))
+    k_blk, v_blk = (dev(rng.standard_normal((Z * T, Hkv * DH), np.float32)) for _ in range(2))
+    out = cuda.device_array((Z * T, Hq * DH), np.float32)
+    meta = dev(np.array([S, T], np.int32) if Z == 1 else np.tile(np.array([[S, T]], np.int32), (Z, 1)))
+    scratch = gqa.GQAScratch(Z * T, Hq, DH, CAP + T)
     T0 = gqa._tiles(DH)
     KT, SP = T0.KT, T0.SPLIT
     cands = [T0] + [gqa._Tiles(*c, SP) for c in (
         (16, KT, 1, 4, 128, 32), (8, KT, 1, 2, 128, 32), (8, KT, 1, 4, 64, 32), (16, KT, 2, 2, 128, 32),
-        (4, KT, 1, 1, 128, 32), (16, KT, 1, 2, 256, 32), (8, KT, 1, 1, 256, 32), (4, KT, 1, 2, 64, 32))]
-    print(f"GQA, {T} queries, {S} context keys + {T} block keys:")
+        (4, KT, 1, 1, 128, 32), (16, KT, 1, 2, 256, 32), (8, KT, 1, 1, 256, 32), (4, KT, 1, 2, 64, 32),
+        (32, KT, 2, 2, 256, 32), (32, KT, 1, 4, 256, 32), (32, KT, 2, 4, 128, 32))]
+    print(f"GQA, {Z} sequence(s) of {T} queries, {S} context keys + {T} block keys:")
     res = []
     for cand in cut(cands) if "gqa" in args.only else ():
         try:
