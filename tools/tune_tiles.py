@@ -75,7 +75,7 @@ def main():
     out = cuda.device_array((Z * T, Hq * DH), np.float32)
     meta = dev(np.array([S, T], np.int32) if Z == 1 else np.tile(np.array([[S, T]], np.int32), (Z, 1)))
     scratch = gqa.GQAScratch(Z * T, Hq, DH, CAP + T)
-    T0 = gqa._tiles(DH)
+    T0 = gqa._tiles(DH, Z > 1)
     KT, SP = T0.KT, T0.SPLIT
     cands = [T0] + [gqa._Tiles(*c, SP) for c in (
         (16, KT, 1, 4, 128, 32), (8, KT, 1, 2, 128, 32), (8, KT, 1, 4, 64, 32), (16, KT, 2, 2, 128, 32),
