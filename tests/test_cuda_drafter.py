@@ -172,7 +172,8 @@ def test_a_batch_of_drafts_in_one_forward_gives_each_slot_its_own_drafts_bits():
     """``draft_batch_device``: three slots of a ``DeviceDrafterPool``, two rounds of drafts with
     packed context rows (one slot with none in the second round, as a finished sequence): each
     slot's logits and cache length are bit for bit those of ``draft_device`` on its own cache;
-    a slot asking for more rows than its capacity appends nothing and is flagged."""
+    a slot asking for more rows than its capacity appends nothing and is flagged, and so is a
+    slot whose packed rows lie past the features (no launch reads or writes past them)."""
     path = os.path.join(DATA, "v3_released")
     dev_t = dd.load_target(path, backend="cuda", precision="fp32")
     dev = random_drafter(dev_t, num_hidden_layers=1, block_size=4, num_attention_heads=6, num_key_value_heads=2,
@@ -199,6 +200,13 @@ def test_a_batch_of_drafts_in_one_forward_gives_each_slot_its_own_drafts_bits():
     dev.draft_batch_device(cuda.to_device(np.zeros((cap, y * m), np.float32)), cuda.to_device(too_many),
                            cuda.to_device(np.zeros(S, np.int32)), pool)
     assert pool.overflowed.tolist() == [False, False, True] and pool.lengths[2] == 6
+    # packed rows past the features view (a narrow view, as the decode loops' rounds take): slot
+    # 0's 2 rows fit in 4, slot 1's 3 after them do not, nor slot 2's after those
+    pool = dev.new_pool(S, cap)
+    view = cuda.to_device(np.zeros((4, y * m), np.float32))
+    dev.draft_batch_device(view, cuda.to_device(np.array([2, 3, 1], np.int32)), cuda.to_device(np.zeros(S, np.int32)),
+                           pool)
+    assert pool.overflowed.tolist() == [False, True, True] and pool.lengths.tolist() == [2, 0, 0]
 
 
 def test_the_drafters_device_prefill_then_narrow_drafts_give_one_drafts_bits():

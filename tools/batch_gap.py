@@ -10,8 +10,9 @@ wall time a call spends before its first round (the prefill, with its sync) and 
 time (the rounds' span over their count), after two warm-up passes. A gap in the round column
 is the batched round's graph; one in the prefill column is the batched prefill.
 ``--kernels batch``: instead, one batched ddtree round's graph (``--batch`` prompts, the round
-after ``--after`` rounds, default 4: a steady round, as ``tools/profile_round.py --kernels``'s) replayed under the CUDA profiler API (run it under ``ncu
---profile-from-start off --graph-profiling node --metrics gpu__time_duration.sum --csv``), for
+after ``--after`` rounds, default 4: a steady round, as ``tools/profile_round.py --kernels``'s)
+replayed under the CUDA profiler API (run it under ``ncu --profile-from-start off
+--graph-profiling node --metrics gpu__time_duration.sum --csv``), for
 ``tools/ncu_summary.py``; ``generate``'s round: ``tools/profile_round.py --kernels``.
 ``--kernels prefill``: ``generate``'s prefill of the first prompt (its graph and the launches
 after it). ``--profile``: instead, the host's time in each function (cProfile, cumulative) over a pass of

@@ -4,8 +4,9 @@
 The batched round of docs/DECODE.md "Batches of trees on the GPU", for S sequences in S slots:
 
 - every slot's draft in one drafter forward (``draft_batch_device`` over a pool of context
-  caches, the slots' new context rows packed) and the top-K of all their rows in one launch; a
-  drafter without it drafts a slot at a time (its own cache and F feature rows);
+  caches, the slots' new context rows packed: at most min(L, cap) + 1 a slot when the drafter
+  took the prompts in the prefill, ``prefill_batch_device``) and the top-K of all their rows in
+  one launch; a drafter without it drafts a slot at a time (its own cache and F feature rows);
 - every slot's tree in one build launch (a block a tree, each with its own budget), or one level
   build a slot from ``LEVEL_BUILD_FROM`` nodes;
 - the verify rows packed on the device (``_batch_verify_inputs_kernel``): slot s's rows follow the
@@ -267,8 +268,9 @@ class BatchDeviceRound:
     ``state[s, 2]`` holds each one's own limit. A configuration (drafter, method, K, cap, slots,
     capacity, feature rows, temperature) is kept per target for later calls (``batch_round_for``):
     its prefill resets the caches, and its graph is replayed as it is. It holds the scratch its
-    graph points at (``held``), so a larger cache that makes the models allocate new scratch leaves
-    the graph's pointers valid.
+    graphs point at (the round's in ``held``, each prefill graph's in its ``prefill_launches``
+    entry), so a larger cache that makes the models allocate new scratch leaves the graphs'
+    pointers valid.
     """
 
     def __init__(self, target, drafter, method: str, K: int, cap: int, slots: int, capacity: int,
@@ -304,7 +306,8 @@ class BatchDeviceRound:
         self.report_head = self.report[0]                      # slot 0's row: the batch's flags (column 3)
         self.round_seeds = cuda.device_array(S, np.uint64)
         self.graph = None
-        self.generations = 0                 # prefills so far (the drafter caches reset from the second)
+        self.generations = 0                 # prefills so far (the host resets the drafter caches from the
+                                             # second; a drafter prefill resets them on the device too)
         self.held = ()                       # scratch the graph points at
         self.dcaches, self.dpool, self.level_scratch = [], None, None
         # one drafter forward for every slot where the drafter has it (a pool of context caches,
@@ -327,12 +330,11 @@ class BatchDeviceRound:
             self.topk_scratch = kn.TopKScratch.allocate(S * L if self.packed else L, V, K, 0)
             if cap >= LEVEL_BUILD_FROM:
                 self.level_scratch = kn.LevelScratch.allocate(L, cap, 0)
-        # A drafter with a device prefill (``prefill_batch_device`` for packed drafts, else
-        # ``prefill_device``) takes the prompts' context rows in the prefill; then a round's draft
-        # sees at most the rows a round accepts a slot (a path of min(L, cap) nodes and its root),
-        # and its launches are sized for those, not the prompts
-        self.drafter_prefill = method != "ar" and hasattr(drafter, "prefill_batch_device" if self.packed
-                                                          else "prefill_device")
+        # A packed drafter with a device prefill (``prefill_batch_device``) takes the prompts'
+        # context rows in the prefill; then a round's draft sees at most the rows a round accepts
+        # a slot (a path of min(L, cap) nodes and its root), and its launches are sized for those,
+        # not the prompts. (A drafter that drafts a slot at a time keeps the whole F rows a slot.)
+        self.drafter_prefill = self.packed and hasattr(drafter, "prefill_batch_device")
         self.draft_rows_a_slot = (min(drafter.block_size - 1, cap) + 1 if self.drafter_prefill else feature_rows
                                   ) if method != "ar" else 0
         if method == "ar":      # stand-ins of the kernels' types (never read: no gather blocks)
@@ -400,8 +402,8 @@ class BatchDeviceRound:
                 # The warm-up run and the capture write the same rows, the prompts'.
                 stream.synchronize()
                 entry[1] = capture_graph(lambda s: self.enqueue_prefill(launch, s))
-                entry[2] = (ws.mla_scratch,) + (     # held: the graph points at them
-                    (self.drafter.workspace(self.F, 1).scratch,) if self.drafter_prefill and not self.packed else ())
+                entry[2] = ws.mla_scratch              # held: the graph points at it (the packed
+                                                       # drafter's scratch lives in its workspace)
             replay_graph(entry[1], stream)
         for cache, n in zip(self.pool.caches, lens):
             cache.length = int(n)
@@ -417,7 +419,8 @@ class BatchDeviceRound:
         round state, the forward of every slot's prompt into its slot, the non-finite check, one
         draw of every slot's last prompt row (``sample_post``'s sequence table, each row drawn
         as ``generate`` draws it) and one launch for the bonuses and the drafter's first context
-        rows."""
+        rows, which a drafter with ``prefill_batch_device`` then takes into its pool (n_ctx set
+        to 0)."""
         ws, S = launch.ws, self.S
         _batch_prefill_inputs_kernel[ceil_div(max(S, ws.rows), THREADS), THREADS, stream](
             self.staged, self.state, self.budget, self.live, self.ends, self.n_ctx, self.seed, self.post_seqs,
@@ -434,14 +437,8 @@ class BatchDeviceRound:
         _batch_prefill_tail_kernel[(launch.max_rows, 1 + gather, S), THREADS, stream](
             post, self.post_seqs, self.n_ctx, self.bonus, self.report, ws.hidden, self.layer_ids, self.rows_in_order,
             self.features, self.packed)
-        if self.drafter_prefill:             # the prompts' context rows into the drafter's caches
-            if self.packed:
-                self.drafter.prefill_batch_device(self.features, self.n_ctx, self.bonus, self.dpool, stream=stream)
-            else:
-                F = self.F
-                for z in range(S):
-                    self.drafter.prefill_device(self.features[z * F:(z + 1) * F], self.n_ctx[z:z + 1],
-                                                self.dcaches[z], stream=stream)
+        if self.drafter_prefill:             # the prompts' context rows into the drafter's pool
+            self.drafter.prefill_batch_device(self.features, self.n_ctx, self.bonus, self.dpool, stream=stream)
 
     def enqueue_round(self, stream) -> None:
         """One round of every slot, every size read from the device (capturable)."""

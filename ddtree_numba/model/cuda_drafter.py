@@ -86,11 +86,12 @@ def _draft_meta_kernel(status, n_in, bonus, capacity, n_cap, mask_id, write_bloc
 def _draft_batch_meta_kernel(status, n_in, bonus, capacity, n_cap, mask_id, ids, seq_meta, att, meta):
     """The sizes of S drafts in one forward (``CudaDrafter.draft_batch_device``), from device
     values. status [S, 2] int32 = (cache length s0, overflow flag) a sequence, n_in [S] int32 its
-    new context rows n (0 <= n <= n_cap and s0 + n <= capacity, else taken as 0 and its overflow
-    flag set), bonus [S] int32. Its context rows sit at c0 = the sum of n_in of the sequences
-    before it (as the producer packed them). Writes ids [S B] (each block: bonus, mask_id, ...),
-    seq_meta [S, 4] = (s0, n, c0, B), att [S, 2] = (s0 + n, B), meta [6] = (0, the rows after the
-    last sequence's, _, S B, S (B - 1), S B + those rows), and advances each s0 by its n. One block."""
+    new context rows n, bonus [S] int32. Its context rows sit at c0 = the sum of n_in of the
+    sequences before it (as the producer packed them); they are taken if 0 <= n, c0 + n <= n_cap
+    (they lie inside the features) and s0 + n <= capacity, else n is taken as 0 and its overflow
+    flag set. Writes ids [S B] (each block: bonus, mask_id, ...), seq_meta [S, 4] = (s0, n, c0,
+    B), att [S, 2] = (s0 + n, B), meta [6] = (0, the rows after the last sequence's, at most n_cap,
+    _, S B, S (B - 1), S B + those rows), and advances each s0 by its n. One block."""
     grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
@@ -104,7 +105,7 @@ def _draft_batch_meta_kernel(status, n_in, bonus, capacity, n_cap, mask_id, ids,
         for z in range(S):
             s0 = status[z, 0]
             n = n_in[z]
-            ok = n >= 0 and n <= n_cap and s0 + n <= capacity
+            ok = n >= 0 and c0 + n <= n_cap and s0 + n <= capacity
             seq_meta[z, 0] = s0
             seq_meta[z, 1] = n if ok else 0
             seq_meta[z, 2] = c0
@@ -116,6 +117,7 @@ def _draft_batch_meta_kernel(status, n_in, bonus, capacity, n_cap, mask_id, ids,
             else:
                 status[z, 1] = 1
             c0 += max(n, 0)
+        c0 = min(c0, n_cap)     # (rows past the features: their sequences' n was taken as 0)
         meta[0] = 0
         meta[1] = c0
         meta[2] = 0
@@ -513,8 +515,9 @@ class CudaDrafter:
         for that, not for the prompt). The next draft's logits are bit for bit those of one
         draft that takes the rows itself: each context row's keys and values are computed alone.
         features [Nf, Y*M] float32, n [1] int32 (n[0] <= Nf), device; no sync, no allocation
-        after the first call (capturable); the whole call depends on its inputs only, so a
-        captured prefill may run it twice (a warm-up, then the replay)."""
+        after the first call (capturable); what it leaves depends on features and n only (its
+        block row, never read, is the workspace's token 0), so a captured prefill may run it
+        twice (a warm-up, then the replay)."""
         y, m = len(self.config.target_layer_ids), self.config.hidden_size
         check_array("features", features, 2, np.float32, shape=(None, y * m))
         check_array("n", n, 1, np.int32)
