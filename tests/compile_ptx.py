@@ -188,10 +188,11 @@ SIGNATURES = {
                                                          (True, False, False))] + [
         # a DFlash drafter's q / k / v: column views of one stacked projection (strided rows); its
         # cache one sequence ([1, S_cap, W] contiguous) or a pool's layer ([S, S_cap, W] contiguous)
-        ((dh, *kernels_pkg.gqa._gpu_tiles(dh, batched), True, False, True),
+        ((dh, *tiles, True, False, True),
          f"void(float32[:, :], float32[:, :, ::1], float32[:, :, ::1], float32[:, :], float32[:, :], boolean[:, ::1], "
          f"{I32_2}, int64, int64, float32, float32[:, :, ::1], float32[:, :, ::1], {F32_2}, {I32_1})")
-        for dh in (32, 64, 128) for batched in (False, True)],
+        for dh, tiles in sorted({(dh, kernels_pkg.gqa._gpu_tiles(dh, batched))      # (one sequence; several)
+                                 for dh in (32, 64, 128) for batched in (False, True)})],
     "gqa._gqa_combine_kernel": [
         f"void(float32[:, :, ::1], float32[:, :, ::1], {I32_1}, int64, boolean, {F32_2})"],
 }
