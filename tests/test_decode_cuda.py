@@ -383,3 +383,35 @@ def test_the_gpu_resident_batch_draws_at_t_above_0_what_each_sequence_draws_alon
         solo = dd.generate(gpu, drafter, p, 4, method="ddtree", budget=3, **kw)
         assert res.loop == solo.loop == "device"
         np.testing.assert_array_equal(res.tokens, solo.tokens)
+
+
+def test_a_kept_configuration_starts_its_drafter_from_an_empty_cache():
+    """The drafter's device prefill empties its cache on the device (the loops no longer reset it
+    from the host): a second call of a kept configuration, single or batched, leaves the drafter
+    cache holding exactly what the first call left, the prompt and the accepted tokens (a stale
+    cache would hold both calls' rows), and gives the same rounds."""
+    import dataclasses
+    from ddtree_numba.decode import device, device_batch
+    from ddtree_numba.kernels import TILES
+    from ddtree_numba.model import ModelConfig, random_drafter, random_target
+    from ddtree_numba.model.cuda_target import CudaTarget
+    host = random_target(dataclasses.replace(ModelConfig.tiny(), num_hidden_layers=1), seed=4)
+    gpu = CudaTarget.from_host(host, precision="fp32", gemm_tile=None if REAL_GPU else TILES["small"])
+    drafter = random_drafter(gpu, block_size=4, seed=5)
+    prompts = [np.array([5, 9, 2, 7, 1], np.int32), np.array([1, 3, 8, 6], np.int32)]
+    runs, lengths = [], []
+    for _ in range(2):
+        runs.append(dd.generate(gpu, drafter, prompts[0], 3, method="ddtree", budget=3))
+        (dr,) = device._ROUNDS[gpu].values()
+        lengths.append(dr.dcache.length)
+    assert runs[0].loop == "device" and lengths[0] == lengths[1] > len(prompts[0])
+    np.testing.assert_array_equal(runs[0].tokens, runs[1].tokens)
+    np.testing.assert_array_equal(runs[0].acceptance_lengths, runs[1].acceptance_lengths)
+    runs, lengths = [], []
+    for _ in range(2):
+        runs.append(dd.generate_batch(gpu, drafter, prompts, 3, method="ddtree", budget=3))
+        (br,) = device_batch._BATCH_ROUNDS[gpu].values()
+        lengths.append(br.dpool.lengths.tolist())
+    assert lengths[0] == lengths[1] and min(lengths[0]) >= 4
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a.tokens, b.tokens)

@@ -350,8 +350,8 @@ class DeviceRound:
         changes, as the round's graph is)."""
         target, p = self.target, prompt.shape[0]
         self.tcache.reset()
-        if self.method != "ar" and self.generations:
-            self.dcache.reset()               # a kept configuration (a CudaDrafter's cache)
+        if self.method != "ar" and self.generations and not self.drafter_prefill:
+            self.dcache.reset()               # a kept configuration (a drafter prefill resets it on the device)
         staged = self.staged_host             # (free: the previous generation ended with a sync)
         staged[0:4] = (p, 1, max_tokens, max(0, min(self.cap, max_tokens - p - 1)))   # round 1 next, its budget
         staged[4:8].view(np.uint64)[:] = (seed, round_seed(seed, 0))

@@ -307,7 +307,7 @@ class BatchDeviceRound:
         self.round_seeds = cuda.device_array(S, np.uint64)
         self.graph = None
         self.generations = 0                 # prefills so far (the host resets the drafter caches from the
-                                             # second; a drafter prefill resets them on the device too)
+                                             # second, unless a drafter prefill resets them on the device)
         self.held = ()                       # scratch the graph points at
         self.dcaches, self.dpool, self.level_scratch = [], None, None
         # one drafter forward for every slot where the drafter has it (a pool of context caches,
@@ -369,7 +369,7 @@ class BatchDeviceRound:
         if self.staged_host is None:                  # room for S prompts of the pool's capacity
             self.staged_host = cuda.pinned_array(ids_at + S * self.pool.c_kv.shape[2], np.uint32)
             self.staged = cuda.device_array(self.staged_host.shape[0], np.uint32)
-        if self.generations:
+        if self.generations and not self.drafter_prefill:     # (a drafter prefill resets on the device)
             for cache in self.dcaches:
                 cache.reset()
             if self.dpool is not None:
