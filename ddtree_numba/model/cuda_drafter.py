@@ -508,8 +508,9 @@ class CudaDrafter:
 
     def prefill_device(self, features, n, cache: DeviceDrafterCache, *, stream=0) -> None:
         """The drafter's prefill on the device: ``cache`` emptied, then the context rows [0, n)
-        of ``features`` appended (the first part of a draft, in a draft of one block row whose
-        result is not read), then n[0] set to 0, so that the next ``draft_device`` sees only the
+        of ``features`` appended (a draft's first part: its fc and norm, then each layer's q | k |
+        v projection and norm + RoPE, with one block row that is not read), then n[0] set to 0,
+        so that the next ``draft_device`` sees only the
         rows that come after. A decode loop calls it once after the target's prefill, so that its
         rounds draft over at most a block's new rows (``features[:block_size]``: launches sized
         for that, not for the prompt). The next draft's logits are bit for bit those of one
@@ -528,17 +529,17 @@ class CudaDrafter:
         ws = self.workspace(features.shape[0], 1)
         self._prepare(ws, cache)
         cache.enqueue_reset(stream)
-        self._enqueue_draft(ws, features, n, ws.bonus_in, cache, logits=False, stream=stream)   # (token 0)
+        self._enqueue_draft(ws, features, n, ws.bonus_in, cache, context_only=True, stream=stream)   # (token 0)
         n.copy_to_device(self._zeros(n.shape), stream=stream)
 
     def prefill_batch_device(self, features, n, bonus, pool: "DeviceDrafterPool", *, stream=0) -> None:
-        """``prefill_device`` for every slot of ``pool`` (``draft_batch_device``'s arguments;
-        a full draft whose logits are not read): every slot emptied, then its new context rows
-        appended, then n set to 0; the next ``draft_batch_device`` may take
+        """``prefill_device`` for every slot of ``pool`` (``draft_batch_device``'s arguments, its
+        launches up to each layer's keys and values): every slot emptied, then its new context
+        rows appended, then n set to 0; the next ``draft_batch_device`` may take
         ``features[:slots * block_size]``."""
-        check_array("n", n, 1, np.int32, shape=(pool.slots,))
+        self._check_batch_inputs(features, n, bonus, pool)
         pool.enqueue_reset(stream)
-        self.draft_batch_device(features, n, bonus, pool, stream=stream)
+        self._enqueue_batch_draft(features, n, bonus, pool, stream, context_only=True)
         n.copy_to_device(self._zeros(n.shape), stream=stream)
 
     def _zeros(self, shape) -> object:
@@ -584,15 +585,26 @@ class CudaDrafter:
         are bit for bit ``draft_device`` of its own inputs and cache: every GEMM row is computed
         alone, and the fused norm + RoPE and the attention take a table of the slots. No sync, no
         allocation after the first call (capturable)."""
+        self._check_batch_inputs(features, n, bonus, pool)
+        return self._enqueue_batch_draft(features, n, bonus, pool, stream)
+
+    def _check_batch_inputs(self, features, n, bonus, pool) -> None:
+        """``draft_batch_device``'s arguments, or a ``ValueError`` naming the first wrong one."""
         y, m = len(self.config.target_layer_ids), self.config.hidden_size
+        if not isinstance(pool, DeviceDrafterPool):
+            raise ValueError(f"pool must be a DeviceDrafterPool from new_pool(), got {type(pool).__name__}")
         check_array("features", features, 2, np.float32, shape=(None, y * m))
         check_array("n", n, 1, np.int32, shape=(pool.slots,))
         check_array("bonus", bonus, 1, np.int32, shape=(pool.slots,))
         if not (is_device(features) and is_device(n) and is_device(bonus)):
             raise ValueError("draft_batch_device takes device arrays (features, n, bonus)")
-        if not isinstance(pool, DeviceDrafterPool):
-            raise ValueError(f"pool must be a DeviceDrafterPool from new_pool(), got {type(pool).__name__}")
-        cfg, target = self.config, self.target
+
+    def _enqueue_batch_draft(self, features, n, bonus, pool: DeviceDrafterPool, stream,
+                             context_only: bool = False):
+        """``draft_batch_device``'s launches (its checked arguments) -> the logits; with
+        ``context_only``, every slot's context rows into its cache and nothing after
+        (``_enqueue_layers``) -> None."""
+        cfg, target, m = self.config, self.target, self.config.hidden_size
         ws = self.batch_workspace(pool, features.shape[0])
         S, B = pool.slots, ws.block
         eps, gemm = cfg.rms_norm_eps, target.gemm_args
@@ -602,7 +614,10 @@ class CudaDrafter:
         kn.enqueue_linear(features, self.fc, ws.ctx_raw, ws.n_ctx, **gemm, stream=stream)
         kn.enqueue_rms_norm(ws.ctx_raw, self.hidden_norm, eps, ws.ctx, ws.n_ctx, stream=stream)
         kn.enqueue_embedding(ws.ids, target.embed_tokens, ws.x, ws.n_blk, stream=stream)
-        self._enqueue_layers(ws, S * B, lambda i: (pool.k[i], pool.v[i]), ws.seq_meta, ws.att, stream)
+        self._enqueue_layers(ws, S * B, lambda i: (pool.k[i], pool.v[i]), ws.seq_meta, ws.att, stream,
+                             context_only)
+        if context_only:
+            return None
         _block_tails_kernel[(ceil_div(ws.tail.shape[0], 4), ceil_div(m, 64)), (4, 64), stream](ws.x, B, ws.tail)
         kn.enqueue_linear(ws.tail, target.lm_head, ws.logits, ws.n_logits, norm=(self.norm, eps, ws.tail_h),
                           **gemm, stream=stream)
@@ -629,10 +644,12 @@ class CudaDrafter:
             ws.graphs.clear()                                  # they point at the old scratch
 
     def _enqueue_draft(self, ws: DrafterWorkspace, features, n, bonus, cache: DeviceDrafterCache, *,
-                       write_block: bool = True, logits: bool = True, stream=0) -> None:
+                       write_block: bool = True, logits: bool = True, context_only: bool = False,
+                       stream=0) -> None:
         """Enqueue the whole draft: sizes, context rows into the cache, the block's layers, then
         with ``logits`` lm_head over the final norm of rows 1.. (``ws.logits``; ``ws.h`` is then
-        scratch), else the final norm (``ws.h``)."""
+        scratch), else the final norm (``ws.h``). ``context_only``: the context rows into the
+        cache and nothing after (``_enqueue_layers``)."""
         cfg, target = self.config, self.target
         eps = cfg.rms_norm_eps
         self._prepare(ws, cache)
@@ -645,18 +662,25 @@ class CudaDrafter:
         kn.enqueue_linear(features, self.fc, ws.ctx_raw, ws.n_ctx, **gemm, stream=stream)
         kn.enqueue_rms_norm(ws.ctx_raw, self.hidden_norm, eps, ws.ctx, ws.n_ctx, stream=stream)
         kn.enqueue_embedding(ws.ids, target.embed_tokens, ws.x, ws.n_blk, stream=stream)   # [B, M]
-        self._enqueue_layers(ws, ws.block, lambda i: (cache.k[i], cache.v[i]), ws.meta, ws.att_meta, stream)
+        self._enqueue_layers(ws, ws.block, lambda i: (cache.k[i], cache.v[i]), ws.meta, ws.att_meta, stream,
+                             context_only)
+        if context_only:
+            return
         if logits and ws.block > 1:               # the final norm of the tails into h_tail, then lm_head
             kn.enqueue_linear(ws.x_tail, target.lm_head, ws.logits, ws.n_logits, norm=(self.norm, eps, ws.h_tail),
                               **gemm, stream=stream)
         else:
             kn.enqueue_rms_norm(ws.x, self.norm, eps, ws.h, ws.n_blk, stream=stream)
 
-    def _enqueue_layers(self, ws, block_rows: int, caches, norm_meta, att_meta, stream) -> None:
+    def _enqueue_layers(self, ws, block_rows: int, caches, norm_meta, att_meta, stream,
+                        context_only: bool = False) -> None:
         """Every drafter layer over ``ws``'s ``block_rows`` block rows (and its new context rows,
         whose keys and values go into the caches): ``caches(i)`` = layer i's (k, v) cache, [S_cap,
         W] for one draft or [S, S_cap, W] for a batch, ``norm_meta`` / ``att_meta`` the fused norm
-        + RoPE's and the attention's sizes (``enqueue_qkv_norm_rope``, ``enqueue_gqa_attention``)."""
+        + RoPE's and the attention's sizes (``enqueue_qkv_norm_rope``, ``enqueue_gqa_attention``).
+        ``context_only`` (a prefill): each layer only projects and appends the context rows' keys
+        and values, by the same two launches as a draft's (so the same bits); the block rows go
+        along in those launches and are not read."""
         cfg, gemm = self.config, self.target.gemm_args
         Hq, Hkv, Dh, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
         nq, nk = Hq * Dh, Hkv * Dh
@@ -673,6 +697,8 @@ class CudaDrafter:
             kn.enqueue_qkv_norm_rope(ws.qkv, norm_meta, lw.q_norm, lw.k_norm, eps, self.inv_freq,
                                      n_q_heads=Hq, n_kv_heads=Hkv, interleave=False,   # Qwen3's rotate-half
                                      k_cache=k_cache, v_cache=v_cache, stream=stream)
+            if context_only:
+                continue
             # non-causal attention over the context rows then the block, o_proj into the residual
             kn.enqueue_gqa_attention(q, k_cache, v_cache, ws.o, k_blk=kb, v_blk=vb,
                                      meta=att_meta, scale=scale, scratch=ws.scratch, stream=stream)
