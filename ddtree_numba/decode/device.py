@@ -371,9 +371,8 @@ class DeviceRound:
                 stream.synchronize()
                 exe = capture_graph(lambda s: self.enqueue_prefill(wp, temperature, s))
                 self.prefill_graphs[wp.rows] = (temperature, exe)
-                held = (wp.mla_scratch,) + ((self.drafter.workspace(self.features.shape[0], 1).scratch,)
-                                            if self.drafter_prefill else ())
-                self.held += tuple(h for h in held if not any(h is k for k in self.held))
+                if not any(h is wp.mla_scratch for h in self.held):
+                    self.held += (wp.mla_scratch,)
             replay_graph(exe, stream)
         self.tcache.length = p
         self.generations += 1

@@ -183,7 +183,8 @@ def _batch_prefill_inputs_kernel(staged, state, budget, live, ends, n_ctx, seed,
     i = cuda.grid(1)
     S = state.shape[0]
     first = (uint64(staged[3]) << uint64(32)) | uint64(staged[2])
-    stop_room = stops.shape[0] - 1
+    stops_at = BATCH_PREFILL_HEAD + SLOT_WORDS * S      # then the ids, after room for stops[1:]
+    ids_at = stops_at + stops.shape[0] - 1
     if i < S:
         w = BATCH_PREFILL_HEAD + SLOT_WORDS * i
         r0, p = int32(staged[w]), int32(staged[w + 1])
@@ -214,7 +215,7 @@ def _batch_prefill_inputs_kernel(staged, state, budget, live, ends, n_ctx, seed,
                 else:
                     hi = mid - 1
             j = i - int32(staged[BATCH_PREFILL_HEAD + SLOT_WORDS * lo])
-            ids[i] = int32(staged[BATCH_PREFILL_HEAD + SLOT_WORDS * S + stop_room + i])
+            ids[i] = int32(staged[ids_at + i])
             positions[i] = j
             parents[i] = j - 1
         else:
@@ -229,7 +230,7 @@ def _batch_prefill_inputs_kernel(staged, state, budget, live, ends, n_ctx, seed,
         n = int32(staged[4])
         stops[0] = n
         for k in range(n):
-            stops[1 + k] = int32(staged[BATCH_PREFILL_HEAD + SLOT_WORDS * S + k])
+            stops[1 + k] = int32(staged[stops_at + k])
 
 
 @cached
@@ -335,8 +336,8 @@ class BatchDeviceRound:
         # a slot (a path of min(L, cap) nodes and its root), and its launches are sized for those,
         # not the prompts. (A drafter that drafts a slot at a time keeps the whole F rows a slot.)
         self.drafter_prefill = self.packed and hasattr(drafter, "prefill_batch_device")
-        self.draft_rows_a_slot = (min(drafter.block_size - 1, cap) + 1 if self.drafter_prefill else feature_rows
-                                  ) if method != "ar" else 0
+        # (the rows of features a packed draft takes: a round's, or every slot's F)
+        self.packed_draft_rows = S * (min(drafter.block_size - 1, cap) + 1 if self.drafter_prefill else feature_rows)
         if method == "ar":      # stand-ins of the kernels' types (never read: no gather blocks)
             self.layer_ids = self.rows_in_order = cuda.device_array(1, np.int32)
             self.features = cuda.device_array((S, 1), np.float32)
@@ -449,16 +450,15 @@ class BatchDeviceRound:
         if self.method != "ar":     # (a finished slot drafts too, with no new context: it is not read)
             L = self.lp.shape[1]
             if self.packed:         # every slot's draft in one forward, their top-K in one launch
-                logits_d = self.drafter.draft_batch_device(self.features[:S * self.draft_rows_a_slot], self.n_ctx,
+                logits_d = self.drafter.draft_batch_device(self.features[:self.packed_draft_rows], self.n_ctx,
                                                            self.bonus, self.dpool, stream=stream)
                 kn.topk_logprobs(logits_d, self.K, out=(self.lp.reshape(S * L, self.K), self.ids.reshape(S * L, self.K)),
                                  scratch=self.topk_scratch, stream=stream)
             else:
                 F = self.F
                 for z in range(S):
-                    logits_d = self.drafter.draft_device(self.features[z * F:z * F + self.draft_rows_a_slot],
-                                                         self.n_ctx[z:z + 1], self.bonus[z:z + 1], self.dcaches[z],
-                                                         stream=stream)
+                    logits_d = self.drafter.draft_device(self.features[z * F:(z + 1) * F], self.n_ctx[z:z + 1],
+                                                         self.bonus[z:z + 1], self.dcaches[z], stream=stream)
                     kn.topk_logprobs(logits_d, self.K, out=(self.lp[z], self.ids[z]), scratch=self.topk_scratch,
                                      stream=stream)
             if self.level_scratch is None:
@@ -507,7 +507,7 @@ class BatchDeviceRound:
         kernel and made every scratch)."""
         self.graph = capture_graph(self.enqueue_round, warm_up=False)
         self.held = (self.ws.mla_scratch,) + (() if self.method == "ar" or self.packed else
-                                              (self.drafter.workspace(self.draft_rows_a_slot).scratch,))
+                                              (self.drafter.workspace(self.F).scratch,))
 
     def close(self) -> None:
         """Destroy the round's graph and the prefill's (a new one is captured on next use)."""

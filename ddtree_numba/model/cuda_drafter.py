@@ -527,7 +527,6 @@ class CudaDrafter:
         if not isinstance(cache, DeviceDrafterCache):
             raise ValueError(f"cache must be a DeviceDrafterCache from new_cache(), got {type(cache).__name__}")
         ws = self.workspace(features.shape[0], 1)
-        self._prepare(ws, cache)
         cache.enqueue_reset(stream)
         self._enqueue_draft(ws, features, n, ws.bonus_in, cache, context_only=True, stream=stream)   # (token 0)
         n.copy_to_device(self._zeros(n.shape), stream=stream)
@@ -652,7 +651,8 @@ class CudaDrafter:
         cache and nothing after (``_enqueue_layers``)."""
         cfg, target = self.config, self.target
         eps = cfg.rms_norm_eps
-        self._prepare(ws, cache)
+        if not context_only:                  # (the attention's scratch: no attention without the block)
+            self._prepare(ws, cache)
         nf = features.shape[0]
         gemm = target.gemm_args          # the target's precision and tile for every projection
         _draft_meta_kernel[1, META_THREADS, stream](
