@@ -61,10 +61,11 @@ def _gpu_tiles(dh: int, batched: bool = False) -> _Tiles:
     Up to Dh 64, 256 threads on 16 rows, a thread 1 x 2 scores (tools/tune_tiles.py on the H200:
     the demo drafter's attention 21.1 -> 15.3 µs a layer); to Dh 128, 128 threads on 32 rows x 32
     keys; past it 16 x 16, to stay under 48 KiB (Q [Dh, RM] and K / V [Dh, KT] staged). Several
-    sequences in one launch (``batched``; their blocks fill the SMs already) take 32 rows a block
-    up to Dh 64, so that a block's staged keys serve twice the rows (H100, tools/tune_tiles.py
+    sequences in one launch (``batched``, S > 1: their blocks fill the SMs already) take 32 rows a
+    block up to Dh 64, so that a block's staged keys serve twice the rows (H100, tools/tune_tiles.py
     --sequences 8, the demo drafter's attention over 8 slots: 68.2 -> 51.8 µs; at one sequence the
-    32-row tile is 25.7 against 17.6 µs)."""
+    32-row tile is 25.7 against 17.6 µs, and the batched round of one slot took 19 µs more with
+    it, tools/batch_gap.py, so a batched launch of one sequence keeps the 16-row tile)."""
     if dh <= 64 and batched:
         return _Tiles(32, 32, 2, 2, 256, 32, 32)
     if dh <= 64:
@@ -414,7 +415,7 @@ def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=N
     hq, hkv = q.shape[1] // dh, k_ctx.shape[2] // dh
     g = hq // hkv
     has_blk = k_blk is not None
-    cfg = _tiles(dh, batched)
+    cfg = _tiles(dh, n_seq > 1)            # one sequence keeps its tile in a batched launch too
     if tiles is not None:
         if (tiles.KT, tiles.SPLIT) != (cfg.KT, cfg.SPLIT):
             raise ValueError(f"tiles {tiles}: KT and SPLIT fix the bits and must stay {cfg.KT} and {cfg.SPLIT}")
