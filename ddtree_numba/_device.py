@@ -584,6 +584,31 @@ def capture_graphs(enqueue) -> list:
     return graphs
 
 
+class SideStream:
+    """A second stream for launches that may run beside the main stream's: captured into a graph,
+    they become a parallel branch. ``fork(stream)`` returns the side stream, ordered after
+    everything enqueued on ``stream`` so far; ``join(stream)`` orders what is enqueued on
+    ``stream`` next after everything enqueued on the side stream since. The stream and its two
+    events are made on first use (outside any capture when the work ran once eagerly first, as
+    ``capture_graph`` does). The launches are the same as in line, so the bits are too."""
+
+    def __init__(self):
+        self.stream = None
+
+    def fork(self, stream):
+        if self.stream is None:
+            self._fork, self._join = (cuda.event() if config.ENABLE_CUDASIM else cuda.event(timing=False)
+                                      for _ in range(2))
+            self.stream = cuda.stream()
+        self._fork.record(stream)
+        self._fork.wait(self.stream)
+        return self.stream
+
+    def join(self, stream) -> None:
+        self._join.record(self.stream)
+        self._join.wait(stream)
+
+
 def destroy_graph(exe) -> None:
     """Free an instantiated graph (``capture_graph``) that will not be replayed again."""
     from cuda.bindings import runtime as rt

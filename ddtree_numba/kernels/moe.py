@@ -38,8 +38,8 @@ import numpy as np
 from numba import config, cuda, float32, int32, uint32
 
 from .._checks import check_array, check_int, check_precision
-from .._device import (cached, ceil_div, device_function, float32_out, fma, grid_dependency, is_device,
-                       launcher_result, rows_device, to_device)
+from .._device import (SideStream, cached, ceil_div, device_function, float32_out, fma, grid_dependency,
+                       is_device, launcher_result, rows_device, to_device)
 from ..dtypes import STORAGE_DTYPES
 from ._widen import KINDS
 from ..reference.moe import work_item_capacity
@@ -155,21 +155,12 @@ class MoEBuffers:
         self.items = arr(3 * work_item_capacity(E, R * K, 8), np.int32)   # [3*Y]
         self.item_rows = 8                               # the rows of an item in ``items`` (the last sort's)
         self._item_views = {}
-        self._side = None                                # side_stream(): made on first use
+        self.side = SideStream()                         # the shared experts' stream (``concurrent``)
         self.act = arr((R * K, I), np.float32)           # [R*K, I]  silu(gate) * up per slot
         self.expert_out = arr((R * K, M), np.float32)    # [R*K, M]  down projection per slot (unweighted)
         self.shared_act = arr((R, Is), np.float32) if Is else None   # [R, Is] shared SwiGLU activation
         self.shared_out = arr((R, M), np.float32) if Is else None    # [R, M]  shared-expert output
         self.zero_bias = cuda.to_device(np.zeros(E, np.float32), stream=stream)  # [E] stands in for no bias
-
-    def side_stream(self):
-        """The stream the shared experts run on beside the routed ones, with its fork and join
-        events (``self.fork``, ``self.join``); made on first use, outside any capture when the
-        block has run once eagerly first (as ``_device.capture_graph`` does)."""
-        if self._side is None:
-            self.fork, self.join = (cuda.event() if SIM else cuda.event(timing=False) for _ in range(2))
-            self._side = cuda.stream()
-        return self._side
 
     def work_items(self):
         """The part of ``items`` the last sort can have filled: [3 * Y] for Y the most work items
@@ -567,7 +558,7 @@ def enqueue_moe_block(m, x, *, gate, bias, experts_gate, experts_up, experts_dow
     rounded router logit could pick another expert.
 
     ``concurrent`` (default ``CONCURRENT_SHARED``): the shared experts run on a second stream
-    (``bufs.side_stream()``), forked from ``stream`` at the block's start and joined before the
+    (``bufs.side``), forked from ``stream`` at the block's start and joined before the
     combine, so that a captured graph runs them beside the routed ones instead of after them.
     The same launches on the same inputs: the same bits.
 
@@ -576,19 +567,16 @@ def enqueue_moe_block(m, x, *, gate, bias, experts_gate, experts_up, experts_dow
     batched forward keeps each layer's for its expert statistics)."""
     if concurrent is None:
         concurrent = CONCURRENT_SHARED
-    side = bufs.side_stream() if concurrent and shared_gate is not None else None
+    concurrent = concurrent and shared_gate is not None
+    side = bufs.side.fork(stream) if concurrent else None      # the shared experts start with the block ...
     launches = _moe_block_launches(m, x, gate=gate, bias=bias, experts_gate=experts_gate, experts_up=experts_up,
                                    experts_down=experts_down, shared_gate=shared_gate, shared_up=shared_up,
                                    shared_down=shared_down, route=route, bufs=bufs, n_rows=n_rows,
                                    precision=precision, tile=tile, stream=stream, shared_stream=side,
                                    offsets=offsets)
-    if side is not None:
-        bufs.fork.record(stream)              # the shared experts start with the block ...
-        bufs.fork.wait(side)
     for name, launch in launches:
-        if side is not None and name == "combine":
-            bufs.join.record(side)            # ... and end before the combine reads shared_out
-            bufs.join.wait(stream)
+        if concurrent and name == "combine":
+            bufs.side.join(stream)            # ... and end before the combine reads shared_out
         launch()
 
 

@@ -35,7 +35,7 @@ from numba import cuda
 
 from .. import kernels as kn
 from .._checks import check_array, check_int
-from .._device import cached, capture_graph, ceil_div, grid_dependency, is_device, replay_graph
+from .._device import SideStream, cached, capture_graph, ceil_div, grid_dependency, is_device, replay_graph
 from ..dtypes import check_weight_dtype, to_storage
 from ..kernels.rms_norm import MAX_HEAD_DIM
 from .drafter import DrafterConfig, NumpyDrafter
@@ -372,6 +372,7 @@ class CudaDrafter:
         self._workspaces: dict[tuple[int, int], DrafterWorkspace] = {}
         self._scratch: dict[int, kn.GQAScratch] = {}      # block rows -> attention scratch
         self._zero_arrays: dict[tuple, object] = {}       # shape -> device int32 zeros (copy sources)
+        self._context_side = SideStream()                 # the context rows' fc + norm (_enqueue_inputs)
 
     def __repr__(self) -> str:
         return f"CudaDrafter({self.config.describe()}, {self.weight_dtype} weights)"
@@ -610,9 +611,7 @@ class CudaDrafter:
         _draft_batch_meta_kernel[1, META_THREADS, stream](
             pool.status, n, bonus, int(pool.capacity), int(features.shape[0]), int(cfg.mask_token_id), ws.ids,
             ws.seq_meta, ws.att, ws.meta)
-        kn.enqueue_linear(features, self.fc, ws.ctx_raw, ws.n_ctx, **gemm, stream=stream)
-        kn.enqueue_rms_norm(ws.ctx_raw, self.hidden_norm, eps, ws.ctx, ws.n_ctx, stream=stream)
-        kn.enqueue_embedding(ws.ids, target.embed_tokens, ws.x, ws.n_blk, stream=stream)
+        self._enqueue_inputs(ws, features, stream)
         self._enqueue_layers(ws, S * B, lambda i: (pool.k[i], pool.v[i]), ws.seq_meta, ws.att, stream,
                              context_only)
         if context_only:
@@ -658,10 +657,7 @@ class CudaDrafter:
         _draft_meta_kernel[1, META_THREADS, stream](
             cache.status, n, bonus, int(cache.capacity), int(nf), int(cfg.mask_token_id), bool(write_block),
             ws.ids, ws.meta)
-        # context features: hidden_norm(fc(features)), into the rows of xin after the block's   [n, M]
-        kn.enqueue_linear(features, self.fc, ws.ctx_raw, ws.n_ctx, **gemm, stream=stream)
-        kn.enqueue_rms_norm(ws.ctx_raw, self.hidden_norm, eps, ws.ctx, ws.n_ctx, stream=stream)
-        kn.enqueue_embedding(ws.ids, target.embed_tokens, ws.x, ws.n_blk, stream=stream)   # [B, M]
+        self._enqueue_inputs(ws, features, stream)
         self._enqueue_layers(ws, ws.block, lambda i: (cache.k[i], cache.v[i]), ws.meta, ws.att_meta, stream,
                              context_only)
         if context_only:
@@ -671,6 +667,21 @@ class CudaDrafter:
                               **gemm, stream=stream)
         else:
             kn.enqueue_rms_norm(ws.x, self.norm, eps, ws.h, ws.n_blk, stream=stream)
+
+    def _enqueue_inputs(self, ws, features, stream) -> None:
+        """The first layer's attention input, ``ws.xin``: the block's rows input_layernorm(embed(
+        ids)) (ws.x the embeddings) and after them the new context rows, hidden_norm(fc(features))
+        [n, M]. The context rows go on a side stream, beside the block's embedding and norm (a
+        captured draft runs the two chains as parallel branches: the same launches, so the same
+        bits); ``_enqueue_layers`` then starts at the first layer's q | k | v GEMM."""
+        eps, gemm, target = self.config.rms_norm_eps, self.target.gemm_args, self.target
+        side = self._context_side.fork(stream)
+        kn.enqueue_linear(features, self.fc, ws.ctx_raw, ws.n_ctx, **gemm, stream=side)
+        kn.enqueue_rms_norm(ws.ctx_raw, self.hidden_norm, eps, ws.ctx, ws.n_ctx, stream=side)
+        kn.enqueue_embedding(ws.ids, target.embed_tokens, ws.x, ws.n_blk, stream=stream)
+        kn.enqueue_rms_norm(ws.x, self.layers[0].input_layernorm, eps, ws.xin[:ws.x.shape[0]], ws.n_xin,
+                            stream=stream)
+        self._context_side.join(stream)
 
     def _enqueue_layers(self, ws, block_rows: int, caches, norm_meta, att_meta, stream,
                         context_only: bool = False) -> None:
@@ -689,11 +700,12 @@ class CudaDrafter:
         for i, lw in enumerate(self.layers):
             k_cache, v_cache = caches(i)                               # [S_cap, Hkv*Dh] (or [S, S_cap, ...])
             # one GEMM projects the block (q, k, v at positions s0 + n + j, never cached) from the
-            # input norm of x (normed into xin's block rows first) and the new context rows (k, v
-            # at s0 + c); one launch norms and rotates the block's q and k in place and appends
-            # the context rows' keys and values to the cache
-            kn.enqueue_linear(ws.xin, lw.qkv_proj, ws.qkv, ws.n_xin, norm=(lw.input_layernorm, eps, None),
-                              norm_head=ws.x, **gemm, stream=stream)      # (xin's block rows: x's norms)
+            # input norm of x (normed into xin's block rows first: the first layer's by
+            # _enqueue_inputs) and the new context rows (k, v at s0 + c); one launch norms and
+            # rotates the block's q and k in place and appends the context rows' keys and values
+            # to the cache
+            norm = {} if i == 0 else dict(norm=(lw.input_layernorm, eps, None), norm_head=ws.x)
+            kn.enqueue_linear(ws.xin, lw.qkv_proj, ws.qkv, ws.n_xin, **norm, **gemm, stream=stream)
             kn.enqueue_qkv_norm_rope(ws.qkv, norm_meta, lw.q_norm, lw.k_norm, eps, self.inv_freq,
                                      n_q_heads=Hq, n_kv_heads=Hkv, interleave=False,   # Qwen3's rotate-half
                                      k_cache=k_cache, v_cache=v_cache, stream=stream)
