@@ -278,6 +278,17 @@ def test_batch_twin_is_the_single_build_of_each_sequence(rng):
 
 
 @pytest.mark.kernels
+@pytest.mark.parametrize("threads", [32, 64])
+def test_one_and_two_warp_blocks_break_exact_score_ties_by_path(rng, threads):
+    """The heap kernel's blocks of the demo budgets, on drafts of integer logits (most scores
+    tie exactly): on a GPU each warp's arg-max takes the greatest score by a shuffle minimum of
+    order keys, then the tied lanes by path; the tree must still be the twin's, bit for bit."""
+    for L, V, budget in [(6, 12, 64), (4, 9, 33), (15, 5, 16)]:
+        lp, ids = _draft(rng, L, V, min(budget, V), "ties")
+        assert kn.build_tree(lp, ids, budget, threads=threads) == ref.build_tree(lp, ids, budget), (L, V, budget)
+
+
+@pytest.mark.kernels
 @pytest.mark.parametrize("budget", [0, 1, 13, 40])
 def test_batch_kernel_builds_each_sequence_in_its_own_block(rng, budget):
     """Every sequence's tree equals its own heap build (tokens, depths, parents, ranks, score
