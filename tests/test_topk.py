@@ -58,24 +58,6 @@ def test_kernel_matches_twin_bit_for_bit(rng, kind):
 
 @pytest.mark.kernels
 @pytest.mark.parametrize("kind", ["normal", "ties", "masked"])
-@pytest.mark.parametrize("V,k,threads", [(512, 16, 16),    # the longest short row
-                                         (264, 64, 32),    # the demo pair's vocabulary
-                                         (3, 3, 4)])       # k = V, more threads than entries
-def test_short_rows_take_one_block_and_match_the_twin_bit_for_bit(rng, kind, V, k, threads):
-    """Rows of at most SMALL_VOCAB entries are ranked by ``_topk_small_kernel`` (a block a row):
-    the twin's ids, in its order (ties to the lower id), and its log-prob bits."""
-    import importlib
-    topk = importlib.import_module("ddtree_numba.kernels.topk")
-    assert V <= topk.SMALL_VOCAB
-    x = _logits(rng, 3, V, kind)
-    lp, ids = kn.topk_logprobs(x, k, threads=threads)
-    lp_ref, ids_ref = ref.topk_logprobs(x, k)
-    np.testing.assert_array_equal(ids, ids_ref)
-    np.testing.assert_array_equal(lp.view(np.uint32), lp_ref.view(np.uint32))
-
-
-@pytest.mark.kernels
-@pytest.mark.parametrize("kind", ["normal", "ties", "masked"])
 @pytest.mark.parametrize("V,k,slices", [(50, 7, 3),      # ragged slices, each holding more than k
                                         (40, 30, 4),     # slices smaller than k: the merge needs them all
                                         (9, 4, 16),      # more slices than entries: empty slices

@@ -26,9 +26,6 @@ of the row's G results, by the row's last block to finish (one launch) or by a m
    after a fence; that block resets the counter for the next launch). Otherwise
    ``_topk_merge_kernel``, grid L (up to 1024 threads a block), runs it after the partial kernel.
 
-Rows of at most SMALL_VOCAB entries (the demo pair's) take ``_topk_small_kernel`` instead: a block
-a row, each entry ranked against every other.
-
 The float32 log-probabilities do not depend on the order of the float64 reduction unless the
 log-sum-exp's last-ulp difference (about 1e-15; libdevice's exp / log against numpy's too) crosses a
 float32 rounding midpoint, about 2^-28 a row: no mismatch in 300 full rows (307 k entries) emulated
@@ -621,70 +618,6 @@ def _topk_merge_kernel(threads):
     return kernel
 
 
-# Up to SMALL_VOCAB entries a row (the demo pair's 264) a row is one block of ``_topk_small_kernel``:
-# the row in shared memory, its max and sum of exps by shared-memory trees, and each entry's rank
-# counted against every other entry. The split kernel's filters and selects are built for rows
-# of 10^5 entries; at 264 its one launch took 18.4 µs a draft of 15 rows (ncu, H100).
-SMALL_VOCAB = 512
-
-
-@functools.lru_cache(maxsize=None)
-def _topk_small_kernel(threads):
-    """Grid L: row ``blockIdx.x``'s log-sum-exp and its k best entries, for V <= SMALL_VOCAB. The
-    sum of exp(x - max) in float64, each thread over a strided part of the row, then a tree; an
-    entry's rank = the entries with a larger logit or an equal one at a lower id, so the k ranked
-    first are the twin's ids, in its order, with its float32(float64(x) - lse)."""
-    T = threads
-
-    @cached
-    @cuda.jit
-    def kernel(logits, k, lp_out, ids_out):
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
-        row = cuda.blockIdx.x
-        t = cuda.threadIdx.x
-        V = logits.shape[1]
-        x = cuda.shared.array(SMALL_VOCAB, float32)
-        red = cuda.shared.array(T, float64)
-        m = -math.inf
-        for i in range(t, V, T):
-            v = logits[row, i]
-            x[i] = v
-            m = max(m, float64(v))
-        red[t] = m
-        cuda.syncthreads()                  # the row and every thread's max are in
-        stride = T // 2                     # (T a power of two: check_threads)
-        while stride > 0:
-            if t < stride:
-                red[t] = max(red[t], red[t + stride])
-            cuda.syncthreads()              # this level of the max tree is done
-            stride //= 2
-        m = red[0]
-        cuda.syncthreads()                  # everyone holds the max before red is reused
-        total = 0.0
-        for i in range(t, V, T):
-            total += math.exp(float64(x[i]) - m)
-        red[t] = total
-        cuda.syncthreads()
-        stride = T // 2
-        while stride > 0:
-            if t < stride:
-                red[t] += red[t + stride]
-            cuda.syncthreads()              # this level of the sum tree is done
-            stride //= 2
-        lse = m + math.log(red[0])
-        for i in range(t, V, T):
-            xi = x[i]
-            rank = 0
-            for j in range(V):
-                xj = x[j]
-                rank += (xj > xi) or (xj == xi and j < i)
-            if rank < k:
-                ids_out[row, rank] = i
-                lp_out[row, rank] = float32(float64(xi) - lse)
-
-    return kernel
-
-
 SLICE = 10240      # vocabulary entries a slice block takes (at least)
 MAX_SLICES = 64    # slices a row
 MERGE_SLOTS = 4096  # the merge's shared keys: G slices' lists, each padded to a power of two >= k
@@ -725,12 +658,6 @@ def _partial_threads(k: int) -> int:
     return 256 if k <= 32 else 512 if k <= 64 else 1024
 
 
-def _small_threads() -> int:
-    """``_topk_small_kernel``'s block: an entry a thread at the demo's 264 (a warp in the
-    simulator, where each thread is a Python thread)."""
-    return 32 if config.ENABLE_CUDASIM else 256
-
-
 @dataclass(frozen=True)
 class TopKScratch:
     """Device memory between the two top-K kernels, for L rows, G slices a row and k kept
@@ -762,10 +689,8 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
 
     logits [L, V] float32 (numpy or device) -> (lp [L, K] float32, ids [L, K] int32),
     numpy if ``logits`` was numpy, else device arrays (or the ``out`` pair, filled in place).
-    Bit-identical to ``reference.topk_logprobs``. Rows of at most SMALL_VOCAB entries take
-    ``_topk_small_kernel`` (a block a row) unless ``slices``, ``keep`` or ``fuse`` is given.
-    ``threads``: the kernel's block (default ``_small_threads()`` for short rows, else
-    ``_partial_threads(k)``); ``slices``: G (default ``_slices``); ``keep``: the keys a
+    Bit-identical to ``reference.topk_logprobs``. ``threads``: the partial kernel's block
+    (default ``_partial_threads(k)``); ``slices``: G (default ``_slices``); ``keep``: the keys a
     thread keeps for the filter, 0 (off) to MAX_KEEP (default ``_keep_per_thread``); ``fuse``:
     whether the partial kernel's last block a row merges the row (True), or a merge kernel after
     it does (False); default True when the slices' lists fit its shared keys (``_fused_merge``).
@@ -778,9 +703,7 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
     if V > MAX_VOCAB:
         raise ValueError(f"vocabulary of {V} is more than the kernel's MAX_VOCAB = {MAX_VOCAB} (int32 token "
                          f"ids, and 32-bit indices that run up to a step of {UNROLL} x 1024 past the slice)")
-    # the one-block kernel for short rows, unless a split kernel's knob is asked for
-    small = V <= SMALL_VOCAB and slices is None and keep is None and fuse is None
-    threads = (_small_threads() if small else _partial_threads(k)) if threads is None else threads
+    threads = _partial_threads(k) if threads is None else threads
     check_threads(threads)
     if keep is not None:
         keep = check_int("keep", keep, 0, MAX_KEEP)
@@ -803,14 +726,12 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
         raise ValueError(f"fuse=True with slices = {G} and k = {k}: the partial kernel's shared keys hold "
                          f"at most {FILTER_CAP}, {G} lists of {_pow2_at_least(k)}")
     if scratch is None:
-        scratch = TopKScratch.allocate(L, V, k, stream, slices=G) if L and k and not small else None
+        scratch = TopKScratch.allocate(L, V, k, stream, slices=G) if L and k else None
     elif not scratch.fits(L, G, k):
         raise ValueError(f"scratch is for {list(scratch.part_m.shape)} rows x slices and "
                          f"{scratch.cand.shape[1] // max(scratch.part_m.shape[1], 1)} kept; this call needs "
                          f"{[L, G]} and {k}")
-    if L and k and small:
-        _topk_small_kernel(threads)[L, threads, stream](d_logits, k, out[0], out[1])
-    elif L and k:
+    if L and k:
         sc = scratch
         if keep is None:
             keep = _keep_per_thread(k, threads)          # keep * threads ~ min(4k, FILTER_CAP)
