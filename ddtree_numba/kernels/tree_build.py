@@ -351,7 +351,10 @@ def _check_limits(budget: int, depths: int) -> int:
 # 71.4 / 69.2 / 76.8, 128 152 / 142 / 151, 256 347 / 305 / 312, 1024 2314 / 1700 / 1490. A pop
 # costs ~1.1-1.5 µs at any of them, and as much in one warp holding the frontier in registers
 # (a kernel tried at e55be42: 19.9 / 36.9 / 84.4 / 193 µs at budgets 16 / 32 / 64 / 128, then
-# removed): neither the block size nor the shared frontier is what sets it.
+# removed): neither the block size nor the shared frontier is what sets it. What does: ~720 warp
+# instructions a pop, issued one after another by one warp (ncu by SASS instruction, H100, budget
+# 64); the warp arg-max by order keys took ~300 out (H100, default block: 16 / 32 / 64 / 128 ->
+# 14.8 / 26.0 / 50.4 / 138.7 µs; at 128 one warp now takes 124.9).
 _HEAP_THREADS = ((32, 32), (256, 64))      # (up to this budget, threads); past them THREADS
 
 
