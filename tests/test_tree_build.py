@@ -278,6 +278,19 @@ def test_batch_twin_is_the_single_build_of_each_sequence(rng):
 
 
 @pytest.mark.kernels
+def test_the_heap_kernel_reads_ranks_past_its_shared_copy_of_lp(rng):
+    """lp [20, 300] is more than the shared copy holds (LP_CACHE // 20 = 204 ranks a depth): with
+    nearly flat rows the 400 best paths are every rank of depth 1 (ranks 204.. read from global
+    memory), then 100 of depth 2, whose scores read the copy's second row (the copy's stepped
+    (depth, rank) walk crosses rows mid-block)."""
+    x = (rng.standard_normal((20, 300)) * 0.05).astype(np.float32)
+    lp, ids = ref.topk_logprobs(x, 300)
+    got = kn.build_tree(lp, ids, 400, threads=32)
+    assert got == ref.build_tree(lp, ids, 400)
+    assert int(got.ranks.max()) == 299 and int(got.depths.max()) == 2
+
+
+@pytest.mark.kernels
 @pytest.mark.parametrize("threads", [32, 64])
 def test_one_and_two_warp_blocks_break_exact_score_ties_by_path(rng, threads):
     """The heap kernel's blocks of the demo budgets, on drafts of integer logits (most scores
