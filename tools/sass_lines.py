@@ -1,0 +1,100 @@
+"""Static SASS of one kernel variant by Python source line, on a machine without a GPU.
+
+    PTXAS=/path/to/ptxas NVDISASM=/path/to/nvdisasm python tools/sass_lines.py NAME [--variant I]
+        [--lines A-B] [--sass]
+
+NAME is a kernel as tests/compile_ptx.py lists it (``tree_build._build_tree_kernel``,
+``topk._topk_partial_kernel``, ...); ``--variant`` picks one of its listed (factory arguments,
+signature) entries (default 0). The variant is compiled to PTX for sm_90 with line info, as
+compile_ptx does, assembled by ``ptxas -lineinfo`` and disassembled by ``nvdisasm -g``; then each
+source line of the kernel's module gets the number of SASS instructions compiled from it, with
+the registers, spills and the instructions in all. ``--lines A-B`` keeps lines A..B (say, a loop
+body), ``--sass`` prints the instructions themselves, each under its line.
+
+Why: a kernel run by one warp (the heap build, a merge) is issue-bound: its time is its
+instructions on the critical path, one after another. ncu counted ~720 warp instructions a pop of
+the heap build (H100); this tool shows where they come from (numba's 64-bit index arithmetic, a
+64-bit division's ~90-instruction call) before a GPU is at hand. Counts are static: a loop body
+counts once, a branch not taken counts too.
+
+ptxas: the ``nvidia-cuda-nvcc`` wheel (``nvidia/cuda_nvcc/bin/ptxas``) or a CUDA toolkit;
+nvdisasm: ``pip download nvidia-cuda-nvdisasm`` and unzip (``nvidia/*/bin/nvdisasm``). The PTX's
+version line is lowered to one that ptxas reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+
+def _tool(env: str, name: str) -> str:
+    path = os.environ.get(env) or shutil.which(name)
+    if not path:
+        raise SystemExit(f"{name} not found: set {env} (see this tool's docstring)")
+    return path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("name")
+    ap.add_argument("--variant", type=int, default=0)
+    ap.add_argument("--lines", default=None, help="A-B: only source lines A..B")
+    ap.add_argument("--sass", action="store_true", help="print the instructions under each line")
+    args = ap.parse_args(argv)
+    ptxas, nvdisasm = _tool("PTXAS", "ptxas"), _tool("NVDISASM", "nvdisasm")
+
+    import compile_ptx as cp
+    from numba import cuda
+    cp.numba_cuda_dispatcher.get_current_device = lambda: cp._H200()   # no GPU: name the H200's cc
+    found = cp.find_kernels()
+    if args.name not in found:
+        raise SystemExit(f"no kernel {args.name!r}; e.g. {sorted(found)[:5]}")
+    variants = list(cp.variants(args.name, *found[args.name]))
+    if not 0 <= args.variant < len(variants):
+        raise SystemExit(f"{args.name} has {len(variants)} listed variants")
+    fn, sig, bounds = variants[args.variant]
+    ptx, _ = cuda.compile_ptx(fn, sig, cc=(9, 0), lineinfo=True, launch_bounds=bounds)
+    ptx = re.sub(r"^\.version \d+\.\d+", ".version 8.8", ptx, flags=re.M)
+    with tempfile.TemporaryDirectory() as tmp:
+        src, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        with open(src, "w") as f:
+            f.write(ptx)
+        info = subprocess.run([ptxas, "-arch=sm_90", "-O3", "-lineinfo", "-v", src, "-o", cubin],
+                              capture_output=True, text=True, check=True).stderr
+        sass = subprocess.run([nvdisasm, "-c", "-g", cubin], capture_output=True, text=True, check=True).stdout
+    module = sys.modules[fn.__module__].__file__
+    lo, hi = (int(v) for v in args.lines.split("-")) if args.lines else (1, 10**9)
+    where, counts, text = None, collections.Counter(), collections.defaultdict(list)
+    for ln in sass.splitlines():
+        m = re.search(r'//## File "([^"]+)", line (\d+)', ln)
+        if m:
+            where = int(m.group(2)) if os.path.basename(m.group(1)) == os.path.basename(module) else None
+            continue
+        m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", ln)
+        if m and where is not None:
+            counts[where] += 1
+            text[where].append(m.group(1))
+    source = open(module).read().splitlines()
+    print(f"{args.name} variant {args.variant} ({sig}):")
+    print("\n".join(line.strip() for line in info.splitlines() if "Used" in line or "spill" in line))
+    shown = 0
+    for n in sorted(c for c in counts if lo <= c <= hi):
+        shown += counts[n]
+        print(f"{n:5d} {counts[n]:5d}  {source[n - 1].strip()[:100]}")
+        if args.sass:
+            print("\n".join(f"{'':13}{ins}" for ins in text[n]))
+    print(f"{shown} instructions on the lines shown, {sum(counts.values())} from {os.path.basename(module)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
