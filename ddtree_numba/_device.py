@@ -590,7 +590,9 @@ class SideStream:
     everything enqueued on ``stream`` so far; ``join(stream)`` orders what is enqueued on
     ``stream`` next after everything enqueued on the side stream since. The stream and its two
     events are made on first use (outside any capture when the work ran once eagerly first, as
-    ``capture_graph`` does). The launches are the same as in line, so the bits are too."""
+    ``capture_graph`` does). The launches are the same as in line, so the bits are too. One
+    fork at a time: each ``fork`` is followed by its ``join`` before the next ``fork`` (a wait
+    binds to its event's latest record, so the pair may be reused any number of times)."""
 
     def __init__(self):
         self.stream = None

@@ -19,7 +19,7 @@ counts once, a branch not taken counts too.
 
 ptxas: the ``nvidia-cuda-nvcc`` wheel (``nvidia/cuda_nvcc/bin/ptxas``) or a CUDA toolkit;
 nvdisasm: ``pip download nvidia-cuda-nvdisasm`` and unzip (``nvidia/*/bin/nvdisasm``). The PTX's
-version line is lowered to one that ptxas reads.
+version line is set to PTX_VERSION (default 8.8, CUDA 12.8's; lower it for an older ptxas).
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ def main(argv=None) -> int:
         raise SystemExit(f"{args.name} has {len(variants)} listed variants")
     fn, sig, bounds = variants[args.variant]
     ptx, _ = cuda.compile_ptx(fn, sig, cc=(9, 0), lineinfo=True, launch_bounds=bounds)
-    ptx = re.sub(r"^\.version \d+\.\d+", ".version 8.8", ptx, flags=re.M)
+    version = os.environ.get("PTX_VERSION", "8.8")       # one that the ptxas at hand reads
+    ptx = re.sub(r"^\.version \d+\.\d+", f".version {version}", ptx, flags=re.M)
     with tempfile.TemporaryDirectory() as tmp:
         src, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
         with open(src, "w") as f:
@@ -72,12 +73,15 @@ def main(argv=None) -> int:
                               capture_output=True, text=True, check=True).stderr
         sass = subprocess.run([nvdisasm, "-c", "-g", cubin], capture_output=True, text=True, check=True).stdout
     module = sys.modules[fn.__module__].__file__
-    lo, hi = (int(v) for v in args.lines.split("-")) if args.lines else (1, 10**9)
+    try:
+        lo, hi = (int(v) for v in (args.lines.split("-") + [args.lines])[:2]) if args.lines else (1, 10**9)
+    except ValueError:
+        raise SystemExit(f"--lines {args.lines!r}: give A-B or one line number") from None
     where, counts, text = None, collections.Counter(), collections.defaultdict(list)
     for ln in sass.splitlines():
         m = re.search(r'//## File "([^"]+)", line (\d+)', ln)
         if m:
-            where = int(m.group(2)) if os.path.basename(m.group(1)) == os.path.basename(module) else None
+            where = int(m.group(2)) if os.path.realpath(m.group(1)) == os.path.realpath(module) else None
             continue
         m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", ln)
         if m and where is not None:

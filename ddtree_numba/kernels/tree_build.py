@@ -125,17 +125,19 @@ def _build_tree_kernel(threads):
         # lp_cache[i] = lp[i // ranks_cached, i % ranks_cached], LP_LOADS loads in flight a thread,
         # (d, r) stepped rather than divided (the 64-bit divisions were ~180 instructions an entry)
         n_cached = L * ranks_cached
-        d = t // max(ranks_cached, 1)
-        r = t - d * ranks_cached
+        rc = max(ranks_cached, 1)
+        step_d, step_r = T // rc, T % rc              # a step of T entries in (depth, rank)
+        cd, cr = t // rc, t % rc
         vals = cuda.local.array(LP_LOADS, float32)
         for i0 in range(t, n_cached, T * LP_LOADS):
             for u in range(LP_LOADS):
                 if i0 + u * T < n_cached:
-                    vals[u] = lp[d, r]
-                r += T
-                while r >= ranks_cached:
-                    r -= ranks_cached
-                    d += 1
+                    vals[u] = lp[cd, cr]
+                cd += step_d
+                cr += step_r
+                if cr >= rc:
+                    cr -= rc
+                    cd += 1
             for u in range(LP_LOADS):
                 if i0 + u * T < n_cached:
                     lp_cache[i0 + u * T] = vals[u]
@@ -173,7 +175,8 @@ def _build_tree_kernel(threads):
                 key = _order_key(best_score + 0.0) if best >= 0 else uint64(0)
                 top = ~warp_min_u64(~key)
                 tied = cuda.ballot_sync(FULL_MASK, best >= 0 and key == top)
-                lead = cuda.popc((tied & (~tied + uint32(1))) - uint32(1))
+                lead = cuda.popc((tied & (~tied + uint32(1))) - uint32(1))   # (no lane: 64, read as
+                # lane 0 by the shuffles below; the winner is then set to -1)
                 winner = cuda.shfl_sync(FULL_MASK, best, lead)
                 winner_score = cuda.shfl_sync(FULL_MASK, best_score, lead)
                 rest = tied & (tied - uint32(1))
