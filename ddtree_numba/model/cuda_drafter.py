@@ -611,9 +611,8 @@ class CudaDrafter:
         _draft_batch_meta_kernel[1, META_THREADS, stream](
             pool.status, n, bonus, int(pool.capacity), int(features.shape[0]), int(cfg.mask_token_id), ws.ids,
             ws.seq_meta, ws.att, ws.meta)
-        self._enqueue_inputs(ws, features, stream)
-        self._enqueue_layers(ws, S * B, lambda i: (pool.k[i], pool.v[i]), ws.seq_meta, ws.att, stream,
-                             context_only, first_normed=True)
+        self._enqueue_layers(ws, features, S * B, lambda i: (pool.k[i], pool.v[i]), ws.seq_meta, ws.att, stream,
+                             context_only)
         if context_only:
             return None
         _block_tails_kernel[(ceil_div(ws.tail.shape[0], 4), ceil_div(m, 64)), (4, 64), stream](ws.x, B, ws.tail)
@@ -657,9 +656,8 @@ class CudaDrafter:
         _draft_meta_kernel[1, META_THREADS, stream](
             cache.status, n, bonus, int(cache.capacity), int(nf), int(cfg.mask_token_id), bool(write_block),
             ws.ids, ws.meta)
-        self._enqueue_inputs(ws, features, stream)
-        self._enqueue_layers(ws, ws.block, lambda i: (cache.k[i], cache.v[i]), ws.meta, ws.att_meta, stream,
-                             context_only, first_normed=True)
+        self._enqueue_layers(ws, features, ws.block, lambda i: (cache.k[i], cache.v[i]), ws.meta, ws.att_meta,
+                             stream, context_only)
         if context_only:
             return
         if logits and ws.block > 1:               # the final norm of the tails into h_tail, then lm_head
@@ -673,7 +671,7 @@ class CudaDrafter:
         ids)) (ws.x the embeddings) and after them the new context rows, hidden_norm(fc(features))
         [n, M]. The context rows go on a side stream, beside the block's embedding and norm (a
         captured draft runs the two chains as parallel branches: the same launches, so the same
-        bits); ``_enqueue_layers`` then starts at the first layer's q | k | v GEMM."""
+        bits); ``_enqueue_layers`` launches it, then starts at the first layer's q | k | v GEMM."""
         eps, gemm, target = self.config.rms_norm_eps, self.target.gemm_args, self.target
         side = self._context_side.fork(stream)
         kn.enqueue_linear(features, self.fc, ws.ctx_raw, ws.n_ctx, **gemm, stream=side)
@@ -683,21 +681,23 @@ class CudaDrafter:
                             stream=stream)
         self._context_side.join(stream)
 
-    def _enqueue_layers(self, ws, block_rows: int, caches, norm_meta, att_meta, stream,
-                        context_only: bool = False, *, first_normed: bool) -> None:
-        """Every drafter layer over ``ws``'s ``block_rows`` block rows (and its new context rows,
-        whose keys and values go into the caches): ``caches(i)`` = layer i's (k, v) cache, [S_cap,
-        W] for one draft or [S, S_cap, W] for a batch, ``norm_meta`` / ``att_meta`` the fused norm
-        + RoPE's and the attention's sizes (``enqueue_qkv_norm_rope``, ``enqueue_gqa_attention``).
+    def _enqueue_layers(self, ws, features, block_rows: int, caches, norm_meta, att_meta, stream,
+                        context_only: bool = False) -> None:
+        """The first layer's input (``_enqueue_inputs``: the embedded block rows normed, the new
+        context rows of ``features``), then every drafter layer over ``ws``'s ``block_rows`` block
+        rows (and those context rows, whose keys and values go into the caches): ``caches(i)`` =
+        layer i's (k, v) cache, [S_cap, W] for one draft or [S, S_cap, W] for a batch,
+        ``norm_meta`` / ``att_meta`` the fused norm + RoPE's and the attention's sizes
+        (``enqueue_qkv_norm_rope``, ``enqueue_gqa_attention``).
         ``context_only`` (a prefill): each layer only projects and appends the context rows' keys
         and values, by the same two launches as a draft's (so the same bits); the block rows go
-        along in those launches and are not read. ``first_normed``: the first layer's block rows
-        are in xin already (``_enqueue_inputs``), so its GEMM launches no norm."""
+        along in those launches and are not read."""
         cfg, gemm = self.config, self.target.gemm_args
         Hq, Hkv, Dh, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
         nq, nk = Hq * Dh, Hkv * Dh
         q, kb, vb = ws.qkv[:block_rows, :nq], ws.qkv[:block_rows, nq:nq + nk], ws.qkv[:block_rows, nq + nk:]
         scale = float(Dh) ** -0.5
+        self._enqueue_inputs(ws, features, stream)
         for i, lw in enumerate(self.layers):
             k_cache, v_cache = caches(i)                               # [S_cap, Hkv*Dh] (or [S, S_cap, ...])
             # one GEMM projects the block (q, k, v at positions s0 + n + j, never cached) from the
@@ -705,7 +705,7 @@ class CudaDrafter:
             # _enqueue_inputs) and the new context rows (k, v at s0 + c); one launch norms and
             # rotates the block's q and k in place and appends the context rows' keys and values
             # to the cache
-            norm = {} if i == 0 and first_normed else dict(norm=(lw.input_layernorm, eps, None), norm_head=ws.x)
+            norm = {} if i == 0 else dict(norm=(lw.input_layernorm, eps, None), norm_head=ws.x)
             kn.enqueue_linear(ws.xin, lw.qkv_proj, ws.qkv, ws.n_xin, **norm, **gemm, stream=stream)
             kn.enqueue_qkv_norm_rope(ws.qkv, norm_meta, lw.q_norm, lw.k_norm, eps, self.inv_freq,
                                      n_q_heads=Hq, n_kv_heads=Hkv, interleave=False,   # Qwen3's rotate-half
