@@ -149,6 +149,32 @@ def test_fused_merge_gives_the_two_launch_bits_and_resets_its_counters(rng):
     np.testing.assert_array_equal(run(True, 9).view(np.uint32), run(False, 9).view(np.uint32))
 
 
+def test_fused_merge_over_more_splits_than_a_chunk(rng):
+    """The fused merge stages the splits' weights TPR (threads a row) at a time: a context of more
+    splits than one chunk, ending inside a chunk, gives the merge's own launch's bits, on the
+    simulator's tiles and a GPU's alike, for a row block that ends inside a query's heads."""
+    cfg = _tiles(8)
+    tpr = cfg.NT // cfg.RM
+    tq, t, hq, hkv, dh = 3, 3, 6, 2, 8
+    s_cap = (2 * tpr + 1) * cfg.SPLIT + 5                          # two chunks and a split more
+    q, kb, vb = qkv(rng, tq, hq, hkv, dh, tq)
+    _, kc, vc = qkv(rng, 1, hq, hkv, dh, s_cap)
+    w = hkv * dh
+    args = [cuda.to_device(a) for a in (q.reshape(tq, -1), kc.reshape(s_cap, w), vc.reshape(s_cap, w))]
+    blk = dict(k_blk=cuda.to_device(kb.reshape(tq, w)), v_blk=cuda.to_device(vb.reshape(tq, w)))
+    scratch = GQAScratch(tq, hq, dh, s_cap + tq)
+    meta = cuda.to_device(np.array([s_cap, t], np.int32))
+    got = {}
+    for fuse in (True, False):
+        d_out = cuda.to_device(np.full((tq, hq * dh), POISON, np.float32))
+        enqueue_gqa_attention(*args, d_out, meta=meta, scale=0.3, scratch=scratch, fuse=fuse, **blk)
+        got[fuse] = d_out.copy_to_host()
+    np.testing.assert_array_equal(got[True].view(np.uint32), got[False].view(np.uint32))
+    assert not scratch.arrive.copy_to_host().any()
+    want = ref.gqa_attention(q, np.concatenate([kc, kb]), np.concatenate([vc, vb]), 0.3).reshape(tq, hq * dh)
+    assert_rel(got[True], want)
+
+
 def test_a_batch_of_sequences_in_one_launch_gives_each_its_own_launchs_bits(rng):
     """k_ctx [S, S_cap, W] (a drafter cache pool's layer), meta [S, 2]: S sequences' queries (equal
     runs of rows, strided column views as the drafter passes them) in one launch, each run the

@@ -13,9 +13,10 @@ block row j - s after it. Query row (i, h) reads key/value head g = h // G.
 into tiles of ``KT`` keys (``_tiles``; constants, never chosen from the row count). One block
 owns one split, one group and RM of its (query, head) rows; per tile it
 
-1. stages the tile's keys in shared memory (once for the RM rows: every head of the group and
-   every query of the block reads them), computes the scores as fma chains over d ascending,
-   times ``scale``;
+1. stages the tile's keys and values in shared memory together, one trip to memory (once for
+   the RM rows: every head of the group and every query of the block reads them; the values go
+   over the keys' buffer after the scores where their own buffer would not fit, ``_early_v``),
+   computes the scores as fma chains over d ascending, times ``scale``;
 2. takes the tile's row max m_t, the running max m' = max(m, m_t), and p = exp(score - m');
 3. rescales its running sum and output by exp(m - m') and adds the tile's keys in ascending
    order: l = l + p, o = fma(p, v, o) (the values staged over the keys' buffer).
@@ -23,7 +24,8 @@ owns one split, one group and RM of its (query, head) rows; per tile it
 The splits of a row are then merged in ascending order (``_combine``): M = max m_c, l = chain of
 l_c * exp(m_c - M), o = chain of o_c * exp(m_c - M), out = o / l; by the last block of a (group,
 row block) to finish its split (an arrival counter each, ``GQAScratch.arrive``), so the attention
-is one launch; or (``fuse=False``) by a second launch, ``_gqa_combine_kernel``: the same bits.
+is one launch, with the block's threads loading the partials together (a chain of dependent loads
+an output was most of a drafter layer's attention); or (``fuse=False``) by a second launch, ``_gqa_combine_kernel``: the same bits.
 A row's arithmetic is a function of its query and the key sequence only: its bits do not
 depend on how many rows share the launch or where the row sits (docs/DESIGN.md §4). The
 twin normalizes p before p @ v and sums in numpy's order: equal within float32 rounding.
@@ -84,10 +86,18 @@ def _tiles(dh: int, batched: bool = False) -> _Tiles:
     return _SIM_TILES if _SIM else _gpu_tiles(dh, batched)
 
 
-def _smem_floats(dh, cfg) -> int:
+def _smem_floats(dh, cfg, early_v=False) -> int:
+    """Floats of shared memory a block of ``_gqa_split_kernel`` declares (``early_v``: the values
+    in a buffer of their own, staged with the keys)."""
     tpr = cfg.NT // cfg.RM
     return dh * (cfg.RM + 1) + max(dh * (cfg.KT + 1), cfg.KT * dh) + cfg.RM * (cfg.KT + 1) \
-        + cfg.RM * tpr + 3 * cfg.RM
+        + 3 * cfg.RM * tpr + 5 * cfg.RM + (cfg.KT * dh if early_v else 0)
+
+
+def _early_v(dh, cfg) -> bool:
+    """Stage a tile's values with its keys (one round trip to memory instead of two) where their
+    own buffer still fits the block's static shared memory."""
+    return 4 * _smem_floats(dh, cfg, True) <= _SMEM_MAX
 
 
 @device_function
@@ -137,14 +147,92 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
     N_ACC, N_O = TM * TN, TM2 * TN2
     NEG = -math.inf
 
+    EARLY_V = _early_v(DH, _Tiles(RM, KT, TM, TN, NT, TX2, SPLIT))
+    N_SV = KT * DH if EARLY_V else 1
+    N_OUT = ceil_div(RM * DH, NT)        # outputs a thread merges
+
     @device_function
-    def combine_block(o_part, ml_part, out, r0, rows, G, g, Hq, n_split, tid):
-        """``_combine`` of every output of the block's rows (``fuse``)."""
+    def nan_block(out, r0, rows, G, g, Hq, tid):
+        """NaN in every output of the block's rows (no key at all, as the twin)."""
         for e in range(tid, RM * DH, NT):
             r = r0 + e // DH
             if r < rows:
                 i = r // G
-                _combine(o_part, ml_part, out, i * Hq + g * G + r - i * G, e % DH, Hq, n_split)
+                out[i, (g * G + r - i * G) * DH + e % DH] = float32(math.nan)
+
+    @device_function
+    def combine_block(o_part, ml_part, out, r0, rows, G, g, Hq, n_split, tid, sred, sw, sl, sbig, slsum):
+        """``_combine`` of every output of the block's rows (``fuse``), the same bits, with the
+        block's threads reading the partials together instead of one chain of loads an output:
+        TPR threads a row take the row's max over the splits; then, TPR splits at a time, they
+        stage the splits' weights exp(m_c - M) and sums l_c in shared memory, one thread a row
+        chains the row's sum over them, and each output chains its partials o_c, loaded TPR at
+        once, in ascending c (the order ``_combine`` takes)."""
+        prow, ppart = tid // TPR, tid % TPR
+        r = r0 + prow
+        live = r < rows
+        row = 0
+        if live:
+            i = r // G
+            row = i * Hq + g * G + r - i * G
+        big = float32(NEG)
+        if live:
+            for c in range(ppart, n_split, TPR):
+                big = max(big, ml_part[c, row, 0])
+        sred[tid] = big
+        cuda.syncthreads()                  # the partial maxima are in
+        if ppart == 0:
+            for u in range(TPR):            # max is exact: any order gives the same bits
+                big = max(big, sred[prow * TPR + u])
+            sbig[prow] = big
+            slsum[prow] = float32(0.0)
+        acc = cuda.local.array(N_OUT, float32)
+        x = cuda.local.array(TPR, float32)
+        for k in range(N_OUT):
+            acc[k] = float32(0.0)
+        cuda.syncthreads()                  # the rows' maxima are in
+        for c0 in range(0, n_split, TPR):
+            c = c0 + ppart
+            if live and c < n_split:
+                big = sbig[prow]
+                w = float32(0.0)                # (a row that saw no key: NaN below)
+                if big != float32(NEG):
+                    w = float32(math.exp(ml_part[c, row, 0] - big))   # 1 for a single split
+                sw[tid] = w
+                sl[tid] = ml_part[c, row, 1]
+            cuda.syncthreads()              # the chunk's weights and sums are in
+            n_c = min(TPR, n_split - c0)
+            if live and ppart == 0:
+                lsum = slsum[prow]
+                for u in range(n_c):
+                    lsum = fma(sl[tid + u], sw[tid + u], lsum)
+                slsum[prow] = lsum
+            for k in range(N_OUT):
+                e = tid + k * NT
+                rr = e // DH
+                if e < RM * DH and r0 + rr < rows:
+                    ro = r0 + rr
+                    io = ro // G
+                    orow = io * Hq + g * G + ro - io * G
+                    d = e - rr * DH
+                    for u in range(TPR):    # a constant count: the loads are issued together
+                        x[u] = o_part[c0 + u, orow, d] if u < n_c else float32(0.0)
+                    a_k = acc[k]
+                    for u in range(TPR):
+                        if u < n_c:
+                            a_k = fma(x[u], sw[rr * TPR + u], a_k)
+                    acc[k] = a_k
+            cuda.syncthreads()              # the chunk's weights are read; the row sums are in
+        for k in range(N_OUT):
+            e = tid + k * NT
+            rr = e // DH
+            if e < RM * DH and r0 + rr < rows:
+                ro = r0 + rr
+                io = ro // G
+                val = float32(math.nan)         # the row sees no key: NaN, as the twin
+                if sbig[rr] != float32(NEG):
+                    val = acc[k] / slsum[rr]
+                out[io, (g * G + ro - io * G) * DH + e - rr * DH] = val
 
     @cached
     @cuda.jit
@@ -181,7 +269,7 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
             # past the buffers: device sizes are not checked): NaN rows too, and no arrival, which
             # would leave a counter that never reaches its last split (every later launch wrong)
             if key_lo == 0 and r0 < rows:
-                combine_block(o_part, ml_part, out, r0, rows, G, g, Hq, 0, tid)
+                nan_block(out, r0, rows, G, g, Hq, tid)
             return
         if key_lo >= n_keys or r0 >= rows:
             return  # the whole block leaves together: no thread is left at a barrier
@@ -191,10 +279,17 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
         prow, ppart = tid // TPR, tid % TPR  # softmax: row prow, keys ppart + TPR*u
         sq = cuda.shared.array(N_SQ, float32)      # [d, row] queries of the block's rows
         skv = cuda.shared.array(KV, float32)          # [d, key] keys, then [key, d] values
+        sv = cuda.shared.array(N_SV, float32)         # [key, d] values (EARLY_V; else over skv)
+        vbuf = sv if EARLY_V else skv
         sp = cuda.shared.array(N_SP, float32)      # [row, key] scores, then p
         spart = cuda.shared.array(N_PART, float32)  # [row, part] partial maxima of a tile
         salpha = cuda.shared.array(RM, float32)       # [row] rescale of the running sums
         sm = cuda.shared.array(N_SM, float32)       # [2, row] running max, double-buffered
+        sred = cuda.shared.array(NT, float32)         # the merge's [row, part] partial maxima,
+        sw = cuda.shared.array(NT, float32)           # a chunk's weights exp(m_c - M)
+        sl = cuda.shared.array(NT, float32)           # and sums l_c ([row, split] each),
+        sbig = cuda.shared.array(RM, float32)         # [row] the max over the splits M
+        slsum = cuda.shared.array(RM, float32)        # and the merged sum
         acc = cuda.local.array(N_ACC, float32)
         a = cuda.local.array(TM, float32)
         b = cuda.local.array(TN, float32)
@@ -230,7 +325,15 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
                     else:
                         val = k_blk[j - s, g * DH + d]
                 skv[d * KS + kk] = val
-            cuda.syncthreads()  # the keys (and, the first time, the queries) are staged
+                if EARLY_V:
+                    vval = float32(0.0)
+                    if kk < nk:
+                        if j < s:
+                            vval = v_ctx[j, g * DH + d]
+                        else:
+                            vval = v_blk[j - s, g * DH + d]
+                    sv[kk * DH + d] = vval
+            cuda.syncthreads()  # the keys (values) and, the first time, the queries are staged
             for u in range(TM * TN):
                 acc[u] = float32(0.0)
             for d in range(DH):                  # one fma chain per score, d ascending
@@ -254,17 +357,18 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
                             sc = float32(NEG)
                     sp[rr * PS + kk] = sc
             cuda.syncthreads()  # the scores are in; the keys are no longer read
-            for e in range(tid, KT * DH, NT):    # the values over the keys' buffer
-                kk = e // DH
-                d = e - kk * DH
-                j = key0 + kk
-                val = float32(0.0)
-                if kk < nk:
-                    if j < s:
-                        val = v_ctx[j, g * DH + d]
-                    else:
-                        val = v_blk[j - s, g * DH + d]
-                skv[kk * DH + d] = val
+            if not EARLY_V:
+                for e in range(tid, KT * DH, NT):    # the values over the keys' buffer
+                    kk = e // DH
+                    d = e - kk * DH
+                    j = key0 + kk
+                    val = float32(0.0)
+                    if kk < nk:
+                        if j < s:
+                            val = v_ctx[j, g * DH + d]
+                        else:
+                            val = v_blk[j - s, g * DH + d]
+                    skv[kk * DH + d] = val
             pm = float32(NEG)
             for kk in range(ppart, KT, TPR):
                 pm = max(pm, sp[prow * PS + kk])
@@ -295,7 +399,7 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
             for kk in range(nk):                 # ascending keys; padded keys never enter
                 for j in range(TN2):
                     d = tx2 + TX2 * j
-                    vb[j] = skv[kk * DH + d] if d < DH else float32(0.0)
+                    vb[j] = vbuf[kk * DH + d] if d < DH else float32(0.0)
                 for m in range(TM2):
                     pv = sp[(ty2 + TY2 * m) * PS + kk]
                     lsum[m] = lsum[m] + pv
@@ -332,7 +436,7 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
                 salpha[0] = float32(1.0) if arrived == n_split - 1 else float32(0.0)   # (free now)
             cuda.syncthreads()                  # the arrival's verdict is in
             if salpha[0] == float32(1.0):
-                combine_block(o_part, ml_part, out, r0, rows, G, g, Hq, n_split, tid)
+                combine_block(o_part, ml_part, out, r0, rows, G, g, Hq, n_split, tid, sred, sw, sl, sbig, slsum)
 
     return kernel
 
