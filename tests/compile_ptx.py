@@ -179,16 +179,17 @@ SIGNATURES = {
         for tokens, chunks in ((1, "all"), (kernels_pkg.mla._MMA_PV_TOKENS, "prefix"), (1, "tail"))
         for cache in ("float32[:, :, ::1]", "float32[:, :, :]")],
     "mla._mla_combine_kernel": [((128, v), f"void(float32[:, :, ::1], {F32_2}, {F32_2}, {I32_1}, {I32_2}, int64, {F32_2})") for v in (1, 4)],
-    # (..., has_blk, has_mask, fuse): the merge by the splits' last block (fuse), or its own launch
+    # (..., has_blk, has_mask, fuse, G): the merge by the splits' last block (fuse), or its own
+    # launch; G query heads a key/value head (the demo drafter's 2)
     "gqa._gqa_split_kernel": [
-        ((dh, *kernels_pkg.gqa._gpu_tiles(dh), blk, msk, fuse),
+        ((dh, *kernels_pkg.gqa._gpu_tiles(dh), blk, msk, fuse, 2),
          f"void({F32_2}, float32[:, :, ::1], float32[:, :, ::1], {F32_2}, {F32_2}, boolean[:, ::1], {I32_2}, int64, "
          f"int64, float32, float32[:, :, ::1], float32[:, :, ::1], {F32_2}, {I32_1})")
         for dh in (64, 128, 256) for blk, msk, fuse in ((True, False, True), (False, False, True), (False, True, True),
                                                          (True, False, False))] + [
         # a DFlash drafter's q / k / v: column views of one stacked projection (strided rows); its
         # cache one sequence ([1, S_cap, W] contiguous) or a pool's layer ([S, S_cap, W] contiguous)
-        ((dh, *tiles, True, False, True),
+        ((dh, *tiles, True, False, True, 2),
          f"void(float32[:, :], float32[:, :, ::1], float32[:, :, ::1], float32[:, :], float32[:, :], boolean[:, ::1], "
          f"{I32_2}, int64, int64, float32, float32[:, :, ::1], float32[:, :, ::1], {F32_2}, {I32_1})")
         for dh, tiles in sorted({(dh, kernels_pkg.gqa._gpu_tiles(dh, batched))      # (one sequence; several)

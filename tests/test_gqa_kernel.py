@@ -149,14 +149,14 @@ def test_fused_merge_gives_the_two_launch_bits_and_resets_its_counters(rng):
     np.testing.assert_array_equal(run(True, 9).view(np.uint32), run(False, 9).view(np.uint32))
 
 
-def test_fused_merge_over_more_splits_than_a_chunk(rng):
-    """The fused merge stages the splits' weights TPR (threads a row) at a time: a context of more
-    splits than one chunk, ending inside a chunk, gives the merge's own launch's bits, on the
-    simulator's tiles and a GPU's alike, for a row block that ends inside a query's heads."""
+def test_fused_merge_over_many_splits(rng):
+    """A context of many splits (more than the threads a row, on the simulator's tiles and a GPU's
+    alike, ending inside a split): the fused merge gives the merge launch's bits, for a row block
+    that ends inside a query's heads, and the twin's values within float32."""
     cfg = _tiles(8)
     tpr = cfg.NT // cfg.RM
     tq, t, hq, hkv, dh = 3, 3, 6, 2, 8
-    s_cap = (2 * tpr + 1) * cfg.SPLIT + 5                          # two chunks and a split more
+    s_cap = (2 * tpr + 1) * cfg.SPLIT + 5
     q, kb, vb = qkv(rng, tq, hq, hkv, dh, tq)
     _, kc, vc = qkv(rng, 1, hq, hkv, dh, s_cap)
     w = hkv * dh

@@ -24,8 +24,7 @@ owns one split, one group and RM of its (query, head) rows; per tile it
 The splits of a row are then merged in ascending order (``_combine``): M = max m_c, l = chain of
 l_c * exp(m_c - M), o = chain of o_c * exp(m_c - M), out = o / l; by the last block of a (group,
 row block) to finish its split (an arrival counter each, ``GQAScratch.arrive``), so the attention
-is one launch, with the block's threads loading the partials together (a chain of dependent loads
-an output was most of a drafter layer's attention); or (``fuse=False``) by a second launch, ``_gqa_combine_kernel``: the same bits.
+is one launch; or (``fuse=False``) by a second launch, ``_gqa_combine_kernel``: the same bits.
 A row's arithmetic is a function of its query and the key sequence only: its bits do not
 depend on how many rows share the launch or where the row sits (docs/DESIGN.md §4). The
 twin normalizes p before p @ v and sums in numpy's order: equal within float32 rounding.
@@ -91,40 +90,44 @@ def _smem_floats(dh, cfg, early_v=False) -> int:
     in a buffer of their own, staged with the keys)."""
     tpr = cfg.NT // cfg.RM
     return dh * (cfg.RM + 1) + max(dh * (cfg.KT + 1), cfg.KT * dh) + cfg.RM * (cfg.KT + 1) \
-        + 3 * cfg.RM * tpr + 5 * cfg.RM + (cfg.KT * dh if early_v else 0)
+        + cfg.RM * tpr + 3 * cfg.RM + (cfg.KT * dh if early_v else 0)
 
 
 def _early_v(dh, cfg) -> bool:
-    """Stage a tile's values with its keys (one round trip to memory instead of two) where their
-    own buffer still fits the block's static shared memory."""
+    """Stage a tile's values with its keys (one trip to memory instead of two) where their own
+    buffer still fits the block's static shared memory."""
     return 4 * _smem_floats(dh, cfg, True) <= _SMEM_MAX
 
 
 @device_function
-def _combine(o_part, ml_part, out, row, d, Hq, n_split):
-    """out of query row ``row`` (= i * Hq + h), dim d: its n_split splits' partials merged in
-    ascending order (module docstring); NaN when the row saw no key, as the twin."""
+def _combine(o_part, ml_part, out, a0, row, d, Hq, n_split):
+    """out of query row ``row`` (= i * Hq + h) of the run of rows from a0 (out row a0 + i, partial
+    row a0 * Hq + row), dim d: its n_split splits' partials merged in ascending order (module
+    docstring); NaN when the row saw no key, as the twin."""
     DH = o_part.shape[2]
     i = row // Hq
+    pr = a0 * Hq + row
     big = float32(-math.inf)
     for c in range(n_split):
-        big = max(big, ml_part[c, row, 0])
+        big = max(big, ml_part[c, pr, 0])
     if big == float32(-math.inf):                          # the row sees no key: NaN, as the twin
-        out[i, (row - i * Hq) * DH + d] = float32(math.nan)
+        out[a0 + i, (row - i * Hq) * DH + d] = float32(math.nan)
         return
     lsum = float32(0.0)
     acc = float32(0.0)
     for c in range(n_split):
-        w = float32(math.exp(ml_part[c, row, 0] - big))   # 1 for a single split: exact
-        lsum = fma(ml_part[c, row, 1], w, lsum)
-        acc = fma(o_part[c, row, d], w, acc)
-    out[i, (row - i * Hq) * DH + d] = acc / lsum
+        w = float32(math.exp(ml_part[c, pr, 0] - big))    # 1 for a single split: exact
+        lsum = fma(ml_part[c, pr, 1], w, lsum)
+        acc = fma(o_part[c, pr, d], w, acc)
+    out[a0 + i, (row - i * Hq) * DH + d] = acc / lsum
 
 
 @functools.lru_cache(maxsize=None)
-def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fuse=True):
+def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fuse, G):
     """Partial attention of one split (blockIdx.x), one key/value group g (blockIdx.y) and
     query rows rr in [RM * blockIdx.z, ...) of the group's t * G rows (rr = i * G + (h - g*G)).
+    G (query heads a key/value head) is a constant, as DH: a row's query and head are then a
+    multiply and a shift, not a 64-bit division (numba's integers are int64).
 
     Writes, for row = i * Hq + h: o_part[split, row, :] (unnormalized output),
     ml_part[split, row] = (running max, running sum). Keys: context rows [0, s) of
@@ -146,118 +149,36 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
     N_SQ, N_SP, N_PART, N_SM = DH * QS, RM * PS, RM * TPR, 2 * RM
     N_ACC, N_O = TM * TN, TM2 * TN2
     NEG = -math.inf
-
     EARLY_V = _early_v(DH, _Tiles(RM, KT, TM, TN, NT, TX2, SPLIT))
     N_SV = KT * DH if EARLY_V else 1
-    N_OUT = ceil_div(RM * DH, NT)        # outputs a thread merges
 
     @device_function
-    def nan_block(out, r0, rows, G, g, Hq, tid):
-        """NaN in every output of the block's rows (no key at all, as the twin)."""
+    def combine_block(o_all, ml_all, out_all, a0, r0, rows, g, Hq, n_split, tid):
+        """``_combine`` of every output of the block's rows (``fuse``)."""
         for e in range(tid, RM * DH, NT):
             r = r0 + e // DH
             if r < rows:
                 i = r // G
-                out[i, (g * G + r - i * G) * DH + e % DH] = float32(math.nan)
-
-    @device_function
-    def combine_block(o_part, ml_part, out, r0, rows, G, g, Hq, n_split, tid, sred, sw, sl, sbig, slsum):
-        """``_combine`` of every output of the block's rows (``fuse``), the same bits, with the
-        block's threads reading the partials together instead of one chain of loads an output:
-        TPR threads a row take the row's max over the splits; then, TPR splits at a time, they
-        stage the splits' weights exp(m_c - M) and sums l_c in shared memory, one thread a row
-        chains the row's sum over them, and each output chains its partials o_c, loaded TPR at
-        once, in ascending c (the order ``_combine`` takes)."""
-        prow, ppart = tid // TPR, tid % TPR
-        r = r0 + prow
-        live = r < rows
-        row = 0
-        if live:
-            i = r // G
-            row = i * Hq + g * G + r - i * G
-        big = float32(NEG)
-        if live:
-            for c in range(ppart, n_split, TPR):
-                big = max(big, ml_part[c, row, 0])
-        sred[tid] = big
-        cuda.syncthreads()                  # the partial maxima are in
-        if ppart == 0:
-            for u in range(TPR):            # max is exact: any order gives the same bits
-                big = max(big, sred[prow * TPR + u])
-            sbig[prow] = big
-            slsum[prow] = float32(0.0)
-        acc = cuda.local.array(N_OUT, float32)
-        x = cuda.local.array(TPR, float32)
-        for k in range(N_OUT):
-            acc[k] = float32(0.0)
-        cuda.syncthreads()                  # the rows' maxima are in
-        for c0 in range(0, n_split, TPR):
-            c = c0 + ppart
-            if live and c < n_split:
-                big = sbig[prow]
-                w = float32(0.0)                # (a row that saw no key: NaN below)
-                if big != float32(NEG):
-                    w = float32(math.exp(ml_part[c, row, 0] - big))   # 1 for a single split
-                sw[tid] = w
-                sl[tid] = ml_part[c, row, 1]
-            cuda.syncthreads()              # the chunk's weights and sums are in
-            n_c = min(TPR, n_split - c0)
-            if live and ppart == 0:
-                lsum = slsum[prow]
-                for u in range(n_c):
-                    lsum = fma(sl[tid + u], sw[tid + u], lsum)
-                slsum[prow] = lsum
-            for k in range(N_OUT):
-                e = tid + k * NT
-                rr = e // DH
-                if e < RM * DH and r0 + rr < rows:
-                    ro = r0 + rr
-                    io = ro // G
-                    orow = io * Hq + g * G + ro - io * G
-                    d = e - rr * DH
-                    for u in range(TPR):    # a constant count: the loads are issued together
-                        x[u] = o_part[c0 + u, orow, d] if u < n_c else float32(0.0)
-                    a_k = acc[k]
-                    for u in range(TPR):
-                        if u < n_c:
-                            a_k = fma(x[u], sw[rr * TPR + u], a_k)
-                    acc[k] = a_k
-            cuda.syncthreads()              # the chunk's weights are read; the row sums are in
-        for k in range(N_OUT):
-            e = tid + k * NT
-            rr = e // DH
-            if e < RM * DH and r0 + rr < rows:
-                ro = r0 + rr
-                io = ro // G
-                val = float32(math.nan)         # the row sees no key: NaN, as the twin
-                if sbig[rr] != float32(NEG):
-                    val = acc[k] / slsum[rr]
-                out[io, (g * G + ro - io * G) * DH + e - rr * DH] = val
+                _combine(o_all, ml_all, out_all, a0, i * Hq + g * G + r - i * G, e % DH, Hq, n_split)
 
     @cached
     @cuda.jit
     def kernel(q_all, k_ctx_all, v_ctx_all, k_blk_all, v_blk_all, mask, meta, per_seq, n_rb, scale, o_all, ml_all,
                out_all, arrive):
         # Sequence z = blockIdx.z // n_rb (its row block the rest): its queries, block keys and
-        # outputs are the z-th run of per_seq rows of q / k_blk / v_blk / out, its context keys
-        # k_ctx_all[z], its partials the z-th run of per_seq * Hq rows, (s, t) = meta[z]. One
-        # sequence (the drafter's own draft) is a batch of one.
+        # outputs are the z-th run of per_seq rows of q / k_blk / v_blk / out (from row a0), its
+        # context keys k_ctx_all[z], its partials the z-th run of per_seq * Hq rows, (s, t) =
+        # meta[z]. One sequence (the drafter's own draft) is a batch of one. The runs are offsets,
+        # not slices: a slice of each of seven arrays was ~400 instructions before the first load.
         grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         zq = cuda.blockIdx.z // n_rb
         a0 = zq * per_seq
-        q = q_all[a0:a0 + per_seq]
-        k_blk = k_blk_all[a0:a0 + per_seq]
-        v_blk = v_blk_all[a0:a0 + per_seq]
-        out = out_all[a0:a0 + per_seq]
         k_ctx = k_ctx_all[zq]
         v_ctx = v_ctx_all[zq]
         s = meta[zq, 0]
         t = meta[zq, 1]
         n_keys = s + t if has_blk else s
-        Hq = q.shape[1] // DH
-        o_part = o_all[:, a0 * Hq:(a0 + per_seq) * Hq]
-        ml_part = ml_all[:, a0 * Hq:(a0 + per_seq) * Hq]
-        G = Hq // (k_ctx.shape[1] // DH)
+        Hq = q_all.shape[1] // DH
         rows = t * G
         g = cuda.blockIdx.y
         r0 = (cuda.blockIdx.z - zq * n_rb) * RM
@@ -269,7 +190,7 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
             # past the buffers: device sizes are not checked): NaN rows too, and no arrival, which
             # would leave a counter that never reaches its last split (every later launch wrong)
             if key_lo == 0 and r0 < rows:
-                nan_block(out, r0, rows, G, g, Hq, tid)
+                combine_block(o_all, ml_all, out_all, a0, r0, rows, g, Hq, 0, tid)
             return
         if key_lo >= n_keys or r0 >= rows:
             return  # the whole block leaves together: no thread is left at a barrier
@@ -285,11 +206,6 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
         spart = cuda.shared.array(N_PART, float32)  # [row, part] partial maxima of a tile
         salpha = cuda.shared.array(RM, float32)       # [row] rescale of the running sums
         sm = cuda.shared.array(N_SM, float32)       # [2, row] running max, double-buffered
-        sred = cuda.shared.array(NT, float32)         # the merge's [row, part] partial maxima,
-        sw = cuda.shared.array(NT, float32)           # a chunk's weights exp(m_c - M)
-        sl = cuda.shared.array(NT, float32)           # and sums l_c ([row, split] each),
-        sbig = cuda.shared.array(RM, float32)         # [row] the max over the splits M
-        slsum = cuda.shared.array(RM, float32)        # and the merged sum
         acc = cuda.local.array(N_ACC, float32)
         a = cuda.local.array(TM, float32)
         b = cuda.local.array(TN, float32)
@@ -303,7 +219,7 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
             val = float32(0.0)
             if r < rows:
                 i = r // G
-                val = q[i, (g * G + r - i * G) * DH + d]
+                val = q_all[a0 + i, (g * G + r - i * G) * DH + d]
             sq[d * QS + rr] = val
         for rr in range(tid, RM, NT):
             sm[rr] = float32(NEG)
@@ -323,7 +239,7 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
                     if j < s:
                         val = k_ctx[j, g * DH + d]
                     else:
-                        val = k_blk[j - s, g * DH + d]
+                        val = k_blk_all[a0 + j - s, g * DH + d]
                 skv[d * KS + kk] = val
                 if EARLY_V:
                     vval = float32(0.0)
@@ -331,7 +247,7 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
                         if j < s:
                             vval = v_ctx[j, g * DH + d]
                         else:
-                            vval = v_blk[j - s, g * DH + d]
+                            vval = v_blk_all[a0 + j - s, g * DH + d]
                     sv[kk * DH + d] = vval
             cuda.syncthreads()  # the keys (values) and, the first time, the queries are staged
             for u in range(TM * TN):
@@ -367,7 +283,7 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
                         if j < s:
                             val = v_ctx[j, g * DH + d]
                         else:
-                            val = v_blk[j - s, g * DH + d]
+                            val = v_blk_all[a0 + j - s, g * DH + d]
                     skv[kk * DH + d] = val
             pm = float32(NEG)
             for kk in range(ppart, KT, TPR):
@@ -417,10 +333,10 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
                 for j in range(TN2):
                     d = tx2 + TX2 * j
                     if d < DH:
-                        o_part[split, row, d] = o[m * TN2 + j]
+                        o_all[split, a0 * Hq + row, d] = o[m * TN2 + j]
                 if tx2 == 0:
-                    ml_part[split, row, 0] = sm[cur * RM + rr]
-                    ml_part[split, row, 1] = lsum[m]
+                    ml_all[split, a0 * Hq + row, 0] = sm[cur * RM + rr]
+                    ml_all[split, a0 * Hq + row, 1] = lsum[m]
         if fuse:
             # the (group, row block)'s last split to finish merges them, as topk's fused merge:
             # the barrier orders the block's writes before thread 0's fence and arrival; the last
@@ -436,7 +352,7 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
                 salpha[0] = float32(1.0) if arrived == n_split - 1 else float32(0.0)   # (free now)
             cuda.syncthreads()                  # the arrival's verdict is in
             if salpha[0] == float32(1.0):
-                combine_block(o_part, ml_part, out, r0, rows, G, g, Hq, n_split, tid, sred, sw, sl, sbig, slsum)
+                combine_block(o_all, ml_all, out_all, a0, r0, rows, g, Hq, n_split, tid)
 
     return kernel
 
@@ -457,7 +373,7 @@ def _gqa_combine_kernel(o_part, ml_part, meta, split, has_blk, out):
     if row // Hq >= t:
         return
     n_keys = meta[0] + t if has_blk else meta[0]
-    _combine(o_part, ml_part, out, row, idx - row * DH, Hq, (n_keys + split - 1) // split)
+    _combine(o_part, ml_part, out, 0, row, idx - row * DH, Hq, (n_keys + split - 1) // split)
 
 
 class GQAScratch:
@@ -527,7 +443,7 @@ def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=N
     max_keys = k_ctx.shape[1] + (tq if has_blk else 0)
     if tq == 0 or max_keys == 0:
         return
-    kernel = _gqa_split_kernel(dh, *cfg, has_blk, mask is not None, bool(fuse))
+    kernel = _gqa_split_kernel(dh, *cfg, has_blk, mask is not None, bool(fuse), g)
     n_rb = ceil_div(tq * g, cfg.RM)         # row blocks a sequence
     grid = (ceil_div(max_keys, cfg.SPLIT), hkv, n_rb * n_seq)
     kernel[grid, cfg.NT, stream](

@@ -1,0 +1,63 @@
+"""The drafter's GQA attention against the context length, on a GPU: µs a launch (graph replay,
+as tools/tune_tiles.py times it) for the fused launch, the split kernel and merge launch apart
+(``fuse=False``), and the merge launch alone, at the demo drafter's heads (8 query, 4 key/value,
+head dim 32, 16 block rows). The grid is sized from the keys (a cache of exactly the live rows),
+so the slope over keys is the cost of a split.
+
+    python tools/gqa_keys.py [--keys 48 128 256 330 520 1000] [--repeat 20] [--once KEYS]
+
+``--once KEYS``: launch the fused kernel twice at KEYS keys and stop (for Nsight Compute:
+``ncu -k regex:gqa --launch-skip 1 --launch-count 1 ...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--keys", type=int, nargs="+", default=[48, 128, 256, 330, 520, 1000])
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--once", type=int, default=None)
+    args = ap.parse_args()
+    from numba import cuda
+    from tune_tiles import timed
+    gqa = importlib.import_module("ddtree_numba.kernels.gqa")
+    rng = np.random.default_rng(0)
+    dev = lambda a: cuda.to_device(np.ascontiguousarray(a))
+    Hq, Hkv, DH, T = 8, 4, 32, 16
+    print("| keys | splits | fused µs | split + merge µs | merge alone µs |")
+    print("|---|---|---|---|---|")
+    for S in ([args.once] if args.once else args.keys):
+        q = dev(rng.standard_normal((T, Hq * DH), np.float32))
+        k_ctx, v_ctx = (dev(rng.standard_normal((S, Hkv * DH), np.float32)) for _ in range(2))
+        k_blk, v_blk = (dev(rng.standard_normal((T, Hkv * DH), np.float32)) for _ in range(2))
+        out = cuda.device_array((T, Hq * DH), np.float32)
+        meta = dev(np.array([S, T], np.int32))
+        scratch = gqa.GQAScratch(T, Hq, DH, S + T)
+        run = lambda s, fuse=True: gqa.enqueue_gqa_attention(q, k_ctx, v_ctx, out, meta=meta, scale=0.1,
+                                                             scratch=scratch, k_blk=k_blk, v_blk=v_blk,
+                                                             fuse=fuse, stream=s)
+        if args.once:
+            run(0)
+            run(0)
+            cuda.synchronize()
+            return
+        split = gqa._tiles(DH).SPLIT
+        th = gqa.THREADS
+        merge = lambda s: gqa._gqa_combine_kernel[(T * Hq * DH + th - 1) // th, th, s](
+            scratch.o, scratch.ml, meta, split, True, out)
+        us = [timed(run, args.repeat), timed(lambda s: run(s, False), args.repeat), timed(merge, args.repeat)]
+        print(f"| {S} | {(S + T + split - 1) // split} | " + " | ".join(f"{u:.2f}" for u in us) + " |")
+
+
+if __name__ == "__main__":
+    main()
