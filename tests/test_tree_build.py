@@ -315,11 +315,13 @@ def test_batch_kernel_builds_each_sequence_in_its_own_block(rng, budget):
 
 @pytest.mark.kernels
 def test_batch_kernel_with_the_default_block_past_one_warp(rng):
-    """``threads`` None: ``_heap_threads(budget)``, one warp up to budget 32, two up to 256, then
-    the module's THREADS; at budget 40 (two warps) every tree is still its twin's."""
+    """``threads`` None: ``_heap_threads(budget)``, one warp up to budget 32, two to 64, one to
+    192, two to 256, then the module's THREADS; at budget 40 (two warps) every tree is still its
+    twin's."""
     import importlib
     tb = importlib.import_module("ddtree_numba.kernels.tree_build")
-    assert [tb._heap_threads(b) for b in (1, 32, 33, 256, 257)] == [32, 32, 64, 64, 128]
+    assert [tb._heap_threads(b) for b in (1, 32, 33, 64, 65, 192, 193, 256, 257)] == \
+        [32, 32, 64, 64, 32, 32, 64, 64, 128]
     lp, ids = _batch(rng, 2, 3, 5, 5)
     got = kn.build_trees(lp, ids, 40)
     want = ref.build_trees(lp, ids, 40)

@@ -373,8 +373,10 @@ def _check_limits(budget: int, depths: int) -> int:
 # removed): neither the block size nor the shared frontier is what sets it. What does: ~720 warp
 # instructions a pop, issued one after another by one warp (ncu by SASS instruction, H100, budget
 # 64); the warp arg-max by order keys took ~300 out (H100, default block: 16 / 32 / 64 / 128 ->
-# 14.8 / 26.0 / 50.4 / 138.7 µs; at 128 one warp now takes 124.9).
-_HEAP_THREADS = ((32, 32), (256, 64))      # (up to this budget, threads); past them THREADS
+# 14.8 / 26.0 / 50.4 / 138.7 µs). Since, on an H100 (the lp copy stepped, e5d8a68; 32 / 64
+# threads): budget 64 48.9 / 47.7, 128 115.4 / 132.4, 192 188.2 / 197.7, 256 271.9 / 265.5 µs:
+# one warp again from 65 to 192 nodes. (The device round takes the level build from 256 nodes.)
+_HEAP_THREADS = ((32, 32), (64, 64), (192, 32), (256, 64))   # (up to this budget, threads); past them THREADS
 
 
 def _heap_threads(budget: int) -> int:
