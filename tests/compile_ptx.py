@@ -40,6 +40,8 @@ SIGNATURES = {
                                                (512, 1, 2), (512, 1, 3))],
     "topk._topk_merge_kernel": [((1024,), f"void({U32_2}, int64, float64[:, ::1], float64[:, ::1], uint64[:, ::1], "
                                           f"{I32_2}, {F32_2}, {I32_2})")],
+    "topk._topk_rows_kernel": [((nper,), f"void({U32_2}, int64, {F32_2}, {I32_2})")
+                               for nper in (1, 9, 32)],   # V <= 32, the demo drafter's 264, 1024
     "tree_build._build_tree_kernel": [   # a block a tree: [S, L, K] in, [S, B] out
         f"void(float32[:, :, ::1], int32[:, :, ::1], int64, {I32_1}, {I32_2}, {I32_2}, {I32_2}, {I32_2}, "
         f"float64[:, ::1], {I32_1})"],
