@@ -134,8 +134,9 @@ def test_kernel_k_equals_v_and_device_arrays(rng):
 @pytest.mark.parametrize("kind", ["normal", "ties", "near_ties", "masked"])
 def test_rows_kernel_matches_twin_bit_for_bit(rng, kind):
     """The warp-a-row kernel (``method="rows"``): rows shorter than a warp, not a multiple of it
-    and the demo drafter's 264, k from 1 to ROWS_MAX_K and k = V; device in, device out."""
-    for L, V, k in ((3, 264, 16), (2, 5, 5), (2, 40, 1), (1, 97, kn.topk.ROWS_MAX_K)):
+    and the demo drafter's 264, k from 1 to past the default rule's 32 and k = V; device in,
+    device out."""
+    for L, V, k in ((3, 264, 16), (2, 5, 5), (2, 40, 1), (1, 97, 40)):
         x = _logits(rng, L, V, kind)
         lp, ids = kn.topk_logprobs(x, k, method="rows")
         lp_ref, ids_ref = ref.topk_logprobs(x, k)
@@ -147,11 +148,12 @@ def test_rows_kernel_matches_twin_bit_for_bit(rng, kind):
 
 
 def test_the_rows_kernel_is_the_default_for_short_rows_only():
-    """``method`` None takes the warp-a-row kernel for V <= ROWS_MAX_VOCAB and k <= ROWS_MAX_K when
-    no knob of the split kernels is given; "rows" past its limits, or another name, is refused."""
+    """``method`` None takes the warp-a-row kernel where it was measured faster (V <= 320 and k <=
+    32, or k = 1 up to ROWS_MAX_VOCAB) when no knob of the split kernels is given; "rows" past
+    ROWS_MAX_VOCAB, or another name, is refused."""
     tk = kn.topk
-    assert tk._rows_path(264, 16) and tk._rows_path(tk.ROWS_MAX_VOCAB, tk.ROWS_MAX_K)
-    assert not tk._rows_path(tk.ROWS_MAX_VOCAB + 1, 1) and not tk._rows_path(264, tk.ROWS_MAX_K + 1)
+    assert tk._rows_path(264, 16) and tk._rows_path(320, 32) and tk._rows_path(tk.ROWS_MAX_VOCAB, 1)
+    assert not tk._rows_path(321, 2) and not tk._rows_path(264, 33) and not tk._rows_path(tk.ROWS_MAX_VOCAB + 1, 1)
     x = np.zeros((2, tk.ROWS_MAX_VOCAB + 1), np.float32)
     with pytest.raises(ValueError, match="method 'rows' takes V <="):
         kn.topk_logprobs(x, 2, method="rows")

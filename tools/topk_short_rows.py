@@ -3,7 +3,7 @@ graph replay (tools/tune_tiles.py's ``timed``), bits checked against each other.
 
     python tools/topk_short_rows.py [--vocab 264 1024] [--k 1 16 32 64] [--rows 15]
 
-The default rule (``kernels.topk._rows_path``: V <= ROWS_MAX_VOCAB, k <= ROWS_MAX_K) comes from
+The default rule (``kernels.topk._rows_path``: V <= 320 and k <= 32, or k = 1) comes from
 this table.
 """
 
@@ -44,10 +44,6 @@ def main():
                 if m == "rows" and V > topk.ROWS_MAX_VOCAB:
                     continue
                 run = (lambda s, m=m: topk.topk_logprobs(d_x, k, out=outs[m], scratch=sc, stream=s, method=m))
-                if m == "rows" and k > topk.ROWS_MAX_K:    # past the rule: time the kernel itself
-                    nper = -(-V // 32)
-                    run = (lambda s: topk._topk_rows_kernel(nper)[args.rows, 32, s](
-                        d_x.view(np.uint32), k, outs["rows"][0], outs["rows"][1]))
                 us[m] = timed(run, args.repeat)
             same = all(np.array_equal(outs["rows"][i].copy_to_host(), outs["split"][i].copy_to_host())
                        for i in (0, 1)) if "rows" in us else "-"

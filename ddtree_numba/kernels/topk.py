@@ -620,13 +620,19 @@ def _topk_merge_kernel(threads):
 
 # -- a row a warp, for short rows (a DFlash drafter's small vocabulary) ------------------------------
 ROWS_MAX_VOCAB = 1024   # entries a row: a lane holds ceil(V / 32) of them in registers
-ROWS_MAX_K = 32         # k: its k rounds of a warp max run one after another
+# The default rule (``_rows_path``), measured on an H100 (tools/topk_short_rows.py, 15 rows, µs a
+# launch in graph replay, warp a row / split kernels): V 264: k 1 3.5 / 11.4, k 16 7.1 / 11.9,
+# k 32 11.2 / 12.2, k 64 19.3 / 14.0; V 1024: k 1 9.9 / 11.6, k 16 16.1 / 12.4. Its k rounds run one
+# after another (~0.25 µs each) and its first read grows with V, while the split kernels' time
+# barely moves at these sizes.
+ROWS_DEFAULT_VOCAB = 320
+ROWS_DEFAULT_K = 32
 
 
 @functools.lru_cache(maxsize=None)
 def _topk_rows_kernel(nper):
     """Grid L, one warp a block: row ``blockIdx.x``'s log-sum-exp and k best tokens, for V <=
-    32 * nper. Lane l holds entries l, l + 32, ... (coalesced loads, one trip to memory), as
+    32 * nper <= ROWS_MAX_VOCAB. Lane l holds entries l, l + 32, ... (coalesced loads, one trip to memory), as
     float32 values and composite keys (``_composite_key``: 0 for none). The row's max is a warp
     max (exact); the sum of exp(x - max) is float64, each lane's entries in order, then an xor
     butterfly (every lane ends with the same bits: a + b == b + a); lse = max + log(sum), as
@@ -635,8 +641,8 @@ def _topk_rows_kernel(nper):
     but the exp table, no barrier but the table's on a GPU; the simulator, which has no shuffles,
     exchanges through shared memory (the same values: max is exact, the sum's pairs the same).
 
-    Against the split kernels at V 264 (the demo drafter): one launch of 15 warps instead of the
-    slice block's filter, radix digits and fused merge (~18 µs under ncu)."""
+    Against the split kernels at V 264 (the demo drafter's 15 rows), µs a launch: 7.1 against 11.9
+    at k 16, 3.5 against 11.4 at k 1 (dflash's chain); slower past k 32 or V ~300 (ROWS_DEFAULT_*)."""
     NPER = nper
 
     if WARP_OPS:
@@ -730,8 +736,9 @@ def _topk_rows_kernel(nper):
 
 
 def _rows_path(vocab: int, k: int) -> bool:
-    """Whether ``topk_logprobs`` takes the warp-a-row kernel by default."""
-    return vocab <= ROWS_MAX_VOCAB and k <= ROWS_MAX_K
+    """Whether ``topk_logprobs`` takes the warp-a-row kernel by default: where it was measured
+    faster (above ROWS_DEFAULT_VOCAB)."""
+    return (vocab <= ROWS_DEFAULT_VOCAB and k <= ROWS_DEFAULT_K) or (k <= 1 and vocab <= ROWS_MAX_VOCAB)
 
 
 SLICE = 10240      # vocabulary entries a slice block takes (at least)
@@ -806,9 +813,10 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
     logits [L, V] float32 (numpy or device) -> (lp [L, K] float32, ids [L, K] int32),
     numpy if ``logits`` was numpy, else device arrays (or the ``out`` pair, filled in place).
     Bit-identical to ``reference.topk_logprobs``. ``method``: "rows" (a warp a row,
-    ``_topk_rows_kernel``: V <= ROWS_MAX_VOCAB, k <= ROWS_MAX_K) or "split" (the slice blocks and
-    their merge); default "rows" where it applies (``_rows_path``) and no knob of the split kernels
-    below is given, else "split". ``scratch`` is the split kernels' (unused by "rows").
+    ``_topk_rows_kernel``, V <= ROWS_MAX_VOCAB) or "split" (the slice blocks and their merge);
+    default "rows" where it was measured faster (``_rows_path``: V <= 320 and k <= 32, or k = 1)
+    and no knob of the split kernels below is given, else "split". ``scratch`` is the split
+    kernels' (unused by "rows").
     ``threads``: the partial kernel's block
     (default ``_partial_threads(k)``); ``slices``: G (default ``_slices``); ``keep``: the keys a
     thread keeps for the filter, 0 (off) to MAX_KEEP (default ``_keep_per_thread``); ``fuse``:
@@ -828,8 +836,8 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
         method = "rows" if _rows_path(V, k) and all(v is None for v in knobs) else "split"
     if method not in ("rows", "split"):
         raise ValueError(f"method must be 'rows' or 'split', got {method!r}")
-    if method == "rows" and not _rows_path(V, k):
-        raise ValueError(f"method 'rows' takes V <= {ROWS_MAX_VOCAB} and k <= {ROWS_MAX_K}, got V = {V}, k = {k}")
+    if method == "rows" and V > ROWS_MAX_VOCAB:
+        raise ValueError(f"method 'rows' takes V <= {ROWS_MAX_VOCAB} (a lane holds V / 32 entries), got V = {V}")
     threads = _partial_threads(k) if threads is None else threads
     check_threads(threads)
     if keep is not None:
