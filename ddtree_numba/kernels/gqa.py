@@ -151,6 +151,9 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
     NEG = -math.inf
     EARLY_V = _early_v(DH, _Tiles(RM, KT, TM, TN, NT, TX2, SPLIT))
     N_SV = KT * DH if EARLY_V else 1
+    N_QIT = ceil_div(RM * DH, NT)        # staging loads a thread: the queries,
+    KB = min(ceil_div(KT * DH, NT), 4)   # the keys' (and values') in batches of KB loads in flight
+    N_KB = ceil_div(ceil_div(KT * DH, NT), KB)
 
     @device_function
     def combine_block(o_all, ml_all, out_all, a0, r0, rows, g, Hq, n_split, tid):
@@ -161,8 +164,12 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
                 i = r // G
                 _combine(o_all, ml_all, out_all, a0, i * Hq + g * G + r - i * G, e % DH, Hq, n_split)
 
+    # Up to Dh 32, two blocks an SM (registers capped at 65536 / (2 NT), which it fits without a
+    # spill): past ~130 blocks (the demo drafter's ~450 keys) one block an SM ran in two waves
+    # (tools/gqa_keys.py, 520 keys: 27.8 against 22.7 µs at 127 registers). Larger heads spill
+    # under that cap, so they keep the compiler's choice.
     @cached
-    @cuda.jit
+    @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(NT, 2) if DH <= 32 else (NT,)))
     def kernel(q_all, k_ctx_all, v_ctx_all, k_blk_all, v_blk_all, mask, meta, per_seq, n_rb, scale, o_all, ml_all,
                out_all, arrive):
         # Sequence z = blockIdx.z // n_rb (its row block the rest): its queries, block keys and
@@ -212,15 +219,21 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
         o = cuda.local.array(N_O, float32)
         lsum = cuda.local.array(TM2, float32)
         vb = cuda.local.array(TN2, float32)
-        for e in range(tid, RM * DH, NT):    # d fastest: coalesced reads of a query row
+        # Staging loads first, stores after: a store to shared memory between two loads through
+        # generic pointers (which may alias it) kept each load waiting for the one before, ~10
+        # trips to memory a block; loaded into registers at constant indices, they go out together
+        qv = cuda.local.array(N_QIT, float32)
+        kv = cuda.local.array(KB, float32)
+        vv = cuda.local.array(KB, float32)
+        for it in range(N_QIT):              # d fastest: coalesced reads of a query row
+            e = tid + it * NT
             rr = e // DH
-            d = e - rr * DH
             r = r0 + rr
             val = float32(0.0)
-            if r < rows:
+            if e < RM * DH and r < rows:
                 i = r // G
-                val = q_all[a0 + i, (g * G + r - i * G) * DH + d]
-            sq[d * QS + rr] = val
+                val = q_all[a0 + i, (g * G + r - i * G) * DH + e - rr * DH]
+            qv[it] = val
         for rr in range(tid, RM, NT):
             sm[rr] = float32(NEG)
         for m in range(TM2):
@@ -230,25 +243,39 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
         cur = 0
         for key0 in range(key_lo, key_hi, KT):
             nk = min(KT, key_hi - key0)
-            for e in range(tid, KT * DH, NT):    # d fastest: coalesced reads of a key row
-                kk = e // DH
-                d = e - kk * DH
-                j = key0 + kk
-                val = float32(0.0)
-                if kk < nk:
-                    if j < s:
-                        val = k_ctx[j, g * DH + d]
-                    else:
-                        val = k_blk_all[a0 + j - s, g * DH + d]
-                skv[d * KS + kk] = val
-                if EARLY_V:
+            for bt in range(N_KB):
+                for it in range(KB):             # d fastest: coalesced reads of a key row
+                    e = tid + (bt * KB + it) * NT
+                    kk = e // DH
+                    d = e - kk * DH
+                    j = key0 + kk
+                    val = float32(0.0)
                     vval = float32(0.0)
-                    if kk < nk:
+                    if e < KT * DH and kk < nk:
                         if j < s:
-                            vval = v_ctx[j, g * DH + d]
+                            val = k_ctx[j, g * DH + d]
+                            if EARLY_V:
+                                vval = v_ctx[j, g * DH + d]
                         else:
-                            vval = v_blk_all[a0 + j - s, g * DH + d]
-                    sv[kk * DH + d] = vval
+                            val = k_blk_all[a0 + j - s, g * DH + d]
+                            if EARLY_V:
+                                vval = v_blk_all[a0 + j - s, g * DH + d]
+                    kv[it] = val
+                    vv[it] = vval
+                if key0 == key_lo and bt == 0:
+                    for it in range(N_QIT):
+                        e = tid + it * NT
+                        if e < RM * DH:
+                            rr = e // DH
+                            sq[(e - rr * DH) * QS + rr] = qv[it]
+                for it in range(KB):
+                    e = tid + (bt * KB + it) * NT
+                    if e < KT * DH:
+                        kk = e // DH
+                        d = e - kk * DH
+                        skv[d * KS + kk] = kv[it]
+                        if EARLY_V:
+                            sv[kk * DH + d] = vv[it]
             cuda.syncthreads()  # the keys (values) and, the first time, the queries are staged
             for u in range(TM * TN):
                 acc[u] = float32(0.0)
