@@ -195,7 +195,12 @@ SIGNATURES = {
          f"void(float32[:, :], float32[:, :, ::1], float32[:, :, ::1], float32[:, :], float32[:, :], boolean[:, ::1], "
          f"{I32_2}, int64, int64, float32, float32[:, :, ::1], float32[:, :, ::1], {F32_2}, {I32_1})")
         for dh, tiles in sorted({(dh, kernels_pkg.gqa._gpu_tiles(dh, batched))      # (one sequence; several)
-                                 for dh in (32, 64, 128) for batched in (False, True)})],
+                                 for dh in (32, 64, 128) for batched in (False, True)})] + [
+        # other groups: G 1 (no grouping), G 4 (a Qwen3-8B drafter's 32 / 8 heads of 128)
+        ((dh, *kernels_pkg.gqa._gpu_tiles(dh), True, False, True, g),
+         f"void(float32[:, :], float32[:, :, ::1], float32[:, :, ::1], float32[:, :], float32[:, :], boolean[:, ::1], "
+         f"{I32_2}, int64, int64, float32, float32[:, :, ::1], float32[:, :, ::1], {F32_2}, {I32_1})")
+        for dh, g in ((32, 1), (128, 4))],
     "gqa._gqa_combine_kernel": [
         f"void(float32[:, :, ::1], float32[:, :, ::1], {I32_1}, int64, boolean, {F32_2})"],
 }

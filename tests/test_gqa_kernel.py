@@ -68,6 +68,25 @@ def test_gqa_attention_is_batch_invariant(rng):
         np.testing.assert_array_equal(kn.gqa_attention(q[i:i + 1], k, v, 0.35)[0], full[i])
 
 
+def test_values_over_the_keys_buffer_give_the_same_bits(rng, monkeypatch):
+    """Large heads stage a tile's values over the keys' buffer after the scores (``_early_v``
+    False on a GPU's tiles past Dh 64), the rest in a buffer of their own, loaded with the keys:
+    the same bits either way (the simulator's tiles always take the second, so force the first)."""
+    import importlib
+    gqa = importlib.import_module("ddtree_numba.kernels.gqa")
+    q, k, v = qkv(rng, 3, 4, 2, 8, 19)
+    mask = rng.random((3, 19)) < 0.7
+    want = [kn.gqa_attention(q, k, v, 0.3), kn.gqa_attention(q, k, v, 0.3, mask)]
+    monkeypatch.setattr(gqa, "_early_v", lambda dh, cfg: False)
+    gqa._gqa_split_kernel.cache_clear()
+    try:
+        got = [kn.gqa_attention(q, k, v, 0.3), kn.gqa_attention(q, k, v, 0.3, mask)]
+    finally:
+        gqa._gqa_split_kernel.cache_clear()     # the next factory call takes the real rule
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.view(np.uint32), w.view(np.uint32))
+
+
 def test_gqa_attention_bad_input(rng):
     q, k, v = qkv(rng, 2, 6, 2, 4, 5)
     with pytest.raises(ValueError, match="not a multiple"):

@@ -150,7 +150,7 @@ def test_rows_kernel_matches_twin_bit_for_bit(rng, kind):
 def test_the_rows_kernel_is_the_default_for_short_rows_only():
     """``method`` None takes the warp-a-row kernel where it was measured faster (V <= 320 and k <=
     32, or k = 1 up to ROWS_MAX_VOCAB) when no knob of the split kernels is given; "rows" past
-    ROWS_MAX_VOCAB, or another name, is refused."""
+    ROWS_MAX_VOCAB, another name, or a split-kernel knob with "rows", is refused."""
     tk = kn.topk
     assert tk._rows_path(264, 16) and tk._rows_path(320, 32) and tk._rows_path(tk.ROWS_MAX_VOCAB, 1)
     assert not tk._rows_path(321, 2) and not tk._rows_path(264, 33) and not tk._rows_path(tk.ROWS_MAX_VOCAB + 1, 1)
@@ -159,6 +159,8 @@ def test_the_rows_kernel_is_the_default_for_short_rows_only():
         kn.topk_logprobs(x, 2, method="rows")
     with pytest.raises(ValueError, match="method must be 'rows' or 'split'"):
         kn.topk_logprobs(x[:, :8], 2, method="heap")
+    with pytest.raises(ValueError, match="the split kernels' .method 'split'., not 'rows'"):
+        kn.topk_logprobs(x[:, :8], 2, method="rows", slices=1)
 
 
 @pytest.mark.parametrize("fn", [ref.topk_logprobs, kn.topk_logprobs])

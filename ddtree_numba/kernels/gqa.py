@@ -19,7 +19,7 @@ owns one split, one group and RM of its (query, head) rows; per tile it
    computes the scores as fma chains over d ascending, times ``scale``;
 2. takes the tile's row max m_t, the running max m' = max(m, m_t), and p = exp(score - m');
 3. rescales its running sum and output by exp(m - m') and adds the tile's keys in ascending
-   order: l = l + p, o = fma(p, v, o) (the values staged over the keys' buffer).
+   order: l = l + p, o = fma(p, v, o).
 
 The splits of a row are then merged in ascending order (``_combine``): M = max m_c, l = chain of
 l_c * exp(m_c - M), o = chain of o_c * exp(m_c - M), out = o / l; by the last block of a (group,
@@ -206,7 +206,7 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
         tx2, ty2 = tid % TX2, tid // TX2     # p @ v: dims tx2 + TX2*j, rows ty2 + TY2*m
         prow, ppart = tid // TPR, tid % TPR  # softmax: row prow, keys ppart + TPR*u
         sq = cuda.shared.array(N_SQ, float32)      # [d, row] queries of the block's rows
-        skv = cuda.shared.array(KV, float32)          # [d, key] keys, then [key, d] values
+        skv = cuda.shared.array(KV, float32)          # [d, key] keys (then [key, d] values: not EARLY_V)
         sv = cuda.shared.array(N_SV, float32)         # [key, d] values (EARLY_V; else over skv)
         vbuf = sv if EARLY_V else skv
         sp = cuda.shared.array(N_SP, float32)      # [row, key] scores, then p

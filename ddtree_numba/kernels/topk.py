@@ -26,6 +26,10 @@ of the row's G results, by the row's last block to finish (one launch) or by a m
    after a fence; that block resets the counter for the next launch). Otherwise
    ``_topk_merge_kernel``, grid L (up to 1024 threads a block), runs it after the partial kernel.
 
+Short rows (a DFlash drafter's vocabulary of a few hundred) take ``_topk_rows_kernel`` instead: a
+warp a row, one launch, no scratch (``method="rows"``; the default where ``_rows_path`` says it
+was measured faster).
+
 The float32 log-probabilities do not depend on the order of the float64 reduction unless the
 log-sum-exp's last-ulp difference (about 1e-15; libdevice's exp / log against numpy's too) crosses a
 float32 rounding midpoint, about 2^-28 a row: no mismatch in 300 full rows (307 k entries) emulated
@@ -721,7 +725,9 @@ def _topk_rows_kernel(nper):
                     w = y
             if best == w:                         # keys are distinct: one lane holds it
                 tok = int32(uint64(_LOW32) - (w & uint64(_LOW32)))
-                ids_out[row, r] = tok             # (the value from memory: -0.0 keeps its sign)
+                ids_out[row, r] = tok
+                # the value from memory (an L1 hit): picking it out of xs by predicates compiled
+                # to a branch per entry (static SASS); -0.0 keeps its sign either way
                 lp_out[row, r] = float32(float64(_as_float(bits[row, tok])) - lse)
                 uw = tok >> 5                     # entry tok = lane + 32 * uw of this lane
                 nb = uint64(0)
@@ -737,7 +743,7 @@ def _topk_rows_kernel(nper):
 
 def _rows_path(vocab: int, k: int) -> bool:
     """Whether ``topk_logprobs`` takes the warp-a-row kernel by default: where it was measured
-    faster (above ROWS_DEFAULT_VOCAB)."""
+    faster than the split kernels (the table above ROWS_DEFAULT_VOCAB)."""
     return (vocab <= ROWS_DEFAULT_VOCAB and k <= ROWS_DEFAULT_K) or (k <= 1 and vocab <= ROWS_MAX_VOCAB)
 
 
@@ -816,8 +822,8 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
     ``_topk_rows_kernel``, V <= ROWS_MAX_VOCAB) or "split" (the slice blocks and their merge);
     default "rows" where it was measured faster (``_rows_path``: V <= 320 and k <= 32, or k = 1)
     and no knob of the split kernels below is given, else "split". ``scratch`` is the split
-    kernels' (unused by "rows").
-    ``threads``: the partial kernel's block
+    kernels' (unused by "rows", so that a caller may pass it whichever runs); ``threads``,
+    ``slices``, ``keep`` and ``fuse`` are refused with "rows". ``threads``: the partial kernel's block
     (default ``_partial_threads(k)``); ``slices``: G (default ``_slices``); ``keep``: the keys a
     thread keeps for the filter, 0 (off) to MAX_KEEP (default ``_keep_per_thread``); ``fuse``:
     whether the partial kernel's last block a row merges the row (True), or a merge kernel after
@@ -838,6 +844,8 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
         raise ValueError(f"method must be 'rows' or 'split', got {method!r}")
     if method == "rows" and V > ROWS_MAX_VOCAB:
         raise ValueError(f"method 'rows' takes V <= {ROWS_MAX_VOCAB} (a lane holds V / 32 entries), got V = {V}")
+    if method == "rows" and any(v is not None for v in (threads, slices, keep, fuse)):
+        raise ValueError("threads, slices, keep and fuse are the split kernels' (method 'split'), not 'rows'")
     threads = _partial_threads(k) if threads is None else threads
     check_threads(threads)
     if keep is not None:

@@ -407,7 +407,7 @@ def build_tree(lp, ids, budget, *, out=None, budget_device=None, stream=0, threa
     an int32 [1] device array; the kernel then builds min(budget, budget_device[0]) nodes, read
     when it runs (so a captured graph replays with the budget of the moment; ``budget`` is the
     most it may be). ``threads``: the block's threads (default ``_heap_threads(budget)``: one
-    warp up to budget 32, two up to 256); they never change the tree.
+    warp up to budget 32, two to 64, one to 192, two to 256); they never change the tree.
     """
     budget = _check_limits(check_build_inputs(lp, ids, budget), lp.shape[0])
     L, K = lp.shape
