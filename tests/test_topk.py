@@ -147,6 +147,26 @@ def test_rows_kernel_matches_twin_bit_for_bit(rng, kind):
     np.testing.assert_array_equal(d_lp.copy_to_host().view(np.uint32), lp_ref.view(np.uint32))
 
 
+@pytest.mark.kernels
+@pytest.mark.parametrize("method", ["rows", "split"])
+def test_confident_rows_keep_the_twins_top_log_prob(method):
+    """Rows whose top logit leads by 12-22, so its log-prob is ~-1e-7: with lse = max + log(s), s =
+    1 + rest, s's rounding at 1 (different in each summation order) moved that log-prob by a
+    float32 ulp or two in ~1 % of such rows (3 of these 300, the twin's pairwise sum against either
+    kernel's); lse = max + log1p(rest), rest leaving out one max entry's 1, gives every row's bits."""
+    rng = np.random.default_rng(0)
+    L, V = 300, 64
+    m = rng.uniform(10, 100, (L, 1))
+    gap = rng.uniform(12, 22, (L, 1))
+    x = (m - gap - rng.uniform(0, 3, (L, V))).astype(np.float32)
+    x[:, 5] = m[:, 0].astype(np.float32)
+    x[::7, 40] = x[::7, 5]                                    # two entries at the max
+    lp, ids = kn.topk_logprobs(x, 3, method=method, **({} if method == "rows" else {"threads": THREADS}))
+    lp_ref, ids_ref = ref.topk_logprobs(x, 3)
+    np.testing.assert_array_equal(ids, ids_ref)
+    np.testing.assert_array_equal(lp.view(np.uint32), lp_ref.view(np.uint32))
+
+
 def test_the_rows_kernel_is_the_default_for_short_rows_only():
     """``method`` None takes the warp-a-row kernel where it was measured faster (V <= 320 and k <=
     32, or k = 1 up to ROWS_MAX_VOCAB) when no knob of the split kernels is given; "rows" past

@@ -8,8 +8,8 @@ of the row's G results, by the row's last block to finish (one launch) or by a m
 
 1. ``_topk_partial_kernel``, grid (G, L): block (b, row) takes slice b of the row, each thread
    UNROLL entries at a time (the loads, then the exps, in flight together). Its log-sum-exp pair:
-   each thread keeps an online (max, sum-exp) in float64 over a strided part of the slice, then a
-   shared-memory tree combines the threads'. Its min(K, slice) largest entries, by *composite key*
+   each thread keeps an online (max, rest) in float64 over a strided part of the slice (below),
+   then a shared-memory tree combines the threads'. Its min(K, slice) largest entries, by *composite key*
    ``(ordered float bits << 32) | (2^32-1-id)`` (distinct, so ties in value go to the lower id for
    free): while reading for the log-sum-exp each thread keeps its few largest keys; a radix select
    over the kept keys' top two digits gives tau, with at least K kept keys >= it, so a second read
@@ -30,11 +30,15 @@ Short rows (a DFlash drafter's vocabulary of a few hundred) take ``_topk_rows_ke
 warp a row, one launch, no scratch (``method="rows"``; the default where ``_rows_path`` says it
 was measured faster).
 
-The float32 log-probabilities do not depend on the order of the float64 reduction unless the
-log-sum-exp's last-ulp difference (about 1e-15; libdevice's exp / log against numpy's too) crosses a
-float32 rounding midpoint, about 2^-28 a row: no mismatch in 300 full rows (307 k entries) emulated
-at V = 163840, G = 16, in the per-entry order and again in the UNROLL-chunked one; every test
-compares bits.
+The log-sum-exp is the twin's lse = max + log1p(rest), rest the float64 sum of exp(x - max) over
+every entry but one at the max (each partial pair (max, rest) leaves out its own max's 1; two
+pairs combined put one of the two back, rescaled). The float32 log-probabilities then do not depend
+on the order of the reduction unless its last-ulp difference (libdevice's exp / log against
+numpy's too) crosses a float32 rounding midpoint: no mismatch in 300 full rows (307 k entries)
+emulated at V = 163840, G = 16. Summing the whole s = 1 + rest instead, s's rounding at 1 (its
+2^-53 different in each order) moved a confident row's top log-prob (~-1e-7) by a float32 ulp or
+two in about 1 % of such rows (tests/test_topk.py, the dominant rows); rest rounds relative to
+itself.
 """
 
 from __future__ import annotations
@@ -242,26 +246,25 @@ def _block_helpers(threads):
             keys[idx] = cand[row, b * k + j] if j < pc[b] else uint64(0)
         if t == 0:
             mm = -math.inf
+            top = 0                               # the first slice holding the row's max
             for b in range(G):
-                mm = max(mm, pm[b])
+                if pm[b] > mm:
+                    mm = pm[b]
+                    top = b
             lse_sh[0] = mm
+            lse_sh[1] = float64(top)
         cuda.syncthreads()                        # the lists and the row's max are in
-        for b in range(t, G, T):                  # each slice's sum, rescaled to the row's max
-            if pm[b] != -math.inf:
-                ps[b] = ps[b] * math.exp(pm[b] - lse_sh[0])
+        top = int32(lse_sh[1])
+        for b in range(t, G, T):                  # each slice's rest, rescaled to the row's max:
+            if pm[b] != -math.inf and b != top:   # its own max's 1 joins it, but the top slice's
+                ps[b] = (ps[b] + 1.0) * math.exp(pm[b] - lse_sh[0])
             # else 0, or NaN from NaN logits (flagged by the caller), as it is
         cuda.syncthreads()                        # the rescaled sums are in
         if t == 0:
-            mm = lse_sh[0]
             ss = 0.0
             for b in range(G):                    # slice order: a fixed sum
                 ss += ps[b]
-            if ss > 0.0:
-                lse_sh[0] = mm + math.log(ss)
-            elif ss == 0.0:
-                lse_sh[0] = -math.inf             # every entry -inf
-            else:
-                lse_sh[0] = ss                    # NaN
+            lse_sh[0] = lse_sh[0] + math.log1p(ss)   # -inf for a row of -inf; NaN for NaN
         cuda.syncthreads()                        # the log-sum-exp is in
         lse = lse_sh[0]
         for idx in range(t, G * P, T):
@@ -306,9 +309,9 @@ def _keep_per_thread(k: int, threads: int) -> int:
 @functools.lru_cache(maxsize=None)
 def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
     """Grid (G, L): block (b, row) takes slice b of the row, [b*S, min(V, (b+1)*S)), S = ceil(V/G).
-    It writes the slice's log-sum-exp pair (max, sum of exp(x - max)), float64, and the composite
-    keys of its min(k, slice) largest entries, sorted descending, to cand[row, b*k :], their number
-    to cnt[row, b].
+    It writes the slice's log-sum-exp pair (max, rest: the sum of exp(x - max) but one max entry's
+    1), float64, and the composite keys of its min(k, slice) largest entries, sorted descending, to
+    cand[row, b*k :], their number to cnt[row, b].
 
     ``keep`` > 0 (``_keep_per_thread``): while reading the slice for the log-sum-exp, each thread
     also keeps its ``keep`` largest keys. A radix select of the kk-th largest kept key, stopped
@@ -366,7 +369,7 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
         low_j = 0                               # the slot of this thread's smallest kept key
         low_key = uint64(0)
         low_top = uint32(0)                     # its top half: an entry below it cannot replace it
-        lse_sh = cuda.shared.array(1, float64)  # the fused merge's: the row's log-sum-exp,
+        lse_sh = cuda.shared.array(2, float64)  # the fused merge's: the row's log-sum-exp,
         pm = cuda.shared.array(MAX_SLICES, float64)     # the slices' pairs and counts
         ps = cuda.shared.array(MAX_SLICES, float64)
         pc = cuda.shared.array(MAX_SLICES, int32)
@@ -415,14 +418,19 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
                 xs[u] = x
                 if x > cmax:                    # float32: one conversion to float64 an entry, below
                     cmax = x
-            if float64(cmax) > m:               # rescale the sum to the new max (0 while it is -inf)
-                s *= math.exp(m - float64(cmax))
+            skip = False
+            if float64(cmax) > m:               # rescale to the new max; the old max's 1 joins
+                s = (s + 1.0) * math.exp(m - float64(cmax))    # (0 while m is -inf)
                 m = float64(cmax)
+                skip = True                     # the first entry at the new max adds nothing
             for u in range(U):
                 x = xs[u]
                 # -inf adds exp(-inf) = 0 (x - m would be NaN while m is -inf too); NaN passes,
-                # and makes the sum NaN. A select, not a branch (see _exp_nonpositive)
-                s += _exp_nonpositive(float64(x) - m if x != float32(-math.inf) else -math.inf, exp_table)
+                # and makes the sum NaN. Selects, not branches (see _exp_nonpositive)
+                e = _exp_nonpositive(float64(x) - m if x != float32(-math.inf) else -math.inf, exp_table)
+                at_max = skip and x == cmax
+                s += 0.0 if at_max else e
+                skip = skip and not at_max
             if M > 0:
                 for u in range(U):
                     v = int32(base + int32(u) * T32)
@@ -453,10 +461,15 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
             if t < stride:
                 m1 = red_m[t]
                 m2 = red_m[t + stride]
-                mm = max(m1, m2)
-                if mm != -math.inf:
-                    red_s[t] = red_s[t] * math.exp(m1 - mm) + red_s[t + stride] * math.exp(m2 - mm)
-                    red_m[t] = mm
+                r1 = red_s[t]
+                r2 = red_s[t + stride]
+                if m1 == m2 and m1 != -math.inf:    # each rest leaves out its max's 1: one joins
+                    red_s[t] = (r1 + r2) + 1.0
+                elif m1 > m2:                       # (0 from a part of -inf entries only)
+                    red_s[t] = r1 + (r2 + 1.0) * math.exp(m2 - m1)
+                elif m2 > m1:
+                    red_s[t] = r2 + (r1 + 1.0) * math.exp(m1 - m2)
+                    red_m[t] = m2
             cuda.syncthreads()  # this level of the tree is combined
             stride //= 2
         if t == 0:
@@ -611,7 +624,7 @@ def _topk_merge_kernel(threads):
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
     def kernel(bits, k, part_m, part_s, cand, cnt, lp_out, ids_out):
         grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
-        lse_sh = cuda.shared.array(1, float64)
+        lse_sh = cuda.shared.array(2, float64)
         pm = cuda.shared.array(MAX_SLICES, float64)     # the slices' pairs and counts, loaded at once
         ps = cuda.shared.array(MAX_SLICES, float64)     # (one thread looping over global memory
         pc = cuda.shared.array(MAX_SLICES, int32)       # waited on each load in turn: ~10 µs)
@@ -636,11 +649,11 @@ ROWS_DEFAULT_K = 32
 @functools.lru_cache(maxsize=None)
 def _topk_rows_kernel(nper):
     """Grid L, one warp a block: row ``blockIdx.x``'s log-sum-exp and k best tokens, for V <=
-    32 * nper <= ROWS_MAX_VOCAB. Lane l holds entries l, l + 32, ... (coalesced loads, one trip to memory), as
-    float32 values and composite keys (``_composite_key``: 0 for none). The row's max is a warp
-    max (exact); the sum of exp(x - max) is float64, each lane's entries in order, then an xor
-    butterfly (every lane ends with the same bits: a + b == b + a); lse = max + log(sum), as
-    ``merge_row`` takes it. Then k rounds: the warp's largest key (a warp max of each lane's
+    32 * nper <= ROWS_MAX_VOCAB. Lane l holds entries l, l + 32, ... (coalesced loads, one trip to
+    memory), as float32 values and composite keys (``_composite_key``: 0 for none). The row's max
+    is a warp max (exact); rest, the sum of exp(x - max) over every entry but the top key's, is
+    float64, each lane's entries in order, then an xor butterfly (every lane ends with the same
+    bits: a + b == b + a); lse = max + log1p(rest), as the twin takes it. Then k rounds: the warp's largest key (a warp max of each lane's
     largest), whose lane writes its log-prob and id at that rank and drops it. No shared memory
     but the exp table, no barrier but the table's on a GPU; the simulator, which has no shuffles,
     exchanges through shared memory (the same values: max is exact, the sum's pairs the same).
@@ -703,20 +716,21 @@ def _topk_rows_kernel(nper):
                 best = keys[u]
         for i in range(5):                        # a constant count: unrolled
             cmax = max(cmax, xor_f32(cmax, 16 >> i, sh32))
+        top = best                                # the row's largest key: one lane holds it
+        for i in range(5):
+            y = xor_u64(top, 16 >> i, shk)
+            if y > top:
+                top = y
         cuda.syncthreads()                        # the exp table is in
         m = float64(cmax)
-        s = 0.0
+        rest = 0.0                                # sum of exp(x - m) but the top entry's 1
         for u in range(NPER):                     # -inf (and padding) adds 0; NaN passes
             x = xs[u]
-            s += _exp_nonpositive(float64(x) - m if x != float32(-math.inf) else -math.inf, exp_table)
+            e = _exp_nonpositive(float64(x) - m if x != float32(-math.inf) else -math.inf, exp_table)
+            rest += 0.0 if keys[u] == top and x == cmax else e
         for i in range(5):
-            s = s + xor_f64(s, 16 >> i, sh64)
-        if s > 0.0:
-            lse = m + math.log(s)
-        elif s == 0.0:
-            lse = -math.inf                       # every entry -inf
-        else:
-            lse = s                               # NaN
+            rest = rest + xor_f64(rest, 16 >> i, sh64)
+        lse = m + math.log1p(rest)                # -inf for a row of -inf; NaN for NaN
         for r in range(k):
             w = best
             for i in range(5):
@@ -793,7 +807,7 @@ class TopKScratch:
     (``allocate`` takes the vocabulary and chooses G as ``topk_logprobs`` does)."""
 
     part_m: object   # [L, G] float64: each slice's max
-    part_s: object   # [L, G] float64: its sum of exp(x - max)
+    part_s: object   # [L, G] float64: its rest, the sum of exp(x - max) but one max entry's 1
     cand: object     # [L, G*k] uint64: its candidates' composite keys
     cnt: object      # [L, G] int32: how many
     arrive: object   # [L] int32: slices of the row finished (the fused merge's counter; 0 between launches)
