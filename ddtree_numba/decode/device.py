@@ -258,6 +258,13 @@ def _pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+def accepted_rows_max(block_size: int, cap: int) -> int:
+    """The most rows a round accepts: a path of min(L, cap) tree nodes (L = block_size - 1 draft
+    depths, cap the budget) and its root. A drafter with a device prefill drafts over no more
+    context rows than these, so its launches are sized for them."""
+    return min(block_size - 1, cap) + 1
+
+
 class DeviceRound:
     """Everything one decode configuration keeps on the device between rounds, and the round's
     CUDA graph: the caches, the tree buffers, the round's state and scratch.
@@ -325,7 +332,7 @@ class DeviceRound:
         # min(L, cap) nodes and its root), and its launches are sized for those, not the prompt
         self.drafter_prefill = method != "ar" and hasattr(drafter, "prefill_device")
         self.draft_features = (None if method == "ar" else
-                               self.features[:min(drafter.block_size - 1, cap) + 1] if self.drafter_prefill
+                               self.features[:accepted_rows_max(drafter.block_size, cap)] if self.drafter_prefill
                                else self.features)
         # the gather of the drafter's next context rows in _after_accept_kernel, and of its first
         # in _prefill_tail_kernel (stand-ins of the kernels' types for ar: no gather blocks)

@@ -44,7 +44,7 @@ from .. import kernels as kn
 from .._device import cached, capture_graph, ceil_div, destroy_graph, grid_dependency, replay_graph
 from ..model.cuda_target import unique_experts
 from .device import (DRAFTER_BIT, LEVEL_BUILD_FROM, TARGET_BIT, THREADS, _check_finite, _nonfinite_kernel, _pow2,
-                     gather_feature)
+                     accepted_rows_max, gather_feature)
 from .rounds import round_seed
 
 
@@ -337,7 +337,7 @@ class BatchDeviceRound:
         # not the prompts. (A drafter that drafts a slot at a time keeps the whole F rows a slot.)
         self.drafter_prefill = self.packed and hasattr(drafter, "prefill_batch_device")
         # (the rows of features a packed draft takes: a round's, or every slot's F)
-        self.packed_draft_rows = S * (min(drafter.block_size - 1, cap) + 1 if self.drafter_prefill else feature_rows)
+        self.packed_draft_rows = S * (accepted_rows_max(drafter.block_size, cap) if self.drafter_prefill else feature_rows)
         if method == "ar":      # stand-ins of the kernels' types (never read: no gather blocks)
             self.layer_ids = self.rows_in_order = cuda.device_array(1, np.int32)
             self.features = cuda.device_array((S, 1), np.float32)
