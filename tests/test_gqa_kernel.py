@@ -134,18 +134,25 @@ def test_enqueue_context_then_block(rng, s):
     assert s_cap + tq > _tiles(dh).SPLIT or REAL_GPU
 
 
+def _context_launch(rng, tq, hq, hkv, dh, s_cap):
+    """Host q / block keys / block values [tq, ...] and context keys / values [s_cap, ...], their
+    device arrays as ``enqueue_gqa_attention`` takes them (args: q, k_ctx, v_ctx; blk: the block's
+    keys and values) and a scratch for them."""
+    q, kb, vb = qkv(rng, tq, hq, hkv, dh, tq)
+    _, kc, vc = qkv(rng, 1, hq, hkv, dh, s_cap)
+    w = hkv * dh
+    args = [cuda.to_device(a) for a in (q.reshape(tq, -1), kc.reshape(s_cap, w), vc.reshape(s_cap, w))]
+    blk = dict(k_blk=cuda.to_device(kb.reshape(tq, w)), v_blk=cuda.to_device(vb.reshape(tq, w)))
+    return (q, kb, vb, kc, vc), args, blk, GQAScratch(tq, hq, dh, s_cap + tq)
+
+
 def test_fused_merge_gives_the_two_launch_bits_and_resets_its_counters(rng):
     """The splits merged by their last block (the default, one launch) == the merge's own launch
     (``fuse=False``), bit for bit, over several splits, groups and row blocks; launched twice (as
     a replayed graph), since the last block resets the arrival counters; and a context of no key
     gives NaN rows both ways, as the twin."""
     tq, t, hq, hkv, dh, s_cap = 6, 5, 6, 2, 8, 23
-    q, kb, vb = qkv(rng, tq, hq, hkv, dh, tq)
-    _, kc, vc = qkv(rng, 1, hq, hkv, dh, s_cap)
-    w = hkv * dh
-    args = [cuda.to_device(a) for a in (q.reshape(tq, -1), kc.reshape(s_cap, w), vc.reshape(s_cap, w))]
-    blk = dict(k_blk=cuda.to_device(kb.reshape(tq, w)), v_blk=cuda.to_device(vb.reshape(tq, w)))
-    scratch = GQAScratch(tq, hq, dh, s_cap + tq)
+    _, args, blk, scratch = _context_launch(rng, tq, hq, hkv, dh, s_cap)
 
     def run(fuse, s, has_blk=True):
         d_out = cuda.to_device(np.full((tq, hq * dh), POISON, np.float32))
@@ -176,12 +183,7 @@ def test_fused_merge_over_many_splits(rng):
     tpr = cfg.NT // cfg.RM
     tq, t, hq, hkv, dh = 3, 3, 6, 2, 8
     s_cap = (2 * tpr + 1) * cfg.SPLIT + 5
-    q, kb, vb = qkv(rng, tq, hq, hkv, dh, tq)
-    _, kc, vc = qkv(rng, 1, hq, hkv, dh, s_cap)
-    w = hkv * dh
-    args = [cuda.to_device(a) for a in (q.reshape(tq, -1), kc.reshape(s_cap, w), vc.reshape(s_cap, w))]
-    blk = dict(k_blk=cuda.to_device(kb.reshape(tq, w)), v_blk=cuda.to_device(vb.reshape(tq, w)))
-    scratch = GQAScratch(tq, hq, dh, s_cap + tq)
+    (q, kb, vb, kc, vc), args, blk, scratch = _context_launch(rng, tq, hq, hkv, dh, s_cap)
     meta = cuda.to_device(np.array([s_cap, t], np.int32))
     got = {}
     for fuse in (True, False):
