@@ -225,8 +225,9 @@ def _block_helpers(threads):
 
     @device_function
     def merge_row(bits, row, k, G, part_m, part_s, cand, cnt, lp_out, ids_out, keys, pm, ps, pc, lse_sh, t):
-        """Row ``row``'s top-K out of its G slices' results: the log-sum-exp from the slices' pairs
-        (rescaled to the row's max, summed in slice order), and the k largest of the slices' sorted
+        """Row ``row``'s top-K out of its G slices' results: the log-sum-exp from the slices' (max,
+        rest) pairs (each rest but the first top slice's with its max's 1, rescaled to the row's
+        max, summed in slice order: lse = max + log1p(sum)), and the k largest of the slices' sorted
         candidate lists, all G * P of them in ``keys`` (shared, each list padded to P, a power of
         two >= k, with 0 keys that sort last). A candidate's rank in the row is its place in its own
         list plus, for each other list, how many keys there are larger (a binary search): composite
@@ -653,10 +654,11 @@ def _topk_rows_kernel(nper):
     memory), as float32 values and composite keys (``_composite_key``: 0 for none). The row's max
     is a warp max (exact); rest, the sum of exp(x - max) over every entry but the top key's, is
     float64, each lane's entries in order, then an xor butterfly (every lane ends with the same
-    bits: a + b == b + a); lse = max + log1p(rest), as the twin takes it. Then k rounds: the warp's largest key (a warp max of each lane's
-    largest), whose lane writes its log-prob and id at that rank and drops it. No shared memory
-    but the exp table, no barrier but the table's on a GPU; the simulator, which has no shuffles,
-    exchanges through shared memory (the same values: max is exact, the sum's pairs the same).
+    bits: a + b == b + a); lse = max + log1p(rest), as the twin takes it. Then k rounds: the
+    warp's largest key (a warp max of each lane's largest), whose lane writes its log-prob and id
+    at that rank and drops it. No shared memory but the exp table, no barrier but the table's on
+    a GPU; the simulator, which has no shuffles, exchanges through shared memory (the same values:
+    max is exact, the sum's pairs the same).
 
     Against the split kernels at V 264 (the demo drafter's 15 rows), µs a launch: 7.1 against 11.9
     at k 16, 3.5 against 11.4 at k 1 (dflash's chain); slower past k 32 or V ~300 (ROWS_DEFAULT_*)."""
