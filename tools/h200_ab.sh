@@ -16,6 +16,11 @@
 # PART=batch_ncu (~4 minutes, this tree only): Nsight Compute, graph nodes one by one, of a batched
 #   ddtree round of --batch 8 demo prompts ($OUT/ncu_b8.csv) and of generate's ddtree round
 #   ($OUT/ncu_b1.csv), budget 16; compare with tools/ncu_summary.py.
+# PART=kernels (~5 minutes): this tree's GPU tests of top-K, the GPU stages, the tree build, the
+#   GQA attention, the CUDA drafter and the decode loops; then per side (old, new) the kernels the
+#   demo round's ddtree-only stages run (tools/gqa_keys.py, tools/topk_short_rows.py,
+#   tools/heap_threads.py at V 264), benchmarks/tree_build.py --kernels (V 163840, printed only)
+#   and tools/profile_round.py (thirty-second session: what its ad-hoc scripts ran).
 # (Twenty-sixth session: this is how the norm fold of 511ebd5 / 19ce1c1 / 01c2860 was found to
 #   cost the demo round ~11 %; docs/PERFORMANCE.md.)
 source tools/h200_env.sh
@@ -39,6 +44,20 @@ timeout $(left 280) ncu $M python3 tools/batch_gap.py --kernels batch --batch 8 
 echo "batch 8 rc $?"
 timeout $(left 500) ncu $M python3 tools/profile_round.py --kernels 16 > "$OUT/ncu_b1.csv" 2>/dev/null
 echo "generate rc $?"
+elif [ "$PART" = kernels ]; then
+side . new timeout $(left 240) python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_topk.py tests/test_gpu_stages.py \
+  tests/test_tree_build.py tests/test_gqa_kernel.py tests/test_cuda_drafter.py tests/test_decode_cuda.py --tb=short \
+  2>&1 | grep -v Warn | tail -4
+for label in old new; do
+  echo "== $label"
+  dir=$([ $label = old ] && echo ab_old || echo .)
+  for tool in "tools/gqa_keys.py --keys 48 330 520" "tools/topk_short_rows.py" \
+              "tools/heap_threads.py --vocab 264 --budgets 16 64 128 --threads 32 64"; do
+    side $dir $label timeout 90 python3 $PWD/$tool 2>&1 | grep -v Warn | grep "^|"
+  done
+  side $dir $label timeout 150 python3 benchmarks/tree_build.py --kernels 2>&1 | grep -v Warn | tail -12
+  side $dir $label timeout 150 python3 tools/profile_round.py --budgets 16 64 --prompts 4 2>&1 | grep -v Warn | tail -5
+done
 elif [ "$PART" = gap ]; then
 side . new timeout $(left 200) python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_decode_cuda.py --tb=short \
   2>&1 | grep -v Warn | tail -4
