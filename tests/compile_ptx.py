@@ -270,11 +270,6 @@ def fingerprints():
 def main():
     if sys.argv[1:] == ["--fingerprints"]:
         return fingerprints()
-    # --shard I/N: every N-th variant from the I-th (the test runs the shards as separate tests, so
-    # that the suite's two workers share its ~4 minutes); the registry checks in shard 0
-    shard, shards = 0, 1
-    if sys.argv[1:2] == ["--shard"]:
-        shard, shards = (int(v) for v in sys.argv[2].split("/"))
     # A kernel that calls a device function compiles it for the *current* device's compute
     # capability; there is none on a CPU-only machine, so name the H200's.
     numba_cuda_dispatcher.get_current_device = lambda: _H200()
@@ -282,12 +277,8 @@ def main():
     missing = sorted(set(found) - set(SIGNATURES))
     stale = sorted(set(SIGNATURES) - set(found))
     failed = []
-    n_variant = -1
     for name in sorted(found):
         for fn, sig, bounds in variants(name, *found[name]):
-            n_variant += 1
-            if n_variant % shards != shard:
-                continue
             try:
                 ptx, _ = cuda.compile_ptx(fn, sig, cc=(9, 0), launch_bounds=bounds)
                 # every kernel waits for its predecessors first (PDL, ddtree_numba._device)
@@ -298,8 +289,6 @@ def main():
             except Exception as exc:  # report every failure, not just the first
                 failed.append(name)
                 print(f"FAIL {name} {sig}\n{type(exc).__name__}: {exc}")
-    if shard != 0:
-        missing = stale = []
     for name in missing:
         print(f"FAIL {name}: no signature in tests/compile_ptx.py")
     for name in stale:
