@@ -23,11 +23,17 @@ FULL = 0xFFFFFFFF
 
 if WARP_OPS:
     @device_function
+    def lowest_lane(m):
+        """The lowest lane set in the lane mask m (uint32); the mask's width (read as lane 0 by a
+        shuffle) when m is 0."""
+        return cuda.popc((m & (~m + uint32(1))) - uint32(1))
+
+    @device_function
     def hist_add(hist, b):
         """hist[b] += 1 for each calling lane (any subset of the warp, diverged is fine): the
         lanes whose b equals the lowest lane's add together with one atomic, the others alone."""
         m = cuda.activemask()
-        leader = cuda.popc((m & (~m + uint32(1))) - uint32(1))
+        leader = lowest_lane(m)
         lb = cuda.shfl_sync(m, b, leader)
         same = cuda.ballot_sync(m, b == lb)
         if b == lb:
@@ -41,7 +47,7 @@ if WARP_OPS:
         """A distinct slot for each calling lane from counter[i] (one atomic for the warp's
         calling lanes; their slots follow lane order)."""
         m = cuda.activemask()
-        leader = cuda.popc((m & (~m + uint32(1))) - uint32(1))
+        leader = lowest_lane(m)
         base = 0
         if cuda.laneid == leader:
             base = cuda.atomic.add(counter, i, int32(cuda.popc(m)))
@@ -107,4 +113,4 @@ else:
     def _no_warp_ops(*args):
         raise RuntimeError("warp shuffles do not exist in the CUDA simulator (branch on WARP_OPS)")
 
-    group_max = warp_sum = warp_min_u64 = warp_inclusive_scan = _no_warp_ops
+    group_max = warp_sum = warp_min_u64 = warp_inclusive_scan = lowest_lane = _no_warp_ops

@@ -664,13 +664,11 @@ def _topk_rows_kernel(nper):
     at k 16, 3.5 against 11.4 at k 1 (dflash's chain); slower past k 32 or V ~300 (ROWS_DEFAULT_*)."""
     NPER = nper
 
+    # x of lane (this lane ^ off): a shuffle on a GPU; in the simulator, through ``sh`` (an array
+    # of x's type a lane), between barriers
     if WARP_OPS:
         @device_function
-        def xor_f32(x, off, sh):
-            return cuda.shfl_xor_sync(FULL, x, off)
-
-        @device_function
-        def xor_f64(x, off, sh):
+        def xor_lane(x, off, sh):                 # float32 and float64
             return cuda.shfl_xor_sync(FULL, x, off)
 
         @device_function
@@ -678,14 +676,14 @@ def _topk_rows_kernel(nper):
             return uint64(cuda.shfl_xor_sync(FULL, int64(x), off))
     else:
         @device_function
-        def _xor(x, off, sh):
+        def xor_lane(x, off, sh):
             lane = cuda.threadIdx.x
             sh[lane] = x
             cuda.syncthreads()
             y = sh[lane ^ off]
             cuda.syncthreads()
             return y
-        xor_f32 = xor_f64 = xor_u64 = _xor
+        xor_u64 = xor_lane
 
     @cached
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(32,), lineinfo=LINEINFO))
@@ -717,7 +715,7 @@ def _topk_rows_kernel(nper):
             if keys[u] > best:
                 best = keys[u]
         for i in range(5):                        # a constant count: unrolled
-            cmax = max(cmax, xor_f32(cmax, 16 >> i, sh32))
+            cmax = max(cmax, xor_lane(cmax, 16 >> i, sh32))
         top = best                                # the row's largest key: one lane holds it
         for i in range(5):
             y = xor_u64(top, 16 >> i, shk)
@@ -731,7 +729,7 @@ def _topk_rows_kernel(nper):
             e = _exp_nonpositive(float64(x) - m if x != float32(-math.inf) else -math.inf, exp_table)
             rest += 0.0 if keys[u] == top and x == cmax else e
         for i in range(5):
-            rest = rest + xor_f64(rest, 16 >> i, sh64)
+            rest = rest + xor_lane(rest, 16 >> i, sh64)
         lse = m + math.log1p(rest)                # -inf for a row of -inf; NaN for NaN
         for r in range(k):
             w = best
@@ -853,14 +851,14 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
     if V > MAX_VOCAB:
         raise ValueError(f"vocabulary of {V} is more than the kernel's MAX_VOCAB = {MAX_VOCAB} (int32 token "
                          f"ids, and 32-bit indices that run up to a step of {UNROLL} x 1024 past the slice)")
+    split_knobs = any(v is not None for v in (threads, slices, keep, fuse))
     if method is None:
-        knobs = (threads, slices, keep, fuse)
-        method = "rows" if _rows_path(V, k) and all(v is None for v in knobs) else "split"
+        method = "rows" if _rows_path(V, k) and not split_knobs else "split"
     if method not in ("rows", "split"):
         raise ValueError(f"method must be 'rows' or 'split', got {method!r}")
     if method == "rows" and V > ROWS_MAX_VOCAB:
         raise ValueError(f"method 'rows' takes V <= {ROWS_MAX_VOCAB} (a lane holds V / 32 entries), got V = {V}")
-    if method == "rows" and any(v is not None for v in (threads, slices, keep, fuse)):
+    if method == "rows" and split_knobs:
         raise ValueError("threads, slices, keep and fuse are the split kernels' (method 'split'), not 'rows'")
     threads = _partial_threads(k) if threads is None else threads
     check_threads(threads)

@@ -28,7 +28,7 @@ from .._checks import check_array, check_batch_build_inputs, check_build_inputs
 from ..reference.tree_build import SEED_CANDIDATES, SEED_ROUNDS
 from ..tree import Tree
 from .._device import LINEINFO, cached, check_threads, device_function, grid_dependency, is_device, to_device
-from ._warp import FULL as FULL_MASK, WARP_OPS, claim, hist_add, warp_inclusive_scan, warp_min_u64, warp_sum
+from ._warp import FULL as FULL_MASK, WARP_OPS, claim, hist_add, lowest_lane, warp_inclusive_scan, warp_min_u64, warp_sum
 
 MAX_BUDGET = 1024
 MAX_DEPTH = 32
@@ -175,13 +175,13 @@ def _build_tree_kernel(threads):
                 key = _order_key(best_score + 0.0) if best >= 0 else uint64(0)
                 top = ~warp_min_u64(~key)
                 tied = cuda.ballot_sync(FULL_MASK, best >= 0 and key == top)
-                lead = cuda.popc((tied & (~tied + uint32(1))) - uint32(1))   # (no lane: 64, read as
-                # lane 0 by the shuffles below; the winner is then set to -1)
+                lead = lowest_lane(tied)   # (no lane: the mask's width, read as lane 0 by the
+                # shuffles below; the winner is then set to -1)
                 winner = cuda.shfl_sync(FULL_MASK, best, lead)
                 winner_score = cuda.shfl_sync(FULL_MASK, best_score, lead)
                 rest = tied & (tied - uint32(1))
                 while rest != 0:           # an exact tie in score (uniform across the warp)
-                    lane = cuda.popc((rest & (~rest + uint32(1))) - uint32(1))
+                    lane = lowest_lane(rest)
                     other = cuda.shfl_sync(FULL_MASK, best, lane)
                     other_score = cuda.shfl_sync(FULL_MASK, best_score, lane)
                     if _slot_better(other_score, other, winner_score, winner, f_parent, f_rank,
