@@ -13,6 +13,7 @@ unless its entry lists ``(factory_args, signature)`` pairs, one per variant to c
 import importlib
 import pkgutil
 import sys
+import time
 
 from numba import cuda
 from numba.cuda import dispatcher as numba_cuda_dispatcher
@@ -279,13 +280,14 @@ def main():
     failed = []
     for name in sorted(found):
         for fn, sig, bounds in variants(name, *found[name]):
+            t0 = time.perf_counter()
             try:
                 ptx, _ = cuda.compile_ptx(fn, sig, cc=(9, 0), launch_bounds=bounds)
                 # every kernel waits for its predecessors first (PDL, ddtree_numba._device)
                 absent = [i for i in INSTRUCTIONS.get(name, ()) + ("griddepcontrol.wait",) if i not in ptx]
                 if absent:
                     raise AssertionError(f"the PTX lacks {absent}")
-                print(f"ok   {name} {sig}")
+                print(f"ok   {name} {sig} ({time.perf_counter() - t0:.1f} s)")   # (the suite's longest test)
             except Exception as exc:  # report every failure, not just the first
                 failed.append(name)
                 print(f"FAIL {name} {sig}\n{type(exc).__name__}: {exc}")

@@ -33,7 +33,10 @@ SHAPES = {  # heads, latent C, rope R
 # (bm, bn, bk, tm, tn) candidates for both the scores and the p @ c_kv kernels
 CANDIDATES = [(16, 16, 32, 1, 1), (16, 16, 32, 2, 2), (16, 32, 16, 2, 2), (16, 32, 32, 2, 2), (16, 64, 16, 2, 4),
               (32, 32, 16, 2, 2), (32, 64, 16, 4, 4), (64, 64, 16, 4, 4), (64, 128, 16, 4, 8),
-              (128, 128, 16, 8, 8)]
+              (128, 128, 16, 8, 8),
+              # few-row candidates with longer steps (fewer barriers a chunk): the narrow latent's p @ c_kv
+              (8, 16, 32, 1, 1), (8, 16, 64, 1, 1), (8, 16, 128, 1, 1), (16, 16, 64, 1, 1), (16, 16, 128, 1, 1),
+              (8, 8, 64, 1, 1), (16, 8, 64, 1, 1)]
 
 
 def random_parents(rng, n, tree="deep"):

@@ -2,7 +2,7 @@
 per stage (``generate(..., graph="stages")``), with CUDA events between the stages.
 
 Usage (a GPU machine): python tools/profile_round.py [--budgets 16 64] [--new 128] [--prompts 8]
-    [--kernels BUDGET]
+    [--kernels BUDGET [--method ar|dflash|ddtree]]
 
 Prints, per method and budget, the mean device time per round of each stage (draft, topk,
 build, verify, accept, compact) and of the whole round, over the held-out prompts after a
@@ -10,7 +10,8 @@ warm-up. Splitting the graph adds a few microseconds a stage (each part is its o
 ``--kernels B``: instead, one ddtree round at budget B replayed under the CUDA profiler API
 (run it under ``ncu --profile-from-start off --graph-profiling node --metrics
 gpu__time_duration.sum --csv``) for each kernel's time: the round after ``--after`` rounds
-(default 4: a steady round, its new context rows a round's accepted tokens, not the prompt's).
+(default 4: a steady round, its new context rows a round's accepted tokens, not the prompt's);
+``--method ar`` or ``dflash`` profiles that method's round instead of ddtree's.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def main():
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--kernels", type=int, metavar="BUDGET")
     ap.add_argument("--after", type=int, default=4, help="--kernels: rounds replayed before the profiled one")
+    ap.add_argument("--method", choices=("ddtree", "dflash", "ar"), default="ddtree", help="--kernels: whose round")
     args = ap.parse_args()
 
     import ddtree_numba as dd
@@ -38,13 +40,17 @@ def main():
     drafter = dd.load_drafter(d_dir, target)
     prompts = [np.asarray(p["ids"], np.int32) for p in demo_metadata()["prompts"][:args.prompts]]
     if args.kernels:
-        b = args.kernels
-        dd.generate(target, drafter, prompts[0], args.new, budget=b, graph=True)     # captures the round
+        b, m = args.kernels, args.method
+        d = None if m == "ar" else drafter
+        dd.generate(target, d, prompts[0], args.new, method=m, budget=b, graph=True)     # captures the round
         p = len(prompts[0])
-        dr = rounds_for(target, drafter, "ddtree", min(b, target.config.vocab_size), b, p + args.new + b + 1,
-                        max(p, b + 1), keep=True)
+        # (generate's K and cap for this method: decode/device.py)
+        K = 1 if m == "dflash" else min(b, target.config.vocab_size)
+        cap = {"ar": 0, "dflash": drafter.block_size - 1, "ddtree": b}[m]
+        max_tokens = p + args.new + 1 + {"ar": 0, "dflash": cap, "ddtree": max(b, drafter.block_size - 1)}[m]
+        dr = rounds_for(target, d, m, K, cap, max_tokens, max(p, cap + 1), keep=True)   # (decode/rounds.py)
         stream = cuda.stream()
-        dr.prefill(prompts[0], p + args.new + b + 1, 0.0, 0, True, stream)
+        dr.prefill(prompts[0], max_tokens, 0.0, 0, True, stream)
         (_, exe), = dr.graphs[True][1]
         from ddtree_numba._device import replay_graph
         for _ in range(args.after):              # the device state advances round by round
