@@ -125,7 +125,8 @@ def main():
             if args.tune:
                 picked = _tiles(t * heads, latent, n_seq)
                 for which, name in ((0, "scores"), (1, "pv")):
-                    if (name == "scores" and mla_module.MMA_SCORES) or (name == "pv" and mla_module.MMA_PV):
+                    if (name == "scores" and mla_module.MMA_SCORES) or (
+                            name == "pv" and mla_module.MMA_PV and latent >= mla_module.MMA_PV_LATENT):
                         continue        # the float32 tiles: the tensor-core kernels do not take them
                     times = []
                     for cand in CANDIDATES:

@@ -68,10 +68,11 @@ THREADS = 8 if config.ENABLE_CUDASIM else 128   # softmax kernel: threads per qu
 # one run (548334c, Moonlight, µs at 1 / 16 / 64 / 256 / 1024 nodes): 8 lanes (16 heads a pass)
 # 5.3 / 6.1 / 14.8 / 55.5 / 405; 32 lanes 6.4 / 7.1 / 13.6 / 55.2 / 353, and 42.9 against 45.1 at
 # 16 sequences of 17 nodes. Thirty-third session (H100, `mla_stages.py --tree ddtree`, µs at 1 / 16
-# tokens): 16 lanes against 8, demo (8 heads) 3.0 / 3.5 against 4.1 / 4.7, Moonlight 3.9 / 4.6
-# against 4.4 / 4.9: fewer keys a lane beat one pass over every head. Lanes never change a bit
-# (the max is exact, each p its own exp).
-_SOFTMAX_LANES = ((32, 16), (None, 32))
+# / 64 tokens): 16 lanes against the 8 / 8 / 32 before, demo (8 heads) 3.0 / 3.5 / 5.7 against
+# 4.1 / 4.7 / 6.8, Moonlight 3.9 / 4.6 / 8.6 against 4.4 / 4.9 / 9.2: fewer keys a lane beat one
+# pass over every head; the demo round 631 -> 625 µs at budget 16. Lanes never change a bit (the
+# max is exact, each p its own exp).
+_SOFTMAX_LANES = ((64, 16), (None, 32))
 SOFTMAX_LANES = None    # an override of the table (tools/mla_stages.py --softmax)
 COMBINE_THREADS = 8 if config.ENABLE_CUDASIM else 128
 COMBINE_CHANNELS = 2 if config.ENABLE_CUDASIM else 4   # latent channels a combine thread takes (at most)
