@@ -2,7 +2,7 @@
 per stage (``generate(..., graph="stages")``), with CUDA events between the stages.
 
 Usage (a GPU machine): python tools/profile_round.py [--budgets 16 64] [--new 128] [--prompts 8]
-    [--kernels BUDGET [--method ar|dflash|ddtree]]
+    [--kernels BUDGET [--method ar|dflash|ddtree] [--replays N]]
 
 Prints, per method and budget, the mean device time per round of each stage (draft, topk,
 build, verify, accept, compact) and of the whole round, over the held-out prompts after a
@@ -11,7 +11,9 @@ warm-up. Splitting the graph adds a few microseconds a stage (each part is its o
 (run it under ``ncu --profile-from-start off --graph-profiling node --metrics
 gpu__time_duration.sum --csv``) for each kernel's time: the round after ``--after`` rounds
 (default 4: a steady round, its new context rows a round's accepted tokens, not the prompt's);
-``--method ar`` or ``dflash`` profiles that method's round instead of ddtree's.
+``--method ar`` or ``dflash`` profiles that method's round instead of ddtree's; ``--replays N``
+profiles N rounds in a row (under ``nsys profile --capture-range=cudaProfilerApi
+--cuda-graph-trace=node``: each kernel's time inside the graph, not alone as ncu replays it).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def main():
     ap.add_argument("--kernels", type=int, metavar="BUDGET")
     ap.add_argument("--after", type=int, default=4, help="--kernels: rounds replayed before the profiled one")
     ap.add_argument("--method", choices=("ddtree", "dflash", "ar"), default="ddtree", help="--kernels: whose round")
+    ap.add_argument("--replays", type=int, default=1, help="--kernels: rounds profiled, one after another")
     args = ap.parse_args()
 
     import ddtree_numba as dd
@@ -57,7 +60,8 @@ def main():
             replay_graph(exe, stream)
         cuda.synchronize()
         cuda.profile_start()
-        replay_graph(exe, stream)
+        for _ in range(args.replays):
+            replay_graph(exe, stream)
         cuda.synchronize()
         cuda.profile_stop()
         return
