@@ -21,6 +21,10 @@
 #   demo round's ddtree-only stages run (tools/gqa_keys.py, tools/topk_short_rows.py,
 #   tools/heap_threads.py at V 264), benchmarks/tree_build.py --kernels (V 163840, printed only)
 #   and tools/profile_round.py (thirty-second session: what its ad-hoc scripts ran).
+# PART=sanitize (~5 minutes, this tree only): compute-sanitizer memcheck and racecheck over
+#   tools/sanitize_stages.py (the stages at realistic sizes, then the demo round's own: the
+#   warp-a-row top-K, the one-warp heap build, the drafter's GQA with its fused merge), then
+#   memcheck over --full (issue 15's size); each must print "ERROR SUMMARY: 0 errors" and match.
 # (Twenty-sixth session: this is how the norm fold of 511ebd5 / 19ce1c1 / 01c2860 was found to
 #   cost the demo round ~11 %; docs/PERFORMANCE.md.)
 source tools/h200_env.sh
@@ -58,6 +62,15 @@ for label in old new; do
   side $dir $label timeout 150 python3 benchmarks/tree_build.py --kernels 2>&1 | grep -v Warn | tail -12
   side $dir $label timeout 150 python3 tools/profile_round.py --budgets 16 64 --prompts 4 2>&1 | grep -v Warn | tail -5
 done
+elif [ "$PART" = sanitize ]; then
+for tool in memcheck racecheck; do
+  echo "== $tool"
+  side . new timeout $(left $([ $tool = memcheck ] && echo 140 || echo 280)) compute-sanitizer --tool $tool \
+    python3 tools/sanitize_stages.py 2>&1 | grep -v Warn | grep -E "match|ERROR SUMMARY|RACECHECK SUMMARY|Error" | head -8
+done
+echo "== memcheck --full"
+side . new timeout $(left 560) compute-sanitizer --tool memcheck python3 tools/sanitize_stages.py --full 2>&1 |
+  grep -v Warn | grep -E "match|ERROR SUMMARY|Error" | head -8
 elif [ "$PART" = gap ]; then
 side . new timeout $(left 200) python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_decode_cuda.py --tb=short \
   2>&1 | grep -v Warn | tail -4

@@ -3,9 +3,12 @@ compute-sanitizer (memcheck and racecheck):
 
     compute-sanitizer --tool racecheck python tools/sanitize_stages.py [--full]
 
+Then the demo round's own shapes (``demo_shapes``): the warp-a-row top-K of 15 rows of the
+drafter's 264 entries (k 16 and 1), the one-warp heap build at budget 16, and the drafter's GQA
+attention with its fused merge (the last split block's arrival counter) over 330 context keys.
 ``--full``: only the split top-K and the level-synchronous build, at the issue-15 size
 (V = 163840, budget 1024, L = 15), with exact ties. Exits non-zero if any result differs
-from its numpy twin.
+from its numpy twin (the attention: from its float32 reference, within 1e-5).
 """
 
 import sys
@@ -30,6 +33,30 @@ def full_size():
     ok &= tree == ref.build_tree(lp_r, ids_r, budget)
     cuda.synchronize()
     print(f"full size: tree {tree.num_nodes} nodes; top-K and level build match twins: {bool(ok)}")
+    return ok
+
+
+def demo_shapes(rng):
+    """The kernels only the demo-sized round takes (module docstring); True if all match."""
+    L, V = 15, 264
+    logits = (rng.standard_normal((L, V)) * 3).astype(np.float32)
+    logits[:, :32] = np.round(logits[:, :32])      # exact ties
+    logits[0, 7] += 20                             # a confident row (the log-sum-exp's log1p path)
+    ok = True
+    for k in (16, 1):
+        lp, ids = kn.topk_logprobs(logits, k)      # the rows kernel (topk._rows_path)
+        lp_r, ids_r = ref.topk_logprobs(logits, k)
+        ok &= np.array_equal(ids, ids_r) and np.array_equal(lp, lp_r)
+    lp, ids = ref.topk_logprobs(logits, 16)
+    ok &= kn.build_tree(lp, ids, 16) == ref.build_tree(lp, ids, 16)   # one warp (_heap_threads)
+    T, S, Hq, Hkv, Dh = 16, 346, 8, 4, 32
+    q = rng.standard_normal((T, Hq, Dh)).astype(np.float32)
+    k = rng.standard_normal((S, Hkv, Dh)).astype(np.float32)
+    v = rng.standard_normal((S, Hkv, Dh)).astype(np.float32)
+    got = kn.gqa_attention(q, k, v, 0.17)
+    ok &= np.allclose(got, ref.gqa_attention(q, k, v, 0.17), rtol=1e-5, atol=1e-6)
+    cuda.synchronize()
+    print(f"demo shapes (rows top-K, heap build at 16, GQA with its fused merge) match: {bool(ok)}")
     return ok
 
 
@@ -64,6 +91,7 @@ def main():
         ok &= np.array_equal(got, want)
     cuda.synchronize()
     print(f"tree {tree.num_nodes} nodes, accepted {len(keep)}; all match twins: {bool(ok)}")
+    ok &= demo_shapes(rng)
     raise SystemExit(0 if ok else 1)
 
 
