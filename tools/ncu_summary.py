@@ -1,9 +1,16 @@
 """Sum an ``ncu --csv --metrics gpu__time_duration.sum`` listing by kernel:
-python tools/ncu_summary.py FILE [FILE ...] (e.g. the two sides of ``tools/h200_ab.sh`` PART=stages).
+python tools/ncu_summary.py FILE [FILE ...] (e.g. the two sides of ``tools/h200_ab.sh`` PART=stages),
+or python tools/ncu_summary.py --diff A B [MIN_US].
 
 Prints, for each file, each kernel (numba's demangled name, shortened to module and function)
 with its launch count and total / mean time, largest first, then the launches in order, with
-their grid and, where the listing has ``launch__registers_per_thread``, their registers."""
+their grid and, where the listing has ``launch__registers_per_thread``, their registers.
+
+``--diff A B``: the two listings' last launches side by side, aligned from the end (A / B of one
+round at two commits; or ar's round against ddtree's, whose verify forward is its tail: the draft
+and tree launches before it are left out), with the aligned launches' totals first, then
+each pair whose times differ by more than MIN_US (default 1). (Under ncu each kernel
+runs alone: small kernels read ~2-3 µs above their time inside a graph.)"""
 
 import csv
 import re
@@ -52,6 +59,21 @@ def summarize(path: str) -> None:
         print(f"{k['us']:8.2f}  {k['grid']:<14} {regs}{k['name']}")
 
 
+def diff(path_a: str, path_b: str, min_us: float = 1.0) -> None:
+    a, b = launches(path_a), launches(path_b)
+    n = min(len(a), len(b))
+    a, b = a[len(a) - n:], b[len(b) - n:]
+    print(f"the last {n} launches of {path_a} (A) and {path_b} (B): {sum(k['us'] for k in a):.1f} / "
+          f"{sum(k['us'] for k in b):.1f} µs")
+    for i, (x, y) in enumerate(zip(a, b)):
+        if abs(y["us"] - x["us"]) > min_us:
+            print(f"{i:4d}  {x['us']:7.2f} {x['grid']:<12} {x['name'][:44]:<44} | {y['us']:7.2f} {y['grid']:<12} "
+                  f"{y['name'][:44]:<44} {y['us'] - x['us']:+7.2f}")
+
+
 if __name__ == "__main__":
-    for p in sys.argv[1:]:
-        summarize(p)
+    if sys.argv[1:2] == ["--diff"]:
+        diff(sys.argv[2], sys.argv[3], *(float(v) for v in sys.argv[4:5]))
+    else:
+        for p in sys.argv[1:]:
+            summarize(p)
