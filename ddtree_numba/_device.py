@@ -197,7 +197,8 @@ def rows_device(n: int, stream=0):
 
 def check_threads(threads: int, lo: int = 1, hi: int = 1024) -> int:
     """Threads per block: a power of two in [lo, hi] (tree reductions halve it)."""
-    if not isinstance(threads, (int, np.integer)) or threads < lo or threads > hi or threads & (threads - 1):
+    if (not isinstance(threads, (int, np.integer)) or isinstance(threads, (bool, np.bool_)) or threads < lo
+            or threads > hi or threads & (threads - 1)):
         raise ValueError(f"threads must be a power of two in [{lo}, {hi}], got {threads!r}")
     return int(threads)
 

@@ -20,7 +20,7 @@ class Tree:
     depths  [N]   int32    depth of node i is ``depths[i - 1]`` (1..L; the root has depth 0)
     parents [N+1] int32    ``parents[0] = -1``; ``0 <= parents[i] < i`` otherwise
     ranks   [N]   int32    rank of node i among its depth's top-K tokens (0 = the drafter's best)
-    scores  [N]   float64  sum of the path's log-probs, accumulated in path order
+    scores  [N]   float64  0.0 + the path's log-probs, accumulated in path order (so never -0.0)
     """
 
     tokens: np.ndarray
@@ -69,12 +69,17 @@ class Tree:
         return "\n".join(lines)
 
     def __eq__(self, other) -> bool:
+        """The same nodes in the same order, and the same scores bit for bit (a -0.0 score is
+        not a +0.0 one: the builds promise the twin's bits, which ``np.array_equal`` of the
+        values would not see)."""
         if not isinstance(other, Tree):
             return NotImplemented
         return all(
             np.array_equal(getattr(self, f), getattr(other, f))
-            for f in ("tokens", "depths", "parents", "ranks", "scores")
-        )
+            for f in ("tokens", "depths", "parents", "ranks")
+        ) and self.scores.shape == other.scores.shape and np.array_equal(
+            np.ascontiguousarray(self.scores, np.float64).view(np.uint64),
+            np.ascontiguousarray(other.scores, np.float64).view(np.uint64))
 
     def __repr__(self) -> str:
         return f"Tree(N={self.num_nodes}, max_depth={int(self.depths.max(initial=0))})"

@@ -237,6 +237,30 @@ def test_kernel_into_device_buffers(rng):
     assert bufs.to_tree() == ref.build_tree(lp, ids, 12)
 
 
+def _score_bits(tree):
+    return tree.scores.view(np.uint64).tolist()
+
+
+@pytest.mark.kernels
+def test_every_build_scores_a_chain_of_negative_zeros_as_plus_zero():
+    """A confident top-K row can lead with -0.0. Every build adds a path's log-probs to the root's
+    0.0 (0.0 + -0.0 = +0.0); the heap twin once seeded its first node with lp[0, 0] itself and
+    scored that chain -0.0, which ``np.array_equal`` of the values could not see: Tree == now
+    compares the scores' bits, and here they are checked against the brute-force sums."""
+    lp = np.array([[-0.0, -1.0], [-0.0, -2.0], [-0.0, -0.5]], np.float32)
+    ids = np.arange(6, dtype=np.int32).reshape(3, 2)
+    want = ref.build_tree(lp, ids, 6)
+    brute = dict((path, s) for s, path in tb.enumerate_paths(lp))
+    assert _score_bits(want) == [np.float64(brute[_rank_path(want, i)]).view(np.uint64) for i in range(1, 7)]
+    assert not np.signbit(want.scores[want.scores == 0]).any()        # (the first three score 0)
+    for got in (kn.build_tree(lp, ids, 6, threads=THREADS), kn.build_tree_levels(lp, ids, 6),
+                ref.build_tree_levels(lp, ids, 6)):
+        assert got == want and _score_bits(got) == _score_bits(want)
+    flipped = ref.build_tree(lp, ids, 6)
+    flipped.scores[0] = -flipped.scores[0]          # +0.0 -> -0.0: the same value, another tree
+    assert flipped != want
+
+
 @pytest.mark.parametrize("fn", [ref.build_tree, kn.build_tree, ref.build_tree_levels, kn.build_tree_levels])
 def test_bad_input_is_refused(rng, fn):
     lp, ids = _draft(rng, 2, 6, 4)
@@ -256,6 +280,9 @@ def test_kernel_limits_are_refused(rng):
     lp, ids = _draft(rng, 2, 6, 4)
     with pytest.raises(ValueError, match="MAX_BUDGET"):
         kn.build_tree(lp, ids, 1025)
+    for threads in (True, 3):                        # (a bool is an int to Python: refused by name)
+        with pytest.raises(ValueError, match="threads must be a power of two"):
+            kn.build_tree(lp, ids, 4, threads=threads)
     lp33, ids33 = _draft(rng, 33, 3, 2)
     with pytest.raises(ValueError, match="MAX_DEPTH"):
         kn.build_tree(lp33, ids33, 4)

@@ -132,7 +132,7 @@ def sample_post(logits, temperature, seed, *, out=None, seed_device=None, seqs=N
         seed_device = to_device(np.array([seed], np.uint64), stream)
     else:
         check_array("seed_device", seed_device, 1, np.uint64, shape=(1,))
-    check_threads(threads)
+    threads = check_threads(threads)
     n = logits.shape[0]
     if out is None:
         post = cuda.device_array(n, np.int32, stream=stream)
@@ -213,7 +213,7 @@ def follow_tree(tree, post, *, out=None, stream=0, threads=THREADS):
     when ``out = (keep [capacity+1] int32, info [2] int32)`` device arrays are given,
     fills them (``info = (n, bonus)``) and returns ``out`` without synchronising.
     """
-    check_threads(threads)
+    threads = check_threads(threads)
     if isinstance(tree, TreeBuffers):
         cap = tree.capacity
         check_array("post", post, 1, np.int32, shape=(cap + 1,))
@@ -251,7 +251,7 @@ def follow_trees(trees, post, seqs, *, out, stream=0, threads=THREADS):
     sequence) is not walked. out = (keep [S, C+1] int32, info [S, 2] int32) device: keep[s, :n]
     and info[s] = (n, bonus), (0, 0) for a tree not walked. Returns ``out``, not synchronised.
     """
-    check_threads(threads)
+    threads = check_threads(threads)
     S, C = trees.trees, trees.capacity
     keep, info = out
     check_array("seqs", seqs, 2, np.int32, shape=(S, 4))

@@ -861,7 +861,7 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
     if method == "rows" and split_knobs:
         raise ValueError("threads, slices, keep and fuse are the split kernels' (method 'split'), not 'rows'")
     threads = _partial_threads(k) if threads is None else threads
-    check_threads(threads)
+    threads = check_threads(threads)
     if keep is not None:
         keep = check_int("keep", keep, 0, MAX_KEEP)
     check_logits_values("logits", logits)

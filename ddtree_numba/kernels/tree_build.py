@@ -391,7 +391,7 @@ def _launch_heap_build(lp, ids, budget, budget_device, bufs, stream, threads):
     if K > MAX_BUDGET:
         raise ValueError(f"K = {K} ranks per depth is more than the kernel takes ({MAX_BUDGET})")
     threads = _heap_threads(budget) if threads is None else threads
-    check_threads(threads, hi=256)  # static shared memory: 48 KiB a block
+    threads = check_threads(threads, hi=256)  # static shared memory: 48 KiB a block
     if S:
         _build_tree_kernel(threads)[S, threads, stream](
             lp, ids, budget, _device_budget(budget_device, S),

@@ -33,7 +33,9 @@ def build_tree(lp: np.ndarray, ids: np.ndarray, budget: int) -> Tree:
     lp64 = lp.astype(np.float64)
     tokens, depths, parents, ranks, scores = [], [], [-1], [], []
     node_of_path = {(): 0}
-    heap = [(-lp64[0, 0], (0,))] if L and K and budget else []
+    # a path's score is 0.0 (the root's) + its log-probs, as the kernels and the level build add
+    # them: 0.0 + -0.0 is +0.0, so a chain of -0.0 rows scores +0.0 everywhere
+    heap = [(-(0.0 + lp64[0, 0]), (0,))] if L and K and budget else []
     while heap and len(tokens) < budget:
         neg, path = heapq.heappop(heap)
         score, d, r = -neg, len(path), path[-1]
