@@ -131,15 +131,22 @@ def check_batch_build_inputs(lp, ids, budget) -> int:
     return budget
 
 
+def check_temperature(temperature) -> float:
+    """A sampling temperature: a real number (not a bool or a string), finite, >= 0, as float."""
+    if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, (int, float, np.integer, np.floating)):
+        raise ValueError(f"temperature must be a number, got {temperature!r}")
+    temperature = float(temperature)
+    if not temperature >= 0.0 or not np.isfinite(temperature):
+        raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
+    return temperature
+
+
 def check_sample_inputs(logits, temperature, seed) -> tuple[float, int]:
     """``sample_post``'s inputs: logits [N+1, V] float32 (host: no NaN / +inf, a finite entry per
     row), temperature finite >= 0, seed in [0, 2**64); returns (temperature, seed)."""
     check_array("logits", logits, 2, np.float32)
     check_logits_values("logits", logits)
-    temperature = float(temperature)
-    if not temperature >= 0.0 or not np.isfinite(temperature):
-        raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
-    return temperature, check_int("seed", seed, 0, 2**64 - 1)
+    return check_temperature(temperature), check_int("seed", seed, 0, 2**64 - 1)
 
 
 def check_follow_inputs(tree: Tree, post) -> None:

@@ -117,6 +117,7 @@ def test_a_context_past_max_position_embeddings_is_refused_unless_allowed(pair):
     ([3, 96], "stop_token_ids entry must be <= 95, got 96"),
     ([3, -1], "stop_token_ids entry must be >= 0"),
     ([1.5], "stop_token_ids entry must be an integer"),
+    (np.array(10), "stop_token_ids must be a sequence"),                   # a 0-d array: not iterable
 ])
 def test_stop_token_ids_are_token_ids(pair, stops, words):
     target, drafter = pair

@@ -199,6 +199,10 @@ def test_bad_input_raises(small):
         (dict(budget=0), "budget must be >= 1"),
         (dict(temperature=-0.5), "temperature must be finite and >= 0"),
         (dict(temperature=float("nan")), "temperature must be finite and >= 0"),
+        (dict(temperature=None), "temperature must be a number, got None"),
+        (dict(temperature="0.5"), "temperature must be a number, got '0.5'"),   # (float() took it)
+        (dict(temperature=True), "temperature must be a number"),
+        (dict(prompt_ids=[1, 2**70]), f"prompt token id {2**70} is out of range"),   # (an object array)
         (dict(max_new_tokens=-1), "max_new_tokens must be >= 0"),
         (dict(drafter=None), "needs a drafter"),
         (dict(drafter=type("Undeclared", (), dict(block_size=4, target_layer_ids=(0,)))()),

@@ -42,9 +42,10 @@ from .rounds import RoundLog, check_generate_inputs, round_seed
 @dataclass(frozen=True)
 class BatchRound:
     """One batched round: ``sequences`` live, ``rows`` verified in its target forward (roots
-    included), ``accepted`` tokens it committed over all sequences, and ``unique_experts``
-    [layers] int32, the distinct routed experts the router picked over all rows (0 for dense
-    layers; None when the target has no batched forward)."""
+    included), ``accepted`` the tree rows the sequences kept (each its root and accepted path: its
+    acceptance length), summed, before a stop token or ``max_new_tokens`` cuts what is output,
+    and ``unique_experts`` [layers] int32, the distinct routed experts the router picked over all
+    rows (0 for dense layers; None when the target has no batched forward)."""
 
     sequences: int
     rows: int

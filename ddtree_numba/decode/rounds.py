@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import check_int
+from .._checks import check_int, check_temperature
 from ..reference.accept import round_seed  # noqa: F401  (decode.round_seed, re-exported)
 from ..tree import Tree
 
@@ -276,20 +276,23 @@ def check_generate_inputs(target, drafter, prompt_ids, max_new_tokens, method, b
         raise ValueError(f"prompt_ids must be 1-D, got shape {prompt.shape}")
     if prompt.shape[0] == 0:
         raise ValueError("prompt_ids is empty: generation needs at least one prompt token")
+    if prompt.dtype == object and all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+                                      for v in prompt):
+        bad = next(int(v) for v in prompt if not 0 <= v < vocab)    # (ints too large for int64)
+        raise ValueError(f"prompt token id {bad} is out of range [0, {vocab})")
     if not np.issubdtype(prompt.dtype, np.integer):
         raise ValueError(f"prompt_ids must hold integers, got dtype {prompt.dtype}")
     if prompt.min() < 0 or prompt.max() >= vocab:
         bad = int(prompt[(prompt < 0) | (prompt >= vocab)][0])
         raise ValueError(f"prompt token id {bad} is out of range [0, {vocab})")
-    if isinstance(stop_token_ids, (str, bytes)) or not hasattr(stop_token_ids, "__iter__"):
+    if (isinstance(stop_token_ids, (str, bytes)) or not hasattr(stop_token_ids, "__iter__")
+            or (isinstance(stop_token_ids, np.ndarray) and stop_token_ids.ndim != 1)):
         raise ValueError(f"stop_token_ids must be a sequence of token ids, got {stop_token_ids!r}")
     stops = frozenset(check_int("stop_token_ids entry", s, 0, vocab - 1) for s in stop_token_ids)
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, 0)
     budget = check_int("budget", budget, 1)
     seed = check_int("seed", seed, 0, 2**64 - 1)
-    temperature = float(temperature)
-    if not (np.isfinite(temperature) and temperature >= 0.0):
-        raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
+    temperature = check_temperature(temperature)
     p = prompt.shape[0]
     limit = cfg.max_position_embeddings
     if p + max_new_tokens > limit:
