@@ -54,7 +54,10 @@ class GenerationResult:
                                     after it (= len(keep); 1 for ``ar``). A last round cut short by
                                     max_new_tokens or a stop token still counts every token it
                                     accepted, so sum(acceptance_lengths) may exceed len(tokens);
-                                    len(tokens) / target_forwards is the output-side measure
+                                    and the last token, the bonus of the last forward, is in no
+                                    round, so it may also be len(tokens) - 1 (max_new_tokens = 1:
+                                    one token, no round); len(tokens) / target_forwards is the
+                                    output-side measure
     accepted_depths     [R] int32   drafted tokens accepted per round (acceptance length - 1)
     tree_sizes          [R] int32   drafted nodes verified per round (root not counted)
     target_forwards     int         target forwards, the prefill included
