@@ -145,6 +145,8 @@ def check_sample_inputs(logits, temperature, seed) -> tuple[float, int]:
     """``sample_post``'s inputs: logits [N+1, V] float32 (host: no NaN / +inf, a finite entry per
     row), temperature finite >= 0, seed in [0, 2**64); returns (temperature, seed)."""
     check_array("logits", logits, 2, np.float32)
+    if logits.shape[1] == 0:
+        raise ValueError("logits has no entries (V = 0): there is no token to draw")
     check_logits_values("logits", logits)
     return check_temperature(temperature), check_int("seed", seed, 0, 2**64 - 1)
 

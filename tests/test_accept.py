@@ -162,6 +162,10 @@ def test_sample_post_bad_input_is_refused(fn):
         fn(x, -0.1, 0)
     with pytest.raises(ValueError, match="seed"):
         fn(x, 1.0, -1)
+    with pytest.raises(ValueError, match=r"no entries \(V = 0\)"):     # (the kernel drew the 'none' id)
+        fn(np.zeros((3, 0), np.float32), 1.0, 0)
+    with pytest.raises(ValueError, match="temperature must be a number"):
+        fn(x, "0.5", 0)
 
 
 def test_round_seed_on_the_device_matches_twin():

@@ -69,6 +69,22 @@ def test_kernel_on_device_rows_with_scratch_buffer(rng):
     np.testing.assert_array_equal(d_rows.copy_to_host(), want)
 
 
+@pytest.mark.kernels
+@pytest.mark.parametrize("method", ["columns", "scratch"])
+def test_a_strided_host_view_compacts_in_place_as_the_twin(rng, method):
+    """rows[:, ::2], rows[::2] and a Fortran-order array: the launcher's copy back goes through a
+    contiguous copy (numba's copy_to_host refused the view with 'incompatible strides')."""
+    base = rng.standard_normal((12, 6)).astype(np.float32)
+    keep = np.array([0, 2, 3], np.int32)
+    for view in (lambda a: a[:, ::2], lambda a: a[::2], np.asfortranarray):
+        got, want = base.copy(), base.copy()
+        got_v, want_v = view(got), view(want)
+        ref.compact_rows(want_v, 1, keep)
+        kn.compact_rows(got_v, 1, keep, method=method)
+        np.testing.assert_array_equal(got_v, want_v)
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("fn", [ref.compact_rows, kn.compact_rows])
 def test_bad_keep_is_refused(fn):
     rows = np.zeros((10, 2), np.float32)

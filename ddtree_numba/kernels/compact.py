@@ -135,7 +135,7 @@ def enqueue_compact_rows(rows, start_n, keep, *, n_max, method="columns", scratc
 def compact_rows(rows, start, keep, *, method="columns", scratch=None, stream=0):
     """In place ``rows[start + i] = rows[start + keep[i]]``, race-free, on the GPU.
 
-    rows [S, W] (numpy: copied over and back; device: updated in place), start int,
+    rows [S, W] (numpy, any strides: copied over and back; device: updated in place), start int,
     keep [n] int32 (keep[0] = 0, strictly increasing). ``method`` is ``"columns"`` or
     ``"scratch"``; the scratch scheme takes an optional ``scratch`` device array [>= n, W].
     """
@@ -155,6 +155,10 @@ def compact_rows(rows, start, keep, *, method="columns", scratch=None, stream=0)
         enqueue_compact_rows(d_rows, start_n, to_device(keep, stream), n_max=n, method=method, scratch=scratch,
                              stream=stream)
     if not is_device(rows):
-        d_rows.copy_to_host(rows, stream=stream)
+        # (a strided view, rows[:, ::2], cannot take the copy: back through a contiguous one)
+        back = rows if rows.flags.c_contiguous else np.empty(rows.shape, rows.dtype)
+        d_rows.copy_to_host(back, stream=stream)
         if stream:
             stream.synchronize()
+        if back is not rows:
+            rows[...] = back
