@@ -214,6 +214,7 @@ def test_bad_input_raises(small):
         with pytest.raises(ValueError, match=words):
             dd.generate(**kw)
     res = dd.generate(target, drafter, prompt, 4)
+    np.testing.assert_array_equal(dd.generate(target, drafter, prompt.astype(object), 4).tokens, res.tokens)
     with pytest.raises(Exception):
         res.tokens = None                                     # results are frozen
 

@@ -280,9 +280,11 @@ def check_generate_inputs(target, drafter, prompt_ids, max_new_tokens, method, b
     if prompt.shape[0] == 0:
         raise ValueError("prompt_ids is empty: generation needs at least one prompt token")
     if prompt.dtype == object and all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-                                      for v in prompt):
-        bad = next(int(v) for v in prompt if not 0 <= v < vocab)    # (ints too large for int64)
-        raise ValueError(f"prompt token id {bad} is out of range [0, {vocab})")
+                                      for v in prompt):            # (ints past int64, or an object array)
+        bad = next((int(v) for v in prompt if not 0 <= v < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is out of range [0, {vocab})")
+        prompt = prompt.astype(np.int64)
     if not np.issubdtype(prompt.dtype, np.integer):
         raise ValueError(f"prompt_ids must hold integers, got dtype {prompt.dtype}")
     if prompt.min() < 0 or prompt.max() >= vocab:
