@@ -36,6 +36,7 @@ def main():
 
     import ddtree_numba as dd
     from ddtree_numba.decode.device import rounds_for
+    from ddtree_numba.decode.rounds import check_generate_inputs
     from ddtree_numba.demo import demo_metadata
     from numba import cuda
     t_dir, d_dir = dd.demo_pair()
@@ -47,11 +48,11 @@ def main():
         d = None if m == "ar" else drafter
         dd.generate(target, d, prompts[0], args.new, method=m, budget=b, graph=True)     # captures the round
         p = len(prompts[0])
-        # (generate's K and cap for this method: decode/device.py)
+        # generate's K and cap for this method (decode/device.py), and its checked max_tokens
         K = 1 if m == "dflash" else min(b, target.config.vocab_size)
         cap = {"ar": 0, "dflash": drafter.block_size - 1, "ddtree": b}[m]
-        max_tokens = p + args.new + 1 + {"ar": 0, "dflash": cap, "ddtree": max(b, drafter.block_size - 1)}[m]
-        dr = rounds_for(target, d, m, K, cap, max_tokens, max(p, cap + 1), keep=True)   # (decode/rounds.py)
+        max_tokens = check_generate_inputs(target, d, prompts[0], args.new, m, b, 0.0, 0, None).max_tokens
+        dr = rounds_for(target, d, m, K, cap, max_tokens, max(p, cap + 1), keep=True)
         stream = cuda.stream()
         dr.prefill(prompts[0], max_tokens, 0.0, 0, True, stream)
         (_, exe), = dr.graphs[True][1]
