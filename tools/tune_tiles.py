@@ -9,7 +9,8 @@ inside a graph included) at the demo pair's shapes: the drafter's GQA over 330 c
 heads, 4 kv heads, head dim 32), and the target's and drafter's projections (the stacked ones
 too: the drafter's q | k | v, K 256 -> N 512; the target's q_a | kv_a, K 256 -> N 208) at the
 ``--gemm-rows`` (17 and 1 by default; 33 and 65 are the verify rows of budgets 32 and 64).
-The tables in kernels/gqa.py and kernels/linear.py hold the winners.
+The tables in kernels/gqa.py (``_gpu_tiles``: the split kernel's; ``_warp_tiles``: the warp
+kernel's, the default for the drafter) and kernels/linear.py hold the winners.
 """
 
 from __future__ import annotations
@@ -86,12 +87,24 @@ def main():
     for cand in cut(cands) if "gqa" in args.only else ():
         try:
             us = timed(lambda s: gqa.enqueue_gqa_attention(q, k_ctx, v_ctx, out, meta=meta, scale=0.1, scratch=scratch,
-                                                           k_blk=k_blk, v_blk=v_blk, tiles=cand, stream=s), R)
+                                                           k_blk=k_blk, v_blk=v_blk, tiles=cand, method="split",
+                                                           stream=s), R)
             res.append((tuple(cand[:6]), us))
         except Exception as exc:
             print(f"  {cand}: {type(exc).__name__}: {str(exc)[:80]}")
     if res:
-        report("gqa", res)
+        report("gqa split", res)
+    # the warp kernel (the default where it applies): RW rows, NW warps a block
+    W0 = gqa._warp_tiles(DH)
+    res = []
+    for cand in cut([W0] + [gqa._WarpTiles(*c) for c in ((2, 8), (4, 4), (4, 16), (8, 8), (2, 16), (8, 4), (1, 16))]
+                    ) if "gqa" in args.only else ():
+        us = timed(lambda s: gqa.enqueue_gqa_attention(q, k_ctx, v_ctx, out, meta=meta, scale=0.1, scratch=scratch,
+                                                       k_blk=k_blk, v_blk=v_blk, method="warp", warp_tiles=cand,
+                                                       stream=s), R)
+        res.append((tuple(cand), us))
+    if res:
+        report("gqa warp", res)
 
     # -- GEMMs (bf16 weights): the demo's K x N at --gemm-rows rows
     Tl = linear._Tile

@@ -44,6 +44,7 @@ from numba import config, cuda, float32
 
 from .._checks import check_array
 from .._device import cached, ceil_div, device_function, float32_out, fma, grid_dependency, launcher_result, to_device
+from ._warp import FULL, WARP_OPS
 
 _SIM = bool(config.ENABLE_CUDASIM)
 THREADS = 8 if _SIM else 128          # combine kernel: threads per block
@@ -384,6 +385,219 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
     return kernel
 
 
+# -- one block a (group, row block), every split of its rows: no arrival, no second wave ---------
+
+# RW query rows (head-major within a query, as RM) a block, NW warps; the simulator has no warps,
+# so 8 of its threads stand in for one (the kernel's warp path only syncs and shares through
+# shared memory there)
+_WarpTiles = namedtuple("_WarpTiles", "RW NW")
+_LANES = 8 if _SIM else 32
+WARP_MAX_DH = 64                     # larger heads keep the split kernel (a lane's key row in registers)
+
+
+def _warp_tiles(dh: int) -> _WarpTiles:
+    """H100 tiles of ``_gqa_warp_kernel`` (tools/gqa_keys.py --warp-tiles)."""
+    return _WarpTiles(2, 2) if _SIM else _WarpTiles(4, 8)
+
+
+@functools.lru_cache(maxsize=None)
+def _gqa_warp_kernel(DH, RW, NW, KT, SPLIT, has_blk, G):
+    """The fused split kernel's bits (``_gqa_split_kernel`` with ``fuse``, no mask) from one block
+    a key/value group g (blockIdx.x) and RW of its t * G query rows (blockIdx.y, with the
+    sequence as there): warp w computes the partials of splits w, w + NW, ... with the split
+    kernel's arithmetic (the same cuts, the same fma chains, the same online max and rescale per
+    tile of KT keys), writes them to the scratch as it does, and after a barrier the block
+    merges its rows' splits with ``_combine``. What goes: the arrival counter and its fences, the
+    last block's merge after every other split block, and the block-wide barriers between the
+    steps of a tile (a warp owns its split: it syncs only itself).
+
+    A tile: lane = key for the scores (the lane's key row in registers, DH fma chains over d
+    ascending, RW rows at once), the tile's max by shuffles (exact in any order), p to shared
+    memory; lane = dim for p @ v (the tile's value rows in registers, loaded with the keys).
+    """
+    W = _LANES
+    TPS = SPLIT // KT                    # tiles a split
+    DL = ceil_div(DH, W)                 # output dims a lane
+    NT = NW * W
+    assert KT <= W and SPLIT % KT == 0
+    NEG = -math.inf
+    N_Q, N_P = RW * DH, NW * RW * KT
+    N_V, N_O = KT * DL, RW * DL
+
+    if _SIM:
+        def warp_sync():
+            cuda.syncthreads()           # (every warp takes the same trips through the loops)
+    else:
+        @cuda.jit(device=True, forceinline=True)
+        def warp_sync():
+            cuda.syncwarp()
+
+    @cached
+    @cuda.jit
+    def kernel(q_all, k_ctx_all, v_ctx_all, k_blk_all, v_blk_all, meta, per_seq, n_rb, max_split, scale, o_all,
+               ml_all, out_all):
+        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        zq = cuda.blockIdx.y // n_rb
+        a0 = zq * per_seq
+        k_ctx = k_ctx_all[zq]
+        v_ctx = v_ctx_all[zq]
+        s = meta[zq, 0]
+        t = meta[zq, 1]
+        n_keys = s + t if has_blk else s
+        Hq = q_all.shape[1] // DH
+        rows = t * G
+        g = cuda.blockIdx.x
+        r0 = (cuda.blockIdx.y - zq * n_rb) * RW
+        tid = cuda.threadIdx.x
+        if r0 >= rows:
+            return                       # the whole block leaves together
+        n_split = (n_keys + SPLIT - 1) // SPLIT
+        if n_keys == 0 or n_split > max_split:
+            n_split = 0                  # NaN rows, as the split kernel (no key; meta past the buffers)
+        lane, warp = tid % W, tid // W
+        sq = cuda.shared.array(N_Q, float32)    # [row, d] the block's queries
+        sp = cuda.shared.array(N_P, float32)    # [warp, row, key] a tile's scores (simulator), then p
+        kreg = cuda.local.array(DH, float32)    # the lane's key row
+        vreg = cuda.local.array(N_V, float32)   # [key, dims of the lane] the tile's values
+        acc = cuda.local.array(RW, float32)
+        sc = cuda.local.array(RW, float32)
+        mrow = cuda.local.array(RW, float32)    # running max
+        alpha = cuda.local.array(RW, float32)
+        lrow = cuda.local.array(RW, float32)    # running sum
+        o = cuda.local.array(N_O, float32)      # [row, dims of the lane] running output
+        for e in range(tid, N_Q, NT):
+            rr = e // DH
+            r = r0 + rr
+            val = float32(0.0)
+            if r < rows:
+                i = r // G
+                val = q_all[a0 + i, (g * G + r - i * G) * DH + e - rr * DH]
+            sq[e] = val
+        cuda.syncthreads()               # the queries are staged
+        pw = warp * RW * KT
+        for base in range(0, n_split, NW):
+            split = base + warp
+            for u in range(RW):
+                mrow[u] = float32(NEG)
+                lrow[u] = float32(0.0)
+                for jd in range(DL):
+                    o[u * DL + jd] = float32(0.0)
+            for tile in range(TPS):
+                key0 = split * SPLIT + tile * KT
+                nk = min(KT, n_keys - key0) if split < n_split else 0   # <= 0: no key (the loop's end)
+                j = key0 + lane
+                for d in range(DH):
+                    kreg[d] = float32(0.0)
+                if lane < nk:
+                    if j < s:
+                        for d in range(DH):
+                            kreg[d] = k_ctx[j, g * DH + d]
+                    else:
+                        for d in range(DH):
+                            kreg[d] = k_blk_all[a0 + j - s, g * DH + d]
+                # the values, lane = dim: a tile wholly in the context or in the block picks its
+                # array once (one straddles them at most)
+                for kk in range(N_V):
+                    vreg[kk] = float32(0.0)
+                if key0 + nk <= s:
+                    for kk in range(KT):
+                        for jd in range(DL):
+                            d = lane + W * jd
+                            if kk < nk and (DH % W == 0 or d < DH):
+                                vreg[kk * DL + jd] = v_ctx[key0 + kk, g * DH + d]
+                elif key0 >= s:
+                    for kk in range(KT):
+                        for jd in range(DL):
+                            d = lane + W * jd
+                            if kk < nk and (DH % W == 0 or d < DH):
+                                vreg[kk * DL + jd] = v_blk_all[a0 + key0 - s + kk, g * DH + d]
+                else:
+                    for kk in range(KT):
+                        jj = key0 + kk
+                        for jd in range(DL):
+                            d = lane + W * jd
+                            if kk < nk and (DH % W == 0 or d < DH):
+                                if jj < s:
+                                    vreg[kk * DL + jd] = v_ctx[jj, g * DH + d]
+                                else:
+                                    vreg[kk * DL + jd] = v_blk_all[a0 + jj - s, g * DH + d]
+                for u in range(RW):
+                    acc[u] = float32(0.0)
+                for d in range(DH):              # one fma chain per score, d ascending
+                    kd = kreg[d]
+                    for u in range(RW):
+                        acc[u] = fma(sq[u * DH + d], kd, acc[u])
+                for u in range(RW):
+                    x = acc[u] * scale
+                    sc[u] = x if lane < nk else float32(NEG)
+                if WARP_OPS:                     # the tile's max a row: exact in any order
+                    for u in range(RW):
+                        mt = sc[u]
+                        for sh in (16, 8, 4, 2, 1):
+                            mt = max(mt, cuda.shfl_xor_sync(FULL, mt, sh))
+                        acc[u] = mt
+                else:
+                    if lane < KT:
+                        for u in range(RW):
+                            sp[pw + u * KT + lane] = sc[u]
+                    warp_sync()
+                    for u in range(RW):
+                        mt = float32(NEG)
+                        for kk in range(KT):
+                            mt = max(mt, sp[pw + u * KT + kk])
+                        acc[u] = mt
+                    warp_sync()                  # every lane has read the scores
+                if nk > 0:                       # (a tile past the keys changes nothing)
+                    for u in range(RW):
+                        m_old = mrow[u]
+                        m_new = max(m_old, acc[u])
+                        if m_new == float32(NEG):    # (scores of -inf only)
+                            al = float32(1.0)
+                            pu = float32(0.0)
+                        else:
+                            al = float32(math.exp(m_old - m_new))   # 0 on the row's first keys
+                            pu = float32(math.exp(sc[u] - m_new))
+                        mrow[u] = m_new
+                        alpha[u] = al
+                        if lane < KT:
+                            sp[pw + u * KT + lane] = pu
+                warp_sync()                      # p is in
+                if nk > 0:
+                    for u in range(RW):
+                        lrow[u] = lrow[u] * alpha[u]
+                        for jd in range(DL):
+                            o[u * DL + jd] = o[u * DL + jd] * alpha[u]
+                    for kk in range(KT):         # ascending keys; padded keys never enter
+                        if kk < nk:
+                            for u in range(RW):
+                                pv = sp[pw + u * KT + kk]
+                                lrow[u] = lrow[u] + pv
+                                for jd in range(DL):
+                                    o[u * DL + jd] = fma(pv, vreg[kk * DL + jd], o[u * DL + jd])
+                warp_sync()                      # every lane is done with p
+            if split < n_split:
+                for u in range(RW):
+                    r = r0 + u
+                    if r < rows:
+                        i = r // G
+                        row = a0 * Hq + i * Hq + g * G + r - i * G
+                        for jd in range(DL):
+                            d = lane + W * jd
+                            if d < DH:
+                                o_all[split, row, d] = o[u * DL + jd]
+                        if lane == 0:
+                            ml_all[split, row, 0] = mrow[u]
+                            ml_all[split, row, 1] = lrow[u]
+        cuda.syncthreads()               # the block's partials are written
+        for e in range(tid, N_Q, NT):
+            r = r0 + e // DH
+            if r < rows:
+                i = r // G
+                _combine(o_all, ml_all, out_all, a0, i * Hq + g * G + r - i * G, e % DH, Hq, n_split)
+
+    return kernel
+
+
 @cached
 @cuda.jit
 def _gqa_combine_kernel(o_part, ml_part, meta, split, has_blk, out):
@@ -426,7 +640,7 @@ class GQAScratch:
 # -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
 
 def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=None, v_blk=None, mask=None,
-                          tiles=None, fuse=True, stream=0):
+                          tiles=None, fuse=True, method=None, warp_tiles=None, stream=0):
     """out[i, h*Dh:(h+1)*Dh] = softmax_j(scale * q[i, h] . key_j) @ value_j for i < t, over the
     keys j: context rows [0, s) of k_ctx / v_ctx, then block rows [0, t) of k_blk / v_blk
     (none when k_blk is None); group h // (Hq / Hkv). Rows i >= t of out are not written.
@@ -444,6 +658,10 @@ def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=N
     ``tiles`` overrides ``_tiles`` (tools/tune_tiles.py); its KT and SPLIT must be ``_tiles``'s,
     which fix the bits and the scratch's splits. ``fuse`` (default): one launch, the splits merged
     by their last block; False: the merge in a launch of its own (the same bits).
+    ``method``: "warp" (``_gqa_warp_kernel``: a block's warps take every split of its rows, then
+    the block merges them; no mask, the fused merge, Dh <= ``WARP_MAX_DH``), "split" (the split
+    blocks), or None: "warp" wherever it applies. The same bits either way. ``warp_tiles`` overrides
+    ``_warp_tiles`` (RW rows, NW warps a block: the speed only).
     """
     batched = k_ctx.ndim == 3
     if batched:
@@ -469,6 +687,19 @@ def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=N
         cfg = tiles
     max_keys = k_ctx.shape[1] + (tq if has_blk else 0)
     if tq == 0 or max_keys == 0:
+        return
+    warp_ok = mask is None and fuse and dh <= WARP_MAX_DH
+    if method not in (None, "warp", "split"):
+        raise ValueError(f"method must be None, 'warp' or 'split', got {method!r}")
+    if method == "warp" and not warp_ok:
+        raise ValueError(f"method 'warp' takes no mask, the fused merge and Dh <= {WARP_MAX_DH} (Dh {dh})")
+    if method != "split" and warp_ok:
+        wt = warp_tiles or _warp_tiles(dh)
+        n_rb = ceil_div(tq * g, wt.RW)
+        kernel = _gqa_warp_kernel(dh, wt.RW, wt.NW, cfg.KT, cfg.SPLIT, has_blk, g)
+        kernel[(hkv, n_rb * n_seq), wt.NW * _LANES, stream](
+            q, k_ctx, v_ctx, k_blk if has_blk else q, v_blk if has_blk else q, seq_meta, tq, n_rb,
+            ceil_div(max_keys, cfg.SPLIT), np.float32(scale), scratch.o, scratch.ml, out)
         return
     kernel = _gqa_split_kernel(dh, *cfg, has_blk, mask is not None, bool(fuse), g)
     n_rb = ceil_div(tq * g, cfg.RM)         # row blocks a sequence
