@@ -227,3 +227,46 @@ def test_a_batch_of_sequences_in_one_launch_gives_each_its_own_launchs_bits(rng)
     with pytest.raises(ValueError, match="no mask and the fused merge only"):
         enqueue_gqa_attention(q, cuda.to_device(kc), cuda.to_device(vc), d_out, meta=cuda.to_device(meta),
                               scale=0.3, scratch=scratch, fuse=False)
+
+
+@pytest.mark.parametrize("s_cap, has_blk", [(45, True), (150, False), (0, False)])
+def test_warp_kernel_gives_the_split_kernels_bits(rng, s_cap, has_blk):
+    """``method="warp"`` (a block's warps over every split of its rows, the default without a
+    mask) == the split kernel's fused launch bit for bit: one sequence and a batch of three, keys
+    staged or read a lane a row (``_WarpTiles.SK``), row blocks that end inside a query's heads,
+    a context ending inside a split, more splits than the merge loads at once (150 keys), and no
+    key at all (NaN rows)."""
+    from ddtree_numba.kernels.gqa import _WarpTiles, _warp_tiles
+    S, tq, t, hq, hkv, dh = 3, 4, 3, 6, 2, 8
+    w = hkv * dh
+    qkv = (rng.standard_normal((S * tq, hq * dh + 2 * w)) * 2).astype(np.float32)
+    kc = rng.standard_normal((S, max(s_cap, 1), w)).astype(np.float32)
+    vc = rng.standard_normal((S, max(s_cap, 1), w)).astype(np.float32)
+    meta = np.array([[s_cap, t], [s_cap // 2, t], [max(s_cap - 7, 0), t]], np.int32)
+    scratch = GQAScratch(S * tq, hq, dh, kc.shape[1] + tq)
+    d_qkv = cuda.to_device(qkv)
+    q, kb, vb = d_qkv[:, :hq * dh], d_qkv[:, hq * dh:hq * dh + w], d_qkv[:, hq * dh + w:]
+    blk = dict(k_blk=kb, v_blk=vb) if has_blk else {}
+    base = _warp_tiles(dh)
+    for n_seq in (1, S):
+        kcd, vcd = (cuda.to_device(kc), cuda.to_device(vc)) if n_seq > 1 else (cuda.to_device(kc[0]), cuda.to_device(vc[0]))
+        md = cuda.to_device(meta if n_seq > 1 else meta[0])
+        rows = slice(0, n_seq * tq)
+        got = {}
+        for method, wt in (("split", None), ("warp", None), ("warp", base._replace(SK=not base.SK)),
+                           ("warp", _WarpTiles(3, 1, True))):
+            d_out = cuda.to_device(np.full((n_seq * tq, hq * dh), POISON, np.float32))
+            enqueue_gqa_attention(q[rows], kcd, vcd, d_out, meta=md, scale=0.3, scratch=scratch, method=method,
+                                  warp_tiles=wt, **({k: v[rows] for k, v in blk.items()}))
+            got[(method, wt)] = d_out.copy_to_host()
+        want = got[("split", None)]
+        for key, out in got.items():
+            np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32), err_msg=str(key))
+        live = np.concatenate([np.arange(z * tq, z * tq + t) for z in range(n_seq)])
+        assert not (want[live] == POISON).any()
+        assert (want[np.setdiff1d(np.arange(n_seq * tq), live)] == POISON).all()
+        assert np.isnan(want[live]).all() == (s_cap == 0 and not has_blk)
+    assert s_cap < 150 or s_cap > 16 * _tiles(dh).SPLIT or REAL_GPU     # past the merge's CU splits
+    with pytest.raises(ValueError, match="method 'warp' takes no mask"):
+        enqueue_gqa_attention(q, cuda.to_device(kc[0]), cuda.to_device(vc[0]), d_out, meta=cuda.to_device(meta[0]), scale=0.3,
+                              scratch=scratch, method="warp", mask=cuda.to_device(np.ones((tq, s_cap + tq), bool)))

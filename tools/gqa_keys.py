@@ -7,7 +7,7 @@ head dim 32, 16 block rows). The grid is sized from the keys (a cache of exactly
 so the slope over keys is the cost of a split.
 
     python tools/gqa_keys.py [--keys 48 128 256 330 520 1000] [--repeat 20] [--once KEYS]
-        [--warp-tiles 4,8 2,8 4,16 ...]
+        [--warp-tiles 4,8 2,8,0 4,16 ...]   (RW,NW[,SK]: SK 0 reads each lane's key row itself)
 
 ``--once KEYS``: launch the fused kernel twice at KEYS keys and stop (for Nsight Compute:
 ``ncu -k regex:gqa --launch-skip 1 --launch-count 1 ...``).
@@ -38,8 +38,8 @@ def main():
     rng = np.random.default_rng(0)
     dev = lambda a: cuda.to_device(np.ascontiguousarray(a))
     Hq, Hkv, DH, T = 8, 4, 32, 16
-    tiles = [gqa._warp_tiles(DH)] + [gqa._WarpTiles(*map(int, w.split(","))) for w in args.warp_tiles]
-    print("| keys | splits | " + " | ".join(f"warp {t.RW}x{t.NW} µs" for t in tiles)
+    tiles = [gqa._warp_tiles(DH)] + [gqa._WarpTiles(*(list(map(int, w.split(","))) + [1])[:3]) for w in args.warp_tiles]
+    print("| keys | splits | " + " | ".join(f"warp {t.RW}x{t.NW}{'' if t.SK else ' regs'} µs" for t in tiles)
           + " | split fused µs | split + merge µs | merge alone µs |")
     print("|---|---|" + "---|" * (len(tiles) + 3))
     for S in ([args.once] if args.once else args.keys):
@@ -61,14 +61,23 @@ def main():
         want = out.copy_to_host()
         for wt in tiles:                      # the same bits, every tile
             out.copy_to_device(np.full(want.shape, np.nan, np.float32))
-            run(0, method="warp", wt=wt)
+            try:
+                run(0, method="warp", wt=wt)
+            except Exception:
+                continue                      # (timed below, reported there)
             if not np.array_equal(out.copy_to_host().view(np.uint32), want.view(np.uint32)):
                 raise SystemExit(f"warp tiles {wt} at {S} keys: not the split kernel's bits")
         split = gqa._tiles(DH).SPLIT
         th = gqa.THREADS
         merge = lambda s: gqa._gqa_combine_kernel[(T * Hq * DH + th - 1) // th, th, s](
             scratch.o, scratch.ml, meta, split, True, out)
-        us = [timed(lambda s, wt=wt: run(s, method="warp", wt=wt), args.repeat) for wt in tiles]
+        us = []
+        for wt in tiles:
+            try:
+                us.append(timed(lambda s, wt=wt: run(s, method="warp", wt=wt), args.repeat))
+            except Exception as exc:                # (a tile past the SM's registers or shared memory)
+                print(f"warp tiles {wt}: {type(exc).__name__}: {str(exc)[:60]}")
+                us.append(float("nan"))
         us += [timed(run, args.repeat), timed(lambda s: run(s, False), args.repeat), timed(merge, args.repeat)]
         print(f"| {S} | {(S + T + split - 1) // split} | " + " | ".join(f"{u:.2f}" for u in us) + " |")
 

@@ -97,12 +97,16 @@ def main():
     # the warp kernel (the default where it applies): RW rows, NW warps a block
     W0 = gqa._warp_tiles(DH)
     res = []
-    for cand in cut([W0] + [gqa._WarpTiles(*c) for c in ((2, 8), (4, 4), (4, 16), (8, 8), (2, 16), (8, 4), (1, 16))]
+    for cand in cut([W0] + [gqa._WarpTiles(*c) for c in (
+            (2, 8, 1), (8, 8, 1), (4, 4, 1), (8, 4, 1), (2, 4, 1), (16, 4, 1), (4, 8, 0), (8, 8, 0), (4, 16, 0))]
                     ) if "gqa" in args.only else ():
-        us = timed(lambda s: gqa.enqueue_gqa_attention(q, k_ctx, v_ctx, out, meta=meta, scale=0.1, scratch=scratch,
-                                                       k_blk=k_blk, v_blk=v_blk, method="warp", warp_tiles=cand,
-                                                       stream=s), R)
-        res.append((tuple(cand), us))
+        try:
+            us = timed(lambda s: gqa.enqueue_gqa_attention(q, k_ctx, v_ctx, out, meta=meta, scale=0.1, scratch=scratch,
+                                                           k_blk=k_blk, v_blk=v_blk, method="warp", warp_tiles=cand,
+                                                           stream=s), R)
+            res.append((tuple(cand), us))
+        except Exception as exc:
+            print(f"  {cand}: {type(exc).__name__}: {str(exc)[:80]}")
     if res:
         report("gqa warp", res)
 

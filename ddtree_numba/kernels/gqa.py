@@ -390,18 +390,20 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
 # RW query rows (head-major within a query, as RM) a block, NW warps; the simulator has no warps,
 # so 8 of its threads stand in for one (the kernel's warp path only syncs and shares through
 # shared memory there)
-_WarpTiles = namedtuple("_WarpTiles", "RW NW")
+_WarpTiles = namedtuple("_WarpTiles", "RW NW SK")    # SK: a tile's keys staged in shared memory
 _LANES = 8 if _SIM else 32
 WARP_MAX_DH = 64                     # larger heads keep the split kernel (a lane's key row in registers)
 
 
 def _warp_tiles(dh: int) -> _WarpTiles:
     """H100 tiles of ``_gqa_warp_kernel`` (tools/gqa_keys.py --warp-tiles)."""
-    return _WarpTiles(2, 2) if _SIM else _WarpTiles(4, 8)
+    if _SIM:
+        return _WarpTiles(2, 2, True)
+    return _WarpTiles(4, 8, True) if dh <= 32 else _WarpTiles(4, 4, True)   # (staged keys in 48 KiB)
 
 
 @functools.lru_cache(maxsize=None)
-def _gqa_warp_kernel(DH, RW, NW, KT, SPLIT, has_blk, G):
+def _gqa_warp_kernel(DH, RW, NW, SK, KT, SPLIT, has_blk, G):
     """The fused split kernel's bits (``_gqa_split_kernel`` with ``fuse``, no mask) from one block
     a key/value group g (blockIdx.x) and RW of its t * G query rows (blockIdx.y, with the
     sequence as there): warp w computes the partials of splits w, w + NW, ... with the split
@@ -411,9 +413,11 @@ def _gqa_warp_kernel(DH, RW, NW, KT, SPLIT, has_blk, G):
     last block's merge after every other split block, and the block-wide barriers between the
     steps of a tile (a warp owns its split: it syncs only itself).
 
-    A tile: lane = key for the scores (the lane's key row in registers, DH fma chains over d
-    ascending, RW rows at once), the tile's max by shuffles (exact in any order), p to shared
-    memory; lane = dim for p @ v (the tile's value rows in registers, loaded with the keys).
+    A tile: lane = key for the scores (DH fma chains over d ascending, RW rows at once; the keys
+    read lane = dim, a row a load, and transposed through the warp's shared buffer (SK), or each
+    lane's own row from memory), the tile's max by shuffles (exact in any order), p to shared
+    memory; lane = dim for p @ v (the tile's value rows in registers, loaded with the keys). The
+    merge loads up to CU splits' partials at once (``_combine``'s arithmetic and order).
     """
     W = _LANES
     TPS = SPLIT // KT                    # tiles a split
@@ -423,6 +427,10 @@ def _gqa_warp_kernel(DH, RW, NW, KT, SPLIT, has_blk, G):
     NEG = -math.inf
     N_Q, N_P = RW * DH, NW * RW * KT
     N_V, N_O = KT * DL, RW * DL
+    KS = KT + 1                          # padded stride of the staged keys [d, key]
+    N_K = NW * DH * KS if SK else 1
+    N_KR = 1 if SK else DH
+    CU = 16                              # splits the merge loads at once
 
     if _SIM:
         def warp_sync():
@@ -432,8 +440,40 @@ def _gqa_warp_kernel(DH, RW, NW, KT, SPLIT, has_blk, G):
         def warp_sync():
             cuda.syncwarp()
 
+    @device_function
+    def combine(o_part, ml_part, out, a0, row, d, Hq, n_split):
+        """``_combine``, its loads issued together when there are at most CU splits."""
+        if n_split > CU:
+            _combine(o_part, ml_part, out, a0, row, d, Hq, n_split)
+            return
+        i = row // Hq
+        pr = a0 * Hq + row
+        mc = cuda.local.array(CU, float32)
+        lc = cuda.local.array(CU, float32)
+        oc = cuda.local.array(CU, float32)
+        for c in range(CU):
+            if c < n_split:
+                mc[c] = ml_part[c, pr, 0]
+                lc[c] = ml_part[c, pr, 1]
+                oc[c] = o_part[c, pr, d]
+        big = float32(-math.inf)
+        for c in range(CU):
+            if c < n_split:
+                big = max(big, mc[c])
+        if big == float32(-math.inf):                      # the row sees no key: NaN, as the twin
+            out[a0 + i, (row - i * Hq) * DH + d] = float32(math.nan)
+            return
+        lsum = float32(0.0)
+        acc = float32(0.0)
+        for c in range(CU):
+            if c < n_split:
+                w = float32(math.exp(mc[c] - big))
+                lsum = fma(lc[c], w, lsum)
+                acc = fma(oc[c], w, acc)
+        out[a0 + i, (row - i * Hq) * DH + d] = acc / lsum
+
     @cached
-    @cuda.jit
+    @(cuda.jit if _SIM else cuda.jit(launch_bounds=(NT,)))
     def kernel(q_all, k_ctx_all, v_ctx_all, k_blk_all, v_blk_all, meta, per_seq, n_rb, max_split, scale, o_all,
                ml_all, out_all):
         grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
@@ -457,7 +497,8 @@ def _gqa_warp_kernel(DH, RW, NW, KT, SPLIT, has_blk, G):
         lane, warp = tid % W, tid // W
         sq = cuda.shared.array(N_Q, float32)    # [row, d] the block's queries
         sp = cuda.shared.array(N_P, float32)    # [warp, row, key] a tile's scores (simulator), then p
-        kreg = cuda.local.array(DH, float32)    # the lane's key row
+        sk = cuda.shared.array(N_K, float32)    # [warp, d, key] a tile's keys (SK)
+        kreg = cuda.local.array(N_KR, float32)  # the lane's key row (not SK)
         vreg = cuda.local.array(N_V, float32)   # [key, dims of the lane] the tile's values
         acc = cuda.local.array(RW, float32)
         sc = cuda.local.array(RW, float32)
@@ -475,6 +516,8 @@ def _gqa_warp_kernel(DH, RW, NW, KT, SPLIT, has_blk, G):
             sq[e] = val
         cuda.syncthreads()               # the queries are staged
         pw = warp * RW * KT
+        kw = warp * DH * KS
+        kl = min(lane, KT - 1)           # (lanes past a tile's keys: their scores are dropped)
         for base in range(0, n_split, NW):
             split = base + warp
             for u in range(RW):
@@ -486,15 +529,16 @@ def _gqa_warp_kernel(DH, RW, NW, KT, SPLIT, has_blk, G):
                 key0 = split * SPLIT + tile * KT
                 nk = min(KT, n_keys - key0) if split < n_split else 0   # <= 0: no key (the loop's end)
                 j = key0 + lane
-                for d in range(DH):
-                    kreg[d] = float32(0.0)
-                if lane < nk:
-                    if j < s:
-                        for d in range(DH):
-                            kreg[d] = k_ctx[j, g * DH + d]
-                    else:
-                        for d in range(DH):
-                            kreg[d] = k_blk_all[a0 + j - s, g * DH + d]
+                if not SK:
+                    for d in range(DH):
+                        kreg[d] = float32(0.0)
+                    if lane < nk:
+                        if j < s:
+                            for d in range(DH):
+                                kreg[d] = k_ctx[j, g * DH + d]
+                        else:
+                            for d in range(DH):
+                                kreg[d] = k_blk_all[a0 + j - s, g * DH + d]
                 # the values, lane = dim: a tile wholly in the context or in the block picks its
                 # array once (one straddles them at most)
                 for kk in range(N_V):
@@ -521,10 +565,24 @@ def _gqa_warp_kernel(DH, RW, NW, KT, SPLIT, has_blk, G):
                                     vreg[kk * DL + jd] = v_ctx[jj, g * DH + d]
                                 else:
                                     vreg[kk * DL + jd] = v_blk_all[a0 + jj - s, g * DH + d]
+                if SK:                           # the keys, lane = dim, stored [d, key]
+                    for kk in range(KT):
+                        jj = key0 + kk
+                        for jd in range(DL):
+                            d = lane + W * jd
+                            if DH % W == 0 or d < DH:
+                                val = float32(0.0)
+                                if kk < nk:
+                                    if jj < s:
+                                        val = k_ctx[jj, g * DH + d]
+                                    else:
+                                        val = k_blk_all[a0 + jj - s, g * DH + d]
+                                sk[kw + d * KS + kk] = val
+                    warp_sync()                  # the keys are staged
                 for u in range(RW):
                     acc[u] = float32(0.0)
                 for d in range(DH):              # one fma chain per score, d ascending
-                    kd = kreg[d]
+                    kd = sk[kw + d * KS + kl] if SK else kreg[d]
                     for u in range(RW):
                         acc[u] = fma(sq[u * DH + d], kd, acc[u])
                 for u in range(RW):
@@ -593,7 +651,7 @@ def _gqa_warp_kernel(DH, RW, NW, KT, SPLIT, has_blk, G):
             r = r0 + e // DH
             if r < rows:
                 i = r // G
-                _combine(o_all, ml_all, out_all, a0, i * Hq + g * G + r - i * G, e % DH, Hq, n_split)
+                combine(o_all, ml_all, out_all, a0, i * Hq + g * G + r - i * G, e % DH, Hq, n_split)
 
     return kernel
 
@@ -696,7 +754,7 @@ def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=N
     if method != "split" and warp_ok:
         wt = warp_tiles or _warp_tiles(dh)
         n_rb = ceil_div(tq * g, wt.RW)
-        kernel = _gqa_warp_kernel(dh, wt.RW, wt.NW, cfg.KT, cfg.SPLIT, has_blk, g)
+        kernel = _gqa_warp_kernel(dh, *wt, cfg.KT, cfg.SPLIT, has_blk, g)
         kernel[(hkv, n_rb * n_seq), wt.NW * _LANES, stream](
             q, k_ctx, v_ctx, k_blk if has_blk else q, v_blk if has_blk else q, seq_meta, tq, n_rb,
             ceil_div(max_keys, cfg.SPLIT), np.float32(scale), scratch.o, scratch.ml, out)
