@@ -35,14 +35,15 @@ def gqa_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
 
 
 def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=None, v_blk=None, mask=None,
-                          tiles=None, fuse=True, stream=0) -> None:
+                          tiles=None, fuse=True, method=None, warp_tiles=None, stream=0) -> None:
     """Twin of ``kernels.gqa.enqueue_gqa_attention`` (its signature and docstring; numpy arrays, and
     the kernel's ``GQAScratch`` of which only the head dim, scratch.o.shape[2], is read, as the
     kernel reads it): out[:t] = ``gqa_attention`` of q[:t] over the keys context rows [0, s) of
     k_ctx / v_ctx, then block rows [0, t) of k_blk / v_blk (if given), (s, t) = meta[:2], under
     mask[:t, :keys] (or none). q [Tq, Hq*Dh], k_ctx / v_ctx [S_cap, Hkv*Dh], out [Tq, Hq*Dh].
     A batch of sequences: k_ctx / v_ctx [S, S_cap, Hkv*Dh], meta [S, 2] = (s, t) a sequence, and
-    q / k_blk / v_blk / out in S equal runs of rows, run z sequence z's (no mask)."""
+    q / k_blk / v_blk / out in S equal runs of rows, run z sequence z's (no mask). ``tiles``,
+    ``fuse``, ``method``, ``warp_tiles`` and ``stream`` say how the GPU computes it, not what."""
     if np.asarray(k_ctx).ndim == 3:
         S = k_ctx.shape[0]
         per = q.shape[0] // S
