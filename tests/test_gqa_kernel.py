@@ -229,12 +229,12 @@ def test_a_batch_of_sequences_in_one_launch_gives_each_its_own_launchs_bits(rng)
                               scale=0.3, scratch=scratch, fuse=False)
 
 
-@pytest.mark.parametrize("s_cap, has_blk", [(45, True), (150, False), (0, False)])
+@pytest.mark.parametrize("s_cap, has_blk", [(45, True), (136, False), (0, False)])
 def test_warp_kernel_gives_the_split_kernels_bits(rng, s_cap, has_blk):
     """``method="warp"`` (a block's warps over every split of its rows, the default without a
     mask) == the split kernel's fused launch bit for bit: one sequence and a batch of three, keys
     staged or read a lane a row (``_WarpTiles.SK``), row blocks that end inside a query's heads,
-    a context ending inside a split, more splits than the merge loads at once (150 keys), and no
+    a context ending inside a split, more splits than the merge loads at once (136 keys), and no
     key at all (NaN rows)."""
     from ddtree_numba.kernels.gqa import _WarpTiles, _warp_tiles
     S, tq, t, hq, hkv, dh = 3, 4, 3, 6, 2, 8
@@ -266,7 +266,7 @@ def test_warp_kernel_gives_the_split_kernels_bits(rng, s_cap, has_blk):
         assert not (want[live] == POISON).any()
         assert (want[np.setdiff1d(np.arange(n_seq * tq), live)] == POISON).all()
         assert np.isnan(want[live]).all() == (s_cap == 0 and not has_blk)
-    assert s_cap < 150 or s_cap > 16 * _tiles(dh).SPLIT or REAL_GPU     # past the merge's CU splits
+    assert s_cap < 136 or s_cap > 16 * _tiles(dh).SPLIT or REAL_GPU     # past the merge's CU splits
     with pytest.raises(ValueError, match="method 'warp' takes no mask"):
         enqueue_gqa_attention(q, cuda.to_device(kc[0]), cuda.to_device(vc[0]), d_out, meta=cuda.to_device(meta[0]), scale=0.3,
                               scratch=scratch, method="warp", mask=cuda.to_device(np.ones((tq, s_cap + tq), bool)))
