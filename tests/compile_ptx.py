@@ -209,7 +209,11 @@ SIGNATURES = {
           blk, g),
          f"void(float32[:, :], float32[:, :, ::1], float32[:, :, ::1], float32[:, :], float32[:, :], {I32_2}, "
          f"int64, int64, int64, float32, float32[:, :, ::1], float32[:, :, ::1], {F32_2})")
-        for dh, blk, g in ((32, True, 2), (64, True, 2), (32, False, 1))],
+        for dh, blk, g in ((32, True, 2), (64, True, 2), (32, False, 1))] + [
+        # the staged keys and the merge from registers (not yet the default on a GPU)
+        ((32, 4, 8, True, 16, kernels_pkg.gqa._tiles(32).KT, kernels_pkg.gqa._tiles(32).SPLIT, True, 2),
+         f"void(float32[:, :], float32[:, :, ::1], float32[:, :, ::1], float32[:, :], float32[:, :], {I32_2}, "
+         f"int64, int64, int64, float32, float32[:, :, ::1], float32[:, :, ::1], {F32_2})")],
     "gqa._gqa_combine_kernel": [
         f"void(float32[:, :, ::1], float32[:, :, ::1], {I32_1}, int64, boolean, {F32_2})"],
 }

@@ -233,7 +233,8 @@ def test_a_batch_of_sequences_in_one_launch_gives_each_its_own_launchs_bits(rng)
 def test_warp_kernel_gives_the_split_kernels_bits(rng, s_cap, has_blk):
     """``method="warp"`` (a block's warps over every split of its rows, the default without a
     mask) == the split kernel's fused launch bit for bit: one sequence and a batch of three, keys
-    staged or read a lane a row (``_WarpTiles.SK``), row blocks that end inside a query's heads,
+    staged or read a lane a row (``_WarpTiles.SK``), the merge from registers or ``_combine``'s loop
+    (``CU``), row blocks that end inside a query's heads,
     a context ending inside a split, more splits than the merge loads at once (136 keys), and no
     key at all (NaN rows)."""
     from ddtree_numba.kernels.gqa import _WarpTiles, _warp_tiles
@@ -253,8 +254,8 @@ def test_warp_kernel_gives_the_split_kernels_bits(rng, s_cap, has_blk):
         md = cuda.to_device(meta if n_seq > 1 else meta[0])
         rows = slice(0, n_seq * tq)
         got = {}
-        for method, wt in (("split", None), ("warp", None), ("warp", base._replace(SK=not base.SK)),
-                           ("warp", _WarpTiles(3, 1, True))):
+        for method, wt in (("split", None), ("warp", None), ("warp", base._replace(SK=not base.SK, CU=0)),
+                           ("warp", _WarpTiles(3, 1, True, 4))):
             d_out = cuda.to_device(np.full((n_seq * tq, hq * dh), POISON, np.float32))
             enqueue_gqa_attention(q[rows], kcd, vcd, d_out, meta=md, scale=0.3, scratch=scratch, method=method,
                                   warp_tiles=wt, **({k: v[rows] for k, v in blk.items()}))

@@ -7,7 +7,7 @@ head dim 32, 16 block rows). The grid is sized from the keys (a cache of exactly
 so the slope over keys is the cost of a split.
 
     python tools/gqa_keys.py [--keys 48 128 256 330 520 1000] [--repeat 20] [--once KEYS]
-        [--warp-tiles 4,8 2,8,0 4,16 ...]   (RW,NW[,SK]: SK 0 reads each lane's key row itself)
+        [--warp-tiles 4,8,1,16 2,8 ...]   (RW,NW[,SK[,CU]], kernels.gqa._WarpTiles; SK and CU default 0)
 
 ``--once KEYS``: launch the fused kernel twice at KEYS keys and stop (for Nsight Compute:
 ``ncu -k regex:gqa --launch-skip 1 --launch-count 1 ...``).
@@ -38,8 +38,8 @@ def main():
     rng = np.random.default_rng(0)
     dev = lambda a: cuda.to_device(np.ascontiguousarray(a))
     Hq, Hkv, DH, T = 8, 4, 32, 16
-    tiles = [gqa._warp_tiles(DH)] + [gqa._WarpTiles(*(list(map(int, w.split(","))) + [1])[:3]) for w in args.warp_tiles]
-    print("| keys | splits | " + " | ".join(f"warp {t.RW}x{t.NW}{'' if t.SK else ' regs'} µs" for t in tiles)
+    tiles = [gqa._warp_tiles(DH)] + [gqa._WarpTiles(*(list(map(int, w.split(","))) + [0, 0])[:4]) for w in args.warp_tiles]
+    print("| keys | splits | " + " | ".join(f"warp {','.join(map(str, map(int, t)))} µs" for t in tiles)
           + " | split fused µs | split + merge µs | merge alone µs |")
     print("|---|---|" + "---|" * (len(tiles) + 3))
     for S in ([args.once] if args.once else args.keys):

@@ -98,7 +98,8 @@ def main():
     W0 = gqa._warp_tiles(DH)
     res = []
     for cand in cut([W0] + [gqa._WarpTiles(*c) for c in (
-            (2, 8, 1), (8, 8, 1), (4, 4, 1), (8, 4, 1), (2, 4, 1), (16, 4, 1), (4, 8, 0), (8, 8, 0), (4, 16, 0))]
+            (4, 8, 1, 16), (4, 8, 0, 16), (4, 8, 1, 0), (2, 8, 1, 16), (8, 8, 1, 16), (4, 4, 1, 16), (8, 4, 1, 16),
+            (2, 8, 0, 0), (8, 8, 0, 0), (4, 16, 0, 0))]
                     ) if "gqa" in args.only else ():
         try:
             us = timed(lambda s: gqa.enqueue_gqa_attention(q, k_ctx, v_ctx, out, meta=meta, scale=0.1, scratch=scratch,

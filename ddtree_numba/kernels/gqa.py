@@ -387,23 +387,28 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
 
 # -- one block a (group, row block), every split of its rows: no arrival, no second wave ---------
 
-# RW query rows (head-major within a query, as RM) a block, NW warps; the simulator has no warps,
-# so 8 of its threads stand in for one (the kernel's warp path only syncs and shares through
-# shared memory there)
-_WarpTiles = namedtuple("_WarpTiles", "RW NW SK")    # SK: a tile's keys staged in shared memory
+# RW query rows (head-major within a query, as RM) a block, NW warps; SK: a tile's keys read a row
+# a load and staged in the warp's shared buffer (else each lane reads its own key row); CU: the
+# merge loads up to CU splits' partials at once (0: ``_combine``'s loop). None changes a bit. The
+# simulator has no warps, so 8 of its threads stand in for one (the kernel's warp path only syncs
+# and shares through shared memory there).
+_WarpTiles = namedtuple("_WarpTiles", "RW NW SK CU")
 _LANES = 8 if _SIM else 32
 WARP_MAX_DH = 64                     # larger heads keep the split kernel (a lane's key row in registers)
 
 
 def _warp_tiles(dh: int) -> _WarpTiles:
-    """H100 tiles of ``_gqa_warp_kernel`` (tools/gqa_keys.py --warp-tiles)."""
+    """The tiles of ``_gqa_warp_kernel``. On a GPU, the one measured (H100, thirty-fourth session:
+    the demo round's draft 158.7 -> 150.8 µs against the split kernel, ``tools/profile_round.py``);
+    the staged keys and the merge from registers (SK, CU) are bit-checked in the simulator, where
+    they are the default, and wait for ``tools/gqa_keys.py --warp-tiles 4,8,1,16`` on a GPU."""
     if _SIM:
-        return _WarpTiles(2, 2, True)
-    return _WarpTiles(4, 8, True) if dh <= 32 else _WarpTiles(4, 4, True)   # (staged keys in 48 KiB)
+        return _WarpTiles(2, 2, True, 16)
+    return _WarpTiles(4, 8, False, 0) if dh <= 32 else _WarpTiles(4, 4, False, 0)
 
 
 @functools.lru_cache(maxsize=None)
-def _gqa_warp_kernel(DH, RW, NW, SK, KT, SPLIT, has_blk, G):
+def _gqa_warp_kernel(DH, RW, NW, SK, CU, KT, SPLIT, has_blk, G):
     """The fused split kernel's bits (``_gqa_split_kernel`` with ``fuse``, no mask) from one block
     a key/value group g (blockIdx.x) and RW of its t * G query rows (blockIdx.y, with the
     sequence as there): warp w computes the partials of splits w, w + NW, ... with the split
@@ -417,7 +422,8 @@ def _gqa_warp_kernel(DH, RW, NW, SK, KT, SPLIT, has_blk, G):
     read lane = dim, a row a load, and transposed through the warp's shared buffer (SK), or each
     lane's own row from memory), the tile's max by shuffles (exact in any order), p to shared
     memory; lane = dim for p @ v (the tile's value rows in registers, loaded with the keys). The
-    merge loads up to CU splits' partials at once (``_combine``'s arithmetic and order).
+    merge loads up to CU splits' partials at once (``_combine``'s arithmetic and order; CU 0:
+    ``_combine`` itself).
     """
     W = _LANES
     TPS = SPLIT // KT                    # tiles a split
@@ -430,7 +436,7 @@ def _gqa_warp_kernel(DH, RW, NW, SK, KT, SPLIT, has_blk, G):
     KS = KT + 1                          # padded stride of the staged keys [d, key]
     N_K = NW * DH * KS if SK else 1
     N_KR = 1 if SK else DH
-    CU = 16                              # splits the merge loads at once
+    N_CU = max(CU, 1)
 
     if _SIM:
         def warp_sync():
@@ -443,14 +449,14 @@ def _gqa_warp_kernel(DH, RW, NW, SK, KT, SPLIT, has_blk, G):
     @device_function
     def combine(o_part, ml_part, out, a0, row, d, Hq, n_split):
         """``_combine``, its loads issued together when there are at most CU splits."""
-        if n_split > CU:
+        if n_split > CU:                                   # (always, for CU 0)
             _combine(o_part, ml_part, out, a0, row, d, Hq, n_split)
             return
         i = row // Hq
         pr = a0 * Hq + row
-        mc = cuda.local.array(CU, float32)
-        lc = cuda.local.array(CU, float32)
-        oc = cuda.local.array(CU, float32)
+        mc = cuda.local.array(N_CU, float32)
+        lc = cuda.local.array(N_CU, float32)
+        oc = cuda.local.array(N_CU, float32)
         for c in range(CU):
             if c < n_split:
                 mc[c] = ml_part[c, pr, 0]
@@ -472,8 +478,10 @@ def _gqa_warp_kernel(DH, RW, NW, SK, KT, SPLIT, has_blk, G):
                 acc = fma(oc[c], w, acc)
         out[a0 + i, (row - i * Hq) * DH + d] = acc / lsum
 
+    # Past 256 threads a block the registers must be capped to launch at all; up to it the
+    # compiler's own choice (178 registers at the default tiles; launch bounds of 256 made it 234)
     @cached
-    @(cuda.jit if _SIM else cuda.jit(launch_bounds=(NT,)))
+    @(cuda.jit(launch_bounds=(NT,)) if not _SIM and NT > 256 else cuda.jit)
     def kernel(q_all, k_ctx_all, v_ctx_all, k_blk_all, v_blk_all, meta, per_seq, n_rb, max_split, scale, o_all,
                ml_all, out_all):
         grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
