@@ -231,8 +231,8 @@ def test_a_batch_of_sequences_in_one_launch_gives_each_its_own_launchs_bits(rng)
 
 @pytest.mark.parametrize("s_cap, has_blk", [(45, True), (136, False), (0, False)])
 def test_warp_kernel_gives_the_split_kernels_bits(rng, s_cap, has_blk):
-    """``method="warp"`` (a block's warps over every split of its rows, the default without a
-    mask) == the split kernel's fused launch bit for bit: one sequence and a batch of three, keys
+    """``method="warp"`` (a block's warps over every split of its rows, the default for one
+    sequence without a mask) == the split kernel's fused launch bit for bit: one sequence and a batch of three, keys
     staged or read a lane a row (``_WarpTiles.SK``), the merge from registers or ``_combine``'s loop
     (``CU``), row blocks that end inside a query's heads,
     a context ending inside a split, more splits than the merge loads at once (136 keys), and no
@@ -271,3 +271,6 @@ def test_warp_kernel_gives_the_split_kernels_bits(rng, s_cap, has_blk):
     with pytest.raises(ValueError, match="method 'warp' takes no mask"):
         enqueue_gqa_attention(q, cuda.to_device(kc[0]), cuda.to_device(vc[0]), d_out, meta=cuda.to_device(meta[0]), scale=0.3,
                               scratch=scratch, method="warp", mask=cuda.to_device(np.ones((tq, s_cap + tq), bool)))
+    with pytest.raises(ValueError, match="method must be None, 'warp' or 'split'"):
+        enqueue_gqa_attention(q, cuda.to_device(kc[0]), cuda.to_device(vc[0]), d_out, meta=cuda.to_device(meta[0]),
+                              scale=0.3, scratch=scratch, method="warps")

@@ -726,9 +726,13 @@ def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=N
     by their last block; False: the merge in a launch of its own (the same bits).
     ``method``: "warp" (``_gqa_warp_kernel``: a block's warps take every split of its rows, then
     the block merges them; no mask, the fused merge, Dh <= ``WARP_MAX_DH``), "split" (the split
-    blocks), or None: "warp" wherever it applies. The same bits either way. ``warp_tiles`` overrides
+    blocks), or None: "warp" for one sequence wherever it applies, "split" for a batch (the warp
+    kernel was measured at one sequence only; the split kernel's 32-row batched tile was tuned for
+    8). The same bits either way. ``warp_tiles`` overrides
     ``_warp_tiles`` (RW rows, NW warps a block: the speed only).
     """
+    if method not in (None, "warp", "split"):
+        raise ValueError(f"method must be None, 'warp' or 'split', got {method!r}")
     batched = k_ctx.ndim == 3
     if batched:
         if mask is not None or not fuse:
@@ -755,11 +759,9 @@ def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=N
     if tq == 0 or max_keys == 0:
         return
     warp_ok = mask is None and fuse and dh <= WARP_MAX_DH
-    if method not in (None, "warp", "split"):
-        raise ValueError(f"method must be None, 'warp' or 'split', got {method!r}")
     if method == "warp" and not warp_ok:
         raise ValueError(f"method 'warp' takes no mask, the fused merge and Dh <= {WARP_MAX_DH} (Dh {dh})")
-    if method != "split" and warp_ok:
+    if method == "warp" or (method is None and warp_ok and n_seq == 1):
         wt = warp_tiles or _warp_tiles(dh)
         n_rb = ceil_div(tq * g, wt.RW)
         kernel = _gqa_warp_kernel(dh, *wt, cfg.KT, cfg.SPLIT, has_blk, g)
