@@ -232,11 +232,11 @@ def test_a_batch_of_sequences_in_one_launch_gives_each_its_own_launchs_bits(rng)
 @pytest.mark.parametrize("s_cap, has_blk", [(45, True), (136, False), (0, False)])
 def test_warp_kernel_gives_the_split_kernels_bits(rng, s_cap, has_blk):
     """``method="warp"`` (a block's warps over every split of its rows, the default for one
-    sequence without a mask) == the split kernel's fused launch bit for bit: one sequence and a batch of three, keys
-    staged or read a lane a row (``_WarpTiles.SK``), the merge from registers or ``_combine``'s loop
-    (``CU``), row blocks that end inside a query's heads,
-    a context ending inside a split, more splits than the merge loads at once (136 keys), and no
-    key at all (NaN rows)."""
+    sequence without a mask) == the split kernel's fused launch bit for bit: one sequence and a
+    batch of three, keys staged or read a lane a row (``_WarpTiles.SK``), the merge from registers
+    or ``_combine``'s loop (``CU``), row blocks that end inside a query's heads, a context ending
+    inside a split, more splits than the merge loads at once (136 keys), and no key at all (NaN
+    rows)."""
     from ddtree_numba.kernels.gqa import _WarpTiles, _warp_tiles
     S, tq, t, hq, hkv, dh = 3, 4, 3, 6, 2, 8
     w = hkv * dh
