@@ -271,6 +271,13 @@ def test_warp_kernel_gives_the_split_kernels_bits(rng, s_cap, has_blk):
     with pytest.raises(ValueError, match="method 'warp' takes no mask"):
         enqueue_gqa_attention(q, cuda.to_device(kc[0]), cuda.to_device(vc[0]), d_out, meta=cuda.to_device(meta[0]), scale=0.3,
                               scratch=scratch, method="warp", mask=cuda.to_device(np.ones((tq, s_cap + tq), bool)))
+    with pytest.raises(ValueError, match="shared memory"):                     # (checked before any launch)
+        enqueue_gqa_attention(q, cuda.to_device(kc[0]), cuda.to_device(vc[0]), d_out, meta=cuda.to_device(meta[0]),
+                              scale=0.3, scratch=scratch, method="warp", warp_tiles=_WarpTiles(1000, 8, True, 0))
+    with pytest.raises(ValueError, match="RW, NW >= 1"):
+        enqueue_gqa_attention(q[:0], cuda.to_device(kc[0]), cuda.to_device(vc[0]), d_out[:0],
+                              meta=cuda.to_device(meta[0]), scale=0.3, scratch=scratch, method="warp",
+                              warp_tiles=_WarpTiles(0, 2, False, 0))
     with pytest.raises(ValueError, match="method must be None, 'warp' or 'split'"):
         enqueue_gqa_attention(q, cuda.to_device(kc[0]), cuda.to_device(vc[0]), d_out, meta=cuda.to_device(meta[0]),
                               scale=0.3, scratch=scratch, method="warps")

@@ -397,6 +397,18 @@ _LANES = 8 if _SIM else 32
 WARP_MAX_DH = 64                     # larger heads keep the split kernel (a lane's key row in registers)
 
 
+def _check_warp_tiles(wt, dh: int, kt: int) -> None:
+    """A ``_WarpTiles`` the kernel can take: RW, NW >= 1, at most 1024 threads, KT <= a warp's
+    lanes, its static shared memory within 48 KiB; else a ValueError that says which."""
+    if not isinstance(wt, _WarpTiles) or min(wt.RW, wt.NW) < 1 or wt.CU < 0:
+        raise ValueError(f"warp_tiles must be a _WarpTiles with RW, NW >= 1 and CU >= 0, got {wt!r}")
+    if wt.NW * _LANES > 1024 or kt > _LANES:
+        raise ValueError(f"warp_tiles {wt}: {wt.NW * _LANES} threads a block (at most 1024), KT {kt} (at most {_LANES})")
+    smem = 4 * (wt.RW * dh + wt.NW * wt.RW * kt + (wt.NW * dh * (kt + 1) if wt.SK else 1))
+    if smem > _SMEM_MAX:
+        raise ValueError(f"warp_tiles {wt}: {smem} bytes of shared memory at head dim {dh} (at most {_SMEM_MAX})")
+
+
 def _warp_tiles(dh: int) -> _WarpTiles:
     """The tiles of ``_gqa_warp_kernel``. On a GPU, the one measured (H100, thirty-fourth session:
     the demo round's draft 158.7 -> 150.8 µs against the split kernel, ``tools/profile_round.py``);
@@ -755,14 +767,17 @@ def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=N
         if (tiles.KT, tiles.SPLIT) != (cfg.KT, cfg.SPLIT):
             raise ValueError(f"tiles {tiles}: KT and SPLIT fix the bits and must stay {cfg.KT} and {cfg.SPLIT}")
         cfg = tiles
-    max_keys = k_ctx.shape[1] + (tq if has_blk else 0)
-    if tq == 0 or max_keys == 0:
-        return
     warp_ok = mask is None and fuse and dh <= WARP_MAX_DH
     if method == "warp" and not warp_ok:
         raise ValueError(f"method 'warp' takes no mask, the fused merge and Dh <= {WARP_MAX_DH} (Dh {dh})")
-    if method == "warp" or (method is None and warp_ok and n_seq == 1):
+    use_warp = method == "warp" or (method is None and warp_ok and n_seq == 1)
+    if use_warp:
         wt = warp_tiles or _warp_tiles(dh)
+        _check_warp_tiles(wt, dh, cfg.KT)
+    max_keys = k_ctx.shape[1] + (tq if has_blk else 0)
+    if tq == 0 or max_keys == 0:
+        return
+    if use_warp:
         n_rb = ceil_div(tq * g, wt.RW)
         kernel = _gqa_warp_kernel(dh, *wt, cfg.KT, cfg.SPLIT, has_blk, g)
         kernel[(hkv, n_rb * n_seq), wt.NW * _LANES, stream](
