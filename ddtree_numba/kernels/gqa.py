@@ -25,6 +25,8 @@ The splits of a row are then merged in ascending order (``_combine``): M = max m
 l_c * exp(m_c - M), o = chain of o_c * exp(m_c - M), out = o / l; by the last block of a (group,
 row block) to finish its split (an arrival counter each, ``GQAScratch.arrive``), so the attention
 is one launch; or (``fuse=False``) by a second launch, ``_gqa_combine_kernel``: the same bits.
+For one sequence without a mask, ``_gqa_warp_kernel`` computes the same splits with the same
+arithmetic from one block a (group, few rows): its warps take the splits, the block merges them.
 A row's arithmetic is a function of its query and the key sequence only: its bits do not
 depend on how many rows share the launch or where the row sits (docs/DESIGN.md §4). The
 twin normalizes p before p @ v and sums in numpy's order: equal within float32 rounding.
@@ -410,8 +412,9 @@ def _check_warp_tiles(wt, dh: int, kt: int) -> None:
 
 
 def _warp_tiles(dh: int) -> _WarpTiles:
-    """The tiles of ``_gqa_warp_kernel``. On a GPU, the one measured (H100, thirty-fourth session:
-    the demo round's draft 158.7 -> 150.8 µs against the split kernel, ``tools/profile_round.py``);
+    """The tiles of ``_gqa_warp_kernel``. On a GPU, the one that ran (H100, thirty-fourth session:
+    the demo round's draft 158.7 -> 150.8 µs against the split kernel in ``tools/profile_round.py``,
+    one run a side, within the machine's drift: not yet established);
     the staged keys and the merge from registers (SK, CU) are bit-checked in the simulator, where
     they are the default, and wait for ``tools/gqa_keys.py --warp-tiles 4,8,1,16`` on a GPU."""
     if _SIM:
