@@ -25,6 +25,10 @@
 #   tools/sanitize_stages.py (the stages at realistic sizes, then the demo round's own: the
 #   warp-a-row top-K, the one-warp heap build, the drafter's GQA with its fused merge), then
 #   memcheck over --full (issue 15's size); each must print "ERROR SUMMARY: 0 errors" and match.
+# PART=gqa (~5 minutes, this tree then old): the drafter's GQA warp kernel (thirty-fourth session,
+#   NOTES Next 000): tools/gqa_keys.py over the warp tiles (each bit-checked against the split
+#   kernel first), tools/tune_tiles.py --only gqa --sequences 8 (a batch), tools/verify_stages.py
+#   --rows 1 17, then tools/profile_round.py per side (old, new, old, new: the draft stage's drift).
 # (Twenty-sixth session: this is how the norm fold of 511ebd5 / 19ce1c1 / 01c2860 was found to
 #   cost the demo round ~11 %; docs/PERFORMANCE.md.)
 source tools/h200_env.sh
@@ -71,6 +75,16 @@ done
 echo "== memcheck --full"
 side . new timeout $(left 560) compute-sanitizer --tool memcheck python3 tools/sanitize_stages.py --full 2>&1 |
   grep -v Warn | grep -E "match|ERROR SUMMARY|Error" | head -8
+elif [ "$PART" = gqa ]; then
+side . new timeout 100 python3 tools/gqa_keys.py --keys 48 330 520 1000 \
+  --warp-tiles 4,8,1,16 4,8,1,0 4,8,0,16 2,8 8,8 4,4 2>&1 | grep -v Warn | tail -8
+side . new timeout 80 python3 tools/tune_tiles.py --only gqa --sequences 8 2>&1 | grep -v Warn | grep "gqa\|GQA"
+side . new timeout 100 python3 tools/verify_stages.py --rows 1 17 2>&1 | grep -v Warn | tail -18
+for label in old new old new; do
+  echo "== $label"
+  dir=$([ $label = old ] && echo ab_old || echo .)
+  side $dir $label timeout $(left 580) python3 tools/profile_round.py --budgets 16 --prompts 4 2>&1 | grep -v Warn | tail -4
+done
 elif [ "$PART" = gap ]; then
 side . new timeout $(left 200) python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_decode_cuda.py --tb=short \
   2>&1 | grep -v Warn | tail -4
