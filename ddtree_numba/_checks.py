@@ -131,9 +131,15 @@ def check_batch_build_inputs(lp, ids, budget) -> int:
     return budget
 
 
+def is_real_number(value) -> bool:
+    """A Python or numpy int or float, not a bool (nor a string that float() would take): what a
+    real-valued argument (a temperature, a scale, an eps) must be before its range is checked."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
 def check_temperature(temperature) -> float:
     """A sampling temperature: a real number (not a bool or a string), finite, >= 0, as float."""
-    if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, (int, float, np.integer, np.floating)):
+    if not is_real_number(temperature):
         raise ValueError(f"temperature must be a number, got {temperature!r}")
     temperature = float(temperature)
     if not temperature >= 0.0 or not np.isfinite(temperature):

@@ -44,7 +44,7 @@ from collections import namedtuple
 import numpy as np
 from numba import config, cuda, float32
 
-from .._checks import check_array
+from .._checks import check_array, is_real_number
 from .._device import cached, ceil_div, device_function, float32_out, fma, grid_dependency, launcher_result, to_device
 from ._warp import FULL, WARP_OPS
 
@@ -821,8 +821,7 @@ def gqa_attention(q, k, v, scale, mask=None, *, out=None, stream=0):
         raise ValueError("k and v hold no keys (S = 0)")
     if dh == 0:
         raise ValueError("the head dim (last axis of q) is 0")
-    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(scale):
+    if not is_real_number(scale) or not math.isfinite(scale):
         raise ValueError(f"scale must be a finite number, got {scale!r}")
     if mask is not None:
         check_array("mask", mask, 2, np.bool_, shape=(t, s))

@@ -20,7 +20,7 @@ import math
 import numpy as np
 from numba import config, cuda, float32
 
-from .._checks import check_array
+from .._checks import check_array, is_real_number
 from .._device import (cached, device_function, float32_out, fma, grid_dependency, launcher_result, rows_device,
                        to_device)
 from .rope import _cos_sin, _dest_row, _dest_rows_args, _rotate
@@ -231,8 +231,7 @@ def rms_norm(x, weight, eps, *, out=None, stream=0):
     check_array("x", x, 2, np.float32)
     t, m = x.shape
     check_array("weight", weight, 1, np.float32, shape=(m,))
-    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(eps) or eps < 0:
+    if not is_real_number(eps) or not math.isfinite(eps) or eps < 0:
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
     y = float32_out(out, (t, m), stream)
     if t and m:

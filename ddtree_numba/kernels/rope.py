@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import config, cuda, float32, float64
 
-from .._checks import check_array
+from .._checks import check_array, is_real_number
 from .._device import (cached, ceil_div, device_function, float32_out, grid_dependency, is_device, launcher_result,
                        to_device)
 
@@ -225,8 +225,7 @@ def enqueue_rope(src, dst, positions, inv_freq, n_rows, *, rdim, interleave, gro
 # -- the public launchers -----------------------------------------------------------------------
 
 def _check_factor(name, value):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(value):
+    if not is_real_number(value) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     return float(value)
 
