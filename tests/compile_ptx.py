@@ -202,7 +202,7 @@ SIGNATURES = {
          f"void(float32[:, :], float32[:, :, ::1], float32[:, :, ::1], float32[:, :], float32[:, :], boolean[:, ::1], "
          f"{I32_2}, int64, int64, float32, float32[:, :, ::1], float32[:, :, ::1], {F32_2}, {I32_1})")
         for dh, g in ((32, 1), (128, 4))],
-    # (Dh, RW, NW, KT, SPLIT, has_blk, G): the drafter's attention (a DFlash drafter's strided q / k / v
+    # (Dh, RW, NW, SK, CU, KT, SPLIT, has_blk, G): the drafter's attention (a DFlash drafter's strided q / k / v
     # views; its cache one sequence or a pool's layer)
     "gqa._gqa_warp_kernel": [
         ((dh, *kernels_pkg.gqa._warp_tiles(dh), kernels_pkg.gqa._tiles(dh).KT, kernels_pkg.gqa._tiles(dh).SPLIT,

@@ -1,9 +1,9 @@
 """The drafter's GQA attention against the context length, on a GPU: µs a launch (graph replay,
-as tools/tune_tiles.py times it) for the warp kernel (the default, ``method="warp"``) at each of
-``--warp-tiles`` (RW rows, NW warps a block; the first is the default's), the split kernel's fused
-launch (``method="split"``), the split kernel and merge launch apart (``fuse=False``), and the merge
-launch alone, each checked bit for bit against the split kernel's fused launch first, at the demo drafter's heads (8 query, 4 key/value,
-head dim 32, 16 block rows). The grid is sized from the keys (a cache of exactly the live rows),
+as tools/tune_tiles.py times it) for the warp kernel (the default for one sequence,
+``method="warp"``) at its default tiles and each of ``--warp-tiles`` (each bit-checked against the
+split kernel's fused launch first), the split kernel's fused launch (``method="split"``), the split
+kernel and merge launch apart (``fuse=False``), and the merge launch alone, at the demo drafter's
+heads (8 query, 4 key/value, head dim 32, 16 block rows). The grid is sized from the keys (a cache of exactly the live rows),
 so the slope over keys is the cost of a split.
 
     python tools/gqa_keys.py [--keys 48 128 256 330 520 1000] [--repeat 20] [--once KEYS]
@@ -30,7 +30,7 @@ def main():
     ap.add_argument("--keys", type=int, nargs="+", default=[48, 128, 256, 330, 520, 1000])
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--once", type=int, default=None)
-    ap.add_argument("--warp-tiles", nargs="+", default=[], help="RW,NW pairs to time beside the default")
+    ap.add_argument("--warp-tiles", nargs="+", default=[], help="RW,NW[,SK[,CU]] tiles to time beside the default")
     args = ap.parse_args()
     from numba import cuda
     from tune_tiles import timed
@@ -59,25 +59,22 @@ def main():
             return
         run(0)
         want = out.copy_to_host()
-        for wt in tiles:                      # the same bits, every tile
+        us = []
+        for wt in tiles:                      # the split kernel's bits, then the time, every tile
             out.copy_to_device(np.full(want.shape, np.nan, np.float32))
             try:
                 run(0, method="warp", wt=wt)
-            except Exception:
-                continue                      # (timed below, reported there)
+                us.append(timed(lambda s, wt=wt: run(s, method="warp", wt=wt), args.repeat))
+            except Exception as exc:          # (a tile past the SM's registers or shared memory)
+                print(f"warp tiles {wt}: {type(exc).__name__}: {str(exc)[:60]}")
+                us.append(float("nan"))
+                continue
             if not np.array_equal(out.copy_to_host().view(np.uint32), want.view(np.uint32)):
                 raise SystemExit(f"warp tiles {wt} at {S} keys: not the split kernel's bits")
         split = gqa._tiles(DH).SPLIT
         th = gqa.THREADS
         merge = lambda s: gqa._gqa_combine_kernel[(T * Hq * DH + th - 1) // th, th, s](
             scratch.o, scratch.ml, meta, split, True, out)
-        us = []
-        for wt in tiles:
-            try:
-                us.append(timed(lambda s, wt=wt: run(s, method="warp", wt=wt), args.repeat))
-            except Exception as exc:                # (a tile past the SM's registers or shared memory)
-                print(f"warp tiles {wt}: {type(exc).__name__}: {str(exc)[:60]}")
-                us.append(float("nan"))
         us += [timed(run, args.repeat), timed(lambda s: run(s, False), args.repeat), timed(merge, args.repeat)]
         print(f"| {S} | {(S + T + split - 1) // split} | " + " | ".join(f"{u:.2f}" for u in us) + " |")
 

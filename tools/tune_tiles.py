@@ -83,33 +83,26 @@ def main():
         (4, KT, 1, 1, 128, 32), (16, KT, 1, 2, 256, 32), (8, KT, 1, 1, 256, 32), (4, KT, 1, 2, 64, 32),
         (32, KT, 2, 2, 256, 32), (32, KT, 1, 4, 256, 32), (32, KT, 2, 4, 128, 32))]
     print(f"GQA, {Z} sequence(s) of {T} queries, {S} context keys + {T} block keys:")
-    res = []
-    for cand in cut(cands) if "gqa" in args.only else ():
-        try:
-            us = timed(lambda s: gqa.enqueue_gqa_attention(q, k_ctx, v_ctx, out, meta=meta, scale=0.1, scratch=scratch,
-                                                           k_blk=k_blk, v_blk=v_blk, tiles=cand, method="split",
-                                                           stream=s), R)
-            res.append((tuple(cand[:6]), us))
-        except Exception as exc:
-            print(f"  {cand}: {type(exc).__name__}: {str(exc)[:80]}")
-    if res:
-        report("gqa split", res)
-    # the warp kernel (the default where it applies): RW rows, NW warps a block
-    W0 = gqa._warp_tiles(DH)
-    res = []
-    for cand in cut([W0] + [gqa._WarpTiles(*c) for c in (
-            (4, 8, 1, 16), (4, 8, 0, 16), (4, 8, 1, 0), (2, 8, 1, 16), (8, 8, 1, 16), (4, 4, 1, 16), (8, 4, 1, 16),
-            (2, 8, 0, 0), (8, 8, 0, 0), (4, 16, 0, 0))]
-                    ) if "gqa" in args.only else ():
-        try:
-            us = timed(lambda s: gqa.enqueue_gqa_attention(q, k_ctx, v_ctx, out, meta=meta, scale=0.1, scratch=scratch,
-                                                           k_blk=k_blk, v_blk=v_blk, method="warp", warp_tiles=cand,
-                                                           stream=s), R)
-            res.append((tuple(cand), us))
-        except Exception as exc:
-            print(f"  {cand}: {type(exc).__name__}: {str(exc)[:80]}")
-    if res:
-        report("gqa warp", res)
+
+    def gqa_sweep(name, candidates, knobs, label):
+        """Time each candidate (``knobs(cand)``: its launch's method and tiles) and report them."""
+        res = []
+        for cand in cut(candidates) if "gqa" in args.only else ():
+            try:
+                us = timed(lambda s: gqa.enqueue_gqa_attention(q, k_ctx, v_ctx, out, meta=meta, scale=0.1,
+                                                               scratch=scratch, k_blk=k_blk, v_blk=v_blk,
+                                                               stream=s, **knobs(cand)), R)
+                res.append((label(cand), us))
+            except Exception as exc:
+                print(f"  {cand}: {type(exc).__name__}: {str(exc)[:80]}")
+        if res:
+            report(name, res)
+
+    gqa_sweep("gqa split", cands, lambda c: dict(tiles=c, method="split"), lambda c: tuple(c[:6]))
+    # the warp kernel (the default for one sequence): RW rows, NW warps a block, SK, CU
+    gqa_sweep("gqa warp", [gqa._warp_tiles(DH)] + [gqa._WarpTiles(*c) for c in (
+        (4, 8, 1, 16), (4, 8, 0, 16), (4, 8, 1, 0), (2, 8, 1, 16), (8, 8, 1, 16), (4, 4, 1, 16), (8, 4, 1, 16),
+        (2, 8, 0, 0), (8, 8, 0, 0), (4, 16, 0, 0))], lambda c: dict(warp_tiles=c, method="warp"), tuple)
 
     # -- GEMMs (bf16 weights): the demo's K x N at --gemm-rows rows
     Tl = linear._Tile
