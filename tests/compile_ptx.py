@@ -202,18 +202,14 @@ SIGNATURES = {
          f"void(float32[:, :], float32[:, :, ::1], float32[:, :, ::1], float32[:, :], float32[:, :], boolean[:, ::1], "
          f"{I32_2}, int64, int64, float32, float32[:, :, ::1], float32[:, :, ::1], {F32_2}, {I32_1})")
         for dh, g in ((32, 1), (128, 4))],
-    # (Dh, RW, NW, SK, CU, KT, SPLIT, has_blk, G): the drafter's attention (a DFlash drafter's strided q / k / v
-    # views; its cache one sequence or a pool's layer)
+    # (Dh, RW, NW, KT, SPLIT, has_blk, G): the drafter's attention (a DFlash drafter's strided q / k / v
+    # views; its cache one sequence or a pool's layer), at the tiles _warp_tiles picks on a GPU of 132
+    # SMs for one sequence and for a batch (RW 1 and 8 at 12 warps; 4 warps past 32 dims)
     "gqa._gqa_warp_kernel": [
-        ((dh, *kernels_pkg.gqa._warp_tiles(dh), kernels_pkg.gqa._tiles(dh).KT, kernels_pkg.gqa._tiles(dh).SPLIT,
-          blk, g),
+        ((dh, rw, nw, kernels_pkg.gqa._tiles(dh).KT, kernels_pkg.gqa._tiles(dh).SPLIT, blk, g),
          f"void(float32[:, :], float32[:, :, ::1], float32[:, :, ::1], float32[:, :], float32[:, :], {I32_2}, "
          f"int64, int64, int64, float32, float32[:, :, ::1], float32[:, :, ::1], {F32_2})")
-        for dh, blk, g in ((32, True, 2), (64, True, 2), (32, False, 1))] + [
-        # the staged keys and the merge from registers (not yet the default on a GPU)
-        ((32, 4, 8, True, 16, kernels_pkg.gqa._tiles(32).KT, kernels_pkg.gqa._tiles(32).SPLIT, True, 2),
-         f"void(float32[:, :], float32[:, :, ::1], float32[:, :, ::1], float32[:, :], float32[:, :], {I32_2}, "
-         f"int64, int64, int64, float32, float32[:, :, ::1], float32[:, :, ::1], {F32_2})")],
+        for dh, rw, nw, blk, g in ((32, 1, 12, True, 2), (32, 8, 12, True, 2), (64, 1, 4, True, 2), (32, 1, 12, False, 1))],
     "gqa._gqa_combine_kernel": [
         f"void(float32[:, :, ::1], float32[:, :, ::1], {I32_1}, int64, boolean, {F32_2})"],
 }

@@ -231,12 +231,11 @@ def test_a_batch_of_sequences_in_one_launch_gives_each_its_own_launchs_bits(rng)
 
 @pytest.mark.parametrize("s_cap, has_blk", [(45, True), (136, False), (0, False)])
 def test_warp_kernel_gives_the_split_kernels_bits(rng, s_cap, has_blk):
-    """``method="warp"`` (a block's warps over every split of its rows, the default for one
-    sequence without a mask) == the split kernel's fused launch bit for bit: one sequence and a
-    batch of three, keys staged or read a lane a row (``_WarpTiles.SK``), the merge from registers
-    or ``_combine``'s loop (``CU``), row blocks that end inside a query's heads, a context ending
-    inside a split, more splits than the merge loads at once (136 keys), and no key at all (NaN
-    rows)."""
+    """``method="warp"`` (a block's warps over every split of its rows, the default without a
+    mask) == the split kernel's fused launch bit for bit: one sequence and a batch of three, the
+    default tiles, a warp over three rows (row blocks that end inside a query's heads) and three
+    warps over one row, a context ending inside a split, more splits than a block has warps (136
+    keys), and no key at all (NaN rows)."""
     from ddtree_numba.kernels.gqa import _WarpTiles, _warp_tiles
     S, tq, t, hq, hkv, dh = 3, 4, 3, 6, 2, 8
     w = hkv * dh
@@ -248,14 +247,12 @@ def test_warp_kernel_gives_the_split_kernels_bits(rng, s_cap, has_blk):
     d_qkv = cuda.to_device(qkv)
     q, kb, vb = d_qkv[:, :hq * dh], d_qkv[:, hq * dh:hq * dh + w], d_qkv[:, hq * dh + w:]
     blk = dict(k_blk=kb, v_blk=vb) if has_blk else {}
-    base = _warp_tiles(dh)
     for n_seq in (1, S):
         kcd, vcd = (cuda.to_device(kc), cuda.to_device(vc)) if n_seq > 1 else (cuda.to_device(kc[0]), cuda.to_device(vc[0]))
         md = cuda.to_device(meta if n_seq > 1 else meta[0])
         rows = slice(0, n_seq * tq)
         got = {}
-        for method, wt in (("split", None), ("warp", None), ("warp", base._replace(SK=not base.SK, CU=0)),
-                           ("warp", _WarpTiles(3, 1, True, 4))):
+        for method, wt in (("split", None), ("warp", None), ("warp", _WarpTiles(3, 1)), ("warp", _WarpTiles(1, 3))):
             d_out = cuda.to_device(np.full((n_seq * tq, hq * dh), POISON, np.float32))
             enqueue_gqa_attention(q[rows], kcd, vcd, d_out, meta=md, scale=0.3, scratch=scratch, method=method,
                                   warp_tiles=wt, **({k: v[rows] for k, v in blk.items()}))
@@ -267,17 +264,17 @@ def test_warp_kernel_gives_the_split_kernels_bits(rng, s_cap, has_blk):
         assert not (want[live] == POISON).any()
         assert (want[np.setdiff1d(np.arange(n_seq * tq), live)] == POISON).all()
         assert np.isnan(want[live]).all() == (s_cap == 0 and not has_blk)
-    assert s_cap < 136 or s_cap > 16 * _tiles(dh).SPLIT or REAL_GPU     # past the merge's CU splits
+    assert _warp_tiles(dh, 1).NW == 2 or REAL_GPU          # (so that 136 keys are more splits than warps)
     with pytest.raises(ValueError, match="method 'warp' takes no mask"):
         enqueue_gqa_attention(q, cuda.to_device(kc[0]), cuda.to_device(vc[0]), d_out, meta=cuda.to_device(meta[0]), scale=0.3,
                               scratch=scratch, method="warp", mask=cuda.to_device(np.ones((tq, s_cap + tq), bool)))
     with pytest.raises(ValueError, match="shared memory"):                     # (checked before any launch)
         enqueue_gqa_attention(q, cuda.to_device(kc[0]), cuda.to_device(vc[0]), d_out, meta=cuda.to_device(meta[0]),
-                              scale=0.3, scratch=scratch, method="warp", warp_tiles=_WarpTiles(1000, 8, True, 0))
+                              scale=0.3, scratch=scratch, method="warp", warp_tiles=_WarpTiles(1000, 8))
     with pytest.raises(ValueError, match="RW, NW >= 1"):
         enqueue_gqa_attention(q[:0], cuda.to_device(kc[0]), cuda.to_device(vc[0]), d_out[:0],
                               meta=cuda.to_device(meta[0]), scale=0.3, scratch=scratch, method="warp",
-                              warp_tiles=_WarpTiles(0, 2, False, 0))
+                              warp_tiles=_WarpTiles(0, 2))
     with pytest.raises(ValueError, match="method must be None, 'warp' or 'split'"):
         enqueue_gqa_attention(q, cuda.to_device(kc[0]), cuda.to_device(vc[0]), d_out, meta=cuda.to_device(meta[0]),
                               scale=0.3, scratch=scratch, method="warps")

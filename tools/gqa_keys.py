@@ -1,5 +1,5 @@
 """The drafter's GQA attention against the context length, on a GPU: µs a launch (graph replay,
-as tools/tune_tiles.py times it) for the warp kernel (the default for one sequence,
+as tools/tune_tiles.py times it) for the warp kernel (the default without a mask,
 ``method="warp"``) at its default tiles and each of ``--warp-tiles`` (each bit-checked against the
 split kernel's fused launch first), the split kernel's fused launch (``method="split"``), the split
 kernel and merge launch apart (``fuse=False``), and the merge launch alone, at the demo drafter's
@@ -7,7 +7,7 @@ heads (8 query, 4 key/value, head dim 32, 16 block rows). The grid is sized from
 so the slope over keys is the cost of a split.
 
     python tools/gqa_keys.py [--keys 48 128 256 330 520 1000] [--repeat 20] [--once KEYS]
-        [--warp-tiles 4,8,1,16 2,8 ...]   (RW,NW[,SK[,CU]], kernels.gqa._WarpTiles; SK and CU default 0)
+        [--warp-tiles 1,8 2,12 ...]   (RW,NW: kernels.gqa._WarpTiles)
 
 ``--once KEYS``: launch the fused kernel twice at KEYS keys and stop (for Nsight Compute:
 ``ncu -k regex:gqa --launch-skip 1 --launch-count 1 ...``).
@@ -30,7 +30,7 @@ def main():
     ap.add_argument("--keys", type=int, nargs="+", default=[48, 128, 256, 330, 520, 1000])
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--once", type=int, default=None)
-    ap.add_argument("--warp-tiles", nargs="+", default=[], help="RW,NW[,SK[,CU]] tiles to time beside the default")
+    ap.add_argument("--warp-tiles", nargs="+", default=[], help="RW,NW tiles to time beside the default")
     args = ap.parse_args()
     from numba import cuda
     from tune_tiles import timed
@@ -38,7 +38,7 @@ def main():
     rng = np.random.default_rng(0)
     dev = lambda a: cuda.to_device(np.ascontiguousarray(a))
     Hq, Hkv, DH, T = 8, 4, 32, 16
-    tiles = [gqa._warp_tiles(DH)] + [gqa._WarpTiles(*(list(map(int, w.split(","))) + [0, 0])[:4]) for w in args.warp_tiles]
+    tiles = [gqa._warp_tiles(DH, Hkv * T * (Hq // Hkv))] + [gqa._WarpTiles(*map(int, w.split(","))) for w in args.warp_tiles]
     print("| keys | splits | " + " | ".join(f"warp {','.join(map(str, map(int, t)))} µs" for t in tiles)
           + " | split fused µs | split + merge µs | merge alone µs |")
     print("|---|---|" + "---|" * (len(tiles) + 3))

@@ -99,10 +99,10 @@ def main():
             report(name, res)
 
     gqa_sweep("gqa split", cands, lambda c: dict(tiles=c, method="split"), lambda c: tuple(c[:6]))
-    # the warp kernel (the default for one sequence): RW rows, NW warps a block, SK, CU
-    gqa_sweep("gqa warp", [gqa._warp_tiles(DH)] + [gqa._WarpTiles(*c) for c in (
-        (4, 8, 1, 16), (4, 8, 0, 16), (4, 8, 1, 0), (2, 8, 1, 16), (8, 8, 1, 16), (4, 4, 1, 16), (8, 4, 1, 16),
-        (2, 8, 0, 0), (8, 8, 0, 0), (4, 16, 0, 0))], lambda c: dict(warp_tiles=c, method="warp"), tuple)
+    # the warp kernel (the default without a mask): RW rows, NW warps a block
+    gqa_sweep("gqa warp", [gqa._warp_tiles(DH, Hkv * T * (Hq // Hkv) * Z)] + [gqa._WarpTiles(rw, nw) for rw, nw in (
+        (1, 8), (2, 8), (4, 8), (8, 8), (1, 12), (2, 12), (4, 12), (8, 12), (1, 16), (2, 16), (4, 16), (8, 16))],
+        lambda c: dict(warp_tiles=c, method="warp"), tuple)
 
     # -- GEMMs (bf16 weights): the demo's K x N at --gemm-rows rows
     Tl = linear._Tile

@@ -25,8 +25,9 @@ The splits of a row are then merged in ascending order (``_combine``): M = max m
 l_c * exp(m_c - M), o = chain of o_c * exp(m_c - M), out = o / l; by the last block of a (group,
 row block) to finish its split (an arrival counter each, ``GQAScratch.arrive``), so the attention
 is one launch; or (``fuse=False``) by a second launch, ``_gqa_combine_kernel``: the same bits.
-For one sequence without a mask, ``_gqa_warp_kernel`` computes the same splits with the same
-arithmetic from one block a (group, few rows): its warps take the splits, the block merges them.
+Without a mask (every launch of the drafter, one sequence or a batch), ``_gqa_warp_kernel``
+computes the same splits with the same arithmetic from one block a (group, few rows): its warps
+take the splits, the block merges them (1.1-1.8x faster, ``_warp_tiles``).
 A row's arithmetic is a function of its query and the key sequence only: its bits do not
 depend on how many rows share the launch or where the row sits (docs/DESIGN.md §4). The
 twin normalizes p before p @ v and sums in numpy's order: equal within float32 rounding.
@@ -389,12 +390,12 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
 
 # -- one block a (group, row block), every split of its rows: no arrival, no second wave ---------
 
-# RW query rows (head-major within a query, as RM) a block, NW warps; SK: a tile's keys read a row
-# a load and staged in the warp's shared buffer (else each lane reads its own key row); CU: the
-# merge loads up to CU splits' partials at once (0: ``_combine``'s loop). None changes a bit. The
+# RW query rows (head-major within a query, as RM) a block, NW warps; neither changes a bit. The
 # simulator has no warps, so 8 of its threads stand in for one (the kernel's warp path only syncs
-# and shares through shared memory there).
-_WarpTiles = namedtuple("_WarpTiles", "RW NW SK CU")
+# and shares through shared memory there). (Two variants were measured slower and removed, the
+# thirty-fifth session, code at 20573ae: a tile's keys staged through shared memory, SK, 30.3
+# against 18.3 µs a launch at 330 keys; the merge's partials loaded at once, CU, no faster.)
+_WarpTiles = namedtuple("_WarpTiles", "RW NW")
 _LANES = 8 if _SIM else 32
 WARP_MAX_DH = 64                     # larger heads keep the split kernel (a lane's key row in registers)
 
@@ -402,28 +403,40 @@ WARP_MAX_DH = 64                     # larger heads keep the split kernel (a lan
 def _check_warp_tiles(wt, dh: int, kt: int) -> None:
     """A ``_WarpTiles`` the kernel can take: RW, NW >= 1, at most 1024 threads, KT <= a warp's
     lanes, its static shared memory within 48 KiB; else a ValueError that says which."""
-    if not isinstance(wt, _WarpTiles) or min(wt.RW, wt.NW) < 1 or wt.CU < 0:
-        raise ValueError(f"warp_tiles must be a _WarpTiles with RW, NW >= 1 and CU >= 0, got {wt!r}")
+    if not isinstance(wt, _WarpTiles) or min(wt.RW, wt.NW) < 1:
+        raise ValueError(f"warp_tiles must be a _WarpTiles with RW, NW >= 1, got {wt!r}")
     if wt.NW * _LANES > 1024 or kt > _LANES:
         raise ValueError(f"warp_tiles {wt}: {wt.NW * _LANES} threads a block (at most 1024), KT {kt} (at most {_LANES})")
-    smem = 4 * (wt.RW * dh + wt.NW * wt.RW * kt + (wt.NW * dh * (kt + 1) if wt.SK else 1))
+    smem = 4 * (wt.RW * dh + wt.NW * wt.RW * kt)
     if smem > _SMEM_MAX:
         raise ValueError(f"warp_tiles {wt}: {smem} bytes of shared memory at head dim {dh} (at most {_SMEM_MAX})")
 
 
-def _warp_tiles(dh: int) -> _WarpTiles:
-    """The tiles of ``_gqa_warp_kernel``. On a GPU, the one that ran (H100, thirty-fourth session:
-    the demo round's draft 158.7 -> 150.8 µs against the split kernel in ``tools/profile_round.py``,
-    one run a side, within the machine's drift: not yet established);
-    the staged keys and the merge from registers (SK, CU) are bit-checked in the simulator, where
-    they are the default, and wait for ``tools/gqa_keys.py --warp-tiles 4,8,1,16`` on a GPU."""
+def _warp_tiles(dh: int, rows: int) -> _WarpTiles:
+    """The tiles of ``_gqa_warp_kernel`` for ``rows`` = (key/value groups) x (query rows of a group,
+    t * G) x (sequences): NW 12 warps (11 splits at the demo's ~330 keys: one pass), and the fewest
+    rows a block (1, 2, 4, 8) that keep the grid within one block an SM (at 384 threads and ~170
+    registers an SM holds one). On an H100 (thirty-fifth session, ``tools/tune_tiles.py --only gqa
+    --sequences S``, the demo drafter's 4 groups x 32 rows, 330 + 16 keys), the best of RW 1-8 x NW
+    8 / 12 / 16 at every S, and µs a launch against the split kernel's best tile: S 1 (RW 1) 13.05
+    against 13.87, S 4 (RW 4) 16.07 against 28.54, S 8 (RW 8) 28.28 against 41.23, S 16 (RW 8) 54.97
+    against 63.33. Heads past 32 dims (not measured) keep 4 warps. The simulator: 2 x 2."""
     if _SIM:
-        return _WarpTiles(2, 2, True, 16)
-    return _WarpTiles(4, 8, False, 0) if dh <= 32 else _WarpTiles(4, 4, False, 0)
+        return _WarpTiles(2, 2)
+    rw = 1
+    while rw < 8 and ceil_div(rows, rw) > _sm_count():
+        rw *= 2
+    return _WarpTiles(rw, 12 if dh <= 32 else 4)
 
 
 @functools.lru_cache(maxsize=None)
-def _gqa_warp_kernel(DH, RW, NW, SK, CU, KT, SPLIT, has_blk, G):
+def _sm_count() -> int:
+    """The current GPU's multiprocessors."""
+    return cuda.get_current_device().MULTIPROCESSOR_COUNT
+
+
+@functools.lru_cache(maxsize=None)
+def _gqa_warp_kernel(DH, RW, NW, KT, SPLIT, has_blk, G):
     """The fused split kernel's bits (``_gqa_split_kernel`` with ``fuse``, no mask) from one block
     a key/value group g (blockIdx.x) and RW of its t * G query rows (blockIdx.y, with the
     sequence as there): warp w computes the partials of splits w, w + NW, ... with the split
@@ -433,12 +446,9 @@ def _gqa_warp_kernel(DH, RW, NW, SK, CU, KT, SPLIT, has_blk, G):
     last block's merge after every other split block, and the block-wide barriers between the
     steps of a tile (a warp owns its split: it syncs only itself).
 
-    A tile: lane = key for the scores (DH fma chains over d ascending, RW rows at once; the keys
-    read lane = dim, a row a load, and transposed through the warp's shared buffer (SK), or each
-    lane's own row from memory), the tile's max by shuffles (exact in any order), p to shared
-    memory; lane = dim for p @ v (the tile's value rows in registers, loaded with the keys). The
-    merge loads up to CU splits' partials at once (``_combine``'s arithmetic and order; CU 0:
-    ``_combine`` itself).
+    A tile: lane = key for the scores (DH fma chains over d ascending, RW rows at once, the lane's
+    key row from memory), the tile's max by shuffles (exact in any order), p to shared memory;
+    lane = dim for p @ v (the tile's value rows in registers, loaded with the keys).
     """
     W = _LANES
     TPS = SPLIT // KT                    # tiles a split
@@ -448,10 +458,6 @@ def _gqa_warp_kernel(DH, RW, NW, SK, CU, KT, SPLIT, has_blk, G):
     NEG = -math.inf
     N_Q, N_P = RW * DH, NW * RW * KT
     N_V, N_O = KT * DL, RW * DL
-    KS = KT + 1                          # padded stride of the staged keys [d, key]
-    N_K = NW * DH * KS if SK else 1
-    N_KR = 1 if SK else DH
-    N_CU = max(CU, 1)
 
     if _SIM:
         def warp_sync():
@@ -461,40 +467,8 @@ def _gqa_warp_kernel(DH, RW, NW, SK, CU, KT, SPLIT, has_blk, G):
         def warp_sync():
             cuda.syncwarp()
 
-    @device_function
-    def combine(o_part, ml_part, out, a0, row, d, Hq, n_split):
-        """``_combine``, its loads issued together when there are at most CU splits."""
-        if n_split > CU:                                   # (always, for CU 0)
-            _combine(o_part, ml_part, out, a0, row, d, Hq, n_split)
-            return
-        i = row // Hq
-        pr = a0 * Hq + row
-        mc = cuda.local.array(N_CU, float32)
-        lc = cuda.local.array(N_CU, float32)
-        oc = cuda.local.array(N_CU, float32)
-        for c in range(CU):
-            if c < n_split:
-                mc[c] = ml_part[c, pr, 0]
-                lc[c] = ml_part[c, pr, 1]
-                oc[c] = o_part[c, pr, d]
-        big = float32(-math.inf)
-        for c in range(CU):
-            if c < n_split:
-                big = max(big, mc[c])
-        if big == float32(-math.inf):                      # the row sees no key: NaN, as the twin
-            out[a0 + i, (row - i * Hq) * DH + d] = float32(math.nan)
-            return
-        lsum = float32(0.0)
-        acc = float32(0.0)
-        for c in range(CU):
-            if c < n_split:
-                w = float32(math.exp(mc[c] - big))
-                lsum = fma(lc[c], w, lsum)
-                acc = fma(oc[c], w, acc)
-        out[a0 + i, (row - i * Hq) * DH + d] = acc / lsum
-
-    # Past 256 threads a block the registers must be capped to launch at all; up to it the
-    # compiler's own choice (178 registers at the default tiles; launch bounds of 256 made it 234)
+    # Past 256 threads a block the registers must be capped to launch at all (the default 384: at
+    # most 170); up to it the compiler's own choice (178 at RW 4, NW 8; launch bounds of 256 made it 234)
     @cached
     @(cuda.jit(launch_bounds=(NT,)) if not _SIM and NT > 256 else cuda.jit)
     def kernel(q_all, k_ctx_all, v_ctx_all, k_blk_all, v_blk_all, meta, per_seq, n_rb, max_split, scale, o_all,
@@ -520,8 +494,7 @@ def _gqa_warp_kernel(DH, RW, NW, SK, CU, KT, SPLIT, has_blk, G):
         lane, warp = tid % W, tid // W
         sq = cuda.shared.array(N_Q, float32)    # [row, d] the block's queries
         sp = cuda.shared.array(N_P, float32)    # [warp, row, key] a tile's scores (simulator), then p
-        sk = cuda.shared.array(N_K, float32)    # [warp, d, key] a tile's keys (SK)
-        kreg = cuda.local.array(N_KR, float32)  # the lane's key row (not SK)
+        kreg = cuda.local.array(DH, float32)    # the lane's key row
         vreg = cuda.local.array(N_V, float32)   # [key, dims of the lane] the tile's values
         acc = cuda.local.array(RW, float32)
         sc = cuda.local.array(RW, float32)
@@ -539,8 +512,6 @@ def _gqa_warp_kernel(DH, RW, NW, SK, CU, KT, SPLIT, has_blk, G):
             sq[e] = val
         cuda.syncthreads()               # the queries are staged
         pw = warp * RW * KT
-        kw = warp * DH * KS
-        kl = min(lane, KT - 1)           # (lanes past a tile's keys: their scores are dropped)
         for base in range(0, n_split, NW):
             split = base + warp
             for u in range(RW):
@@ -552,16 +523,15 @@ def _gqa_warp_kernel(DH, RW, NW, SK, CU, KT, SPLIT, has_blk, G):
                 key0 = split * SPLIT + tile * KT
                 nk = min(KT, n_keys - key0) if split < n_split else 0   # <= 0: no key (the loop's end)
                 j = key0 + lane
-                if not SK:
-                    for d in range(DH):
-                        kreg[d] = float32(0.0)
-                    if lane < nk:
-                        if j < s:
-                            for d in range(DH):
-                                kreg[d] = k_ctx[j, g * DH + d]
-                        else:
-                            for d in range(DH):
-                                kreg[d] = k_blk_all[a0 + j - s, g * DH + d]
+                for d in range(DH):
+                    kreg[d] = float32(0.0)
+                if lane < nk:
+                    if j < s:
+                        for d in range(DH):
+                            kreg[d] = k_ctx[j, g * DH + d]
+                    else:
+                        for d in range(DH):
+                            kreg[d] = k_blk_all[a0 + j - s, g * DH + d]
                 # the values, lane = dim: a tile wholly in the context or in the block picks its
                 # array once (one straddles them at most)
                 for kk in range(N_V):
@@ -588,24 +558,10 @@ def _gqa_warp_kernel(DH, RW, NW, SK, CU, KT, SPLIT, has_blk, G):
                                     vreg[kk * DL + jd] = v_ctx[jj, g * DH + d]
                                 else:
                                     vreg[kk * DL + jd] = v_blk_all[a0 + jj - s, g * DH + d]
-                if SK:                           # the keys, lane = dim, stored [d, key]
-                    for kk in range(KT):
-                        jj = key0 + kk
-                        for jd in range(DL):
-                            d = lane + W * jd
-                            if DH % W == 0 or d < DH:
-                                val = float32(0.0)
-                                if kk < nk:
-                                    if jj < s:
-                                        val = k_ctx[jj, g * DH + d]
-                                    else:
-                                        val = k_blk_all[a0 + jj - s, g * DH + d]
-                                sk[kw + d * KS + kk] = val
-                    warp_sync()                  # the keys are staged
                 for u in range(RW):
                     acc[u] = float32(0.0)
                 for d in range(DH):              # one fma chain per score, d ascending
-                    kd = sk[kw + d * KS + kl] if SK else kreg[d]
+                    kd = kreg[d]
                     for u in range(RW):
                         acc[u] = fma(sq[u * DH + d], kd, acc[u])
                 for u in range(RW):
@@ -674,7 +630,7 @@ def _gqa_warp_kernel(DH, RW, NW, SK, CU, KT, SPLIT, has_blk, G):
             r = r0 + e // DH
             if r < rows:
                 i = r // G
-                combine(o_all, ml_all, out_all, a0, i * Hq + g * G + r - i * G, e % DH, Hq, n_split)
+                _combine(o_all, ml_all, out_all, a0, i * Hq + g * G + r - i * G, e % DH, Hq, n_split)
 
     return kernel
 
@@ -741,10 +697,9 @@ def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=N
     by their last block; False: the merge in a launch of its own (the same bits).
     ``method``: "warp" (``_gqa_warp_kernel``: a block's warps take every split of its rows, then
     the block merges them; no mask, the fused merge, Dh <= ``WARP_MAX_DH``), "split" (the split
-    blocks), or None: "warp" for one sequence wherever it applies, "split" for a batch (the warp
-    kernel was measured at one sequence only; the split kernel's 32-row batched tile was tuned for
-    8). The same bits either way. ``warp_tiles`` overrides
-    ``_warp_tiles`` (RW rows, NW warps a block: the speed only).
+    blocks), or None: "warp" wherever it applies (measured faster at 1, 4, 8 and 16 sequences:
+    ``_warp_tiles``). The same bits either way. ``warp_tiles`` overrides ``_warp_tiles`` (RW rows,
+    NW warps a block: the speed only).
     """
     if method not in (None, "warp", "split"):
         raise ValueError(f"method must be None, 'warp' or 'split', got {method!r}")
@@ -773,16 +728,16 @@ def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=N
     warp_ok = mask is None and fuse and dh <= WARP_MAX_DH
     if method == "warp" and not warp_ok:
         raise ValueError(f"method 'warp' takes no mask, the fused merge and Dh <= {WARP_MAX_DH} (Dh {dh})")
-    use_warp = method == "warp" or (method is None and warp_ok and n_seq == 1)
+    use_warp = method == "warp" or (method is None and warp_ok)
     if use_warp:
-        wt = warp_tiles or _warp_tiles(dh)
+        wt = warp_tiles or _warp_tiles(dh, hkv * tq * g * n_seq)
         _check_warp_tiles(wt, dh, cfg.KT)
     max_keys = k_ctx.shape[1] + (tq if has_blk else 0)
     if tq == 0 or max_keys == 0:
         return
     if use_warp:
         n_rb = ceil_div(tq * g, wt.RW)
-        kernel = _gqa_warp_kernel(dh, *wt, cfg.KT, cfg.SPLIT, has_blk, g)
+        kernel = _gqa_warp_kernel(dh, wt.RW, wt.NW, cfg.KT, cfg.SPLIT, has_blk, g)
         kernel[(hkv, n_rb * n_seq), wt.NW * _LANES, stream](
             q, k_ctx, v_ctx, k_blk if has_blk else q, v_blk if has_blk else q, seq_meta, tq, n_rb,
             ceil_div(max_keys, cfg.SPLIT), np.float32(scale), scratch.o, scratch.ml, out)
