@@ -339,7 +339,7 @@ def run_sweep(args) -> int:
         _write_stats(stats, format_batch_table(stats), args.out, "batch statistics", backend)
         return 0 if all(r["equal_ar"] for r in stats["rows"]) else 1
     stats = acceptance_sweep(target, drafter, prompts, args.max_new_tokens, args.budgets,
-                             graph=False if args.eager else None, progress=False if args.no_progress else None,
+                             graph=False if args.eager else "stages" if args.stage_graphs else None, progress=False if args.no_progress else None,
                              info=dict(target=os.path.abspath(target_dir), drafter=os.path.abspath(drafter_dir),
                                        command="ddtree-numba " + " ".join(args.argv)))
     _write_stats(stats, format_table(stats), args.out, "statistics", backend)
@@ -453,9 +453,13 @@ def _add_pair_commands(sub) -> None:
     s.add_argument("--max-new-tokens", type=int, default=128)
     s.add_argument("--backend", choices=["auto", "numpy", "cuda"], default="auto")
     _add_precision(s)
-    s.add_argument("--eager", action="store_true",
-                   help="cuda: launch every stage of a round from Python and time each one (default: each "
-                        "round replays as one CUDA graph)")
+    launches = s.add_mutually_exclusive_group()
+    launches.add_argument("--eager", action="store_true",
+                          help="cuda: launch every stage of a round from Python and time each one (default: "
+                               "each round replays as one CUDA graph, timed as a whole)")
+    launches.add_argument("--stage-graphs", action="store_true",
+                          help="cuda: each stage of a round replays as its own CUDA graph, timed apart (the "
+                               "verify time `ddtree-numba plot --cost` draws; a few µs a stage slower)")
     s.add_argument("--batch", type=int, nargs="+", metavar="B",
                    help="batch sizes: run generate_batch (ar and ddtree at --budgets) at each instead, "
                         "and record tokens/s and the experts a verify reads (`ddtree-numba plot` draws it)")

@@ -63,7 +63,7 @@ def _distinct_counts(name: str, values, allow_empty: bool = False) -> list:
 
 def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budgets=DEFAULT_BUDGETS,
                      example_budget: int | None = 64, example_rounds: int = 4, stop_token_ids=(),
-                     graph: bool | None = None, progress: bool | None = None, info: dict | None = None,
+                     graph: bool | str | None = None, progress: bool | None = None, info: dict | None = None,
                      warmup: bool | None = None) -> dict:
     """Greedy ``ar``, ``dflash`` and ``ddtree`` at every budget on every prompt.
 
@@ -72,6 +72,8 @@ def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budget
     budgets           ddtree node budgets, distinct integers >= 1 (recorded in ascending order)
     example_budget    also trace the first prompt at this budget (host loop) and keep its first
                       ``example_rounds`` rounds (tree, target choices, accepted path); None: none
+    graph             ``generate``'s: None (a graph a round where it can), False (eager), "stages"
+                      (a graph a stage, each stage timed: the verify time the cost figure draws)
     progress          a tqdm bar over the runs (None: only when stderr is a terminal)
     warmup            first decode the first prompt with every configuration, so
                       the timed runs do not include kernel compilation (None: on the cuda backend)
@@ -129,7 +131,7 @@ def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budget
     header = dict(
         schema=SCHEMA, date=datetime.date.today().isoformat(), backend=getattr(target, "backend", "numpy"),
         device=device_name(getattr(target, "backend", "numpy")), python=platform.python_version(), max_new_tokens=int(max_new_tokens),
-        budgets=budgets, graph="auto" if graph is None else bool(graph), vocab_size=int(target.config.vocab_size),
+        budgets=budgets, graph="auto" if graph is None else graph if graph == "stages" else bool(graph), vocab_size=int(target.config.vocab_size),
         block_size=int(getattr(drafter, "block_size", 0)),
         prompts=[dict(module=p.get("module"), num_ids=int(len(q))) for p, q in zip(items, ids)],
         seconds=round(time.perf_counter() - t0, 1))

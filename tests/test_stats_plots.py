@@ -190,7 +190,7 @@ def test_plots_draw_the_tables(sweep, tmp_path):
     assert {ln.get_gid() for ln in ax.get_lines()} == {"ddtree", "dflash"}
     with pytest.raises(ValueError, match="not in the sweep"):
         plots.plot_depth_acceptance(sweep, budgets=[5])
-    gpu = dict(sweep, backend="cuda")
+    gpu = dict(sweep, backend="cuda", graph="stages")
     written = plots.write_figures(sweep, tmp_path / "fig", cost_stats=gpu,
                                   verify_bench=dict(label="big", nodes=[3, 9], ms=[10.0, 12.0]), command="x y")
     names = [n for n, _ in written]
@@ -198,6 +198,11 @@ def test_plots_draw_the_tables(sweep, tmp_path):
     assert "cost_vs_budget.png" in names and "example_tree_1.png" in names
     readme = (tmp_path / "fig" / "README.md").read_text()
     assert "Made by `x y`" in readme and all(f"![{n}]({n})" in readme for n in names)
+    assert "one CUDA graph a stage" in readme
+    whole = dict(gpu, graph=True, runs=[dict(r, stage_times_s={**r["stage_times_s"], "verify": 0.0})
+                                        for r in gpu["runs"]])
+    with pytest.raises(ValueError, match="--stage-graphs"):     # a graph a round: no verify time to draw
+        plots.write_figures(sweep, tmp_path / "fig3", cost_stats=whole)
     for n in names:
         assert (tmp_path / "fig" / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="backend cuda"):

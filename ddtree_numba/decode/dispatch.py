@@ -39,7 +39,9 @@ def generate(target: Target, drafter: Drafter | None, prompt_ids, max_new_tokens
     can, i.e. on a real GPU with a ``CudaDrafter`` or none) replays each round as one CUDA graph,
     captured after the first round of a configuration and kept for later calls
     (``decode.device.DeviceRound``); ``graph=False`` launches every stage eagerly and times each
-    one. Otherwise, and for ``trace=True`` (host trees per
+    one; ``graph="stages"`` replays each stage as its own graph, with CUDA events between them (the
+    stages timed apart at a few µs a stage above one graph a round: ``tools/profile_round.py``,
+    ``ddtree-numba sweep --stage-graphs``). Otherwise, and for ``trace=True`` (host trees per
     round), the host loop (``decode.host``) calls each stage.
     """
     a = check_generate_inputs(target, drafter, prompt_ids, max_new_tokens, method, budget, temperature, seed,
