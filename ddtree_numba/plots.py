@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .stats import (acceptance_histogram, best_row, check_stats, depth_survival, projected_tokens_per_s,
+from .stats import (acceptance_histogram, best_row, check_stats, depth_survival, launches_label, projected_tokens_per_s,
                     summary_rows)
 from .tree import Tree
 
@@ -206,8 +206,6 @@ CHAIN_COLOUR = "#3c6e9f"    # the DFlash chain
 AR_COLOUR = "#555555"       # autoregressive decoding (the batch figures)
 TREE_COLOUR = ACCEPT_COLOUR  # DDTree
 SPECIAL_NAMES = {256: "<BOS>", 257: "<EOS>", 258: "<PAD>", 259: "<MASK>"}
-# how a cuda sweep's rounds were launched (its header's "graph"), for the cost figure's caption
-_LAUNCHES = {False: "eager launches", "stages": "one CUDA graph a stage, the stages timed apart"}
 
 
 def _tree_shades(n: int, lightest: float) -> list[tuple]:
@@ -454,9 +452,9 @@ def plot_cost_vs_budget(stats: dict, verify_bench: dict | None = None, axes=None
     rows = [r for r in summary_rows(stats) if r["method"] == "ddtree"]
     if not rows:
         raise ValueError("the statistics hold no ddtree runs")
-    if not all(r["verify_ms"] > 0 for r in rows):
-        raise ValueError("the GPU sweep did not time its verify stage apart (one CUDA graph a round is timed "
-                         "as a whole): sweep with --stage-graphs (or --eager) for the cost figure")
+    if stats.get("graph") not in (False, "stages") or not all(r["verify_ms"] > 0 for r in rows):
+        raise ValueError(f"the GPU sweep did not time its verify stage apart ({launches_label(stats)}, "
+                         f"timed as a whole): sweep with --stage-graphs (or --eager) for the cost figure")
     if axes is None:
         import matplotlib.pyplot as plt
         axes = plt.subplots(1, 2, figsize=(11.0, 4.0))[1]
@@ -551,7 +549,7 @@ def write_figures(stats: dict, out_dir, cost_stats: dict | None = None, verify_b
              f"Left: verify forward per round against the budget, the demo pair on "
              f"{cost_stats['device']} ({cost_stats['date']})" + (f" and {label}" if label else "") + ". "
              f"Right: generated tokens/s, the demo pair measured end to end (every round on the GPU, "
-             f"{_LAUNCHES.get(cost_stats.get('graph'), 'CUDA-graph launches')})"
+             f"{launches_label(cost_stats)})"
              + (f"; for {label}, projected as the demo pair's acceptance length over that verify time plus the "
                 f"demo pair's other stages (its R verified rows are a tree of budget R - 1; the demo pair's "
                 f"figures are interpolated in log budget, held at budget {cost_stats['budgets'][0]}'s below it)"

@@ -61,6 +61,14 @@ def _distinct_counts(name: str, values, allow_empty: bool = False) -> list:
     return sorted(int(v) for v in values)
 
 
+def launches_label(stats: dict) -> str:
+    """How a cuda sweep's rounds were launched, from its header's ``graph`` (``acceptance_sweep``),
+    for captions: "eager launches", "one CUDA graph a stage, the stages timed apart" or "one CUDA
+    graph a round"."""
+    return {False: "eager launches", "stages": "one CUDA graph a stage, the stages timed apart"}.get(
+        stats.get("graph"), "one CUDA graph a round")
+
+
 def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budgets=DEFAULT_BUDGETS,
                      example_budget: int | None = 64, example_rounds: int = 4, stop_token_ids=(),
                      graph: bool | str | None = None, progress: bool | None = None, info: dict | None = None,

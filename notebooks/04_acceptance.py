@@ -141,13 +141,13 @@ res.summary()
 # ## 4 · The cost side: verify time and tokens/s against the budget
 #
 # Acceptance grows with the budget, but so does the verify forward. Which budget is best depends
-# on the target: the demo pair measured end to end on an H200 (`figures/data/sweep_h200.json`,
-# every round on the GPU), and the Moonlight-16B-A3B-shape verify forward
-# (`figures/data/verify_moonlight_h200.json`, random bf16 weights), whose tokens/s is projected
-# from its verify time and the demo pair's acceptance.
+# on the target: the demo pair measured end to end on an H100 (`figures/data/sweep_h100.json`,
+# every round on the GPU, each stage one CUDA graph, timed apart), and the Moonlight-16B-A3B-shape
+# verify forward on an H200 (`figures/data/verify_moonlight_h200.json`, random bf16 weights), whose
+# tokens/s is projected from its verify time and the demo pair's acceptance.
 
 # %%
-gpu = json.loads((FIGURES / "data" / "sweep_h200.json").read_text())
+gpu = json.loads((FIGURES / "data" / "sweep_h100.json").read_text())
 bench = json.loads((FIGURES / "data" / "verify_moonlight_h200.json").read_text())
 stats.check(gpu)
 print(stats.format_table(gpu))

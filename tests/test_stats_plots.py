@@ -199,10 +199,10 @@ def test_plots_draw_the_tables(sweep, tmp_path):
     readme = (tmp_path / "fig" / "README.md").read_text()
     assert "Made by `x y`" in readme and all(f"![{n}]({n})" in readme for n in names)
     assert "one CUDA graph a stage" in readme
-    whole = dict(gpu, graph=True, runs=[dict(r, stage_times_s={**r["stage_times_s"], "verify": 0.0})
-                                        for r in gpu["runs"]])
-    with pytest.raises(ValueError, match="--stage-graphs"):     # a graph a round: no verify time to draw
-        plots.write_figures(sweep, tmp_path / "fig3", cost_stats=whole)
+    untimed = dict(gpu, runs=[dict(r, stage_times_s={**r["stage_times_s"], "verify": 0.0}) for r in gpu["runs"]])
+    for cost in (dict(gpu, graph=True), dict(gpu, graph="auto"), untimed):    # no verify time apart to draw
+        with pytest.raises(ValueError, match="--stage-graphs"):
+            plots.write_figures(sweep, tmp_path / "fig3", cost_stats=cost)
     for n in names:
         assert (tmp_path / "fig" / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="backend cuda"):

@@ -1,7 +1,7 @@
 """Write a sweep's acceptance table into the demo pair's ``demo.json`` and ``MODEL_CARD.md``.
 
     ddtree-numba sweep --backend numpy --out figures/data/sweep_numpy.json
-    python tools/record_acceptance.py figures/data/sweep_numpy.json [--cost figures/data/sweep_h200.json]
+    python tools/record_acceptance.py figures/data/sweep_numpy.json [--cost figures/data/sweep_h100.json]
         [--demo-budget 64]
 
 ``demo.json`` gets an ``acceptance`` entry (the table rows, the best budget, and ``demo_budget`` /
@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from ddtree_numba.demo import DEMO_DIR  # noqa: E402
-from ddtree_numba.stats import best_row, check, summary_rows  # noqa: E402
+from ddtree_numba.stats import best_row, check, launches_label, summary_rows  # noqa: E402
 
 
 def card_section(stats, rows, best, cost_rows, cost, demo_budget, source, cost_best) -> str:
@@ -42,7 +42,7 @@ def card_section(stats, rows, best, cost_rows, cost, demo_budget, source, cost_b
                   + ".", ""]
     if cost_rows:
         lines += [f"On the GPU (`{cost['command']}`, {cost['device']}, {cost['date']}, every round on the GPU, "
-                  "eager launches):", "",
+                  f"{launches_label(cost)}):", "",
                   "| method | budget | mean acceptance length | verify ms / round | round ms | tokens / s |",
                   "|---|---|---|---|---|---|"]
         for r in cost_rows:
