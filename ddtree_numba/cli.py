@@ -330,6 +330,12 @@ def run_sweep(args) -> int:
         prompts = prompts[:args.prompts]
     pair = _load_pair(target_dir, drafter_dir, args.backend, no_progress=True, precision=args.precision)
     target, drafter, backend = pair.target, pair.drafter, pair.backend
+    launches = "--eager" if args.eager else "--stage-graphs" if args.stage_graphs else None
+    if launches and backend != "cuda":
+        raise _CliError(f"{launches} says how a cuda backend launches its rounds; this sweep runs on the {backend} "
+                        f"backend")
+    if launches and args.batch:
+        raise _CliError(f"{launches} is for the acceptance sweep; --batch replays every batched round as one CUDA graph")
     if args.batch:
         if len(set(args.batch)) != len(args.batch) or min(args.batch) < 1:
             raise _CliError(f"--batch must be distinct integers >= 1, got {args.batch}")

@@ -312,6 +312,8 @@ def test_the_moonlight_batch_benchmark_plots_as_a_batch_sweep(tmp_path):
     (["plot", "/nonexistent.json"], "STATS /nonexistent.json"),
     (["sweep", "--out", "/nonexistent/dir/x.json"], "cannot write a file there"),
     (["sweep", "--out", "x.json", "--budgets", "8", "8"], "--budgets must be distinct"),
+    (["sweep", "--out", "x.json", "--stage-graphs", "--backend", "numpy"], "--stage-graphs says how a cuda backend"),
+    (["sweep", "--out", "x.json", "--eager", "--backend", "numpy"], "--eager says how a cuda backend"),
 ])
 def test_cli_bad_input_exits_2(golden_demo_dir, capsys, argv, msg):
     assert cli.main(argv) == 2
