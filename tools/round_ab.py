@@ -1,0 +1,106 @@
+"""A same-process A/B of the demo pair's whole rounds on the GPU: side A as the package is, side B with
+module-level knobs set, their passes alternated, so that the machine's drift cancels and a change of a
+few µs a round shows (thirty-fifth session: old and new in separate processes, one run a side, could
+not resolve the ~7 µs the drafter's GQA warp kernel takes off a draft; tools/draft_ab.py could).
+
+Usage (a GPU machine): python tools/round_ab.py --knob MODULE.ATTR=VALUE [--knob ...] [--method ddtree]
+    [--budget 16] [--prompts 8] [--new 128] [--passes 5]
+
+e.g. ``--knob ddtree_numba.decode.device.LEVEL_BUILD_FROM=16`` or ``--knob
+ddtree_numba.kernels.tree_build._HEAP_THREADS=64``. VALUE is a Python literal (``ast.literal_eval``).
+Each side loads its own demo pair (so each keeps its own captured round graphs); B's knobs are set
+around each of B's calls (its captures and its host-side choices) and restored after. A pass is
+``generate`` over the held-out prompts with one CUDA graph a round; a warm-up pass a side first
+(compiles, captures). Prints µs a round (the rounds' device time over their count) and tokens/s
+(tokens over the rounds' device time: no prefill, so above ``benchmarks/demo_pair.py``'s) per pass and side, the medians, and whether B's tokens equal A's (a knob that changes bits says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import importlib
+
+import numpy as np
+
+
+def parse_knob(text: str):
+    """``MODULE.ATTR=VALUE`` -> (module, attribute, value); a ValueError that names what is wrong."""
+    name, sep, value = text.partition("=")
+    module, dot, attr = name.strip().rpartition(".")
+    if not sep or not dot or not attr:
+        raise ValueError(f"a knob is MODULE.ATTR=VALUE, got {text!r}")
+    try:
+        parsed = ast.literal_eval(value.strip())
+    except (ValueError, SyntaxError) as exc:
+        raise ValueError(f"knob {text!r}: VALUE must be a Python literal ({exc})") from None
+    mod = importlib.import_module(module)
+    if not hasattr(mod, attr):
+        raise ValueError(f"knob {text!r}: {module} has no {attr}")
+    return mod, attr, parsed
+
+
+@contextlib.contextmanager
+def knobs_set(knobs):
+    """Each (module, attr, value) set for the block, then restored."""
+    saved = [(mod, attr, getattr(mod, attr)) for mod, attr, _ in knobs]
+    try:
+        for mod, attr, value in knobs:
+            setattr(mod, attr, value)
+        yield
+    finally:
+        for mod, attr, value in saved:
+            setattr(mod, attr, value)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--knob", action="append", required=True, help="MODULE.ATTR=VALUE, set on side B")
+    ap.add_argument("--method", choices=("ddtree", "dflash", "ar"), default="ddtree")
+    ap.add_argument("--budget", type=int, default=16)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--passes", type=int, default=5)
+    args = ap.parse_args()
+    knobs = [parse_knob(k) for k in args.knob]
+    import ddtree_numba as dd
+    from ddtree_numba.demo import demo_metadata
+    t_dir, d_dir = dd.demo_pair()
+    prompts = [np.asarray(p["ids"], np.int32) for p in demo_metadata()["prompts"][:args.prompts]]
+    sides = {}
+    for label in ("A", "B"):
+        target = dd.load_target(t_dir, backend="cuda", progress=False)
+        sides[label] = (target, None if args.method == "ar" else dd.load_drafter(d_dir, target))
+
+    def run(label):
+        target, drafter = sides[label]
+        tokens, rounds, seconds, n = [], 0, 0.0, 0
+        with knobs_set(knobs) if label == "B" else contextlib.nullcontext():
+            for p in prompts:
+                res = dd.generate(target, drafter, p, args.new, method=args.method, budget=args.budget, graph=True)
+                tokens.append(res.tokens)
+                rounds += len(res.acceptance_lengths)
+                seconds += res.stage_times["round"]
+                n += len(res.tokens)
+        return tokens, 1e6 * seconds / max(rounds, 1), n / max(seconds, 1e-12)
+
+    want = {label: run(label)[0] for label in sides}          # warm-up: compiles, captures
+    same = all(np.array_equal(a, b) for a, b in zip(want["A"], want["B"]))
+    table = {label: [] for label in sides}
+    for _ in range(args.passes):
+        for label in sides:
+            _, us, tps = run(label)
+            table[label].append((us, tps))
+    print(f"demo pair, {args.method}" + (f" budget {args.budget}" if args.method == "ddtree" else "")
+          + f", {len(prompts)} prompts x {args.new} tokens, one CUDA graph a round; B: {', '.join(args.knob)}")
+    print(f"B's tokens equal A's: {same}")
+    print("| side | " + " | ".join(f"pass {i + 1}" for i in range(args.passes)) + " | median µs a round | median tokens/s of the rounds |")
+    print("|---|" + "---|" * (args.passes + 2))
+    for label, rows in table.items():
+        print(f"| {label} | " + " | ".join(f"{us:.1f}" for us, _ in rows)
+              + f" | {np.median([u for u, _ in rows]):.1f} | {np.median([t for _, t in rows]):,.0f} |")
+
+
+if __name__ == "__main__":
+    main()
