@@ -85,9 +85,10 @@ def main():
     print(f"GQA, {Z} sequence(s) of {T} queries, {S} context keys + {T} block keys:")
 
     def gqa_sweep(name, candidates, knobs, label):
-        """Time each candidate (``knobs(cand)``: its launch's method and tiles) and report them."""
+        """Time each candidate (``knobs(cand)``: its launch's method and tiles) and report them; the
+        first (the default) once, though the list may hold it again."""
         res = []
-        for cand in cut(candidates) if "gqa" in args.only else ():
+        for cand in cut(list(dict.fromkeys(candidates))) if "gqa" in args.only else ():
             try:
                 us = timed(lambda s: gqa.enqueue_gqa_attention(q, k_ctx, v_ctx, out, meta=meta, scale=0.1,
                                                                scratch=scratch, k_blk=k_blk, v_blk=v_blk,
