@@ -113,7 +113,7 @@ def per_kernel(V=163840, L=15):
         scs = kn.TopKScratch.allocate(L, v, 64, slices=8)
         lps, ids_s = cuda.device_array((L, 64), np.float32), cuda.device_array((L, 64), np.int32)
         ts = graph_us(lambda s: tk._topk_partial_kernel(512, 1, 1)[(8, L), 512, s](
-            xs.view(np.uint32), 64, scs.part_m, scs.part_s, scs.cand, scs.cnt, scs.arrive, lps, ids_s))
+            xs.view(np.uint32), 64, 64, scs.part_m, scs.part_s, scs.cand, scs.cnt, scs.arrive, lps, ids_s))
         print(f"the partial kernel's first read alone, V {v}, 8 slices, 512 threads: {ts:.1f} µs", flush=True)
     real = demo_draft_logits()
     for budget in (16, 64, 256, 1024):
@@ -150,7 +150,7 @@ def per_kernel(V=163840, L=15):
             print(f"level build, budget {budget}, L = {depths}: {t:.1f} µs (levels {ways}: "
                   f"f filtered, S selected, + the seed computed); heap build {t_heap:.1f} µs", flush=True)
         T = tk._partial_threads(budget)
-        G, keep = tk._slices(V, budget), tk._keep_per_thread(budget, T)
+        (G, cap), keep = tk._split(V, budget), tk._keep_per_thread(tk._split(V, budget)[1], T)
         lpd, idd = cuda.device_array((L, budget), np.float32), cuda.device_array((L, budget), np.int32)
         scr = kn.TopKScratch.allocate(L, V, budget)
         t = graph_us(lambda s: kn.topk_logprobs(dx, budget, out=(lpd, idd), stream=s, scratch=scr))
@@ -159,18 +159,19 @@ def per_kernel(V=163840, L=15):
         t_stage = []                                     # the partial kernel stopped after each stage
         for stop in (1, 2, 3, 0):
             t_stage.append(graph_us(lambda s: tk._topk_partial_kernel(T, keep, stop)[(G, L), T, s](
-                dx.view(np.uint32), budget, scr.part_m, scr.part_s, scr.cand, scr.cnt, scr.arrive, lpd, idd)))
+                dx.view(np.uint32), budget, cap, scr.part_m, scr.part_s, scr.cand, scr.cnt, scr.arrive, lpd, idd)))
         t_merge = graph_us(lambda s: tk._topk_merge_kernel(merge_threads)[L, merge_threads, s](
-            dx.view(np.uint32), budget, scr.part_m, scr.part_s, scr.cand, scr.cnt, lpd, idd))
-        print(f"top-K, K = {budget}, G = {G}, {T} threads, kept a thread = {keep}: {t:.1f} µs (partial "
+            dx.view(np.uint32), budget, cap, scr.part_m, scr.part_s, scr.cand, scr.cnt, lpd, idd))
+        print(f"top-K, K = {budget}, G = {G}, lists of {cap}, {T} threads, kept a thread = {keep}: {t:.1f} µs (partial "
               f"{t_stage[3]:.1f}, stopped after the first read's loads and exps {t_stage[0]:.1f}, after tau "
               f"{t_stage[1]:.1f}, after the second read {t_stage[2]:.1f}; merge {t_merge:.1f})", flush=True)
         cells = []
         for g in (2, 4, 8, 16, 32, 64):                  # slices a row: blocks against the merge's keys
             if g * tk._pow2_at_least(budget) > tk.MERGE_SLOTS:
                 continue                                 # the merge's shared memory holds G * P keys
-            scg = kn.TopKScratch.allocate(L, V, budget, slices=g)
-            tg = graph_us(lambda s: kn.topk_logprobs(dx, budget, out=(lpd, idd), stream=s, scratch=scg, slices=g))
+            scg = kn.TopKScratch.allocate(L, V, budget, slices=g, cap=budget)
+            tg = graph_us(lambda s: kn.topk_logprobs(dx, budget, out=(lpd, idd), stream=s, scratch=scg, slices=g,
+                                                     cap=budget))
             assert np.array_equal(idd.copy_to_host(), ids_h), "GPU top-K differs from the twin"
             cells.append(f"G {g}: {tg:.1f}")
         print(f"top-K, K = {budget}, µs by slices: " + ", ".join(cells), flush=True)
@@ -216,7 +217,8 @@ def overhead(V=163840, L=15, copies=8):
         scr = kn.TopKScratch.allocate(L, V, budget)
         bufs, sc = kn.TreeBuffers.allocate(budget), kn.LevelScratch.allocate(L, budget)
         T = tk._partial_threads(budget)
-        G, keep = tk._slices(V, budget), tk._keep_per_thread(budget, T)
+        G, cap = tk._split(V, budget)
+        keep = tk._keep_per_thread(cap, T)
 
         def topk(s):
             kn.topk_logprobs(dx, budget, out=(lpd, idd), stream=s, scratch=scr)
@@ -225,14 +227,14 @@ def overhead(V=163840, L=15, copies=8):
             kn.build_tree_levels(lpd, idd, budget, out=bufs, scratch=sc, stream=s)
 
         def partial(s):
-            tk._topk_partial_kernel(T, keep, 0)[(G, L), T, s](dx.view(np.uint32), budget, scr.part_m, scr.part_s,
+            tk._topk_partial_kernel(T, keep, 0)[(G, L), T, s](dx.view(np.uint32), budget, cap, scr.part_m, scr.part_s,
                                                               scr.cand, scr.cnt, scr.arrive, lpd, idd)
 
         def merge(s):
-            tk._topk_merge_kernel(1024)[L, 1024, s](dx.view(np.uint32), budget, scr.part_m, scr.part_s, scr.cand, scr.cnt, lpd, idd)
+            tk._topk_merge_kernel(1024)[L, 1024, s](dx.view(np.uint32), budget, cap, scr.part_m, scr.part_s, scr.cand, scr.cnt, lpd, idd)
         cells = []
         for name, fn in (("top-K + level build", lambda s: (topk(s), levels(s))),
-                         (f"top-K ({'merge fused' if tk._fused_merge(G, budget) else 'merge kernel'})", topk),
+                         (f"top-K ({'merge fused' if tk._fused_merge(G, cap) else 'merge kernel'})", topk),
                          ("partial unfused", partial), ("merge kernel", merge), ("level build", levels)):
             cells.append(f"{name} {graph_us(fn):.1f} / {graph_us(fn, n=copies):.1f}")
         assert bufs.to_tree() == ref.build_tree(lp_h, ids_h, budget), "level tree differs from the twin"

@@ -35,11 +35,11 @@ def _mla_tiles():
 
 
 SIGNATURES = {
-    "topk._topk_partial_kernel": [(args, f"void({U32_2}, int64, float64[:, ::1], float64[:, ::1], "
+    "topk._topk_partial_kernel": [(args, f"void({U32_2}, int64, int64, float64[:, ::1], float64[:, ::1], "
                                          f"uint64[:, ::1], {I32_2}, {I32_1}, {F32_2}, {I32_2})")
                                   for args in ((256, 1, 0, True), (256, 0), (1024, 2), (1024, 2, 0, True), (256, 1, 1),
                                                (512, 1, 2), (512, 1, 3))],
-    "topk._topk_merge_kernel": [((1024,), f"void({U32_2}, int64, float64[:, ::1], float64[:, ::1], uint64[:, ::1], "
+    "topk._topk_merge_kernel": [((1024,), f"void({U32_2}, int64, int64, float64[:, ::1], float64[:, ::1], uint64[:, ::1], "
                                           f"{I32_2}, {F32_2}, {I32_2})")],
     "topk._topk_rows_kernel": [((nper,), f"void({U32_2}, int64, {F32_2}, {I32_2})")
                                for nper in (1, 9, 32)],   # V <= 32, the demo drafter's 264, 1024

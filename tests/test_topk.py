@@ -284,3 +284,82 @@ def test_the_partial_kernels_exp_is_within_an_ulp_of_a_long_double_one():
     nan = np.full(1, np.nan)
     exp_kernel[1, 32](np.full(1, np.nan), EXP_TABLE, nan)
     assert np.isnan(nan[0])
+
+
+def _capped_merge(x, k, slices, cap):
+    """A numpy model of the split top-K with capped lists (kernels.topk's merge_row): each of the
+    ``slices`` contiguous slices of row x keeps its ``cap`` best tokens (larger logit, then lower
+    id); the merge takes the k best of their union, and falls back to the whole row when a full
+    list's last token ranks above k - 1 in that union. -> (the union's top k ids, fallback)."""
+    V = x.shape[0]
+    order = np.lexsort((np.arange(V), -x.astype(np.float64)))            # the row's order, best first
+    place = np.empty(V, np.int64)
+    place[order] = np.arange(V)
+    S = -(-V // slices)
+    union, lasts = [], []
+    for b in range(slices):
+        lo, hi = min(V, b * S), min(V, b * S + S)
+        best = sorted(range(lo, hi), key=lambda v: place[v])[:cap]
+        union += best
+        if hi - lo > cap:
+            lasts.append(best[-1])                                       # a full list's last token
+    ranked = sorted(union, key=lambda v: place[v])
+    rank = {v: r for r, v in enumerate(ranked)}
+    return ranked[:k], any(rank[v] < k - 1 for v in lasts)
+
+
+def test_the_capped_merges_rule_is_exact_against_brute_force(rng):
+    """Whenever the merge keeps the union's top k (no fallback), that is the row's top k: random
+    rows with many ties, every cap and slice count small enough to enumerate; and the rule does
+    fall back sometimes (a slice holding more than cap of the top k), else the check would be
+    vacuous."""
+    fallbacks = kept = 0
+    for _ in range(400):
+        V = int(rng.integers(4, 40))
+        k = int(rng.integers(1, V + 1))
+        slices = int(rng.integers(1, 8))
+        cap = int(rng.integers(1, k + 1))
+        if slices * cap < k:
+            continue
+        x = rng.integers(-3, 3, V).astype(np.float32)
+        if rng.random() < 0.5:
+            x = rng.standard_normal(V).astype(np.float32)
+        top, fallback = _capped_merge(x, k, slices, cap)
+        if fallback:
+            fallbacks += 1
+        else:
+            kept += 1
+            assert top == ref.topk_logprobs(x[None], k)[1][0].tolist()
+    assert fallbacks > 20 and kept > 20
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("kind", ["normal", "ties", "masked"])
+@pytest.mark.parametrize("fuse", [True, False])
+def test_capped_lists_match_the_twin_with_and_without_the_fallback(rng, kind, fuse):
+    """Slices that keep fewer than k keys (``cap``): rows whose top k is spread over the slices
+    (the union holds it) and rows whose top k sits in one slice (the merge falls back to the whole
+    row), each the twin's ids and log-prob bits; the model above says which rows fall back."""
+    V, k, slices, cap = 240, 24, 6, 8
+    x = _logits(rng, 3, V, kind)
+    x[2, 40:80] += 20.0                                  # row 2: its top k inside slice 1
+    ran = [_capped_merge(x[d], k, slices, cap)[1] for d in range(3)]
+    assert ran[2]
+    lp, ids = kn.topk_logprobs(x, k, threads=THREADS, slices=slices, cap=cap, fuse=fuse)
+    lp_ref, ids_ref = ref.topk_logprobs(x, k)
+    np.testing.assert_array_equal(ids, ids_ref)
+    np.testing.assert_array_equal(lp.view(np.uint32), lp_ref.view(np.uint32))
+
+
+def test_the_split_rule_caps_lists_only_at_large_k():
+    from ddtree_numba.kernels.topk import CAPPED_FROM, FILTER_CAP, _slices, _split
+    assert _split(163840, 64) == (_slices(163840, 64), 64)
+    for k in (CAPPED_FROM, 1024):
+        G, cap = _split(163840, k)
+        assert cap < k <= G * cap // 2 and G * cap <= FILTER_CAP
+    assert _split(32000, 1024) == (_slices(32000, 1024), 1024)   # 3 slices: too few for lists of 512
+    x = np.zeros((1, 50), np.float32)
+    with pytest.raises(ValueError, match="lists hold fewer than k = 20 keys"):
+        kn.topk_logprobs(x, 20, slices=4, cap=4)
+    with pytest.raises(ValueError, match="cap must be <= 20"):
+        kn.topk_logprobs(x, 20, slices=4, cap=21)

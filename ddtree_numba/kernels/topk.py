@@ -224,27 +224,80 @@ def _block_helpers(threads):
             size *= 2
 
     @device_function
-    def merge_row(bits, row, k, G, part_m, part_s, cand, cnt, lp_out, ids_out, keys, pm, ps, pc, lse_sh, t):
+    def radix_gather(bits, row, lo, hi, kk, keys, hist, suffix, chunk, sel, state, t):
+        """The kk largest composite keys of bits[row, lo:hi] (kk <= hi - lo) into keys[:kk], in no
+        order: a radix select of the kk-th largest, 8 bits a pass from the top digit down (a read
+        of the range a pass), stopping as soon as the selected bucket is exactly what is still
+        needed, then one more read gathers the keys >= it. Uses sel and state (reset here)."""
+        cuda.syncthreads()                  # every thread is done with sel and state
+        if t == 0:
+            sel[0] = uint64(0)
+            sel[1] = uint64(0)
+            state[0] = kk
+            state[1] = 0
+            state[2] = 0
+        cuda.syncthreads()                  # the selection state is reset
+        shift = 56
+        while shift >= 0:
+            if state[1] != 0:
+                break
+            clear(hist, t)
+            cuda.syncthreads()  # histogram cleared
+            desired = sel[0]
+            mask = sel[1]
+            need = state[0]  # read here: it is rewritten below, after several barriers
+            for v in range(lo + t, hi, T):
+                key = _composite_key(bits[row, v], v)
+                if key & mask == desired:
+                    # the digits are concentrated (most logits share their top bits): the
+                    # warp's lanes in the lowest lane's bin add with one atomic (_warp.hist_add)
+                    hist_add(hist, int32((key >> uint64(shift)) & uint64(255)))
+            cuda.syncthreads()  # histogram complete
+            pick_digit(hist, suffix, chunk, sel, state, shift, need, desired, mask, t)
+            shift -= 8
+        # the kk survivors (composite keys are distinct: exactly kk are >= the threshold)
+        desired = sel[0]
+        mask = sel[1]
+        for v in range(lo + t, hi, T):
+            key = _composite_key(bits[row, v], v)
+            if key & mask >= desired:
+                keys[claim(state, 2)] = key
+        cuda.syncthreads()                  # the survivors are in
+
+    @device_function
+    def merge_row(bits, row, k, cap, G, part_m, part_s, cand, cnt, lp_out, ids_out, keys, pm, ps, pc, lse_sh,
+                  hist, suffix, chunk, sel, state, over, t):
         """Row ``row``'s top-K out of its G slices' results: the log-sum-exp from the slices' (max,
         rest) pairs (each rest but the first top slice's with its max's 1, rescaled to the row's
         max, summed in slice order: lse = max + log1p(sum)), and the k largest of the slices' sorted
-        candidate lists, all G * P of them in ``keys`` (shared, each list padded to P, a power of
-        two >= k, with 0 keys that sort last). A candidate's rank in the row is its place in its own
-        list plus, for each other list, how many keys there are larger (a binary search): composite
-        keys are distinct, so the ranks are too, and a candidate whose rank is below k writes its
-        token and log-prob there. No sort. 4 barriers."""
+        candidate lists (each of at most ``cap`` keys: a slice's cap largest), all G * P of them in
+        ``keys`` (shared, each list padded to P, a power of two >= cap, with 0 keys that sort last).
+        A candidate's rank among them is its place in its own list plus, for each other list, how
+        many keys there are larger (a binary search): composite keys are distinct, so the ranks are
+        too, and a candidate whose rank is below k writes its token and log-prob there. No sort. 4
+        barriers.
+
+        With cap < k the lists may leave out a key of the row's top k: a *full* list (cap keys of
+        a slice of more) leaves out keys below its last. If every full list's last key ranks k - 1
+        or lower among the candidates (at or below their k-th largest, which is at or below the
+        row's), every key left out is below the row's k-th largest, so the candidates' top k is the
+        row's. Otherwise (a slice holding more than cap of the row's top k) the block selects the
+        row's top k from the whole row (``radix_gather`` over the row, a bitonic sort): exact
+        either way, slow only for such rows. (tests/test_topk.py holds the rule to brute force.)"""
         for b in range(t, G, T):                  # (the simulator's blocks may be smaller than G)
             pm[b] = part_m[row, b]
             ps[b] = part_s[row, b]
             pc[b] = cnt[row, b]
+        if t == 0:
+            over[0] = 0                           # no full list reaches into the top k (yet)
         cuda.syncthreads()                        # the pairs and counts are in
         P = 1
-        while P < k:
+        while P < cap:
             P *= 2
         for idx in range(t, G * P, T):
             b = idx // P
             j = idx - b * P
-            keys[idx] = cand[row, b * k + j] if j < pc[b] else uint64(0)
+            keys[idx] = cand[row, b * cap + j] if j < pc[b] else uint64(0)
         if t == 0:
             mm = -math.inf
             top = 0                               # the first slice holding the row's max
@@ -281,8 +334,32 @@ def _block_helpers(threads):
                 tok = int32(uint64(_LOW32) - (key & uint64(_LOW32)))
                 ids_out[row, rank] = tok
                 lp_out[row, rank] = float32(float64(_as_float(bits[row, tok])) - lse)
+                j = idx - b * P
+                if j == cap - 1 and rank < k - 1:     # a full list's last key, inside the top k - 1:
+                    V = bits.shape[1]                 # keys of its slice may be missing (the doc above)
+                    S = (V + G - 1) // G
+                    lo = min(V, b * S)
+                    if min(V, lo + S) - lo > cap:
+                        over[0] = 1
+        cuda.syncthreads()                        # every rank is written, and the flag
+        if over[0] != 0:
+            # a slice held more than cap of the row's top k: the row's top k from the whole row
+            V = bits.shape[1]
+            radix_gather(bits, row, 0, V, k, keys, hist, suffix, chunk, sel, state, t)
+            P2 = 1
+            while P2 < k:
+                P2 *= 2
+            for j in range(k + t, P2, T):
+                keys[j] = uint64(0)                   # padding sorts last
+            cuda.syncthreads()                        # the padding is in
+            sort_desc(keys, P2, t)
+            for j in range(t, k, T):
+                key = keys[j]
+                tok = int32(uint64(_LOW32) - (key & uint64(_LOW32)))
+                ids_out[row, j] = tok
+                lp_out[row, j] = float32(float64(_as_float(bits[row, tok])) - lse)
 
-    return clear, pick_digit, sort_desc, merge_row
+    return clear, pick_digit, sort_desc, radix_gather, merge_row
 
 
 FILTER_CAP = 2048  # shared slots of the partial kernel's filter (candidates >= its threshold)
@@ -339,12 +416,12 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
     MLOC = max(M, 1)
     CAP = FILTER_CAP
     U = UNROLL
-    clear, pick_digit, sort_desc, merge_row = _block_helpers(T)
+    clear, pick_digit, sort_desc, radix_gather, merge_row = _block_helpers(T)
 
     # launch bounds: registers capped so that a block of T threads always fits an SM
     @cached
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
-    def kernel(bits, k, part_m, part_s, cand, cnt, arrive, lp_out, ids_out):
+    def kernel(bits, k, cap, part_m, part_s, cand, cnt, arrive, lp_out, ids_out):
         grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         b_ = cuda.blockIdx.x
         row = cuda.blockIdx.y
@@ -361,7 +438,8 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
         chunk = cuda.shared.array(17, int32)
         sel = cuda.shared.array(2, uint64)        # (desired prefix, mask of decided bits)
         state = cuda.shared.array(3, int32)       # (still needed, done flag, gathered count)
-        kk = min(k, hi - lo)
+        over = cuda.shared.array(1, int32)        # the fused merge's: a slice's list too short
+        kk = min(cap, hi - lo)
 
         fkeys = cuda.shared.array(CAP, uint64)    # the filter's kept keys, then its candidates
         mine = cuda.local.array(MLOC, uint64)   # this thread's largest keys (0: none)
@@ -507,7 +585,7 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
                 tau_top = uint32(tau >> uint64(32))
                 if stop == 2:
                     if t == 0:
-                        cand[row, b_ * k] = tau     # (so that the compiler keeps the work before)
+                        cand[row, b_ * cap] = tau   # (so that the compiler keeps the work before)
                     return
                 # -- 2b. the keys >= tau (at least kk), gathered while they fit
                 for base in range(lo + t, hi, T * U):
@@ -525,43 +603,9 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
                 C = state[2]
                 if stop == 3:
                     return
-                cuda.syncthreads()                  # every thread has read the count
-                if C > CAP and t == 0:              # too many passed: the radix select below starts
-                    state[2] = 0                    # over (tau's select left sel and state behind)
-                    sel[0] = uint64(0)
-                    sel[1] = uint64(0)
-                    state[0] = kk
-                    state[1] = 0
-                cuda.syncthreads()
-
             if C == 0 or C > CAP:
-                # -- 2. radix select of the slice's kk-th largest composite key, top digit first
-                shift = 56
-                while shift >= 0:
-                    if state[1] != 0:
-                        break
-                    clear(hist, t)
-                    cuda.syncthreads()  # histogram cleared
-                    desired = sel[0]
-                    mask = sel[1]
-                    need = state[0]  # read here: it is rewritten below, after several barriers
-                    for v in range(lo + t, hi, T):
-                        key = _composite_key(bits[row, v], v)
-                        if key & mask == desired:
-                            # the digits are concentrated (most logits share their top bits): the
-                            # warp's lanes in the lowest lane's bin add with one atomic (_warp.hist_add)
-                            hist_add(hist, int32((key >> uint64(shift)) & uint64(255)))
-                    cuda.syncthreads()  # histogram complete
-                    pick_digit(hist, suffix, chunk, sel, state, shift, need, desired, mask, t)
-                    shift -= 8
-                # the kk survivors (composite keys are distinct: exactly kk are >= the threshold)
-                desired = sel[0]
-                mask = sel[1]
-                for v in range(lo + t, hi, T):
-                    key = _composite_key(bits[row, v], v)
-                    if key & mask >= desired:
-                        fkeys[claim(state, 2)] = key
-                cuda.syncthreads()                  # the survivors are in
+                # -- 2. radix select of the slice's kk largest composite keys, top digit first
+                radix_gather(bits, row, lo, hi, kk, fkeys, hist, suffix, chunk, sel, state, t)
                 C = kk
 
             # -- 3. the kk best candidates out, sorted descending (the merge takes sorted lists)
@@ -578,7 +622,7 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
                         if fkeys[j] > key:
                             rank += 1
                     if rank < kk:
-                        cand[row, b_ * k + rank] = key
+                        cand[row, b_ * cap + rank] = key
             else:
                 P2 = 1
                 while P2 < C:
@@ -588,7 +632,7 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
                 cuda.syncthreads()
                 sort_desc(fkeys, P2, t)
                 for j in range(t, kk, T):
-                    cand[row, b_ * k + j] = fkeys[j]
+                    cand[row, b_ * cap + j] = fkeys[j]
 
         if fuse:
             # -- 4. the row's last block to finish merges the row's slices. As cooperative groups'
@@ -606,8 +650,8 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
                 state[0] = arrived
             cuda.syncthreads()                  # the arrival's count is in
             if state[0] == G - 1:
-                merge_row(bits, row, k, G, part_m, part_s, cand, cnt, lp_out, ids_out, fkeys, pm, ps, pc,
-                          lse_sh, t)
+                merge_row(bits, row, k, cap, G, part_m, part_s, cand, cnt, lp_out, ids_out, fkeys, pm, ps, pc,
+                          lse_sh, hist, suffix, chunk, sel, state, over, t)
 
     return kernel
 
@@ -618,20 +662,26 @@ def _topk_merge_kernel(threads):
     not fit the partial kernel's shared keys (G * P > FILTER_CAP; ``_slices`` keeps G * P <=
     MERGE_SLOTS). Otherwise the partial kernel's last block a row merges it (``fuse``)."""
     T = threads
-    merge_row = _block_helpers(T)[3]
+    merge_row = _block_helpers(T)[4]
 
     # launch bounds: registers capped so that a block of T threads always fits an SM
     @cached
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
-    def kernel(bits, k, part_m, part_s, cand, cnt, lp_out, ids_out):
+    def kernel(bits, k, cap, part_m, part_s, cand, cnt, lp_out, ids_out):
         grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         lse_sh = cuda.shared.array(2, float64)
         pm = cuda.shared.array(MAX_SLICES, float64)     # the slices' pairs and counts, loaded at once
         ps = cuda.shared.array(MAX_SLICES, float64)     # (one thread looping over global memory
         pc = cuda.shared.array(MAX_SLICES, int32)       # waited on each load in turn: ~10 µs)
         keys = cuda.shared.array(MERGE_SLOTS, uint64)
-        merge_row(bits, cuda.blockIdx.x, k, part_m.shape[1], part_m, part_s, cand, cnt, lp_out, ids_out,
-                  keys, pm, ps, pc, lse_sh, cuda.threadIdx.x)
+        hist = cuda.shared.array(256, int32)            # the fallback's radix select (merge_row)
+        suffix = cuda.shared.array(257, int32)
+        chunk = cuda.shared.array(17, int32)
+        sel = cuda.shared.array(2, uint64)
+        state = cuda.shared.array(3, int32)
+        over = cuda.shared.array(1, int32)
+        merge_row(bits, cuda.blockIdx.x, k, cap, part_m.shape[1], part_m, part_s, cand, cnt, lp_out, ids_out,
+                  keys, pm, ps, pc, lse_sh, hist, suffix, chunk, sel, state, over, cuda.threadIdx.x)
 
     return kernel
 
@@ -785,10 +835,34 @@ def _slices(vocab: int, k: int) -> int:
     return max(1, min(MAX_SLICES, vocab // SLICE, MERGE_SLOTS // P, 16 if P <= 32 else 8))
 
 
-def _fused_merge(slices: int, k: int) -> bool:
+# From this k on, slices keep capped lists (``_split``): G slices of CAPPED_SLICE_ENTRIES at least,
+# each list of its cap largest keys (cap < k, G * cap <= FILTER_CAP), so that the row is read by as
+# many blocks as at small k and the merge fits the partial kernel's last block. Exact for every row:
+# the merge checks that no slice held more than cap of the row's top k, else selects the row's top k
+# from the whole row (``_block_helpers.merge_row``), slowly.
+CAPPED_FROM = 256
+
+
+def _split(vocab: int, k: int) -> tuple[int, int]:
+    """(G slices a row, cap on each slice's list) for k kept out of ``vocab``: (``_slices``, k),
+    or from CAPPED_FROM on, where G >= 2 slices of at least SLICE entries hold lists of cap < k
+    keys with G * cap >= 2k (on average a slice holds k / G of the row's top k: half its cap or
+    less) and G * cap <= FILTER_CAP (the fused merge): (that G, the largest such power of two)."""
+    if CAPPED_FROM is not None and k >= CAPPED_FROM:
+        g = max(1, min(MAX_SLICES, vocab // SLICE, 16))
+        cap = 1
+        while 2 * cap * g <= FILTER_CAP and 2 * cap < k:
+            cap *= 2
+        if g > 1 and cap < k and g * cap >= 2 * k:
+            return g, cap
+    return _slices(vocab, k), k
+
+
+def _fused_merge(slices: int, cap: int) -> bool:
     """Whether the partial kernel's last block a row merges the row (its shared keys hold the
-    slices' lists: G * P <= FILTER_CAP), rather than a merge kernel after it."""
-    return slices * _pow2_at_least(max(k, 1)) <= FILTER_CAP
+    slices' lists of up to ``cap`` keys: G * P <= FILTER_CAP, P the power of two >= cap), rather
+    than a merge kernel after it."""
+    return slices * _pow2_at_least(max(cap, 1)) <= FILTER_CAP
 
 
 def _partial_threads(k: int) -> int:
@@ -803,31 +877,45 @@ def _partial_threads(k: int) -> int:
 
 @dataclass(frozen=True)
 class TopKScratch:
-    """Device memory between the two top-K kernels, for L rows, G slices a row and k kept
-    (``allocate`` takes the vocabulary and chooses G as ``topk_logprobs`` does)."""
+    """Device memory between the two top-K kernels, for L rows, G slices a row and lists of up to
+    cap keys a slice (``allocate`` takes the vocabulary and k and chooses G and cap as
+    ``topk_logprobs`` does, ``_split``)."""
 
     part_m: object   # [L, G] float64: each slice's max
     part_s: object   # [L, G] float64: its rest, the sum of exp(x - max) but one max entry's 1
-    cand: object     # [L, G*k] uint64: its candidates' composite keys
+    cand: object     # [L, G*cap] uint64: its candidates' composite keys
     cnt: object      # [L, G] int32: how many
     arrive: object   # [L] int32: slices of the row finished (the fused merge's counter; 0 between launches)
 
     @classmethod
-    def allocate(cls, rows: int, vocab: int, k: int, stream=0, slices: int | None = None) -> "TopKScratch":
-        slices = _slices(vocab, k) if slices is None else slices
+    def allocate(cls, rows: int, vocab: int, k: int, stream=0, slices: int | None = None,
+                 cap: int | None = None) -> "TopKScratch":
+        slices, cap = _choose_split(vocab, k, slices, cap)
 
         def arr(shape, dt):
             return cuda.device_array(shape, dt, stream=stream)
         return cls(arr((rows, slices), np.float64), arr((rows, slices), np.float64),
-                   arr((rows, slices * max(k, 1)), np.uint64), arr((rows, slices), np.int32),
+                   arr((rows, slices * max(cap, 1)), np.uint64), arr((rows, slices), np.int32),
                    cuda.to_device(np.zeros(rows, np.int32), stream=stream))
 
-    def fits(self, rows: int, slices: int, k: int) -> bool:
-        return self.part_m.shape == (rows, slices) and self.cand.shape[1] == slices * max(k, 1)
+    def fits(self, rows: int, slices: int, cap: int) -> bool:
+        return self.part_m.shape == (rows, slices) and self.cand.shape[1] == slices * max(cap, 1)
+
+
+def _choose_split(vocab: int, k: int, slices, cap) -> tuple[int, int]:
+    """(G, cap): ``_split``'s when neither is given, else ``_slices`` for G and k for cap, each
+    given one checked."""
+    if slices is None and cap is None:
+        return _split(vocab, k)
+    G = _slices(vocab, k) if slices is None else check_int("slices", slices, 1, MAX_SLICES)
+    cap = max(k, 1) if cap is None else check_int("cap", cap, 1, max(k, 1))
+    if G * cap < k:
+        raise ValueError(f"slices x cap = {G} x {cap} lists hold fewer than k = {k} keys")
+    return G, cap
 
 
 def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, scratch=None, keep=None,
-                  fuse=None, method=None):
+                  fuse=None, method=None, cap=None):
     """Log-softmax of each row and its ``k`` best tokens, on the GPU.
 
     logits [L, V] float32 (numpy or device) -> (lp [L, K] float32, ids [L, K] int32),
@@ -842,6 +930,9 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
     thread keeps for the filter, 0 (off) to MAX_KEEP (default ``_keep_per_thread``); ``fuse``:
     whether the partial kernel's last block a row merges the row (True), or a merge kernel after
     it does (False); default True when the slices' lists fit its shared keys (``_fused_merge``).
+    ``cap``: the most keys a slice's list holds (1 to k; G * cap >= k). ``slices`` and ``cap``
+    default to ``_split``'s (capped lists from k = CAPPED_FROM); with one of them given, the other
+    defaults to ``_slices`` or k.
     """
     check_array("logits", logits, 2, np.float32)
     L, V = logits.shape
@@ -851,7 +942,7 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
     if V > MAX_VOCAB:
         raise ValueError(f"vocabulary of {V} is more than the kernel's MAX_VOCAB = {MAX_VOCAB} (int32 token "
                          f"ids, and 32-bit indices that run up to a step of {UNROLL} x 1024 past the slice)")
-    split_knobs = any(v is not None for v in (threads, slices, keep, fuse))
+    split_knobs = any(v is not None for v in (threads, slices, keep, fuse, cap))
     if method is None:
         method = "rows" if _rows_path(V, k) and not split_knobs else "split"
     if method not in ("rows", "split"):
@@ -859,7 +950,7 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
     if method == "rows" and V > ROWS_MAX_VOCAB:
         raise ValueError(f"method 'rows' takes V <= {ROWS_MAX_VOCAB} (a lane holds V / 32 entries), got V = {V}")
     if method == "rows" and split_knobs:
-        raise ValueError("threads, slices, keep and fuse are the split kernels' (method 'split'), not 'rows'")
+        raise ValueError("threads, slices, keep, fuse and cap are the split kernels' (method 'split'), not 'rows'")
     threads = _partial_threads(k) if threads is None else threads
     threads = check_threads(threads)
     if keep is not None:
@@ -879,32 +970,32 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
         if host:
             return out[0].copy_to_host(stream=stream), out[1].copy_to_host(stream=stream)
         return out
-    G = _slices(V, k) if slices is None else check_int("slices", slices, 1, MAX_SLICES)
-    if G * _pow2_at_least(max(k, 1)) > MERGE_SLOTS:
-        raise ValueError(f"slices = {G} with k = {k}: the merge holds at most {MERGE_SLOTS} keys, "
-                         f"{G} lists of {_pow2_at_least(k)}")
+    G, cap = _choose_split(V, k, slices, cap)
+    if G * _pow2_at_least(cap) > MERGE_SLOTS:
+        raise ValueError(f"slices = {G} with lists of {cap}: the merge holds at most {MERGE_SLOTS} keys, "
+                         f"{G} lists of {_pow2_at_least(cap)}")
     if fuse is None:
-        fuse = _fused_merge(G, k)
-    elif fuse and not _fused_merge(G, k):
-        raise ValueError(f"fuse=True with slices = {G} and k = {k}: the partial kernel's shared keys hold "
-                         f"at most {FILTER_CAP}, {G} lists of {_pow2_at_least(k)}")
+        fuse = _fused_merge(G, cap)
+    elif fuse and not _fused_merge(G, cap):
+        raise ValueError(f"fuse=True with slices = {G} and lists of {cap}: the partial kernel's shared keys "
+                         f"hold at most {FILTER_CAP}, {G} lists of {_pow2_at_least(cap)}")
     if scratch is None:
-        scratch = TopKScratch.allocate(L, V, k, stream, slices=G) if L and k else None
-    elif not scratch.fits(L, G, k):
-        raise ValueError(f"scratch is for {list(scratch.part_m.shape)} rows x slices and "
-                         f"{scratch.cand.shape[1] // max(scratch.part_m.shape[1], 1)} kept; this call needs "
-                         f"{[L, G]} and {k}")
+        scratch = TopKScratch.allocate(L, V, k, stream, slices=G, cap=cap) if L and k else None
+    elif not scratch.fits(L, G, cap):
+        raise ValueError(f"scratch is for {list(scratch.part_m.shape)} rows x slices and lists of "
+                         f"{scratch.cand.shape[1] // max(scratch.part_m.shape[1], 1)}; this call needs "
+                         f"{[L, G]} and {cap}")
     if L and k:
         sc = scratch
         if keep is None:
-            keep = _keep_per_thread(k, threads)          # keep * threads ~ min(4k, FILTER_CAP)
+            keep = _keep_per_thread(cap, threads)        # keep * threads ~ min(4 cap, FILTER_CAP)
         bits = d_logits.view(np.uint32)
         _topk_partial_kernel(threads, keep, 0, fuse)[(G, L), threads, stream](
-            bits, k, sc.part_m, sc.part_s, sc.cand, sc.cnt, sc.arrive, out[0], out[1])
+            bits, k, cap, sc.part_m, sc.part_s, sc.cand, sc.cnt, sc.arrive, out[0], out[1])
         if not fuse:
             merge_threads = min(1024, 4 * threads) if config.ENABLE_CUDASIM else 1024   # L blocks only
             _topk_merge_kernel(merge_threads)[L, merge_threads, stream](
-                bits, k, sc.part_m, sc.part_s, sc.cand, sc.cnt, out[0], out[1])
+                bits, k, cap, sc.part_m, sc.part_s, sc.cand, sc.cnt, out[0], out[1])
     if host:
         return out[0].copy_to_host(stream=stream), out[1].copy_to_host(stream=stream)
     return out
