@@ -1,10 +1,11 @@
 """The split top-K with capped slice lists against uncapped ones, on a GPU (issue 15, thirty-sixth
 session): µs a top-K (a replayed graph, queued: the graph's device time) for each (slices, cap,
-threads) at k = 128 .. 1024, every result checked against the twin; then the fallback's cost (every
-row's top k inside one slice); then the issue's figure, top-K + the level build in one graph, with
-the capped rule (``kernels.topk.CAPPED_FROM``) on and off, alternated.
+threads) at k = 32 .. 1024, every result checked against the twin; then rows whose top k lies
+among their first n ids (the interleaved slices share it out; at n = 1024 the merge falls back to
+the whole row); then the issue's figure, top-K + the level build in one graph, with the capped rule
+(``kernels.topk.CAPPED_FROM``) on and off, alternated.
 
-Usage (a GPU machine): python tools/topk_caps.py [--vocab 163840] [--depths 15] [--ks 128 256 512 1024]
+Usage (a GPU machine): python tools/topk_caps.py [--vocab 163840] [--depths 15] [--ks ...] [--slices ...]
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vocab", type=int, default=163840)
     ap.add_argument("--depths", type=int, default=15)
-    ap.add_argument("--ks", type=int, nargs="+", default=[128, 256, 512, 1024])
-    ap.add_argument("--slices", type=int, nargs="+", default=[8, 16, 32])
+    ap.add_argument("--ks", type=int, nargs="+", default=[32, 64, 128, 256, 512, 1024])
+    ap.add_argument("--slices", type=int, nargs="+", default=[4, 8, 16])
     args = ap.parse_args()
     from numba import cuda
     from ddtree_numba import kernels as kn
@@ -35,9 +36,10 @@ def main():
     stream = cuda.stream()
     x = drafter_logits(np.random.default_rng(0), L, V)
     dx = cuda.to_device(x)
-    packed = x.copy()
-    packed[:, : V // 16] += 30.0                         # every row's top k inside the first slice(s)
-    dpacked = cuda.to_device(packed)
+    packed = {}                                          # every row's top k among its first n ids
+    for n in (V // 16, 1024):
+        packed[n] = x.copy()
+        packed[n][:, :n] += 30.0
 
     def run(d, k, G, cap, threads):
         lp, ids = cuda.device_array((L, k), np.float32), cuda.device_array((L, k), np.int32)
@@ -52,10 +54,11 @@ def main():
         cells = []
         options = [(G0, k, tk._partial_threads(k))]
         for G in args.slices:
-            for cap in (32, 64, 128, 256):
-                if cap >= k or G * cap < k or G * tk._pow2_at_least(cap) > tk.MERGE_SLOTS or V // G < cap:
+            for cap in (8, 16, 32, 64, 128, 256):
+                # lists that hold at least twice k (else the merge falls back on most rows)
+                if cap >= k or G * cap < 2 * k or G * tk._pow2_at_least(cap) > tk.MERGE_SLOTS or V // G < cap:
                     continue
-                for threads in (512, 1024):
+                for threads in (256, 512, 1024):
                     options.append((G, cap, threads))
         for G, cap, threads in options:
             us, lp, ids = run(dx, k, G, cap, threads)
@@ -65,12 +68,14 @@ def main():
         print(f"top-K k {k}, V {V}, L {L} (uncapped default first), µs: " + "; ".join(cells), flush=True)
         G, cap = tk._split(V, k)
         if cap < k:
-            p_lp, p_ids = ref.topk_logprobs(packed, k)
-            us, lp, ids = run(dpacked, k, G, cap, tk._partial_threads(k))
-            ok = np.array_equal(ids, p_ids) and np.array_equal(lp.view(np.uint32), p_lp.view(np.uint32))
-            us0, _, _ = run(dpacked, k, G0, k, tk._partial_threads(k))
-            print(f"  every row's top k in one slice (the merge falls back to the whole row): capped rule "
-                  f"(G {G}, cap {cap}) {us:.1f} µs{'' if ok else ' WRONG'}, uncapped {us0:.1f} µs", flush=True)
+            for n, xp in packed.items():
+                p_lp, p_ids = ref.topk_logprobs(xp, k)
+                dp = cuda.to_device(xp)
+                us, lp, ids = run(dp, k, G, cap, tk._capped_threads(cap))
+                ok = np.array_equal(ids, p_ids) and np.array_equal(lp.view(np.uint32), p_lp.view(np.uint32))
+                us0, _, _ = run(dp, k, G0, k, tk._partial_threads(k))
+                print(f"  every row's top k among its first {n} ids: capped rule (G {G}, cap {cap}) {us:.1f} µs"
+                      f"{'' if ok else ' WRONG'}, uncapped {us0:.1f} µs", flush=True)
 
     # the issue's figure: top-K + level build as one graph, the rule on (A) and off (B), alternated
     for budget in args.ks:

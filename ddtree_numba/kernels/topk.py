@@ -157,6 +157,14 @@ def _count_above(keys, base, n, key):
     return lo
 
 
+@device_function
+def _slice_entries(V, G, T, b):
+    """Entries of slice b of a row of V split over G slices of T-entry runs (run r to slice r % G)."""
+    cycles = V // (G * T)
+    rest = V - cycles * G * T
+    return cycles * T + min(T, max(0, rest - b * T))
+
+
 @functools.lru_cache(maxsize=None)
 def _block_helpers(threads):
     """Device functions both top-K kernels share, for blocks of ``threads`` threads."""
@@ -224,8 +232,9 @@ def _block_helpers(threads):
             size *= 2
 
     @device_function
-    def radix_gather(bits, row, lo, hi, kk, keys, hist, suffix, chunk, sel, state, t):
-        """The kk largest composite keys of bits[row, lo:hi] (kk <= hi - lo) into keys[:kk], in no
+    def radix_gather(bits, row, start, stop, step, kk, keys, hist, suffix, chunk, sel, state, t):
+        """The kk largest composite keys of the entries bits[row, v], v = start + t + j * step < stop
+        over the block's threads t and j >= 0 (kk at most their number), into keys[:kk], in no
         order: a radix select of the kk-th largest, 8 bits a pass from the top digit down (a read
         of the range a pass), stopping as soon as the selected bucket is exactly what is still
         needed, then one more read gathers the keys >= it. Uses sel and state (reset here)."""
@@ -246,7 +255,7 @@ def _block_helpers(threads):
             desired = sel[0]
             mask = sel[1]
             need = state[0]  # read here: it is rewritten below, after several barriers
-            for v in range(lo + t, hi, T):
+            for v in range(start + t, stop, step):
                 key = _composite_key(bits[row, v], v)
                 if key & mask == desired:
                     # the digits are concentrated (most logits share their top bits): the
@@ -258,7 +267,7 @@ def _block_helpers(threads):
         # the kk survivors (composite keys are distinct: exactly kk are >= the threshold)
         desired = sel[0]
         mask = sel[1]
-        for v in range(lo + t, hi, T):
+        for v in range(start + t, stop, step):
             key = _composite_key(bits[row, v], v)
             if key & mask >= desired:
                 keys[claim(state, 2)] = key
@@ -287,7 +296,7 @@ def _block_helpers(threads):
         for b in range(t, G, T):                  # (the simulator's blocks may be smaller than G)
             pm[b] = part_m[row, b]
             ps[b] = part_s[row, b]
-            pc[b] = cnt[row, b]
+            pc[b] = min(cap, cnt[row, b])         # (cnt: the slice's entries)
         if t == 0:
             over[0] = 0                           # no full list reaches into the top k (yet)
         cuda.syncthreads()                        # the pairs and counts are in
@@ -335,17 +344,13 @@ def _block_helpers(threads):
                 ids_out[row, rank] = tok
                 lp_out[row, rank] = float32(float64(_as_float(bits[row, tok])) - lse)
                 j = idx - b * P
-                if j == cap - 1 and rank < k - 1:     # a full list's last key, inside the top k - 1:
-                    V = bits.shape[1]                 # keys of its slice may be missing (the doc above)
-                    S = (V + G - 1) // G
-                    lo = min(V, b * S)
-                    if min(V, lo + S) - lo > cap:
-                        over[0] = 1
+                if j == cap - 1 and rank < k - 1 and cnt[row, b] > cap:
+                    over[0] = 1                       # a full list's last key inside the top k - 1:
+                                                      # keys of its slice may be missing (the doc above)
         cuda.syncthreads()                        # every rank is written, and the flag
         if over[0] != 0:
             # a slice held more than cap of the row's top k: the row's top k from the whole row
-            V = bits.shape[1]
-            radix_gather(bits, row, 0, V, k, keys, hist, suffix, chunk, sel, state, t)
+            radix_gather(bits, row, 0, bits.shape[1], T, k, keys, hist, suffix, chunk, sel, state, t)
             P2 = 1
             while P2 < k:
                 P2 *= 2
@@ -366,7 +371,8 @@ FILTER_CAP = 2048  # shared slots of the partial kernel's filter (candidates >= 
 TAU_DIGITS = 2     # 8-bit digits of the filter's threshold: sign, exponent and 7 mantissa bits
 MAX_KEEP = 8       # keys a thread keeps while it reads its part of the slice
 UNROLL = 8         # entries a partial-kernel thread loads at once
-MAX_VOCAB = 2**31 - 1 - 2 * UNROLL * 1024   # the first read's int32 indices reach 2 steps past V
+MAX_VOCAB = 2**31 - 1 - 2 * UNROLL * 64 * 1024   # the first read's int32 indices reach 2 steps
+                                                 # (of UNROLL x MAX_SLICES x 1024) past V
 
 
 def _keep_per_thread(k: int, threads: int) -> int:
@@ -386,10 +392,10 @@ def _keep_per_thread(k: int, threads: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
-    """Grid (G, L): block (b, row) takes slice b of the row, [b*S, min(V, (b+1)*S)), S = ceil(V/G).
-    It writes the slice's log-sum-exp pair (max, rest: the sum of exp(x - max) but one max entry's
-    1), float64, and the composite keys of its min(k, slice) largest entries, sorted descending, to
-    cand[row, b*k :], their number to cnt[row, b].
+    """Grid (G, L): block (b, row) takes slice b of the row: its runs of T entries b, b + G, b + 2G,
+    ... (``_slice_entries`` of them). It writes the slice's log-sum-exp pair (max, rest: the sum of
+    exp(x - max) but one max entry's 1), float64, and the composite keys of its min(cap, entries)
+    largest entries, sorted descending, to cand[row, b*cap :], its number of entries to cnt[row, b].
 
     ``keep`` > 0 (``_keep_per_thread``): while reading the slice for the log-sum-exp, each thread
     also keeps its ``keep`` largest keys. A radix select of the kk-th largest kept key, stopped
@@ -428,9 +434,11 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
         G = cuda.gridDim.x
         t = cuda.threadIdx.x
         V = bits.shape[1]
-        S = (V + G - 1) // G
-        lo = min(V, b_ * S)
-        hi = min(V, lo + S)
+        # slice b_: the row's runs of T entries b_, b_ + G, b_ + 2G, ... (interleaved: a range of
+        # token ids spreads over every slice); a thread's entries first + t, + STEP, + 2 STEP, ...
+        first = b_ * T
+        STEP = G * T
+        n = _slice_entries(V, G, T, b_)
         red_m = cuda.shared.array(T, float64)
         red_s = cuda.shared.array(T, float64)
         hist = cuda.shared.array(256, int32)
@@ -439,7 +447,7 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
         sel = cuda.shared.array(2, uint64)        # (desired prefix, mask of decided bits)
         state = cuda.shared.array(3, int32)       # (still needed, done flag, gathered count)
         over = cuda.shared.array(1, int32)        # the fused merge's: a slice's list too short
-        kk = min(cap, hi - lo)
+        kk = min(cap, n)
 
         fkeys = cuda.shared.array(CAP, uint64)    # the filter's kept keys, then its candidates
         mine = cuda.local.array(MLOC, uint64)   # this thread's largest keys (0: none)
@@ -469,9 +477,9 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
         nb = cuda.local.array(U, uint32)        # the next U entries' bits, in flight
         # 32-bit indices (numba's are 64-bit: two instructions an add or a compare, in a loop of
         # about 60 an entry); a step whose U entries all lie in the slice skips the bounds selects
-        T32 = int32(T)
-        hi32 = int32(hi)
-        base = int32(lo + t)
+        T32 = int32(STEP)                       # (the stride between a thread's entries)
+        hi32 = int32(V)
+        base = int32(first + t)
         for u in range(U):
             # every lane loads (past the slice, its last entry again), without a branch; an
             # unsigned index spares numba's negative-index wraparound check
@@ -554,7 +562,7 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
         if t == 0:
             part_m[row, b_] = red_m[0]
             part_s[row, b_] = red_s[0]
-            cnt[row, b_] = kk
+            cnt[row, b_] = n                    # the merge's list length is min(cap, n)
         if stop == 1:
             return
 
@@ -588,12 +596,12 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
                         cand[row, b_ * cap] = tau   # (so that the compiler keeps the work before)
                     return
                 # -- 2b. the keys >= tau (at least kk), gathered while they fit
-                for base in range(lo + t, hi, T * U):
+                for base in range(first + t, V, STEP * U):
                     for u in range(U):
-                        ub[u] = bits[row, uint64(min(base + u * T, hi - 1))]   # as in the first read
+                        ub[u] = bits[row, uint64(min(base + u * STEP, V - 1))]   # as in the first read
                     for u in range(U):
-                        v = base + u * T
-                        if v < hi and _ordered_bits(ub[u]) >= tau_top:
+                        v = base + u * STEP
+                        if v < V and _ordered_bits(ub[u]) >= tau_top:
                             key = _composite_key(ub[u], v)
                             if key >= tau:
                                 slot = claim(state, 2)
@@ -605,7 +613,7 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
                     return
             if C == 0 or C > CAP:
                 # -- 2. radix select of the slice's kk largest composite keys, top digit first
-                radix_gather(bits, row, lo, hi, kk, fkeys, hist, suffix, chunk, sel, state, t)
+                radix_gather(bits, row, first, V, STEP, kk, fkeys, hist, suffix, chunk, sel, state, t)
                 C = kk
 
             # -- 3. the kk best candidates out, sorted descending (the merge takes sorted lists)
@@ -835,27 +843,39 @@ def _slices(vocab: int, k: int) -> int:
     return max(1, min(MAX_SLICES, vocab // SLICE, MERGE_SLOTS // P, 16 if P <= 32 else 8))
 
 
-# From this k on, slices keep capped lists (``_split``): G slices of CAPPED_SLICE_ENTRIES at least,
-# each list of its cap largest keys (cap < k, G * cap <= FILTER_CAP), so that the row is read by as
-# many blocks as at small k and the merge fits the partial kernel's last block. Exact for every row:
-# the merge checks that no slice held more than cap of the row's top k, else selects the row's top k
-# from the whole row (``_block_helpers.merge_row``), slowly.
-CAPPED_FROM = 256
+# From this k on, slices keep capped lists (``_split``), so that a row is read by as many blocks as
+# at small k and the lists fit the partial kernel's last block. Exact for every row: the merge checks
+# that no slice held more than cap of the row's top k, else selects the row's top k from the whole
+# row (``_block_helpers.merge_row``: ~400 µs at V 163840, k 256-1024, on an H100).
+CAPPED_FROM = 128
+CAPPED_SLICES = 8   # G * L blocks within one wave of an H100's 132 SMs at L = 15: more slices ran in
+                    # waves, each as long as the first (tools/topk_caps.py, µs at k 128: G 8 / 16 /
+                    # 32 = 33.4 / 52.3 / 108.4 with lists of 32)
 
 
 def _split(vocab: int, k: int) -> tuple[int, int]:
-    """(G slices a row, cap on each slice's list) for k kept out of ``vocab``: (``_slices``, k),
-    or from CAPPED_FROM on, where G >= 2 slices of at least SLICE entries hold lists of cap < k
-    keys with G * cap >= 2k (on average a slice holds k / G of the row's top k: half its cap or
-    less) and G * cap <= FILTER_CAP (the fused merge): (that G, the largest such power of two)."""
+    """(G slices a row, cap on each slice's list) for k kept out of ``vocab``: (``_slices``, k), or
+    from CAPPED_FROM on (G = CAPPED_SLICES slices of at least SLICE entries): lists of the smallest
+    power of two cap < k with G * cap >= 2k (a slice holds k / G of the row's top k on average: half
+    its cap), when G * cap <= FILTER_CAP (the fused merge). On an H100 (V 163840, L 15,
+    tools/topk_caps.py, µs; uncapped first): k 128: 51.2 -> 33.4 (cap 32); k 256: 68.4 -> 37.5
+    (64); k 512: 119.3 -> 49.5 (128); k 1024: 100.6 -> 75.3 (256)."""
     if CAPPED_FROM is not None and k >= CAPPED_FROM:
-        g = max(1, min(MAX_SLICES, vocab // SLICE, 16))
+        g = max(1, min(CAPPED_SLICES, vocab // SLICE))
         cap = 1
-        while 2 * cap * g <= FILTER_CAP and 2 * cap < k:
+        while g * cap < 2 * k:
             cap *= 2
-        if g > 1 and cap < k and g * cap >= 2 * k:
+        if g > 1 and cap < k and g * cap <= FILTER_CAP:
             return g, cap
     return _slices(vocab, k), k
+
+
+def _capped_threads(cap: int) -> int:
+    """The partial kernel's block for lists of ``cap`` < k (H100, tools/topk_caps.py: 512 threads
+    best to cap 128, 1024 at 256 by ~2 %)."""
+    if config.ENABLE_CUDASIM:
+        return 32
+    return 512 if cap <= 128 else 1024
 
 
 def _fused_merge(slices: int, cap: int) -> bool:
@@ -926,7 +946,7 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
     and no knob of the split kernels below is given, else "split". ``scratch`` is the split
     kernels' (unused by "rows", so that a caller may pass it whichever runs); ``threads``,
     ``slices``, ``keep`` and ``fuse`` are refused with "rows". ``threads``: the partial kernel's block
-    (default ``_partial_threads(k)``); ``slices``: G (default ``_slices``); ``keep``: the keys a
+    (default ``_partial_threads(k)``, ``_capped_threads(cap)`` for lists capped below k); ``slices``: G; ``keep``: the keys a
     thread keeps for the filter, 0 (off) to MAX_KEEP (default ``_keep_per_thread``); ``fuse``:
     whether the partial kernel's last block a row merges the row (True), or a merge kernel after
     it does (False); default True when the slices' lists fit its shared keys (``_fused_merge``).
@@ -941,7 +961,7 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
         raise ValueError(f"k = {k} is more than the kernel's MAX_K = {MAX_K}")
     if V > MAX_VOCAB:
         raise ValueError(f"vocabulary of {V} is more than the kernel's MAX_VOCAB = {MAX_VOCAB} (int32 token "
-                         f"ids, and 32-bit indices that run up to a step of {UNROLL} x 1024 past the slice)")
+                         f"ids, and 32-bit indices that run up to two steps of {UNROLL} x {MAX_SLICES} x 1024 past V)")
     split_knobs = any(v is not None for v in (threads, slices, keep, fuse, cap))
     if method is None:
         method = "rows" if _rows_path(V, k) and not split_knobs else "split"
@@ -951,8 +971,8 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
         raise ValueError(f"method 'rows' takes V <= {ROWS_MAX_VOCAB} (a lane holds V / 32 entries), got V = {V}")
     if method == "rows" and split_knobs:
         raise ValueError("threads, slices, keep, fuse and cap are the split kernels' (method 'split'), not 'rows'")
-    threads = _partial_threads(k) if threads is None else threads
-    threads = check_threads(threads)
+    if threads is not None:
+        threads = check_threads(threads)
     if keep is not None:
         keep = check_int("keep", keep, 0, MAX_KEEP)
     check_logits_values("logits", logits)
@@ -971,6 +991,8 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
             return out[0].copy_to_host(stream=stream), out[1].copy_to_host(stream=stream)
         return out
     G, cap = _choose_split(V, k, slices, cap)
+    if threads is None:
+        threads = _partial_threads(k) if cap >= k else _capped_threads(cap)
     if G * _pow2_at_least(cap) > MERGE_SLOTS:
         raise ValueError(f"slices = {G} with lists of {cap}: the merge holds at most {MERGE_SLOTS} keys, "
                          f"{G} lists of {_pow2_at_least(cap)}")
