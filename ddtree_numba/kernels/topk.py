@@ -1,29 +1,33 @@
 """Top-K log-probabilities per draft depth on the GPU; twin: ``reference.topk.topk_logprobs``.
 
-Shapes: L depths, V vocabulary, K kept tokens (K <= MAX_K), G slices a row (``_slices``: about one a
-SLICE entries, G * P <= MERGE_SLOTS for P the power of two >= K).
+Shapes: L depths, V vocabulary, K kept tokens (K <= MAX_K), G slices a row, each keeping a list of
+at most cap keys (``_split``: G about one a SLICE entries and cap = K; from K = CAPPED_FROM on, G =
+CAPPED_SLICES and cap < K; G * P <= MERGE_SLOTS for P the power of two >= cap).
 
 G blocks a row, so that a row is read by G blocks at once instead of one (issue 15), then a merge
 of the row's G results, by the row's last block to finish (one launch) or by a merge kernel:
 
-1. ``_topk_partial_kernel``, grid (G, L): block (b, row) takes slice b of the row, each thread
-   UNROLL entries at a time (the loads, then the exps, in flight together). Its log-sum-exp pair:
-   each thread keeps an online (max, rest) in float64 over a strided part of the slice (below),
-   then a shared-memory tree combines the threads'. Its min(K, slice) largest entries, by *composite key*
+1. ``_topk_partial_kernel``, grid (G, L): block (b, row) takes slice b of the row, its runs of T
+   (the block's threads) entries b, b + G, b + 2G, ... (interleaved, so that a range of token ids,
+   frequent tokens say, is dealt out over every slice), each thread UNROLL entries at a time (the
+   loads, then the exps, in flight together). Its log-sum-exp pair: each thread keeps an online
+   (max, rest) in float64 over its entries, then a shared-memory tree combines the threads'. Its
+   min(cap, entries) largest entries, by *composite key*
    ``(ordered float bits << 32) | (2^32-1-id)`` (distinct, so ties in value go to the lower id for
    free): while reading for the log-sum-exp each thread keeps its few largest keys; a radix select
-   over the kept keys' top two digits gives tau, with at least K kept keys >= it, so a second read
+   over the kept keys' top two digits gives tau, with at least cap kept keys >= it, so a second read
    gathers the keys >= tau into shared memory, where each one's rank is the number of larger ones
    (a candidate a thread; a bitonic sort when there are more). If more than FILTER_CAP pass (a
-   slice whose large logits sit in a few threads' strides), a radix select of the K-th largest
+   slice whose large logits sit in a few threads' strides), a radix select of the cap-th largest
    key, 8 bits a pass from the top digit down, stopping as soon as the selected bucket is exactly
    what is still needed. They go to a ``TopKScratch``, sorted descending.
 2. ``merge_row``: the row's log-sum-exp from the slices' pairs (in slice order); every slice's
    sorted list in shared memory, each candidate's rank its place in its own list plus a binary
-   search in each other list; the K ranked first written out (no sort). When the G lists fit the
-   partial kernel's shared keys (G * P <= FILTER_CAP, P the power of two >= K: every k <= 256 at
-   the default slices), the row's last partial block to finish runs it (an arrival counter a row,
-   after a fence; that block resets the counter for the next launch). Otherwise
+   search in each other list; the K ranked first written out (no sort). With lists capped below K,
+   a check that no slice held more than cap of the row's top K (else the block selects the row's
+   top K from the whole row: exact, and slow). When the G lists fit the partial kernel's shared
+   keys (G * P <= FILTER_CAP), the row's last partial block to finish runs it (an arrival counter
+   a row, after a fence; that block resets the counter for the next launch). Otherwise
    ``_topk_merge_kernel``, grid L (up to 1024 threads a block), runs it after the partial kernel.
 
 Short rows (a DFlash drafter's vocabulary of a few hundred) take ``_topk_rows_kernel`` instead: a
