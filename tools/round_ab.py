@@ -9,7 +9,10 @@ Usage (a GPU machine): python tools/round_ab.py --knob MODULE.ATTR=VALUE [--knob
 e.g. ``--knob ddtree_numba.kernels.gqa.WARP_MAX_DH=0`` (the drafter's attention on the split kernel)
 or ``--knob ddtree_numba.decode.device.LEVEL_BUILD_FROM=16``. VALUE is a Python literal (``ast.literal_eval``).
 Each side loads its own demo pair (so each keeps its own captured round graphs); B's knobs are set
-around each of B's calls (its captures and its host-side choices) and restored after. A pass is
+around each of B's calls (its captures and its host-side choices) and restored after. The passes
+run A, B then B, A in turn. A null knob (a value the package already has) measures what is left of
+the sides' bias (thirty-sixth session's first run: B 2.8 µs a round faster than A with the warp
+kernel off, where draft_ab had it 7 µs slower a draft: a null run settles which to believe). A pass is
 ``generate`` over the held-out prompts with one CUDA graph a round; a warm-up pass a side first
 (compiles, captures). Prints µs a round (the rounds' device time over their count) and tokens/s
 (tokens over the rounds' device time: no prefill, so above ``benchmarks/demo_pair.py``'s) per pass and side, the medians, and whether B's tokens equal A's (a knob that changes bits says so).
@@ -88,10 +91,10 @@ def main():
     want = {label: run(label)[0] for label in sides}          # warm-up: compiles, captures
     same = all(np.array_equal(a, b) for a, b in zip(want["A"], want["B"]))
     table = {label: [] for label in sides}
-    for _ in range(args.passes):
-        for label in sides:
-            _, us, tps = run(label)
-            table[label].append((us, tps))
+    for i in range(args.passes):
+        for label in (("A", "B") if i % 2 == 0 else ("B", "A")):   # ABBA: a side's place in a pass
+            _, us, tps = run(label)                                # alternates, so a bias of going
+            table[label].append((us, tps))                         # first or second cancels
     print(f"demo pair, {args.method}" + (f" budget {args.budget}" if args.method == "ddtree" else "")
           + f", {len(prompts)} prompts x {args.new} tokens, one CUDA graph a round; B: {', '.join(args.knob)}")
     print(f"B's tokens equal A's: {same}")
