@@ -3,7 +3,7 @@ module-level knobs set, their passes alternated, so that the machine's drift can
 few µs a round shows (thirty-fifth session: old and new in separate processes, one run a side, could
 not resolve the ~7 µs the drafter's GQA warp kernel takes off a draft; tools/draft_ab.py could).
 
-Usage (a GPU machine): python tools/round_ab.py --knob MODULE.ATTR=VALUE [--knob ...] [--method ddtree]
+Usage (a GPU machine): python tools/round_ab.py --knob MODULE.ATTR=VALUE [--knob ...] [--a-knob ...] [--method ddtree]
     [--budget 16] [--prompts 8] [--new 128] [--passes 5]
 
 e.g. ``--knob ddtree_numba.kernels.gqa.WARP_MAX_DH=0`` (the drafter's attention on the split kernel)
@@ -59,14 +59,19 @@ def knobs_set(knobs):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--knob", action="append", required=True, help="MODULE.ATTR=VALUE, set on side B")
+    ap.add_argument("--knob", action="append", default=[], help="MODULE.ATTR=VALUE, set on side B")
+    ap.add_argument("--a-knob", action="append", default=[],
+                    help="MODULE.ATTR=VALUE, set on side A (the same change on the other side: the sides' own bias "
+                         "cancels in the two runs' difference)")
     ap.add_argument("--method", choices=("ddtree", "dflash", "ar"), default="ddtree")
     ap.add_argument("--budget", type=int, default=16)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--passes", type=int, default=5)
     args = ap.parse_args()
-    knobs = [parse_knob(k) for k in args.knob]
+    if not args.knob and not args.a_knob:
+        ap.error("give a --knob (side B) or an --a-knob (side A)")
+    knobs = {"A": [parse_knob(k) for k in args.a_knob], "B": [parse_knob(k) for k in args.knob]}
     import ddtree_numba as dd
     from ddtree_numba.demo import demo_metadata
     t_dir, d_dir = dd.demo_pair()
@@ -79,7 +84,7 @@ def main():
     def run(label):
         target, drafter = sides[label]
         tokens, rounds, seconds, n = [], 0, 0.0, 0
-        with knobs_set(knobs) if label == "B" else contextlib.nullcontext():
+        with knobs_set(knobs[label]):
             for p in prompts:
                 res = dd.generate(target, drafter, p, args.new, method=args.method, budget=args.budget, graph=True)
                 tokens.append(res.tokens)
@@ -96,7 +101,8 @@ def main():
             _, us, tps = run(label)                                # alternates, so a bias of going
             table[label].append((us, tps))                         # first or second cancels
     print(f"demo pair, {args.method}" + (f" budget {args.budget}" if args.method == "ddtree" else "")
-          + f", {len(prompts)} prompts x {args.new} tokens, one CUDA graph a round; B: {', '.join(args.knob)}")
+          + f", {len(prompts)} prompts x {args.new} tokens, one CUDA graph a round; A: {', '.join(args.a_knob) or '-'}; "
+          f"B: {', '.join(args.knob) or '-'}")
     print(f"B's tokens equal A's: {same}")
     print("| side | " + " | ".join(f"pass {i + 1}" for i in range(args.passes)) + " | median µs a round | median tokens/s of the rounds |")
     print("|---|" + "---|" * (args.passes + 2))
