@@ -6,7 +6,7 @@ not resolve the ~7 µs the drafter's GQA warp kernel takes off a draft; tools/dr
 Usage (a GPU machine): python tools/round_ab.py --knob MODULE.ATTR=VALUE [--knob ...] [--a-knob ...] [--method ddtree]
     [--budget 16] [--prompts 8] [--new 128] [--passes 5]
 
-e.g. ``--knob ddtree_numba.kernels.gqa.WARP_MAX_DH=0`` (the drafter's attention on the split kernel)
+e.g. ``--knob ddtree_numba.kernels.gqa.WARP_FROM_SEQUENCES=1`` (the drafter's attention on the warp kernel)
 or ``--knob ddtree_numba.decode.device.LEVEL_BUILD_FROM=16``. VALUE is a Python literal (``ast.literal_eval``).
 Each side loads its own demo pair (so each keeps its own captured round graphs); B's knobs are set
 around each of B's calls (its captures and its host-side choices) and restored after. The passes

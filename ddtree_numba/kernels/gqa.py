@@ -399,6 +399,13 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
 _WarpTiles = namedtuple("_WarpTiles", "RW NW")
 _LANES = 8 if _SIM else 32
 WARP_MAX_DH = 64                     # larger heads keep the split kernel (a lane's key row in registers)
+# Launches of fewer sequences take the split kernel by default. Alone the warp kernel is faster at
+# one sequence too (12.9 against 16.2 µs a launch, a draft 119.3 against 126.7 µs: thirty-fifth
+# session), but in whole demo rounds it was ~7.5 µs a round slower (tools/round_ab.py, H100,
+# thirty-sixth session: 619.1 against 615.8 µs with it on side A, 622.1 against 610.3 with it on
+# side B; the sides' own bias ~4 µs cancels in the two runs). Batches keep it (28.3 against 41.2 µs a
+# launch at 8 sequences alone; not yet A/B'd in batched rounds).
+WARP_FROM_SEQUENCES = 2
 
 
 def _check_warp_tiles(wt, dh: int, kt: int) -> None:
@@ -698,8 +705,9 @@ def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=N
     by their last block; False: the merge in a launch of its own (the same bits).
     ``method``: "warp" (``_gqa_warp_kernel``: a block's warps take every split of its rows, then
     the block merges them; no mask, the fused merge, Dh <= ``WARP_MAX_DH``), "split" (the split
-    blocks), or None: "warp" wherever it applies (measured faster at 1, 4, 8 and 16 sequences:
-    ``_warp_tiles``). The same bits either way. ``warp_tiles`` overrides ``_warp_tiles`` (RW rows,
+    blocks), or None: "warp" wherever it applies to WARP_FROM_SEQUENCES sequences or more (faster
+    alone at 1, 4, 8 and 16 sequences, ``_warp_tiles``, but slower in one sequence's rounds), else
+    "split". The same bits either way. ``warp_tiles`` overrides ``_warp_tiles`` (RW rows,
     NW warps a block: the speed only).
     """
     if method not in (None, "warp", "split"):
@@ -729,7 +737,7 @@ def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=N
     warp_ok = mask is None and fuse and dh <= WARP_MAX_DH
     if method == "warp" and not warp_ok:
         raise ValueError(f"method 'warp' takes no mask, the fused merge and Dh <= {WARP_MAX_DH} (Dh {dh})")
-    use_warp = method == "warp" or (method is None and warp_ok)
+    use_warp = method == "warp" or (method is None and warp_ok and n_seq >= WARP_FROM_SEQUENCES)
     if use_warp:
         wt = warp_tiles or _warp_tiles(dh, hkv * tq * g * n_seq)
         _check_warp_tiles(wt, dh, cfg.KT)
