@@ -4,7 +4,7 @@ few µs a round shows (thirty-fifth session: old and new in separate processes, 
 not resolve the ~7 µs the drafter's GQA warp kernel takes off a draft; tools/draft_ab.py could).
 
 Usage (a GPU machine): python tools/round_ab.py --knob MODULE.ATTR=VALUE [--knob ...] [--a-knob ...] [--method ddtree]
-    [--budget 16] [--prompts 8] [--new 128] [--passes 5]
+    [--budget 16] [--prompts 8] [--new 128] [--passes 5] [--batch S]
 
 e.g. ``--knob ddtree_numba.kernels.gqa.WARP_FROM_SEQUENCES=1`` (the drafter's attention on the warp kernel)
 or ``--knob ddtree_numba.decode.device.LEVEL_BUILD_FROM=16``. VALUE is a Python literal (``ast.literal_eval``).
@@ -68,6 +68,8 @@ def main():
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--passes", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=0,
+                    help="S > 0: the prompts in batches of S through generate_batch (batched rounds), not generate")
     args = ap.parse_args()
     if not args.knob and not args.a_knob:
         ap.error("give a --knob (side B) or an --a-knob (side A)")
@@ -85,12 +87,22 @@ def main():
         target, drafter = sides[label]
         tokens, rounds, seconds, n = [], 0, 0.0, 0
         with knobs_set(knobs[label]):
-            for p in prompts:
-                res = dd.generate(target, drafter, p, args.new, method=args.method, budget=args.budget, graph=True)
-                tokens.append(res.tokens)
-                rounds += len(res.acceptance_lengths)
-                seconds += res.stage_times["round"]
-                n += len(res.tokens)
+            if args.batch:
+                for i in range(0, len(prompts), args.batch):
+                    res = dd.generate_batch(target, drafter, prompts[i:i + args.batch], args.new, method=args.method,
+                                            budget=args.budget, graph=True)
+                    tokens += [r.tokens for r in res]
+                    rounds += len(res.rounds)
+                    seconds += res[0].stage_times["round"]      # the batch's rounds, one clock
+                    n += sum(len(r.tokens) for r in res)
+            else:
+                for p in prompts:
+                    res = dd.generate(target, drafter, p, args.new, method=args.method, budget=args.budget,
+                                      graph=True)
+                    tokens.append(res.tokens)
+                    rounds += len(res.acceptance_lengths)
+                    seconds += res.stage_times["round"]
+                    n += len(res.tokens)
         return tokens, 1e6 * seconds / max(rounds, 1), n / max(seconds, 1e-12)
 
     want = {label: run(label)[0] for label in sides}          # warm-up: compiles, captures
@@ -101,7 +113,9 @@ def main():
             _, us, tps = run(label)                                # alternates, so a bias of going
             table[label].append((us, tps))                         # first or second cancels
     print(f"demo pair, {args.method}" + (f" budget {args.budget}" if args.method == "ddtree" else "")
-          + f", {len(prompts)} prompts x {args.new} tokens, one CUDA graph a round; A: {', '.join(args.a_knob) or '-'}; "
+          + f", {len(prompts)} prompts x {args.new} tokens"
+          + (f" in batches of {args.batch} (generate_batch)" if args.batch else "")
+          + f", one CUDA graph a round; A: {', '.join(args.a_knob) or '-'}; "
           f"B: {', '.join(args.knob) or '-'}")
     print(f"B's tokens equal A's: {same}")
     print("| side | " + " | ".join(f"pass {i + 1}" for i in range(args.passes)) + " | median µs a round | median tokens/s of the rounds |")
