@@ -236,6 +236,15 @@ def _block_helpers(threads):
             size *= 2
 
     @device_function
+    def reset_selection(sel, state, kk):
+        """A radix select's state (one thread): no digit decided, kk still needed, nothing gathered."""
+        sel[0] = uint64(0)
+        sel[1] = uint64(0)
+        state[0] = kk
+        state[1] = 0
+        state[2] = 0
+
+    @device_function
     def radix_gather(bits, row, start, stop, step, kk, keys, hist, suffix, chunk, sel, state, t):
         """The kk largest composite keys of the entries bits[row, v], v = start + t + j * step < stop
         over the block's threads t and j >= 0 (kk at most their number), into keys[:kk], in no
@@ -244,11 +253,7 @@ def _block_helpers(threads):
         needed, then one more read gathers the keys >= it. Uses sel and state (reset here)."""
         cuda.syncthreads()                  # every thread is done with sel and state
         if t == 0:
-            sel[0] = uint64(0)
-            sel[1] = uint64(0)
-            state[0] = kk
-            state[1] = 0
-            state[2] = 0
+            reset_selection(sel, state, kk)
         cuda.syncthreads()                  # the selection state is reset
         shift = 56
         while shift >= 0:
@@ -368,7 +373,7 @@ def _block_helpers(threads):
                 ids_out[row, j] = tok
                 lp_out[row, j] = float32(float64(_as_float(bits[row, tok])) - lse)
 
-    return clear, pick_digit, sort_desc, radix_gather, merge_row
+    return clear, pick_digit, sort_desc, reset_selection, radix_gather, merge_row
 
 
 FILTER_CAP = 2048  # shared slots of the partial kernel's filter (candidates >= its threshold)
@@ -426,7 +431,7 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
     MLOC = max(M, 1)
     CAP = FILTER_CAP
     U = UNROLL
-    clear, pick_digit, sort_desc, radix_gather, merge_row = _block_helpers(T)
+    clear, pick_digit, sort_desc, reset_selection, radix_gather, merge_row = _block_helpers(T)
 
     # launch bounds: registers capped so that a block of T threads always fits an SM
     @cached
@@ -541,11 +546,7 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
         red_m[t] = m
         red_s[t] = s
         if t == 0:
-            sel[0] = uint64(0)
-            sel[1] = uint64(0)
-            state[0] = kk
-            state[1] = 0
-            state[2] = 0
+            reset_selection(sel, state, kk)
         cuda.syncthreads()  # partial pairs and selection state are written
         stride = T // 2
         while stride > 0:
@@ -674,7 +675,7 @@ def _topk_merge_kernel(threads):
     not fit the partial kernel's shared keys (G * P > FILTER_CAP; ``_slices`` keeps G * P <=
     MERGE_SLOTS). Otherwise the partial kernel's last block a row merges it (``fuse``)."""
     T = threads
-    merge_row = _block_helpers(T)[4]
+    merge_row = _block_helpers(T)[-1]
 
     # launch bounds: registers capped so that a block of T threads always fits an SM
     @cached
