@@ -403,8 +403,9 @@ WARP_MAX_DH = 64                     # larger heads keep the split kernel (a lan
 # one sequence too (12.9 against 16.2 µs a launch, a draft 119.3 against 126.7 µs: thirty-fifth
 # session), but in whole demo rounds it was ~7.5 µs a round slower (tools/round_ab.py, H100,
 # thirty-sixth session: 619.1 against 615.8 µs with it on side A, 622.1 against 610.3 with it on
-# side B; the sides' own bias ~4 µs cancels in the two runs). Batches keep it (28.3 against 41.2 µs a
-# launch at 8 sequences alone; not yet A/B'd in batched rounds).
+# side B; the sides' own bias ~4 µs cancels in the two runs). Batches keep it: in batched rounds of
+# 8 it is ~11 µs a round faster (round_ab --batch 8 both ways: 929.6 against 940.8, 927.4 against
+# 938.3 µs).
 WARP_FROM_SEQUENCES = 2
 
 
