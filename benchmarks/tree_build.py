@@ -149,8 +149,9 @@ def per_kernel(V=163840, L=15):
             ways = "".join({"filter": "f", "select": "S", "seed": "+"}[a] for a in trace)
             print(f"level build, budget {budget}, L = {depths}: {t:.1f} µs (levels {ways}: "
                   f"f filtered, S selected, + the seed computed); heap build {t_heap:.1f} µs", flush=True)
-        T = tk._partial_threads(budget)
-        (G, cap), keep = tk._split(V, budget), tk._keep_per_thread(tk._split(V, budget)[1], T)
+        G, cap = tk._split(V, budget)
+        T = tk._partial_threads(budget) if cap >= budget else tk._capped_threads(cap)   # as topk_logprobs
+        keep = tk._keep_per_thread(cap, T)
         lpd, idd = cuda.device_array((L, budget), np.float32), cuda.device_array((L, budget), np.int32)
         scr = kn.TopKScratch.allocate(L, V, budget)
         t = graph_us(lambda s: kn.topk_logprobs(dx, budget, out=(lpd, idd), stream=s, scratch=scr))
@@ -216,8 +217,8 @@ def overhead(V=163840, L=15, copies=8):
         lpd, idd = cuda.device_array((L, budget), np.float32), cuda.device_array((L, budget), np.int32)
         scr = kn.TopKScratch.allocate(L, V, budget)
         bufs, sc = kn.TreeBuffers.allocate(budget), kn.LevelScratch.allocate(L, budget)
-        T = tk._partial_threads(budget)
         G, cap = tk._split(V, budget)
+        T = tk._partial_threads(budget) if cap >= budget else tk._capped_threads(cap)   # as topk_logprobs
         keep = tk._keep_per_thread(cap, T)
 
         def topk(s):

@@ -340,12 +340,33 @@ def test_capped_lists_match_the_twin_with_and_without_the_fallback(rng, kind, fu
     """Slices that keep fewer than k keys (``cap``): rows whose top k is spread over the slices
     (the union holds it) and a row whose top k sits in one slice (the merge falls back to the whole
     row), each the twin's ids and log-prob bits; the model above says which rows fall back."""
-    V, k, slices, cap = 250, 24, 6, 8
+    k, slices, cap = 24, 6, 16
+    V = 5 * slices * THREADS + 10                        # five runs a slice and a ragged end
     x = _logits(rng, 3, V, kind)
     x[2, [v for v in range(V) if (v // THREADS) % slices == 1]] += 20.0     # row 2: its top k in slice 1
     ran = [_capped_merge(x[d], k, slices, cap, THREADS)[1] for d in range(3)]
     assert ran[2]
+    if kind != "ties":                                   # (tied rows crowd into the lowest ids)
+        assert not all(ran[:2]), "no spread row keeps the union's top k: the path without fallback is untested"
     lp, ids = kn.topk_logprobs(x, k, threads=THREADS, slices=slices, cap=cap, fuse=fuse)
+    lp_ref, ids_ref = ref.topk_logprobs(x, k)
+    np.testing.assert_array_equal(ids, ids_ref)
+    np.testing.assert_array_equal(lp.view(np.uint32), lp_ref.view(np.uint32))
+
+
+@pytest.mark.kernels
+def test_the_default_split_caps_lists_and_matches_the_twin(rng):
+    """``_split``'s own choice (no knob) at a vocabulary and k where it caps the lists: the
+    twin's ids and bits, a spread row and a row whose top k crowds into its first ids."""
+    from ddtree_numba.kernels.topk import _capped_threads, _split
+    V, k = 40960, 128
+    G, cap = _split(V, k)
+    T = _capped_threads(cap)                             # the block the launcher picks: the runs
+    assert cap < k
+    x = _logits(rng, 2, V, "normal")
+    x[1, [v for v in range(V) if (v // T) % G == 0]] += 30.0     # row 1: its top k in slice 0
+    assert [_capped_merge(x[d], k, G, cap, T)[1] for d in range(2)] == [False, True]
+    lp, ids = kn.topk_logprobs(x, k)
     lp_ref, ids_ref = ref.topk_logprobs(x, k)
     np.testing.assert_array_equal(ids, ids_ref)
     np.testing.assert_array_equal(lp.view(np.uint32), lp_ref.view(np.uint32))

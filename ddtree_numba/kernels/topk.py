@@ -24,8 +24,9 @@ of the row's G results, by the row's last block to finish (one launch) or by a m
 2. ``merge_row``: the row's log-sum-exp from the slices' pairs (in slice order); every slice's
    sorted list in shared memory, each candidate's rank its place in its own list plus a binary
    search in each other list; the K ranked first written out (no sort). With lists capped below K,
-   a check that no slice held more than cap of the row's top K (else the block selects the row's
-   top K from the whole row: exact, and slow). When the G lists fit the partial kernel's shared
+   a check that no full list reaches into the top K - 1, so that no slice can have held more than
+   cap of the row's top K (else the block selects the row's top K from the whole row: exact, and
+   slow). When the G lists fit the partial kernel's shared
    keys (G * P <= FILTER_CAP), the row's last partial block to finish runs it (an arrival counter
    a row, after a fence; that block resets the counter for the next launch). Otherwise
    ``_topk_merge_kernel``, grid L (up to 1024 threads a block), runs it after the partial kernel.
@@ -299,9 +300,12 @@ def _block_helpers(threads):
         a slice of more) leaves out keys below its last. If every full list's last key ranks k - 1
         or lower among the candidates (at or below their k-th largest, which is at or below the
         row's), every key left out is below the row's k-th largest, so the candidates' top k is the
-        row's. Otherwise (a slice holding more than cap of the row's top k) the block selects the
-        row's top k from the whole row (``radix_gather`` over the row, a bitonic sort): exact
-        either way, slow only for such rows. (tests/test_topk.py holds the rule to brute force.)"""
+        row's. Otherwise the block selects the row's top k from the whole row (``radix_gather``
+        over the row, a bitonic sort): exact either way, slow only for such rows. A slice holding
+        more than cap of the row's top k always takes that path; one holding exactly cap of its
+        top k - 1 takes it too, needed or not (the exact test would compare each slice's best key
+        left out, its (cap + 1)-th, with the k-th candidate: not built). (tests/test_topk.py holds
+        the rule to brute force.)"""
         for b in range(t, G, T):                  # (the simulator's blocks may be smaller than G)
             pm[b] = part_m[row, b]
             ps[b] = part_s[row, b]
@@ -358,7 +362,8 @@ def _block_helpers(threads):
                                                       # keys of its slice may be missing (the doc above)
         cuda.syncthreads()                        # every rank is written, and the flag
         if over[0] != 0:
-            # a slice held more than cap of the row's top k: the row's top k from the whole row
+            # a full list reaches into the top k - 1 (a slice may hold more than cap of the row's
+            # top k): the row's top k from the whole row
             radix_gather(bits, row, 0, bits.shape[1], T, k, keys, hist, suffix, chunk, sel, state, t)
             P2 = 1
             while P2 < k:
@@ -850,8 +855,9 @@ def _slices(vocab: int, k: int) -> int:
 
 # From this k on, slices keep capped lists (``_split``), so that a row is read by as many blocks as
 # at small k and the lists fit the partial kernel's last block. Exact for every row: the merge checks
-# that no slice held more than cap of the row's top k, else selects the row's top k from the whole
-# row (``_block_helpers.merge_row``: ~400 µs at V 163840, k 256-1024, on an H100).
+# that no full list reaches into the top k - 1 (as it must when a slice held more than cap of the
+# row's top k), else selects the row's top k from the whole row (``_block_helpers.merge_row``:
+# ~270-470 µs at V 163840, k 128-1024, on an H100).
 CAPPED_FROM = 128
 CAPPED_SLICES = 8   # G * L blocks within one wave of an H100's 132 SMs at L = 15: more slices ran in
                     # waves, each as long as the first (tools/topk_caps.py, µs at k 128: G 8 / 16 /
