@@ -9,10 +9,12 @@ Usage (a GPU machine): python tools/round_ab.py --knob MODULE.ATTR=VALUE [--knob
 e.g. ``--knob ddtree_numba.kernels.gqa.WARP_FROM_SEQUENCES=1`` (the drafter's attention on the warp kernel)
 or ``--knob ddtree_numba.decode.device.LEVEL_BUILD_FROM=16``. VALUE is a Python literal (``ast.literal_eval``).
 Each side loads its own demo pair (so each keeps its own captured round graphs); B's knobs are set
-around each of B's calls (its captures and its host-side choices) and restored after. The passes
-run A, B then B, A in turn. A null knob (a value the package already has) measures what is left of
-the sides' bias (thirty-sixth session's first run: B 2.8 µs a round faster than A with the warp
-kernel off, where draft_ab had it 7 µs slower a draft: a null run settles which to believe). A pass is
+around each of B's calls (its captures and its host-side choices) and restored after; ``--a-knob``
+sets knobs on side A the same way. The passes run A, B then B, A in turn. The sides themselves
+differ by a few µs a round (thirty-sixth session, H100: side B ~4 µs slower whatever it held), so
+run a change both ways, ``--knob X`` then ``--a-knob X``: half the difference of the two runs' B - A
+is the change, half their sum the sides' bias. ``--batch S`` times batched rounds (``generate_batch``
+over S prompts at a time) instead. A pass is
 ``generate`` over the held-out prompts with one CUDA graph a round; a warm-up pass a side first
 (compiles, captures). Prints µs a round (the rounds' device time over their count) and tokens/s
 (tokens over the rounds' device time: no prefill, so above ``benchmarks/demo_pair.py``'s) per pass and side, the medians, and whether B's tokens equal A's (a knob that changes bits says so).
