@@ -93,6 +93,31 @@ show_topk(lp, ids, labels=word)
 plt.show()
 
 # %% [markdown]
+# ### On a GPU: a row in slices, each keeping a capped list
+#
+# A real vocabulary is ~10^5 tokens, too many for one block, so the kernel deals each row out to
+# several blocks (*slices*) in runs of consecutive tokens, and each slice keeps only its `cap`
+# best (fewer than `K`: the lists then fit one block's shared memory for the merge). The merge
+# takes the `K` best of the lists. That misses a token only if one slice held more than `cap` of
+# the row's top `K`; the merge cannot count that, so it checks something it can: a *full* list
+# whose last token still ranks inside the top `K - 1`. Then it falls back to the whole row.
+# `ref.topk.capped_merge` is that merge, step by step, on one row.
+
+# %%
+from ddtree_numba.reference.topk import capped_merge
+
+row = np.random.default_rng(0).standard_normal(64).astype(np.float32)   # a 64-token row
+slice_of = np.arange(64) // 4 % 4                                   # runs of 4 tokens, 4 slices
+top_ids, fell_back = capped_merge(row, 8, slices=4, cap=4, run=4)   # top 8 from 4 lists of 4
+print("slices of the row's top 8:", slice_of[ref.topk_logprobs(row[None], 8)[1][0]],
+      " falls back?", fell_back)
+assert not fell_back and (top_ids == ref.topk_logprobs(row[None], 8)[1][0]).all()
+crowded = row.copy()
+crowded[slice_of == 0] += 10.0                                      # every strong token in slice 0
+print("crowded row: slices of its top 8:", slice_of[ref.topk_logprobs(crowded[None], 8)[1][0]],
+      " falls back?", capped_merge(crowded, 8, slices=4, cap=4, run=4)[1])
+
+# %% [markdown]
 # ## 3 · The best-first build, one pop at a time
 #
 # §1 step 3: a node is a rank path `(r1..rd)` scored `sum_i logp[i, r_i]` (float64, in path

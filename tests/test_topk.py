@@ -287,25 +287,22 @@ def test_the_partial_kernels_exp_is_within_an_ulp_of_a_long_double_one():
 
 
 def _capped_merge(x, k, slices, cap, threads):
-    """A numpy model of the split top-K with capped lists (kernels.topk's merge_row): slice b of
-    row x holds its runs of ``threads`` entries b, b + slices, ...; each keeps its ``cap`` best
-    tokens (larger logit, then lower id); the merge takes the k best of their union, and falls back
-    to the whole row when a full list's last token ranks above k - 1 in that union. -> (the union's
-    top k ids, fallback)."""
-    V = x.shape[0]
-    order = np.lexsort((np.arange(V), -x.astype(np.float64)))            # the row's order, best first
-    place = np.empty(V, np.int64)
-    place[order] = np.arange(V)
-    union, lasts = [], []
-    for b in range(slices):
-        mine = [v for v in range(V) if (v // threads) % slices == b]
-        best = sorted(mine, key=lambda v: place[v])[:cap]
-        union += best
-        if len(mine) > cap:
-            lasts.append(best[-1])                                       # a full list's last token
-    ranked = sorted(union, key=lambda v: place[v])
-    rank = {v: r for r, v in enumerate(ranked)}
-    return ranked[:k], any(rank[v] < k - 1 for v in lasts)
+    """``reference.topk.capped_merge`` for a block of ``threads`` (the kernel's runs) -> (ids as a
+    list, fallback)."""
+    from ddtree_numba.reference.topk import capped_merge
+    ids, fallback = capped_merge(np.asarray(x, np.float32), k, slices, cap, threads)
+    return ids.tolist(), fallback
+
+
+def test_the_capped_merge_model_refuses_bad_input():
+    from ddtree_numba.reference.topk import capped_merge
+    x = np.zeros(10, np.float32)
+    with pytest.raises(ValueError, match="cap must be <= 3"):
+        capped_merge(x, 3, 2, 4, 1)
+    with pytest.raises(ValueError, match="1-D"):
+        capped_merge(x[None], 3, 2, 2, 1)
+    with pytest.raises(ValueError, match="run must be >= 1"):
+        capped_merge(x, 3, 2, 2, 0)
 
 
 def test_the_capped_merges_rule_is_exact_against_brute_force(rng):

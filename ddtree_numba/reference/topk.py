@@ -40,3 +40,40 @@ def topk_logprobs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     ids = order.astype(np.int32)
     lp = (np.take_along_axis(x, order, axis=1) - lse).astype(np.float32)
     return lp, ids
+
+
+def capped_merge(row: np.ndarray, k: int, slices: int, cap: int, run: int) -> tuple[np.ndarray, bool]:
+    """How the GPU's split top-K finds one row's top k from capped slice lists (``kernels.topk``,
+    issue 15), step by step: the row is dealt out in runs of ``run`` consecutive entries to
+    ``slices`` slices in turn (run r to slice r % slices; the kernel's run is its block's threads);
+    each slice keeps its ``cap`` best tokens (larger logit, then the lower id); the merge takes the
+    k best of their union. That is the row's top k unless a slice held more than cap of it, and the
+    merge cannot see that directly, so it falls back to the whole row whenever a *full* list (cap
+    tokens of a slice of more) has its last token ranked above k - 1 in the union: every token a
+    list left out is below its last, so with no such list every left-out token ranks k or lower.
+
+    row [V] float32 -> (ids [min(k, union)] int32: the union's k best, fallback: bool). When
+    ``fallback`` is False, ids are ``topk_logprobs(row[None], k)[1][0]`` (tests/test_topk.py holds
+    this to brute force); when True the kernel recomputes the row's top k from the whole row."""
+    check_array("row", row, 1, np.float32)
+    V = row.shape[0]
+    k = check_int("k", k, 1, V)
+    slices = check_int("slices", slices, 1)
+    cap = check_int("cap", cap, 1, k)
+    run = check_int("run", run, 1)
+    order = np.lexsort((np.arange(V), -row.astype(np.float64)))      # the row's order, best first
+    place = np.empty(V, np.int64)
+    place[order] = np.arange(V)                                      # each token's rank in the row
+    slice_of = (np.arange(V) // run) % slices
+    union, lasts = [], []
+    for b in range(slices):
+        mine = np.flatnonzero(slice_of == b)
+        best = mine[np.argsort(place[mine], kind="stable")][:cap]    # the slice's list, best first
+        union.append(best)
+        if mine.shape[0] > cap:
+            lasts.append(best[-1])                                   # a full list's last token
+    union = np.concatenate(union)
+    ranked = union[np.argsort(place[union], kind="stable")]          # the union, best first
+    rank_in_union = {int(v): r for r, v in enumerate(ranked)}
+    fallback = any(rank_in_union[int(v)] < k - 1 for v in lasts)
+    return ranked[:k].astype(np.int32), bool(fallback)
