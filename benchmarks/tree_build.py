@@ -150,7 +150,7 @@ def per_kernel(V=163840, L=15):
             print(f"level build, budget {budget}, L = {depths}: {t:.1f} µs (levels {ways}: "
                   f"f filtered, S selected, + the seed computed); heap build {t_heap:.1f} µs", flush=True)
         G, cap = tk._split(V, budget)
-        T = tk._partial_threads(budget) if cap >= budget else tk._capped_threads(cap)   # as topk_logprobs
+        T = tk._default_threads(budget, cap)             # the block topk_logprobs picks
         keep = tk._keep_per_thread(cap, T)
         lpd, idd = cuda.device_array((L, budget), np.float32), cuda.device_array((L, budget), np.int32)
         scr = kn.TopKScratch.allocate(L, V, budget)
@@ -218,7 +218,7 @@ def overhead(V=163840, L=15, copies=8):
         scr = kn.TopKScratch.allocate(L, V, budget)
         bufs, sc = kn.TreeBuffers.allocate(budget), kn.LevelScratch.allocate(L, budget)
         G, cap = tk._split(V, budget)
-        T = tk._partial_threads(budget) if cap >= budget else tk._capped_threads(cap)   # as topk_logprobs
+        T = tk._default_threads(budget, cap)             # the block topk_logprobs picks
         keep = tk._keep_per_thread(cap, T)
 
         def topk(s):

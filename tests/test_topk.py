@@ -355,10 +355,10 @@ def test_capped_lists_match_the_twin_with_and_without_the_fallback(rng, kind, fu
 def test_the_default_split_caps_lists_and_matches_the_twin(rng):
     """``_split``'s own choice (no knob) at a vocabulary and k where it caps the lists: the
     twin's ids and bits, a spread row and a row whose top k crowds into its first ids."""
-    from ddtree_numba.kernels.topk import _capped_threads, _split
+    from ddtree_numba.kernels.topk import _default_threads, _split
     V, k = 40960, 128
     G, cap = _split(V, k)
-    T = _capped_threads(cap)                             # the block the launcher picks: the runs
+    T = _default_threads(k, cap)                         # the block the launcher picks: the runs
     assert cap < k
     x = _logits(rng, 2, V, "normal")
     x[1, [v for v in range(V) if (v // T) % G == 0]] += 30.0     # row 1: its top k in slice 0

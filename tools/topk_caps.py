@@ -52,7 +52,7 @@ def main():
         want_lp, want_ids = ref.topk_logprobs(x, k)
         G0 = tk._slices(V, k)
         cells = []
-        options = [(G0, k, tk._partial_threads(k))]
+        options = [(G0, k, tk._default_threads(k, k))]
         for G in args.slices:
             for cap in (8, 16, 32, 64, 128, 256):
                 # lists that hold at least twice k (else the merge falls back on most rows)
@@ -71,9 +71,9 @@ def main():
             for n, xp in packed.items():
                 p_lp, p_ids = ref.topk_logprobs(xp, k)
                 dp = cuda.to_device(xp)
-                us, lp, ids = run(dp, k, G, cap, tk._capped_threads(cap))
+                us, lp, ids = run(dp, k, G, cap, tk._default_threads(k, cap))
                 ok = np.array_equal(ids, p_ids) and np.array_equal(lp.view(np.uint32), p_lp.view(np.uint32))
-                us0, _, _ = run(dp, k, G0, k, tk._partial_threads(k))
+                us0, _, _ = run(dp, k, G0, k, tk._default_threads(k, k))
                 print(f"  every row's top k among its first {n} ids: capped rule (G {G}, cap {cap}) {us:.1f} µs"
                       f"{'' if ok else ' WRONG'}, uncapped {us0:.1f} µs", flush=True)
 

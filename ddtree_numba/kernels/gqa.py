@@ -25,10 +25,11 @@ The splits of a row are then merged in ascending order (``_combine``): M = max m
 l_c * exp(m_c - M), o = chain of o_c * exp(m_c - M), out = o / l; by the last block of a (group,
 row block) to finish its split (an arrival counter each, ``GQAScratch.arrive``), so the attention
 is one launch; or (``fuse=False``) by a second launch, ``_gqa_combine_kernel``: the same bits.
-Without a mask (every launch of the drafter, one sequence or a batch), ``_gqa_warp_kernel``
-computes the same splits with the same arithmetic from one block a (group, few rows): its warps
-take the splits, the block merges them (H100: 1.2-1.4x faster a launch at one sequence, 1.2-1.8x
-at 4-16, ~7 µs a demo draft of three launches; ``_warp_tiles``).
+Without a mask, ``_gqa_warp_kernel`` computes the same splits with the same arithmetic from one
+block a (group, few rows): its warps take the splits, the block merges them (H100: 1.2-1.4x faster
+a launch at one sequence, 1.2-1.8x at 4-16, ``_warp_tiles``). It is the default for a batch of
+sequences; one sequence's launches keep the split kernel, faster in whole rounds
+(``WARP_FROM_SEQUENCES``).
 A row's arithmetic is a function of its query and the key sequence only: its bits do not
 depend on how many rows share the launch or where the row sits (docs/DESIGN.md §4). The
 twin normalizes p before p @ v and sums in numpy's order: equal within float32 rounding.

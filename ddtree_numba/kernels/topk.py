@@ -385,8 +385,6 @@ FILTER_CAP = 2048  # shared slots of the partial kernel's filter (candidates >= 
 TAU_DIGITS = 2     # 8-bit digits of the filter's threshold: sign, exponent and 7 mantissa bits
 MAX_KEEP = 8       # keys a thread keeps while it reads its part of the slice
 UNROLL = 8         # entries a partial-kernel thread loads at once
-MAX_VOCAB = 2**31 - 1 - 2 * UNROLL * 64 * 1024   # the first read's int32 indices reach 2 steps
-                                                 # (of UNROLL x MAX_SLICES x 1024) past V
 
 
 def _keep_per_thread(k: int, threads: int) -> int:
@@ -831,6 +829,8 @@ def _rows_path(vocab: int, k: int) -> bool:
 
 SLICE = 10240      # vocabulary entries a slice block takes (at least)
 MAX_SLICES = 64    # slices a row
+MAX_VOCAB = 2**31 - 1 - 2 * UNROLL * MAX_SLICES * 1024   # the first read's int32 indices reach two
+                                                         # steps (of UNROLL x G x T) past V
 MERGE_SLOTS = 4096  # the merge's shared keys: G slices' lists, each padded to a power of two >= k
 
 
@@ -896,6 +896,12 @@ def _fused_merge(slices: int, cap: int) -> bool:
     return slices * _pow2_at_least(max(cap, 1)) <= FILTER_CAP
 
 
+def _default_threads(k: int, cap: int) -> int:
+    """The partial kernel's block for k kept in lists of ``cap``: ``_partial_threads(k)`` for
+    lists of k, ``_capped_threads(cap)`` for lists capped below k."""
+    return _partial_threads(k) if cap >= k else _capped_threads(cap)
+
+
 def _partial_threads(k: int) -> int:
     """The partial kernel's block for k kept. On the H200 (89a98e1, top-K µs with 256 / 512 / 1024
     threads): k 16: 41.2 / 50.2 / 55.9; k 64: 50.9 / 42.0 / 42.8; k 256: 77.8 / 80.6 / 69.7; k 1024:
@@ -957,7 +963,7 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
     and no knob of the split kernels below is given, else "split". ``scratch`` is the split
     kernels' (unused by "rows", so that a caller may pass it whichever runs); ``threads``,
     ``slices``, ``keep`` and ``fuse`` are refused with "rows". ``threads``: the partial kernel's block
-    (default ``_partial_threads(k)``, ``_capped_threads(cap)`` for lists capped below k); ``slices``: G; ``keep``: the keys a
+    (default ``_default_threads(k, cap)``); ``slices``: G; ``keep``: the keys a
     thread keeps for the filter, 0 (off) to MAX_KEEP (default ``_keep_per_thread``); ``fuse``:
     whether the partial kernel's last block a row merges the row (True), or a merge kernel after
     it does (False); default True when the slices' lists fit its shared keys (``_fused_merge``).
@@ -1003,7 +1009,7 @@ def topk_logprobs(logits, k, *, out=None, stream=0, threads=None, slices=None, s
         return out
     G, cap = _choose_split(V, k, slices, cap)
     if threads is None:
-        threads = _partial_threads(k) if cap >= k else _capped_threads(cap)
+        threads = _default_threads(k, cap)
     if G * _pow2_at_least(cap) > MERGE_SLOTS:
         raise ValueError(f"slices = {G} with lists of {cap}: the merge holds at most {MERGE_SLOTS} keys, "
                          f"{G} lists of {_pow2_at_least(cap)}")
