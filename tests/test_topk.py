@@ -286,11 +286,18 @@ def test_the_partial_kernels_exp_is_within_an_ulp_of_a_long_double_one():
     assert np.isnan(nan[0])
 
 
+def _slice_of(v, slices, threads):
+    """The slice holding entry v: runs of min(SLICE_RUN, threads) entries dealt round the slices."""
+    from ddtree_numba.kernels.topk import SLICE_RUN
+    return (v // min(SLICE_RUN, threads)) % slices
+
+
 def _capped_merge(x, k, slices, cap, threads):
-    """``reference.topk.capped_merge`` for a block of ``threads`` (the kernel's runs) -> (ids as a
-    list, fallback)."""
+    """``reference.topk.capped_merge`` for a block of ``threads`` (runs of min(SLICE_RUN, threads))
+    -> (ids as a list, fallback)."""
+    from ddtree_numba.kernels.topk import SLICE_RUN
     from ddtree_numba.reference.topk import capped_merge
-    ids, fallback = capped_merge(np.asarray(x, np.float32), k, slices, cap, threads)
+    ids, fallback = capped_merge(np.asarray(x, np.float32), k, slices, cap, min(SLICE_RUN, threads))
     return ids.tolist(), fallback
 
 
@@ -340,7 +347,7 @@ def test_capped_lists_match_the_twin_with_and_without_the_fallback(rng, kind, fu
     k, slices, cap = 24, 6, 16
     V = 5 * slices * THREADS + 10                        # five runs a slice and a ragged end
     x = _logits(rng, 3, V, kind)
-    x[2, [v for v in range(V) if (v // THREADS) % slices == 1]] += 20.0     # row 2: its top k in slice 1
+    x[2, [v for v in range(V) if _slice_of(v, slices, THREADS) == 1]] += 20.0     # row 2: its top k in slice 1
     ran = [_capped_merge(x[d], k, slices, cap, THREADS)[1] for d in range(3)]
     assert ran[2]
     if kind != "ties":                                   # (tied rows crowd into the lowest ids)
@@ -361,12 +368,25 @@ def test_the_default_split_caps_lists_and_matches_the_twin(rng):
     T = _default_threads(k, cap)                         # the block the launcher picks: the runs
     assert cap < k
     x = _logits(rng, 2, V, "normal")
-    x[1, [v for v in range(V) if (v // T) % G == 0]] += 30.0     # row 1: its top k in slice 0
+    x[1, [v for v in range(V) if _slice_of(v, G, T) == 0]] += 30.0     # row 1: its top k in slice 0
     assert [_capped_merge(x[d], k, G, cap, T)[1] for d in range(2)] == [False, True]
     lp, ids = kn.topk_logprobs(x, k)
     lp_ref, ids_ref = ref.topk_logprobs(x, k)
     np.testing.assert_array_equal(ids, ids_ref)
     np.testing.assert_array_equal(lp.view(np.uint32), lp_ref.view(np.uint32))
+
+
+@pytest.mark.kernels
+def test_runs_narrower_than_the_block_deal_each_entry_to_one_slice(rng):
+    """A block of 64 threads over runs of 32 (each warp its own runs of the slice): the twin's ids
+    and bits, with capped lists and without, where a block's entries are not one run."""
+    V, k, slices = 2 * 6 * 64 + 10, 24, 6
+    x = _logits(rng, 2, V, "normal")
+    for cap in (16, 24):
+        lp, ids = kn.topk_logprobs(x, k, threads=64, slices=slices, cap=cap)
+        lp_ref, ids_ref = ref.topk_logprobs(x, k)
+        np.testing.assert_array_equal(ids, ids_ref)
+        np.testing.assert_array_equal(lp.view(np.uint32), lp_ref.view(np.uint32))
 
 
 def test_the_split_rule_caps_lists_only_at_large_k():

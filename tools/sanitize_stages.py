@@ -31,8 +31,25 @@ def full_size():
     ok = np.array_equal(ids, ids_r) and np.array_equal(lp, lp_r)
     tree = kn.build_tree_levels(lp, ids, budget)
     ok &= tree == ref.build_tree(lp_r, ids_r, budget)
+    ok &= capped_fallback(logits, budget)
     cuda.synchronize()
     print(f"full size: tree {tree.num_nodes} nodes; top-K and level build match twins: {bool(ok)}")
+    return ok
+
+
+def capped_fallback(logits, k):
+    """The capped top-K's whole-row fallback (kernels.topk: a slice held more than its cap of the
+    row's top k): row 1's top k is put into slice 0's runs alone; True if it matches its twin."""
+    from ddtree_numba.kernels import topk as tk
+    G, cap = tk._split(logits.shape[1], k)
+    assert cap < k, "k must take the capped path"
+    x = logits.copy()
+    ids0 = np.arange(x.shape[1])
+    x[1, ids0[(ids0 // tk.SLICE_RUN) % G == 0][:k]] += 30.0     # all of the top k in slice 0
+    lp, ids = kn.topk_logprobs(x, k)
+    lp_r, ids_r = ref.topk_logprobs(x, k)
+    ok = bool(np.array_equal(ids, ids_r) and np.array_equal(lp, lp_r))
+    print(f"capped top-K (G {G}, cap {cap}, k {k}) with a fallback row matches its twin: {ok}")
     return ok
 
 
@@ -70,6 +87,7 @@ def main():
     lp, ids = kn.topk_logprobs(logits, budget)
     lp_r, ids_r = ref.topk_logprobs(logits, budget)
     ok = np.array_equal(ids, ids_r) and np.array_equal(lp, lp_r)
+    ok &= capped_fallback((rng.standard_normal((3, 40960)) * 2).astype(np.float32), 128)
     tree = kn.build_tree(lp, ids, budget)
     ok &= tree == ref.build_tree(lp_r, ids_r, budget)
     ok &= np.array_equal(kn.visibility(tree.parents), ref.visibility(tree.parents))

@@ -1,8 +1,8 @@
 """The split top-K with capped slice lists against uncapped ones, on a GPU (issue 15, thirty-sixth
 session): µs a top-K (a replayed graph, queued: the graph's device time) for each (slices, cap,
 threads) at k = 32 .. 1024, every result checked against the twin; then rows whose top k lies
-among their first n ids (the interleaved slices share it out; at n = 1024 the merge falls back to
-the whole row); then the issue's figure, top-K + the level build in one graph, with the capped rule
+among their first n ids (the interleaved slices share it out; at n = 64, two runs of 32, the merge
+falls back to the whole row); then the issue's figure, top-K + the level build in one graph, with the capped rule
 (``kernels.topk.CAPPED_FROM``) on and off, alternated.
 
 Usage (a GPU machine): python tools/topk_caps.py [--vocab 163840] [--depths 15] [--ks ...] [--slices ...]
@@ -37,7 +37,7 @@ def main():
     x = drafter_logits(np.random.default_rng(0), L, V)
     dx = cuda.to_device(x)
     packed = {}                                          # every row's top k among its first n ids
-    for n in (V // 16, 1024):
+    for n in (V // 16, 1024, 64):
         packed[n] = x.copy()
         packed[n][:, :n] += 30.0
 

@@ -7,9 +7,9 @@ CAPPED_SLICES and cap < K; G * P <= MERGE_SLOTS for P the power of two >= cap).
 G blocks a row, so that a row is read by G blocks at once instead of one (issue 15), then a merge
 of the row's G results, by the row's last block to finish (one launch) or by a merge kernel:
 
-1. ``_topk_partial_kernel``, grid (G, L): block (b, row) takes slice b of the row, its runs of T
-   (the block's threads) entries b, b + G, b + 2G, ... (interleaved, so that a range of token ids,
-   frequent tokens say, is dealt out over every slice), each thread UNROLL entries at a time (the
+1. ``_topk_partial_kernel``, grid (G, L): block (b, row) takes slice b of the row, its runs of
+   SLICE_RUN = 32 entries (a warp's coalesced load) b, b + G, b + 2G, ... (interleaved, so that a
+   range of token ids, frequent tokens say, is dealt out over every slice), each thread UNROLL entries at a time (the
    loads, then the exps, in flight together). Its log-sum-exp pair: each thread keeps an online
    (max, rest) in float64 over its entries, then a shared-memory tree combines the threads'. Its
    min(cap, entries) largest entries, by *composite key*
@@ -162,12 +162,15 @@ def _count_above(keys, base, n, key):
     return lo
 
 
+SLICE_RUN = 32   # a slice's runs of consecutive entries (a warp's load), dealt round the slices
+
+
 @device_function
-def _slice_entries(V, G, T, b):
-    """Entries of slice b of a row of V split over G slices of T-entry runs (run r to slice r % G)."""
-    cycles = V // (G * T)
-    rest = V - cycles * G * T
-    return cycles * T + min(T, max(0, rest - b * T))
+def _slice_entries(V, G, R, b):
+    """Entries of slice b of a row of V split over G slices of R-entry runs (run r to slice r % G)."""
+    cycles = V // (G * R)
+    rest = V - cycles * G * R
+    return cycles * R + min(R, max(0, rest - b * R))
 
 
 @functools.lru_cache(maxsize=None)
@@ -246,9 +249,10 @@ def _block_helpers(threads):
         state[2] = 0
 
     @device_function
-    def radix_gather(bits, row, start, stop, step, kk, keys, hist, suffix, chunk, sel, state, t):
-        """The kk largest composite keys of the entries bits[row, v], v = start + t + j * step < stop
-        over the block's threads t and j >= 0 (kk at most their number), into keys[:kk], in no
+    def radix_gather(bits, row, mine, stop, step, kk, keys, hist, suffix, chunk, sel, state, t):
+        """The kk largest composite keys of the entries bits[row, v], v = mine + j * step < stop
+        over the block's threads (``mine`` each thread's first entry) and j >= 0 (kk at most their
+        number), into keys[:kk], in no
         order: a radix select of the kk-th largest, 8 bits a pass from the top digit down (a read
         of the range a pass), stopping as soon as the selected bucket is exactly what is still
         needed, then one more read gathers the keys >= it. Uses sel and state (reset here)."""
@@ -265,7 +269,7 @@ def _block_helpers(threads):
             desired = sel[0]
             mask = sel[1]
             need = state[0]  # read here: it is rewritten below, after several barriers
-            for v in range(start + t, stop, step):
+            for v in range(mine, stop, step):
                 key = _composite_key(bits[row, v], v)
                 if key & mask == desired:
                     # the digits are concentrated (most logits share their top bits): the
@@ -277,7 +281,7 @@ def _block_helpers(threads):
         # the kk survivors (composite keys are distinct: exactly kk are >= the threshold)
         desired = sel[0]
         mask = sel[1]
-        for v in range(start + t, stop, step):
+        for v in range(mine, stop, step):
             key = _composite_key(bits[row, v], v)
             if key & mask >= desired:
                 keys[claim(state, 2)] = key
@@ -364,7 +368,7 @@ def _block_helpers(threads):
         if over[0] != 0:
             # a full list reaches into the top k - 1 (a slice may hold more than cap of the row's
             # top k): the row's top k from the whole row
-            radix_gather(bits, row, 0, bits.shape[1], T, k, keys, hist, suffix, chunk, sel, state, t)
+            radix_gather(bits, row, t, bits.shape[1], T, k, keys, hist, suffix, chunk, sel, state, t)
             P2 = 1
             while P2 < k:
                 P2 *= 2
@@ -404,8 +408,8 @@ def _keep_per_thread(k: int, threads: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
-    """Grid (G, L): block (b, row) takes slice b of the row: its runs of T entries b, b + G, b + 2G,
-    ... (``_slice_entries`` of them). It writes the slice's log-sum-exp pair (max, rest: the sum of
+    """Grid (G, L): block (b, row) takes slice b of the row: its runs of min(SLICE_RUN, T) entries
+    b, b + G, b + 2G, ... (``_slice_entries`` of them). It writes the slice's log-sum-exp pair (max, rest: the sum of
     exp(x - max) but one max entry's 1), float64, and the composite keys of its min(cap, entries)
     largest entries, sorted descending, to cand[row, b*cap :], its number of entries to cnt[row, b].
 
@@ -434,6 +438,7 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
     MLOC = max(M, 1)
     CAP = FILTER_CAP
     U = UNROLL
+    RUN = min(SLICE_RUN, T)             # entries a run of a slice (a warp's: one coalesced load)
     clear, pick_digit, sort_desc, reset_selection, radix_gather, merge_row = _block_helpers(T)
 
     # launch bounds: registers capped so that a block of T threads always fits an SM
@@ -446,11 +451,12 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
         G = cuda.gridDim.x
         t = cuda.threadIdx.x
         V = bits.shape[1]
-        # slice b_: the row's runs of T entries b_, b_ + G, b_ + 2G, ... (interleaved: a range of
-        # token ids spreads over every slice); a thread's entries first + t, + STEP, + 2 STEP, ...
-        first = b_ * T
+        # slice b_: the row's runs of RUN (a warp's 32) entries b_, b_ + G, b_ + 2G, ... (interleaved:
+        # a range of token ids spreads over every slice); warp w takes the slice's runs w, w + W, ...
+        # (W warps), lane l entry l of each: a thread's entries first, first + STEP, ...
+        first = (b_ + (t // RUN) * G) * RUN + t % RUN
         STEP = G * T
-        n = _slice_entries(V, G, T, b_)
+        n = _slice_entries(V, G, RUN, b_)
         red_m = cuda.shared.array(T, float64)
         red_s = cuda.shared.array(T, float64)
         hist = cuda.shared.array(256, int32)
@@ -491,7 +497,7 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
         # about 60 an entry); a step whose U entries all lie in the slice skips the bounds selects
         T32 = int32(STEP)                       # (the stride between a thread's entries)
         hi32 = int32(V)
-        base = int32(first + t)
+        base = int32(first)
         for u in range(U):
             # every lane loads (past the slice, its last entry again), without a branch; an
             # unsigned index spares numba's negative-index wraparound check
@@ -604,7 +610,7 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
                         cand[row, b_ * cap] = tau   # (so that the compiler keeps the work before)
                     return
                 # -- 2b. the keys >= tau (at least kk), gathered while they fit
-                for base in range(first + t, V, STEP * U):
+                for base in range(first, V, STEP * U):
                     for u in range(U):
                         ub[u] = bits[row, uint64(min(base + u * STEP, V - 1))]   # as in the first read
                     for u in range(U):
