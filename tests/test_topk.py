@@ -390,12 +390,20 @@ def test_runs_narrower_than_the_block_deal_each_entry_to_one_slice(rng):
 
 
 def test_the_split_rule_caps_lists_only_at_large_k():
-    from ddtree_numba.kernels.topk import CAPPED_FROM, FILTER_CAP, _slices, _split
-    assert _split(163840, 64) == (_slices(163840, 64), 64)
-    for k in (CAPPED_FROM, 1024):
+    from math import comb, sqrt
+
+    from ddtree_numba.kernels.topk import CAP_SIGMAS, CAPPED_FROM, FILTER_CAP, _slices, _split
+    assert _split(163840, CAPPED_FROM // 2) == (_slices(163840, CAPPED_FROM // 2), CAPPED_FROM // 2)
+    for k in (CAPPED_FROM, 128, 256, 1024):
         G, cap = _split(163840, k)
-        assert cap < k <= G * cap // 2 < k * 2 and G * cap <= FILTER_CAP
-    assert _split(32000, 1024) == (_slices(32000, 1024), 1024)   # 3 slices: too few for lists of 512
+        share = k / G
+        assert G == 8 and cap < k and G * cap <= FILTER_CAP
+        assert cap // 2 < share + CAP_SIGMAS * sqrt(share) <= cap and cap & (cap - 1) == 0
+        # the chance that a row whose top k falls on the slices at random makes the merge fall back
+        # (some slice holding cap of the top k - 1) is small: the rule's reason (its docstring)
+        tail = sum(comb(k - 1, i) * (1 / G) ** i * (1 - 1 / G) ** (k - 1 - i) for i in range(cap, k))
+        assert G * tail < 1e-3
+    assert _split(20000, 1024) == (_slices(20000, 1024), 1024)   # 1 slice of SLICE entries: uncapped
     x = np.zeros((1, 50), np.float32)
     with pytest.raises(ValueError, match="lists hold fewer than k = 20 keys"):
         kn.topk_logprobs(x, 20, slices=4, cap=4)
