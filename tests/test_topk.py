@@ -404,6 +404,7 @@ def test_the_split_rule_caps_lists_only_at_large_k():
         tail = sum(comb(k - 1, i) * (1 / G) ** i * (1 - 1 / G) ** (k - 1 - i) for i in range(cap, k))
         assert G * tail < 1e-3
     assert _split(20000, 1024) == (_slices(20000, 1024), 1024)   # 1 slice of SLICE entries: uncapped
+    assert _split(32000, 1024) == (_slices(32000, 1024), 1024)   # 3 slices: lists of 512 > CAP_MAX
     x = np.zeros((1, 50), np.float32)
     with pytest.raises(ValueError, match="lists hold fewer than k = 20 keys"):
         kn.topk_logprobs(x, 20, slices=4, cap=4)

@@ -864,31 +864,35 @@ def _slices(vocab: int, k: int) -> int:
 # that no full list reaches into the top k - 1 (as it must when a slice held more than cap of the
 # row's top k), else selects the row's top k from the whole row (``_block_helpers.merge_row``:
 # ~270-470 µs at V 163840, k 128-1024, on an H100).
-CAPPED_FROM = 64
+CAPPED_FROM = 32
 CAPPED_SLICES = 8   # G * L blocks within one wave of an H100's 132 SMs at L = 15: more slices ran in
                     # waves, each as long as the first (tools/topk_caps.py, µs at k 128: G 8 / 16 /
                     # 32 = 33.4 / 52.3 / 108.4 with lists of 32)
 CAP_SIGMAS = 4      # a list's cap: this many standard deviations above a slice's mean share of the top k
+CAP_MAX = 256       # longer lists stay uncapped: V 32000, k 1024 (3 slices, lists of 512) took 76 µs
+                    # against 68 uncapped on an H200 (tools/topk_caps.py --vocab 32000)
 
 
 def _split(vocab: int, k: int) -> tuple[int, int]:
     """(G slices a row, cap on each slice's list) for k kept out of ``vocab``: (``_slices``, k), or
     from CAPPED_FROM on (G = CAPPED_SLICES slices of at least SLICE entries) lists capped at the
-    smallest power of two >= m + CAP_SIGMAS * sqrt(m), m = k / G, when that is below k and G * cap
-    <= FILTER_CAP (the fused merge).
+    smallest power of two >= m + CAP_SIGMAS * sqrt(m), m = k / G, when that is below k, at most
+    CAP_MAX, and G * cap <= FILTER_CAP (the fused merge).
 
     Why that cap: a row whose top k falls on the slices' 32-id runs at random gives each slice a
     Binomial(k, 1/G) share of it (mean m, standard deviation below sqrt(m)), and the merge falls
     back to the whole row (slow) only when a slice held cap of the top k - 1. At G 8 the caps are
-    32 / 32 / 64 / 128 / 256 at k 64 / 128 / 256 / 512 / 1024, a row falling back with probability
-    about 2e-12 / 6e-4 / 3e-7 / 1e-13 / 1e-26 (the binomial tail over 8 slices; the test computes
-    it). On an H100 (V 163840, L 15, tools/topk_caps.py, µs; uncapped first): k 64: 37.8 -> 34.3;
-    k 128: 51.2 -> 33.4; k 256: 68.4 -> 37.5; k 512: 119.3 -> 49.5; k 1024: 100.6 -> 75.3."""
+    16 / 32 / 32 / 64 / 128 / 256 at k 32 / 64 / 128 / 256 / 512 / 1024, a row falling back with
+    probability about 1e-6 / 2e-12 / 6e-4 / 3e-7 / 1e-13 / 1e-26 (the binomial tail over 8 slices;
+    the test computes it). At k 16 the cap would be 8 (odds 1e-3: left uncapped). Measured
+    (V 163840, L 15, tools/topk_caps.py, µs; uncapped first): H200 k 32: 47.5 -> 33.0; k 64: 38.0
+    -> 34.6; H100 k 128: 51.2 -> 33.4; k 256: 68.4 -> 37.5; k 512: 119.3 -> 49.5; k 1024: 100.6 ->
+    75.3."""
     if CAPPED_FROM is not None and k >= CAPPED_FROM:
         g = max(1, min(CAPPED_SLICES, vocab // SLICE))
         share = k / g
         cap = _pow2_at_least(math.ceil(share + CAP_SIGMAS * math.sqrt(share)))
-        if g > 1 and cap < k and g * cap <= FILTER_CAP:
+        if g > 1 and cap < k and cap <= CAP_MAX and g * cap <= FILTER_CAP:
             return g, cap
     return _slices(vocab, k), k
 
