@@ -3,7 +3,8 @@ compute-sanitizer (memcheck and racecheck):
 
     compute-sanitizer --tool racecheck python tools/sanitize_stages.py [--full]
 
-Then the demo round's own shapes (``demo_shapes``): the warp-a-row top-K of 15 rows of the
+The level build with many exact ties (its three ways of ordering them), and the capped top-K's
+whole-row fallback. Then the demo round's own shapes (``demo_shapes``): the warp-a-row top-K of 15 rows of the
 drafter's 264 entries (k 16 and 1), the one-warp heap build at budget 16, and the drafter's GQA
 attention with its fused merge (the last split block's arrival counter) over 330 context keys.
 ``--full``: only the split top-K and the level-synchronous build, at the issue-15 size
@@ -88,6 +89,10 @@ def main():
     lp_r, ids_r = ref.topk_logprobs(logits, budget)
     ok = np.array_equal(ids, ids_r) and np.array_equal(lp, lp_r)
     ok &= capped_fallback((rng.standard_normal((3, 40960)) * 2).astype(np.float32), 128)
+    xt = rng.integers(-2, 2, (6, 40)).astype(np.float32)     # many exact ties: the level build's
+    lpt, idt = ref.topk_logprobs(xt, 40)                     # few-ties path, its overflow, and the
+    for tie_slots in (256, 4, 0):                            # preorder path
+        ok &= kn.build_tree_levels(lpt, idt, 200, tie_slots=tie_slots) == ref.build_tree(lpt, idt, 200)
     tree = kn.build_tree(lp, ids, budget)
     ok &= tree == ref.build_tree(lp_r, ids_r, budget)
     ok &= np.array_equal(kn.visibility(tree.parents), ref.visibility(tree.parents))
