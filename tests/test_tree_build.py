@@ -237,6 +237,20 @@ def test_level_kernel_gives_an_empty_tree_for_unsorted_device_rows():
 
 
 @pytest.mark.kernels
+def test_level_kernel_gives_an_empty_tree_for_nan_in_device_rows():
+    """A NaN log-prob in a device row (not value-checked) kept as a node has no place in pop order:
+    placing the nodes by their scores wrote past the tree (found by review: tokens[budget]). The
+    kernel returns an empty tree instead; the simulator bounds-checks every index."""
+    from numba import cuda
+    for lp, budget in (([[0.0, 0.0, np.nan], [0.0, -1.0, -2.0], [np.nan, -2.0, -2.0]], 18),
+                       ([[0.0, np.nan, -2.0, -2.0], [0.0, 0.0, -1.0, np.nan], [0.0, 0.0, -2.0, np.nan]], 7)):
+        lp = np.array(lp, np.float32)
+        ids = np.arange(lp.size, dtype=np.int32).reshape(lp.shape)
+        tree = kn.build_tree_levels(cuda.to_device(lp), cuda.to_device(ids), budget, threads=THREADS, seed=False)
+        assert tree.num_nodes == 0 and tree.parents.tolist() == [-1]
+
+
+@pytest.mark.kernels
 def test_kernel_into_device_buffers(rng):
     lp, ids = _draft(rng, 3, 10, 10)
     bufs = kn.TreeBuffers.allocate(16)

@@ -1062,7 +1062,7 @@ def _build_tree_levels_kernel(threads, seed=True, tie_slots=TIE_SLOTS):
         sel = cuda.shared.array(3, int32)
         low = cuda.shared.array(2, uint64)           # (min, max) scratch of kth_largest
         counts = cuda.shared.array(MAX_DEPTH, int32)     # nodes of each level
-        one = cuda.shared.array(2, int32)
+        one = cuda.shared.array(3, int32)
         top = cuda.shared.array(NB, float64)             # the B best scores kept so far
         mv = cuda.local.array(MERGE, float64)            # a thread's entries of the merge
         nv = cuda.local.array(MERGE, float64)
@@ -1178,6 +1178,7 @@ def _build_tree_levels_kernel(threads, seed=True, tie_slots=TIE_SLOTS):
         if t == 0:
             one[0] = 0
             one[1] = 0
+            one[2] = 0
         cuda.syncthreads()
         same = 0
         for i in range(t, n - 1, T):
@@ -1186,12 +1187,24 @@ def _build_tree_levels_kernel(threads, seed=True, tie_slots=TIE_SLOTS):
         if same:
             one[1] = 1
         at_least = 0
+        nans = 0
         for d in range(levels):
             for i in range(t, counts[d], T):
-                if lv_score[d, i] >= thr:
+                s = lv_score[d, i]
+                if s >= thr:
                     at_least += 1
+                elif s != s:
+                    nans += 1
         add_over_block(one, 0, at_least, t)
+        add_over_block(one, 2, nans, t)
         cuda.syncthreads()
+        if one[2] != 0:
+            # a NaN log-prob kept as a node (device rows are not value-checked) has no place in pop
+            # order, and placing by it would write past the tree: an empty tree
+            if t == 0:
+                parents[0] = -1
+                n_nodes[0] = 0
+            return
         if one[0] == n and one[1] == 0:
             for d in range(levels):
                 for i in range(t, counts[d], T):
