@@ -100,8 +100,10 @@ plt.show()
 # best (fewer than `K`: the lists then fit one block's shared memory for the merge). The merge
 # takes the `K` best of the lists. That misses a token only if one slice held more than `cap` of
 # the row's top `K`; the merge cannot count that, so it checks something it can: a *full* list
-# whose last token still ranks inside the top `K - 1`. Then it falls back to the whole row.
-# `ref.topk.capped_merge` is that merge, step by step, on one row.
+# whose last token still ranks inside the top `K - 1`. Then it falls back to the whole row. The
+# kernel sets `cap` four standard deviations above a slice's average share `K / slices`, so a row
+# whose top tokens fall on the slices at random rarely falls back (`kernels.topk._split` gives the
+# odds). `ref.topk.capped_merge` is that merge, step by step, on one row.
 
 # %%
 from ddtree_numba.reference.topk import capped_merge

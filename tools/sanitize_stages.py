@@ -3,12 +3,13 @@ compute-sanitizer (memcheck and racecheck):
 
     compute-sanitizer --tool racecheck python tools/sanitize_stages.py [--full]
 
-The level build with many exact ties (its three ways of ordering them), and the capped top-K's
-whole-row fallback. Then the demo round's own shapes (``demo_shapes``): the warp-a-row top-K of 15 rows of the
-drafter's 264 entries (k 16 and 1), the one-warp heap build at budget 16, and the drafter's GQA
-attention with its fused merge (the last split block's arrival counter) over 330 context keys.
-``--capped-and-ties``: only ``capped_and_ties``. ``--full``: only the split top-K and the level-synchronous build, at the issue-15 size
-(V = 163840, budget 1024, L = 15), with exact ties. Exits non-zero if any result differs
+The capped top-K's whole-row fallback and the level build with many exact ties (its three ways of
+ordering them): ``capped_and_ties``. Then the demo round's own shapes (``demo_shapes``): the
+warp-a-row top-K of 15 rows of the drafter's 264 entries (k 16 and 1), the one-warp heap build at
+budget 16, and the drafter's GQA attention with its fused merge (the last split block's arrival
+counter) over 330 context keys. ``--capped-and-ties``: only ``capped_and_ties``. ``--full``: only
+the split top-K and the level-synchronous build, at the issue-15 size (V = 163840, budget 1024,
+L = 15), with exact ties, and the fallback at that size. Exits non-zero if any result differs
 from its numpy twin (the attention: from its float32 reference, within 1e-5).
 """
 
