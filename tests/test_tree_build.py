@@ -42,20 +42,24 @@ def assert_same_tree(a, b):
     np.testing.assert_array_equal(a.scores.view(np.uint64), b.scores.view(np.uint64), err_msg="scores")
 
 
+@pytest.mark.parametrize("tie_slots", [tb.TIE_SLOTS, 2, 0])
 @pytest.mark.parametrize("L,V,budget", [(1, 5, 3), (3, 4, 30), (3, 3, 39), (4, 3, 200), (2, 6, 0)])
-def test_level_build_is_the_budget_best_paths_in_order(rng, L, V, budget):
-    """The level-synchronous twin against brute-force enumeration, with exact ties."""
+def test_level_build_is_the_budget_best_paths_in_order(rng, L, V, budget, tie_slots):
+    """The level-synchronous twin against brute-force enumeration, with exact ties, its pop order
+    from path compares of the tied nodes (``_order_few_ties``) or, past ``tie_slots`` of them,
+    from preorder (``_order_with_ties``)."""
     lp, ids = _draft(rng, L, V, min(budget, V) or 1, "ties")
     want = ref.enumerate_paths(lp)[:budget]
-    tree = ref.build_tree_levels(lp, ids, budget)
+    tree = ref.build_tree_levels(lp, ids, budget, tie_slots=tie_slots)
     assert [_rank_path(tree, n) for n in range(1, tree.num_nodes + 1)] == [p for _, p in want]
     np.testing.assert_array_equal(tree.scores, [s for s, _ in want])
 
 
 @settings(max_examples=150, deadline=None)
 @given(L=st.integers(1, 6), V=st.integers(1, 14), budget=st.integers(0, 160),
-       seed=st.integers(0, 2**32 - 1), kind=st.sampled_from(["normal", "ties", "magnitudes"]))
-def test_level_build_equals_the_heap_build_bit_for_bit(L, V, budget, seed, kind):
+       seed=st.integers(0, 2**32 - 1), kind=st.sampled_from(["normal", "ties", "magnitudes"]),
+       tie_slots=st.sampled_from([tb.TIE_SLOTS, 3, 0]))
+def test_level_build_equals_the_heap_build_bit_for_bit(L, V, budget, seed, kind, tie_slots):
     """``build_tree_levels`` (no pop chain) == ``build_tree`` (the heap): tokens, depths, parents,
     ranks and score bits. 'magnitudes' spans 1e-30 .. 1e12 so that float64 path sums round."""
     rng = np.random.default_rng(seed)
@@ -64,7 +68,7 @@ def test_level_build_equals_the_heap_build_bit_for_bit(L, V, budget, seed, kind)
         lp, ids = ref.topk_logprobs(x, min(budget, V) or 1)
     else:
         lp, ids = _draft(rng, L, V, min(budget, V) or 1, kind)
-    assert_same_tree(ref.build_tree_levels(lp, ids, budget), ref.build_tree(lp, ids, budget))
+    assert_same_tree(ref.build_tree_levels(lp, ids, budget, tie_slots=tie_slots), ref.build_tree(lp, ids, budget))
 
 
 @settings(max_examples=200, deadline=None)
@@ -104,7 +108,8 @@ def test_level_build_follows_the_path_order_when_rounding_ties_children_of_unequ
                    np.full(K, -1e18)]).astype(np.float32)
     ids = np.arange(3 * K, dtype=np.int32).reshape(3, K)
     for budget in (40, 50, 66, 80, 120):
-        assert_same_tree(ref.build_tree_levels(lp, ids, budget), ref.build_tree(lp, ids, budget))
+        for tie_slots in (tb.TIE_SLOTS, 0):
+            assert_same_tree(ref.build_tree_levels(lp, ids, budget, tie_slots=tie_slots), ref.build_tree(lp, ids, budget))
     heap = ref.build_tree(lp, ids, 80)
     d3 = np.flatnonzero(heap.depths == 3) + 1
     assert any(heap.parents[a] > heap.parents[b] for a in d3 for b in d3 if a < b), "no inverted parents"
@@ -166,9 +171,11 @@ def test_level_kernel_matches_the_twins_bit_for_bit(rng, kind):
             ids = np.arange(3 * K, dtype=np.int32).reshape(3, K)
         else:
             lp, ids = _draft(rng, L, V, min(budget, V), kind)
-        got = kn.build_tree_levels(lp, ids, budget, threads=THREADS)
-        assert got == ref.build_tree(lp, ids, budget), (kind, L, V, budget)
-        assert got == ref.build_tree_levels(lp, ids, budget)
+        want = ref.build_tree(lp, ids, budget)
+        for tie_slots in (tb.TIE_SLOTS, 2, 0):           # tied nodes by path compares, or by preorder
+            got = kn.build_tree_levels(lp, ids, budget, threads=THREADS, tie_slots=tie_slots)
+            assert got == want, (kind, L, V, budget, tie_slots)
+            assert got == ref.build_tree_levels(lp, ids, budget, tie_slots=tie_slots)
 
 
 @pytest.mark.kernels

@@ -3,12 +3,13 @@ compute-sanitizer (memcheck and racecheck):
 
     compute-sanitizer --tool racecheck python tools/sanitize_stages.py [--full]
 
-The capped top-K's whole-row fallback (``capped_fallback``). Then the demo round's own shapes
-(``demo_shapes``): the warp-a-row top-K of 15 rows of the drafter's 264 entries (k 16 and 1), the
-one-warp heap build at budget 16, and the drafter's GQA attention with its fused merge (the last
-split block's arrival counter) over 330 context keys. ``--capped``: only ``capped_fallback``.
-``--full``: only the split top-K and the level-synchronous build, at the issue-15 size (V =
-163840, budget 1024, L = 15), with exact ties, and the fallback at that size. Exits non-zero if any result differs
+The capped top-K's whole-row fallback and the level build with many exact ties (its three ways of
+ordering them): ``capped_and_ties``. Then the demo round's own shapes (``demo_shapes``): the
+warp-a-row top-K of 15 rows of the drafter's 264 entries (k 16 and 1), the one-warp heap build at
+budget 16, and the drafter's GQA attention with its fused merge (the last split block's arrival
+counter) over 330 context keys. ``--capped-and-ties``: only ``capped_and_ties``. ``--full``: only
+the split top-K and the level-synchronous build, at the issue-15 size (V = 163840, budget 1024,
+L = 15), with exact ties, and the fallback at that size. Exits non-zero if any result differs
 from its numpy twin (the attention: from its float32 reference, within 1e-5).
 """
 
@@ -54,6 +55,19 @@ def capped_fallback(logits, k):
     return ok
 
 
+def capped_and_ties(rng):
+    """The capped top-K's whole-row fallback, and the level build with many exact ties (its
+    few-ties path, that path's overflow, and the preorder path); True if all match their twins."""
+    ok = capped_fallback((rng.standard_normal((3, 40960)) * 2).astype(np.float32), 128)
+    xt = rng.integers(-2, 2, (6, 40)).astype(np.float32)
+    lpt, idt = ref.topk_logprobs(xt, 40)
+    for tie_slots in (256, 4, 0):
+        ok &= kn.build_tree_levels(lpt, idt, 200, tie_slots=tie_slots) == ref.build_tree(lpt, idt, 200)
+    cuda.synchronize()
+    print(f"capped top-K fallback and level-build tie orderings match: {bool(ok)}")
+    return ok
+
+
 def demo_shapes(rng):
     """The kernels only the demo-sized round takes (module docstring); True if all match."""
     L, V = 15, 264
@@ -82,16 +96,15 @@ def main():
     if "--full" in sys.argv[1:]:
         raise SystemExit(0 if full_size() else 1)
     rng = np.random.default_rng(7)
-    spread = (rng.standard_normal((3, 40960)) * 2).astype(np.float32)   # capped_fallback's rows
-    if "--capped" in sys.argv[1:]:
-        raise SystemExit(0 if capped_fallback(spread, 128) else 1)
+    if "--capped-and-ties" in sys.argv[1:]:
+        raise SystemExit(0 if capped_and_ties(rng) else 1)
     L, V, budget = 15, 4096, 256
     logits = (rng.standard_normal((L, V)) * 2).astype(np.float32)
     logits[:, :64] = np.round(logits[:, :64])  # exact ties
     lp, ids = kn.topk_logprobs(logits, budget)
     lp_r, ids_r = ref.topk_logprobs(logits, budget)
     ok = np.array_equal(ids, ids_r) and np.array_equal(lp, lp_r)
-    ok &= capped_fallback(spread, 128)
+    ok &= capped_and_ties(rng)
     tree = kn.build_tree(lp, ids, budget)
     ok &= tree == ref.build_tree(lp_r, ids_r, budget)
     ok &= np.array_equal(kn.visibility(tree.parents), ref.visibility(tree.parents))

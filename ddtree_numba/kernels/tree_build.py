@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import config, cuda, float32, float64, int16, int32, int64, uint32, uint64
 
-from .._checks import check_array, check_batch_build_inputs, check_build_inputs
-from ..reference.tree_build import SEED_CANDIDATES, SEED_ROUNDS
+from .._checks import check_array, check_batch_build_inputs, check_build_inputs, check_int
+from ..reference.tree_build import SEED_CANDIDATES, SEED_ROUNDS, TIE_SLOTS
 from ..tree import Tree
 from .._device import LINEINFO, cached, check_threads, device_function, grid_dependency, is_device, to_device
 from ._warp import FULL as FULL_MASK, WARP_OPS, claim, hist_add, lowest_lane, warp_inclusive_scan, warp_min_u64, warp_sum
@@ -555,8 +555,9 @@ SEED_THREADS = 512
 
 
 @functools.lru_cache(maxsize=None)
-def _build_tree_levels_kernel(threads, seed=True):
+def _build_tree_levels_kernel(threads, seed=True, tie_slots=TIE_SLOTS):
     T = threads
+    TS = min(tie_slots, MAX_BUDGET)           # tied nodes placed by path compares (the sort arrays hold them)
     NB = MAX_BUDGET
     NC = SEED_CANDIDATES - 1                  # candidates a round of the seed's search
     CG = 5                                    # ... a thread searches at once (their loads in
@@ -671,6 +672,33 @@ def _build_tree_levels_kernel(threads, seed=True):
             else:
                 hi = mid
         return lo
+
+    @device_function
+    def path_less(lv_parent, da, ia, db, ib):
+        """Node (depth index da, level index ia) before (db, ib) by rank path, a prefix first: each
+        level is in path order, so the deeper one's ancestor at the other's depth settles it by
+        index (equal: the shallower is its ancestor). Twin: ``reference.tree_build._path_less``."""
+        a = ia
+        b = ib
+        d = da
+        while d > db:
+            a = lv_parent[d, a]
+            d -= 1
+        d = db
+        while d > da:
+            b = lv_parent[d, b]
+            d -= 1
+        return a < b or (a == b and da < db)
+
+    @device_function
+    def place(d, i, j, s, ids, lv_rank, lv_node, tokens, depths, ranks, scores):
+        """Level node (d, i), scoring s, is node j + 1 in pop order."""
+        lv_node[d, i] = j + 1
+        r = lv_rank[d, i]
+        tokens[j] = ids[d, r]
+        depths[j] = d + 1
+        ranks[j] = r
+        scores[j] = s
 
     @device_function
     def better(ss, sk, a, b):
@@ -1198,7 +1226,67 @@ def _build_tree_levels_kernel(threads, seed=True):
                 parents[0] = -1
                 n_nodes[0] = n
             return
-        # ties: the key (-score, preorder), so subtree sizes and preorder first
+        width = lv_score.shape[1]
+        if TS > 0:
+            # few ties (twin: _order_few_ties): an untied node sits at j0, the number of the B best
+            # scores above its own; the tied ones (scoring thr, or tying another of the B best) are
+            # listed in ss / sp, and each sits after the tied nodes of its score that precede it by
+            # rank path (a node at thr only while that offset is below B minus the nodes above thr)
+            cuda.syncthreads()                           # every thread has read one
+            if t == 0:
+                one[0] = 0                               # tied nodes
+                one[1] = 0                               # nodes above thr
+            cuda.syncthreads()
+            above = 0
+            for d in range(levels):
+                for i in range(t, counts[d], T):
+                    s = lv_score[d, i]
+                    if s >= thr:
+                        j0 = ranked_before(top, n, s, True)
+                        if s == thr or (j0 + 1 < n and top[j0 + 1] == s):
+                            slot = claim(one, 0)
+                            if slot < TS:
+                                ss[slot] = s
+                                sp[slot] = d * width + i
+                        else:
+                            place(d, i, j0, s, ids, lv_rank, lv_node, tokens, depths, ranks, scores)
+                        if s > thr:
+                            above += 1
+            add_over_block(one, 1, above, t)
+            cuda.syncthreads()                           # the list and the counts are in
+            n_tied = one[0]
+            if n_tied <= TS:
+                m = B - one[1]
+                for e in range(t, n_tied, T):
+                    s = ss[e]
+                    de = sp[e] // width
+                    ie = sp[e] - de * width
+                    offset = 0
+                    for f in range(n_tied):
+                        if ss[f] == s and f != e:
+                            df = sp[f] // width
+                            if path_less(lv_parent, df, sp[f] - df * width, de, ie):
+                                offset += 1
+                    sk[e] = 0
+                    if s > thr or offset < m:
+                        place(de, ie, ranked_before(top, n, s, True) + offset, s, ids, lv_rank, lv_node,
+                              tokens, depths, ranks, scores)
+                        sk[e] = 1                        # in the tree
+                cuda.syncthreads()                       # every node number is in
+                for d in range(levels):
+                    for i in range(t, counts[d], T):
+                        if lv_score[d, i] > thr:
+                            parents[lv_node[d, i]] = 0 if d == 0 else lv_node[d - 1, lv_parent[d, i]]
+                for e in range(t, n_tied, T):
+                    if sk[e] == 1 and ss[e] == thr:
+                        d = sp[e] // width
+                        i = sp[e] - d * width
+                        parents[lv_node[d, i]] = 0 if d == 0 else lv_node[d - 1, lv_parent[d, i]]
+                if t == 0:
+                    parents[0] = -1
+                    n_nodes[0] = n
+                return
+        # many ties: the key (-score, preorder), so subtree sizes and preorder first
         for i in range(t, counts[levels - 1], T):        # the deepest level has no children
             lv_start[levels - 1, i] = 0
             lv_keep[levels - 1, i] = 0
@@ -1233,7 +1321,6 @@ def _build_tree_levels_kernel(threads, seed=True):
             one[0] = 0
             one[1] = 0
         cuda.syncthreads()
-        width = lv_score.shape[1]
         above = 0
         for d in range(levels):
             for i in range(t, counts[d], T):
@@ -1286,7 +1373,7 @@ def _build_tree_levels_kernel(threads, seed=True):
 
 
 def build_tree_levels(lp, ids, budget, *, out=None, scratch=None, budget_device=None, stream=0,
-                      threads=None, seed=None):
+                      threads=None, seed=None, tie_slots=TIE_SLOTS):
     """``build_tree``'s tree by the level-synchronous kernel (no pop chain); twin:
     ``reference.build_tree_levels``, bit for bit (and so ``reference.build_tree``).
 
@@ -1296,7 +1383,9 @@ def build_tree_levels(lp, ids, budget, *, out=None, scratch=None, budget_device=
     synchronising. ``budget_device``: as ``build_tree``'s. ``seed``: raise the bound by the
     seed family before the first selection (when None: ``LEVEL_SEED`` from ``SEED_FROM`` nodes,
     in blocks of up to ``SEED_THREADS``); the same tree either way. ``threads``: the block (when
-    None ``_level_threads(budget)``, at most ``SEED_THREADS`` when seeding).
+    None ``_level_threads(budget)``, at most ``SEED_THREADS`` when seeding). ``tie_slots``: the
+    most tied nodes placed by path compares (the twin's ``_order_few_ties``); more take subtree
+    sizes, preorder and a sort (0: always); the same tree either way.
     """
     budget = _check_limits(check_build_inputs(lp, ids, budget), lp.shape[0])
     L, K = lp.shape
@@ -1314,7 +1403,8 @@ def build_tree_levels(lp, ids, budget, *, out=None, scratch=None, budget_device=
         raise ValueError(f"scratch is for {scratch.score.shape[0]} depths x budget {scratch.score.shape[1]}; "
                          f"this build needs {L} x {budget}")
     sc = scratch
-    _build_tree_levels_kernel(threads, bool(seed))[1, threads, stream](
+    tie_slots = check_int("tie_slots", tie_slots, 0, MAX_BUDGET)
+    _build_tree_levels_kernel(threads, bool(seed), tie_slots)[1, threads, stream](
         to_device(lp, stream), to_device(ids, stream), budget, _device_budget(budget_device),
         bufs.tokens, bufs.depths, bufs.parents, bufs.ranks, bufs.scores, bufs.n_nodes,
         sc.score, sc.parent, sc.rank, sc.start, sc.keep, sc.csum, sc.pre, sc.node, sc.cand, sc.flags, sc.seed)

@@ -171,6 +171,53 @@ def family_seed(lp64: np.ndarray, R: int, budget: int) -> float:
     return float(good)
 
 
+TIE_SLOTS = 256   # tied nodes ``_order_few_ties`` places by path compares; more take ``_order_with_ties``
+
+
+def _path_less(levels: list, da: int, ia: int, db: int, ib: int) -> bool:
+    """Whether node (depth index da, level index ia) comes before (db, ib) in preorder, i.e. by
+    rank path, a prefix first. Each level is laid out in path order, so the deeper node's ancestor
+    at the other's depth settles it by index: equal means the shallower one is its ancestor."""
+    a, b = ia, ib
+    for d in range(da, db, -1):
+        a = levels[d]["parent"][a]
+    for d in range(db, da, -1):
+        b = levels[d]["parent"][b]
+    return a < b or (a == b and da < db)
+
+
+def _order_few_ties(levels: list, score: np.ndarray, depth: np.ndarray, index: np.ndarray, T: float,
+                    budget: int, top: np.ndarray, slots: int = TIE_SLOTS) -> np.ndarray | None:
+    """``build_tree_levels``' pop order when a few scores tie (the common tie case, as a float32
+    draft gives): no subtree sizes, no preorder, no sort. Every node scoring >= T has place j0 =
+    the number of the B best scores ``top`` above its own (all nodes above it score > T, so are
+    in G). A node is *tied* if it scores T or another of the B best equals its score; an untied
+    one sits at j0. A tied one's offset is the number of tied nodes of its score before it by rank
+    path (``_path_less``): it sits at j0 + offset, and a node at T is in G only while its offset
+    is below B minus the nodes above T. None if more than ``slots`` nodes are tied (the GPU keeps
+    them in shared memory): then ``_order_with_ties``. Returns indices into ``score``."""
+    n = top.shape[0]
+    order = np.full(n, -1, np.int64)
+    tied = []
+    for o in np.flatnonzero(score >= T):
+        s = score[o]
+        j0 = int((top > s).sum())
+        if s == T or (j0 + 1 < n and top[j0 + 1] == s):
+            tied.append(o)
+        else:
+            order[j0] = o
+    if len(tied) > slots:
+        return None
+    above = int((score > T).sum())
+    for o in tied:
+        s = score[o]
+        offset = sum(1 for f in tied if score[f] == s and
+                     _path_less(levels, depth[f] - 1, index[f], depth[o] - 1, index[o]))
+        if s > T or offset < budget - above:
+            order[int((top > s).sum()) + offset] = o
+    return order
+
+
 def _order_with_ties(levels: list, score: np.ndarray, T: float, budget: int) -> np.ndarray:
     """``build_tree_levels``' pop order when scores tie among the B best (or at the B-th): the key
     (-score, preorder). Subtree sizes bottom-up (a node's children are the contiguous run [start,
@@ -200,12 +247,14 @@ def _order_with_ties(levels: list, score: np.ndarray, T: float, budget: int) -> 
 
 
 def build_tree_levels(lp: np.ndarray, ids: np.ndarray, budget: int, trace: list | None = None,
-                      seed: bool = True) -> Tree:
+                      seed: bool = True, tie_slots: int = TIE_SLOTS) -> Tree:
     """``build_tree``'s tree, bit for bit, by a level-synchronous algorithm with no sequential
     pop chain: the numpy twin of the parallel GPU build (issue 15), step for step. ``trace``: a list
     that receives 'filter' or 'select' for each depth (which way its level was kept), and 'seed'
     before the level that computed the seed. ``seed``: the first level that would select first
     raises tau to ``family_seed`` and counts again (False: never; the same tree either way).
+    ``tie_slots``: the most tied nodes placed by ``_order_few_ties`` (0: always
+    ``_order_with_ties``; the same tree either way).
 
     Order nodes by the key (-score, rank path), the heapq's. The tree is the first ``budget`` = B
     nodes G in that order, and G is prefix-closed (a child's score is fl(parent + lp) <= the
@@ -227,7 +276,9 @@ def build_tree_levels(lp: np.ndarray, ids: np.ndarray, budget: int, trace: list 
     - So G is the best B of the union of the S_d in the key (-score, preorder), preorder being the
       rank-path order across depths, and tau is now T. When the B best scores are distinct and no
       other node ties the B-th (the common case), G is the nodes scoring >= T and pop order is by
-      score alone: a node's place is the number of those scores above its own. Otherwise
+      score alone: a node's place is the number of those scores above its own. With at most
+      ``tie_slots`` tied nodes (``_order_few_ties``) the same, and each tied node after the tied
+      nodes of its score that precede it by rank path. Otherwise
       (``_order_with_ties``) subtree sizes bottom-up and preorder positions top-down are segmented
       sums over the contiguous children; then the nodes above T, and the ties at it by preorder;
       pop order is the sort of G by (-score, preorder). A parent's node number is its position.
@@ -283,7 +334,9 @@ def build_tree_levels(lp: np.ndarray, ids: np.ndarray, budget: int, trace: list 
         order = np.flatnonzero(score >= T)
         order = order[np.argsort(-score[order])]
     else:
-        order = _order_with_ties(levels, score, T, budget)
+        order = _order_few_ties(levels, score, depth, index, T, budget, top, tie_slots)
+        if order is None:
+            order = _order_with_ties(levels, score, T, budget)
     node_of = [np.zeros(lv["score"].shape[0], np.int64) for lv in levels]
     node_of[0] -= 1
     for n, o in enumerate(order, start=1):
