@@ -3,11 +3,12 @@ compute-sanitizer (memcheck and racecheck):
 
     compute-sanitizer --tool racecheck python tools/sanitize_stages.py [--full]
 
-The capped top-K's whole-row fallback. Then the demo round's own shapes (``demo_shapes``): the warp-a-row top-K of 15 rows of the
-drafter's 264 entries (k 16 and 1), the one-warp heap build at budget 16, and the drafter's GQA
-attention with its fused merge (the last split block's arrival counter) over 330 context keys.
-``--capped``: only ``capped_fallback``. ``--full``: only the split top-K and the level-synchronous build, at the issue-15 size
-(V = 163840, budget 1024, L = 15), with exact ties. Exits non-zero if any result differs
+The capped top-K's whole-row fallback (``capped_fallback``). Then the demo round's own shapes
+(``demo_shapes``): the warp-a-row top-K of 15 rows of the drafter's 264 entries (k 16 and 1), the
+one-warp heap build at budget 16, and the drafter's GQA attention with its fused merge (the last
+split block's arrival counter) over 330 context keys. ``--capped``: only ``capped_fallback``.
+``--full``: only the split top-K and the level-synchronous build, at the issue-15 size (V =
+163840, budget 1024, L = 15), with exact ties, and the fallback at that size. Exits non-zero if any result differs
 from its numpy twin (the attention: from its float32 reference, within 1e-5).
 """
 
@@ -81,15 +82,16 @@ def main():
     if "--full" in sys.argv[1:]:
         raise SystemExit(0 if full_size() else 1)
     rng = np.random.default_rng(7)
+    spread = (rng.standard_normal((3, 40960)) * 2).astype(np.float32)   # capped_fallback's rows
     if "--capped" in sys.argv[1:]:
-        raise SystemExit(0 if capped_fallback((rng.standard_normal((3, 40960)) * 2).astype(np.float32), 128) else 1)
+        raise SystemExit(0 if capped_fallback(spread, 128) else 1)
     L, V, budget = 15, 4096, 256
     logits = (rng.standard_normal((L, V)) * 2).astype(np.float32)
     logits[:, :64] = np.round(logits[:, :64])  # exact ties
     lp, ids = kn.topk_logprobs(logits, budget)
     lp_r, ids_r = ref.topk_logprobs(logits, budget)
     ok = np.array_equal(ids, ids_r) and np.array_equal(lp, lp_r)
-    ok &= capped_fallback((rng.standard_normal((3, 40960)) * 2).astype(np.float32), 128)
+    ok &= capped_fallback(spread, 128)
     tree = kn.build_tree(lp, ids, budget)
     ok &= tree == ref.build_tree(lp_r, ids_r, budget)
     ok &= np.array_equal(kn.visibility(tree.parents), ref.visibility(tree.parents))

@@ -9,8 +9,8 @@ of the row's G results, by the row's last block to finish (one launch) or by a m
 
 1. ``_topk_partial_kernel``, grid (G, L): block (b, row) takes slice b of the row, its runs of
    SLICE_RUN = 32 entries (a warp's coalesced load) b, b + G, b + 2G, ... (interleaved, so that a
-   range of token ids, frequent tokens say, is dealt out over every slice), each thread UNROLL entries at a time (the
-   loads, then the exps, in flight together). Its log-sum-exp pair: each thread keeps an online
+   range of token ids, frequent tokens say, is dealt out over every slice), each thread UNROLL
+   entries at a time (the loads, then the exps, in flight together). Its log-sum-exp pair: each thread keeps an online
    (max, rest) in float64 over its entries, then a shared-memory tree combines the threads'. Its
    min(cap, entries) largest entries, by *composite key*
    ``(ordered float bits << 32) | (2^32-1-id)`` (distinct, so ties in value go to the lower id for
@@ -415,9 +415,10 @@ def _keep_per_thread(k: int, threads: int) -> int:
 @functools.lru_cache(maxsize=None)
 def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
     """Grid (G, L): block (b, row) takes slice b of the row: its runs of min(SLICE_RUN, T) entries
-    b, b + G, b + 2G, ... (``_slice_entries`` of them). It writes the slice's log-sum-exp pair (max, rest: the sum of
-    exp(x - max) but one max entry's 1), float64, and the composite keys of its min(cap, entries)
-    largest entries, sorted descending, to cand[row, b*cap :], its number of entries to cnt[row, b].
+    b, b + G, b + 2G, ... (``_slice_entries`` of them). It writes the slice's log-sum-exp pair
+    (max, rest: the sum of exp(x - max) but one max entry's 1), float64, and the composite keys of
+    its min(cap, entries) largest entries, sorted descending, to cand[row, b*cap :], its number of
+    entries to cnt[row, b].
 
     ``keep`` > 0 (``_keep_per_thread``): while reading the slice for the log-sum-exp, each thread
     also keeps its ``keep`` largest keys. A radix select of the kk-th largest kept key, stopped

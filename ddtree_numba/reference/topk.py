@@ -47,8 +47,8 @@ def capped_merge(row: np.ndarray, k: int, slices: int, cap: int, run: int) -> tu
     issue 15), step by step: the row is dealt out in runs of ``run`` consecutive entries to
     ``slices`` slices in turn (run r to slice r % slices; the kernel's run is min(SLICE_RUN = 32,
     its block's threads)); each slice keeps its ``cap`` best tokens (larger logit, then the lower
-    id); the merge takes the k best of their union. That is the row's top k unless a slice held more than cap of it, and the
-    merge cannot see that directly, so it falls back to the whole row whenever a *full* list (cap
+    id); the merge takes the k best of their union. That is the row's top k unless a slice held
+    more than cap of it, and the merge cannot see that directly, so it falls back to the whole row whenever a *full* list (cap
     tokens of a slice of more) has its last token ranked above k - 1 in the union: every token a
     list left out is below its last, so with no such list every left-out token ranks k or lower.
 
