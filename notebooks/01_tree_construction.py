@@ -120,6 +120,22 @@ print("crowded row: slices of its top 8:", slice_of[ref.topk_logprobs(crowded[No
       " falls back?", capped_merge(crowded, 8, slices=4, cap=4, run=4)[1])
 
 # %% [markdown]
+# How often does a row fall back? If a row's top `K` tokens land on the 8 slices at random, each
+# slice holds a Binomial(K, 1/8) share of them, and the merge falls back when some slice holds
+# `cap` of the top `K - 1`. The kernel's lists at a 163,840-token vocabulary
+# (`kernels.topk._split`), and those odds (a union bound over the slices):
+
+# %%
+from math import comb
+
+from ddtree_numba.kernels.topk import _split
+
+for k in (32, 64, 128, 256, 512, 1024):
+    G, cap = _split(163840, k)
+    tail = sum(comb(k - 1, i) * (1 / G) ** i * (1 - 1 / G) ** (k - 1 - i) for i in range(cap, k))
+    print(f"K {k:5d}: {G} slices, lists of {cap:3d}, a random row falls back with odds ~{min(1.0, G * tail):.0e}")
+
+# %% [markdown]
 # ## 3 · The best-first build, one pop at a time
 #
 # §1 step 3: a node is a rank path `(r1..rd)` scored `sum_i logp[i, r_i]` (float64, in path
