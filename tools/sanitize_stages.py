@@ -47,7 +47,7 @@ def capped_fallback(logits, k):
     assert cap < k, "k must take the capped path"
     x = logits.copy()
     ids0 = np.arange(x.shape[1])
-    x[1, ids0[(ids0 // tk.SLICE_RUN) % G == 0][:k]] += 30.0     # all of the top k in slice 0
+    x[1, ids0[ref.topk.slice_of(ids0, G, tk.SLICE_RUN) == 0][:k]] += 30.0     # all of the top k in slice 0
     lp, ids = kn.topk_logprobs(x, k)
     lp_r, ids_r = ref.topk_logprobs(x, k)
     ok = bool(np.array_equal(ids, ids_r) and np.array_equal(lp, lp_r))
