@@ -106,18 +106,31 @@ plt.show()
 # odds). `ref.topk.capped_merge` is that merge, step by step, on one row.
 
 # %%
-from ddtree_numba.reference.topk import capped_merge
+from ddtree_numba.reference.topk import capped_merge, fallback_odds, slice_of
 
 row = np.random.default_rng(0).standard_normal(64).astype(np.float32)   # a 64-token row
-slice_of = np.arange(64) // 4 % 4                                   # runs of 4 tokens, 4 slices
+slices = slice_of(np.arange(64), 4, 4)                              # runs of 4 tokens, 4 slices
 top_ids, fell_back = capped_merge(row, 8, slices=4, cap=4, run=4)   # top 8 from 4 lists of 4
-print("slices of the row's top 8:", slice_of[ref.topk_logprobs(row[None], 8)[1][0]],
+print("slices of the row's top 8:", slices[ref.topk_logprobs(row[None], 8)[1][0]],
       " falls back?", fell_back)
 assert not fell_back and (top_ids == ref.topk_logprobs(row[None], 8)[1][0]).all()
 crowded = row.copy()
-crowded[slice_of == 0] += 10.0                                      # every strong token in slice 0
-print("crowded row: slices of its top 8:", slice_of[ref.topk_logprobs(crowded[None], 8)[1][0]],
+crowded[slices == 0] += 10.0                                        # every strong token in slice 0
+print("crowded row: slices of its top 8:", slices[ref.topk_logprobs(crowded[None], 8)[1][0]],
       " falls back?", capped_merge(crowded, 8, slices=4, cap=4, run=4)[1])
+
+# %% [markdown]
+# How often does a row fall back? If a row's top `K` tokens land on the 8 slices at random, each
+# slice holds a Binomial(K, 1/8) share of them, and the merge falls back when some slice holds
+# `cap` of the top `K - 1`. The kernel's lists at a 163,840-token vocabulary
+# (`kernels.topk._split`), and those odds (`ref.topk.fallback_odds`, a union bound over the slices):
+
+# %%
+from ddtree_numba.kernels.topk import _split
+
+for k in (32, 64, 128, 256, 512, 1024):
+    G, cap = _split(163840, k)
+    print(f"K {k:5d}: {G} slices, lists of {cap:3d}, a random row falls back with odds ~{fallback_odds(k, G, cap):.0e}")
 
 # %% [markdown]
 # ## 3 · The best-first build, one pop at a time

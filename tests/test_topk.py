@@ -286,10 +286,12 @@ def test_the_partial_kernels_exp_is_within_an_ulp_of_a_long_double_one():
     assert np.isnan(nan[0])
 
 
-def _slice_of(v, slices, threads):
-    """The slice holding entry v: runs of min(SLICE_RUN, threads) entries dealt round the slices."""
+def _slice_of(V, slices, threads):
+    """The slice holding each of a row's V entries: runs of min(SLICE_RUN, threads) entries dealt
+    round the slices (``reference.topk.slice_of``)."""
     from ddtree_numba.kernels.topk import SLICE_RUN
-    return (v // min(SLICE_RUN, threads)) % slices
+    from ddtree_numba.reference.topk import slice_of
+    return slice_of(np.arange(V), slices, min(SLICE_RUN, threads))
 
 
 def _capped_merge(x, k, slices, cap, threads):
@@ -299,6 +301,18 @@ def _capped_merge(x, k, slices, cap, threads):
     from ddtree_numba.reference.topk import capped_merge
     ids, fallback = capped_merge(np.asarray(x, np.float32), k, slices, cap, min(SLICE_RUN, threads))
     return ids.tolist(), fallback
+
+
+def test_the_fallback_odds_match_the_models_fallbacks_on_random_rows():
+    """``fallback_odds`` (the union bound the split rule is chosen by) against how often the
+    capped merge's model falls back on 2,000 random rows: 4 slices of 32-id runs, lists of 8, k 16."""
+    from ddtree_numba.reference.topk import capped_merge, fallback_odds
+    k, slices, cap, run, n = 16, 4, 8, 32, 2000
+    rng = np.random.default_rng(3)
+    fell = sum(capped_merge(rng.standard_normal(slices * run * 8).astype(np.float32), k, slices, cap, run)[1]
+               for _ in range(n))
+    odds = fallback_odds(k, slices, cap)
+    assert 0.5 * odds <= fell / n <= odds + 3 * np.sqrt(odds / n), (fell / n, odds)
 
 
 def test_the_capped_merge_model_refuses_bad_input():
@@ -347,7 +361,7 @@ def test_capped_lists_match_the_twin_with_and_without_the_fallback(rng, kind, fu
     k, slices, cap = 24, 6, 16
     V = 5 * slices * THREADS + 10                        # five runs a slice and a ragged end
     x = _logits(rng, 3, V, kind)
-    x[2, [v for v in range(V) if _slice_of(v, slices, THREADS) == 1]] += 20.0     # row 2: its top k in slice 1
+    x[2, _slice_of(V, slices, THREADS) == 1] += 20.0     # row 2: its top k in slice 1
     ran = [_capped_merge(x[d], k, slices, cap, THREADS)[1] for d in range(3)]
     assert ran[2]
     if kind != "ties":                                   # (tied rows crowd into the lowest ids)
@@ -368,7 +382,7 @@ def test_the_default_split_caps_lists_and_matches_the_twin(rng):
     T = _default_threads(k, cap)                         # the block the launcher picks: the runs
     assert cap < k
     x = _logits(rng, 2, V, "normal")
-    x[1, [v for v in range(V) if _slice_of(v, G, T) == 0]] += 30.0     # row 1: its top k in slice 0
+    x[1, _slice_of(V, G, T) == 0] += 30.0                # row 1: its top k in slice 0
     assert [_capped_merge(x[d], k, G, cap, T)[1] for d in range(2)] == [False, True]
     lp, ids = kn.topk_logprobs(x, k)
     lp_ref, ids_ref = ref.topk_logprobs(x, k)
@@ -390,9 +404,10 @@ def test_runs_narrower_than_the_block_deal_each_entry_to_one_slice(rng):
 
 
 def test_the_split_rule_caps_lists_only_at_large_k():
-    from math import comb, sqrt
+    from math import sqrt
 
     from ddtree_numba.kernels.topk import CAP_SIGMAS, CAPPED_FROM, FILTER_CAP, _slices, _split
+    from ddtree_numba.reference.topk import fallback_odds
     assert _split(163840, CAPPED_FROM // 2) == (_slices(163840, CAPPED_FROM // 2), CAPPED_FROM // 2)
     for k in (CAPPED_FROM, 128, 256, 1024):
         G, cap = _split(163840, k)
@@ -401,8 +416,7 @@ def test_the_split_rule_caps_lists_only_at_large_k():
         assert cap // 2 < share + CAP_SIGMAS * sqrt(share) <= cap and cap & (cap - 1) == 0
         # the chance that a row whose top k falls on the slices at random makes the merge fall back
         # (some slice holding cap of the top k - 1) is small: the rule's reason (its docstring)
-        tail = sum(comb(k - 1, i) * (1 / G) ** i * (1 - 1 / G) ** (k - 1 - i) for i in range(cap, k))
-        assert G * tail < 1e-3
+        assert fallback_odds(k, G, cap) < 1e-3
     assert _split(20000, 1024) == (_slices(20000, 1024), 1024)   # 1 slice of SLICE entries: uncapped
     assert _split(32000, 1024) == (_slices(32000, 1024), 1024)   # 3 slices: lists of 512 > CAP_MAX
     x = np.zeros((1, 50), np.float32)

@@ -7,9 +7,9 @@ The capped top-K's whole-row fallback (``capped_fallback``). Then the demo round
 (``demo_shapes``): the warp-a-row top-K of 15 rows of the drafter's 264 entries (k 16 and 1), the
 one-warp heap build at budget 16, and the drafter's GQA attention with its fused merge (the last
 split block's arrival counter) over 330 context keys. ``--capped``: only ``capped_fallback``.
-``--full``: only the split top-K and the level-synchronous build, at the issue-15 size (V =
-163840, budget 1024, L = 15), with exact ties, and the fallback at that size. Exits non-zero if any result differs
-from its numpy twin (the attention: from its float32 reference, within 1e-5).
+``--full``: only the split top-K and the level-synchronous build, at the issue-15 size
+(V = 163840, budget 1024, L = 15), with exact ties, and the fallback at that size. Exits non-zero
+if any result differs from its numpy twin (the attention: from its float32 reference, within 1e-5).
 """
 
 import sys
@@ -46,7 +46,7 @@ def capped_fallback(logits, k):
     assert cap < k, "k must take the capped path"
     x = logits.copy()
     ids0 = np.arange(x.shape[1])
-    x[1, ids0[(ids0 // tk.SLICE_RUN) % G == 0][:k]] += 30.0     # all of the top k in slice 0
+    x[1, ids0[ref.topk.slice_of(ids0, G, tk.SLICE_RUN) == 0][:k]] += 30.0     # all of the top k in slice 0
     lp, ids = kn.topk_logprobs(x, k)
     lp_r, ids_r = ref.topk_logprobs(x, k)
     ok = bool(np.array_equal(ids, ids_r) and np.array_equal(lp, lp_r))

@@ -2,8 +2,8 @@
 session): µs a top-K (a replayed graph, queued: the graph's device time) for each (slices, cap,
 threads) at k = 32 .. 1024, every result checked against the twin; then rows whose top k lies
 among their first n ids (the interleaved slices share it out; at n = 64, two runs of 32, the merge
-falls back to the whole row); then the issue's figure, top-K + the level build in one graph, with the capped rule
-(``kernels.topk.CAPPED_FROM``) on and off, alternated.
+falls back to the whole row); then the issue's figure, top-K + the level build in one graph, with
+the capped rule (``kernels.topk.CAPPED_FROM``) on and off, alternated.
 
 Usage (a GPU machine): python tools/topk_caps.py [--vocab 163840] [--depths 15] [--ks ...] [--slices ...]
 """

@@ -10,9 +10,9 @@ of the row's G results, by the row's last block to finish (one launch) or by a m
 1. ``_topk_partial_kernel``, grid (G, L): block (b, row) takes slice b of the row, its runs of
    SLICE_RUN = 32 entries (a warp's coalesced load) b, b + G, b + 2G, ... (interleaved, so that a
    range of token ids, frequent tokens say, is dealt out over every slice), each thread UNROLL
-   entries at a time (the loads, then the exps, in flight together). Its log-sum-exp pair: each thread keeps an online
-   (max, rest) in float64 over its entries, then a shared-memory tree combines the threads'. Its
-   min(cap, entries) largest entries, by *composite key*
+   entries at a time (the loads, then the exps, in flight together). Its log-sum-exp pair: each
+   thread keeps an online (max, rest) in float64 over its entries, then a shared-memory tree
+   combines the threads'. Its min(cap, entries) largest entries, by *composite key*
    ``(ordered float bits << 32) | (2^32-1-id)`` (distinct, so ties in value go to the lower id for
    free): while reading for the log-sum-exp each thread keeps its few largest keys; a radix select
    over the kept keys' top two digits gives tau, with at least cap kept keys >= it, so a second read
@@ -893,8 +893,8 @@ def _split(vocab: int, k: int) -> tuple[int, int]:
     Binomial(k, 1/G) share of it (mean m, standard deviation below sqrt(m)), and the merge falls
     back to the whole row (slow) only when a slice held cap of the top k - 1. At G 8 the caps are
     16 / 32 / 32 / 64 / 128 / 256 at k 32 / 64 / 128 / 256 / 512 / 1024, a row falling back with
-    probability about 1e-6 / 2e-12 / 6e-4 / 3e-7 / 1e-13 / 1e-26 (the binomial tail over 8 slices;
-    the test computes it). At k 16 the cap would be 8 (odds 1e-3: left uncapped). Measured
+    probability about 1e-6 / 2e-12 / 6e-4 / 3e-7 / 1e-13 / 1e-26 (the binomial tail over 8 slices,
+    ``reference.topk.fallback_odds``). At k 16 the cap would be 8 (odds 1e-3: left uncapped). Measured
     (V 163840, L 15, tools/topk_caps.py, µs; uncapped first): H200 k 32: 47.5 -> 33.0; k 64: 38.0
     -> 34.6; H100 k 128: 51.2 -> 33.4; k 256: 68.4 -> 37.5; k 512: 119.3 -> 49.5; k 1024: 100.6 ->
     75.3."""

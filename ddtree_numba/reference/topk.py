@@ -5,6 +5,8 @@ Shapes: L depths, V vocabulary, K kept tokens per depth.
 
 from __future__ import annotations
 
+from math import comb
+
 import numpy as np
 
 from .._checks import check_array, check_int, check_logits_values
@@ -42,15 +44,32 @@ def topk_logprobs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return lp, ids
 
 
+def slice_of(ids, slices: int, run: int) -> np.ndarray:
+    """The slice that holds each token id when a row is dealt out in runs of ``run`` consecutive
+    ids to ``slices`` slices in turn (run r to slice r % slices), as the GPU's split top-K deals it
+    (its run: min(``kernels.topk.SLICE_RUN`` = 32, its block's threads)). ids int array -> same shape."""
+    return (np.asarray(ids) // run) % slices
+
+
+def fallback_odds(k: int, slices: int, cap: int) -> float:
+    """A union bound on how often ``capped_merge`` falls back for a row whose top k tokens fall on
+    the slices at random: slices x P(Binomial(k - 1, 1 / slices) >= cap), each slice's share of the
+    top k - 1 being that binomial (a full list's last token ranks inside the top k - 1 only when its
+    slice holds cap of them). ``kernels.topk._split`` picks caps that keep this small."""
+    p = 1 / slices
+    return min(1.0, slices * sum(comb(k - 1, i) * p ** i * (1 - p) ** (k - 1 - i) for i in range(cap, k)))
+
+
 def capped_merge(row: np.ndarray, k: int, slices: int, cap: int, run: int) -> tuple[np.ndarray, bool]:
     """How the GPU's split top-K finds one row's top k from capped slice lists (``kernels.topk``,
     issue 15), step by step: the row is dealt out in runs of ``run`` consecutive entries to
     ``slices`` slices in turn (run r to slice r % slices; the kernel's run is min(SLICE_RUN = 32,
     its block's threads)); each slice keeps its ``cap`` best tokens (larger logit, then the lower
     id); the merge takes the k best of their union. That is the row's top k unless a slice held
-    more than cap of it, and the merge cannot see that directly, so it falls back to the whole row whenever a *full* list (cap
-    tokens of a slice of more) has its last token ranked above k - 1 in the union: every token a
-    list left out is below its last, so with no such list every left-out token ranks k or lower.
+    more than cap of it, and the merge cannot see that directly, so it falls back to the whole row
+    whenever a *full* list (cap tokens of a slice of more) has its last token ranked above k - 1 in
+    the union: every token a list left out is below its last, so with no such list every left-out
+    token ranks k or lower (``fallback_odds``: how often, for a row spread at random).
 
     row [V] float32 -> (ids [min(k, union)] int32: the union's k best, fallback: bool). When
     ``fallback`` is False, ids are ``topk_logprobs(row[None], k)[1][0]`` (tests/test_topk.py holds
@@ -64,10 +83,10 @@ def capped_merge(row: np.ndarray, k: int, slices: int, cap: int, run: int) -> tu
     order = np.lexsort((np.arange(V), -row.astype(np.float64)))      # the row's order, best first
     place = np.empty(V, np.int64)
     place[order] = np.arange(V)                                      # each token's rank in the row
-    slice_of = (np.arange(V) // run) % slices
+    slice_ids = slice_of(np.arange(V), slices, run)
     union, lasts = [], []
     for b in range(slices):
-        mine = np.flatnonzero(slice_of == b)
+        mine = np.flatnonzero(slice_ids == b)
         best = mine[np.argsort(place[mine], kind="stable")][:cap]    # the slice's list, best first
         union.append(best)
         if mine.shape[0] > cap:
