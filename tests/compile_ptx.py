@@ -277,28 +277,36 @@ def fingerprints():
 
 
 def main():
+    """Compile every variant, or with ``--shard i/n`` every n-th one from the i-th (the test runs n
+    shards so the two CI workers share the ~5 minutes); shard 0 also checks that every kernel found
+    has a signature and every signature a kernel."""
     if sys.argv[1:] == ["--fingerprints"]:
         return fingerprints()
+    shard, shards = 0, 1
+    if sys.argv[1:2] == ["--shard"]:
+        shard, shards = map(int, sys.argv[2].split("/"))
     # A kernel that calls a device function compiles it for the *current* device's compute
     # capability; there is none on a CPU-only machine, so name the H200's.
     numba_cuda_dispatcher.get_current_device = lambda: _H200()
     found = find_kernels()
     missing = sorted(set(found) - set(SIGNATURES))
     stale = sorted(set(SIGNATURES) - set(found))
+    if shard:
+        missing = stale = []
     failed = []
-    for name in sorted(found):
-        for fn, sig, bounds in variants(name, *found[name]):
-            t0 = time.perf_counter()
-            try:
-                ptx, _ = cuda.compile_ptx(fn, sig, cc=(9, 0), launch_bounds=bounds)
-                # every kernel waits for its predecessors first (PDL, ddtree_numba._device)
-                absent = [i for i in INSTRUCTIONS.get(name, ()) + ("griddepcontrol.wait",) if i not in ptx]
-                if absent:
-                    raise AssertionError(f"the PTX lacks {absent}")
-                print(f"ok   {name} {sig} ({time.perf_counter() - t0:.1f} s)")   # (the suite's longest test)
-            except Exception as exc:  # report every failure, not just the first
-                failed.append(name)
-                print(f"FAIL {name} {sig}\n{type(exc).__name__}: {exc}")
+    every = [(name, *v) for name in sorted(found) for v in variants(name, *found[name])]
+    for name, fn, sig, bounds in every[shard::shards]:   # (variants of one kernel spread over the shards)
+        t0 = time.perf_counter()
+        try:
+            ptx, _ = cuda.compile_ptx(fn, sig, cc=(9, 0), launch_bounds=bounds)
+            # every kernel waits for its predecessors first (PDL, ddtree_numba._device)
+            absent = [i for i in INSTRUCTIONS.get(name, ()) + ("griddepcontrol.wait",) if i not in ptx]
+            if absent:
+                raise AssertionError(f"the PTX lacks {absent}")
+            print(f"ok   {name} {sig} ({time.perf_counter() - t0:.1f} s)")   # (the suite's longest test)
+        except Exception as exc:  # report every failure, not just the first
+            failed.append(name)
+            print(f"FAIL {name} {sig}\n{type(exc).__name__}: {exc}")
     for name in missing:
         print(f"FAIL {name}: no signature in tests/compile_ptx.py")
     for name in stale:

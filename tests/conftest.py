@@ -47,6 +47,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if "kernels" in item.keywords and not (REAL_GPU or SIMULATOR):
             item.add_marker(skip_kernels)
+    # The longest tests first, in both halves: --dist worksteal (setup.cfg) gives each of the two CI
+    # workers half of the list and moves only queued tests, from the tail; a slow test started
+    # late can leave the other worker idle for minutes at the end.
+    slow = [item for item in items if "slow" in item.keywords]
+    rest = [item for item in items if "slow" not in item.keywords]
+    first = len(items) // 2 - len(slow[0::2])
+    items[:] = slow[0::2] + rest[:first] + slow[1::2] + rest[first:]
 
 
 @pytest.fixture

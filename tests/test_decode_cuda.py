@@ -219,6 +219,7 @@ def test_graph_true_is_refused_where_a_round_cannot_be_captured():
         dd.generate(gpu, oracle, np.array([1, 2, 3], np.int32), 2, budget=4, graph=True)
 
 
+@pytest.mark.slow
 def test_a_kept_configuration_serves_the_next_call_from_a_clean_state():
     """The device loop keeps a configuration's caches and round state for later calls with the
     same sizes (a GPU replays its captured round from the first): every call starts clean
@@ -304,6 +305,7 @@ class DeviceOracles(Oracles):
         return cache.owner.draft_device(features, n, bonus, cache, stream=stream)
 
 
+@pytest.mark.slow
 def test_the_gpu_resident_batch_gives_each_sequence_its_ar_tokens():
     """generate_batch on a cuda target with a device drafter: every round of every sequence on the
     GPU (decode.device_batch: one verify forward over the live slots' packed rows), each sequence
@@ -360,6 +362,7 @@ def test_the_gpu_resident_batch_with_the_golden_drafter_keeps_its_configuration(
     assert len(device_batch._BATCH_ROUNDS[gpu]) == 1          # one configuration served every call
 
 
+@pytest.mark.slow
 def test_the_gpu_resident_batch_draws_at_t_above_0_what_each_sequence_draws_alone():
     """At T > 0 the batched device round draws each sequence's own tokens: its prefill's draw of
     every slot's last prompt row (one launch over the slots) and each round's draws. ar as the
@@ -385,6 +388,7 @@ def test_the_gpu_resident_batch_draws_at_t_above_0_what_each_sequence_draws_alon
         np.testing.assert_array_equal(res.tokens, solo.tokens)
 
 
+@pytest.mark.slow
 def test_a_kept_configuration_starts_its_drafter_from_an_empty_cache():
     """The drafter's device prefill empties its cache on the device (the loops no longer reset it
     from the host): a second call of a kept configuration, single or batched, leaves the drafter

@@ -102,12 +102,17 @@ def test_every_kernel_waits_for_its_predecessors_before_anything_else():
     assert not uses_pdl(plain)
 
 
-def test_every_kernel_compiles_to_ptx_for_compute_capability_9_0():
+PTX_SHARDS = 4   # ~5 minutes of compiling in all: in shards, the two CI workers share it
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shard", range(PTX_SHARDS))
+def test_every_kernel_compiles_to_ptx_for_compute_capability_9_0(shard):
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["DDTREE_PDL"] = "trigger"                  # (compile_ptx.py asks every kernel for griddepcontrol.wait)
     script = Path(__file__).with_name("compile_ptx.py")
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run([sys.executable, str(script), "--shard", f"{shard}/{PTX_SHARDS}"], env=env,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

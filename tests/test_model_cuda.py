@@ -165,6 +165,7 @@ def test_matches_the_numpy_twin_on_bf16_rounded_weights():
     assert_close(got, want, FP32_MODE_REL, "bf16 weights, fp32 GEMMs, vs numpy twin")
 
 
+@pytest.mark.slow
 def test_logits_are_batch_invariant_alone_in_a_batch_and_as_a_tree_node():
     """docs/DESIGN.md §4: a token's logits are the same *bits* decoded alone (one token per
     forward), inside a causal batch, and as a node of a tree whose ancestors are its path."""
