@@ -188,10 +188,25 @@ def test_level_kernel_matches_the_twins_bit_for_bit(rng, kind):
         else:
             lp, ids = _draft(rng, L, V, min(budget, V), kind)
         want = ref.build_tree(lp, ids, budget)
-        for tie_slots in (tb.TIE_SLOTS, 2, 0):           # tied nodes by path compares, or by preorder
+        for tie_slots in (None, tb.TIE_SLOTS, 2, 0):     # tied nodes by path compares, or by preorder
             got = kn.build_tree_levels(lp, ids, budget, threads=THREADS, tie_slots=tie_slots)
             assert got == want, (kind, L, V, budget, tie_slots)
             assert got == ref.build_tree_levels(lp, ids, budget, tie_slots=tie_slots)
+
+
+@pytest.mark.kernels
+def test_level_kernel_is_compiled_once_for_every_budget_and_tie_limit(rng):
+    """The tie limit is a kernel argument, not a factory's: a factory keyed by it compiled a new
+    kernel for each budget (``few_ties_limit`` is a quarter of it), ~10 s each on a GPU, and a
+    test over 120 random budgets ran for minutes there."""
+    from ddtree_numba.kernels import tree_build as ktb
+    lp, ids = _draft(rng, 2, 6, 6, "ties")
+    kn.build_tree_levels(lp, ids, 6, threads=THREADS)
+    before = ktb._build_tree_levels_kernel.cache_info().currsize
+    for budget, tie_slots in ((5, None), (9, None), (17, None), (33, 2), (40, 0), (23, tb.TIE_SLOTS)):
+        assert kn.build_tree_levels(lp, ids, budget, threads=THREADS, tie_slots=tie_slots) == ref.build_tree(
+            lp, ids, budget)
+    assert ktb._build_tree_levels_kernel.cache_info().currsize == before
 
 
 @pytest.mark.kernels
