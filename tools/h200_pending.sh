@@ -1,10 +1,6 @@
 #!/usr/bin/env bash
 # The first GPU call for a branch whose kernel changes are simulator-tested only (NOTES, Next).
-<<<<<<< HEAD
-# Now: next/tie-count (thirty-eighth session), the level build's tie limit as a kernel argument.
-=======
 # Now (thirty-eighth session): next/tie-count, the level build's tie limit as a kernel argument.
->>>>>>> main
 # Run from the repo root of the branch with .whl and .commit carried; logs to $OUT/log.txt (~4
 # minutes with compiles).
 # PART=check (the default): the GPU tests of both tree builds and the full-size stages (-n 4:
