@@ -495,7 +495,7 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
             exp_table[j] = exp_const[j]
         cuda.syncthreads()                      # the exp table is in
 
-        # -- 1. the slice's log-sum-exp, float64, online per thread then a fixed tree. A thread
+        # -- 1. the slice's log-sum-exp, float64, online per thread then over the block. A thread
         # reads U entries at a time (U loads in flight, then U independent exps): one entry at a
         # time, each load and exp waited on in turn, the block was latency-bound. The next U are
         # loaded before this U's exps, so that their loads are in flight while the exps run.
