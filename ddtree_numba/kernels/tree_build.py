@@ -1222,13 +1222,8 @@ def _build_tree_levels_kernel(threads, seed=True):
                 for i in range(t, counts[d], T):
                     s = lv_score[d, i]
                     if s >= thr:
-                        j = ranked_before(top, n, s, True)
-                        lv_node[d, i] = j + 1
-                        r = lv_rank[d, i]
-                        tokens[j] = ids[d, r]
-                        depths[j] = d + 1
-                        ranks[j] = r
-                        scores[j] = s
+                        place(d, i, ranked_before(top, n, s, True), s, ids, lv_rank, lv_node, tokens, depths, ranks,
+                              scores)
             cuda.syncthreads()                           # every node number is in
             for d in range(levels):
                 for i in range(t, counts[d], T):
