@@ -57,7 +57,7 @@ from numba import config, cuda, float32, float64, int32, int64, uint32, uint64
 
 from .._checks import check_array, check_int, check_logits_values
 from .._device import LINEINFO, cached, check_threads, device_function, grid_dependency, is_device, to_device
-from ._warp import FULL, WARP_OPS, claim, group_max, hist_add, lowest_lane, warp_sum
+from ._warp import FULL, WARP_OPS, claim, group_max, hist_add, warp_sum
 
 MAX_K = 1024       # shared-memory sort buffer; the tree build takes budgets up to 1024 too
 _SIGN = 0x80000000
@@ -574,10 +574,12 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
             reset_selection(sel, state, kk)
         if WARP:
             wmax = group_max(m, 32)
-            holders = cuda.ballot_sync(FULL, m == wmax)      # (m is never NaN: every lane is one)
+            # the lowest lane at the warp's max (m is never NaN: some lane is), by a max of
+            # negated lanes (a ballot here failed NVVM in the lineinfo build of small blocks)
+            low = -group_max(int32(-(t % 32)) if m == wmax else int32(-32), 32)
             if t % 32 == 0:
                 red_m[t // 32] = wmax
-                hold[t // 32] = int32(t + lowest_lane(holders))
+                hold[t // 32] = int32(t + low)
         else:
             red_m[t] = m
         cuda.syncthreads()  # the warps' maxima and holders (or every thread's pair) are in
