@@ -47,7 +47,7 @@ SIGNATURES = {
         f"void(float32[:, :, ::1], int32[:, :, ::1], int64, {I32_1}, {I32_2}, {I32_2}, {I32_2}, {I32_2}, "
         f"float64[:, ::1], {I32_1})"],
     "tree_build._build_tree_levels_kernel": [
-        ((1024, seed), f"void({F32_2}, {I32_2}, int64, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {F64_1}, {I32_1}, "
+        ((1024, seed), f"void({F32_2}, {I32_2}, int64, {I32_1}, int64, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {F64_1}, {I32_1}, "
                         f"float64[:, ::1], {I32_2}, {I32_2}, {I32_2}, {I32_2}, {I32_2}, {I32_2}, {I32_2}, "
                         f"float64[:, ::1], {I32_1}, {F64_1})") for seed in (True, False)],
     "visibility._visibility_kernel": [f"void({I32_1}, boolean[:, ::1])"],

@@ -58,6 +58,21 @@ def test_kernel_matches_twin_bit_for_bit(rng, kind):
 
 @pytest.mark.kernels
 @pytest.mark.parametrize("kind", ["normal", "ties", "masked"])
+def test_log_sum_exp_over_several_warps_matches_the_twin(rng, kind):
+    """The partial kernel's (max, rest) in a block of two warps: the lowest thread holding the max
+    (many hold it in 'ties'; none has an entry past a -inf-only part in 'masked'), every other
+    thread's term rescaled to it, the two warps' sums added in order. A lost warp's sum, or the
+    holder's 1 counted, moves the log-probs."""
+    x = _logits(rng, 2, 700, kind)
+    x[1, 600:] = -np.inf                      # the last threads of row 1 see -inf only
+    lp, ids = kn.topk_logprobs(x, 7, threads=64, slices=1)
+    lp_ref, ids_ref = ref.topk_logprobs(x, 7)
+    np.testing.assert_array_equal(ids, ids_ref)
+    np.testing.assert_array_equal(lp.view(np.uint32), lp_ref.view(np.uint32))
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("kind", ["normal", "ties", "masked"])
 @pytest.mark.parametrize("V,k,slices", [(50, 7, 3),      # ragged slices, each holding more than k
                                         (40, 30, 4),     # slices smaller than k: the merge needs them all
                                         (9, 4, 16),      # more slices than entries: empty slices

@@ -55,10 +55,26 @@ def test_level_build_is_the_budget_best_paths_in_order(rng, L, V, budget, tie_sl
     np.testing.assert_array_equal(tree.scores, [s for s, _ in want])
 
 
+def test_tied_count_is_the_nodes_the_few_ties_path_places():
+    """``tied_count`` (from the level scores and the B best, as the GPU counts before choosing its
+    path) against the definition spelled out: nodes scoring T, and nodes above T that share their
+    score with another of the B best. B = 5 of seven scores: the B best -1, -2, -2, -3, -3, so T =
+    -3; tied: the two -2 and all three -3 (one outside the B best)."""
+    score = np.array([-3.0, -1.0, -2.0, -3.0, -4.0, -2.0, -3.0])
+    top = -np.sort(-score)[:5]
+    T = top[-1]
+    want = sum(1 for s in score if s == T or (s > T and (top == s).sum() >= 2))
+    assert tb.tied_count(score, top, T) == want == 5
+    # a budget above the seven nodes: T is -inf and the B best are all of them; tied: -2 x 2, -3 x 3
+    assert tb.tied_count(score, -np.sort(-score), -np.inf) == 5
+    # the default limit: a quarter of the budget, at most TIE_SLOTS
+    assert [tb.few_ties_limit(b) for b in (0, 16, 256, 1024, 4096)] == [0, 4, 64, tb.TIE_SLOTS, tb.TIE_SLOTS]
+
+
 @settings(max_examples=150, deadline=None)
 @given(L=st.integers(1, 6), V=st.integers(1, 14), budget=st.integers(0, 160),
        seed=st.integers(0, 2**32 - 1), kind=st.sampled_from(["normal", "ties", "magnitudes"]),
-       tie_slots=st.sampled_from([tb.TIE_SLOTS, 3, 0]))
+       tie_slots=st.sampled_from([None, tb.TIE_SLOTS, 3, 0]))
 def test_level_build_equals_the_heap_build_bit_for_bit(L, V, budget, seed, kind, tie_slots):
     """``build_tree_levels`` (no pop chain) == ``build_tree`` (the heap): tokens, depths, parents,
     ranks and score bits. 'magnitudes' spans 1e-30 .. 1e12 so that float64 path sums round."""
@@ -172,10 +188,25 @@ def test_level_kernel_matches_the_twins_bit_for_bit(rng, kind):
         else:
             lp, ids = _draft(rng, L, V, min(budget, V), kind)
         want = ref.build_tree(lp, ids, budget)
-        for tie_slots in (tb.TIE_SLOTS, 2, 0):           # tied nodes by path compares, or by preorder
+        for tie_slots in (None, tb.TIE_SLOTS, 2, 0):     # tied nodes by path compares, or by preorder
             got = kn.build_tree_levels(lp, ids, budget, threads=THREADS, tie_slots=tie_slots)
             assert got == want, (kind, L, V, budget, tie_slots)
             assert got == ref.build_tree_levels(lp, ids, budget, tie_slots=tie_slots)
+
+
+@pytest.mark.kernels
+def test_level_kernel_is_compiled_once_for_every_budget_and_tie_limit(rng):
+    """The tie limit is a kernel argument, not a factory's: a factory keyed by it compiled a new
+    kernel for each budget (``few_ties_limit`` is a quarter of it), ~10 s each on a GPU, and a
+    test over 120 random budgets ran for minutes there."""
+    from ddtree_numba.kernels import tree_build as ktb
+    lp, ids = _draft(rng, 2, 6, 6, "ties")
+    kn.build_tree_levels(lp, ids, 6, threads=THREADS)
+    before = ktb._build_tree_levels_kernel.cache_info().currsize
+    for budget, tie_slots in ((5, None), (9, None), (17, None), (33, 2), (40, 0), (23, tb.TIE_SLOTS)):
+        assert kn.build_tree_levels(lp, ids, budget, threads=THREADS, tie_slots=tie_slots) == ref.build_tree(
+            lp, ids, budget)
+    assert ktb._build_tree_levels_kernel.cache_info().currsize == before
 
 
 @pytest.mark.kernels

@@ -61,7 +61,7 @@ def capped_and_ties(rng):
     ok = capped_fallback((rng.standard_normal((3, 40960)) * 2).astype(np.float32), 128)
     xt = rng.integers(-2, 2, (6, 40)).astype(np.float32)
     lpt, idt = ref.topk_logprobs(xt, 40)
-    for tie_slots in (256, 4, 0):
+    for tie_slots in (None, 256, 4, 0):
         ok &= kn.build_tree_levels(lpt, idt, 200, tie_slots=tie_slots) == ref.build_tree(lpt, idt, 200)
     cuda.synchronize()
     print(f"capped top-K fallback and level-build tie orderings match: {bool(ok)}")

@@ -57,7 +57,7 @@ from numba import config, cuda, float32, float64, int32, int64, uint32, uint64
 
 from .._checks import check_array, check_int, check_logits_values
 from .._device import LINEINFO, cached, check_threads, device_function, grid_dependency, is_device, to_device
-from ._warp import FULL, WARP_OPS, claim, hist_add
+from ._warp import FULL, WARP_OPS, claim, group_max, hist_add, warp_sum
 
 MAX_K = 1024       # shared-memory sort buffer; the tree build takes budgets up to 1024 too
 _SIGN = 0x80000000
@@ -446,6 +446,9 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
     CAP = FILTER_CAP
     U = UNROLL
     RUN = min(SLICE_RUN, T)             # entries a run of a slice (a warp's: one coalesced load)
+    WARP = WARP_OPS and T % 32 == 0     # the log-sum-exp's warp shuffles (not the simulator)
+    NW = max(T // 32, 1)
+    GRP = min(32, T)                    # the log-sum-exp's groups (a warp, or the whole block)
     clear, pick_digit, sort_desc, reset_selection, radix_gather, merge_row = _block_helpers(T)
 
     # launch bounds: registers capped so that a block of T threads always fits an SM
@@ -466,6 +469,7 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
         n = _slice_entries(V, G, RUN, b_)
         red_m = cuda.shared.array(T, float64)
         red_s = cuda.shared.array(T, float64)
+        hold = cuda.shared.array(32, int32)      # each warp's lowest thread at its max
         hist = cuda.shared.array(256, int32)
         suffix = cuda.shared.array(257, int32)
         chunk = cuda.shared.array(17, int32)
@@ -491,7 +495,7 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
             exp_table[j] = exp_const[j]
         cuda.syncthreads()                      # the exp table is in
 
-        # -- 1. the slice's log-sum-exp, float64, online per thread then a fixed tree. A thread
+        # -- 1. the slice's log-sum-exp, float64, online per thread then over the block. A thread
         # reads U entries at a time (U loads in flight, then U independent exps): one entry at a
         # time, each load and exp waited on in turn, the block was latency-bound. The next U are
         # loaded before this U's exps, so that their loads are in flight while the exps run.
@@ -559,30 +563,55 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
                                     low_j = j
                             low_top = uint32(low_key >> uint64(32))
             base = nxt
-        red_m[t] = m
-        red_s[t] = s
+        # -- the slice's (max, rest) from the threads' pairs: first the max and the lowest thread
+        # holding it (exact in any order); then rest = that thread's rest plus every other
+        # thread's (rest + 1) * exp(m - max), summed in a fixed order: trees over aligned groups
+        # of G = min(32, T) threads (a warp's xor shuffles on a GPU, the same pairs in shared
+        # memory in the simulator), then the groups' sums in group order. Two barriers and one
+        # exp a thread on a GPU, where a tree of (max, rest) pairs over the block took log2(T)
+        # barriers with a libdevice exp at each level.
         if t == 0:
             reset_selection(sel, state, kk)
-        cuda.syncthreads()  # partial pairs and selection state are written
-        stride = T // 2
-        while stride > 0:
-            if t < stride:
-                m1 = red_m[t]
-                m2 = red_m[t + stride]
-                r1 = red_s[t]
-                r2 = red_s[t + stride]
-                if m1 == m2 and m1 != -math.inf:    # each rest leaves out its max's 1: one joins
-                    red_s[t] = (r1 + r2) + 1.0
-                elif m1 > m2:                       # (0 from a part of -inf entries only)
-                    red_s[t] = r1 + (r2 + 1.0) * math.exp(m2 - m1)
-                elif m2 > m1:
-                    red_s[t] = r2 + (r1 + 1.0) * math.exp(m1 - m2)
-                    red_m[t] = m2
-            cuda.syncthreads()  # this level of the tree is combined
-            stride //= 2
+        if WARP:
+            wmax = group_max(m, 32)
+            # the lowest lane at the warp's max (m is never NaN: some lane is), by a max of
+            # negated lanes (a ballot here failed NVVM in the lineinfo build of small blocks)
+            low = -group_max(int32(-(t % 32)) if m == wmax else int32(-32), 32)
+            if t % 32 == 0:
+                red_m[t // 32] = wmax
+                hold[t // 32] = int32(t + low)
+        else:
+            red_m[t] = m
+        cuda.syncthreads()  # the warps' maxima and holders (or every thread's pair) are in
+        top_m = red_m[0]
+        holder = int32(hold[0]) if WARP else int32(0)
+        for j in range(1, NW if WARP else T):
+            if red_m[j] > top_m:
+                top_m = red_m[j]
+                holder = int32(hold[j]) if WARP else int32(j)
+        c = s                                   # the holder's rest leaves out its max's 1
+        if t != holder:
+            c = 0.0 if m == -math.inf else (s + 1.0) * _exp_nonpositive(m - top_m, exp_table)
+        if WARP:
+            c = warp_sum(c)
+            if t % 32 == 0:
+                red_s[t] = c
+        else:
+            red_s[t] = c
+            cuda.syncthreads()  # every thread's term is in
+            stride = GRP // 2
+            while stride > 0:
+                if t % GRP < stride:
+                    red_s[t] = red_s[t] + red_s[t + stride]
+                cuda.syncthreads()  # this level of the groups' trees is combined
+                stride //= 2
+        cuda.syncthreads()  # the groups' sums are in
         if t == 0:
-            part_m[row, b_] = red_m[0]
-            part_s[row, b_] = red_s[0]
+            rest = red_s[0]
+            for g in range(1, T // GRP):
+                rest += red_s[g * GRP]
+            part_m[row, b_] = top_m
+            part_s[row, b_] = rest
             cnt[row, b_] = n                    # the merge's list length is min(cap, n)
         if stop == 1:
             return

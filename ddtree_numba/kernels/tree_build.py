@@ -25,7 +25,7 @@ import numpy as np
 from numba import config, cuda, float32, float64, int16, int32, int64, uint32, uint64
 
 from .._checks import check_array, check_batch_build_inputs, check_build_inputs, check_int
-from ..reference.tree_build import SEED_CANDIDATES, SEED_ROUNDS, TIE_SLOTS
+from ..reference.tree_build import SEED_CANDIDATES, SEED_ROUNDS, TIE_SHARE, TIE_SLOTS
 from ..tree import Tree
 from .._device import LINEINFO, cached, check_threads, device_function, grid_dependency, is_device, to_device
 from ._warp import FULL as FULL_MASK, WARP_OPS, claim, hist_add, lowest_lane, warp_inclusive_scan, warp_min_u64, warp_sum
@@ -555,9 +555,8 @@ SEED_THREADS = 512
 
 
 @functools.lru_cache(maxsize=None)
-def _build_tree_levels_kernel(threads, seed=True, tie_slots=TIE_SLOTS):
+def _build_tree_levels_kernel(threads, seed=True):
     T = threads
-    TS = min(tie_slots, MAX_BUDGET)           # tied nodes placed by path compares (the sort arrays hold them)
     NB = MAX_BUDGET
     NC = SEED_CANDIDATES - 1                  # candidates a round of the seed's search
     CG = 5                                    # ... a thread searches at once (their loads in
@@ -1039,7 +1038,7 @@ def _build_tree_levels_kernel(threads, seed=True, tie_slots=TIE_SLOTS):
     # launch bounds: registers capped so that a block of T (up to 1024) threads fits an SM
     @cached
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
-    def kernel(lp, ids, budget, n_budget, tokens, depths, parents, ranks, scores, n_nodes,
+    def kernel(lp, ids, budget, n_budget, tie_slots, tokens, depths, parents, ranks, scores, n_nodes,
                lv_score, lv_parent, lv_rank, lv_start, lv_keep, lv_csum, lv_pre, lv_node, cand, flags, seed_out):
         grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         t = cuda.threadIdx.x
@@ -1049,6 +1048,9 @@ def _build_tree_levels_kernel(threads, seed=True, tie_slots=TIE_SLOTS):
         if n_budget.shape[0] > 0:                        # this launch's budget, from the device
             B = max(0, min(budget, n_budget[0]))
         R = min(K, B)
+        # tied nodes placed by path compares at most (the sort arrays hold up to NB); a runtime
+        # argument, not a factory's, so that every budget shares one compiled kernel
+        TS = min(tie_slots, NB) if tie_slots >= 0 else min(TIE_SLOTS, B // TIE_SHARE)
         row = cuda.shared.array(NB, float32)             # lp[d, :R]
         ss = cuda.shared.array(NB, float64)              # sort: scores
         sk = cuda.shared.array(NB, int32)                # sort: tie key (path index, preorder)
@@ -1062,7 +1064,7 @@ def _build_tree_levels_kernel(threads, seed=True, tie_slots=TIE_SLOTS):
         sel = cuda.shared.array(3, int32)
         low = cuda.shared.array(2, uint64)           # (min, max) scratch of kth_largest
         counts = cuda.shared.array(MAX_DEPTH, int32)     # nodes of each level
-        one = cuda.shared.array(3, int32)
+        one = cuda.shared.array(4, int32)
         top = cuda.shared.array(NB, float64)             # the B best scores kept so far
         mv = cuda.local.array(MERGE, float64)            # a thread's entries of the merge
         nv = cuda.local.array(MERGE, float64)
@@ -1179,11 +1181,18 @@ def _build_tree_levels_kernel(threads, seed=True, tie_slots=TIE_SLOTS):
             one[0] = 0
             one[1] = 0
             one[2] = 0
+            one[3] = 0
         cuda.syncthreads()
         same = 0
-        for i in range(t, n - 1, T):
-            if top[i] == top[i + 1]:
+        tied = 0                                         # tied nodes (twin: tied_count): those of
+        for i in range(t, n, T):                         # top above thr equal to a neighbour ...
+            s = top[i]
+            if i + 1 < n and s == top[i + 1]:
                 same = 1
+                if s > thr:
+                    tied += 1
+            elif i > 0 and s == top[i - 1] and s > thr:
+                tied += 1
         if same:
             one[1] = 1
         at_least = 0
@@ -1193,10 +1202,13 @@ def _build_tree_levels_kernel(threads, seed=True, tie_slots=TIE_SLOTS):
                 s = lv_score[d, i]
                 if s >= thr:
                     at_least += 1
+                    if s == thr:                         # ... and every node scoring thr
+                        tied += 1
                 elif s != s:
                     nans += 1
         add_over_block(one, 0, at_least, t)
         add_over_block(one, 2, nans, t)
+        add_over_block(one, 3, tied, t)
         cuda.syncthreads()
         if one[2] != 0:
             # a NaN log-prob kept as a node (device rows are not value-checked) has no place in pop
@@ -1222,7 +1234,7 @@ def _build_tree_levels_kernel(threads, seed=True, tie_slots=TIE_SLOTS):
                 n_nodes[0] = n
             return
         width = lv_score.shape[1]
-        if TS > 0:
+        if TS > 0 and one[3] <= TS:
             # few ties (twin: _order_few_ties): an untied node sits at j0, the number of the B best
             # scores above its own; the tied ones (scoring thr, or tying another of the B best) are
             # listed in ss / sp, and each sits after the tied nodes of its score that precede it by
@@ -1368,7 +1380,7 @@ def _build_tree_levels_kernel(threads, seed=True, tie_slots=TIE_SLOTS):
 
 
 def build_tree_levels(lp, ids, budget, *, out=None, scratch=None, budget_device=None, stream=0,
-                      threads=None, seed=None, tie_slots=TIE_SLOTS):
+                      threads=None, seed=None, tie_slots=None):
     """``build_tree``'s tree by the level-synchronous kernel (no pop chain); twin:
     ``reference.build_tree_levels``, bit for bit (and so ``reference.build_tree``).
 
@@ -1379,8 +1391,10 @@ def build_tree_levels(lp, ids, budget, *, out=None, scratch=None, budget_device=
     seed family before the first selection (when None: ``LEVEL_SEED`` from ``SEED_FROM`` nodes,
     in blocks of up to ``SEED_THREADS``); the same tree either way. ``threads``: the block (when
     None ``_level_threads(budget)``, at most ``SEED_THREADS`` when seeding). ``tie_slots``: the
-    most tied nodes placed by path compares (the twin's ``_order_few_ties``); more take subtree
-    sizes, preorder and a sort (0: always); the same tree either way.
+    most tied nodes placed by path compares (the twin's ``_order_few_ties``; None:
+    ``few_ties_limit`` of the launch's budget, the device's when ``budget_device`` is given); more
+    take subtree sizes, preorder and a sort (0: always); the kernel counts them first. The same
+    tree either way.
     """
     budget = _check_limits(check_build_inputs(lp, ids, budget), lp.shape[0])
     L, K = lp.shape
@@ -1398,9 +1412,9 @@ def build_tree_levels(lp, ids, budget, *, out=None, scratch=None, budget_device=
         raise ValueError(f"scratch is for {scratch.score.shape[0]} depths x budget {scratch.score.shape[1]}; "
                          f"this build needs {L} x {budget}")
     sc = scratch
-    tie_slots = check_int("tie_slots", tie_slots, 0, MAX_BUDGET)
-    _build_tree_levels_kernel(threads, bool(seed), tie_slots)[1, threads, stream](
-        to_device(lp, stream), to_device(ids, stream), budget, _device_budget(budget_device),
+    tie_slots = -1 if tie_slots is None else check_int("tie_slots", tie_slots, 0, MAX_BUDGET)
+    _build_tree_levels_kernel(threads, bool(seed))[1, threads, stream](
+        to_device(lp, stream), to_device(ids, stream), budget, _device_budget(budget_device), tie_slots,
         bufs.tokens, bufs.depths, bufs.parents, bufs.ranks, bufs.scores, bufs.n_nodes,
         sc.score, sc.parent, sc.rank, sc.start, sc.keep, sc.csum, sc.pre, sc.node, sc.cand, sc.flags, sc.seed)
     return bufs if out is not None else bufs.to_tree(stream)

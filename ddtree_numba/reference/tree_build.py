@@ -17,7 +17,7 @@ import itertools
 
 import numpy as np
 
-from .._checks import check_batch_build_inputs, check_build_inputs
+from .._checks import check_batch_build_inputs, check_build_inputs, check_int
 from ..tree import Tree
 
 
@@ -171,7 +171,29 @@ def family_seed(lp64: np.ndarray, R: int, budget: int) -> float:
     return float(good)
 
 
-TIE_SLOTS = 256   # tied nodes ``_order_few_ties`` places by path compares; more take ``_order_with_ties``
+TIE_SLOTS = 256   # at most this many tied nodes placed by path compares by default (``few_ties_limit``)
+TIE_SHARE = 4     # ... and at most budget / TIE_SHARE of them by default (``few_ties_limit``)
+
+
+def few_ties_limit(budget: int) -> int:
+    """The default ``tie_slots`` of a level build of ``budget`` nodes: min(TIE_SLOTS, budget //
+    TIE_SHARE). Path compares cost ~0.13 µs a tied node when their scores fall in a few large
+    classes (an H200, logits rounded to 1/8: 252 tied nodes 51 µs at budget 256 against 30 by
+    preorder; the preorder path costs ~12 µs more than no tie at 256, ~34 more at 1024), so past
+    about budget / 4 of them the preorder path is the faster. Both give the same tree."""
+    return min(TIE_SLOTS, budget // TIE_SHARE)
+
+
+def tied_count(score: np.ndarray, top: np.ndarray, T: float) -> int:
+    """How many nodes ``_order_few_ties`` calls tied: those scoring T, and those above T whose
+    score another of the B best ``top`` (descending) also has. Every node above T is in ``top``,
+    once, so the second are the entries of ``top`` above T equal to a neighbour: one pass over the
+    level scores and one over ``top``, as the GPU counts them before choosing its path."""
+    above = top > T
+    dup = np.zeros(top.shape[0], bool)
+    dup[1:] |= top[1:] == top[:-1]
+    dup[:-1] |= top[:-1] == top[1:]
+    return int((score == T).sum()) + int((above & dup).sum())
 
 
 def _path_less(levels: list, da: int, ia: int, db: int, ib: int) -> bool:
@@ -187,15 +209,18 @@ def _path_less(levels: list, da: int, ia: int, db: int, ib: int) -> bool:
 
 
 def _order_few_ties(levels: list, score: np.ndarray, depth: np.ndarray, index: np.ndarray, T: float,
-                    budget: int, top: np.ndarray, slots: int = TIE_SLOTS) -> np.ndarray | None:
+                    budget: int, top: np.ndarray, slots: int) -> np.ndarray | None:
     """``build_tree_levels``' pop order when a few scores tie (the common tie case, as a float32
     draft gives): no subtree sizes, no preorder, no sort. Every node scoring >= T has place j0 =
     the number of the B best scores ``top`` above its own (all nodes above it score > T, so are
     in G). A node is *tied* if it scores T or another of the B best equals its score; an untied
     one sits at j0. A tied one's offset is the number of tied nodes of its score before it by rank
     path (``_path_less``): it sits at j0 + offset, and a node at T is in G only while its offset
-    is below B minus the nodes above T. None if more than ``slots`` nodes are tied (the GPU keeps
-    them in shared memory): then ``_order_with_ties``. Returns indices into ``score``."""
+    is below B minus the nodes above T. None if more than ``slots`` nodes are tied (``tied_count``,
+    counted first, as the GPU does; it keeps them in shared memory): then ``_order_with_ties``.
+    Returns indices into ``score``."""
+    if tied_count(score, top, T) > slots:
+        return None
     n = top.shape[0]
     order = np.full(n, -1, np.int64)
     tied = []
@@ -206,8 +231,7 @@ def _order_few_ties(levels: list, score: np.ndarray, depth: np.ndarray, index: n
             tied.append(o)
         else:
             order[j0] = o
-    if len(tied) > slots:
-        return None
+    assert len(tied) == tied_count(score, top, T)
     above = int((score > T).sum())
     for o in tied:
         s = score[o]
@@ -247,14 +271,14 @@ def _order_with_ties(levels: list, score: np.ndarray, T: float, budget: int) -> 
 
 
 def build_tree_levels(lp: np.ndarray, ids: np.ndarray, budget: int, trace: list | None = None,
-                      seed: bool = True, tie_slots: int = TIE_SLOTS) -> Tree:
+                      seed: bool = True, tie_slots: int | None = None) -> Tree:
     """``build_tree``'s tree, bit for bit, by a level-synchronous algorithm with no sequential
     pop chain: the numpy twin of the parallel GPU build (issue 15), step for step. ``trace``: a list
     that receives 'filter' or 'select' for each depth (which way its level was kept), and 'seed'
     before the level that computed the seed. ``seed``: the first level that would select first
     raises tau to ``family_seed`` and counts again (False: never; the same tree either way).
     ``tie_slots``: the most tied nodes placed by ``_order_few_ties`` (0: always
-    ``_order_with_ties``; the same tree either way).
+    ``_order_with_ties``; None: ``few_ties_limit(budget)``; the same tree either way).
 
     Order nodes by the key (-score, rank path), the heapq's. The tree is the first ``budget`` = B
     nodes G in that order, and G is prefix-closed (a child's score is fl(parent + lp) <= the
@@ -284,6 +308,7 @@ def build_tree_levels(lp: np.ndarray, ids: np.ndarray, budget: int, trace: list 
       pop order is the sort of G by (-score, preorder). A parent's node number is its position.
     """
     budget = check_build_inputs(lp, ids, budget)
+    tie_slots = few_ties_limit(budget) if tie_slots is None else check_int("tie_slots", tie_slots, 0)
     L, K = lp.shape
     lp64 = lp.astype(np.float64)
     R = min(K, budget)                                 # ranks a parent can contribute
