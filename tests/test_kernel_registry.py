@@ -102,7 +102,7 @@ def test_every_kernel_waits_for_its_predecessors_before_anything_else():
     assert not uses_pdl(plain)
 
 
-PTX_SHARDS = 4   # ~5 minutes of compiling in all: in shards, the two CI workers share it
+PTX_SHARDS = 3   # ~5 minutes of compiling in all: in shards, the two CI workers share it
 
 
 @pytest.mark.slow
