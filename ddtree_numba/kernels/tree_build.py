@@ -1048,8 +1048,9 @@ def _build_tree_levels_kernel(threads, seed=True):
         if n_budget.shape[0] > 0:                        # this launch's budget, from the device
             B = max(0, min(budget, n_budget[0]))
         R = min(K, B)
-        # tied nodes placed by path compares at most (the sort arrays hold up to NB); a runtime
-        # argument, not a factory's, so that every budget shares one compiled kernel
+        # tied nodes placed by path compares at most (the sort arrays hold up to NB); -1: the
+        # twin's few_ties_limit(B). A runtime argument, not a factory's, so that every budget
+        # shares one compiled kernel
         TS = min(tie_slots, NB) if tie_slots >= 0 else min(TIE_SLOTS, B // TIE_SHARE)
         row = cuda.shared.array(NB, float32)             # lp[d, :R]
         ss = cuda.shared.array(NB, float64)              # sort: scores

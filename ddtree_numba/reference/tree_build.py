@@ -219,7 +219,8 @@ def _order_few_ties(levels: list, score: np.ndarray, depth: np.ndarray, index: n
     is below B minus the nodes above T. None if more than ``slots`` nodes are tied (``tied_count``,
     counted first, as the GPU does; it keeps them in shared memory): then ``_order_with_ties``.
     Returns indices into ``score``."""
-    if tied_count(score, top, T) > slots:
+    count = tied_count(score, top, T)
+    if count > slots:
         return None
     n = top.shape[0]
     order = np.full(n, -1, np.int64)
@@ -231,7 +232,7 @@ def _order_few_ties(levels: list, score: np.ndarray, depth: np.ndarray, index: n
             tied.append(o)
         else:
             order[j0] = o
-    assert len(tied) == tied_count(score, top, T)
+    assert len(tied) == count
     above = int((score > T).sum())
     for o in tied:
         s = score[o]
