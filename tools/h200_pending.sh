@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Kept as it ran: that branch was merged at a2d1619. Each pending branch carries its own version of
+# this script; the one to run next is on the branch NOTES Next 1 names.)
 # The first GPU call for the branch next/gpu-pending (thirty-eighth session, NOTES Next 1-2): main
 # + next/tie-count (the level build's tie limit, a kernel argument) + next/lse-shuffle (the top-K
 # partial kernel's log-sum-exp pair by warp shuffles), simulator-tested only. Run from the repo
