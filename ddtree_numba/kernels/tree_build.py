@@ -266,6 +266,234 @@ def _build_tree_kernel(threads):
     return kernel
 
 
+# -- the heap build with its frontier in one warp's registers (budgets up to WARP_BUDGET) ----------
+# The block kernel above spends ~720 warp instructions a pop (ncu, H100), most of them thread 0's
+# update of the frontier through shared memory and numba's 64-bit index arithmetic, all of them one
+# dependent chain. Here the frontier lives in the warp's registers, WARP_SLOTS slots a lane: a pop
+# is each lane's better slot, the warp's greatest score by a shuffle minimum of complemented order
+# keys (the tied lanes by path, only on an exact tie), a broadcast of the winner, and every lane
+# computing the two new candidates' scores from lp's shared copy; the lanes owning the popped slot
+# and the next free slot write them. A popped slot that has neither child nor sibling is marked
+# empty (no compaction), so the slots a build appends are at most its pops: budget <= 32 x
+# WARP_SLOTS. The node records (score, parent, rank, depth) go to shared memory, read only by path
+# compares on ties and by the final write-out. Same float64 sums as the twin: the same tree.
+WARP_SLOTS = 2
+WARP_BUDGET = 32 * WARP_SLOTS
+WARP_LOADS = 8      # entries of lp a lane loads at once into the shared copy
+
+
+@device_function
+def _after_pop(s, p, r, d, q, has_child, has_sib, cs, ss, node, ws):
+    """A popped frontier slot (score, parent, rank, depth, parent's score) after its pop: its first
+    child (score cs) if it has one, else its next sibling (score ss), else empty (parent -1)."""
+    if has_child:
+        return cs, int32(node), int32(0), int32(d + 1), ws
+    if has_sib:
+        return ss, p, int32(r + 1), d, q
+    return s, int32(-1), r, d, q
+
+
+@functools.lru_cache(maxsize=None)
+def _build_tree_warp_kernel():
+    """One warp a tree (grid S, 32 threads): ``build_trees``' kernel for budgets <= WARP_BUDGET."""
+    NB = WARP_BUDGET + 1
+    LPC = MAX_DEPTH * WARP_BUDGET
+    U = WARP_LOADS
+    shuffles = WARP_OPS
+
+    @cached
+    @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(32,), lineinfo=LINEINFO))
+    def kernel(lp_all, ids_all, budget, n_budget, tokens_all, depths_all, parents_all, ranks_all, scores_all,
+               n_nodes):
+        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        b_ = cuda.blockIdx.x
+        lp = lp_all[b_]
+        ids = ids_all[b_]
+        tokens = tokens_all[b_]
+        depths = depths_all[b_]
+        parents = parents_all[b_]
+        ranks = ranks_all[b_]
+        scores = scores_all[b_]
+        lane = cuda.threadIdx.x
+        L = lp.shape[0]
+        K = lp.shape[1]
+        B = budget
+        if n_budget.shape[0] > 0:                  # this launch's budget (or this tree's), from the device
+            B = max(0, min(budget, n_budget[b_ if n_budget.shape[0] > 1 else 0]))
+        # ranks a pop can read: a popped rank r has its r earlier siblings popped before it, and no
+        # candidate is pushed after the last pop, so a pushed sibling's rank r + 1 < B (and < K)
+        RC = max(min(K, B), 1)
+        lpc = cuda.shared.array(LPC, float32)      # lpc[d * RC + r] = lp[d, r], r < RC
+        n_score = cuda.shared.array(NB, float64)   # node i's path score (root: 0)
+        n_parent = cuda.shared.array(NB, int16)
+        n_rank = cuda.shared.array(NB, int16)
+        n_depth = cuda.shared.array(NB, int16)
+        c_has = cuda.shared.array(32, int32)       # the simulator's arg-max: each lane's best slot
+        c_score = cuda.shared.array(32, float64)
+        c_parent = cuda.shared.array(32, int32)
+        c_rank = cuda.shared.array(32, int32)
+        # lp's copy: (d, r) stepped by 32 entries, U loads in flight a lane (no division)
+        n_cached = L * RC if B > 0 else 0
+        cd = lane // RC
+        cr = lane % RC
+        sd = 32 // RC
+        sr = 32 % RC
+        vals = cuda.local.array(U, float32)
+        for i0 in range(lane, n_cached, 32 * U):
+            for u in range(U):
+                if i0 + u * 32 < n_cached:
+                    vals[u] = lp[cd, cr]
+                cd += sd
+                cr += sr
+                if cr >= RC:
+                    cr -= RC
+                    cd += 1
+            for u in range(U):
+                if i0 + u * 32 < n_cached:
+                    lpc[i0 + u * 32] = vals[u]
+        # the frontier: this lane's slots lane (0) and lane + 32 (1) of the build, as scalars (a local
+        # array indexed in a loop went to local memory): score, parent (-1: empty), rank, depth
+        # and the parent's score (a sibling's base)
+        s0 = 0.0
+        p0 = int32(-1)
+        r0 = int32(0)
+        d0 = int32(0)
+        q0 = 0.0
+        s1 = 0.0
+        p1 = int32(-1)
+        r1 = int32(0)
+        d1 = int32(0)
+        q1 = 0.0
+        live = 0                                   # non-empty slots (the same in every lane)
+        if L > 0 and K > 0 and B > 0:
+            live = 1
+            if lane == 0:
+                s0 = 0.0 + float64(lp[0, 0])
+                p0 = int32(0)
+                d0 = int32(1)
+        if lane == 0:
+            n_score[0] = 0.0
+            n_parent[0] = -1
+            n_rank[0] = 0
+            n_depth[0] = 0
+        cuda.syncthreads()                         # lp's copy and the root are in
+        n = 0                                      # nodes popped
+        F = 1                                      # slots used
+        while n < B and live > 0:
+            # this lane's better slot, in the twin's order (score, then rank path)
+            has = p0 >= 0
+            bs = s0
+            bp = p0
+            br = r0
+            bd = d0
+            bq = q0
+            bj = int32(0)
+            if p1 >= 0 and (not has or (not (s1 < bs) and (
+                    s1 > bs or _path_less(p1, r1, bp, br, n_parent, n_rank, n_depth)))):
+                has = True
+                bs = s1
+                bp = p1
+                br = r1
+                bd = d1
+                bq = q1
+                bj = int32(1)
+            if shuffles:
+                key = _order_key(bs + 0.0) if has else uint64(0)
+                top = ~warp_min_u64(~key)
+                tied = cuda.ballot_sync(FULL_MASK, has and key == top)
+                if tied == 0:                      # (live > 0 says some lane holds a slot)
+                    break
+                wl = lowest_lane(tied)
+                wp = cuda.shfl_sync(FULL_MASK, bp, wl)
+                wr = cuda.shfl_sync(FULL_MASK, br, wl)
+                rest = tied & (tied - uint32(1))
+                while rest != 0:                   # an exact tie in score (uniform across the warp)
+                    other = lowest_lane(rest)
+                    op = cuda.shfl_sync(FULL_MASK, bp, other)
+                    orank = cuda.shfl_sync(FULL_MASK, br, other)
+                    if _path_less(op, orank, wp, wr, n_parent, n_rank, n_depth):
+                        wl = other
+                        wp = op
+                        wr = orank
+                    rest &= rest - uint32(1)
+                ws = cuda.shfl_sync(FULL_MASK, bs, wl)
+                wd = cuda.shfl_sync(FULL_MASK, bd, wl)
+                wq = cuda.shfl_sync(FULL_MASK, bq, wl)
+                wj = cuda.shfl_sync(FULL_MASK, bj, wl)
+            else:
+                # the simulator has no shuffles: every lane scans the lanes' best slots in shared memory
+                c_has[lane] = 1 if has else 0
+                c_score[lane] = bs
+                c_parent[lane] = bp
+                c_rank[lane] = br
+                cuda.syncthreads()                 # every lane's best slot is in
+                wl = -1
+                ws = 0.0
+                for other in range(32):
+                    if c_has[other] != 0 and _slot_better(c_score[other], other, ws, wl, c_parent, c_rank,
+                                                          n_parent, n_rank, n_depth):
+                        wl = other
+                        ws = c_score[other]
+                if wl < 0:
+                    break
+                wp = c_parent[wl]
+                wr = c_rank[wl]
+                cuda.syncthreads()                 # every lane has read c_* before they are rewritten
+                # the winner's depth, parent score and slot: every lane has them in a shared record
+                if lane == wl:
+                    c_parent[0] = bd
+                    c_rank[0] = bj
+                    c_score[0] = bq
+                cuda.syncthreads()
+                wd = c_parent[0]
+                wj = c_rank[0]
+                wq = c_score[0]
+                cuda.syncthreads()                 # read before the next pop rewrites them
+            node = n + 1
+            if lane == 0:
+                n_score[node] = ws
+                n_parent[node] = wp
+                n_rank[node] = wr
+                n_depth[node] = wd
+            if node < B:                           # no candidate after the last pop
+                has_child = wd < L
+                has_sib = wr + 1 < K
+                cs = ws + float64(lpc[wd * RC]) if has_child else 0.0
+                ss = wq + float64(lpc[(wd - 1) * RC + wr + 1]) if has_sib else 0.0
+                both = has_child and has_sib
+                if lane == wl:                     # the popped slot: its first child, else its sibling
+                    if wj == 0:
+                        s0, p0, r0, d0, q0 = _after_pop(s0, p0, r0, d0, q0, has_child, has_sib, cs, ss, node, ws)
+                    else:
+                        s1, p1, r1, d1, q1 = _after_pop(s1, p1, r1, d1, q1, has_child, has_sib, cs, ss, node, ws)
+                if both and lane == F % 32:        # a new slot: the sibling
+                    if F < 32:
+                        s0, p0, r0, d0, q0 = ss, int32(wp), int32(wr + 1), int32(wd), wq
+                    else:
+                        s1, p1, r1, d1, q1 = ss, int32(wp), int32(wr + 1), int32(wd), wq
+                if both:
+                    F += 1
+                live += int32(has_child) + int32(has_sib) - 1
+            n = node
+            if shuffles:
+                cuda.syncwarp()                    # the record is seen by every lane's path compares
+            else:
+                cuda.syncthreads()
+        for i in range(lane + 1, n + 1, 32):
+            d = int32(n_depth[i])
+            r = int32(n_rank[i])
+            tokens[i - 1] = ids[d - 1, r]
+            depths[i - 1] = d
+            ranks[i - 1] = r
+            scores[i - 1] = n_score[i]
+            parents[i] = n_parent[i]
+        if lane == 0:
+            parents[0] = -1
+            n_nodes[b_] = n
+
+    return kernel
+
+
 @dataclass(frozen=True)
 class TreeBuffers:
     """Device buffers a GPU build writes into; ``n_nodes[0]`` says how many entries are used."""
@@ -384,12 +612,38 @@ def _heap_threads(budget: int) -> int:
     return next((t for most, t in _HEAP_THREADS if budget <= most), THREADS)
 
 
-def _launch_heap_build(lp, ids, budget, budget_device, bufs, stream, threads):
-    """The heap kernel over device lp / ids [S, L, K] into ``TreeBatchBuffers`` bufs, a block a
-    tree (inputs already checked by the launcher); ``threads`` None: ``_heap_threads(budget)``."""
+BUILD_METHODS = ("warp", "block")
+
+
+def _build_method(method, budget: int, threads) -> str:
+    """The heap build's kernel: ``method`` as given, else "warp" up to WARP_BUDGET nodes when no
+    block size is asked for, else "block"."""
+    if method is None:
+        return "warp" if budget <= WARP_BUDGET and threads is None else "block"
+    if method not in BUILD_METHODS:
+        raise ValueError(f"method must be one of {BUILD_METHODS} or None, got {method!r}")
+    if method == "warp":
+        if budget > WARP_BUDGET:
+            raise ValueError(f"the warp build takes budgets up to WARP_BUDGET = {WARP_BUDGET}, got {budget}")
+        if threads not in (None, 32):
+            raise ValueError(f"the warp build runs one warp (threads 32 or None), got threads = {threads!r}")
+    return method
+
+
+def _launch_heap_build(lp, ids, budget, budget_device, bufs, stream, threads, method=None):
+    """The heap build over device lp / ids [S, L, K] into ``TreeBatchBuffers`` bufs, a block a
+    tree (inputs already checked by the launcher): the warp kernel or the block kernel
+    (``_build_method``); ``threads`` None: ``_heap_threads(budget)`` for the block kernel."""
     S, L, K = lp.shape
     if K > MAX_BUDGET:
         raise ValueError(f"K = {K} ranks per depth is more than the kernel takes ({MAX_BUDGET})")
+    method = _build_method(method, budget, threads)
+    if method == "warp":
+        if S:
+            _build_tree_warp_kernel()[S, 32, stream](
+                lp, ids, budget, _device_budget(budget_device, S),
+                bufs.tokens, bufs.depths, bufs.parents, bufs.ranks, bufs.scores, bufs.n_nodes)
+        return
     threads = _heap_threads(budget) if threads is None else threads
     threads = check_threads(threads, hi=256)  # static shared memory: 48 KiB a block
     if S:
@@ -398,7 +652,7 @@ def _launch_heap_build(lp, ids, budget, budget_device, bufs, stream, threads):
             bufs.tokens, bufs.depths, bufs.parents, bufs.ranks, bufs.scores, bufs.n_nodes)
 
 
-def build_tree(lp, ids, budget, *, out=None, budget_device=None, stream=0, threads=None):
+def build_tree(lp, ids, budget, *, out=None, budget_device=None, stream=0, threads=None, method=None):
     """The ``budget`` best rank paths as a tree, built on the GPU.
 
     lp [L, K] float32 (rows descending), ids [L, K] int32, numpy or device. Returns a host
@@ -406,8 +660,11 @@ def build_tree(lp, ids, budget, *, out=None, budget_device=None, stream=0, threa
     is given, fills it on ``stream`` and returns it without synchronising. ``budget_device``:
     an int32 [1] device array; the kernel then builds min(budget, budget_device[0]) nodes, read
     when it runs (so a captured graph replays with the budget of the moment; ``budget`` is the
-    most it may be). ``threads``: the block's threads (default ``_heap_threads(budget)``: one
-    warp up to budget 32, two to 64, one to 192, two to 256); they never change the tree.
+    most it may be). ``method``: "warp" (the frontier in one warp's registers, budgets up to
+    WARP_BUDGET) or "block" (the frontier in shared memory, any budget); None: "warp" where it
+    takes the budget and ``threads`` is None. ``threads``: the block kernel's threads (default
+    ``_heap_threads(budget)``: one warp up to budget 32, two to 64, one to 192, two to 256).
+    Neither changes the tree.
     """
     budget = _check_limits(check_build_inputs(lp, ids, budget), lp.shape[0])
     L, K = lp.shape
@@ -415,11 +672,11 @@ def build_tree(lp, ids, budget, *, out=None, budget_device=None, stream=0, threa
     if bufs.capacity < budget:
         raise ValueError(f"out holds {bufs.capacity} nodes; budget is {budget}")
     _launch_heap_build(to_device(lp, stream).reshape(1, L, K), to_device(ids, stream).reshape(1, L, K), budget,
-                       budget_device, bufs.as_batch(), stream, threads)     # a batch of one
+                       budget_device, bufs.as_batch(), stream, threads, method)     # a batch of one
     return bufs if out is not None else bufs.to_tree(stream)
 
 
-def build_trees(lp, ids, budget, *, out=None, budget_device=None, stream=0, threads=None):
+def build_trees(lp, ids, budget, *, out=None, budget_device=None, stream=0, threads=None, method=None):
     """``build_tree`` for each sequence of a batch, in one launch (a block a sequence).
 
     lp [S, L, K] float32 (rows descending), ids [S, L, K] int32, numpy or device. Returns S host
@@ -427,16 +684,16 @@ def build_trees(lp, ids, budget, *, out=None, budget_device=None, stream=0, thre
     ``reference.build_trees``), or, when ``out`` (``TreeBatchBuffers`` for at least S trees) is
     given, fills its first S rows on ``stream`` and returns it without synchronising.
     ``budget_device``: as ``build_tree``'s, one budget for every sequence, or int32 [S]: tree
-    s builds min(budget, budget_device[s]) nodes (the batched device round's). ``threads``: each
-    block's threads (default None: ``_heap_threads(budget)``, as ``build_tree``'s); they never
-    change the trees.
+    s builds min(budget, budget_device[s]) nodes (the batched device round's). ``method`` and
+    ``threads``: as ``build_tree``'s (a warp or a block a sequence); they never change the trees.
     """
     budget = _check_limits(check_batch_build_inputs(lp, ids, budget), lp.shape[1])
     S = lp.shape[0]
     bufs = out if out is not None else TreeBatchBuffers.allocate(max(S, 1), budget, stream)
     if bufs.capacity < budget or bufs.trees < S:
         raise ValueError(f"out holds {bufs.trees} trees of {bufs.capacity} nodes; this build needs {S} of {budget}")
-    _launch_heap_build(to_device(lp, stream), to_device(ids, stream), budget, budget_device, bufs, stream, threads)
+    _launch_heap_build(to_device(lp, stream), to_device(ids, stream), budget, budget_device, bufs, stream, threads,
+                       method)
     return bufs if out is not None else bufs.to_trees(stream)[:S]
 
 
