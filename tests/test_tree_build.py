@@ -168,7 +168,7 @@ def test_kernel_matches_twin_bit_for_bit(rng, kind):
         want = ref.build_tree(lp, ids, budget)
         assert got == want, (L, V, budget)
         check_invariants(got, lp, ids)
-    assert kn.build_tree(lp, ids, budget) == want     # the default block (_heap_threads)
+    assert kn.build_tree(lp, ids, budget) == want     # the default kernel (the warp's, to budget 64)
 
 
 @pytest.mark.kernels
@@ -381,6 +381,49 @@ def test_one_and_two_warp_blocks_break_exact_score_ties_by_path(rng, threads):
 
 
 @pytest.mark.kernels
+@pytest.mark.parametrize("kind", ["normal", "ties"])
+def test_warp_kernel_matches_twin_bit_for_bit(rng, kind):
+    """The warp kernel (the frontier in registers, two slots a lane): trees of one slot a lane and
+    of both (past 32 slots), chains (K 1), rows shorter than the budget, the empty tree; on drafts
+    of integer logits most scores tie exactly, and the tied slots are ordered by path (on a GPU:
+    within a lane, then between the tied lanes)."""
+    for L, V, budget in [(1, 5, 3), (3, 4, 30), (3, 3, 39), (6, 12, 64), (15, 5, 16), (15, 40, 64),
+                         (5, 2, 64), (1, 100, 64), (4, 1, 8), (2, 7, 1), (2, 6, 0)]:
+        lp, ids = _draft(rng, L, V, max(min(budget, V), 1), kind)
+        got = kn.build_tree(lp, ids, budget, method="warp")
+        want = ref.build_tree(lp, ids, budget)
+        assert got == want, (L, V, budget)
+        check_invariants(got, lp, ids)
+
+
+@pytest.mark.kernels
+def test_warp_kernel_builds_a_batch_with_budgets_from_the_device(rng):
+    from numba import cuda
+    lp, ids = _batch(rng, 3, 4, 9, 9)
+    ids = ids + (100 * np.arange(3, dtype=np.int32))[:, None, None]       # each sequence's own tokens
+    assert kn.build_trees(lp, ids, 50, method="warp") == ref.build_trees(lp, ids, 50)
+    bufs = kn.TreeBatchBuffers.allocate(3, 64)
+    per_tree = cuda.to_device(np.array([9, 0, 50], np.int32))
+    kn.build_trees(lp, ids, 50, out=bufs, budget_device=per_tree, method="warp")
+    assert bufs.to_trees() == [ref.build_tree(lp[s], ids[s], b) for s, b in enumerate((9, 0, 50))]
+
+
+def test_the_build_method_is_chosen_by_budget_and_refused_by_name(rng):
+    import importlib
+    tbk = importlib.import_module("ddtree_numba.kernels.tree_build")
+    assert [tbk._build_method(None, b, None) for b in (0, 16, 64, 65, 1024)] == \
+        ["warp", "warp", "warp", "block", "block"]
+    assert tbk._build_method(None, 16, 64) == "block"          # a block size asks for the block kernel
+    lp, ids = _draft(rng, 2, 6, 4)
+    with pytest.raises(ValueError, match="method must be one of"):
+        kn.build_tree(lp, ids, 4, method="heap")
+    with pytest.raises(ValueError, match="WARP_BUDGET = 64, got 65"):
+        kn.build_tree(lp, ids, 65, method="warp")
+    with pytest.raises(ValueError, match="one warp"):
+        kn.build_trees(lp[None], ids[None], 4, method="warp", threads=64)
+
+
+@pytest.mark.kernels
 @pytest.mark.parametrize("budget", [0, 1, 13, 40])
 def test_batch_kernel_builds_each_sequence_in_its_own_block(rng, budget):
     """Every sequence's tree equals its own heap build (tokens, depths, parents, ranks, score
@@ -394,15 +437,15 @@ def test_batch_kernel_builds_each_sequence_in_its_own_block(rng, budget):
 
 @pytest.mark.kernels
 def test_batch_kernel_with_the_default_block_past_one_warp(rng):
-    """``threads`` None: ``_heap_threads(budget)``, one warp up to budget 32, two to 64, one to
-    192, two to 256, then the module's THREADS; at budget 40 (two warps) every tree is still its
-    twin's."""
+    """The block kernel's ``threads`` None: ``_heap_threads(budget)``, one warp up to budget 32,
+    two to 64, one to 192, two to 256, then the module's THREADS; at budget 40 (two warps) every
+    tree is still its twin's."""
     import importlib
     tb = importlib.import_module("ddtree_numba.kernels.tree_build")
     assert [tb._heap_threads(b) for b in (1, 32, 33, 64, 65, 192, 193, 256, 257)] == \
         [32, 32, 64, 64, 32, 32, 64, 64, 128]
     lp, ids = _batch(rng, 2, 3, 5, 5)
-    got = kn.build_trees(lp, ids, 40)
+    got = kn.build_trees(lp, ids, 40, method="block")
     want = ref.build_trees(lp, ids, 40)
     assert len(got) == 2 and all(g == w for g, w in zip(got, want))
     assert all(w.num_nodes == 40 for w in want)          # every tree reaches the budget
