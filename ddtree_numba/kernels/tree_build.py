@@ -280,6 +280,7 @@ def _build_tree_kernel(threads):
 WARP_SLOTS = 2
 WARP_BUDGET = 32 * WARP_SLOTS
 WARP_LOADS = 8      # entries of lp a lane loads at once into the shared copy
+WARP_DEFAULT_UP_TO = WARP_BUDGET    # the default rule (``_build_method``): the warp kernel up to here
 
 
 @device_function
@@ -616,10 +617,10 @@ BUILD_METHODS = ("warp", "block")
 
 
 def _build_method(method, budget: int, threads) -> str:
-    """The heap build's kernel: ``method`` as given, else "warp" up to WARP_BUDGET nodes when no
-    block size is asked for, else "block"."""
+    """The heap build's kernel: ``method`` as given, else "warp" up to WARP_DEFAULT_UP_TO nodes when
+    no block size is asked for, else "block"."""
     if method is None:
-        return "warp" if budget <= WARP_BUDGET and threads is None else "block"
+        return "warp" if budget <= WARP_DEFAULT_UP_TO and threads is None else "block"
     if method not in BUILD_METHODS:
         raise ValueError(f"method must be one of {BUILD_METHODS} or None, got {method!r}")
     if method == "warp":
