@@ -308,6 +308,14 @@ def main():
             exe = capture_graph(lambda s: (topk(s), levels(s)))
             t_graph = time_gpu(lambda: replay_graph(exe, stream), stream)
             t_queued = time_gpu(lambda: replay_graph(exe, stream), stream, queued=True)
+            # top-K + the build the device round takes at this budget (decode.device: the heap build,
+            # on the warp kernel up to WARP_DEFAULT_UP_TO, below LEVEL_BUILD_FROM; else the level build)
+            from ddtree_numba.decode.device import LEVEL_BUILD_FROM
+            if budget < LEVEL_BUILD_FROM:
+                exe_round = capture_graph(lambda s: (topk(s), kn.build_tree(lp_d, ids_d, budget, out=bufs, stream=s)))
+                t_round = time_gpu(lambda: replay_graph(exe_round, stream), stream, queued=True)
+            else:
+                t_round = t_queued
             lbufs.tokens.copy_to_device(np.full(lbufs.tokens.shape, -7, np.int32), stream=stream)  # poison
             replay_graph(exe, stream)
             stream.synchronize()
@@ -327,23 +335,28 @@ def main():
                 t_peer = f"{time_host(lambda: (peer(), torch.cuda.synchronize())):.1f}"
             floor = L * V * 4 / COPY_BW * 1e6
             rows.append([V, budget, L, f"{t_topk:.1f}", f"{t_build:.1f}", f"{t_levels_gpu:.1f}",
-                         f"{t_graph:.1f}", f"{t_queued:.1f}", f"{t_both:.1f}", f"{floor:.2f}",
+                         f"{t_graph:.1f}", f"{t_queued:.1f}", f"{t_round:.1f}", f"{t_both:.1f}", f"{floor:.2f}",
                          f"{t_host:.1f}", t_peer, f"{t_twin_topk:.0f}", f"{t_twin:.0f}", f"{t_levels:.0f}",
                          f"{t_heapq:.0f}"])
             print(rows[-1], flush=True)
     header = ["V", "budget", "L", "GPU top-K µs", "GPU heap build µs", "GPU level build µs",
-              "GPU top-K + level build µs (graph replay)", "the same, queued µs", "GPU top-K+heap build µs (eager)", "floor µs",
+              "GPU top-K + level build µs (graph replay)", "the same, queued µs",
+              "GPU top-K + the round's build µs (graph, queued)", "GPU top-K+heap build µs (eager)", "floor µs",
               "host wall top-K+level build µs (graph)", "peer torch top-K µs", "numpy top-K µs", "numpy build µs",
               "numpy level build µs", "heapq build µs"]
-    keys = ["vocab", "budget", "depths", "topk_us", "heap_build_us", "build_us", "us", "us_queued", "heap_us_together",
+    keys = ["vocab", "budget", "depths", "topk_us", "heap_build_us", "build_us", "us", "us_queued", "round_us",
+            "heap_us_together",
             "floor_us", "host_us", "peer_us",
             "numpy_topk_us", "numpy_build_us", "numpy_levels_us", "heapq_us"]
-    note = (f"L = {L} depths. Heap build: one block popping best-first; level build: the level-synchronous "
+    note = (f"L = {L} depths. Heap build: best-first pops (build_tree's default: one warp with the frontier in "
+            "registers up to WARP_DEFAULT_UP_TO nodes, else one block); level build: the level-synchronous "
             "kernel (kernels.build_tree_levels, one block of _level_threads(budget) threads: 32 to 1024). GPU columns: CUDA-event device time, "
             "median of 50: top-K, each build alone and top-K + heap build as eager launches; the issue's figure "
             "(top-K + level build) as one captured CUDA graph, replayed; queued: the same graph launched behind a "
             "sleeping kernel, so the host's submission (~10 µs) is hidden and the figure is the graph's device "
-            "time, as the stage costs inside the captured round. Host wall: per graph replay with a "
+            "time, as the stage costs inside the captured round. The round's build: top-K + the build the "
+            "device round takes at that budget (the heap build below decode.device.LEVEL_BUILD_FROM, else the "
+            "level build), one graph, queued. Host wall: per graph replay with a "
             "stream sync. Peer: torch.log_softmax + torch.topk on the same GPU "
             "(wall, synced). numpy/heapq: CPU of the GPU machine. Every GPU tree equals the heapq twin's, "
             "and so does the level-synchronous twin's (build_tree_levels).")
