@@ -277,7 +277,7 @@ def _build_tree_kernel(threads):
 # empty (no compaction), so the slots a build appends are at most its pops: budget <= 32 x
 # WARP_SLOTS. The node records (score, parent, rank, depth) go to shared memory, read only by path
 # compares on ties and by the final write-out. Same float64 sums as the twin: the same tree.
-WARP_SLOTS = 2
+WARP_SLOTS = 2      # the kernel holds exactly two slots a lane (as scalars: a local array went to local memory)
 WARP_BUDGET = 32 * WARP_SLOTS
 WARP_LOADS = 8      # entries of lp a lane loads at once into the shared copy
 WARP_DEFAULT_UP_TO = WARP_BUDGET    # the default rule (``_build_method``): the warp kernel up to here
