@@ -1,4 +1,5 @@
-"""The heap build's warp kernel against its block kernel and the level build, on the GPU: µs a
+"""The heap build's warp kernel (its arg-max by redux.sync, and by shuffles: ``warp-shfl``) against
+its block kernel and the level build, on the GPU: µs a
 build (mean of ``--repeat`` copies in one replayed graph, best of 5 replays), alternated over
 ``--passes``, every tree checked against the heapq twin first.
 
@@ -41,7 +42,8 @@ def main():
     drafts = {"synthetic": drafter_logits(np.random.default_rng(0), L, 163840),
               "random264": (np.random.default_rng(0).standard_normal((L, 264)) * 3).astype(np.float32),
               "demo": np.asarray(demo_draft_logits(), np.float32)}
-    methods = ("warp", "block", "levels")
+    methods = ("warp", "warp-shfl", "block", "levels")   # warp-shfl: WARP_REDUX off (shuffle rounds)
+    tb = kn.tree_build
     cases = []
     for name, logits in drafts.items():
         for budget in args.budgets:
@@ -54,6 +56,12 @@ def main():
             def enqueue(s, m, d_lp=d_lp, d_ids=d_ids, budget=budget, bufs=bufs, scratch=scratch):
                 if m == "levels":
                     kn.build_tree_levels(d_lp, d_ids, budget, out=bufs, scratch=scratch, stream=s)
+                elif m == "warp-shfl":
+                    tb.WARP_REDUX = False
+                    try:
+                        kn.build_tree(d_lp, d_ids, budget, out=bufs, stream=s, method="warp")
+                    finally:
+                        tb.WARP_REDUX = True
                 else:
                     kn.build_tree(d_lp, d_ids, budget, out=bufs, stream=s, method=m)
 

@@ -84,6 +84,31 @@ if WARP_OPS:
             off //= 2
         return x
 
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def _redux_max_u32(typingctx, x):
+        sig = uint32(uint32)
+
+        def codegen(context, builder, signature, args):
+            fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32)])
+            asm = ir.InlineAsm(fnty, "redux.sync.max.u32 $0, $1, 0xffffffff;", "=r,r", side_effect=True)
+            return builder.call(asm, args)
+
+        return sig, codegen
+
+    @device_function
+    def warp_max_u64(x):
+        """The maximum of the uint64 x over the full warp (every lane must call), in every lane: two
+        ``redux.sync`` of 32-bit halves (sm_80+), the high words', then the low words' of the lanes
+        holding the greatest high word, where five shuffle rounds of 64-bit compares
+        (``warp_min_u64``) make a chain of ten shuffles."""
+        hi = uint32(x >> uint64(32))
+        top_hi = _redux_max_u32(hi)
+        top_lo = _redux_max_u32(uint32(x & uint64(0xFFFFFFFF)) if hi == top_hi else uint32(0))
+        return (uint64(top_hi) << uint64(32)) | uint64(top_lo)
+
     @device_function
     def warp_inclusive_scan(x):
         """Inclusive prefix sum of the int x over the full warp's lanes (every lane must call)."""
@@ -113,4 +138,4 @@ else:
     def _no_warp_ops(*args):
         raise RuntimeError("warp shuffles do not exist in the CUDA simulator (branch on WARP_OPS)")
 
-    group_max = warp_sum = warp_min_u64 = warp_inclusive_scan = lowest_lane = _no_warp_ops
+    group_max = warp_sum = warp_min_u64 = warp_max_u64 = warp_inclusive_scan = lowest_lane = _no_warp_ops

@@ -28,7 +28,8 @@ from .._checks import check_array, check_batch_build_inputs, check_build_inputs,
 from ..reference.tree_build import SEED_CANDIDATES, SEED_ROUNDS, TIE_SHARE, TIE_SLOTS
 from ..tree import Tree
 from .._device import LINEINFO, cached, check_threads, device_function, grid_dependency, is_device, to_device
-from ._warp import FULL as FULL_MASK, WARP_OPS, claim, hist_add, lowest_lane, warp_inclusive_scan, warp_min_u64, warp_sum
+from ._warp import (FULL as FULL_MASK, WARP_OPS, claim, hist_add, lowest_lane, warp_inclusive_scan, warp_max_u64,
+                    warp_min_u64, warp_sum)
 
 MAX_BUDGET = 1024
 MAX_DEPTH = 32
@@ -294,9 +295,14 @@ def _after_pop(s, p, r, d, q, has_child, has_sib, cs, ss, node, ws):
     return s, int32(-1), r, d, q
 
 
+WARP_REDUX = True   # the warp's greatest key by two redux.sync (else by five shuffle rounds)
+
+
 @functools.lru_cache(maxsize=None)
-def _build_tree_warp_kernel():
-    """One warp a tree (grid S, 32 threads): ``build_trees``' kernel for budgets <= WARP_BUDGET."""
+def _build_tree_warp_kernel(redux=True):
+    """One warp a tree (grid S, 32 threads): ``build_trees``' kernel for budgets <= WARP_BUDGET.
+    ``redux``: the warp's greatest order key by ``warp_max_u64`` (redux.sync), else by
+    ``warp_min_u64`` of the complemented keys (shuffles)."""
     NB = WARP_BUDGET + 1
     LPC = MAX_DEPTH * WARP_BUDGET
     U = WARP_LOADS
@@ -400,7 +406,7 @@ def _build_tree_warp_kernel():
                 bj = int32(1)
             if shuffles:
                 key = _order_key(bs + 0.0) if has else uint64(0)
-                top = ~warp_min_u64(~key)
+                top = warp_max_u64(key) if redux else ~warp_min_u64(~key)
                 tied = cuda.ballot_sync(FULL_MASK, has and key == top)
                 if tied == 0:                      # (live > 0 says some lane holds a slot)
                     break
@@ -641,7 +647,7 @@ def _launch_heap_build(lp, ids, budget, budget_device, bufs, stream, threads, me
     method = _build_method(method, budget, threads)
     if method == "warp":
         if S:
-            _build_tree_warp_kernel()[S, 32, stream](
+            _build_tree_warp_kernel(WARP_REDUX)[S, 32, stream](
                 lp, ids, budget, _device_budget(budget_device, S),
                 bufs.tokens, bufs.depths, bufs.parents, bufs.ranks, bufs.scores, bufs.n_nodes)
         return
