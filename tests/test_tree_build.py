@@ -381,12 +381,16 @@ def test_one_and_two_warp_blocks_break_exact_score_ties_by_path(rng, threads):
 
 
 @pytest.mark.kernels
+@pytest.mark.parametrize("redux", [True, False])
 @pytest.mark.parametrize("kind", ["normal", "ties"])
-def test_warp_kernel_matches_twin_bit_for_bit(rng, kind):
+def test_warp_kernel_matches_twin_bit_for_bit(rng, kind, redux, monkeypatch):
     """The warp kernel (the frontier in registers, two slots a lane): trees of one slot a lane and
     of both (past 32 slots), chains (K 1), rows shorter than the budget, the empty tree; on drafts
     of integer logits most scores tie exactly, and the tied slots are ordered by path (on a GPU:
-    within a lane, then between the tied lanes)."""
+    within a lane, then between the tied lanes; the warp's greatest key by redux.sync or by
+    shuffles)."""
+    import importlib
+    monkeypatch.setattr(importlib.import_module("ddtree_numba.kernels.tree_build"), "WARP_REDUX", redux)
     for L, V, budget in [(1, 5, 3), (3, 4, 30), (3, 3, 39), (6, 12, 64), (15, 5, 16), (15, 40, 64),
                          (5, 2, 64), (1, 100, 64), (4, 1, 8), (2, 7, 1), (2, 6, 0)]:
         lp, ids = _draft(rng, L, V, max(min(budget, V), 1), kind)
