@@ -349,7 +349,8 @@ def main():
             "floor_us", "host_us", "peer_us",
             "numpy_topk_us", "numpy_build_us", "numpy_levels_us", "heapq_us"]
     note = (f"L = {L} depths. Heap build: best-first pops (build_tree's default: one warp with the frontier in "
-            "registers up to WARP_DEFAULT_UP_TO nodes, else one block); level build: the level-synchronous "
+            f"registers up to WARP_DEFAULT_UP_TO = {kn.tree_build.WARP_DEFAULT_UP_TO} nodes, else one block); "
+            "level build: the level-synchronous "
             "kernel (kernels.build_tree_levels, one block of _level_threads(budget) threads: 32 to 1024). GPU columns: CUDA-event device time, "
             "median of 50: top-K, each build alone and top-K + heap build as eager launches; the issue's figure "
             "(top-K + level build) as one captured CUDA graph, replayed; queued: the same graph launched behind a "

@@ -168,7 +168,7 @@ def test_kernel_matches_twin_bit_for_bit(rng, kind):
         want = ref.build_tree(lp, ids, budget)
         assert got == want, (L, V, budget)
         check_invariants(got, lp, ids)
-    assert kn.build_tree(lp, ids, budget) == want     # the default kernel (the warp's, to budget 64)
+    assert kn.build_tree(lp, ids, budget) == want     # the default kernel (_build_method)
 
 
 @pytest.mark.kernels
@@ -415,9 +415,11 @@ def test_warp_kernel_builds_a_batch_with_budgets_from_the_device(rng):
 def test_the_build_method_is_chosen_by_budget_and_refused_by_name(rng):
     import importlib
     tbk = importlib.import_module("ddtree_numba.kernels.tree_build")
+    limit = tbk.WARP_DEFAULT_UP_TO
+    assert 0 <= limit <= tbk.WARP_BUDGET
     assert [tbk._build_method(None, b, None) for b in (0, 16, 64, 65, 1024)] == \
-        ["warp", "warp", "warp", "block", "block"]
-    assert tbk._build_method(None, 16, 64) == "block"          # a block size asks for the block kernel
+        ["warp" if b <= limit else "block" for b in (0, 16, 64, 65, 1024)]
+    assert tbk._build_method(None, min(16, limit), 64) == "block"   # a block size asks for the block kernel
     lp, ids = _draft(rng, 2, 6, 4)
     with pytest.raises(ValueError, match="method must be one of"):
         kn.build_tree(lp, ids, 4, method="heap")

@@ -281,7 +281,10 @@ def _build_tree_kernel(threads):
 WARP_SLOTS = 2      # the kernel holds exactly two slots a lane (as scalars: a local array went to local memory)
 WARP_BUDGET = 32 * WARP_SLOTS
 WARP_LOADS = 8      # entries of lp a lane loads at once into the shared copy
-WARP_DEFAULT_UP_TO = WARP_BUDGET    # the default rule (``_build_method``): the warp kernel up to here
+# The default rule (``_build_method``): the warp kernel up to this budget. 0 until a GPU has measured
+# it against the block kernel (tools/warp_build_ab.py, and tools/round_ab.py with this knob at
+# WARP_BUDGET): the forty-first session built it and found no machine to run it on.
+WARP_DEFAULT_UP_TO = 0
 
 
 @device_function
