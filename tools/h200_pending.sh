@@ -1,49 +1,45 @@
 #!/usr/bin/env bash
-# (Kept as it ran: that branch was merged at a2d1619. Each pending branch carries its own version of
-# this script; the one to run next is on the branch NOTES Next 1 names.)
-# The first GPU call for the branch next/gpu-pending (thirty-eighth session, NOTES Next 1-2): main
-# + next/tie-count (the level build's tie limit, a kernel argument) + next/lse-shuffle (the top-K
-# partial kernel's log-sum-exp pair by warp shuffles), simulator-tested only. Run from the repo
-# root of this branch with .whl, .commit and ab_old carried, ab_old being main's package (`mkdir
-# ab_old && git archive main ddtree_numba benchmarks tools | tar -x -C ab_old && rm -rf
-# ab_old/ddtree_numba/data`); logs to $OUT/log.txt, and the issue's figure's results file and
-# PERFORMANCE.md's tail to $OUT.
-# PART=check (the default, ~6 minutes): the GPU tests of top-K, both tree builds and the full-size
-#   stages; tools/level_ties_ab.py (default limit / 256 / 0); tools/topk_caps.py at k 64, 256 and
-#   1024 for main (old) and the branch (new), alternated twice; benchmarks/tree_build.py --quick
-#   (the issue's figure; appends to docs/PERFORMANCE.md).
-# PART=sanitize (~3 minutes with the kernels cached): racecheck over the capped top-K's fallback and
-#   the level build's tie orderings (--capped-and-ties), memcheck over tools/sanitize_stages.py and
-#   over --full (issue 15's size).
+# The pending GPU call (forty-first session; NOTES Next 1): the warp heap build, simulator-tested
+# only (no machine could be started that session). Run from the repo root with .whl and .commit
+# carried (`git rev-parse --short HEAD > .commit`); logs to $OUT/log.txt, the issue-15 results file
+# and PERFORMANCE.md to $OUT. STOP: the second mark (s) past which the optional steps are skipped.
+#  1. the GPU tests of both heap kernels, the level build and the stages (warp: with and without
+#     redux.sync; ties, chains, batches, device budgets);
+#  2. tools/warp_build_ab.py: warp (redux) / warp (shuffles) / block / level build, alone, on the
+#     synthetic, random V 264 and demo drafts at budgets 16 / 32 / 64, alternated twice; then top-K +
+#     warp against top-K + levels on the issue's draft;
+#  3. benchmarks/tree_build.py --quick (the issue's figure; round_us = top-K + the default build);
+#  4. tools/round_ab.py, side B with the warp kernel as the default (WARP_DEFAULT_UP_TO=64), demo
+#     rounds at budgets 16 and 64 (run it both ways, --a-knob, when there is time);
+#  5. ncu source counters of the level build at budget 64 (V 163840): where its ~13 µs go.
+# If the warp kernel is right and faster: WARP_DEFAULT_UP_TO = WARP_BUDGET (and the DESIGN line).
 source tools/h200_env.sh
-side() {  # $1 = directory, $2 = label: the rest of the command runs there with its own cache
-  local dir=$1 label=$2; shift 2
-  (cd "$dir" && PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/cache_$label "$@")
+STOP=${STOP:-560}
+step() {  # step SECONDS_MARK command...: run while the call has time left before the mark
+  local mark=$1; shift
+  local l=$(left $mark)
+  if [ "$l" -gt 20 ]; then timeout $l "$@"; else echo "skipped (no time): $*"; fi
 }
 {
-nvidia-smi --query-gpu=name --format=csv,noheader
-if [ "${PART:-check}" = check ]; then
-  side . new timeout $(left 180) python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_topk.py \
-    tests/test_tree_build.py tests/test_gpu_stages.py --tb=short 2>&1 | grep -v Warn | tail -4
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+step 150 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_tree_build.py tests/test_gpu_stages.py \
+  --tb=short 2>&1 | grep -v Warn | tail -6
+echo "elapsed $(( $(date +%s) - T0 ))"
+step 250 python3 tools/warp_build_ab.py --passes 2 2>&1 | grep -v Warn | tail -22
+echo "elapsed $(( $(date +%s) - T0 ))"
+step 380 python3 benchmarks/tree_build.py --quick 2>&1 | grep -v Warn | tail -10
+cp benchmarks/results/tree_build.json docs/PERFORMANCE.md "$OUT/" 2>/dev/null
+echo "elapsed $(( $(date +%s) - T0 ))"
+for b in 16 64; do
+  echo "== round_ab budget $b: B = the warp kernel"
+  step $STOP python3 tools/round_ab.py --knob ddtree_numba.kernels.tree_build.WARP_DEFAULT_UP_TO=64 \
+    --budget $b --passes 3 2>&1 | grep -v Warn | tail -5
   echo "elapsed $(( $(date +%s) - T0 ))"
-  side . new timeout $(left 230) python3 tools/level_ties_ab.py --passes 1 2>&1 | grep -v Warn | tail -4
-  echo "elapsed $(( $(date +%s) - T0 ))"
-  for label in old new old new; do
-    echo "== $label"
-    dir=$([ $label = old ] && echo ab_old || echo .)
-    side $dir $label timeout $(left 480) python3 tools/topk_caps.py --ks 64 256 1024 --slices 8 2>&1 |
-      grep -v Warn | grep -E "^top-K k|budget 1024"
-  done
-  echo "elapsed $(( $(date +%s) - T0 ))"
-  side . new timeout $(left 590) python3 benchmarks/tree_build.py --quick 2>&1 | grep -v Warn | grep -E "^\| 163840|^\| V"
-  cp benchmarks/results/tree_build.json "$OUT/" 2>/dev/null; tail -40 docs/PERFORMANCE.md > "$OUT/perf_tail.md"
-else
-  side . new timeout $(left 150) compute-sanitizer --tool racecheck python3 tools/sanitize_stages.py \
-    --capped-and-ties 2>&1 | grep -v Warn | grep -E "match|RACECHECK SUMMARY|Error" | head -6
-  side . new timeout $(left 300) compute-sanitizer --tool memcheck python3 tools/sanitize_stages.py 2>&1 |
-    grep -v Warn | grep -E "match|ERROR SUMMARY|Error" | head -8
-  side . new timeout $(left 560) compute-sanitizer --tool memcheck python3 tools/sanitize_stages.py --full 2>&1 |
-    grep -v Warn | grep -E "match|ERROR SUMMARY|Error" | head -8
-fi
+done
+( export DDTREE_LINEINFO=1 DDTREE_CACHE=0
+  step $STOP ncu --profile-from-start off --section SourceCounters --section WarpStateStats \
+    --import-source yes --page source --print-source cuda --csv python3 tools/profile_build.py levels 163840 64 \
+    > "$OUT/src_levels_64.csv" 2>&1
+  python3 tools/ncu_lines.py "$OUT/src_levels_64.csv" 25 2>&1 | head -36 )
 echo "elapsed $(( $(date +%s) - T0 ))"
 } 2>&1 | tee "$OUT/log.txt"
