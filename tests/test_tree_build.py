@@ -583,3 +583,71 @@ def test_level_kernel_filters_and_selects_as_the_twin_does():
         assert budget < kn.tree_build.SEED_FROM
         assert kn.build_tree_levels(lp, ids, budget, threads=THREADS, scratch=fresh) == want
         assert fresh.seed.copy_to_host()[0] == -np.inf
+
+
+# -- the warp kernel's GPU path, in the simulator with an emulated warp ---------------------------
+
+def _emulate_warp(monkeypatch):
+    """Give the simulator the warp operations the warp build's GPU path calls, with numba's types
+    on a GPU: a ballot is an int32 (so a mask with lane 31 set is negative, and arithmetic on it
+    widens with its sign), shuffles read the source lane's value, ``redux``'s maximum and the
+    shuffle minimum are exact. The block is one warp, so a lane exchange is a block barrier."""
+    import importlib
+    import threading
+
+    from numba.cuda.simulator import kernelapi
+
+    tbk = importlib.import_module("ddtree_numba.kernels.tree_build")
+    slots = {}
+
+    def exchange(value):
+        th = threading.current_thread()
+        row = slots.setdefault((th.blockIdx.x, th.blockIdx.y), [None] * 32)
+        th.syncthreads()
+        row[th.threadIdx.x] = value
+        th.syncthreads()
+        out = list(row)
+        th.syncthreads()
+        return out, th.threadIdx.x
+
+    def ballot_sync(self, mask, pred):
+        vals, _ = exchange(bool(pred))
+        return np.uint32(sum(1 << i for i, v in enumerate(vals) if v)).view(np.int32)
+
+    def lowest_lane(m):                        # _warp.lowest_lane's arithmetic, numpy's widening
+        low = (m & (~m + np.uint32(1))) - np.uint32(1)
+        return bin(int(low) & (2**64 - 1)).count("1")
+
+    monkeypatch.setattr(kernelapi.FakeCUDAModule, "ballot_sync", ballot_sync, raising=False)
+    monkeypatch.setattr(kernelapi.FakeCUDAModule, "shfl_sync",
+                        lambda self, mask, value, src: exchange(value)[0][int(src) & 31], raising=False)
+    monkeypatch.setattr(kernelapi.FakeCUDAModule, "syncwarp",
+                        lambda self, mask=0xFFFFFFFF: threading.current_thread().syncthreads(), raising=False)
+    monkeypatch.setattr(tbk, "warp_max_u64", lambda x: np.uint64(max(exchange(int(x))[0])))
+    monkeypatch.setattr(tbk, "warp_min_u64", lambda x: np.uint64(min(exchange(int(x))[0])))
+    monkeypatch.setattr(tbk, "lowest_lane", lowest_lane)
+    monkeypatch.setattr(tbk, "WARP_OPS", True)
+    return tbk
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("redux", [True, False])
+def test_warp_kernels_gpu_path_matches_the_twin_in_an_emulated_warp(rng, monkeypatch, redux):
+    """The GPU branch of the warp build (shuffles, a ballot of the tied lanes, redux), which the
+    simulator otherwise never runs, in an emulated warp with numba's int32 ballot: on the first
+    H100 run (forty-first session) trees of more than 31 slots came out wrong, because an int32
+    ballot with lane 31 set sign-extended in ``tied & (tied - 1)`` and the tie loop visited
+    phantom lanes 32..63, one of which could win a pop no lane owned. Drafts where lane 31 wins
+    pops: many ranks at few depths, budgets past 32 slots."""
+    from conftest import REAL_GPU
+    if REAL_GPU:
+        pytest.skip("the emulation patches the simulator; a GPU runs the real warp")
+    tbk = _emulate_warp(monkeypatch)
+    monkeypatch.setattr(tbk, "WARP_REDUX", redux)
+    tbk._build_tree_warp_kernel.cache_clear()          # built with the GPU branch
+    try:
+        for L, V, budget, kind in [(3, 64, 64, "normal"), (2, 40, 60, "normal"), (3, 12, 50, "ties")]:
+            lp, ids = _draft(rng, L, V, min(budget, V), kind)
+            assert kn.build_tree(lp, ids, budget, method="warp") == ref.build_tree(lp, ids, budget), (L, V, budget)
+    finally:
+        tbk._build_tree_warp_kernel.cache_clear()      # the next test builds the simulator's branch

@@ -175,7 +175,9 @@ def _build_tree_kernel(threads):
                 # ~300 of a pop's ~720 warp instructions: ncu, H100, budget 64.)
                 key = _order_key(best_score + 0.0) if best >= 0 else uint64(0)
                 top = ~warp_min_u64(~key)
-                tied = cuda.ballot_sync(FULL_MASK, best >= 0 and key == top)
+                # (uint32: numba's ballot is an int32, and with lane 31 set, tied & (tied - 1) below
+                # then sign-extends to 64 bits: 32 phantom "lanes" 32..63 in the tie loop)
+                tied = uint32(cuda.ballot_sync(FULL_MASK, best >= 0 and key == top))
                 lead = lowest_lane(tied)   # (no lane: the mask's width, read as lane 0 by the
                 # shuffles below; the winner is then set to -1)
                 winner = cuda.shfl_sync(FULL_MASK, best, lead)
@@ -410,7 +412,10 @@ def _build_tree_warp_kernel(redux=True):
             if shuffles:
                 key = _order_key(bs + 0.0) if has else uint64(0)
                 top = warp_max_u64(key) if redux else ~warp_min_u64(~key)
-                tied = cuda.ballot_sync(FULL_MASK, has and key == top)
+                # (uint32: an int32 ballot with lane 31 set sign-extends in tied & (tied - 1), giving
+                # phantom lanes 32..63 to the tie loop: a winner no lane owns. The forty-first
+                # session's first GPU run failed on exactly that; an emulated warp cannot show it)
+                tied = uint32(cuda.ballot_sync(FULL_MASK, has and key == top))
                 if tied == 0:                      # (live > 0 says some lane holds a slot)
                     break
                 wl = lowest_lane(tied)
