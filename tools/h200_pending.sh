@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The pending GPU call (forty-first session; NOTES Next 1): the warp heap build, simulator-tested
-# only (no machine could be started that session). Run from the repo root with .whl and .commit
+# The pending GPU call (forty-first session; NOTES Next 1): the warp heap build. Its first run (H100,
+# be5a1f6) gave wrong trees past 31 slots: an int32 ballot sign-extended in the tie loop (fixed
+# after, with a simulator test of the GPU path in an emulated warp; not yet rerun on a GPU). Run from the repo root with .whl and .commit
 # carried (`git rev-parse --short HEAD > .commit`); logs to $OUT/log.txt, the issue-15 results file
 # and PERFORMANCE.md to $OUT. STOP: the second mark (s) past which the optional steps are skipped.
 #  1. the GPU tests of both heap kernels, the level build and the stages (warp: with and without
@@ -37,9 +38,10 @@ for b in 16 64; do
   echo "elapsed $(( $(date +%s) - T0 ))"
 done
 ( export DDTREE_LINEINFO=1 DDTREE_CACHE=0
+  # (source pages come from a saved report: on a live run --page source printed no sampling column)
   step $STOP ncu --profile-from-start off --section SourceCounters --section WarpStateStats \
-    --import-source yes --page source --print-source cuda --csv python3 tools/profile_build.py levels 163840 64 \
-    > "$OUT/src_levels_64.csv" 2>&1
+    --import-source yes -o "$OUT/levels_64" -f python3 tools/profile_build.py levels 163840 64 2>&1 | tail -2
+  ncu --import "$OUT/levels_64.ncu-rep" --page source --csv --print-source cuda > "$OUT/src_levels_64.csv" 2>&1
   python3 tools/ncu_lines.py "$OUT/src_levels_64.csv" 25 2>&1 | head -36 )
 echo "elapsed $(( $(date +%s) - T0 ))"
 } 2>&1 | tee "$OUT/log.txt"
