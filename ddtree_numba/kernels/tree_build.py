@@ -85,6 +85,44 @@ def _lp_at(lp, lp_cache, ranks_cached, d, r):
     return float64(lp[d, r])
 
 
+@device_function
+def _copy_lp(lp, dst, rc, n, t, T, vals):
+    """dst[i] = lp[i // rc, i % rc] for i < n, by the T threads of a block (t this one's), len(vals)
+    loads in flight a thread (``vals``: a local array); (depth, rank) stepped rather than divided
+    (numba's 64-bit divisions were ~180 instructions an entry)."""
+    U = vals.shape[0]
+    step_d, step_r = T // rc, T % rc              # a step of T entries in (depth, rank)
+    cd, cr = t // rc, t % rc
+    for i0 in range(t, n, T * U):
+        for u in range(U):
+            if i0 + u * T < n:
+                vals[u] = lp[cd, cr]
+            cd += step_d
+            cr += step_r
+            if cr >= rc:
+                cr -= rc
+                cd += 1
+        for u in range(U):
+            if i0 + u * T < n:
+                dst[i0 + u * T] = vals[u]
+
+
+@device_function
+def _write_tree(n, n_score, n_parent, n_rank, n_depth, ids, tokens, depths, parents, ranks, scores, t, T):
+    """A heap build's n nodes out of its shared records (node i: score, parent, rank, depth), by
+    the T threads of a block (t this one's); parents[0] = -1 for the root."""
+    for i in range(t + 1, n + 1, T):
+        d = int32(n_depth[i])
+        r = int32(n_rank[i])
+        tokens[i - 1] = ids[d - 1, r]
+        depths[i - 1] = d
+        ranks[i - 1] = r
+        scores[i - 1] = n_score[i]
+        parents[i] = n_parent[i]
+    if t == 0:
+        parents[0] = -1
+
+
 @functools.lru_cache(maxsize=None)
 def _build_tree_kernel(threads):
     T = threads
@@ -123,25 +161,8 @@ def _build_tree_kernel(threads):
         red_score = cuda.shared.array(T, float64)
         state = cuda.shared.array(2, int32)        # (frontier size, nodes popped)
         ranks_cached = min(K, LP_CACHE // max(L, 1))
-        # lp_cache[i] = lp[i // ranks_cached, i % ranks_cached], LP_LOADS loads in flight a thread,
-        # (d, r) stepped rather than divided (the 64-bit divisions were ~180 instructions an entry)
-        n_cached = L * ranks_cached
-        rc = max(ranks_cached, 1)
-        step_d, step_r = T // rc, T % rc              # a step of T entries in (depth, rank)
-        cd, cr = t // rc, t % rc
-        vals = cuda.local.array(LP_LOADS, float32)
-        for i0 in range(t, n_cached, T * LP_LOADS):
-            for u in range(LP_LOADS):
-                if i0 + u * T < n_cached:
-                    vals[u] = lp[cd, cr]
-                cd += step_d
-                cr += step_r
-                if cr >= rc:
-                    cr -= rc
-                    cd += 1
-            for u in range(LP_LOADS):
-                if i0 + u * T < n_cached:
-                    lp_cache[i0 + u * T] = vals[u]
+        # lp_cache[i] = lp[i // ranks_cached, i % ranks_cached], LP_LOADS loads in flight a thread
+        _copy_lp(lp, lp_cache, max(ranks_cached, 1), L * ranks_cached, t, T, cuda.local.array(LP_LOADS, float32))
         if t == 0:
             n_score[0] = 0.0
             n_parent[0] = -1
@@ -254,16 +275,8 @@ def _build_tree_kernel(threads):
                 state[1] = node
             cuda.syncthreads()  # the pop is recorded before anyone reads the frontier
         n = state[1]
-        for i in range(t + 1, n + 1, T):
-            d = int32(n_depth[i])
-            r = int32(n_rank[i])
-            tokens[i - 1] = ids[d - 1, r]
-            depths[i - 1] = d
-            ranks[i - 1] = r
-            scores[i - 1] = n_score[i]
-            parents[i] = n_parent[i]
+        _write_tree(n, n_score, n_parent, n_rank, n_depth, ids, tokens, depths, parents, ranks, scores, t, T)
         if t == 0:
-            parents[0] = -1
             n_nodes[b_] = n
 
     return kernel
@@ -344,25 +357,8 @@ def _build_tree_warp_kernel(redux=True):
         c_score = cuda.shared.array(32, float64)
         c_parent = cuda.shared.array(32, int32)
         c_rank = cuda.shared.array(32, int32)
-        # lp's copy: (d, r) stepped by 32 entries, U loads in flight a lane (no division)
-        n_cached = L * RC if B > 0 else 0
-        cd = lane // RC
-        cr = lane % RC
-        sd = 32 // RC
-        sr = 32 % RC
-        vals = cuda.local.array(U, float32)
-        for i0 in range(lane, n_cached, 32 * U):
-            for u in range(U):
-                if i0 + u * 32 < n_cached:
-                    vals[u] = lp[cd, cr]
-                cd += sd
-                cr += sr
-                if cr >= RC:
-                    cr -= RC
-                    cd += 1
-            for u in range(U):
-                if i0 + u * 32 < n_cached:
-                    lpc[i0 + u * 32] = vals[u]
+        # lp's copy, U loads in flight a lane
+        _copy_lp(lp, lpc, RC, L * RC if B > 0 else 0, lane, 32, cuda.local.array(U, float32))
         # the frontier: this lane's slots lane (0) and lane + 32 (1) of the build, as scalars (a local
         # array indexed in a loop went to local memory): score, parent (-1: empty), rank, depth
         # and the parent's score (a sibling's base)
@@ -494,16 +490,8 @@ def _build_tree_warp_kernel(redux=True):
                 cuda.syncwarp()                    # the record is seen by every lane's path compares
             else:
                 cuda.syncthreads()
-        for i in range(lane + 1, n + 1, 32):
-            d = int32(n_depth[i])
-            r = int32(n_rank[i])
-            tokens[i - 1] = ids[d - 1, r]
-            depths[i - 1] = d
-            ranks[i - 1] = r
-            scores[i - 1] = n_score[i]
-            parents[i] = n_parent[i]
+        _write_tree(n, n_score, n_parent, n_rank, n_depth, ids, tokens, depths, parents, ranks, scores, lane, 32)
         if lane == 0:
-            parents[0] = -1
             n_nodes[b_] = n
 
     return kernel
