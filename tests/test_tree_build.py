@@ -591,24 +591,28 @@ def _emulate_warp(monkeypatch):
     """Give the simulator the warp operations the warp build's GPU path calls, with numba's types
     on a GPU: a ballot is an int32 (so a mask with lane 31 set is negative, and arithmetic on it
     widens with its sign), shuffles read the source lane's value, ``redux``'s maximum and the
-    shuffle minimum are exact. The block is one warp, so a lane exchange is a block barrier."""
+    shuffle minimum are exact. A lane exchange is a barrier of the warp's 32 threads (blocks of
+    whole warps)."""
     import importlib
     import threading
 
     from numba.cuda.simulator import kernelapi
 
     tbk = importlib.import_module("ddtree_numba.kernels.tree_build")
-    slots = {}
+    warps, lock = {}, threading.Lock()
 
-    def exchange(value):
+    def exchange(value):                       # every lane of the warp calls it together
         th = threading.current_thread()
-        row = slots.setdefault((th.blockIdx.x, th.blockIdx.y), [None] * 32)
-        th.syncthreads()
-        row[th.threadIdx.x] = value
-        th.syncthreads()
+        warp, lane = divmod(th.threadIdx.x, 32)
+        with lock:
+            bar, row = warps.setdefault((th.blockIdx.x, th.blockIdx.y, warp),
+                                        (threading.Barrier(32, timeout=120), [None] * 32))
+        bar.wait()
+        row[lane] = value
+        bar.wait()
         out = list(row)
-        th.syncthreads()
-        return out, th.threadIdx.x
+        bar.wait()
+        return out, lane
 
     def ballot_sync(self, mask, pred):
         vals, _ = exchange(bool(pred))
@@ -651,3 +655,23 @@ def test_warp_kernels_gpu_path_matches_the_twin_in_an_emulated_warp(rng, monkeyp
             assert kn.build_tree(lp, ids, budget, method="warp") == ref.build_tree(lp, ids, budget), (L, V, budget)
     finally:
         tbk._build_tree_warp_kernel.cache_clear()      # the next test builds the simulator's branch
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("threads", [32, 64])
+def test_block_heap_kernels_gpu_path_matches_the_twin_in_an_emulated_warp(rng, monkeypatch, threads):
+    """The block heap kernel's GPU branch (each warp's arg-max by a shuffle minimum of order keys,
+    its tied lanes by path, thread 0 over the warps), which the simulator otherwise never runs,
+    in emulated warps, on drafts of exact ties and past 31 slots a warp."""
+    from conftest import REAL_GPU
+    if REAL_GPU:
+        pytest.skip("the emulation patches the simulator; a GPU runs the real warp")
+    tbk = _emulate_warp(monkeypatch)
+    tbk._build_tree_kernel.cache_clear()
+    try:
+        for L, V, budget, kind in [(3, 64, 80, "normal"), (6, 12, 64, "ties"), (3, 12, 50, "ties")]:
+            lp, ids = _draft(rng, L, V, min(budget, V), kind)
+            got = kn.build_tree(lp, ids, budget, method="block", threads=threads)
+            assert got == ref.build_tree(lp, ids, budget), (L, V, budget)
+    finally:
+        tbk._build_tree_kernel.cache_clear()
