@@ -286,8 +286,8 @@ def _build_tree_kernel(threads):
 # The block kernel above spends ~720 warp instructions a pop (ncu, H100), most of them thread 0's
 # update of the frontier through shared memory and numba's 64-bit index arithmetic, all of them one
 # dependent chain. Here the frontier lives in the warp's registers, WARP_SLOTS slots a lane: a pop
-# is each lane's better slot, the warp's greatest score by a shuffle minimum of complemented order
-# keys (the tied lanes by path, only on an exact tie), a broadcast of the winner, and every lane
+# is each lane's better slot, the warp's greatest order key (two redux.sync, or a shuffle minimum of
+# the complemented keys; the tied lanes by path, only on an exact tie), a broadcast of the winner, and every lane
 # computing the two new candidates' scores from lp's shared copy; the lanes owning the popped slot
 # and the next free slot write them. A popped slot that has neither child nor sibling is marked
 # empty (no compaction), so the slots a build appends are at most its pops: budget <= 32 x
@@ -296,9 +296,10 @@ def _build_tree_kernel(threads):
 WARP_SLOTS = 2      # the kernel holds exactly two slots a lane (as scalars: a local array went to local memory)
 WARP_BUDGET = 32 * WARP_SLOTS
 WARP_LOADS = 8      # entries of lp a lane loads at once into the shared copy
-# The default rule (``_build_method``): the warp kernel up to this budget. 0 until a GPU has measured
-# it against the block kernel (tools/warp_build_ab.py, and tools/round_ab.py with this knob at
-# WARP_BUDGET): the forty-first session built it and found no machine to run it on.
+# The default rule (``_build_method``): the warp kernel up to this budget. 0 until a GPU has run and
+# measured it against the block kernel (tools/h200_pending.sh: tools/warp_build_ab.py, and
+# tools/round_ab.py with this knob at WARP_BUDGET). Its one GPU run (forty-first session, H100) gave
+# wrong trees past 31 slots, from the int32 ballot (see the tie loop); fixed after, not yet rerun.
 WARP_DEFAULT_UP_TO = 0
 
 
