@@ -24,7 +24,7 @@ step() {  # step SECONDS_MARK command...: run while the call has time left befor
 {
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
 step 150 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_tree_build.py tests/test_gpu_stages.py \
-  --tb=short 2>&1 | grep -v Warn | tail -6
+  --tb=line 2>&1 | grep -v Warn | tail -14
 echo "elapsed $(( $(date +%s) - T0 ))"
 step 250 python3 tools/warp_build_ab.py --passes 2 2>&1 | grep -v Warn | tail -22
 echo "elapsed $(( $(date +%s) - T0 ))"

@@ -25,6 +25,19 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "benchmarks"))
 
 
+def first_difference(got, want) -> str:
+    """Where two trees first differ: the node count, or the first node whose fields differ."""
+    if got.num_nodes != want.num_nodes:
+        return f"{got.num_nodes} nodes against {want.num_nodes}"
+    for i in range(want.num_nodes):
+        a = (int(got.tokens[i]), int(got.depths[i]), int(got.parents[i + 1]), int(got.ranks[i]), float(got.scores[i]))
+        b = (int(want.tokens[i]), int(want.depths[i]), int(want.parents[i + 1]), int(want.ranks[i]),
+             float(want.scores[i]))
+        if a != b:
+            return f"node {i + 1}: (token, depth, parent, rank, score) {a} against {b}"
+    return "the same fields"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64])
@@ -67,8 +80,10 @@ def main():
 
             for m in methods:
                 enqueue(0, m)
-                if bufs.to_tree() != want:
-                    raise SystemExit(f"{name} budget {budget} {m}: the tree differs from the twin's")
+                got = bufs.to_tree()
+                if got != want:
+                    raise SystemExit(f"{name} budget {budget} {m}: the tree differs from the twin's "
+                                     f"({first_difference(got, want)})")
             depth = int(want.depths.max()) if want.num_nodes else 0
             cases.append((name, budget, depth, enqueue))
     times = {}
