@@ -588,49 +588,12 @@ def test_level_kernel_filters_and_selects_as_the_twin_does():
 # -- the warp kernel's GPU path, in the simulator with an emulated warp ---------------------------
 
 def _emulate_warp(monkeypatch):
-    """Give the simulator the warp operations the warp build's GPU path calls, with numba's types
-    on a GPU: a ballot is an int32 (so a mask with lane 31 set is negative, and arithmetic on it
-    widens with its sign), shuffles read the source lane's value, ``redux``'s maximum and the
-    shuffle minimum are exact. A lane exchange is a barrier of the warp's 32 threads (blocks of
-    whole warps)."""
+    """The tree-build module with its GPU branches on, in emulated warps (tests/warp_emulation.py)."""
     import importlib
-    import threading
 
-    from numba.cuda.simulator import kernelapi
-
+    from warp_emulation import emulate_warps
     tbk = importlib.import_module("ddtree_numba.kernels.tree_build")
-    warps, lock = {}, threading.Lock()
-
-    def exchange(value):                       # every lane of the warp calls it together
-        th = threading.current_thread()
-        warp, lane = divmod(th.threadIdx.x, 32)
-        with lock:
-            bar, row = warps.setdefault((th.blockIdx.x, th.blockIdx.y, warp),
-                                        (threading.Barrier(32, timeout=120), [None] * 32))
-        bar.wait()
-        row[lane] = value
-        bar.wait()
-        out = list(row)
-        bar.wait()
-        return out, lane
-
-    def ballot_sync(self, mask, pred):
-        vals, _ = exchange(bool(pred))
-        return np.uint32(sum(1 << i for i, v in enumerate(vals) if v)).view(np.int32)
-
-    def lowest_lane(m):                        # _warp.lowest_lane's arithmetic, numpy's widening
-        low = (m & (~m + np.uint32(1))) - np.uint32(1)
-        return bin(int(low) & (2**64 - 1)).count("1")
-
-    monkeypatch.setattr(kernelapi.FakeCUDAModule, "ballot_sync", ballot_sync, raising=False)
-    monkeypatch.setattr(kernelapi.FakeCUDAModule, "shfl_sync",
-                        lambda self, mask, value, src: exchange(value)[0][int(src) & 31], raising=False)
-    monkeypatch.setattr(kernelapi.FakeCUDAModule, "syncwarp",
-                        lambda self, mask=0xFFFFFFFF: threading.current_thread().syncthreads(), raising=False)
-    monkeypatch.setattr(tbk, "warp_max_u64", lambda x: np.uint64(max(exchange(int(x))[0])))
-    monkeypatch.setattr(tbk, "warp_min_u64", lambda x: np.uint64(min(exchange(int(x))[0])))
-    monkeypatch.setattr(tbk, "lowest_lane", lowest_lane)
-    monkeypatch.setattr(tbk, "WARP_OPS", True)
+    emulate_warps(monkeypatch, tbk)
     return tbk
 
 
