@@ -439,3 +439,41 @@ def test_the_split_rule_caps_lists_only_at_large_k():
         kn.topk_logprobs(x, 20, slices=4, cap=4)
     with pytest.raises(ValueError, match="cap must be <= 20"):
         kn.topk_logprobs(x, 20, slices=4, cap=21)
+
+
+# -- the GPU branches (warp shuffles), in the simulator with emulated warps ------------------------
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("kind", ["normal", "ties", "masked"])
+def test_gpu_branches_match_the_twin_in_emulated_warps(rng, monkeypatch, kind):
+    """The partial kernel's log-sum-exp by warp shuffles (each warp's max and its lowest holder by
+    group maxima, the terms by an xor butterfly, then the warps in order) and the warp-a-row
+    kernel's exchanges, which the simulator otherwise runs through shared memory: in emulated warps
+    (tests/warp_emulation.py, the GPU's butterfly order), bit for bit the twin."""
+    import importlib
+
+    from conftest import REAL_GPU
+    from warp_emulation import emulate_warps
+    if REAL_GPU:
+        pytest.skip("the emulation patches the simulator; a GPU runs the real warps")
+    topk = importlib.import_module("ddtree_numba.kernels.topk")
+    factories = (topk._topk_partial_kernel, topk._topk_rows_kernel)
+    emulate_warps(monkeypatch, topk)
+    for f in factories:
+        f.cache_clear()
+    try:
+        x = _logits(rng, 2, 700, kind)
+        x[1, 600:] = -np.inf
+        lp_ref, ids_ref = ref.topk_logprobs(x, 7)
+        for slices in (1, 3):
+            lp, ids = kn.topk_logprobs(x, 7, threads=64, slices=slices)
+            np.testing.assert_array_equal(ids, ids_ref)
+            np.testing.assert_array_equal(lp.view(np.uint32), lp_ref.view(np.uint32))
+        x = _logits(rng, 2, 264, kind)
+        lp_ref, ids_ref = ref.topk_logprobs(x, 16)
+        lp, ids = kn.topk_logprobs(x, 16, method="rows")
+        np.testing.assert_array_equal(ids, ids_ref)
+        np.testing.assert_array_equal(lp.view(np.uint32), lp_ref.view(np.uint32))
+    finally:
+        for f in factories:
+            f.cache_clear()
