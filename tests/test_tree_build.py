@@ -638,3 +638,25 @@ def test_block_heap_kernels_gpu_path_matches_the_twin_in_an_emulated_warp(rng, m
             assert got == ref.build_tree(lp, ids, budget), (L, V, budget)
     finally:
         tbk._build_tree_kernel.cache_clear()
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("threads", [32, 64])
+def test_level_kernels_gpu_path_matches_the_twin_in_an_emulated_warp(rng, monkeypatch, threads):
+    """The level build's GPU branch (its prefix sums by warp scans, its block counts by warp sums)
+    in emulated warps, on drafts that filter, select and tie, with the few-ties placement and the
+    preorder one (tie_slots 0)."""
+    from conftest import REAL_GPU
+    if REAL_GPU:
+        pytest.skip("the emulation patches the simulator; a GPU runs the real warp")
+    tbk = _emulate_warp(monkeypatch)
+    tbk._build_tree_levels_kernel.cache_clear()
+    try:
+        for L, V, budget, kind in [(4, 40, 60, "normal"), (5, 6, 40, "ties"), (3, 9, 50, "ties")]:
+            lp, ids = _draft(rng, L, V, min(budget, V), kind)
+            want = ref.build_tree(lp, ids, budget)
+            for tie_slots in (None, 0):
+                got = kn.build_tree_levels(lp, ids, budget, threads=threads, tie_slots=tie_slots)
+                assert got == want, (L, V, budget, tie_slots)
+    finally:
+        tbk._build_tree_levels_kernel.cache_clear()
