@@ -1,5 +1,8 @@
 """build_tree: the twin against brute-force enumeration and invariants, the kernel bit for bit."""
 
+import contextlib
+import importlib
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -587,14 +590,24 @@ def test_level_kernel_filters_and_selects_as_the_twin_does():
 
 # -- the warp kernel's GPU path, in the simulator with an emulated warp ---------------------------
 
-def _emulate_warp(monkeypatch):
-    """The tree-build module with its GPU branches on, in emulated warps (tests/warp_emulation.py)."""
-    import importlib
-
+@contextlib.contextmanager
+def _gpu_branch(monkeypatch, *factories):
+    """The tree-build module with its GPU branches on, in emulated warps (tests/warp_emulation.py),
+    the named kernel factories rebuilt for it and cleared after (the next test builds the
+    simulator's branch). A GPU runs the real warps instead: skipped there."""
+    from conftest import REAL_GPU
     from warp_emulation import emulate_warps
+    if REAL_GPU:
+        pytest.skip("the emulation patches the simulator; a GPU runs the real warps")
     tbk = importlib.import_module("ddtree_numba.kernels.tree_build")
     emulate_warps(monkeypatch, tbk)
-    return tbk
+    for name in factories:
+        getattr(tbk, name).cache_clear()
+    try:
+        yield tbk
+    finally:
+        for name in factories:
+            getattr(tbk, name).cache_clear()
 
 
 @pytest.mark.kernels
@@ -606,18 +619,11 @@ def test_warp_kernels_gpu_path_matches_the_twin_in_an_emulated_warp(rng, monkeyp
     ballot with lane 31 set sign-extended in ``tied & (tied - 1)`` and the tie loop visited
     phantom lanes 32..63, one of which could win a pop no lane owned. Drafts where lane 31 wins
     pops: many ranks at few depths, budgets past 32 slots."""
-    from conftest import REAL_GPU
-    if REAL_GPU:
-        pytest.skip("the emulation patches the simulator; a GPU runs the real warp")
-    tbk = _emulate_warp(monkeypatch)
-    monkeypatch.setattr(tbk, "WARP_REDUX", redux)
-    tbk._build_tree_warp_kernel.cache_clear()          # built with the GPU branch
-    try:
+    with _gpu_branch(monkeypatch, "_build_tree_warp_kernel") as tbk:
+        monkeypatch.setattr(tbk, "WARP_REDUX", redux)
         for L, V, budget, kind in [(3, 64, 64, "normal"), (2, 40, 60, "normal"), (3, 12, 50, "ties")]:
             lp, ids = _draft(rng, L, V, min(budget, V), kind)
             assert kn.build_tree(lp, ids, budget, method="warp") == ref.build_tree(lp, ids, budget), (L, V, budget)
-    finally:
-        tbk._build_tree_warp_kernel.cache_clear()      # the next test builds the simulator's branch
 
 
 @pytest.mark.kernels
@@ -626,18 +632,11 @@ def test_block_heap_kernels_gpu_path_matches_the_twin_in_an_emulated_warp(rng, m
     """The block heap kernel's GPU branch (each warp's arg-max by a shuffle minimum of order keys,
     its tied lanes by path, thread 0 over the warps), which the simulator otherwise never runs,
     in emulated warps, on drafts of exact ties and past 31 slots a warp."""
-    from conftest import REAL_GPU
-    if REAL_GPU:
-        pytest.skip("the emulation patches the simulator; a GPU runs the real warp")
-    tbk = _emulate_warp(monkeypatch)
-    tbk._build_tree_kernel.cache_clear()
-    try:
+    with _gpu_branch(monkeypatch, "_build_tree_kernel"):
         for L, V, budget, kind in [(3, 64, 80, "normal"), (6, 12, 64, "ties"), (3, 12, 50, "ties")]:
             lp, ids = _draft(rng, L, V, min(budget, V), kind)
             got = kn.build_tree(lp, ids, budget, method="block", threads=threads)
             assert got == ref.build_tree(lp, ids, budget), (L, V, budget)
-    finally:
-        tbk._build_tree_kernel.cache_clear()
 
 
 @pytest.mark.kernels
@@ -646,17 +645,10 @@ def test_level_kernels_gpu_path_matches_the_twin_in_an_emulated_warp(rng, monkey
     """The level build's GPU branch (its prefix sums by warp scans, its block counts by warp sums)
     in emulated warps, on drafts that filter, select and tie, with the few-ties placement and the
     preorder one (tie_slots 0)."""
-    from conftest import REAL_GPU
-    if REAL_GPU:
-        pytest.skip("the emulation patches the simulator; a GPU runs the real warp")
-    tbk = _emulate_warp(monkeypatch)
-    tbk._build_tree_levels_kernel.cache_clear()
-    try:
+    with _gpu_branch(monkeypatch, "_build_tree_levels_kernel"):
         for L, V, budget, kind in [(4, 40, 60, "normal"), (5, 6, 40, "ties"), (3, 9, 50, "ties")]:
             lp, ids = _draft(rng, L, V, min(budget, V), kind)
             want = ref.build_tree(lp, ids, budget)
             for tie_slots in (None, 0):
                 got = kn.build_tree_levels(lp, ids, budget, threads=threads, tie_slots=tie_slots)
                 assert got == want, (L, V, budget, tie_slots)
-    finally:
-        tbk._build_tree_levels_kernel.cache_clear()
