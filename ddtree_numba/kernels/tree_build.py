@@ -86,6 +86,15 @@ def _lp_at(lp, lp_cache, ranks_cached, d, r):
 
 
 @device_function
+def _launch_budget(budget, n_budget, s):
+    """Tree s's budget: ``budget``, or min(budget, the device's) when n_budget holds one for every
+    tree ([1]) or one a tree ([S]) (read when the kernel runs: a replayed graph's budget of the moment)."""
+    if n_budget.shape[0] > 0:
+        return max(0, min(budget, n_budget[s if n_budget.shape[0] > 1 else 0]))
+    return budget
+
+
+@device_function
 def _copy_lp(lp, dst, rc, n, t, T, vals):
     """dst[i] = lp[i // rc, i % rc] for i < n, by the T threads of a block (t this one's), len(vals)
     loads in flight a thread (``vals``: a local array); (depth, rank) stepped rather than divided
@@ -147,8 +156,7 @@ def _build_tree_kernel(threads):
         t = cuda.threadIdx.x
         L = lp.shape[0]
         K = lp.shape[1]
-        if n_budget.shape[0] > 0:                  # this launch's budget (or this tree's), from the device
-            budget = max(0, min(budget, n_budget[b_ if n_budget.shape[0] > 1 else 0]))
+        budget = _launch_budget(budget, n_budget, b_)   # this launch's budget (or this tree's)
         n_score = cuda.shared.array(NB, float64)   # node i's path score (root: 0)
         n_parent = cuda.shared.array(NB, int16)
         n_rank = cuda.shared.array(NB, int16)
@@ -343,9 +351,7 @@ def _build_tree_warp_kernel(redux=True):
         lane = cuda.threadIdx.x
         L = lp.shape[0]
         K = lp.shape[1]
-        B = budget
-        if n_budget.shape[0] > 0:                  # this launch's budget (or this tree's), from the device
-            B = max(0, min(budget, n_budget[b_ if n_budget.shape[0] > 1 else 0]))
+        B = _launch_budget(budget, n_budget, b_)   # this launch's budget (or this tree's)
         # ranks a pop can read: a popped rank r has its r earlier siblings popped before it, and no
         # candidate is pushed after the last pop, so a pushed sibling's rank r + 1 < B (and < K)
         RC = max(min(K, B), 1)
@@ -358,6 +364,9 @@ def _build_tree_warp_kernel(redux=True):
         c_score = cuda.shared.array(32, float64)
         c_parent = cuda.shared.array(32, int32)
         c_rank = cuda.shared.array(32, int32)
+        c_depth = cuda.shared.array(32, int32)
+        c_pscore = cuda.shared.array(32, float64)
+        c_slot = cuda.shared.array(32, int32)
         # lp's copy, U loads in flight a lane
         _copy_lp(lp, lpc, RC, L * RC if B > 0 else 0, lane, 32, cuda.local.array(U, float32))
         # the frontier: this lane's slots lane (0) and lane + 32 (1) of the build, as scalars (a local
@@ -411,7 +420,7 @@ def _build_tree_warp_kernel(redux=True):
                 top = warp_max_u64(key) if redux else ~warp_min_u64(~key)
                 # (uint32: an int32 ballot with lane 31 set sign-extends in tied & (tied - 1), giving
                 # phantom lanes 32..63 to the tie loop: a winner no lane owns. The forty-first
-                # session's first GPU run failed on exactly that; an emulated warp cannot show it)
+                # session's first GPU run failed on exactly that; tests/warp_emulation.py shows it)
                 tied = uint32(cuda.ballot_sync(FULL_MASK, has and key == top))
                 if tied == 0:                      # (live > 0 says some lane holds a slot)
                     break
@@ -438,6 +447,9 @@ def _build_tree_warp_kernel(redux=True):
                 c_score[lane] = bs
                 c_parent[lane] = bp
                 c_rank[lane] = br
+                c_depth[lane] = bd
+                c_pscore[lane] = bq
+                c_slot[lane] = bj
                 cuda.syncthreads()                 # every lane's best slot is in
                 wl = -1
                 ws = 0.0
@@ -450,17 +462,10 @@ def _build_tree_warp_kernel(redux=True):
                     break
                 wp = c_parent[wl]
                 wr = c_rank[wl]
-                cuda.syncthreads()                 # every lane has read c_* before they are rewritten
-                # the winner's depth, parent score and slot: every lane has them in a shared record
-                if lane == wl:
-                    c_parent[0] = bd
-                    c_rank[0] = bj
-                    c_score[0] = bq
-                cuda.syncthreads()
-                wd = c_parent[0]
-                wj = c_rank[0]
-                wq = c_score[0]
-                cuda.syncthreads()                 # read before the next pop rewrites them
+                wd = c_depth[wl]
+                wq = c_pscore[wl]
+                wj = c_slot[wl]
+                cuda.syncthreads()                 # every lane has read c_* before the next pop rewrites them
             node = n + 1
             if lane == 0:
                 n_score[node] = ws
@@ -665,8 +670,9 @@ def build_tree(lp, ids, budget, *, out=None, budget_device=None, stream=0, threa
     an int32 [1] device array; the kernel then builds min(budget, budget_device[0]) nodes, read
     when it runs (so a captured graph replays with the budget of the moment; ``budget`` is the
     most it may be). ``method``: "warp" (the frontier in one warp's registers, budgets up to
-    WARP_BUDGET) or "block" (the frontier in shared memory, any budget); None: "warp" where it
-    takes the budget and ``threads`` is None. ``threads``: the block kernel's threads (default
+    WARP_BUDGET) or "block" (the frontier in shared memory, any budget); None: "warp" up to
+    WARP_DEFAULT_UP_TO nodes when ``threads`` is None (0 for now: "block" everywhere until the warp
+    kernel is measured on a GPU). ``threads``: the block kernel's threads (default
     ``_heap_threads(budget)``: one warp up to budget 32, two to 64, one to 192, two to 256).
     Neither changes the tree.
     """
@@ -1305,9 +1311,7 @@ def _build_tree_levels_kernel(threads, seed=True):
         t = cuda.threadIdx.x
         L = lp.shape[0]
         K = lp.shape[1]
-        B = budget
-        if n_budget.shape[0] > 0:                        # this launch's budget, from the device
-            B = max(0, min(budget, n_budget[0]))
+        B = _launch_budget(budget, n_budget, 0)         # this launch's budget
         R = min(K, B)
         # tied nodes placed by path compares at most (the sort arrays hold up to NB); -1: the
         # twin's few_ties_limit(B). A runtime argument, not a factory's, so that every budget
