@@ -248,6 +248,7 @@ def main():
     from ddtree_numba import kernels as kn
     from ddtree_numba import reference as ref
     from ddtree_numba._device import capture_graph, replay_graph
+    from ddtree_numba.decode.device import LEVEL_BUILD_FROM
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -310,7 +311,6 @@ def main():
             t_queued = time_gpu(lambda: replay_graph(exe, stream), stream, queued=True)
             # top-K + the build the device round takes at this budget (decode.device: the heap build,
             # on the warp kernel up to WARP_DEFAULT_UP_TO, below LEVEL_BUILD_FROM; else the level build)
-            from ddtree_numba.decode.device import LEVEL_BUILD_FROM
             if budget < LEVEL_BUILD_FROM:
                 exe_round = capture_graph(lambda s: (topk(s), kn.build_tree(lp_d, ids_d, budget, out=bufs, stream=s)))
                 t_round = time_gpu(lambda: replay_graph(exe_round, stream), stream, queued=True)

@@ -452,16 +452,9 @@ def test_gpu_branches_match_the_twin_in_emulated_warps(rng, monkeypatch, kind):
     (tests/warp_emulation.py, the GPU's butterfly order), bit for bit the twin."""
     import importlib
 
-    from conftest import REAL_GPU
-    from warp_emulation import emulate_warps
-    if REAL_GPU:
-        pytest.skip("the emulation patches the simulator; a GPU runs the real warps")
+    from warp_emulation import gpu_branch
     topk = importlib.import_module("ddtree_numba.kernels.topk")
-    factories = (topk._topk_partial_kernel, topk._topk_rows_kernel)
-    emulate_warps(monkeypatch, topk)
-    for f in factories:
-        f.cache_clear()
-    try:
+    with gpu_branch(monkeypatch, topk, "_topk_partial_kernel", "_topk_rows_kernel"):
         x = _logits(rng, 2, 700, kind)
         x[1, 600:] = -np.inf
         lp_ref, ids_ref = ref.topk_logprobs(x, 7)
@@ -474,6 +467,3 @@ def test_gpu_branches_match_the_twin_in_emulated_warps(rng, monkeypatch, kind):
         lp, ids = kn.topk_logprobs(x, 16, method="rows")
         np.testing.assert_array_equal(ids, ids_ref)
         np.testing.assert_array_equal(lp.view(np.uint32), lp_ref.view(np.uint32))
-    finally:
-        for f in factories:
-            f.cache_clear()

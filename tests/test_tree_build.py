@@ -1,6 +1,5 @@
 """build_tree: the twin against brute-force enumeration and invariants, the kernel bit for bit."""
 
-import contextlib
 import importlib
 
 import numpy as np
@@ -590,24 +589,10 @@ def test_level_kernel_filters_and_selects_as_the_twin_does():
 
 # -- the warp kernel's GPU path, in the simulator with an emulated warp ---------------------------
 
-@contextlib.contextmanager
 def _gpu_branch(monkeypatch, *factories):
-    """The tree-build module with its GPU branches on, in emulated warps (tests/warp_emulation.py),
-    the named kernel factories rebuilt for it and cleared after (the next test builds the
-    simulator's branch). A GPU runs the real warps instead: skipped there."""
-    from conftest import REAL_GPU
-    from warp_emulation import emulate_warps
-    if REAL_GPU:
-        pytest.skip("the emulation patches the simulator; a GPU runs the real warps")
-    tbk = importlib.import_module("ddtree_numba.kernels.tree_build")
-    emulate_warps(monkeypatch, tbk)
-    for name in factories:
-        getattr(tbk, name).cache_clear()
-    try:
-        yield tbk
-    finally:
-        for name in factories:
-            getattr(tbk, name).cache_clear()
+    """The tree-build module with its GPU branches on, in emulated warps (tests/warp_emulation.py)."""
+    from warp_emulation import gpu_branch
+    return gpu_branch(monkeypatch, importlib.import_module("ddtree_numba.kernels.tree_build"), *factories)
 
 
 @pytest.mark.kernels

@@ -6,17 +6,19 @@ numba's types on a GPU (a ballot is an int32: a mask with lane 31 set is negativ
 on it widens with its sign), and replaces each module's ``_warp`` helpers by emulations that do
 what the GPU does (the xor butterflies in the same order, so sums have the GPU's bits), then sets
 the module's ``WARP_OPS``. A lane exchange is a barrier of the warp's 32 threads, so blocks must
-be whole warps, and every lane of a warp must make the same warp calls, as on a GPU. The caller
-clears the kernel factories' caches before and after (they are built with ``WARP_OPS`` read at
-build time). Why: the warp build's first GPU run failed on an int32 ballot that no simulator test
+be whole warps, and every lane of a warp must make the same warp calls, as on a GPU.
+``gpu_branch`` wraps it for a test: the kernel factories named are cleared before and after (they
+read ``WARP_OPS`` when they build), and a real GPU skips (it runs the real warps). Why: the warp build's first GPU run failed on an int32 ballot that no simulator test
 could see (docs/PERFORMANCE.md, forty-first session).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import numpy as np
+import pytest
 
 
 def emulate_warps(monkeypatch, *modules):
@@ -90,3 +92,21 @@ def emulate_warps(monkeypatch, *modules):
             if hasattr(module, name):
                 monkeypatch.setattr(module, name, fn)
         monkeypatch.setattr(module, "WARP_OPS", True)
+
+
+@contextlib.contextmanager
+def gpu_branch(monkeypatch, module, *factories):
+    """``module`` (a kernels module) with its GPU branches on, in emulated warps, for the body of the
+    ``with``; ``factories``: the names of its kernel factories the body launches, rebuilt for the
+    GPU branch and cleared after (the next test builds the simulator's). Skips on a real GPU."""
+    from conftest import REAL_GPU
+    if REAL_GPU:
+        pytest.skip("the emulation patches the simulator; a GPU runs the real warps")
+    emulate_warps(monkeypatch, module)
+    for name in factories:
+        getattr(module, name).cache_clear()
+    try:
+        yield module
+    finally:
+        for name in factories:
+            getattr(module, name).cache_clear()
