@@ -5,9 +5,10 @@ compute-sanitizer (memcheck and racecheck):
 
 The capped top-K's whole-row fallback and the level build with many exact ties (its three ways of
 ordering them): ``capped_and_ties``. Then the demo round's own shapes (``demo_shapes``): the
-warp-a-row top-K of 15 rows of the drafter's 264 entries (k 16 and 1), the one-warp heap build at
-budget 16, and the drafter's GQA attention with its fused merge (the last split block's arrival
-counter) over 330 context keys. ``--capped-and-ties``: only ``capped_and_ties``. ``--full``: only
+warp-a-row top-K of 15 rows of the drafter's 264 entries (k 16 and 1), both heap builds at
+budgets 16 and 64 (the warp kernel with redux.sync and with shuffles, and the block kernel), and
+the drafter's GQA attention with its fused merge (the last split block's arrival counter) over 330
+context keys. ``--capped-and-ties``: only ``capped_and_ties``; ``--demo-shapes``: only ``demo_shapes``. ``--full``: only
 the split top-K and the level-synchronous build, at the issue-15 size (V = 163840, budget 1024,
 L = 15), with exact ties, and the fallback at that size. Exits non-zero if any result differs
 from its numpy twin (the attention: from its float32 reference, within 1e-5).
@@ -79,8 +80,17 @@ def demo_shapes(rng):
         lp, ids = kn.topk_logprobs(logits, k)      # the rows kernel (topk._rows_path)
         lp_r, ids_r = ref.topk_logprobs(logits, k)
         ok &= np.array_equal(ids, ids_r) and np.array_equal(lp, lp_r)
-    lp, ids = ref.topk_logprobs(logits, 16)
-    ok &= kn.build_tree(lp, ids, 16) == ref.build_tree(lp, ids, 16)   # one warp (_heap_threads)
+    for budget in (16, 64):                        # the warp kernel (redux and shuffles), the block one
+        lp, ids = ref.topk_logprobs(logits, budget)
+        want = ref.build_tree(lp, ids, budget)
+        ok &= kn.build_tree(lp, ids, budget, method="warp") == want
+        ok &= kn.build_tree(lp, ids, budget, method="block") == want
+        redux = kn.tree_build.WARP_REDUX
+        try:
+            kn.tree_build.WARP_REDUX = not redux
+            ok &= kn.build_tree(lp, ids, budget, method="warp") == want
+        finally:
+            kn.tree_build.WARP_REDUX = redux
     T, S, Hq, Hkv, Dh = 16, 346, 8, 4, 32
     q = rng.standard_normal((T, Hq, Dh)).astype(np.float32)
     k = rng.standard_normal((S, Hkv, Dh)).astype(np.float32)
@@ -88,7 +98,7 @@ def demo_shapes(rng):
     got = kn.gqa_attention(q, k, v, 0.17)
     ok &= np.allclose(got, ref.gqa_attention(q, k, v, 0.17), rtol=1e-5, atol=1e-6)
     cuda.synchronize()
-    print(f"demo shapes (rows top-K, heap build at 16, GQA with its fused merge) match: {bool(ok)}")
+    print(f"demo shapes (rows top-K, heap builds at 16 and 64, GQA with its fused merge) match: {bool(ok)}")
     return ok
 
 
@@ -98,6 +108,8 @@ def main():
     rng = np.random.default_rng(7)
     if "--capped-and-ties" in sys.argv[1:]:
         raise SystemExit(0 if capped_and_ties(rng) else 1)
+    if "--demo-shapes" in sys.argv[1:]:
+        raise SystemExit(0 if demo_shapes(rng) else 1)
     L, V, budget = 15, 4096, 256
     logits = (rng.standard_normal((L, V)) * 2).astype(np.float32)
     logits[:, :64] = np.round(logits[:, :64])  # exact ties

@@ -304,11 +304,10 @@ def _build_tree_kernel(threads):
 WARP_SLOTS = 2      # the kernel holds exactly two slots a lane (as scalars: a local array went to local memory)
 WARP_BUDGET = 32 * WARP_SLOTS
 WARP_LOADS = 8      # entries of lp a lane loads at once into the shared copy
-# The default rule (``_build_method``): the warp kernel up to this budget. 0 until a GPU has run and
-# measured it against the block kernel (tools/h200_pending.sh: tools/warp_build_ab.py, and
-# tools/round_ab.py with this knob at WARP_BUDGET). Its one GPU run (forty-first session, H100) gave
-# wrong trees past 31 slots, from the int32 ballot (see the tie loop); fixed after, not yet rerun.
-WARP_DEFAULT_UP_TO = 0
+# The default rule (``_build_method``): the warp kernel up to this budget. Measured on an H100
+# (forty-second session, 87e251e, tools/warp_build_ab.py): 10.4 / 19.2 / 39.3 µs at budgets 16 / 32 / 64
+# against the block kernel's 12.7 / 23.7 / 47.8, on every draft (PERFORMANCE.md).
+WARP_DEFAULT_UP_TO = WARP_BUDGET
 
 
 @device_function
@@ -671,9 +670,8 @@ def build_tree(lp, ids, budget, *, out=None, budget_device=None, stream=0, threa
     when it runs (so a captured graph replays with the budget of the moment; ``budget`` is the
     most it may be). ``method``: "warp" (the frontier in one warp's registers, budgets up to
     WARP_BUDGET) or "block" (the frontier in shared memory, any budget); None: "warp" up to
-    WARP_DEFAULT_UP_TO nodes when ``threads`` is None (0 for now: "block" everywhere until the warp
-    kernel is measured on a GPU). ``threads``: the block kernel's threads (default
-    ``_heap_threads(budget)``: one warp up to budget 32, two to 64, one to 192, two to 256).
+    WARP_DEFAULT_UP_TO = WARP_BUDGET nodes when ``threads`` is None, else "block". ``threads``:
+    the block kernel's threads (default ``_heap_threads(budget)``: one warp up to budget 32, two to 64, one to 192, two to 256).
     Neither changes the tree.
     """
     budget = _check_limits(check_build_inputs(lp, ids, budget), lp.shape[0])
