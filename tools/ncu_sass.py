@@ -1,0 +1,52 @@
+"""Summarize a kernel's ncu source page by SASS instruction, from the CSV that
+`ncu --import R.ncu-rep --page source --csv --print-source sass` writes:
+
+    python tools/ncu_sass.py R.sass.csv [top]
+
+Prints the instructions executed and the warp-stall samples in all, the hottest instructions by
+samples (with the ones just before them: a stall is charged to the instruction that waits, so
+the one it waits on is usually a few lines up), and the samples by opcode. A kernel run by one
+warp or one block is a chain: its samples say which waits make it long. Map an address range to
+Python lines with tools/sass_lines.py (static, the same compiler output up to the driver's).
+"""
+
+import collections
+import csv
+import sys
+
+
+def main():
+    path = sys.argv[1]
+    top = int(sys.argv[2]) if len(sys.argv) > 2 else 20
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    head_i = next((i for i, r in enumerate(rows) if r and r[0] == "Address"), None)
+    if head_i is None:
+        print("no Address column; the first rows:", rows[:3])
+        return
+    head = rows[head_i]
+    col = {c: i for i, c in enumerate(head)}
+    samp = col.get("Warp Stall Sampling (All Samples)")
+    exe = col.get("Instructions Executed")
+    data = []
+    for r in rows[head_i + 1:]:
+        if len(r) < len(head) or not r[0].startswith("0x"):
+            continue
+        data.append((r[0], r[1].strip(), float(r[samp] or 0), int(float(r[exe] or 0))))
+    total_s = sum(d[2] for d in data) or 1
+    print(f"{len(data)} instructions, {sum(d[3] for d in data)} executed (warp-level), "
+          f"{total_s:.0f} stall samples")
+    hot = sorted(range(len(data)), key=lambda i: -data[i][2])[:top]
+    for i in sorted(hot):
+        a, s, n, e = data[i]
+        prev = " | ".join(d[1][:28] for d in data[max(0, i - 2):i])
+        print(f"{i:5d} {100 * n / total_s:5.1f}% x{e:<6d} {s[:44]:44s}  after: {prev}")
+    ops = collections.Counter()
+    for a, s, n, e in data:
+        op = s.split()[0] if not s.startswith("@") else s.split()[1]
+        ops[op.split(".")[0]] += n
+    print("samples by opcode:", ", ".join(f"{o} {100 * n / total_s:.0f}%" for o, n in ops.most_common(12)))
+
+
+if __name__ == "__main__":
+    main()
