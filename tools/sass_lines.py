@@ -9,7 +9,10 @@ signature) entries (default 0). The variant is compiled to PTX for sm_90 with li
 compile_ptx does, assembled by ``ptxas -lineinfo`` and disassembled by ``nvdisasm -g``; then each
 source line of the kernel's module gets the number of SASS instructions compiled from it, with
 the registers, spills and the instructions in all. ``--lines A-B`` keeps lines A..B (say, a loop
-body), ``--sass`` prints the instructions themselves, each under its line.
+body), ``--sass`` prints the instructions themselves, each under its line. ``--factory '(64, False)'``
+compiles the factory's kernel for those arguments instead (with the listed variant's signature).
+``--ncu R.sass.csv``: each line's executed instructions and stall samples from an ncu source page by
+SASS of the same kernel (``ncu --import R.ncu-rep --page source --csv --print-source sass``).
 
 Why: a kernel run by one warp (the heap build, a merge) is issue-bound: its time is its
 instructions on the critical path, one after another. ncu counted ~720 warp instructions a pop of
@@ -49,6 +52,12 @@ def main(argv=None) -> int:
     ap.add_argument("--variant", type=int, default=0)
     ap.add_argument("--lines", default=None, help="A-B: only source lines A..B")
     ap.add_argument("--sass", action="store_true", help="print the instructions under each line")
+    ap.add_argument("--factory", default=None,
+                    help="the factory's arguments as a Python tuple, e.g. '(64, False)': that kernel, with the "
+                         "listed variant's signature")
+    ap.add_argument("--ncu", default=None,
+                    help="an ncu source page by SASS of the same kernel (tools/ncu_sass.py's CSV): each line's "
+                         "executed warp instructions and stall samples, matched by instruction order")
     args = ap.parse_args(argv)
     ptxas, nvdisasm = _tool("PTXAS", "ptxas"), _tool("NVDISASM", "nvdisasm")
 
@@ -62,6 +71,10 @@ def main(argv=None) -> int:
     if not 0 <= args.variant < len(variants):
         raise SystemExit(f"{args.name} has {len(variants)} listed variants")
     fn, sig, bounds = variants[args.variant]
+    if args.factory:
+        import ast
+        disp = found[args.name][1](*ast.literal_eval(args.factory))
+        fn, bounds = disp.py_func, disp.targetoptions.get("launch_bounds")
     ptx, _ = cuda.compile_ptx(fn, sig, cc=(9, 0), lineinfo=True, launch_bounds=bounds)
     version = os.environ.get("PTX_VERSION", "8.8")       # one that the ptxas at hand reads
     ptx = re.sub(r"^\.version \d+\.\d+", f".version {version}", ptx, flags=re.M)
@@ -78,15 +91,20 @@ def main(argv=None) -> int:
     except ValueError:
         raise SystemExit(f"--lines {args.lines!r}: give A-B or one line number") from None
     where, counts, text = None, collections.Counter(), collections.defaultdict(list)
+    order = []                                            # each instruction's line, in address order
     for ln in sass.splitlines():
         m = re.search(r'//## File "([^"]+)", line (\d+)', ln)
         if m:
             where = int(m.group(2)) if os.path.realpath(m.group(1)) == os.path.realpath(module) else None
             continue
         m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", ln)
-        if m and where is not None:
-            counts[where] += 1
-            text[where].append(m.group(1))
+        if m:
+            order.append((where, m.group(1)))
+            if where is not None:
+                counts[where] += 1
+                text[where].append(m.group(1))
+    if args.ncu:
+        return _with_ncu(args.ncu, order, module, info)
     source = open(module).read().splitlines()
     print(f"{args.name} variant {args.variant} ({sig}):")
     print("\n".join(line.strip() for line in info.splitlines() if "Used" in line or "spill" in line))
@@ -97,6 +115,48 @@ def main(argv=None) -> int:
         if args.sass:
             print("\n".join(f"{'':13}{ins}" for ins in text[n]))
     print(f"{shown} instructions on the lines shown, {sum(counts.values())} from {os.path.basename(module)}")
+    return 0
+
+
+def _with_ncu(path, order, module, info):
+    """Each source line's executed warp instructions and warp-stall samples, from an ncu source page
+    by SASS (``--print-source sass``) of the same kernel: the i-th instruction there is the i-th here
+    when the driver's compiler gave the same code; else the two are aligned by opcode (difflib)."""
+    import csv
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    head_i = next((i for i, r in enumerate(rows) if r and r[0] == "Address"), None)
+    if head_i is None:
+        raise SystemExit(f"{path}: no Address column")
+    col = {c: i for i, c in enumerate(rows[head_i])}
+    data = [r for r in rows[head_i + 1:] if r and r[0].startswith("0x")]
+    lines = [ln for ln, _ in order]
+    if len(data) != len(order):     # a slightly different compile: align the two by opcode
+        import difflib
+
+        def ops(texts):
+            return [t.split()[1 if t.startswith("@") else 0].split(".")[0] if t.strip() else "" for t in texts]
+        matcher = difflib.SequenceMatcher(None, ops([r[1].strip() for r in data]), ops([t for _, t in order]),
+                                          autojunk=False)
+        lines = [None] * len(data)
+        for a, b, size_ in matcher.get_matching_blocks():
+            lines[a:a + size_] = [ln for ln, _ in order[b:b + size_]]
+        print(f"{path}: {len(data)} instructions against {len(order)} here, aligned by opcode "
+              f"({sum(ln is not None for ln in lines)} matched)")
+    exe, samp = collections.Counter(), collections.Counter()
+    size = collections.Counter()
+    for line, r in zip(lines, data):
+        exe[line] += int(float(r[col["Instructions Executed"]] or 0))
+        samp[line] += float(r[col["Warp Stall Sampling (All Samples)"]] or 0)
+        size[line] += 1
+    source = open(module).read().splitlines()
+    total = sum(samp.values()) or 1
+    print("\n".join(line.strip() for line in info.splitlines() if "Used" in line))
+    print(f"{sum(exe.values())} warp instructions executed, {total:.0f} samples; by line (samples %, executed, "
+          f"static instructions):")
+    for line in sorted((ln for ln in exe if exe[ln] or samp[ln]), key=lambda ln: (ln is None, ln or 0)):
+        text = source[line - 1].strip()[:90] if line else "(no line)"
+        print(f"{line or 0:5d} {100 * samp[line] / total:5.1f}% {exe[line]:7d} {size[line]:5d}  {text}")
     return 0
 
 

@@ -348,12 +348,16 @@ def _build_tree_warp_kernel(redux=True):
         ranks = ranks_all[b_]
         scores = scores_all[b_]
         lane = cuda.threadIdx.x
-        L = lp.shape[0]
-        K = lp.shape[1]
-        B = _launch_budget(budget, n_budget, b_)   # this launch's budget (or this tree's)
+        # The pop loop's integers are int32 and its shared-memory indices unsigned: numba widens to
+        # int64 and wraps negative indices around, which was ~a third of a pop's ~240 instructions
+        # (ncu by SASS, forty-second session); a pop is one warp's dependent chain, so each counts.
+        L = int32(lp.shape[0])
+        K = int32(lp.shape[1])
+        K1 = int32(K - 1)
+        B = int32(_launch_budget(budget, n_budget, b_))   # this launch's budget (or this tree's)
         # ranks a pop can read: a popped rank r has its r earlier siblings popped before it, and no
         # candidate is pushed after the last pop, so a pushed sibling's rank r + 1 < B (and < K)
-        RC = max(min(K, B), 1)
+        RC = int32(max(min(K, B), 1))
         lpc = cuda.shared.array(LPC, float32)      # lpc[d * RC + r] = lp[d, r], r < RC
         n_score = cuda.shared.array(NB, float64)   # node i's path score (root: 0)
         n_parent = cuda.shared.array(NB, int16)
@@ -381,9 +385,9 @@ def _build_tree_warp_kernel(redux=True):
         r1 = int32(0)
         d1 = int32(0)
         q1 = 0.0
-        live = 0                                   # non-empty slots (the same in every lane)
+        live = int32(0)                            # non-empty slots (the same in every lane)
         if L > 0 and K > 0 and B > 0:
-            live = 1
+            live = int32(1)
             if lane == 0:
                 s0 = 0.0 + float64(lp[0, 0])
                 p0 = int32(0)
@@ -394,8 +398,8 @@ def _build_tree_warp_kernel(redux=True):
             n_rank[0] = 0
             n_depth[0] = 0
         cuda.syncthreads()                         # lp's copy and the root are in
-        n = 0                                      # nodes popped
-        F = 1                                      # slots used
+        n = int32(0)                               # nodes popped
+        F = int32(1)                               # slots used
         while n < B and live > 0:
             # this lane's better slot, in the twin's order (score, then rank path)
             has = p0 >= 0
@@ -465,31 +469,32 @@ def _build_tree_warp_kernel(redux=True):
                 wq = c_pscore[wl]
                 wj = c_slot[wl]
                 cuda.syncthreads()                 # every lane has read c_* before the next pop rewrites them
-            node = n + 1
+            node = int32(n + 1)
             if lane == 0:
-                n_score[node] = ws
-                n_parent[node] = wp
-                n_rank[node] = wr
-                n_depth[node] = wd
+                un = uint32(node)
+                n_score[un] = ws
+                n_parent[un] = wp
+                n_rank[un] = wr
+                n_depth[un] = wd
             if node < B:                           # no candidate after the last pop
                 has_child = wd < L
-                has_sib = wr + 1 < K
-                cs = ws + float64(lpc[wd * RC]) if has_child else 0.0
-                ss = wq + float64(lpc[(wd - 1) * RC + wr + 1]) if has_sib else 0.0
+                has_sib = wr < K1
+                cs = ws + float64(lpc[uint32(wd) * uint32(RC)]) if has_child else 0.0
+                ss = wq + float64(lpc[uint32(wd - 1) * uint32(RC) + uint32(wr + 1)]) if has_sib else 0.0
                 both = has_child and has_sib
                 if lane == wl:                     # the popped slot: its first child, else its sibling
                     if wj == 0:
                         s0, p0, r0, d0, q0 = _after_pop(s0, p0, r0, d0, q0, has_child, has_sib, cs, ss, node, ws)
                     else:
                         s1, p1, r1, d1, q1 = _after_pop(s1, p1, r1, d1, q1, has_child, has_sib, cs, ss, node, ws)
-                if both and lane == F % 32:        # a new slot: the sibling
+                if both and lane == (F & int32(31)):   # a new slot: the sibling
                     if F < 32:
                         s0, p0, r0, d0, q0 = ss, int32(wp), int32(wr + 1), int32(wd), wq
                     else:
                         s1, p1, r1, d1, q1 = ss, int32(wp), int32(wr + 1), int32(wd), wq
                 if both:
-                    F += 1
-                live += int32(has_child) + int32(has_sib) - 1
+                    F = int32(F + 1)
+                live = int32(live + int32(has_child) + int32(has_sib) - 1)
             n = node
             if shuffles:
                 cuda.syncwarp()                    # the record is seen by every lane's path compares
@@ -753,11 +758,10 @@ else:
 
     @device_function
     def _order_key(x):
-        """float64 -> uint64 whose unsigned order is the float order (-0.0 just below +0.0)."""
-        b = uint64(_libdevice.double_as_longlong(x))
-        if b >> uint64(63):
-            return ~b
-        return b | _SIGN
+        """float64 -> uint64 whose unsigned order is the float order (-0.0 just below +0.0):
+        negative x all bits flipped, else the sign bit set (branch-free: an arithmetic shift's mask)."""
+        b = _libdevice.double_as_longlong(x)
+        return uint64(b) ^ (uint64(b >> int64(63)) | _SIGN)
 
     @device_function
     def _key_value(k):
