@@ -166,6 +166,54 @@ def _count_above(keys, base, n, key):
     return int32(lo)
 
 
+# A thread's kept keys (the filter's, up to MAX_KEEP = 8) as a tuple of eight uint64 in registers:
+# every access is at a constant index and the entries past M stay 0, so the compiler keeps the M
+# in use in registers and drops the rest (a local array indexed by the slot of the smallest key
+# went to local memory from M = 2). M is the kernel's constant.
+@device_function
+def _kept_put(kept, M, j, key):
+    """kept with entry j (< M) replaced by key."""
+    return (key if j == 0 else kept[0], key if M > 1 and j == 1 else kept[1],
+            key if M > 2 and j == 2 else kept[2], key if M > 3 and j == 3 else kept[3],
+            key if M > 4 and j == 4 else kept[4], key if M > 5 and j == 5 else kept[5],
+            key if M > 6 and j == 6 else kept[6], key if M > 7 and j == 7 else kept[7])
+
+
+@device_function
+def _kept_low(kept, M):
+    """(the smallest of kept[:M], its index): the first one on ties."""
+    low = kept[0]
+    j = 0
+    if M > 1 and kept[1] < low:
+        low, j = kept[1], 1
+    if M > 2 and kept[2] < low:
+        low, j = kept[2], 2
+    if M > 3 and kept[3] < low:
+        low, j = kept[3], 3
+    if M > 4 and kept[4] < low:
+        low, j = kept[4], 4
+    if M > 5 and kept[5] < low:
+        low, j = kept[5], 5
+    if M > 6 and kept[6] < low:
+        low, j = kept[6], 6
+    if M > 7 and kept[7] < low:
+        low, j = kept[7], 7
+    return low, j
+
+
+@device_function
+def _kept_at(kept, j):
+    """kept[j] for a j known only at run time (a select chain: registers, no local memory)."""
+    v = kept[0]
+    v = kept[1] if j == 1 else v
+    v = kept[2] if j == 2 else v
+    v = kept[3] if j == 3 else v
+    v = kept[4] if j == 4 else v
+    v = kept[5] if j == 5 else v
+    v = kept[6] if j == 6 else v
+    return kept[7] if j == 7 else v
+
+
 SLICE_RUN = 32   # a slice's runs of consecutive entries (a warp's load), dealt round the slices
 
 
@@ -442,7 +490,6 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
     if M and (T & (T - 1) or M > MAX_KEEP):
         raise ValueError(f"the filter needs a power-of-two block and keep <= {MAX_KEEP} "
                          f"(threads = {T}, keep = {M}); the launcher uses _keep_per_thread")
-    MLOC = max(M, 1)
     CAP = FILTER_CAP
     U = UNROLL
     RUN = min(SLICE_RUN, T)             # entries a run of a slice (a warp's: one coalesced load)
@@ -479,9 +526,8 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
         kk = min(cap, n)
 
         fkeys = cuda.shared.array(CAP, uint64)    # the filter's kept keys, then its candidates
-        mine = cuda.local.array(MLOC, uint64)   # this thread's largest keys (0: none)
-        for j in range(M):
-            mine[j] = uint64(0)                 # no composite key is 0 (its id part is < 2^31)
+        z = uint64(0)                           # no composite key is 0 (its id part is < 2^31)
+        mine = (z, z, z, z, z, z, z, z)         # this thread's M largest keys (0: none), _kept_put
         low_j = 0                               # the slot of this thread's smallest kept key
         low_key = uint64(0)
         low_top = uint32(0)                     # its top half: an entry below it cannot replace it
@@ -554,13 +600,8 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
                     if (full or v < hi32) and _ordered_bits(ub[u]) >= low_top:
                         key = _composite_key(ub[u], v)
                         if key > low_key:       # replace the smallest kept key, find the new one
-                            mine[low_j] = key
-                            low_j = 0
-                            low_key = mine[0]
-                            for j in range(1, M):
-                                if mine[j] < low_key:
-                                    low_key = mine[j]
-                                    low_j = j
+                            mine = _kept_put(mine, M, low_j, key)
+                            low_key, low_j = _kept_low(mine, M)
                             low_top = uint32(low_key >> uint64(32))
             base = nxt
         # -- the slice's (max, rest) from the threads' pairs: first the max and the lowest thread
@@ -633,7 +674,7 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
                     mask = sel[1]
                     need = state[0]
                     for j in range(M):
-                        key = mine[j]
+                        key = _kept_at(mine, j)
                         if key != uint64(0) and key & mask == desired:
                             hist_add(hist, int32((key >> uint64(shift)) & uint64(255)))
                     cuda.syncthreads()              # histogram complete
@@ -645,18 +686,29 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
                     if t == 0:
                         cand[row, b_ * cap] = tau   # (so that the compiler keeps the work before)
                     return
-                # -- 2b. the keys >= tau (at least kk), gathered while they fit
-                for base in range(first, V, STEP * U):
-                    for u in range(U):
-                        ub[u] = bits[row, uint64(min(base + u * STEP, V - 1))]   # as in the first read
-                    for u in range(U):
-                        v = base + u * STEP
-                        if v < V and _ordered_bits(ub[u]) >= tau_top:
-                            key = _composite_key(ub[u], v)
-                            if key >= tau:
-                                slot = claim(state, 2)
-                                if slot < CAP:
-                                    fkeys[slot] = key
+                # -- 2b. the keys >= tau (at least kk), gathered while they fit. A thread kept its
+                # M largest keys, so unless the smallest of them is >= tau (then it may hold more
+                # >= tau) its keys >= tau are kept ones: only such a thread reads its entries again
+                # (with M chosen so that that is rare, _keep_per_thread, the second read is gone)
+                if low_key < tau:
+                    for j in range(M):
+                        key = _kept_at(mine, j)
+                        if key >= tau:
+                            slot = claim(state, 2)
+                            if slot < CAP:
+                                fkeys[slot] = key
+                else:
+                    for base in range(first, V, STEP * U):
+                        for u in range(U):
+                            ub[u] = bits[row, uint64(min(base + u * STEP, V - 1))]   # as in the first read
+                        for u in range(U):
+                            v = base + u * STEP
+                            if v < V and _ordered_bits(ub[u]) >= tau_top:
+                                key = _composite_key(ub[u], v)
+                                if key >= tau:
+                                    slot = claim(state, 2)
+                                    if slot < CAP:
+                                        fkeys[slot] = key
                 cuda.syncthreads()                  # the candidates and their count are in
                 C = state[2]
                 if stop == 3:
