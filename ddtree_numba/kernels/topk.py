@@ -452,7 +452,11 @@ def _keep_per_thread(k: int, threads: int) -> int:
     (89a98e1, top-K µs by keys a thread 1 / 2 / 4 / 8): k 16 (256 threads) 41.3 / 44.3 / 49.2 /
     58.4; k 64 (512) 42.6 / 44.4 / 49.2 / 56.2; k 256 (512) 80.6 / 70.7 / 74.4 / 82.3 (and 69.7
     with one a thread of 1024); k 1024 (512) 179.0 / 185.0 / 111.9 / 121.8 (and 103.9 with two a
-    thread of 1024)."""
+    thread of 1024). With the kept keys in registers and the second read only where a thread's
+    smallest kept key is >= tau (forty-second session, H100, tools/topk_keep.py at V 163840, L 15,
+    the default splits; k: keep 1 / 2 / 4 / 8, µs): k 16 34.0 / 35.7 / 36.9 / 46.1; k 64 31.0 / 32.2 /
+    32.8 / 41.1; k 256 33.1 / 33.4 / 36.8 / 42.4; k 1024 54.0 / 54.1 / 56.6 / 63.8. One a thread is
+    still the fastest: what more kept keys cost the first read is more than the second read they spare."""
     need = -(-min(4 * max(k, 1), FILTER_CAP) // threads)
     m = 1
     while m < need:
