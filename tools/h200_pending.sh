@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
-# The pending GPU call (forty-second session): the top-K's second read made conditional (a thread
-# re-reads only when its smallest kept key is >= tau) and its kept keys in registers; which keep
-# (keys a thread) is fastest now at each k. Run from the repo root with .whl and .commit carried.
-#  1. the GPU tests of top-K and the stages;
-#  2. tools/topk_keep.py: top-K µs at k 16 .. 1024 for keep 1 / 2 / 4 / 8 / the default, each checked
-#     against the twin (before: top-K alone 34.5 / 30.5 / 31.3 µs at k 16 / 32 / 64, H100, 87e251e);
-#  3. benchmarks/tree_build.py --quick (the figure).
+# The pending GPU call (forty-second session): is instruction fetch a fixed cost of our kernels in
+# steady state? Under ncu's default cache flush the level build at budget 64 stalled 65 % on
+# no_instruction. Here: ncu with --cache-control none (caches kept between the profiler's passes, as
+# between replays of a graph), warp-state samples by reason for the level build at 64, top-K at k 64
+# (V 163840), the warp build at 64 (V 264); then the level build with the flush, for the contrast.
 source tools/h200_env.sh
+export DDTREE_LINEINFO=1 DDTREE_CACHE=0
 {
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
-timeout $(left 150) python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_topk.py tests/test_gpu_stages.py --tb=line 2>&1 | grep -v Warn | tail -4
-echo "elapsed $(( $(date +%s) - T0 ))"
-timeout $(left 330) python3 tools/topk_keep.py 2>&1 | grep -v Warn | tail -9
-echo "elapsed $(( $(date +%s) - T0 ))"
-timeout $(left 450) python3 benchmarks/tree_build.py --quick --no-append 2>&1 | grep -v Warn | tail -6
-echo "elapsed $(( $(date +%s) - T0 ))"
+for cc in none all; do
+  for spec in "levels 163840 64" "topk 163840 64" "heap 264 64"; do
+    [ $cc = all ] && [ "$spec" != "levels 163840 64" ] && continue
+    set -- $spec
+    name=$1_$3_$cc
+    echo "== $spec, --cache-control $cc"
+    timeout $(left 300) ncu --profile-from-start off --cache-control $cc --section WarpStateStats \
+      --section SourceCounters --section LaunchStats --warp-sampling-interval 0 -o /tmp/$name -f \
+      python3 tools/profile_build.py $spec 2>&1 | grep -v Warn | tail -1
+    ncu --import /tmp/$name.ncu-rep --page source --csv --print-source sass > /tmp/$name.csv 2>&1
+    python3 tools/ncu_sass.py /tmp/$name.csv 0 2>&1 | tail -2
+    ncu --import /tmp/$name.ncu-rep --page details --csv 2>/dev/null | grep -E '"(Duration|Elapsed Cycles|Warp Cycles Per Issued Instruction)"' | cut -d, -f13-16
+    echo "elapsed $(( $(date +%s) - T0 ))"
+  done
+done
 } 2>&1 | tee "$OUT/log.txt"

@@ -5,7 +5,7 @@
 
 Prints the instructions executed and the warp-stall samples in all, the hottest instructions by
 samples (with the ones just before them: a stall is charged to the instruction that waits, so
-the one it waits on is usually a few lines up), and the samples by opcode. A kernel run by one
+the one it waits on is usually a few lines up), and the samples by opcode and by stall reason. A kernel run by one
 warp or one block is a chain: its samples say which waits make it long. Map an address range to
 Python lines with tools/sass_lines.py (static, the same compiler output up to the driver's).
 """
@@ -46,6 +46,12 @@ def main():
         op = s.split()[0] if not s.startswith("@") else s.split()[1]
         ops[op.split(".")[0]] += n
     print("samples by opcode:", ", ".join(f"{o} {100 * n / total_s:.0f}%" for o, n in ops.most_common(12)))
+    reasons = [c for c in head if c.startswith("stall_") and "Not Issued" not in c]
+    by = {c[6:]: sum(float(r[col[c]] or 0) for r in rows[head_i + 1:] if len(r) == len(head) and r[0].startswith("0x"))
+          for c in reasons}
+    total_r = sum(by.values()) or 1
+    print("samples by reason:", ", ".join(f"{c} {100 * v / total_r:.0f}%" for c, v in
+                                         sorted(by.items(), key=lambda x: -x[1]) if v >= 0.01 * total_r))
 
 
 if __name__ == "__main__":
