@@ -14,7 +14,7 @@ import csv
 import re
 import sys
 
-_STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
+_STALL = re.compile(r"^smsp__average_warps?(?:_latency)?_issue_stalled_(\w+?)_per_(?:issue|warp)_active\.ratio$")
 
 
 def _num(v):
@@ -35,6 +35,9 @@ def main():
     head = rows[head_i]
     col = {c: i for i, c in enumerate(head)}
     stalls = {m.group(1): i for c, i in col.items() if (m := _STALL.match(c))}
+    if not stalls:
+        raise SystemExit("no stall columns; those with 'stalled': "
+                         + ", ".join(c for c in head if "stalled" in c)[:2000])
     dur = col.get("gpu__time_duration.sum")
     by = collections.defaultdict(lambda: [0, 0.0, collections.Counter()])
     for r in rows[head_i + 1:]:
