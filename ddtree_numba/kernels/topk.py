@@ -15,8 +15,9 @@ of the row's G results, by the row's last block to finish (one launch) or by a m
    combines the threads'. Its min(cap, entries) largest entries, by *composite key*
    ``(ordered float bits << 32) | (2^32-1-id)`` (distinct, so ties in value go to the lower id for
    free): while reading for the log-sum-exp each thread keeps its few largest keys; a radix select
-   over the kept keys' top two digits gives tau, with at least cap kept keys >= it, so a second read
-   gathers the keys >= tau into shared memory, where each one's rank is the number of larger ones
+   over the kept keys' top two digits gives tau, with at least cap kept keys >= it, and the keys >=
+   tau are gathered in shared memory (a thread's kept ones, or, where every key it kept is >= tau,
+   all of its entries read again), where each one's rank is the number of larger ones
    (a candidate a thread; a bitonic sort when there are more). If more than FILTER_CAP pass (a
    slice whose large logits sit in a few threads' strides), a radix select of the cap-th largest
    key, 8 bits a pass from the top digit down, stopping as soon as the selected bucket is exactly
@@ -476,7 +477,8 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
     also keeps its ``keep`` largest keys. A radix select of the kk-th largest kept key, stopped
     after TAU_DIGITS digits, gives tau (its bucket's lower edge) with at least kk keys of the slice
     >= it (kept ones), so the slice's kk largest are the kk largest of the keys >= tau: usually a
-    few more than kk, gathered in shared memory in one more read of the slice and ranked there.
+    few more than kk, gathered in shared memory and ranked there: a thread's kept keys >= tau, or,
+    where all its kept keys are >= tau (it may hold more), its entries >= tau read again.
     Only if more than FILTER_CAP keys pass does the block fall back to the radix select over the
     slice (``keep`` = 0 always does). Two reads of the slice instead of four to eight. ``stop``
     (benchmarks/tree_build.py --kernels times the stages with it) ends the block early: 1 after
@@ -693,7 +695,7 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
                 # -- 2b. the keys >= tau (at least kk), gathered while they fit. A thread kept its
                 # M largest keys, so unless the smallest of them is >= tau (then it may hold more
                 # >= tau) its keys >= tau are kept ones: only such a thread reads its entries again
-                # (with M chosen so that that is rare, _keep_per_thread, the second read is gone)
+                # (at one key a thread, the default and the fastest, about kk threads of the block)
                 if low_key < tau:
                     for j in range(M):
                         key = _kept_at(mine, j)
