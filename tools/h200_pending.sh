@@ -1,9 +1,23 @@
 #!/usr/bin/env bash
-# The pending GPU call (forty-second session, last): the GPU decode tests with the warp heap build
-# the default (greedy ddtree == ar on the GPU, batches, graphs). Logs to $OUT/log.txt.
+# The pending GPU call (written at the end of the forty-second session, for the next one; carry .whl
+# and .commit). Logs to $OUT/log.txt, the results file and PERFORMANCE.md to $OUT.
+#  1. the GPU decode tests with the warp heap build the default since c9b7989 (greedy ddtree == ar,
+#     batches, graphs; round_ab's tokens already matched, these were not run on it);
+#  2. benchmarks/tree_build.py --overhead: why the level build adds ~20 µs to the issue's graph at
+#     budget 64 (51.3 queued against top-K alone 31.0) when it costs ~11 alone (PLANS §1);
+#  3. benchmarks/demo_pair.py at budgets 16 and 64 (issue 14's figure at this commit; not appended);
+#  4. on an H200: benchmarks/tree_build.py --quick (the committed results file is 21070de's).
 source tools/h200_env.sh
 {
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout $(left 200) python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_decode_cuda.py --tb=short 2>&1 | grep -v Warn | tail -6
 echo "elapsed $(( $(date +%s) - T0 ))"
+timeout $(left 300) python3 benchmarks/tree_build.py --overhead 2>&1 | grep -v Warn | tail -20
+echo "elapsed $(( $(date +%s) - T0 ))"
+timeout $(left 480) python3 benchmarks/demo_pair.py --budgets 16 64 --no-append 2>&1 | grep -v Warn | tail -12
+echo "elapsed $(( $(date +%s) - T0 ))"
+if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+  timeout $(left 580) python3 benchmarks/tree_build.py --quick 2>&1 | grep -v Warn | tail -10
+  cp benchmarks/results/tree_build.json docs/PERFORMANCE.md "$OUT/" 2>/dev/null
+fi
 } 2>&1 | tee "$OUT/log.txt"
