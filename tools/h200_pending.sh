@@ -6,7 +6,9 @@
 #  2. benchmarks/tree_build.py --overhead: why the level build adds ~20 µs to the issue's graph at
 #     budget 64 (51.3 queued against top-K alone 31.0) when it costs ~11 alone (PLANS §1);
 #  3. benchmarks/demo_pair.py at budgets 16 and 64 (issue 14's figure at this commit; not appended);
-#  4. on an H200: benchmarks/tree_build.py --quick (the committed results file is 21070de's).
+#  4. tools/param_cost.py: what k array parameters cost a launch against one packed array (the demo
+#     round's kernels stalled 11 % on constant-cache misses, NOTES Next 3);
+#  5. on an H200: benchmarks/tree_build.py --quick (the committed results file is 21070de's).
 source tools/h200_env.sh
 {
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -15,6 +17,8 @@ echo "elapsed $(( $(date +%s) - T0 ))"
 timeout $(left 300) python3 benchmarks/tree_build.py --overhead 2>&1 | grep -v Warn | tail -20
 echo "elapsed $(( $(date +%s) - T0 ))"
 timeout $(left 480) python3 benchmarks/demo_pair.py --budgets 16 64 --no-append 2>&1 | grep -v Warn | tail -12
+echo "elapsed $(( $(date +%s) - T0 ))"
+timeout $(left 520) python3 tools/param_cost.py 2>&1 | grep -v Warn | tail -8
 echo "elapsed $(( $(date +%s) - T0 ))"
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   timeout $(left 580) python3 benchmarks/tree_build.py --quick 2>&1 | grep -v Warn | tail -10
