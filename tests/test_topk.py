@@ -467,3 +467,24 @@ def test_gpu_branches_match_the_twin_in_emulated_warps(rng, monkeypatch, kind):
         lp, ids = kn.topk_logprobs(x, 16, method="rows")
         np.testing.assert_array_equal(ids, ids_ref)
         np.testing.assert_array_equal(lp.view(np.uint32), lp_ref.view(np.uint32))
+
+
+def test_kept_keys_in_registers_are_a_threads_largest_keys(rng):
+    """The partial kernel's kept-key tuple (``_kept_put`` / ``_kept_low`` / ``_kept_at``, as the
+    first read uses them: replace the smallest kept key by a larger one) holds the M largest keys of
+    any stream, the entries past M stay 0, and ``_kept_at`` reads every slot."""
+    from ddtree_numba.kernels import topk as tk
+    for M in range(1, tk.MAX_KEEP + 1):
+        for n in (0, M - 1, M, 3 * M + 5):
+            keys = rng.choice(np.arange(1, 10**6, dtype=np.uint64), size=n, replace=False)
+            z = np.uint64(0)
+            kept, low, j = (z,) * 8, z, 0
+            for key in keys:
+                if key > low:
+                    kept = tk._kept_put(kept, M, j, key)
+                    low, j = tk._kept_low(kept, M)
+            want = sorted(keys.tolist(), reverse=True)[:M]
+            assert sorted((int(k) for k in kept[:M] if k != 0), reverse=True) == want
+            assert all(k == 0 for k in kept[M:])
+            assert [tk._kept_at(kept, i) for i in range(8)] == list(kept)
+            assert low == min(kept[:M]) and kept[j] == low
