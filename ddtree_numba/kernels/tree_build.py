@@ -117,6 +117,27 @@ def _copy_lp(lp, dst, rc, n, t, T, vals):
 
 
 @device_function
+def _write_root(n_score, n_parent, n_rank, n_depth):
+    """Node 0's record in a heap build's shared records: the root, score 0, no parent."""
+    n_score[0] = 0.0
+    n_parent[0] = -1
+    n_rank[0] = 0
+    n_depth[0] = 0
+
+
+@device_function
+def _warp_sizes(lp, budget, n_budget, b):
+    """A one-warp heap build's sizes as int32 (numba's int64 cost a pop instructions): L depths, K
+    ranks, K - 1, tree b's budget B, and RC, the ranks a pop can read: a popped rank r has its r
+    earlier siblings popped before it, and no candidate is pushed after the last pop, so a pushed
+    sibling's rank r + 1 < B (and < K)."""
+    L = int32(lp.shape[0])
+    K = int32(lp.shape[1])
+    B = int32(_launch_budget(budget, n_budget, b))
+    return L, K, int32(K - 1), B, int32(max(min(K, B), 1))
+
+
+@device_function
 def _write_tree(n, n_score, n_parent, n_rank, n_depth, ids, tokens, depths, parents, ranks, scores, t, T):
     """A heap build's n nodes out of its shared records (node i: score, parent, rank, depth), by
     the T threads of a block (t this one's); parents[0] = -1 for the root."""
@@ -172,10 +193,7 @@ def _build_tree_kernel(threads):
         # lp_cache[i] = lp[i // ranks_cached, i % ranks_cached], LP_LOADS loads in flight a thread
         _copy_lp(lp, lp_cache, max(ranks_cached, 1), L * ranks_cached, t, T, cuda.local.array(LP_LOADS, float32))
         if t == 0:
-            n_score[0] = 0.0
-            n_parent[0] = -1
-            n_rank[0] = 0
-            n_depth[0] = 0
+            _write_root(n_score, n_parent, n_rank, n_depth)
             state[0] = 0
             state[1] = 0
             if L > 0 and K > 0 and budget > 0:
@@ -351,13 +369,7 @@ def _build_tree_warp_kernel(redux=True):
         # The pop loop's integers are int32 and its shared-memory indices unsigned: numba widens to
         # int64 and wraps negative indices around. That took 15 % of a pop's ~240 instructions and
         # 3.5 % of its time (ncu by SASS, H100, forty-second session): the rest is the chain itself.
-        L = int32(lp.shape[0])
-        K = int32(lp.shape[1])
-        K1 = int32(K - 1)
-        B = int32(_launch_budget(budget, n_budget, b_))   # this launch's budget (or this tree's)
-        # ranks a pop can read: a popped rank r has its r earlier siblings popped before it, and no
-        # candidate is pushed after the last pop, so a pushed sibling's rank r + 1 < B (and < K)
-        RC = int32(max(min(K, B), 1))
+        L, K, K1, B, RC = _warp_sizes(lp, budget, n_budget, b_)
         lpc = cuda.shared.array(LPC, float32)      # lpc[d * RC + r] = lp[d, r], r < RC
         n_score = cuda.shared.array(NB, float64)   # node i's path score (root: 0)
         n_parent = cuda.shared.array(NB, int16)
@@ -393,10 +405,7 @@ def _build_tree_warp_kernel(redux=True):
                 p0 = int32(0)
                 d0 = int32(1)
         if lane == 0:
-            n_score[0] = 0.0
-            n_parent[0] = -1
-            n_rank[0] = 0
-            n_depth[0] = 0
+            _write_root(n_score, n_parent, n_rank, n_depth)
         cuda.syncthreads()                         # lp's copy and the root are in
         n = int32(0)                               # nodes popped
         F = int32(1)                               # slots used
@@ -549,11 +558,7 @@ def _build_tree_sorted_kernel():
         ranks = ranks_all[b_]
         scores = scores_all[b_]
         lane = int32(cuda.threadIdx.x)
-        L = int32(lp.shape[0])
-        K = int32(lp.shape[1])
-        K1 = int32(K - 1)
-        B = int32(_launch_budget(budget, n_budget, b_))
-        RC = int32(max(min(K, B), 1))              # ranks a pop can read (as the warp kernel's)
+        L, K, K1, B, RC = _warp_sizes(lp, budget, n_budget, b_)
         lpc = cuda.shared.array(LPC, float32)      # lpc[d * RC + r] = lp[d, r], r < RC
         n_score = cuda.shared.array(NB, float64)   # node i's path score (root: 0)
         n_parent = cuda.shared.array(NB, int16)
@@ -587,10 +592,7 @@ def _build_tree_sorted_kernel():
                 pa = int32(0)
                 da = int32(1)
         if lane == 0:
-            n_score[0] = 0.0
-            n_parent[0] = -1
-            n_rank[0] = 0
-            n_depth[0] = 0
+            _write_root(n_score, n_parent, n_rank, n_depth)
         cuda.syncthreads()                         # lp's copy and the root are in
         n = int32(0)                               # nodes popped
         up = max(lane - 1, 0)                      # the neighbours an entry can move from
@@ -872,15 +874,10 @@ def _launch_heap_build(lp, ids, budget, budget_device, bufs, stream, threads, me
     if K > MAX_BUDGET:
         raise ValueError(f"K = {K} ranks per depth is more than the kernel takes ({MAX_BUDGET})")
     method = _build_method(method, budget, threads)
-    if method == "sorted":
+    if method in ("warp", "sorted"):
         if S:
-            _build_tree_sorted_kernel()[S, 32, stream](
-                lp, ids, budget, _device_budget(budget_device, S),
-                bufs.tokens, bufs.depths, bufs.parents, bufs.ranks, bufs.scores, bufs.n_nodes)
-        return
-    if method == "warp":
-        if S:
-            _build_tree_warp_kernel(WARP_REDUX)[S, 32, stream](
+            kernel = _build_tree_warp_kernel(WARP_REDUX) if method == "warp" else _build_tree_sorted_kernel()
+            kernel[S, 32, stream](
                 lp, ids, budget, _device_budget(budget_device, S),
                 bufs.tokens, bufs.depths, bufs.parents, bufs.ranks, bufs.scores, bufs.n_nodes)
         return
