@@ -466,7 +466,7 @@ def _keep_per_thread(k: int, threads: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
+def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False, min_blocks=1):
     """Grid (G, L): block (b, row) takes slice b of the row: its runs of min(SLICE_RUN, T) entries
     b, b + G, b + 2G, ... (``_slice_entries`` of them). It writes the slice's log-sum-exp pair
     (max, rest: the sum of exp(x - max) but one max entry's 1), float64, and the composite keys of
@@ -506,7 +506,7 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False):
 
     # launch bounds: registers capped so that a block of T threads always fits an SM
     @cached
-    @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
+    @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T, min_blocks), lineinfo=LINEINFO))
     def kernel(bits, k, cap, part_m, part_s, cand, cnt, arrive, lp_out, ids_out):
         grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
         b_ = cuda.blockIdx.x
