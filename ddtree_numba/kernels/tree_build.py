@@ -326,6 +326,7 @@ WARP_LOADS = 8      # entries of lp a lane loads at once into the shared copy
 # (forty-second session, 87e251e, tools/warp_build_ab.py): 10.4 / 19.2 / 39.3 µs at budgets 16 / 32 / 64
 # against the block kernel's 12.7 / 23.7 / 47.8, on every draft (PERFORMANCE.md).
 WARP_DEFAULT_UP_TO = WARP_BUDGET
+ONE_WARP_DEFAULT = "warp"   # which one-warp kernel that is ("warp" or "sorted"; tools/round_ab.py's knob)
 
 
 @device_function
@@ -852,10 +853,10 @@ BUILD_METHODS = ("warp", "sorted", "block")
 
 
 def _build_method(method, budget: int, threads) -> str:
-    """The heap build's kernel: ``method`` as given, else "warp" up to WARP_DEFAULT_UP_TO nodes when
+    """The heap build's kernel: ``method`` as given, else ONE_WARP_DEFAULT up to WARP_DEFAULT_UP_TO nodes when
     no block size is asked for, else "block"."""
     if method is None:
-        return "warp" if budget <= WARP_DEFAULT_UP_TO and threads is None else "block"
+        return ONE_WARP_DEFAULT if budget <= WARP_DEFAULT_UP_TO and threads is None else "block"
     if method not in BUILD_METHODS:
         raise ValueError(f"method must be one of {BUILD_METHODS} or None, got {method!r}")
     if method in ("warp", "sorted"):
