@@ -9,7 +9,8 @@ registers (ptxas: 236 bytes spilled), which lets G 16 run in one wave with half 
 thread: the first read's chain (~7 of its 14.6 µs scale with the entries) against spills and a
 longer merge.
 
-Usage (a GPU machine): python tools/topk_occupancy.py [--ks 16 32 64] [--passes 2]
+Usage (a GPU machine): python tools/topk_occupancy.py [--vocab 163840] [--ks 16 32 64] [--passes 2]
+    [--configs G,T,B ...]
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ def main():
     ap.add_argument("--depths", type=int, default=15)
     ap.add_argument("--ks", type=int, nargs="+", default=[16, 32, 64])
     ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--configs", nargs="+", default=None, help="G,threads,blocks triples (default CONFIGS)")
     args = ap.parse_args()
+    configs = CONFIGS if args.configs is None else [tuple(int(v) for v in c.split(",")) for c in args.configs]
     from numba import cuda
 
     from ddtree_numba import kernels as kn
@@ -57,15 +60,15 @@ def main():
     bits = x.view(np.uint32)
     stream = cuda.stream()
     print(f"top-K µs (queued graph), V {V}, L {L}; columns: (G slices, threads, blocks an SM)")
-    print("| k | default | " + " | ".join(f"{g}, {t}, {b}" for g, t, b in CONFIGS) + " |")
-    print("|---|---|" + "---|" * len(CONFIGS))
+    print("| k | default | " + " | ".join(f"{g}, {t}, {b}" for g, t, b in configs) + " |")
+    print("|---|---|" + "---|" * len(configs))
     for k in args.ks:
         lp_r, ids_r = ref.topk_logprobs(x_h, k)
         lp, ids = cuda.device_array((L, k), np.float32), cuda.device_array((L, k), np.int32)
         sc0 = kn.TopKScratch.allocate(L, V, k)
         cells = [" / ".join(f"{_graph_us(stream, lambda s: kn.topk_logprobs(x, k, out=(lp, ids), scratch=sc0, stream=s)):.1f}"
                             for _ in range(args.passes))]
-        for G, T, B in CONFIGS:
+        for G, T, B in configs:
             cap = _cap(k, G)
             if not tk._fused_merge(G, cap):
                 cells.append("-")
