@@ -421,9 +421,12 @@ def test_runs_narrower_than_the_block_deal_each_entry_to_one_slice(rng):
 def test_the_split_rule_caps_lists_only_at_large_k():
     from math import sqrt
 
-    from ddtree_numba.kernels.topk import CAP_SIGMAS, CAPPED_FROM, FILTER_CAP, _slices, _split
+    from ddtree_numba.kernels.topk import CAP_SIGMAS, CAPPED_FROM, CAPPED_SLICES, FILTER_CAP, SMALL_K_SLICE, _slices, _split
     from ddtree_numba.reference.topk import fallback_odds
-    assert _split(163840, CAPPED_FROM // 2) == (_slices(163840, CAPPED_FROM // 2), CAPPED_FROM // 2)
+    # below CAPPED_FROM: uncapped lists over up to CAPPED_SLICES slices of SMALL_K_SLICE entries or more
+    assert _split(163840, CAPPED_FROM // 2) == (CAPPED_SLICES, CAPPED_FROM // 2)
+    assert _split(32000, 16) == (min(CAPPED_SLICES, 32000 // SMALL_K_SLICE), 16)
+    assert _split(SMALL_K_SLICE - 1, 1) == (1, 1)
     for k in (CAPPED_FROM, 128, 256, 1024):
         G, cap = _split(163840, k)
         share = k / G

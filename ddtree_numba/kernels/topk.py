@@ -966,13 +966,20 @@ CAPPED_SLICES = 8   # G * L blocks within one wave of an H100's 132 SMs at L = 1
                     # waves, each as long as the first (tools/topk_caps.py, µs at k 128: G 8 / 16 /
                     # 32 = 33.4 / 52.3 / 108.4 with lists of 32)
 CAP_SIGMAS = 4      # a list's cap: this many standard deviations above a slice's mean share of the top k
+SMALL_K_SLICE = 4000  # below CAPPED_FROM: entries a slice at least (up to CAPPED_SLICES slices). Measured
+                    # (H100, forty-third session, tools/topk_occupancy.py, top-K µs at k 16 / 24 by G
+                    # slices, threads): V 163840: G 16, 256 threads (then the default) 33.7 / 40.3; G 8,
+                    # 512: 29.9 / 29.9; V 32000: G 3, 256: 24.9 / 25.1; G 8, 512: 19.6 / 19.3; G 4, 512:
+                    # 20.3 / 20.1. G 8 of 512 threads was the fastest at every k from 1 to 24 and V
+                    # 32000, 129280 and 163840
 CAP_MAX = 256       # longer lists stay uncapped: V 32000, k 1024 (3 slices, lists of 512) took 76 µs
                     # against 68 uncapped on an H200 (tools/topk_caps.py --vocab 32000)
 
 
 def _split(vocab: int, k: int) -> tuple[int, int]:
-    """(G slices a row, cap on each slice's list) for k kept out of ``vocab``: (``_slices``, k), or
-    from CAPPED_FROM on (G = CAPPED_SLICES slices of at least SLICE entries) lists capped at the
+    """(G slices a row, cap on each slice's list) for k kept out of ``vocab``: below CAPPED_FROM,
+    uncapped lists over up to CAPPED_SLICES slices of at least SMALL_K_SLICE entries; from
+    CAPPED_FROM on, (``_slices``, k), or (G = CAPPED_SLICES slices of at least SLICE entries) lists capped at the
     smallest power of two >= m + CAP_SIGMAS * sqrt(m), m = k / G, when that is below k, at most
     CAP_MAX, and G * cap <= FILTER_CAP (the fused merge).
 
@@ -991,7 +998,8 @@ def _split(vocab: int, k: int) -> tuple[int, int]:
         cap = _pow2_at_least(math.ceil(share + CAP_SIGMAS * math.sqrt(share)))
         if g > 1 and cap < k and cap <= CAP_MAX and g * cap <= FILTER_CAP:
             return g, cap
-    return _slices(vocab, k), k
+        return _slices(vocab, k), k
+    return max(1, min(CAPPED_SLICES, vocab // SMALL_K_SLICE)), k
 
 
 def _capped_threads(cap: int) -> int:
@@ -1017,12 +1025,13 @@ def _default_threads(k: int, cap: int) -> int:
 
 def _partial_threads(k: int) -> int:
     """The partial kernel's block for k kept. On the H200 (89a98e1, top-K µs with 256 / 512 / 1024
-    threads): k 16: 41.2 / 50.2 / 55.9; k 64: 50.9 / 42.0 / 42.8; k 256: 77.8 / 80.6 / 69.7; k 1024:
+    threads): k 16: 41.2 / 50.2 / 55.9 (then at G 16; at G 8, ``SMALL_K_SLICE``, 512 threads are the
+    fastest: H100, forty-third session); k 64: 50.9 / 42.0 / 42.8; k 256: 77.8 / 80.6 / 69.7; k 1024:
     153.8 / 112.4 / 103.9 (its ~2k candidates spread over more threads). The simulator takes a
     warp (each thread is a Python thread there)."""
     if config.ENABLE_CUDASIM:
         return 32
-    return 256 if k <= 32 else 512 if k <= 64 else 1024
+    return 512 if k <= 64 else 1024
 
 
 @dataclass(frozen=True)
