@@ -49,8 +49,6 @@ SIGNATURES = {
     "tree_build._build_tree_warp_kernel": [((redux,), f"void(float32[:, :, ::1], int32[:, :, ::1], int64, {I32_1}, "
                                                      f"{I32_2}, {I32_2}, {I32_2}, {I32_2}, float64[:, ::1], {I32_1})")
                                            for redux in (True, False)],
-    "tree_build._build_tree_sorted_kernel": [((), f"void(float32[:, :, ::1], int32[:, :, ::1], int64, {I32_1}, "
-                                                  f"{I32_2}, {I32_2}, {I32_2}, {I32_2}, float64[:, ::1], {I32_1})")],
     "tree_build._build_tree_levels_kernel": [
         ((1024, seed), f"void({F32_2}, {I32_2}, int64, {I32_1}, int64, {I32_1}, {I32_1}, {I32_1}, {I32_1}, {F64_1}, {I32_1}, "
                         f"float64[:, ::1], {I32_2}, {I32_2}, {I32_2}, {I32_2}, {I32_2}, {I32_2}, {I32_2}, "

@@ -382,7 +382,7 @@ def test_one_and_two_warp_blocks_break_exact_score_ties_by_path(rng, threads):
         assert kn.build_tree(lp, ids, budget, threads=threads) == ref.build_tree(lp, ids, budget), (L, V, budget)
 
 
-# (L, V, budget) for the one-warp builds: one entry a lane and two (past 32), chains (V 1), rows
+# (L, V, budget) for the warp build: one entry a lane and two (past 32), chains (V 1), rows
 # shorter than the budget, budget 1 and the empty tree
 _ONE_WARP_DRAFTS = [(1, 5, 3), (3, 4, 30), (3, 3, 39), (6, 12, 64), (15, 5, 16), (15, 40, 64),
                     (5, 2, 64), (1, 100, 64), (4, 1, 8), (2, 7, 1), (2, 6, 0)]
@@ -405,33 +405,6 @@ def test_warp_kernel_matches_twin_bit_for_bit(rng, kind, redux, monkeypatch):
         want = ref.build_tree(lp, ids, budget)
         assert got == want, (L, V, budget)
         check_invariants(got, lp, ids)
-
-
-@pytest.mark.kernels
-@pytest.mark.parametrize("kind", ["normal", "ties"])
-def test_sorted_frontier_kernel_matches_twin_bit_for_bit(rng, kind):
-    """The warp kernel with its frontier sorted across the lanes (method "sorted": the best is lane
-    0's first entry, each pop inserts the child and the sibling where they belong): the same drafts
-    as the warp kernel's, exact ties ordered by path (the inserted candidates against every entry
-    and against each other), chains, short rows, the empty tree."""
-    for L, V, budget in _ONE_WARP_DRAFTS:
-        lp, ids = _draft(rng, L, V, max(min(budget, V), 1), kind)
-        got = kn.build_tree(lp, ids, budget, method="sorted")
-        want = ref.build_tree(lp, ids, budget)
-        assert got == want, (L, V, budget)
-        check_invariants(got, lp, ids)
-    # lp[d, r] = -(r + 1) at every depth: a pop's child and sibling tie exactly (w + lp[d, 0] =
-    # q + lp[d - 1, r + 1]), and the child comes first (its path extends w's, rank r < r + 1)
-    for L, K, budget in [(15, 64, 64), (4, 8, 60), (2, 40, 64)]:
-        lp = np.tile(-np.arange(1, K + 1, dtype=np.float32), (L, 1))
-        ids = rng.permutation(2 * K * L)[:K * L].reshape(L, K).astype(np.int32)
-        assert kn.build_tree(lp, ids, budget, method="sorted") == ref.build_tree(lp, ids, budget), (L, K, budget)
-    lp, ids = _batch(rng, 3, 4, 9, 9)
-    from numba import cuda
-    bufs = kn.TreeBatchBuffers.allocate(3, 64)
-    kn.build_trees(lp, ids, 50, out=bufs, budget_device=cuda.to_device(np.array([9, 0, 50], np.int32)),
-                   method="sorted")
-    assert bufs.to_trees() == [ref.build_tree(lp[s], ids[s], b) for s, b in enumerate((9, 0, 50))]
 
 
 @pytest.mark.kernels
@@ -641,23 +614,6 @@ def test_warp_kernels_gpu_path_matches_the_twin_in_an_emulated_warp(rng, monkeyp
         for L, V, budget, kind in [(3, 64, 64, "normal"), (2, 40, 60, "normal"), (3, 12, 50, "ties")]:
             lp, ids = _draft(rng, L, V, min(budget, V), kind)
             assert kn.build_tree(lp, ids, budget, method="warp") == ref.build_tree(lp, ids, budget), (L, V, budget)
-
-
-@pytest.mark.kernels
-def test_sorted_frontier_kernels_gpu_path_matches_the_twin_in_an_emulated_warp(rng, monkeypatch):
-    """The sorted-frontier kernel's GPU branch (the best by a broadcast, the neighbours' entries by
-    shuffles, the entries before each new candidate by ballots with numba's int32 ballot) in an
-    emulated warp: frontiers past 32 entries, so that entries cross from one lane to the next, and
-    exact ties."""
-    with _gpu_branch(monkeypatch, "_build_tree_sorted_kernel"):
-        for L, V, budget, kind in [(3, 64, 64, "normal"), (2, 40, 60, "normal"), (3, 12, 50, "ties"),
-                                   (15, 5, 16, "ties")]:
-            lp, ids = _draft(rng, L, V, min(budget, V), kind)
-            assert kn.build_tree(lp, ids, budget, method="sorted") == ref.build_tree(lp, ids, budget), \
-                (L, V, budget)
-        lp = np.tile(-np.arange(1, 65, dtype=np.float32), (15, 1))     # child and sibling tie exactly
-        ids = np.arange(15 * 64, dtype=np.int32).reshape(15, 64)
-        assert kn.build_tree(lp, ids, 64, method="sorted") == ref.build_tree(lp, ids, 64)
 
 
 @pytest.mark.kernels

@@ -6,8 +6,7 @@ compute-sanitizer (memcheck and racecheck):
 The capped top-K's whole-row fallback and the level build with many exact ties (its three ways of
 ordering them): ``capped_and_ties``. Then the demo round's own shapes (``demo_shapes``): the
 warp-a-row top-K of 15 rows of the drafter's 264 entries (k 16 and 1), both heap builds at
-budgets 16 and 64 (the warp kernel with redux.sync and with shuffles, the sorted-frontier one, and
-the block kernel), and
+budgets 16 and 64 (the warp kernel with redux.sync and with shuffles, and the block kernel), and
 the drafter's GQA attention with its fused merge (the last split block's arrival counter) over 330
 context keys. ``--capped-and-ties``: only ``capped_and_ties``; ``--demo-shapes``: only ``demo_shapes``. ``--full``: only
 the split top-K and the level-synchronous build, at the issue-15 size (V = 163840, budget 1024,
@@ -85,7 +84,6 @@ def demo_shapes(rng):
         lp, ids = ref.topk_logprobs(logits, budget)
         want = ref.build_tree(lp, ids, budget)
         ok &= kn.build_tree(lp, ids, budget, method="warp") == want
-        ok &= kn.build_tree(lp, ids, budget, method="sorted") == want
         ok &= kn.build_tree(lp, ids, budget, method="block") == want
         redux = kn.tree_build.WARP_REDUX
         try:

@@ -1,6 +1,5 @@
-"""The heap build's warp kernel (its arg-max by redux.sync, and by shuffles: ``warp-shfl``) and its
-sorted-frontier kernel (``sorted``, forty-second session, not yet the default) against its block
-kernel and the level build, on the GPU: µs a
+"""The heap build's warp kernel (its arg-max by redux.sync, and by shuffles: ``warp-shfl``) against
+its block kernel and the level build, on the GPU: µs a
 build (mean of ``--repeat`` copies in one replayed graph, best of 5 replays), alternated over
 ``--passes``, every tree checked against the heapq twin first.
 
@@ -10,8 +9,13 @@ Drafts: ``synthetic`` (``benchmarks/tree_build.py``'s ``drafter_logits``, V 1638
 issue-15 figure's, a tree one or two levels deep), ``random264`` (``tools/heap_threads.py``'s
 logits x 3 at V 264) and ``demo`` (the demo drafter's 15 distributions after a held-out prompt,
 numpy backend: a deep tree). Then top-K + build in one graph on the synthetic draft (the issue's
-figure: ``warp`` and ``sorted`` against ``levels``), queued behind a sleeping kernel as
-``tree_build.py`` times it.
+figure: ``warp`` against ``levels``), queued behind a sleeping kernel as ``tree_build.py`` times
+it.
+
+A third kernel, the frontier kept sorted across the warp (a pop a broadcast and two ballots, no
+arg-max; 19d1c48), was measured here in the forty-third session and removed: slower on every draft
+(H100, µs at budgets 16 / 32 / 64 on the demo draft: 15.5 / 30.3 / 60.4 against the warp kernel's
+10.1 / 18.5 / 37.8).
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ def main():
     drafts = {"synthetic": drafter_logits(np.random.default_rng(0), L, 163840),
               "random264": (np.random.default_rng(0).standard_normal((L, 264)) * 3).astype(np.float32),
               "demo": np.asarray(demo_draft_logits(), np.float32)}
-    methods = ("warp", "sorted", "warp-shfl", "block", "levels")   # warp-shfl: WARP_REDUX off (shuffle rounds)
+    methods = ("warp", "warp-shfl", "block", "levels")   # warp-shfl: WARP_REDUX off (shuffle rounds)
     tb = kn.tree_build
     cases = []
     for name, logits in drafts.items():
@@ -104,8 +108,8 @@ def main():
     x = cuda.to_device(drafts["synthetic"])
     V = x.shape[1]
     print("\ntop-K + build on the synthetic draft (V 163840, L 15), one graph, queued, µs:")
-    print("| budget | top-K + warp | top-K + sorted | top-K + levels | top-K alone |")
-    print("|---|---|---|---|---|")
+    print("| budget | top-K + warp | top-K + levels | top-K alone |")
+    print("|---|---|---|---|")
     for budget in [b for b in args.budgets if b <= kn.tree_build.WARP_BUDGET]:
         lp = cuda.device_array((L, budget), np.float32)
         ids = cuda.device_array((L, budget), np.int32)
@@ -119,17 +123,13 @@ def main():
             topk(s)
             kn.build_tree(lp, ids, budget, out=bufs, stream=s, method="warp")
 
-        def sorted_(s):
-            topk(s)
-            kn.build_tree(lp, ids, budget, out=bufs, stream=s, method="sorted")
-
         def levels(s):
             topk(s)
             kn.build_tree_levels(lp, ids, budget, out=bufs, scratch=scratch, stream=s)
 
         s = cuda.stream()
-        keys = ("warp", "sorted", "levels", "topk")
-        fns = {"warp": warp, "sorted": sorted_, "levels": levels, "topk": topk}
+        keys = ("warp", "levels", "topk")
+        fns = {"warp": warp, "levels": levels, "topk": topk}
         row = {k: [] for k in keys}
         for p in range(args.passes):
             for k in (keys if p % 2 == 0 else keys[::-1]):

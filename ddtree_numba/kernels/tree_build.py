@@ -127,7 +127,7 @@ def _write_root(n_score, n_parent, n_rank, n_depth):
 
 @device_function
 def _warp_sizes(lp, budget, n_budget, b):
-    """A one-warp heap build's sizes as int32 (numba's int64 cost a pop instructions): L depths, K
+    """The warp heap build's sizes as int32 (numba's int64 cost a pop instructions): L depths, K
     ranks, K - 1, tree b's budget B, and RC, the ranks a pop can read: a popped rank r has its r
     earlier siblings popped before it, and no candidate is pushed after the last pop, so a pushed
     sibling's rank r + 1 < B (and < K)."""
@@ -326,7 +326,6 @@ WARP_LOADS = 8      # entries of lp a lane loads at once into the shared copy
 # (forty-second session, 87e251e, tools/warp_build_ab.py): 10.4 / 19.2 / 39.3 µs at budgets 16 / 32 / 64
 # against the block kernel's 12.7 / 23.7 / 47.8, on every draft (PERFORMANCE.md).
 WARP_DEFAULT_UP_TO = WARP_BUDGET
-ONE_WARP_DEFAULT = "warp"   # which one-warp kernel that is ("warp" or "sorted"; tools/round_ab.py's knob)
 
 
 @device_function
@@ -517,220 +516,6 @@ def _build_tree_warp_kernel(redux=True):
     return kernel
 
 
-@device_function
-def _before(s1, p1, r1, s2, p2, r2, n_parent, n_rank, n_depth):
-    """Does the candidate (score s1, parent node p1, rank r1) pop before (s2, p2, r2) in the twin's
-    order? Score first; the rank paths only on an exact tie (their parents' records in shared)."""
-    if s1 != s2:
-        return s1 > s2
-    return _path_less(p1, r1, p2, r2, n_parent, n_rank, n_depth)
-
-
-# -- the heap build with its frontier kept sorted across one warp (method "sorted") --------------------
-# The warp kernel above finds each pop's best candidate by a warp-wide arg-max, a chain of two
-# redux.sync, a ballot and the winner's shuffles before the two new scores can be computed: ~1,150
-# cycles a pop (H100, forty-second session). Here the frontier is kept in the twin's order, entry
-# 2 * lane and 2 * lane + 1 in each lane, so the best is always lane 0's first entry (a broadcast);
-# a pop removes it and inserts its first child and next sibling where they belong: each lane compares
-# its entries with the two (a score compare, the paths only on an exact tie), two ballots count the
-# entries before each, and every entry moves by at most two places, so a lane takes its new entries
-# from its own and its neighbours' old ones (shuffles issued before the counts are known). Same
-# float64 sums as the twin: the same tree. Not the default until a GPU has measured it.
-@functools.lru_cache(maxsize=None)
-def _build_tree_sorted_kernel():
-    """One warp a tree (grid S, 32 threads), the frontier sorted across the warp: ``build_trees``'
-    kernel for method "sorted", budgets <= WARP_BUDGET."""
-    NB = WARP_BUDGET + 1
-    LPC = MAX_DEPTH * WARP_BUDGET
-    U = WARP_LOADS
-    shuffles = WARP_OPS
-
-    @cached
-    @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(32,), lineinfo=LINEINFO))
-    def kernel(lp_all, ids_all, budget, n_budget, tokens_all, depths_all, parents_all, ranks_all, scores_all,
-               n_nodes):
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
-        b_ = cuda.blockIdx.x
-        lp = lp_all[b_]
-        ids = ids_all[b_]
-        tokens = tokens_all[b_]
-        depths = depths_all[b_]
-        parents = parents_all[b_]
-        ranks = ranks_all[b_]
-        scores = scores_all[b_]
-        lane = int32(cuda.threadIdx.x)
-        L, K, K1, B, RC = _warp_sizes(lp, budget, n_budget, b_)
-        lpc = cuda.shared.array(LPC, float32)      # lpc[d * RC + r] = lp[d, r], r < RC
-        n_score = cuda.shared.array(NB, float64)   # node i's path score (root: 0)
-        n_parent = cuda.shared.array(NB, int16)
-        n_rank = cuda.shared.array(NB, int16)
-        n_depth = cuda.shared.array(NB, int16)
-        # the simulator's exchanges (no shuffles there): every lane's entries, and the ballots' bits
-        x_s = cuda.shared.array(64, float64)
-        x_q = cuda.shared.array(64, float64)
-        x_p = cuda.shared.array(64, int32)
-        x_r = cuda.shared.array(64, int32)
-        x_d = cuda.shared.array(64, int32)
-        x_n = cuda.shared.array(64, int32)
-        _copy_lp(lp, lpc, RC, L * RC if B > 0 else 0, lane, 32, cuda.local.array(U, float32))
-        # entry a = 2 * lane and b = 2 * lane + 1 of the sorted frontier: score, parent (-1: empty),
-        # rank, depth and the parent's score (a sibling's base)
-        sa = 0.0
-        pa = int32(-1)
-        ra = int32(0)
-        da = int32(0)
-        qa = 0.0
-        sb = 0.0
-        pb = int32(-1)
-        rb = int32(0)
-        db = int32(0)
-        qb = 0.0
-        F = int32(0)                               # entries in use (the same in every lane)
-        if L > 0 and K > 0 and B > 0:
-            F = int32(1)
-            if lane == 0:
-                sa = 0.0 + float64(lp[0, 0])
-                pa = int32(0)
-                da = int32(1)
-        if lane == 0:
-            _write_root(n_score, n_parent, n_rank, n_depth)
-        cuda.syncthreads()                         # lp's copy and the root are in
-        n = int32(0)                               # nodes popped
-        up = max(lane - 1, 0)                      # the neighbours an entry can move from
-        dn = min(lane + 1, 31)
-        while n < B and F > 0:
-            # the best is entry 0; the neighbours' entries an entry may move from, fetched now
-            if shuffles:
-                ws = cuda.shfl_sync(FULL_MASK, sa, 0)
-                wp = cuda.shfl_sync(FULL_MASK, pa, 0)
-                wr = cuda.shfl_sync(FULL_MASK, ra, 0)
-                wd = cuda.shfl_sync(FULL_MASK, da, 0)
-                wq = cuda.shfl_sync(FULL_MASK, qa, 0)
-                us = cuda.shfl_sync(FULL_MASK, sb, up)     # entry 2 * lane - 1
-                up_ = cuda.shfl_sync(FULL_MASK, pb, up)
-                ur = cuda.shfl_sync(FULL_MASK, rb, up)
-                ud = cuda.shfl_sync(FULL_MASK, db, up)
-                uq = cuda.shfl_sync(FULL_MASK, qb, up)
-                ns_ = cuda.shfl_sync(FULL_MASK, sa, dn)    # entry 2 * lane + 2
-                np_ = cuda.shfl_sync(FULL_MASK, pa, dn)
-                nr = cuda.shfl_sync(FULL_MASK, ra, dn)
-                nd = cuda.shfl_sync(FULL_MASK, da, dn)
-                nq = cuda.shfl_sync(FULL_MASK, qa, dn)
-            else:
-                x_s[2 * lane] = sa
-                x_p[2 * lane] = pa
-                x_r[2 * lane] = ra
-                x_d[2 * lane] = da
-                x_q[2 * lane] = qa
-                x_s[2 * lane + 1] = sb
-                x_p[2 * lane + 1] = pb
-                x_r[2 * lane + 1] = rb
-                x_d[2 * lane + 1] = db
-                x_q[2 * lane + 1] = qb
-                cuda.syncthreads()                 # every lane's entries are in
-                ws = x_s[0]
-                wp = x_p[0]
-                wr = x_r[0]
-                wd = x_d[0]
-                wq = x_q[0]
-                us = x_s[2 * up + 1]
-                up_ = x_p[2 * up + 1]
-                ur = x_r[2 * up + 1]
-                ud = x_d[2 * up + 1]
-                uq = x_q[2 * up + 1]
-                ns_ = x_s[2 * dn]
-                np_ = x_p[2 * dn]
-                nr = x_r[2 * dn]
-                nd = x_d[2 * dn]
-                nq = x_q[2 * dn]
-                cuda.syncthreads()                 # every lane has read them
-            node = int32(n + 1)
-            if lane == 0:
-                un = uint32(node)
-                n_score[un] = ws
-                n_parent[un] = wp
-                n_rank[un] = wr
-                n_depth[un] = wd
-            n = node
-            if shuffles:                           # the new node's record is seen by the path
-                cuda.syncwarp()                    # compares below and by the write-out
-            else:
-                cuda.syncthreads()
-            if node >= B:                          # no candidate after the last pop
-                break
-            has_child = wd < L
-            has_sib = wr < K1
-            cs = ws + float64(lpc[uint32(wd) * uint32(RC)]) if has_child else 0.0
-            ss = wq + float64(lpc[uint32(wd - 1) * uint32(RC) + uint32(wr + 1)]) if has_sib else 0.0
-            # the remaining entries (1 .. F - 1) that pop before the child c = (node, rank 0) and
-            # before the sibling s = (wp, wr + 1)
-            ea = 2 * lane
-            va = ea >= 1 and ea < F
-            vb = ea + 1 < F
-            ac = va and has_child and _before(sa, pa, ra, cs, node, int32(0), n_parent, n_rank, n_depth)
-            bc = vb and has_child and _before(sb, pb, rb, cs, node, int32(0), n_parent, n_rank, n_depth)
-            as_ = va and has_sib and _before(sa, pa, ra, ss, wp, int32(wr + 1), n_parent, n_rank, n_depth)
-            bs = vb and has_sib and _before(sb, pb, rb, ss, wp, int32(wr + 1), n_parent, n_rank, n_depth)
-            if shuffles:
-                nc = int32(cuda.popc(uint32(cuda.ballot_sync(FULL_MASK, ac)))
-                           + cuda.popc(uint32(cuda.ballot_sync(FULL_MASK, bc))))
-                nsb = int32(cuda.popc(uint32(cuda.ballot_sync(FULL_MASK, as_)))
-                            + cuda.popc(uint32(cuda.ballot_sync(FULL_MASK, bs))))
-            else:
-                x_n[2 * lane] = int32(ac) + int32(bc)
-                x_n[2 * lane + 1] = int32(as_) + int32(bs)
-                cuda.syncthreads()                 # every lane's counts are in
-                nc = int32(0)
-                nsb = int32(0)
-                for j in range(32):
-                    nc += x_n[2 * j]
-                    nsb += x_n[2 * j + 1]
-                cuda.syncthreads()                 # every lane has read them
-            c_first = has_child and has_sib and _before(cs, node, int32(0), ss, wp, int32(wr + 1),
-                                                         n_parent, n_rank, n_depth)
-            pc = int32(nc + int32(has_sib and not c_first)) if has_child else int32(-1)
-            ps = int32(nsb + int32(c_first)) if has_sib else int32(-1)
-            Fn = int32(F - 1 + int32(has_child) + int32(has_sib))
-            # new entry k = old entry k + 1 - (the insertions placed before k), or c or s; empty from Fn
-            ka = 2 * lane
-            ia = int32(pc >= 0 and pc < ka) + int32(ps >= 0 and ps < ka)
-            ib = int32(pc >= 0 and pc < ka + 1) + int32(ps >= 0 and ps < ka + 1)
-            # entry a from old a + 1 - ia: own b (ia 0), own a (1), the lane before's b (2)
-            if ka >= Fn:
-                ta = (0.0, int32(-1), int32(0), int32(0), 0.0)
-            elif ka == pc:
-                ta = (cs, node, int32(0), int32(wd + 1), ws)
-            elif ka == ps:
-                ta = (ss, wp, int32(wr + 1), wd, wq)
-            elif ia == 0:
-                ta = (sb, pb, rb, db, qb)
-            elif ia == 1:
-                ta = (sa, pa, ra, da, qa)
-            else:
-                ta = (us, up_, ur, ud, uq)
-            # entry b from old b + 1 - ib: the lane after's a (ib 0), own b (1), own a (2)
-            if ka + 1 >= Fn:
-                tb = (0.0, int32(-1), int32(0), int32(0), 0.0)
-            elif ka + 1 == pc:
-                tb = (cs, node, int32(0), int32(wd + 1), ws)
-            elif ka + 1 == ps:
-                tb = (ss, wp, int32(wr + 1), wd, wq)
-            elif ib == 0:
-                tb = (ns_, np_, nr, nd, nq)
-            elif ib == 1:
-                tb = (sb, pb, rb, db, qb)
-            else:
-                tb = (sa, pa, ra, da, qa)
-            sa, pa, ra, da, qa = ta
-            sb, pb, rb, db, qb = tb
-            F = Fn
-        _write_tree(n, n_score, n_parent, n_rank, n_depth, ids, tokens, depths, parents, ranks, scores, lane, 32)
-        if lane == 0:
-            n_nodes[b_] = n
-
-    return kernel
-
-
 @dataclass(frozen=True)
 class TreeBuffers:
     """Device buffers a GPU build writes into; ``n_nodes[0]`` says how many entries are used."""
@@ -849,17 +634,17 @@ def _heap_threads(budget: int) -> int:
     return next((t for most, t in _HEAP_THREADS if budget <= most), THREADS)
 
 
-BUILD_METHODS = ("warp", "sorted", "block")
+BUILD_METHODS = ("warp", "block")
 
 
 def _build_method(method, budget: int, threads) -> str:
-    """The heap build's kernel: ``method`` as given, else ONE_WARP_DEFAULT up to WARP_DEFAULT_UP_TO nodes when
+    """The heap build's kernel: ``method`` as given, else "warp" up to WARP_DEFAULT_UP_TO nodes when
     no block size is asked for, else "block"."""
     if method is None:
-        return ONE_WARP_DEFAULT if budget <= WARP_DEFAULT_UP_TO and threads is None else "block"
+        return "warp" if budget <= WARP_DEFAULT_UP_TO and threads is None else "block"
     if method not in BUILD_METHODS:
         raise ValueError(f"method must be one of {BUILD_METHODS} or None, got {method!r}")
-    if method in ("warp", "sorted"):
+    if method == "warp":
         if budget > WARP_BUDGET:
             raise ValueError(f"the {method} build takes budgets up to WARP_BUDGET = {WARP_BUDGET}, got {budget}")
         if threads not in (None, 32):
@@ -875,9 +660,9 @@ def _launch_heap_build(lp, ids, budget, budget_device, bufs, stream, threads, me
     if K > MAX_BUDGET:
         raise ValueError(f"K = {K} ranks per depth is more than the kernel takes ({MAX_BUDGET})")
     method = _build_method(method, budget, threads)
-    if method in ("warp", "sorted"):
+    if method == "warp":
         if S:
-            kernel = _build_tree_warp_kernel(WARP_REDUX) if method == "warp" else _build_tree_sorted_kernel()
+            kernel = _build_tree_warp_kernel(WARP_REDUX)
             kernel[S, 32, stream](
                 lp, ids, budget, _device_budget(budget_device, S),
                 bufs.tokens, bufs.depths, bufs.parents, bufs.ranks, bufs.scores, bufs.n_nodes)
@@ -899,8 +684,7 @@ def build_tree(lp, ids, budget, *, out=None, budget_device=None, stream=0, threa
     an int32 [1] device array; the kernel then builds min(budget, budget_device[0]) nodes, read
     when it runs (so a captured graph replays with the budget of the moment; ``budget`` is the
     most it may be). ``method``: "warp" (the frontier in one warp's registers, budgets up to
-    WARP_BUDGET), "sorted" (the same warp with its frontier kept sorted across the lanes: no arg-max
-    a pop; not yet measured on a GPU, so no default takes it) or "block" (the frontier in shared
+    WARP_BUDGET) or "block" (the frontier in shared
     memory, any budget); None: "warp" up to
     WARP_DEFAULT_UP_TO = WARP_BUDGET nodes when ``threads`` is None, else "block". ``threads``:
     the block kernel's threads (default ``_heap_threads(budget)``: one warp up to budget 32, two
