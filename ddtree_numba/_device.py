@@ -304,6 +304,7 @@ def package_stamp() -> str:
     root = os.path.dirname(os.path.abspath(__file__))
     h = hashlib.sha256()
     h.update(f"pdl={PDL}".encode())         # the PDL mode changes what grid_dependency() emits
+    h.update(f"params_early={PARAMS_EARLY}".encode())   # and grid_dependency_after's reads
     for dirpath, dirnames, filenames in sorted(os.walk(root)):
         dirnames.sort()
         for name in sorted(filenames):
@@ -473,11 +474,62 @@ else:
         "trigger": "griddepcontrol.wait; griddepcontrol.launch_dependents;"}[PDL])
 
 
+# DDTREE_PARAMS_EARLY=0: grid_dependency_after reads no parameter before the wait (the A/B's other side)
+PARAMS_EARLY = os.environ.get("DDTREE_PARAMS_EARLY", "1") != "0"
+if config.ENABLE_CUDASIM:
+    def grid_dependency_after(params):
+        """(The simulator runs launches one after another.)"""
+else:
+    from llvmlite import ir as _ir
+    from numba import types as _types
+    from numba.cuda.extending import intrinsic as _intrinsic
+
+    @_intrinsic
+    def grid_dependency_after(typingctx, params):
+        """``grid_dependency()`` once the parameter words of ``params`` (a tuple of the kernel's
+        arrays and integers) are read: each array's data address, shape and strides (not global
+        memory). A kernel reads a parameter word from the constant bank at its first use, and each
+        first use of a 64-byte line misses (~0.35 µs on an H100, one miss after another:
+        tools/param_cost.py); read before the wait, the misses overlap the predecessors' end instead
+        of following it. (The words are folded into one value that a predicated nanosleep takes,
+        so that ptxas cannot sink the reads past the wait.)"""
+        if not isinstance(params, _types.BaseTuple):
+            return None
+        wait = {"off": "", "wait": "griddepcontrol.wait;",
+                "trigger": "griddepcontrol.wait; griddepcontrol.launch_dependents;"}[PDL]
+
+        def codegen(context, builder, signature, args):
+            i64 = _ir.IntType(64)
+            word = _ir.Constant(i64, 0)
+            for j, ty in enumerate(signature.args[0].types if PARAMS_EARLY else ()):
+                item = builder.extract_value(args[0], j)
+                if isinstance(ty, _types.Array):
+                    ary = context.make_array(ty)(context, builder, item)
+                    parts = [builder.ptrtoint(ary.data, i64)]
+                    for name in ("shape", "strides"):
+                        vals = getattr(ary, name)
+                        parts += [builder.extract_value(vals, d) for d in range(ty.ndim)]
+                elif isinstance(ty, _types.Integer):
+                    parts = [context.cast(builder, item, ty, _types.int64)]
+                else:                       # (floats, records: read where they are used)
+                    parts = []
+                for part in parts:
+                    word = builder.xor(word, part)
+            text = "{ .reg .pred p; setp.eq.u64 p, $0, 1; @p nanosleep.u32 1; " + wait + " }"
+            asm = _ir.InlineAsm(_ir.FunctionType(_ir.VoidType(), [i64]), text, "l,~{memory}", side_effect=True)
+            builder.call(asm, [word])
+            return context.get_dummy_value()
+
+        return _types.void(params), codegen
+
+
 def uses_pdl(dispatcher) -> bool:
-    """Whether a ``cuda.jit`` kernel calls ``grid_dependency`` (so may be launched early)."""
+    """Whether a ``cuda.jit`` kernel calls ``grid_dependency`` or ``grid_dependency_after`` (so may
+    be launched early)."""
     flag = getattr(dispatcher, "_ddtree_pdl", None)
     if flag is None:
-        flag = dispatcher._ddtree_pdl = "grid_dependency" in dispatcher.py_func.__code__.co_names
+        names = dispatcher.py_func.__code__.co_names
+        flag = dispatcher._ddtree_pdl = "grid_dependency" in names or "grid_dependency_after" in names
     return flag
 
 

@@ -68,9 +68,9 @@ def test_a_launcher_without_a_twin_would_fail(monkeypatch):
 
 
 def test_every_kernel_waits_for_its_predecessors_before_anything_else():
-    """Programmatic dependent launch (``_device.grid_dependency``): a kernel launched early may not
-    touch global memory before its predecessors end, so its first statement (after the docstring)
-    is ``grid_dependency()``; ``uses_pdl`` (which launches are made early) sees it in every kernel
+    """Programmatic dependent launch (``_device.grid_dependency_after``): a kernel launched early may
+    not touch global memory before its predecessors end, so its first statement (after the
+    docstring) is ``grid_dependency_after((...))`` of all its parameters; ``uses_pdl`` (which launches are made early) sees it in every kernel
     and not in a kernel without it."""
     import ast
     import inspect
@@ -92,7 +92,11 @@ def test_every_kernel_waits_for_its_predecessors_before_anything_else():
         body = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0].body
         if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
             body = body[1:]
-        assert ast.unparse(body[0]) == "grid_dependency()", f"{name} begins with {ast.unparse(body[0])!r}"
+        # grid_dependency_after over every parameter of the kernel, in order (none left out: a
+        # parameter word read first after the wait costs a constant-cache miss there)
+        params = [a.arg for a in ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0].args.args]
+        want = f"grid_dependency_after(({', '.join(params)}{',' if len(params) == 1 else ''}))"
+        assert ast.unparse(body[0]) == want, f"{name} begins with {ast.unparse(body[0])!r}"
         assert uses_pdl(SimpleNamespace(py_func=fn)), name
 
     @cuda.jit

@@ -10,7 +10,11 @@ strides), and a kernel loads the words it uses from the parameter bank at first 
 arrays cost much more than one packed array, fewer array parameters (packed views, scalars for the
 shapes) would cut a per-launch cost that every kernel of the round pays.
 
-Usage (a GPU machine): python tools/param_cost.py [--ks 1 2 4 8 16] [--copies 50] [--passes 2]
+Measured (H100, forty-third session, µs a launch at k 1 / 2 / 4 / 8 / 16): separate 1.33 / 1.50 /
+2.21 / 3.64 / 6.41, packed 1.43 / 1.64 / 1.67 / 2.08 / 2.93: ~0.35 µs an array past the second,
+about one constant-cache miss each, one after another.
+
+Usage (a GPU machine): [DDTREE_PDL=trigger] python tools/param_cost.py [--ks 1 2 4 8 16] [--copies 50] [--passes 2]
 """
 
 from __future__ import annotations
@@ -27,15 +31,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 _N = 128
 
 
-def _separate_kernel(k):
-    """A kernel taking k arrays [4, N] and out [N]: out[t] = sum_i a_i[t % 4, t]."""
+def _separate_kernel(k, pdl=""):
+    """A kernel taking k arrays [4, N] and out [N]: out[t] = sum_i a_i[t % 4, t]. ``pdl``: "" (an
+    ordinary launch), "wait" (``grid_dependency()`` first, as every package kernel: a PDL launch)
+    or "after" (``grid_dependency_after`` of the arrays: their parameter words read before the
+    wait)."""
+    from ddtree_numba._device import grid_dependency, grid_dependency_after
     names = ", ".join(f"a{i}" for i in range(k))
     body = " + ".join(f"a{i}[t % a{i}.shape[0], t]" for i in range(k))
+    first = {"": "", "wait": "    grid_dependency()\n",
+             "after": f"    grid_dependency_after(({names}, out))\n"}[pdl]
     src = (f"def kernel({names}, out):\n"
+           + first +
            f"    t = cuda.threadIdx.x\n"
            f"    if t < out.shape[0]:\n"
            f"        out[t] = {body}\n")
-    scope = {"cuda": cuda}
+    scope = {"cuda": cuda, "grid_dependency": grid_dependency, "grid_dependency_after": grid_dependency_after}
     exec(src, scope)                                 # (k is a literal count of parameters)
     return cuda.jit(scope["kernel"])
 
@@ -65,17 +76,21 @@ def main():
     stream = cuda.stream()
     packed = _packed_kernel()
     print(f"µs a launch, {args.copies} launches in one graph, queued; one block of {_N} threads")
-    print("| arrays | k separate [4, N] arrays | one [k, 4, N] array |")
-    print("|---|---|---|")
+    from ddtree_numba._device import PDL
+    print(f"columns: k separate arrays (ordinary launches; PDL ({PDL}) launches, grid_dependency() first; "
+          "PDL, the parameters read before the wait), one packed array")
+    print("| arrays | separate | separate, PDL | separate, PDL, read before the wait | one [k, 4, N] array |")
+    print("|---|---|---|---|---|")
     for k in args.ks:
         host = rng.standard_normal((k, 4, _N)).astype(np.float32)
         want = sum(host[i, np.arange(_N) % 4, np.arange(_N)] for i in range(k))
         parts = [cuda.to_device(np.ascontiguousarray(host[i])) for i in range(k)]
         whole = cuda.to_device(host)
         out = cuda.device_array(_N, np.float32)
-        sep = _separate_kernel(k)
+        seps = [_separate_kernel(k, pdl) for pdl in ("", "wait", "after")]
         cells = []
-        for launch in (lambda s: sep[1, _N, s](*parts, out), lambda s: packed[1, _N, s](whole, out)):
+        for launch in [lambda s, sep=sep: sep[1, _N, s](*parts, out) for sep in seps] + [
+                lambda s: packed[1, _N, s](whole, out)]:
             launch(0)
             got = out.copy_to_host()
             if not np.allclose(got, want, rtol=1e-5, atol=1e-5):

@@ -28,8 +28,8 @@ from numba import config as numba_config
 from numba import cuda, int32, uint64
 
 from .. import kernels as kn
-from .._device import (cached, capture_graph, capture_graphs, ceil_div, destroy_graph, device_function, grid_dependency,
-                       replay_graph)
+from .._device import (cached, capture_graph, capture_graphs, ceil_div, destroy_graph, device_function,
+                       grid_dependency_after, replay_graph)
 from ..model.protocols import DeviceDrafter, DeviceTarget
 from .rounds import STAGES, GenerationResult, RoundLog, round_seed
 
@@ -57,7 +57,7 @@ def _verify_inputs_kernel(bonus, tokens, depths, tree_parents, n_nodes, state, i
     ids = [bonus, tokens], positions = start + [0, depths], parents = the tree's, then a chain
     over the unused rows; meta = (start, N + 1); the report's non-finite flag cleared.
     ``n_nodes`` [1] int32 device (0: no tree)."""
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    grid_dependency_after((bonus, tokens, depths, tree_parents, n_nodes, state, ids, positions, parents, meta, report))
     i = cuda.grid(1)
     t = n_nodes[0] + 1
     start = state[0]
@@ -86,7 +86,7 @@ def _nonfinite_kernel(x, n_rows, bit, x2, n_rows2, bit2, report):
     (grid z = 1) bit2 for x2's rows < n_rows2[0]: forwards' logits (bit 1: the target's, bit 2:
     the drafter's), both checked in one launch. Every thread that writes writes the same value,
     and the kernels that write report[3] run one after another on the stream."""
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    grid_dependency_after((x, n_rows, bit, x2, n_rows2, bit2, report))   # PDL (_device.py)
     i, c = cuda.grid(2)
     second = cuda.blockIdx.z == 1
     a = x2 if second else x
@@ -130,7 +130,8 @@ def _after_accept_kernel(keep, info, tokens, n_nodes, state, start_n, n_new, bon
     Only thread 0 reads or writes ``state``. Blocks of y >= 1 (a grid of as many x blocks as
     nodes, none for ``ar``): features[j] = the drafter's layers of hidden row keep[j] for j < n,
     columns (y - 1) * blockDim + thread, the drafter's next context rows."""
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    grid_dependency_after((keep, info, tokens, n_nodes, state, start_n, n_new, bonus, report, cap, budget, hidden,
+                           layer_ids, features))
     n = info[0]
     if cuda.blockIdx.y > 0:
         _gather_block(hidden, layer_ids, keep, n, features)
@@ -165,7 +166,7 @@ def _prefill_inputs_kernel(staged, state_budget, seeds, ids, positions, parents,
     [2] uint64 as staged; the forward's ids = the prompt padded with 0, positions = 0 .., parents
     = a chain, meta = (0, P); the report's non-finite flags cleared; n_ctx = P (the drafter's first
     context rows); seq [1, 4] = (0, 1, P - 1, 0): ``sample_post``'s table drawing row P - 1 alone."""
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    grid_dependency_after((staged, state_budget, seeds, ids, positions, parents, meta, report, n_ctx, seq))
     i = cuda.grid(1)
     p = int32(staged[8])
     if i < ids.shape[0]:
@@ -194,7 +195,7 @@ def _prefill_tail_kernel(post, meta, bonus, report, hidden, layer_ids, keep, fea
     bonus, in ``bonus`` [1] and in report[1] for the host; blocks of grid y >= 1 (none for ``ar``):
     features[j] = the drafter's layers of hidden row keep[j] for j < P, the drafter's first
     context rows."""
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    grid_dependency_after((post, meta, bonus, report, hidden, layer_ids, keep, features))   # PDL (_device.py)
     p = meta[1]
     if cuda.blockIdx.y > 0:
         _gather_block(hidden, layer_ids, keep, p, features)

@@ -41,7 +41,7 @@ import numpy as np
 from numba import cuda, int32, uint64
 
 from .. import kernels as kn
-from .._device import cached, capture_graph, ceil_div, destroy_graph, grid_dependency, replay_graph
+from .._device import cached, capture_graph, ceil_div, destroy_graph, grid_dependency_after, replay_graph
 from ..model.cuda_target import unique_experts
 from .device import (DRAFTER_BIT, LEVEL_BUILD_FROM, TARGET_BIT, THREADS, _check_finite, _nonfinite_kernel, _pow2,
                      accepted_rows_max, gather_feature)
@@ -65,7 +65,8 @@ def _batch_verify_inputs_kernel(bonus, tokens, depths, tree_parents, n_nodes, li
     sum of their t. Its rows: ids = [bonus, tokens], positions = start + [0, depths], parents =
     its tree's (numbered within it); seqs[z] = (start, t, row0, z); the last slot's block writes
     meta = (0, all rows) and clears the batch's non-finite flags (report[0, 3])."""
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    grid_dependency_after((bonus, tokens, depths, tree_parents, n_nodes, live, state, seqs, ids, positions, parents,
+                           meta, report))
     z = cuda.blockIdx.y
     i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     row0 = 0
@@ -112,7 +113,8 @@ def _batch_after_accept_kernel(keep, info, tokens, n_nodes, live, seqs, state, s
     j < n, columns (y - 1) * blockDim + thread, into features [S F, Y M] at row f0 + j: f0 = z F
     (a slot's own F rows), or (``packed``: one drafter forward for every slot) the sum of the n of
     the slots before it (0 for a slot not live: ``follow_trees``' info)."""
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    grid_dependency_after((keep, info, tokens, n_nodes, live, seqs, state, start_n, n_new, bonus, report, cap, budget,
+                           ends, stops, hidden, layer_ids, features, packed))
     z = cuda.blockIdx.z
     alive = seqs[z, 1] != 0
     n = info[z, 0] if alive else 0
@@ -179,7 +181,8 @@ def _batch_prefill_inputs_kernel(staged, state, budget, live, ends, n_ctx, seed,
     it); rows past T id 0, position 0, no parent. Thread 0: seed [1] = the generation's seed (the
     rounds' draws), meta = (0, T), the batch's non-finite flags (report[0, 3]) cleared, stops =
     (n, the ids)."""
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    grid_dependency_after((staged, state, budget, live, ends, n_ctx, seed, post_seqs, post_seeds, report, stops, ids,
+                           positions, parents, meta, seqs))
     i = cuda.grid(1)
     S = state.shape[0]
     first = (uint64(staged[3]) << uint64(32)) | uint64(staged[2])
@@ -243,7 +246,7 @@ def _batch_prefill_tail_kernel(post, post_seqs, n_ctx, bonus, report, hidden, la
     drafter's first context rows, the drafter's layers of its prompt rows r0 + j for j < P = n_ctx[z]
     (x blocks), columns (y - 1) * blockDim + thread, into features at row f0 + j: f0 = z F (a
     slot's own F rows), or (``packed``) r0, the prompts' rows packed as the forward packed them."""
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    grid_dependency_after((post, post_seqs, n_ctx, bonus, report, hidden, layer_ids, rows_in_order, features, packed))
     z = cuda.blockIdx.z
     last = post_seqs[z, 2]
     if cuda.blockIdx.y > 0:

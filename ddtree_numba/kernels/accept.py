@@ -14,7 +14,7 @@ from numba import config, cuda, float64, int32, uint64
 
 from .._checks import check_array, check_follow_inputs, check_sample_inputs
 from ..tree import Tree
-from .._device import cached, check_threads, device_function, grid_dependency, is_device, to_device
+from .._device import cached, check_threads, device_function, grid_dependency_after, is_device, to_device
 from .rope import _no_seqs    # an empty sequence table: one tree, post from row 0
 from .tree_build import TreeBuffers
 
@@ -37,7 +37,7 @@ def _splitmix64(x):
 @cached
 @cuda.jit
 def _round_seed_kernel(seed, rounds, out):
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    grid_dependency_after((seed, rounds, out))   # PDL: nothing before it touches global memory (_device.py)
     if cuda.grid(1) == 0:
         out[0] = _splitmix64(seed[0] ^ _splitmix64(uint64(rounds[0])))
 
@@ -63,7 +63,7 @@ def _sample_post_kernel(threads):
         # a block a row. A batch (seqs [S, 4] = (s0, t, row0, slot) a sequence, not empty): row
         # row0 + i of sequence z draws as row i of that sequence alone, with its seed seeds[z];
         # a row in no sequence is not written
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        grid_dependency_after((logits, temperature, seeds, seqs, post))   # PDL (_device.py)
         row = cuda.blockIdx.x
         g = row                                   # the global row, written in post
         z = 0
@@ -157,7 +157,7 @@ def _follow_tree_kernel(threads):
         # a block a tree: block s walks tree s, whose root's target token is post_all[row0] with
         # row0 = seqs[s, 2] (a batch's verify rows), or post_all[0] when seqs is empty (one tree);
         # a tree with no verified rows (seqs[s, 1] == 0) is not walked: info = (0, 0)
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        grid_dependency_after((parents_all, tokens_all, n_nodes, post_all, seqs, keep_all, info_all))
         b_ = cuda.blockIdx.x
         parents = parents_all[b_]
         tokens = tokens_all[b_]

@@ -23,7 +23,7 @@ import numpy as np
 from numba import cuda
 
 from .._checks import check_array, check_compact_inputs
-from .._device import cached, ceil_div, device_function, grid_dependency, is_device, to_device
+from .._device import cached, ceil_div, device_function, grid_dependency_after, is_device, to_device
 
 THREADS = 128
 BLOCK_2D = (4, 64)
@@ -50,7 +50,7 @@ def _compact_rows_columns_kernel(rows, start_n, keep, per_group, rows2, per_grou
     layer compacts in one launch (a pool's every slot too: layer l takes group l // per_group's
     start_n and keep); the grid's blocks from ``blocks`` on take rows2 [layers2, S2, W2] alike (a
     second array of the same rows, e.g. the rope keys beside the latents)."""
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    grid_dependency_after((rows, start_n, keep, per_group, rows2, per_group2, blocks))   # PDL (_device.py)
     layer = cuda.blockIdx.y
     b = cuda.blockIdx.x
     if b < blocks:
@@ -62,7 +62,7 @@ def _compact_rows_columns_kernel(rows, start_n, keep, per_group, rows2, per_grou
 @cached
 @cuda.jit
 def _compact_rows_gather_kernel(rows, start_n, keep, scratch):
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    grid_dependency_after((rows, start_n, keep, scratch))   # PDL: nothing before it touches global memory (_device.py)
     i, c = cuda.grid(2)
     if i < start_n[1] and c < rows.shape[1]:
         scratch[i, c] = rows[start_n[0] + keep[i], c]
@@ -71,7 +71,7 @@ def _compact_rows_gather_kernel(rows, start_n, keep, scratch):
 @cached
 @cuda.jit
 def _compact_rows_copy_back_kernel(rows, start_n, scratch):
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    grid_dependency_after((rows, start_n, scratch))   # PDL: nothing before it touches global memory (_device.py)
     i, c = cuda.grid(2)
     if i < start_n[1] and c < rows.shape[1]:
         rows[start_n[0] + i, c] = scratch[i, c]
@@ -81,7 +81,7 @@ def _compact_rows_copy_back_kernel(rows, start_n, scratch):
 @cuda.jit
 def _compact_rows_naive_kernel(rows, start_n, keep):
     """UNSAFE, kept to demonstrate the hazard: one thread per (row, column), in place."""
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    grid_dependency_after((rows, start_n, keep))   # PDL: nothing before it touches global memory (_device.py)
     i, c = cuda.grid(2)
     if i < start_n[1] and c < rows.shape[1]:
         rows[start_n[0] + i, c] = rows[start_n[0] + keep[i], c]

@@ -18,7 +18,7 @@ import numpy as np
 from numba import config, cuda
 
 from .._checks import check_array
-from .._device import cached, float32_out, grid_dependency, is_device, launcher_result, rows_device, to_device
+from .._device import cached, float32_out, grid_dependency_after, is_device, launcher_result, rows_device, to_device
 from ._widen import WIDEN, _weight_kind
 from .linear import linear
 
@@ -34,7 +34,7 @@ def _embedding_kernel(kind: str):
     @cached
     @cuda.jit
     def kernel(ids, table, out, n_rows):
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        grid_dependency_after((ids, table, out, n_rows))   # PDL: nothing before it touches global memory (_device.py)
         r = cuda.blockIdx.x
         if r >= n_rows[0]:
             return

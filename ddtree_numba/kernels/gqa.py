@@ -48,7 +48,8 @@ import numpy as np
 from numba import config, cuda, float32
 
 from .._checks import check_array, is_real_number
-from .._device import cached, ceil_div, device_function, float32_out, fma, grid_dependency, launcher_result, to_device
+from .._device import (cached, ceil_div, device_function, float32_out, fma, grid_dependency_after, launcher_result,
+                       to_device)
 from ._warp import FULL, WARP_OPS
 
 _SIM = bool(config.ENABLE_CUDASIM)
@@ -183,7 +184,8 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
         # context keys k_ctx_all[z], its partials the z-th run of per_seq * Hq rows, (s, t) =
         # meta[z]. One sequence (the drafter's own draft) is a batch of one. The runs are offsets,
         # not slices: a slice of each of seven arrays was ~400 instructions before the first load.
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        grid_dependency_after((q_all, k_ctx_all, v_ctx_all, k_blk_all, v_blk_all, mask, meta, per_seq, n_rb, scale,
+                               o_all, ml_all, out_all, arrive))
         zq = cuda.blockIdx.z // n_rb
         a0 = zq * per_seq
         k_ctx = k_ctx_all[zq]
@@ -483,7 +485,8 @@ def _gqa_warp_kernel(DH, RW, NW, KT, SPLIT, has_blk, G):
     @(cuda.jit(launch_bounds=(NT,)) if not _SIM and NT > 256 else cuda.jit)
     def kernel(q_all, k_ctx_all, v_ctx_all, k_blk_all, v_blk_all, meta, per_seq, n_rb, max_split, scale, o_all,
                ml_all, out_all):
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        grid_dependency_after((q_all, k_ctx_all, v_ctx_all, k_blk_all, v_blk_all, meta, per_seq, n_rb, max_split,
+                               scale, o_all, ml_all, out_all))
         zq = cuda.blockIdx.y // n_rb
         a0 = zq * per_seq
         k_ctx = k_ctx_all[zq]
@@ -650,7 +653,7 @@ def _gqa_warp_kernel(DH, RW, NW, KT, SPLIT, has_blk, G):
 def _gqa_combine_kernel(o_part, ml_part, meta, split, has_blk, out):
     """out[i, h*Dh + d] = ``_combine`` of query row i * Hq + h, dim d, for query i < t (the
     split kernel's ``fuse=False``); one thread per output element."""
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    grid_dependency_after((o_part, ml_part, meta, split, has_blk, out))   # PDL (_device.py)
     idx = cuda.grid(1)
     DH = o_part.shape[2]
     if idx >= o_part.shape[1] * DH:

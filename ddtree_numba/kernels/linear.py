@@ -58,7 +58,7 @@ import numpy as np
 from numba import config, cuda, float32, int64, uint32, uint64
 
 from .._checks import check_array, check_precision
-from .._device import (by_bound, cached, ceil_div, device_function, float32_out, fma, grid_dependency, is_device,
+from .._device import (by_bound, cached, ceil_div, device_function, float32_out, fma, grid_dependency_after, is_device,
                        launcher_result, nonneg, rows_device, to_device)
 from ..dtypes import QUANTIZED, BlockScaled, fp8_block_supported
 from ._async import CP_ASYNC_WAIT, cp_async16, cp_async_commit
@@ -430,7 +430,7 @@ def _mma_kernel(kind, swiglu, accumulate, grouped, gather, vec, xvec, precision,
     @cached
     @(cuda.jit if _SIM else cuda.jit(launch_bounds=(32 * NW,)))
     def kernel(x, x_gs, w, w_up, sc, scu, out, o_gs, n_rows, items, row_index):
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        grid_dependency_after((x, x_gs, w, w_up, sc, scu, out, o_gs, n_rows, items, row_index))   # PDL (_device.py)
         tid = nonneg(cuda.threadIdx.x)
         warp = tid // 32
         lane = tid % 32
@@ -779,7 +779,7 @@ def _staged_kernel(kind, swiglu, accumulate, grouped, gather, precision, WM, WN,
     @cached
     @(cuda.jit if _SIM else cuda.jit(launch_bounds=(NT,)))
     def kernel(x, x_gs, w, w_up, sc, scu, out, o_gs, n_rows, items, row_index):
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        grid_dependency_after((x, x_gs, w, w_up, sc, scu, out, o_gs, n_rows, items, row_index))   # PDL (_device.py)
         tid = nonneg(cuda.threadIdx.x)
         warp = tid // 32
         lane = tid % 32

@@ -54,7 +54,7 @@ import numpy as np
 from numba import config, cuda, float32, int32, uint32
 
 from .._checks import check_array, check_precision
-from .._device import (by_bound, cached, ceil_div, device_function, float32_out, fma, grid_dependency, is_device,
+from .._device import (by_bound, cached, ceil_div, device_function, float32_out, fma, grid_dependency_after, is_device,
                        launcher_result, nonneg, rows_device, to_device)
 from ..reference.mla import absorption_weights
 from ..dtypes import STORAGE_DTYPES
@@ -200,7 +200,7 @@ def _mla_scores_kernel(bm, bn, bk, tm, tn):
     @cached
     @cuda.jit
     def kernel(q_lat, q_pe, c_kv, k_pe, vis_bits, meta, seqs, scale, scores):
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        grid_dependency_after((q_lat, q_pe, c_kv, k_pe, vis_bits, meta, seqs, scale, scores))   # PDL (_device.py)
         C, R = c_kv.shape[2], k_pe.shape[2]
         D = C + R
         H = q_lat.shape[1] // C
@@ -377,7 +377,7 @@ def _mla_scores_mma_kernel(wm, wn, mt, nt, step):
     @cached
     @cuda.jit
     def kernel(q_lat, q_pe, c_kv, k_pe, vis_bits, meta, seqs, scale, scores):
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        grid_dependency_after((q_lat, q_pe, c_kv, k_pe, vis_bits, meta, seqs, scale, scores))   # PDL (_device.py)
         C, R = c_kv.shape[2], k_pe.shape[2]
         D = C + R
         H = q_lat.shape[1] // C
@@ -603,7 +603,7 @@ def _mla_softmax_kernel(threads, lanes):
     @cached
     @cuda.jit
     def kernel(scores, vis_bits, meta, seqs, n_heads, m_part, bounds):
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        grid_dependency_after((scores, vis_bits, meta, seqs, n_heads, m_part, bounds))   # PDL (_device.py)
         k = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         group = tid // LANES
@@ -726,7 +726,7 @@ def _mla_pv_kernel(bm, bn, bk, tm, tn):
     @cached
     @cuda.jit
     def kernel(p, c_kv, meta, seqs, n_heads, bounds, o_part, l_part):
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        grid_dependency_after((p, c_kv, meta, seqs, n_heads, bounds, o_part, l_part))   # PDL (_device.py)
         C = c_kv.shape[2]
         nch = bounds.shape[1]
         k = cuda.blockIdx.z % nch
@@ -913,7 +913,7 @@ def _mla_pv_mma_kernel(warps, mt, hb, tokens=1, chunks="all"):
     @cached
     @cuda.jit
     def kernel(p, c_kv, vis_bits, meta, seqs, n_heads, o_part, l_part):
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        grid_dependency_after((p, c_kv, vis_bits, meta, seqs, n_heads, o_part, l_part))   # PDL (_device.py)
         C = c_kv.shape[2]
         nch = o_part.shape[0]
         k = cuda.blockIdx.z % nch
@@ -1074,7 +1074,7 @@ def _mla_combine_kernel(threads, per_thread):
     @cached
     @cuda.jit
     def kernel(o_part, l_part, m_part, meta, seqs, n_heads, out_lat):
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        grid_dependency_after((o_part, l_part, m_part, meta, seqs, n_heads, out_lat))   # PDL (_device.py)
         C = o_part.shape[2]
         row0, t, s0, slot = _sequence(meta, seqs, cuda.blockIdx.z)
         if cuda.blockIdx.y >= t * n_heads:

@@ -38,7 +38,7 @@ import numpy as np
 from numba import config, cuda, float32, int32, uint32
 
 from .._checks import check_array, check_int, check_precision
-from .._device import (SideStream, cached, ceil_div, device_function, float32_out, fma, grid_dependency,
+from .._device import (SideStream, cached, ceil_div, device_function, float32_out, fma, grid_dependency_after,
                        is_device, launcher_result, rows_device, to_device)
 from ..dtypes import STORAGE_DTYPES
 from ._widen import KINDS
@@ -186,7 +186,8 @@ def _route_kernel(threads):
     @cuda.jit
     def kernel(logits, bias, scoring, method, n_group, topk_group, top_k, norm, scale, n_rows,
                topk_ids, topk_weights):
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        grid_dependency_after((logits, bias, scoring, method, n_group, topk_group, top_k, norm, scale, n_rows,
+                               topk_ids, topk_weights))
         r = cuda.blockIdx.x
         if r >= n_rows[0]:  # the whole block leaves together, before any barrier
             return
@@ -309,7 +310,8 @@ def _sort_kernel(threads):
     @cuda.jit
     def kernel(topk_ids, topk_weights, n_rows, bitmap, word_prefix, offsets, slot_token,
                slot_weight, token_slot, items, item_rows):
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        grid_dependency_after((topk_ids, topk_weights, n_rows, bitmap, word_prefix, offsets, slot_token, slot_weight,
+                               token_slot, items, item_rows))
         t = cuda.threadIdx.x
         n = n_rows[0]
         K = topk_ids.shape[1]
@@ -399,7 +401,7 @@ def _combine_kernel(has_shared: bool, residual: bool):
     @cached
     @cuda.jit
     def kernel(expert_out, slot_weight, token_slot, shared_out, out, n_rows):
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        grid_dependency_after((expert_out, slot_weight, token_slot, shared_out, out, n_rows))   # PDL (_device.py)
         c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         r = cuda.blockIdx.y
         if r >= n_rows[0] or c >= out.shape[1]:

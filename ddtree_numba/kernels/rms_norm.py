@@ -21,7 +21,7 @@ import numpy as np
 from numba import config, cuda, float32
 
 from .._checks import check_array, is_real_number
-from .._device import (cached, device_function, float32_out, fma, grid_dependency, launcher_result, rows_device,
+from .._device import (cached, device_function, float32_out, fma, grid_dependency_after, launcher_result, rows_device,
                        to_device)
 from .rope import _cos_sin, _dest_row, _dest_rows_args, _rotate
 
@@ -69,7 +69,8 @@ def _rms_norm_kernel(threads, pair=False):
     @cuda.jit
     def kernel(x, weight, eps, out, n_rows, col0, mode0, row0_0, seqs0, slot_rows0, layer_row0_0,
                weight1, out1, col1, mode1, row0_1, seqs1, slot_rows1, layer_row0_1):
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        grid_dependency_after((x, weight, eps, out, n_rows, col0, mode0, row0_0, seqs0, slot_rows0, layer_row0_0,
+                               weight1, out1, col1, mode1, row0_1, seqs1, slot_rows1, layer_row0_1))
         r = cuda.blockIdx.x
         if r >= n_rows[0]:
             return  # the whole block leaves together: no thread is left at a barrier
@@ -105,7 +106,8 @@ def _qkv_norm_rope_kernel(threads):
         # meta [S, 4] = (s0, n, c0, B) a sequence: rows [0, S B) are the S blocks (sequence z's rows
         # [z B, (z + 1) B)), then the context rows, sequence z's n at [S B + c0, S B + c0 + n)
         # (``single``: one sequence, c0 taken as 0), written into k_cache_all[z] / v_cache_all[z]
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        grid_dependency_after((qkv, meta, q_norm, k_norm, eps, inv_freq, interleave, n_q, n_kv, k_cache_all,
+                               v_cache_all, single))
         r = cuda.blockIdx.x
         g = cuda.blockIdx.y
         nb = meta[0, 3]                 # block rows a sequence

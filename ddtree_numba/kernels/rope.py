@@ -20,8 +20,8 @@ import numpy as np
 from numba import config, cuda, float32, float64
 
 from .._checks import check_array, is_real_number
-from .._device import (cached, ceil_div, device_function, float32_out, grid_dependency, is_device, launcher_result,
-                       to_device)
+from .._device import (cached, ceil_div, device_function, float32_out, grid_dependency_after, is_device,
+                       launcher_result, to_device)
 
 # Threads per block. A row of queries holds H * R2 pairs (16 * 32 = 512 for DeepSeek-V3); the
 # simulator runs every thread as a Python thread, so it gets a small block.
@@ -111,7 +111,7 @@ def _no_seqs():
 @cached
 @cuda.jit
 def _rope_cos_sin_kernel(positions, inv_freq, attention_factor, cos, sin):
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    grid_dependency_after((positions, inv_freq, attention_factor, cos, sin))   # PDL (_device.py)
     j = cuda.grid(1)
     r2 = inv_freq.shape[0]
     if j < positions.shape[0] * r2:
@@ -126,7 +126,7 @@ def _rope_cos_sin_kernel(positions, inv_freq, attention_factor, cos, sin):
 @cuda.jit
 def _rope_table_kernel(x, cos, sin, interleave, out):
     """x, out [T, G * Rd] (G rope vectors a row), cos / sin [T, R2]; one block per row."""
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    grid_dependency_after((x, cos, sin, interleave, out))   # PDL: nothing before it touches global memory (_device.py)
     r = cuda.blockIdx.x
     r2 = cos.shape[1]
     rdim = 2 * r2
@@ -145,7 +145,10 @@ def _rope_kernel(src, src_col0, src_gs, dst, dst_col0, dst_gs, groups, rdim, pos
                  mode1, row0_1, seqs1, slot_rows1, layer_row0_1):
     """Row r = blockIdx.x of job blockIdx.y: job 0 rotates (src, dst, ...), job 1 (src1, dst1,
     ...): two sets of rope vectors of the same rows, at the same positions, in one launch."""
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    grid_dependency_after((src, src_col0, src_gs, dst, dst_col0, dst_gs, groups, rdim, positions, inv_freq,
+                           attention_factor, interleave, n_rows, mode0, row0_0, seqs0, slot_rows0, layer_row0_0, src1,
+                           src1_col0, src1_gs, dst1, dst1_col0, dst1_gs, groups1, mode1, row0_1, seqs1, slot_rows1,
+                           layer_row0_1))
     r = cuda.blockIdx.x
     if r >= n_rows[0]:
         return  # the whole block leaves together: no thread is left at the barrier

@@ -57,7 +57,7 @@ import numpy as np
 from numba import config, cuda, float32, float64, int32, int64, uint32, uint64
 
 from .._checks import check_array, check_int, check_logits_values
-from .._device import LINEINFO, cached, check_threads, device_function, grid_dependency, is_device, to_device
+from .._device import LINEINFO, cached, check_threads, device_function, grid_dependency_after, is_device, to_device
 from ._warp import FULL, WARP_OPS, claim, group_max, hist_add, warp_sum
 
 MAX_K = 1024       # shared-memory sort buffer; the tree build takes budgets up to 1024 too
@@ -508,7 +508,7 @@ def _topk_partial_kernel(threads, keep=0, stop=0, fuse=False, min_blocks=1):
     @cached
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T, min_blocks), lineinfo=LINEINFO))
     def kernel(bits, k, cap, part_m, part_s, cand, cnt, arrive, lp_out, ids_out):
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        grid_dependency_after((bits, k, cap, part_m, part_s, cand, cnt, arrive, lp_out, ids_out))   # PDL (_device.py)
         b_ = cuda.blockIdx.x
         row = cuda.blockIdx.y
         G = cuda.gridDim.x
@@ -787,7 +787,7 @@ def _topk_merge_kernel(threads):
     @cached
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
     def kernel(bits, k, cap, part_m, part_s, cand, cnt, lp_out, ids_out):
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        grid_dependency_after((bits, k, cap, part_m, part_s, cand, cnt, lp_out, ids_out))   # PDL (_device.py)
         lse_sh = cuda.shared.array(2, float64)
         pm = cuda.shared.array(MAX_SLICES, float64)     # the slices' pairs and counts, loaded at once
         ps = cuda.shared.array(MAX_SLICES, float64)     # (one thread looping over global memory
@@ -857,7 +857,7 @@ def _topk_rows_kernel(nper):
     @cached
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(32,), lineinfo=LINEINFO))
     def kernel(bits, k, lp_out, ids_out):
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        grid_dependency_after((bits, k, lp_out, ids_out))   # PDL: nothing before it touches global memory (_device.py)
         row = cuda.blockIdx.x
         lane = cuda.threadIdx.x
         V = bits.shape[1]

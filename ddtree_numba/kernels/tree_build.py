@@ -27,7 +27,7 @@ from numba import config, cuda, float32, float64, int16, int32, int64, uint32, u
 from .._checks import check_array, check_batch_build_inputs, check_build_inputs, check_int
 from ..reference.tree_build import SEED_CANDIDATES, SEED_ROUNDS, TIE_SHARE, TIE_SLOTS
 from ..tree import Tree
-from .._device import LINEINFO, cached, check_threads, device_function, grid_dependency, is_device, to_device
+from .._device import LINEINFO, cached, check_threads, device_function, grid_dependency_after, is_device, to_device
 from ._warp import (FULL as FULL_MASK, WARP_OPS, claim, hist_add, lowest_lane, warp_inclusive_scan, warp_max_u64,
                     warp_min_u64, warp_sum)
 
@@ -165,7 +165,8 @@ def _build_tree_kernel(threads):
     def kernel(lp_all, ids_all, budget, n_budget, tokens_all, depths_all, parents_all, ranks_all, scores_all,
                n_nodes):
         # a block a tree: block s builds sequence s's (a single build is a batch of one)
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        grid_dependency_after((lp_all, ids_all, budget, n_budget, tokens_all, depths_all, parents_all, ranks_all,
+                               scores_all, n_nodes))
         b_ = cuda.blockIdx.x
         lp = lp_all[b_]
         ids = ids_all[b_]
@@ -356,7 +357,8 @@ def _build_tree_warp_kernel(redux=True):
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(32,), lineinfo=LINEINFO))
     def kernel(lp_all, ids_all, budget, n_budget, tokens_all, depths_all, parents_all, ranks_all, scores_all,
                n_nodes):
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        grid_dependency_after((lp_all, ids_all, budget, n_budget, tokens_all, depths_all, parents_all, ranks_all,
+                               scores_all, n_nodes))
         b_ = cuda.blockIdx.x
         lp = lp_all[b_]
         ids = ids_all[b_]
@@ -1321,7 +1323,9 @@ def _build_tree_levels_kernel(threads, seed=True):
     @(cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=(T,), lineinfo=LINEINFO))
     def kernel(lp, ids, budget, n_budget, tie_slots, tokens, depths, parents, ranks, scores, n_nodes,
                lv_score, lv_parent, lv_rank, lv_start, lv_keep, lv_csum, lv_pre, lv_node, cand, flags, seed_out):
-        grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+        grid_dependency_after((lp, ids, budget, n_budget, tie_slots, tokens, depths, parents, ranks, scores, n_nodes,
+                               lv_score, lv_parent, lv_rank, lv_start, lv_keep, lv_csum, lv_pre, lv_node, cand, flags,
+                               seed_out))
         t = cuda.threadIdx.x
         L = lp.shape[0]
         K = lp.shape[1]

@@ -13,7 +13,7 @@ import numpy as np
 from numba import cuda, uint32
 
 from .._checks import check_array, check_parents_values
-from .._device import cached, ceil_div, grid_dependency, is_device, to_device
+from .._device import cached, ceil_div, grid_dependency_after, is_device, to_device
 
 BLOCK = (16, 16)
 
@@ -21,7 +21,7 @@ BLOCK = (16, 16)
 @cached
 @cuda.jit
 def _visibility_kernel(parents, vis):
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    grid_dependency_after((parents, vis))   # PDL: nothing before it touches global memory (_device.py)
     i, j = cuda.grid(2)
     n = parents.shape[0]
     if i < n and j < n:
@@ -34,7 +34,7 @@ def _visibility_kernel(parents, vis):
 @cached
 @cuda.jit
 def _visibility_bits_kernel(parents, bits):
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    grid_dependency_after((parents, bits))   # PDL: nothing before it touches global memory (_device.py)
     i, w = cuda.grid(2)
     n = parents.shape[0]
     if i < n and w < bits.shape[1]:
@@ -72,7 +72,7 @@ def _pooled_visibility_bits_kernel(parents, seqs, bits):
     seqs[z] = (s0, t, row0, slot)) is node r - row0 of the tree whose parents are
     parents[row0 .. row0 + t) (numbered within the tree), and its bits are over that tree's
     nodes; a row in no sequence is left as it is."""
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    grid_dependency_after((parents, seqs, bits))   # PDL: nothing before it touches global memory (_device.py)
     r, w = cuda.grid(2)
     if r < bits.shape[0] and w < bits.shape[1]:
         for z in range(seqs.shape[0]):

@@ -35,7 +35,7 @@ from numba import cuda
 
 from .. import kernels as kn
 from .._checks import check_array, check_int
-from .._device import SideStream, cached, capture_graph, ceil_div, grid_dependency, is_device, replay_graph
+from .._device import SideStream, cached, capture_graph, ceil_div, grid_dependency_after, is_device, replay_graph
 from ..dtypes import check_weight_dtype, to_storage
 from ..kernels.rms_norm import MAX_HEAD_DIM
 from .drafter import DrafterConfig, NumpyDrafter
@@ -56,7 +56,7 @@ def _draft_meta_kernel(status, n_in, bonus, capacity, n_cap, mask_id, write_bloc
     [1] int32. Writes ids [B] = (bonus, mask_id, ...) if ``write_block``, meta [6] = (s0, n,
     s0 + n, B, B - 1, B + n) and advances status[0] to s0 + n. One block.
     """
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    grid_dependency_after((status, n_in, bonus, capacity, n_cap, mask_id, write_block, ids, meta))   # PDL (_device.py)
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
     s0 = status[0]
@@ -92,7 +92,7 @@ def _draft_batch_meta_kernel(status, n_in, bonus, capacity, n_cap, mask_id, ids,
     flag set. Writes ids [S B] (each block: bonus, mask_id, ...), seq_meta [S, 4] = (s0, n, c0,
     B), att [S, 2] = (s0 + n, B), meta [6] = (0, the rows after the last sequence's, at most n_cap,
     _, S B, S (B - 1), S B + those rows), and advances each s0 by its n. One block."""
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    grid_dependency_after((status, n_in, bonus, capacity, n_cap, mask_id, ids, seq_meta, att, meta))
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
     S = status.shape[0]
@@ -131,7 +131,7 @@ def _draft_batch_meta_kernel(status, n_in, bonus, capacity, n_cap, mask_id, ids,
 def _block_tails_kernel(x, nb, tail):
     """tail[z (B - 1) + j - 1] = x[z B + j] for j = 1 .. B - 1: every block's rows after its bonus
     (the positions a draft predicts), packed for one lm_head launch."""
-    grid_dependency()   # PDL: nothing before it touches global memory (_device.py)
+    grid_dependency_after((x, nb, tail))   # PDL: nothing before it touches global memory (_device.py)
     r, c = cuda.grid(2)
     if r < tail.shape[0] and c < tail.shape[1]:
         z = r // (nb - 1)
