@@ -474,8 +474,9 @@ else:
         "trigger": "griddepcontrol.wait; griddepcontrol.launch_dependents;"}[PDL])
 
 
-# DDTREE_PARAMS_EARLY=0: grid_dependency_after reads no parameter before the wait (the A/B's other side)
-PARAMS_EARLY = os.environ.get("DDTREE_PARAMS_EARLY", "1") != "0"
+# DDTREE_PARAMS_EARLY=1: grid_dependency_after reads the parameters before the wait (not yet the
+# default: no GPU has measured it; 0 emits the wait alone, as grid_dependency())
+PARAMS_EARLY = os.environ.get("DDTREE_PARAMS_EARLY", "0") == "1"
 if config.ENABLE_CUDASIM:
     def grid_dependency_after(params):
         """(The simulator runs launches one after another.)"""
