@@ -474,9 +474,15 @@ else:
         "trigger": "griddepcontrol.wait; griddepcontrol.launch_dependents;"}[PDL])
 
 
-# DDTREE_PARAMS_EARLY=1: grid_dependency_after reads the parameters before the wait (not yet the
-# default: no GPU has measured it; 0 emits the wait alone, as grid_dependency())
-PARAMS_EARLY = os.environ.get("DDTREE_PARAMS_EARLY", "0") == "1"
+# Whether grid_dependency_after reads the kernel's parameters before the wait: by default only with
+# PDL 'trigger' (DDTREE_PARAMS_EARLY=1 / 0 forces it). Measured on an H100 (forty-third session,
+# demo pair at budget 16, tokens/s, ar / ddtree): 'wait' without the reads (the default) 2,458 /
+# 6,118, with them 2,336 / 5,722 (each kernel reads words it may not use, with little of a
+# predecessor left to hide them under); 'trigger' without 2,543 / 6,067, with **2,735 / 6,338** (the
+# next kernel's blocks are placed while this one runs and take their misses then). The Moonlight
+# verify (4 layers, 1 / 16 / 64 nodes) was 1.11 / 1.74 / 2.50 ms with 'wait' and 1.11 / 1.78 / 2.88
+# with 'trigger' and the reads: 'wait' stays the default, 'trigger' is the launch-bound demo's mode.
+PARAMS_EARLY = os.environ.get("DDTREE_PARAMS_EARLY", "1" if PDL == "trigger" else "0") == "1"
 if config.ENABLE_CUDASIM:
     def grid_dependency_after(params):
         """(The simulator runs launches one after another.)"""
@@ -491,9 +497,10 @@ else:
         arrays and integers) are read: each array's data address, shape and strides (not global
         memory). A kernel reads a parameter word from the constant bank at its first use, and each
         first use of a 64-byte line misses (~0.35 µs on an H100, one miss after another:
-        tools/param_cost.py); read before the wait, the misses overlap the predecessors' end instead
-        of following it. (The words are folded into one value that a predicated nanosleep takes,
-        so that ptxas cannot sink the reads past the wait.)"""
+        tools/param_cost.py); read before the wait, the misses can overlap the predecessor instead of
+        following it (with PARAMS_EARLY, by default in PDL 'trigger' mode; otherwise the wait
+        alone, as ``grid_dependency()``). (The words are folded into one value that a predicated
+        nanosleep takes, so that ptxas cannot sink the reads past the wait.)"""
         if not isinstance(params, _types.BaseTuple):
             return None
         wait = {"off": "", "wait": "griddepcontrol.wait;",
