@@ -12,7 +12,11 @@ shapes) would cut a per-launch cost that every kernel of the round pays.
 
 Measured (H100, forty-third session, µs a launch at k 1 / 2 / 4 / 8 / 16): separate 1.33 / 1.50 /
 2.21 / 3.64 / 6.41, packed 1.43 / 1.64 / 1.67 / 2.08 / 2.93: ~0.35 µs an array past the second,
-about one constant-cache miss each, one after another.
+about one constant-cache miss each, one after another. The parameters read before the PDL wait
+(``grid_dependency_after``, 4b4fd9b) at k 1 / 4 / 16: with 'wait' 1.05 / 2.01 / 6.24 against
+grid_dependency()'s 1.06 / 1.92 / 6.00 (nothing hidden); with 'trigger' 0.81 / 1.71 / 5.54 against
+0.89 / 1.78 / 5.97. Here the misses still mostly follow the wait; in whole demo rounds 'trigger'
+with the early reads was the fastest (docs/PERFORMANCE.md, forty-third session).
 
 Usage (a GPU machine): [DDTREE_PDL=trigger] python tools/param_cost.py [--ks 1 2 4 8 16] [--copies 50] [--passes 2]
 """
