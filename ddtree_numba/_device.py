@@ -507,9 +507,14 @@ else:
                 "trigger": "griddepcontrol.wait; griddepcontrol.launch_dependents;"}[PDL]
 
         def codegen(context, builder, signature, args):
+            if not PARAMS_EARLY:            # the wait alone, as grid_dependency()
+                if wait:
+                    asm = _ir.InlineAsm(_ir.FunctionType(_ir.VoidType(), []), wait, "~{memory}", side_effect=True)
+                    builder.call(asm, [])
+                return context.get_dummy_value()
             i64 = _ir.IntType(64)
             words = []
-            for j, ty in enumerate(signature.args[0].types if PARAMS_EARLY else ()):
+            for j, ty in enumerate(signature.args[0].types):
                 item = builder.extract_value(args[0], j)
                 if isinstance(ty, _types.Array):
                     ary = context.make_array(ty)(context, builder, item)
@@ -526,11 +531,6 @@ else:
                 words = [builder.xor(words[i], words[i + 1]) if i + 1 < len(words) else words[i]
                          for i in range(0, len(words), 2)]
             word = words[0] if words else _ir.Constant(i64, 0)
-            if not PARAMS_EARLY:            # the wait alone, as grid_dependency()
-                if wait:
-                    asm = _ir.InlineAsm(_ir.FunctionType(_ir.VoidType(), []), wait, "~{memory}", side_effect=True)
-                    builder.call(asm, [])
-                return context.get_dummy_value()
             text = "{ .reg .pred p; setp.eq.u64 p, $0, 1; @p nanosleep.u32 1; " + wait + " }"
             asm = _ir.InlineAsm(_ir.FunctionType(_ir.VoidType(), [i64]), text, "l,~{memory}", side_effect=True)
             builder.call(asm, [word])

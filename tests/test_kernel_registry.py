@@ -70,8 +70,8 @@ def test_a_launcher_without_a_twin_would_fail(monkeypatch):
 def test_every_kernel_waits_for_its_predecessors_before_anything_else():
     """Programmatic dependent launch (``_device.grid_dependency_after``): a kernel launched early may
     not touch global memory before its predecessors end, so its first statement (after the
-    docstring) is ``grid_dependency_after((...))`` of all its parameters; ``uses_pdl`` (which launches are made early) sees it in every kernel
-    and not in a kernel without it."""
+    docstring) is ``grid_dependency_after((...))`` of all its parameters; ``uses_pdl`` (which
+    launches are made early) sees it in every kernel and not in a kernel without it."""
     import ast
     import inspect
     import textwrap

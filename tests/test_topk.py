@@ -421,7 +421,8 @@ def test_runs_narrower_than_the_block_deal_each_entry_to_one_slice(rng):
 def test_the_split_rule_caps_lists_only_at_large_k():
     from math import sqrt
 
-    from ddtree_numba.kernels.topk import CAP_SIGMAS, CAPPED_FROM, CAPPED_SLICES, FILTER_CAP, SMALL_K_SLICE, _slices, _split
+    from ddtree_numba.kernels.topk import (CAP_SIGMAS, CAPPED_FROM, CAPPED_SLICES, FILTER_CAP, SMALL_K_SLICE,
+                                           _slices, _split)
     from ddtree_numba.reference.topk import fallback_odds
     # below CAPPED_FROM: uncapped lists over up to CAPPED_SLICES slices of SMALL_K_SLICE entries or more
     assert _split(163840, CAPPED_FROM // 2) == (CAPPED_SLICES, CAPPED_FROM // 2)

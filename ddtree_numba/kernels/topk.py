@@ -979,8 +979,8 @@ CAP_MAX = 256       # longer lists stay uncapped: V 32000, k 1024 (3 slices, lis
 def _split(vocab: int, k: int) -> tuple[int, int]:
     """(G slices a row, cap on each slice's list) for k kept out of ``vocab``: below CAPPED_FROM,
     uncapped lists over up to CAPPED_SLICES slices of at least SMALL_K_SLICE entries; from
-    CAPPED_FROM on, (``_slices``, k), or (G = CAPPED_SLICES slices of at least SLICE entries) lists capped at the
-    smallest power of two >= m + CAP_SIGMAS * sqrt(m), m = k / G, when that is below k, at most
+    CAPPED_FROM on, (``_slices``, k), or (G = CAPPED_SLICES slices of at least SLICE entries)
+    lists capped at the smallest power of two >= m + CAP_SIGMAS * sqrt(m), m = k / G, when that is below k, at most
     CAP_MAX, and G * cap <= FILTER_CAP (the fused merge).
 
     Why that cap: a row whose top k falls on the slices' 32-id runs at random gives each slice a
