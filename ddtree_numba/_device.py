@@ -416,12 +416,13 @@ else:
 
 
 # -- programmatic dependent launch (PDL, sm_90): a kernel launched before its predecessor ends --------
-# Every kernel of the package begins with ``grid_dependency()`` (tests/test_kernel_registry.py
+# Every kernel of the package begins with ``grid_dependency_after((its parameters))``, below, which
+# is ``grid_dependency()`` with its parameters possibly read first (tests/test_kernel_registry.py
 # holds them to it): ``griddepcontrol.wait`` holds the kernel until the kernels it depends on
 # have finished and their writes are visible, so no read or write of global memory can come before
 # their end, and a kernel launched with programmatic stream serialization may be *launched* (its
 # blocks placed, its arguments read) while its predecessor still runs. Such launches are what
-# ``install_pdl_launches`` makes of every launch of a kernel that calls ``grid_dependency``; a
+# ``install_pdl_launches`` makes of every launch of a kernel that calls either; a
 # stream capture records them as programmatic edges of the graph. DDTREE_PDL picks the mode:
 # 'off' (ordinary launches; grid_dependency() emits nothing), 'wait' (the default: the next
 # kernel launched when this one's blocks have all exited, its launch overlapping this one's end),

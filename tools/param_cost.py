@@ -37,7 +37,7 @@ _N = 128
 
 def _separate_kernel(k, pdl=""):
     """A kernel taking k arrays [4, N] and out [N]: out[t] = sum_i a_i[t % 4, t]. ``pdl``: "" (an
-    ordinary launch), "wait" (``grid_dependency()`` first, as every package kernel: a PDL launch)
+    ordinary launch), "wait" (``grid_dependency()`` first: a PDL launch, the wait alone)
     or "after" (``grid_dependency_after`` of the arrays: their parameter words read before the
     wait)."""
     from ddtree_numba._device import grid_dependency, grid_dependency_after
