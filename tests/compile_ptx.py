@@ -20,6 +20,7 @@ from numba.cuda import dispatcher as numba_cuda_dispatcher
 
 import ddtree_numba
 import ddtree_numba.kernels as kernels_pkg
+from ddtree_numba._device import PARAMS_EARLY
 
 F32_2, U32_2, I32_2 = "float32[:, ::1]", "uint32[:, ::1]", "int32[:, ::1]"
 # the quantized GEMM variants: (kind, stored weights, scales, block, scales' storage)
@@ -315,8 +316,10 @@ def main():
         t0 = time.perf_counter()
         try:
             ptx, _ = cuda.compile_ptx(fn, sig, cc=(9, 0), launch_bounds=bounds)
-            # every kernel waits for its predecessors first (PDL, ddtree_numba._device)
-            absent = [i for i in INSTRUCTIONS.get(name, ()) + ("griddepcontrol.wait",) if i not in ptx]
+            # every kernel waits for its predecessors first (PDL, ddtree_numba._device), in 'trigger'
+            # mode its parameter words read before (a predicated nanosleep takes them)
+            early = ("nanosleep.u32 1; griddepcontrol.wait",) if PARAMS_EARLY else ()
+            absent = [i for i in INSTRUCTIONS.get(name, ()) + ("griddepcontrol.wait",) + early if i not in ptx]
             if absent:
                 raise AssertionError(f"the PTX lacks {absent}")
             print(f"ok   {name} {sig} ({time.perf_counter() - t0:.1f} s)")   # (the suite's longest test)
