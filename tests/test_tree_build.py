@@ -382,12 +382,6 @@ def test_one_and_two_warp_blocks_break_exact_score_ties_by_path(rng, threads):
         assert kn.build_tree(lp, ids, budget, threads=threads) == ref.build_tree(lp, ids, budget), (L, V, budget)
 
 
-# (L, V, budget) for the warp build: one entry a lane and two (past 32), chains (V 1), rows
-# shorter than the budget, budget 1 and the empty tree
-_ONE_WARP_DRAFTS = [(1, 5, 3), (3, 4, 30), (3, 3, 39), (6, 12, 64), (15, 5, 16), (15, 40, 64),
-                    (5, 2, 64), (1, 100, 64), (4, 1, 8), (2, 7, 1), (2, 6, 0)]
-
-
 @pytest.mark.kernels
 @pytest.mark.parametrize("redux", [True, False])
 @pytest.mark.parametrize("kind", ["normal", "ties"])
@@ -399,7 +393,8 @@ def test_warp_kernel_matches_twin_bit_for_bit(rng, kind, redux, monkeypatch):
     shuffles)."""
     import importlib
     monkeypatch.setattr(importlib.import_module("ddtree_numba.kernels.tree_build"), "WARP_REDUX", redux)
-    for L, V, budget in _ONE_WARP_DRAFTS:
+    for L, V, budget in [(1, 5, 3), (3, 4, 30), (3, 3, 39), (6, 12, 64), (15, 5, 16), (15, 40, 64),
+                         (5, 2, 64), (1, 100, 64), (4, 1, 8), (2, 7, 1), (2, 6, 0)]:
         lp, ids = _draft(rng, L, V, max(min(budget, V), 1), kind)
         got = kn.build_tree(lp, ids, budget, method="warp")
         want = ref.build_tree(lp, ids, budget)

@@ -126,18 +126,6 @@ def _write_root(n_score, n_parent, n_rank, n_depth):
 
 
 @device_function
-def _warp_sizes(lp, budget, n_budget, b):
-    """The warp heap build's sizes as int32 (numba's int64 cost a pop instructions): L depths, K
-    ranks, K - 1, tree b's budget B, and RC, the ranks a pop can read: a popped rank r has its r
-    earlier siblings popped before it, and no candidate is pushed after the last pop, so a pushed
-    sibling's rank r + 1 < B (and < K)."""
-    L = int32(lp.shape[0])
-    K = int32(lp.shape[1])
-    B = int32(_launch_budget(budget, n_budget, b))
-    return L, K, int32(K - 1), B, int32(max(min(K, B), 1))
-
-
-@device_function
 def _write_tree(n, n_score, n_parent, n_rank, n_depth, ids, tokens, depths, parents, ranks, scores, t, T):
     """A heap build's n nodes out of its shared records (node i: score, parent, rank, depth), by
     the T threads of a block (t this one's); parents[0] = -1 for the root."""
@@ -371,7 +359,13 @@ def _build_tree_warp_kernel(redux=True):
         # The pop loop's integers are int32 and its shared-memory indices unsigned: numba widens to
         # int64 and wraps negative indices around. That took 15 % of a pop's ~240 instructions and
         # 3.5 % of its time (ncu by SASS, H100, forty-second session): the rest is the chain itself.
-        L, K, K1, B, RC = _warp_sizes(lp, budget, n_budget, b_)
+        L = int32(lp.shape[0])
+        K = int32(lp.shape[1])
+        K1 = int32(K - 1)
+        B = int32(_launch_budget(budget, n_budget, b_))   # this launch's budget (or this tree's)
+        # ranks a pop can read: a popped rank r has its r earlier siblings popped before it, and no
+        # candidate is pushed after the last pop, so a pushed sibling's rank r + 1 < B (and < K)
+        RC = int32(max(min(K, B), 1))
         lpc = cuda.shared.array(LPC, float32)      # lpc[d * RC + r] = lp[d, r], r < RC
         n_score = cuda.shared.array(NB, float64)   # node i's path score (root: 0)
         n_parent = cuda.shared.array(NB, int16)
@@ -648,9 +642,9 @@ def _build_method(method, budget: int, threads) -> str:
         raise ValueError(f"method must be one of {BUILD_METHODS} or None, got {method!r}")
     if method == "warp":
         if budget > WARP_BUDGET:
-            raise ValueError(f"the {method} build takes budgets up to WARP_BUDGET = {WARP_BUDGET}, got {budget}")
+            raise ValueError(f"the warp build takes budgets up to WARP_BUDGET = {WARP_BUDGET}, got {budget}")
         if threads not in (None, 32):
-            raise ValueError(f"the {method} build runs one warp (threads 32 or None), got threads = {threads!r}")
+            raise ValueError(f"the warp build runs one warp (threads 32 or None), got threads = {threads!r}")
     return method
 
 
@@ -664,8 +658,7 @@ def _launch_heap_build(lp, ids, budget, budget_device, bufs, stream, threads, me
     method = _build_method(method, budget, threads)
     if method == "warp":
         if S:
-            kernel = _build_tree_warp_kernel(WARP_REDUX)
-            kernel[S, 32, stream](
+            _build_tree_warp_kernel(WARP_REDUX)[S, 32, stream](
                 lp, ids, budget, _device_budget(budget_device, S),
                 bufs.tokens, bufs.depths, bufs.parents, bufs.ranks, bufs.scores, bufs.n_nodes)
         return
@@ -686,11 +679,10 @@ def build_tree(lp, ids, budget, *, out=None, budget_device=None, stream=0, threa
     an int32 [1] device array; the kernel then builds min(budget, budget_device[0]) nodes, read
     when it runs (so a captured graph replays with the budget of the moment; ``budget`` is the
     most it may be). ``method``: "warp" (the frontier in one warp's registers, budgets up to
-    WARP_BUDGET) or "block" (the frontier in shared
-    memory, any budget); None: "warp" up to
-    WARP_DEFAULT_UP_TO = WARP_BUDGET nodes when ``threads`` is None, else "block". ``threads``:
-    the block kernel's threads (default ``_heap_threads(budget)``: one warp up to budget 32, two
-    to 64, one to 192, two to 256).
+    WARP_BUDGET) or "block" (the frontier in shared memory, any budget); None: "warp" up to
+    WARP_DEFAULT_UP_TO = WARP_BUDGET nodes when ``threads`` is None, else "block". ``threads``: the
+    block kernel's threads (default ``_heap_threads(budget)``: one warp up to budget 32, two to 64,
+    one to 192, two to 256).
     Neither changes the tree.
     """
     budget = _check_limits(check_build_inputs(lp, ids, budget), lp.shape[0])
