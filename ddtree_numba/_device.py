@@ -464,15 +464,15 @@ def ptx_intrinsic(name: str, text: str):
     return intrinsic(emit)
 
 
+# wait for the kernels this one depends on (with 'trigger', then let the next kernel launch);
+# 'off': nothing, ordinary launches order the kernels
+_WAIT_PTX = {"off": "", "wait": "griddepcontrol.wait;",
+             "trigger": "griddepcontrol.wait; griddepcontrol.launch_dependents;"}[PDL]
 if config.ENABLE_CUDASIM:
     def grid_dependency():
         """(The simulator runs launches one after another.)"""
 else:
-    # wait for the kernels this one depends on (with 'trigger', then let the next kernel launch);
-    # 'off': nothing, ordinary launches order the kernels
-    grid_dependency = ptx_intrinsic("grid_dependency", {
-        "off": "", "wait": "griddepcontrol.wait;",
-        "trigger": "griddepcontrol.wait; griddepcontrol.launch_dependents;"}[PDL])
+    grid_dependency = ptx_intrinsic("grid_dependency", _WAIT_PTX)
 
 
 # Whether grid_dependency_after reads the kernel's parameters before the wait: by default only with
@@ -504,8 +504,7 @@ else:
         nanosleep takes, so that ptxas cannot sink the reads past the wait.)"""
         if not isinstance(params, _types.BaseTuple):
             return None
-        wait = {"off": "", "wait": "griddepcontrol.wait;",
-                "trigger": "griddepcontrol.wait; griddepcontrol.launch_dependents;"}[PDL]
+        wait = _WAIT_PTX
 
         def codegen(context, builder, signature, args):
             if not PARAMS_EARLY:            # the wait alone, as grid_dependency()
