@@ -16,7 +16,6 @@ Usage (a GPU machine): python tools/topk_occupancy.py [--vocab 163840] [--ks 16 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -28,16 +27,6 @@ from tree_build import _graph_us, drafter_logits  # noqa: E402
 # (G, threads, blocks an SM); the first is the default split at k >= 32 (G 8, 512 threads)
 CONFIGS = [(8, 512, 1), (8, 512, 2), (16, 512, 1), (16, 512, 2), (16, 256, 2), (16, 256, 3), (32, 256, 3),
            (8, 1024, 1), (16, 1024, 1)]
-
-
-def _cap(k: int, G: int) -> int:
-    """``topk._split``'s cap for G slices (k itself below CAPPED_FROM or where the cap is not below k)."""
-    from ddtree_numba.kernels import topk as tk
-    if k < tk.CAPPED_FROM:
-        return k
-    share = k / G
-    cap = tk._pow2_at_least(math.ceil(share + tk.CAP_SIGMAS * math.sqrt(share)))
-    return cap if cap < k and G * cap <= tk.FILTER_CAP else k
 
 
 def main():
@@ -69,7 +58,7 @@ def main():
         cells = [" / ".join(f"{_graph_us(stream, lambda s: kn.topk_logprobs(x, k, out=(lp, ids), scratch=sc0, stream=s)):.1f}"
                             for _ in range(args.passes))]
         for G, T, B in configs:
-            cap = _cap(k, G)
+            cap = (tk._capped_list(k, G) if k >= tk.CAPPED_FROM else None) or k   # topk._split's rule for G
             if not tk._fused_merge(G, cap):
                 cells.append("-")
                 continue

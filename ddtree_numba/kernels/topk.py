@@ -994,12 +994,17 @@ def _split(vocab: int, k: int) -> tuple[int, int]:
     75.3."""
     if CAPPED_FROM is not None and k >= CAPPED_FROM:
         g = max(1, min(CAPPED_SLICES, vocab // SLICE))
-        share = k / g
-        cap = _pow2_at_least(math.ceil(share + CAP_SIGMAS * math.sqrt(share)))
-        if g > 1 and cap < k and cap <= CAP_MAX and g * cap <= FILTER_CAP:
-            return g, cap
-        return _slices(vocab, k), k
+        cap = _capped_list(k, g)
+        return (g, cap) if cap else (_slices(vocab, k), k)
     return max(1, min(CAPPED_SLICES, vocab // SMALL_K_SLICE)), k
+
+
+def _capped_list(k: int, g: int) -> int | None:
+    """``_split``'s cap on each of g slices' lists for k kept (its docstring says why), or None where
+    lists stay uncapped: one slice, a cap not below k, above CAP_MAX, or g lists past FILTER_CAP."""
+    share = k / g
+    cap = _pow2_at_least(math.ceil(share + CAP_SIGMAS * math.sqrt(share)))
+    return cap if g > 1 and cap < k and cap <= CAP_MAX and g * cap <= FILTER_CAP else None
 
 
 def _capped_threads(cap: int) -> int:
