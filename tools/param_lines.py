@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -50,10 +48,8 @@ def main(argv=None) -> int:
     ap.add_argument("names", nargs="*")
     ap.add_argument("--line", type=int, default=64, help="bytes a constant-cache line (assumed)")
     args = ap.parse_args(argv)
-    from sass_lines import _tool
-    ptxas, nvdisasm = _tool("PTXAS", "ptxas"), _tool("NVDISASM", "nvdisasm")
+    from sass_lines import compile_sass
     import compile_ptx as cp
-    from numba import cuda
     cp.numba_cuda_dispatcher.get_current_device = lambda: cp._H200()
     found = cp.find_kernels()
     names = args.names or sorted(found)
@@ -62,14 +58,7 @@ def main(argv=None) -> int:
         if name not in found:
             raise SystemExit(f"no kernel {name!r}; e.g. {sorted(found)[:5]}")
         fn, sig, bounds = next(iter(cp.variants(name, *found[name])))
-        ptx, _ = cuda.compile_ptx(fn, sig, cc=(9, 0), launch_bounds=bounds)
-        ptx = re.sub(r"^\.version \d+\.\d+", ".version " + os.environ.get("PTX_VERSION", "8.8"), ptx, flags=re.M)
-        with tempfile.TemporaryDirectory() as tmp:
-            src, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
-            with open(src, "w") as f:
-                f.write(ptx)
-            subprocess.run([ptxas, "-arch=sm_90", "-O3", src, "-o", cubin], capture_output=True, text=True, check=True)
-            sass = subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True, check=True).stdout
+        _, sass = compile_sass(fn, sig, bounds)
         before, after = param_reads(sass)
         lines_before = {o // args.line for o in before}
         lines_after = {o // args.line for o in after}

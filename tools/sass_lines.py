@@ -46,6 +46,27 @@ def _tool(env: str, name: str) -> str:
     return path
 
 
+def compile_sass(fn, sig, bounds, lineinfo=False):
+    """(ptxas -v's report, nvdisasm's SASS text) of kernel ``fn`` at signature ``sig`` for sm_90, no
+    GPU needed (PTXAS / NVDISASM name the tools; the PTX's version line set to PTX_VERSION);
+    ``lineinfo``: with each instruction's source line (``//## File ...`` lines)."""
+    from numba import cuda
+    ptxas, nvdisasm = _tool("PTXAS", "ptxas"), _tool("NVDISASM", "nvdisasm")
+    ptx, _ = cuda.compile_ptx(fn, sig, cc=(9, 0), lineinfo=lineinfo, launch_bounds=bounds)
+    version = os.environ.get("PTX_VERSION", "8.8")       # one that the ptxas at hand reads
+    ptx = re.sub(r"^\.version \d+\.\d+", f".version {version}", ptx, flags=re.M)
+    with tempfile.TemporaryDirectory() as tmp:
+        src, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        with open(src, "w") as f:
+            f.write(ptx)
+        flags = ["-lineinfo"] if lineinfo else []
+        info = subprocess.run([ptxas, "-arch=sm_90", "-O3", "-v", *flags, src, "-o", cubin],
+                              capture_output=True, text=True, check=True).stderr
+        sass = subprocess.run([nvdisasm, "-c", cubin] + (["-g"] if lineinfo else []),
+                              capture_output=True, text=True, check=True).stdout
+    return info, sass
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("name")
@@ -59,10 +80,10 @@ def main(argv=None) -> int:
                     help="an ncu source page by SASS of the same kernel (tools/ncu_sass.py's CSV): each line's "
                          "executed warp instructions and stall samples, matched by instruction order")
     args = ap.parse_args(argv)
-    ptxas, nvdisasm = _tool("PTXAS", "ptxas"), _tool("NVDISASM", "nvdisasm")
+    for env, name in (("PTXAS", "ptxas"), ("NVDISASM", "nvdisasm")):
+        _tool(env, name)                                  # (say now if either is missing)
 
     import compile_ptx as cp
-    from numba import cuda
     cp.numba_cuda_dispatcher.get_current_device = lambda: cp._H200()   # no GPU: name the H200's cc
     found = cp.find_kernels()
     if args.name not in found:
@@ -75,16 +96,7 @@ def main(argv=None) -> int:
         import ast
         disp = found[args.name][1](*ast.literal_eval(args.factory))
         fn, bounds = disp.py_func, disp.targetoptions.get("launch_bounds")
-    ptx, _ = cuda.compile_ptx(fn, sig, cc=(9, 0), lineinfo=True, launch_bounds=bounds)
-    version = os.environ.get("PTX_VERSION", "8.8")       # one that the ptxas at hand reads
-    ptx = re.sub(r"^\.version \d+\.\d+", f".version {version}", ptx, flags=re.M)
-    with tempfile.TemporaryDirectory() as tmp:
-        src, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
-        with open(src, "w") as f:
-            f.write(ptx)
-        info = subprocess.run([ptxas, "-arch=sm_90", "-O3", "-lineinfo", "-v", src, "-o", cubin],
-                              capture_output=True, text=True, check=True).stderr
-        sass = subprocess.run([nvdisasm, "-c", "-g", cubin], capture_output=True, text=True, check=True).stdout
+    info, sass = compile_sass(fn, sig, bounds, lineinfo=True)
     module = sys.modules[fn.__module__].__file__
     try:
         lo, hi = (int(v) for v in (args.lines.split("-") + [args.lines])[:2]) if args.lines else (1, 10**9)
