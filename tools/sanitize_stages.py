@@ -9,9 +9,10 @@ warp-a-row top-K of 15 rows of the drafter's 264 entries (k 16 and 1), both heap
 budgets 16 and 64 (the warp kernel with redux.sync and with shuffles, and the block kernel), and
 the drafter's GQA attention with its fused merge (the last split block's arrival counter) over 330
 context keys. ``--capped-and-ties``: only ``capped_and_ties``; ``--demo-shapes``: only
-``demo_shapes``. ``--full``: only the split top-K and the level-synchronous build, at the issue-15 size (V = 163840, budget 1024,
-L = 15), with exact ties, and the fallback at that size. Exits non-zero if any result differs
-from its numpy twin (the attention: from its float32 reference, within 1e-5).
+``demo_shapes``. ``--full``: only the split top-K and the level-synchronous build, at the
+issue-15 size (V = 163840, budget 1024, L = 15), with exact ties, and the fallback at that size.
+Exits non-zero if any result differs from its numpy twin (the attention: from its float32
+reference, within 1e-5).
 """
 
 import sys
