@@ -230,7 +230,7 @@ def append_rows(title: str, header: list[str], rows: list[list], note: str = "",
     undated). ``device``, ``commit_id`` and ``date`` default to this machine's GPU, the
     checkout's commit and today (give them when tabling a measurement made elsewhere).
     ``results``: also write ``benchmarks/results/<results>.json`` = {benchmark, device, commit,
-    date, command, pdl (the DDTREE_PDL mode), rows: [{key: value}]} (the latest H200 run is
+    date, command, pdl (the process's PDL mode, `_device.prefer_pdl_mode`), rows: [{key: value}]} (the latest H200 run is
     committed), the keys ``keys`` (the names the issues give the results) or else the header's;
     the values ``values`` (unformatted, one list a row) or else the table's cells. Under the CUDA
     simulator nothing is appended or written (its timings measure nothing: e.g. a ``--dry-run``).
@@ -241,14 +241,15 @@ def append_rows(title: str, header: list[str], rows: list[list], note: str = "",
     if append:
         device, commit_id = device or device_name(), commit_id or commit()
         date = date or datetime.date.today().isoformat()
-        from ddtree_numba._device import PDL        # how the kernels were launched (DDTREE_PDL)
-        lines = [f"\n### {title} — {date}, {device}, commit {commit_id}, PDL {PDL}\n"]
+        from ddtree_numba import _device             # how the kernels were launched (the process's mode)
+        pdl = _device.PDL + (" + early reads" if _device.PARAMS_EARLY else "")
+        lines = [f"\n### {title} — {date}, {device}, commit {commit_id}, PDL {pdl}\n"]
     else:
         lines = [f"\n### {title}\n"]
     if append and results:
         RESULTS.mkdir(exist_ok=True)
         record = dict(benchmark=results, device=device, commit=commit_id, date=date,
-                      command=command or " ".join(sys.argv), pdl=PDL, **(extra or {}),
+                      command=command or " ".join(sys.argv), pdl=pdl, **(extra or {}),
                       rows=[{h: _number(v) for h, v in zip(keys or header, r)} for r in (values or rows)])
         (RESULTS / f"{results}.json").write_text(json.dumps(record, indent=1) + "\n")
     if note:

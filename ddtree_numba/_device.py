@@ -303,8 +303,6 @@ def package_stamp() -> str:
     """sha256 over every source file of the package, in path order: the cache's freshness."""
     root = os.path.dirname(os.path.abspath(__file__))
     h = hashlib.sha256()
-    h.update(f"pdl={PDL}".encode())         # the PDL mode changes what grid_dependency() emits
-    h.update(f"params_early={PARAMS_EARLY}".encode())   # and grid_dependency_after's reads
     for dirpath, dirnames, filenames in sorted(os.walk(root)):
         dirnames.sort()
         for name in sorted(filenames):
@@ -354,7 +352,10 @@ def _cache_classes():
         def _index_key(self, sig, codegen):
             code = hashlib.sha256(self._py_func.__code__.co_code).hexdigest()
             closure = hashlib.sha256(closure_fingerprint(self._py_func).encode()).hexdigest()
-            key = (sig, codegen.magic_tuple(), numba_cuda.__version__, (code, closure, self._options))
+            # the PDL mode changes what grid_dependency_after emits: one entry a mode, side by side in
+            # a kernel's index (a demo process and a large target's then keep each other's cache)
+            key = (sig, codegen.magic_tuple(), numba_cuda.__version__, (code, closure, self._options),
+                   ("pdl", *_fix_pdl_mode()))
             if self._launch_config_key is not None:
                 key += (("launch_config", self._launch_config_key),)
             return key
@@ -423,38 +424,104 @@ else:
 # their end, and a kernel launched with programmatic stream serialization may be *launched* (its
 # blocks placed, its arguments read) while its predecessor still runs. Such launches are what
 # ``install_pdl_launches`` makes of every launch of a kernel that calls either; a
-# stream capture records them as programmatic edges of the graph. DDTREE_PDL picks the mode:
-# 'off' (ordinary launches; grid_dependency() emits nothing), 'wait' (the default: the next
-# kernel launched when this one's blocks have all exited, its launch overlapping this one's end),
+# stream capture records them as programmatic edges of the graph. The modes: 'off' (ordinary
+# launches; grid_dependency() emits nothing), 'wait' (the next kernel launched when this one's
+# blocks have all exited, its launch overlapping this one's end),
 # 'trigger' (``griddepcontrol.wait`` and then ``griddepcontrol.launch_dependents``: the next kernel
 # is launched once all of this one's blocks have passed their wait, and waits on the GPU; one
 # kernel ahead, never more). The A/B on the H200 (9ba789d, one run, docs/PERFORMANCE.md "PDL"),
 # off / wait / trigger: Moonlight verify 5.50 / 5.20 / 5.37 ms at one node, 9.23 / 8.93 / 9.17 at
 # 16, 14.02 / 13.74 / 14.21 at 64; the demo's ar round 0.45 / 0.42 / 0.41 ms, ddtree 5,021 / 5,246 /
-# 5,303 tokens/s at budget 16. 'wait' is the default for the verify's gain. With launch_dependents
+# 5,303 tokens/s at budget 16. With launch_dependents
 # *before* the wait (bf81ea9) the graphs were slower than with PDL off (ar round 0.45 -> 0.51 ms,
 # verify 5.48 -> 6.03 ms at one node): each kernel let the next launch at once, so a chain of
-# kernels could be placed ahead, each holding SM resources while it waited.
+# kernels could be placed ahead, each holding SM resources while it waited. The process's mode is
+# DDTREE_PDL's if set, else the first cuda target's (``prefer_pdl_mode``): 'wait' by default and
+# for large targets, 'trigger' for launch-bound ones (below).
 PDL_MODES = ("off", "wait", "trigger")
-PDL = os.environ.get("DDTREE_PDL", "wait")
-if PDL not in PDL_MODES:
-    raise ValueError(f"DDTREE_PDL must be one of {PDL_MODES}, got {PDL!r}")
+_ENV_PDL = os.environ.get("DDTREE_PDL")
+_ENV_EARLY = os.environ.get("DDTREE_PARAMS_EARLY")
+if _ENV_PDL is not None and _ENV_PDL not in PDL_MODES:
+    raise ValueError(f"DDTREE_PDL must be one of {PDL_MODES}, got {_ENV_PDL!r}")
+if _ENV_EARLY is not None and _ENV_EARLY not in ("0", "1"):
+    raise ValueError(f"DDTREE_PARAMS_EARLY must be 0 or 1, got {_ENV_EARLY!r}")
+
+# Whether grid_dependency_after reads the kernel's parameters before the wait: with PDL 'trigger'
+# (DDTREE_PARAMS_EARLY=1 / 0 forces it). Measured on an H100 (forty-third and forty-fourth
+# sessions, docs/PERFORMANCE.md), demo pair at budget 16, tokens/s, ar / ddtree: 'wait' without the
+# reads 2,458 / 6,118, with them 2,336 / 5,722; 'trigger' without 2,543 / 6,067, with **2,735 /
+# 6,338** (the next kernel's blocks are placed while this one runs and take their misses then).
+# The Moonlight verify (4 layers, 16 / 64 nodes, ms): off 1.82 / 2.57, wait 1.78 / **2.51**, wait
+# with the reads 1.81 / 2.86, trigger 1.85 / 2.59, trigger with the reads 1.83 / 2.89. Hence the
+# mode per workload below.
+LAUNCH_BOUND_HIDDEN = 1024
+
+
+def pdl_mode_for(hidden_size: int | None, env_pdl: str | None = None, env_early: str | None = None):
+    """The (PDL mode, parameters read early) a process running a target of ``hidden_size`` takes:
+    what DDTREE_PDL / DDTREE_PARAMS_EARLY say (``env_pdl`` / ``env_early``), else 'trigger' with
+    the early reads for a target of hidden size <= ``LAUNCH_BOUND_HIDDEN`` (every kernel of a round
+    one short wave: the launches are the cost, and the next kernel placed early hides its
+    parameters' misses) and 'wait' without them otherwise, or for ``hidden_size`` None (no target
+    yet). Pure: no state read or changed."""
+    if env_pdl is not None:
+        mode = env_pdl
+    else:
+        mode = "trigger" if hidden_size is not None and hidden_size <= LAUNCH_BOUND_HIDDEN else "wait"
+    early = env_early == "1" if env_early is not None else mode == "trigger"
+    return mode, early
+
+
+# The process's mode: every kernel compiles (and the disk cache keys) with it, and launches follow
+# it. It may change (prefer_pdl_mode, from CudaTarget) until the first kernel is compiled, loaded
+# from the cache or launched; then it is fixed (_pdl_fixed).
+PDL, PARAMS_EARLY = pdl_mode_for(None, _ENV_PDL, _ENV_EARLY)
 if config.ENABLE_CUDASIM:
-    PDL = "off"
+    PDL, PARAMS_EARLY = "off", False
+_pdl_fixed = []
 
 
-def ptx_intrinsic(name: str, text: str):
+def _fix_pdl_mode():
+    """The mode as it stands, fixed from now on (a kernel is compiled, loaded or launched with it)."""
+    if not _pdl_fixed:
+        _pdl_fixed.append((PDL, PARAMS_EARLY))
+    return PDL, PARAMS_EARLY
+
+
+def prefer_pdl_mode(hidden_size: int) -> tuple[str, bool]:
+    """Set the process's PDL mode for a target of ``hidden_size`` (``pdl_mode_for``, the
+    environment's DDTREE_PDL / DDTREE_PARAMS_EARLY first) and return the mode in force. Once a kernel
+    has been compiled, loaded or launched the mode stays as it was (with a RuntimeWarning when the
+    target would have taken another: e.g. the demo pair and then a Moonlight-size target in one
+    process; tokens are the same either way, only the speed differs). Nothing in the simulator."""
+    global PDL, PARAMS_EARLY
+    if config.ENABLE_CUDASIM:
+        return PDL, PARAMS_EARLY
+    wanted = pdl_mode_for(hidden_size, _ENV_PDL, _ENV_EARLY)
+    if _pdl_fixed:
+        if wanted != _pdl_fixed[0]:
+            warnings.warn(f"ddtree_numba: kernels already run with PDL {_pdl_fixed[0]}; a target of hidden size "
+                          f"{hidden_size} would take {wanted} (set DDTREE_PDL to choose one for the whole "
+                          "process)", RuntimeWarning, stacklevel=2)
+        return _pdl_fixed[0]
+    PDL, PARAMS_EARLY = wanted
+    return wanted
+
+
+def ptx_intrinsic(name: str, text):
     """A numba intrinsic (GPU only) emitting the PTX ``text``, instructions without operands, as
     inline assembly with a memory clobber (nothing for an empty ``text``), named ``name``: the
-    kernel cache fingerprints a closure's intrinsics by qualified name."""
+    kernel cache fingerprints a closure's intrinsics by qualified name. ``text`` may be a function
+    of no arguments, called when a kernel calling the intrinsic is compiled."""
     from llvmlite import ir
     from numba import types
     from numba.cuda.extending import intrinsic
 
     def emit(typingctx):
         def codegen(context, builder, signature, args):
-            if text:
-                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}", side_effect=True)
+            ptx = text() if callable(text) else text
+            if ptx:
+                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), ptx, "~{memory}", side_effect=True)
                 builder.call(asm, [])
             return context.get_dummy_value()
 
@@ -467,23 +534,21 @@ def ptx_intrinsic(name: str, text: str):
 # wait for the kernels this one depends on (with 'trigger', then let the next kernel launch);
 # 'off': nothing, ordinary launches order the kernels
 _WAIT_PTX = {"off": "", "wait": "griddepcontrol.wait;",
-             "trigger": "griddepcontrol.wait; griddepcontrol.launch_dependents;"}[PDL]
+             "trigger": "griddepcontrol.wait; griddepcontrol.launch_dependents;"}
+
+
+def _wait_ptx() -> str:
+    """The wait's PTX in the process's mode (fixing it: a kernel is being compiled)."""
+    return _WAIT_PTX[_fix_pdl_mode()[0]]
+
+
 if config.ENABLE_CUDASIM:
     def grid_dependency():
         """(The simulator runs launches one after another.)"""
 else:
-    grid_dependency = ptx_intrinsic("grid_dependency", _WAIT_PTX)
+    grid_dependency = ptx_intrinsic("grid_dependency", _wait_ptx)
 
 
-# Whether grid_dependency_after reads the kernel's parameters before the wait: by default only with
-# PDL 'trigger' (DDTREE_PARAMS_EARLY=1 / 0 forces it). Measured on an H100 (forty-third session,
-# demo pair at budget 16, tokens/s, ar / ddtree): 'wait' without the reads (the default) 2,458 /
-# 6,118, with them 2,336 / 5,722 (each kernel reads words it may not use, with little of a
-# predecessor left to hide them under); 'trigger' without 2,543 / 6,067, with **2,735 / 6,338** (the
-# next kernel's blocks are placed while this one runs and take their misses then). The Moonlight
-# verify (4 layers, 1 / 16 / 64 nodes) was 1.11 / 1.74 / 2.50 ms with 'wait' and 1.11 / 1.78 / 2.88
-# with 'trigger' and the reads: 'wait' stays the default, 'trigger' is the launch-bound demo's mode.
-PARAMS_EARLY = os.environ.get("DDTREE_PARAMS_EARLY", "1" if PDL == "trigger" else "0") == "1"
 if config.ENABLE_CUDASIM:
     def grid_dependency_after(params):
         """(The simulator runs launches one after another.)"""
@@ -499,15 +564,16 @@ else:
         memory). A kernel reads a parameter word from the constant bank at its first use, and each
         first use of a 64-byte line misses (~0.35 µs on an H100, one miss after another:
         tools/param_cost.py); read before the wait, the misses can overlap the predecessor instead of
-        following it (with PARAMS_EARLY, by default in PDL 'trigger' mode; otherwise the wait
-        alone, as ``grid_dependency()``). (The words are folded into one value that a predicated
+        following it (with PARAMS_EARLY: PDL 'trigger', the launch-bound targets' mode; otherwise the
+        wait alone, as ``grid_dependency()``). (The words are folded into one value that a predicated
         nanosleep takes, so that ptxas cannot sink the reads past the wait.)"""
         if not isinstance(params, _types.BaseTuple):
             return None
-        wait = _WAIT_PTX
 
         def codegen(context, builder, signature, args):
-            if not PARAMS_EARLY:            # the wait alone, as grid_dependency()
+            mode, early = _fix_pdl_mode()
+            wait = _WAIT_PTX[mode]
+            if not early:                   # the wait alone, as grid_dependency()
                 if wait:
                     asm = _ir.InlineAsm(_ir.FunctionType(_ir.VoidType(), []), wait, "~{memory}", side_effect=True)
                     builder.call(asm, [])
@@ -551,10 +617,11 @@ def uses_pdl(dispatcher) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def install_pdl_launches() -> bool:
-    """Make every launch of a kernel that calls ``grid_dependency`` a PDL launch (numba-cuda
-    builds each launch's ``cuda.core`` LaunchConfig in ``CUDADispatcher.call``; both are wrapped
-    here, once a process). False when PDL is off (always in the simulator)."""
-    if PDL == "off":
+    """Make every launch of a kernel that calls ``grid_dependency`` a PDL launch unless the
+    process's mode is 'off' (numba-cuda builds each launch's ``cuda.core`` LaunchConfig in
+    ``CUDADispatcher.call``; both are wrapped here, once a process; a launch fixes the mode).
+    False in the simulator (nothing wrapped)."""
+    if config.ENABLE_CUDASIM:
         return False
     import numba.cuda.dispatcher as nd
 
@@ -568,7 +635,7 @@ def install_pdl_launches() -> bool:
 
     def call(self, args, launch_config_):
         outer = launching[0]
-        launching[0] = uses_pdl(self)
+        launching[0] = _fix_pdl_mode()[0] != "off" and uses_pdl(self)
         try:
             return real_call(self, args, launch_config_)
         finally:

@@ -125,8 +125,10 @@ def test_every_kernel_has_an_on_disk_cache_key_that_is_the_same_in_every_process
     numba-cuda cache classes (no GPU needed to build a key), is the same in two processes with
     different hash seeds (numba's own key for the tensor-core GEMMs is not: an intrinsic pickles
     with a per-process UUID) and differs between variants (a shared key would load the wrong
-    kernel)."""
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    kernel); in another PDL mode every key differs (the mode is part of it) and the index files are
+    the same."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_ENABLE_CUDASIM", "DDTREE_PARAMS_EARLY")}
+    env["DDTREE_PDL"] = "wait"
     script = Path(__file__).with_name("compile_ptx.py")
     outs = []
     for seed in ("1", "2"):
@@ -137,3 +139,66 @@ def test_every_kernel_has_an_on_disk_cache_key_that_is_the_same_in_every_process
     assert outs[0] == outs[1] and len(outs[0]) > 100
     keys = [line.split()[2] for line in outs[0]]
     assert len(set(keys)) == len(keys)
+    # another PDL mode: the same index files (entries side by side), every key another
+    proc = subprocess.run([sys.executable, str(script), "--fingerprints"], env=dict(env, DDTREE_PDL="trigger"),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    other = [line.split() for line in proc.stdout.splitlines()]
+    assert [o[:2] for o in other] == [line.split()[:2] for line in outs[0]]
+    assert not set(o[2] for o in other) & set(keys)
+
+
+@pytest.mark.parametrize("hidden, env_pdl, env_early, mode", [
+    (None, None, None, ("wait", False)),          # no target yet
+    (256, None, None, ("trigger", True)),         # the demo's: launch-bound
+    (1024, None, None, ("trigger", True)),
+    (1025, None, None, ("wait", False)),
+    (2048, None, None, ("wait", False)),          # Moonlight's
+    (256, "off", None, ("off", False)),           # DDTREE_PDL decides
+    (256, "wait", None, ("wait", False)),
+    (2048, "trigger", None, ("trigger", True)),
+    (256, None, "0", ("trigger", False)),         # DDTREE_PARAMS_EARLY decides the reads
+    (2048, "wait", "1", ("wait", True)),
+])
+def test_the_pdl_mode_follows_the_environment_then_the_target_size(hidden, env_pdl, env_early, mode):
+    from ddtree_numba._device import pdl_mode_for
+    assert pdl_mode_for(hidden, env_pdl, env_early) == mode
+
+
+_PDL_PROBE = """
+import warnings
+from ddtree_numba import _device as d
+first = d.prefer_pdl_mode({first})
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    d._fix_pdl_mode()                               # as a kernel's compile, cache load or launch does
+    second = d.prefer_pdl_mode({second})
+print(first, second, (d.PDL, d.PARAMS_EARLY), len(caught), caught[0].message if caught else "")
+"""
+
+
+@pytest.mark.parametrize("env, first, second, expect", [
+    ({}, 256, 2048, "('trigger', True) ('trigger', True) ('trigger', True) 1"),      # fixed by then: warned
+    ({}, 2048, 2048, "('wait', False) ('wait', False) ('wait', False) 0"),
+    ({"DDTREE_PDL": "wait"}, 256, 256, "('wait', False) ('wait', False) ('wait', False) 0"),
+])
+def test_the_first_target_sets_the_pdl_mode_until_a_kernel_runs(env, first, second, expect):
+    """``prefer_pdl_mode`` (from ``CudaTarget``) sets the process's mode while no kernel has been
+    compiled, loaded or launched; after that the mode stays and another wish is warned about. Run
+    without the simulator (which keeps PDL off), in a fresh process: no GPU is touched."""
+    env = dict({k: v for k, v in os.environ.items()
+                if k not in ("NUMBA_ENABLE_CUDASIM", "DDTREE_PDL", "DDTREE_PARAMS_EARLY")}, **env)
+    proc = subprocess.run([sys.executable, "-c", _PDL_PROBE.format(first=first, second=second)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(expect), proc.stdout
+    if expect.endswith(" 1"):
+        assert "already run with PDL ('trigger', True)" in proc.stdout and "hidden size 2048" in proc.stdout
+
+
+def test_a_bad_pdl_setting_is_named_at_import():
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    for name, value in (("DDTREE_PDL", "sometimes"), ("DDTREE_PARAMS_EARLY", "yes")):
+        proc = subprocess.run([sys.executable, "-c", "import ddtree_numba._device"], env=dict(env, **{name: value}),
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode != 0 and f"{name} must be" in proc.stderr and repr(value) in proc.stderr

@@ -27,7 +27,7 @@ from numba import cuda
 
 from .. import kernels as kn
 from .._checks import check_array, check_int, check_keep_values, check_precision
-from .._device import capture_graph, ceil_div, destroy_graph, is_device, replay_graph, to_device
+from .._device import capture_graph, ceil_div, destroy_graph, is_device, prefer_pdl_mode, replay_graph, to_device
 from ..dtypes import QUANTIZED, WEIGHT_DTYPES, BlockScaled, check_weight_dtype, to_storage, widened
 from ..reference.mla import absorption_weights
 from .config import ModelConfig
@@ -391,13 +391,16 @@ class CudaTarget:
     'fp32' (faithful to float32, within the HF goldens' 1e-4); the router is always 'fp32'
     (``kernels.linear``, docs/DESIGN.md §4). ``gemm_tile``: None chooses every GEMM's tile from its
     rows; an entry of ``kernels.TILES`` forces it for every projection (same bits: the reduction
-    contract).
+    contract). The first cuda target of a process picks how its kernels are launched, unless
+    DDTREE_PDL does (``_device.prefer_pdl_mode``: PDL 'trigger' for a launch-bound target of hidden
+    size <= 1024 such as the demo's, 'wait' otherwise; the tokens and bits are the same).
     """
 
     backend = "cuda"
 
     def __init__(self, cfg: ModelConfig, embed_tokens, norm, lm_head, layers: list[DeviceLayer],
                  rope: RopeTables, *, precision: str = "bf16", gemm_tile=None):
+        prefer_pdl_mode(cfg.hidden_size)          # the process's launch mode, if no kernel has run yet
         self.config = cfg
         self.embed_tokens = embed_tokens          # [V, M] device, any weight dtype
         self.norm = norm                          # [M] f32 device
@@ -449,6 +452,7 @@ class CudaTarget:
 
     @classmethod
     def _upload(cls, cfg, embed_tokens, norm, lm_head, layers, weight_dtype, precision, gemm_tile):
+        prefer_pdl_mode(cfg.hidden_size)          # before any kernel of the upload (__init__)
         dt = check_weight_dtype(weight_dtype)
         device_layers = device_layers_from_host(cfg, layers, dt)
         embed = cuda.to_device(to_storage(embed_tokens, dt))
