@@ -238,14 +238,14 @@ def append_rows(title: str, header: list[str], rows: list[list], note: str = "",
     if append and os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         append = False
         print("(the CUDA simulator: nothing appended to docs/PERFORMANCE.md or written to results/)")
+    from ddtree_numba import _device                 # how the kernels were launched (the process's mode)
+    pdl = _device.PDL + (" + early reads" if _device.PARAMS_EARLY else "")
     if append:
         device, commit_id = device or device_name(), commit_id or commit()
         date = date or datetime.date.today().isoformat()
-        from ddtree_numba import _device             # how the kernels were launched (the process's mode)
-        pdl = _device.PDL + (" + early reads" if _device.PARAMS_EARLY else "")
         lines = [f"\n### {title} — {date}, {device}, commit {commit_id}, PDL {pdl}\n"]
     else:
-        lines = [f"\n### {title}\n"]
+        lines = [f"\n### {title} (PDL {pdl})\n"]
     if append and results:
         RESULTS.mkdir(exist_ok=True)
         record = dict(benchmark=results, device=device, commit=commit_id, date=date,
