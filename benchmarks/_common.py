@@ -231,8 +231,9 @@ def append_rows(title: str, header: list[str], rows: list[list], note: str = "",
     checkout's commit and today (give them when tabling a measurement made elsewhere).
     ``results``: also write ``benchmarks/results/<results>.json`` = {benchmark, device, commit,
     date, command, pdl (the process's PDL mode, ``_device.prefer_pdl_mode``), rows: [{key:
-    value}]} (the latest H200 run is committed), the keys ``keys`` (the names the issues give the results) or else the header's;
-    the values ``values`` (unformatted, one list a row) or else the table's cells. Under the CUDA
+    value}]} (the latest H200 run is committed), the keys ``keys`` (the names the issues give the
+    results) or else the header's; the values ``values`` (unformatted, one list a row) or else the
+    table's cells. Under the CUDA
     simulator nothing is appended or written (its timings measure nothing: e.g. a ``--dry-run``).
     ``extra``: more keys of the results file's envelope (e.g. the shape a benchmark ran at)."""
     if append and os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
