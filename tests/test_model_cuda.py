@@ -395,3 +395,20 @@ def test_non_finite_logits_name_the_layer_on_the_cuda_backend_too(layer):
     gpu = CudaTarget.from_host(host, gemm_tile=None if REAL_GPU else TILES["small"])
     with pytest.raises(ValueError, match=rf"target forward: the logits are not finite .*its layer {layer} is the first"):
         gpu.forward(np.array([1, 2], np.int32), np.arange(2, dtype=np.int32), gpu.new_cache(4))
+
+
+def test_a_cuda_target_asks_for_its_pdl_mode_before_its_upload(monkeypatch):
+    """The first ``CudaTarget`` picks the process's PDL mode by its hidden size
+    (``_device.prefer_pdl_mode``, whose rules tests/test_kernel_registry.py holds), and does so
+    before any of its upload's device work: ``from_host`` asks first, then ``__init__`` again."""
+    import ddtree_numba.model.cuda_target as ct
+    from ddtree_numba.model import ModelConfig, random_target
+    calls = []
+    real_layers = ct.device_layers_from_host
+    monkeypatch.setattr(ct, "prefer_pdl_mode", lambda hidden: calls.append(("mode", hidden)))
+    monkeypatch.setattr(ct, "device_layers_from_host",
+                        lambda *a: calls.append(("upload",)) or real_layers(*a))
+    host = random_target(ModelConfig.tiny(), seed=0)
+    CudaTarget.from_host(host)
+    hidden = host.config.hidden_size
+    assert calls == [("mode", hidden), ("upload",), ("mode", hidden)]
