@@ -619,8 +619,8 @@ def uses_pdl(dispatcher) -> bool:
 def install_pdl_launches() -> bool:
     """Make every launch of a kernel that calls ``grid_dependency`` a PDL launch unless the
     process's mode is 'off' (numba-cuda builds each launch's ``cuda.core`` LaunchConfig in
-    ``CUDADispatcher.call``; both are wrapped here, once a process; a launch fixes the mode).
-    False in the simulator (nothing wrapped)."""
+    ``CUDADispatcher.call``; both are wrapped here, once a process; a launch of such a kernel fixes
+    the mode). False in the simulator (nothing wrapped)."""
     if config.ENABLE_CUDASIM:
         return False
     import numba.cuda.dispatcher as nd
@@ -635,7 +635,7 @@ def install_pdl_launches() -> bool:
 
     def call(self, args, launch_config_):
         outer = launching[0]
-        launching[0] = _fix_pdl_mode()[0] != "off" and uses_pdl(self)
+        launching[0] = uses_pdl(self) and _fix_pdl_mode()[0] != "off"   # (other kernels: as they were)
         try:
             return real_call(self, args, launch_config_)
         finally:
