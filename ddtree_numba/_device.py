@@ -473,12 +473,13 @@ def pdl_mode_for(hidden_size: int | None, env_pdl: str | None = None, env_early:
 
 
 # The process's mode: every kernel compiles (and the disk cache keys) with it, and launches follow
-# it. It may change (prefer_pdl_mode, from CudaTarget) until the first kernel is compiled, loaded
-# from the cache or launched; then it is fixed (_pdl_fixed).
+# it. The first CudaTarget sets it (prefer_pdl_mode) unless a kernel has been compiled, loaded from
+# the cache or launched before; either fixes it (_pdl_fixed).
 PDL, PARAMS_EARLY = pdl_mode_for(None, _ENV_PDL, _ENV_EARLY)
 if config.ENABLE_CUDASIM:
     PDL, PARAMS_EARLY = "off", False
 _pdl_fixed = []
+_pdl_warned = set()                 # the modes a later target wished for and was told it cannot have
 
 
 def _fix_pdl_mode():
@@ -490,22 +491,24 @@ def _fix_pdl_mode():
 
 def prefer_pdl_mode(hidden_size: int) -> tuple[str, bool]:
     """Set the process's PDL mode for a target of ``hidden_size`` (``pdl_mode_for``, the
-    environment's DDTREE_PDL / DDTREE_PARAMS_EARLY first) and return the mode in force. Once a kernel
-    has been compiled, loaded or launched the mode stays as it was (with a RuntimeWarning when the
-    target would have taken another: e.g. the demo pair and then a Moonlight-size target in one
-    process; tokens are the same either way, only the speed differs). Nothing in the simulator."""
+    environment's DDTREE_PDL / DDTREE_PARAMS_EARLY first), fix it, and return the mode in force:
+    the first target's wish wins. Once the mode is fixed (by an earlier target, or a kernel compiled,
+    loaded or launched) it stays as it is, with a RuntimeWarning (once a wish) when this target
+    would have taken another: e.g. the demo pair and then a Moonlight-size target in one process;
+    tokens are the same either way, only the speed differs. Nothing in the simulator."""
     global PDL, PARAMS_EARLY
     if config.ENABLE_CUDASIM:
         return PDL, PARAMS_EARLY
     wanted = pdl_mode_for(hidden_size, _ENV_PDL, _ENV_EARLY)
-    if _pdl_fixed:
-        if wanted != _pdl_fixed[0]:
-            warnings.warn(f"ddtree_numba: kernels already run with PDL {_pdl_fixed[0]}; a target of hidden size "
-                          f"{hidden_size} would take {wanted} (set DDTREE_PDL to choose one for the whole "
-                          "process)", RuntimeWarning, stacklevel=2)
-        return _pdl_fixed[0]
-    PDL, PARAMS_EARLY = wanted
-    return wanted
+    if not _pdl_fixed:
+        PDL, PARAMS_EARLY = wanted
+    fixed = _fix_pdl_mode()
+    if wanted != fixed and wanted not in _pdl_warned:
+        _pdl_warned.add(wanted)
+        warnings.warn(f"ddtree_numba: kernels already run with PDL {fixed}; a target of hidden size {hidden_size} "
+                      f"would take {wanted} (set DDTREE_PDL to choose one for the whole process)", RuntimeWarning,
+                      stacklevel=2)
+    return fixed
 
 
 def ptx_intrinsic(name: str, text):

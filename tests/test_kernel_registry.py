@@ -125,8 +125,8 @@ def test_every_kernel_has_an_on_disk_cache_key_that_is_the_same_in_every_process
     numba-cuda cache classes (no GPU needed to build a key), is the same in two processes with
     different hash seeds (numba's own key for the tensor-core GEMMs is not: an intrinsic pickles
     with a per-process UUID) and differs between variants (a shared key would load the wrong
-    kernel); in another PDL mode every key differs (the mode is part of it) and the index files are
-    the same."""
+    kernel); in another PDL mode, or with the parameters read early, every key differs (the mode is
+    part of it) and the index files and the source stamp are the same."""
     env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_ENABLE_CUDASIM", "DDTREE_PARAMS_EARLY")}
     env["DDTREE_PDL"] = "wait"
     script = Path(__file__).with_name("compile_ptx.py")
@@ -139,13 +139,23 @@ def test_every_kernel_has_an_on_disk_cache_key_that_is_the_same_in_every_process
     assert outs[0] == outs[1] and len(outs[0]) > 100
     keys = [line.split()[2] for line in outs[0]]
     assert len(set(keys)) == len(keys)
-    # another PDL mode: the same index files (entries side by side), every key another
-    proc = subprocess.run([sys.executable, str(script), "--fingerprints"], env=dict(env, DDTREE_PDL="trigger"),
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    other = [line.split() for line in proc.stdout.splitlines()]
-    assert [o[:2] for o in other] == [line.split()[:2] for line in outs[0]]
-    assert not set(o[2] for o in other) & set(keys)
+    # another PDL mode, or the parameters read early: the same index files and the same source stamp
+    # (the entries of both side by side, neither wiping the other's), every key another
+    stamp = "from ddtree_numba._device import package_stamp; print(package_stamp())"
+    stamps = set()
+    for mode, early in (("wait", "0"), ("trigger", "0"), ("wait", "1")):
+        menv = dict(env, DDTREE_PDL=mode, DDTREE_PARAMS_EARLY=early)
+        stamps.add(subprocess.run([sys.executable, "-c", stamp], env=menv, capture_output=True, text=True,
+                                  timeout=300).stdout)
+        if (mode, early) == ("wait", "0"):
+            continue
+        proc = subprocess.run([sys.executable, str(script), "--fingerprints"], env=menv,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        other = [line.split() for line in proc.stdout.splitlines()]
+        assert [o[:2] for o in other] == [line.split()[:2] for line in outs[0]]
+        assert not set(o[2] for o in other) & set(keys)
+    assert len(stamps) == 1 and len(stamps.pop()) == 65
 
 
 @pytest.mark.parametrize("hidden, env_pdl, env_early, mode", [
@@ -167,33 +177,47 @@ def test_the_pdl_mode_follows_the_environment_then_the_target_size(hidden, env_p
 
 _PDL_PROBE = """
 import warnings
+from numba import cuda
 from ddtree_numba import _device as d
-first = d.prefer_pdl_mode({first})
+
+def kernel(a):
+    d.grid_dependency_after((a,))
+    a[0] = 1
+
+def compile():
+    ptx, _ = cuda.compile_ptx(kernel, "void(int32[::1])", cc=(9, 0))
+    return "T" if "launch_dependents" in ptx else ("W" if "griddepcontrol.wait" in ptx else "-")
+
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    d._fix_pdl_mode()                               # as a kernel's compile, cache load or launch does
-    second = d.prefer_pdl_mode({second})
-print(first, second, (d.PDL, d.PARAMS_EARLY), len(caught), caught[0].message if caught else "")
+    out = [{steps}]
+print(*out, len(caught), caught[0].message if caught else "")
 """
 
 
-@pytest.mark.parametrize("env, first, second, expect", [
-    ({}, 256, 2048, "('trigger', True) ('trigger', True) ('trigger', True) 1"),      # fixed by then: warned
-    ({}, 2048, 2048, "('wait', False) ('wait', False) ('wait', False) 0"),
-    ({"DDTREE_PDL": "wait"}, 256, 256, "('wait', False) ('wait', False) ('wait', False) 0"),
+@pytest.mark.parametrize("env, steps, expect", [
+    # the first target's wish wins; a kernel compiled then has its PTX; a later wish is warned of once
+    ({}, "d.prefer_pdl_mode(256), compile(), d.prefer_pdl_mode(2048), d.prefer_pdl_mode(2048)",
+     "('trigger', True) T ('trigger', True) ('trigger', True) 1"),
+    ({}, "d.prefer_pdl_mode(2048), d.prefer_pdl_mode(256), compile()", "('wait', False) ('wait', False) W 1"),
+    # a kernel compiled before any target fixes the mode it was compiled in
+    ({}, "compile(), d.prefer_pdl_mode(256)", "W ('wait', False) 1"),
+    ({"DDTREE_PDL": "wait"}, "d.prefer_pdl_mode(256), compile()", "('wait', False) W 0"),
+    ({"DDTREE_PDL": "off"}, "d.prefer_pdl_mode(256), compile()", "('off', False) - 0"),
 ])
-def test_the_first_target_sets_the_pdl_mode_until_a_kernel_runs(env, first, second, expect):
-    """``prefer_pdl_mode`` (from ``CudaTarget``) sets the process's mode while no kernel has been
-    compiled, loaded or launched; after that the mode stays and another wish is warned about. Run
-    without the simulator (which keeps PDL off), in a fresh process: no GPU is touched."""
+def test_the_first_target_sets_the_pdl_mode_and_a_compile_fixes_it(env, steps, expect):
+    """``prefer_pdl_mode`` (from ``CudaTarget``) sets the process's mode unless it is fixed; the
+    first call, or a package kernel's compile (here ``cuda.compile_ptx``, as a launch or a cache
+    load would), fixes it, and the compiled PTX is that mode's; another wish later is warned about
+    once. A fresh process without the simulator (which keeps PDL off); no GPU is touched."""
     env = dict({k: v for k, v in os.environ.items()
                 if k not in ("NUMBA_ENABLE_CUDASIM", "DDTREE_PDL", "DDTREE_PARAMS_EARLY")}, **env)
-    proc = subprocess.run([sys.executable, "-c", _PDL_PROBE.format(first=first, second=second)], env=env,
+    proc = subprocess.run([sys.executable, "-c", _PDL_PROBE.format(steps=steps)], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(expect), proc.stdout
-    if expect.endswith(" 1"):
-        assert "already run with PDL ('trigger', True)" in proc.stdout and "hidden size 2048" in proc.stdout
+    if not expect.endswith(" 0"):
+        assert "kernels already run with PDL" in proc.stdout
 
 
 def test_a_bad_pdl_setting_is_named_at_import():
