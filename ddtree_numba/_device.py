@@ -478,14 +478,14 @@ def pdl_mode_for(hidden_size: int | None, env_pdl: str | None = None, env_early:
 PDL, PARAMS_EARLY = pdl_mode_for(None, _ENV_PDL, _ENV_EARLY)
 if config.ENABLE_CUDASIM:
     PDL, PARAMS_EARLY = "off", False
-_pdl_fixed = []
+_pdl_fixed = False                 # PDL and PARAMS_EARLY can no longer change
 _pdl_warned = set()                 # the modes a later target wished for and was told it cannot have
 
 
 def _fix_pdl_mode():
     """The mode as it stands, fixed from now on (a kernel is compiled, loaded or launched with it)."""
-    if not _pdl_fixed:
-        _pdl_fixed.append((PDL, PARAMS_EARLY))
+    global _pdl_fixed
+    _pdl_fixed = True
     return PDL, PARAMS_EARLY
 
 
