@@ -6,6 +6,7 @@ without them; the demo_pair tests need neither."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -152,6 +153,41 @@ def test_drafter_stage_without_a_target_stage_says_so(tmp_path):
                            "--stage", "drafter"], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode != 0 and "--stage target" in proc.stderr
 
+
+
+def test_warm_start_continues_the_drafter_it_reads(smoke, tmp_path):
+    """--init-drafter: the weights read are the smoke run's (their held-out metrics before this run
+    equal that run's own evaluation, to the last bit), this run's steps add to its count and its
+    commands chain; a drafter of another shape is refused, the field named, before any work."""
+    _needs_training_stack()
+    out, meta, _ = smoke
+    shutil.copytree(out, tmp_path / "pair")
+    pair = tmp_path / "pair"
+    run = [sys.executable, SCRIPT, "--smoke", "--device", "cpu", "--out", str(pair), "--stage", "drafter",
+           "--no-check", "--init-drafter", str(pair / "drafter"), "--drafter-steps", "3", "--drafter-lr", "3e-4",
+           "--drafter-warmup", "1"]
+    proc = subprocess.run(run, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    warm = json.loads((pair / "demo.json").read_text())
+    dr = warm["training"]["drafter"]
+    assert dr["warm_start"]["heldout_before"] == meta["eval"]["drafter"]
+    assert dr["warm_start"]["same_target"] is True
+    assert dr["total_steps"] == meta["training"]["drafter"]["steps"] + 3
+    assert warm["repeat_command"].startswith(meta["repeat_command"] + ", then ")
+    assert warm["preset"]["d_lr"] == 3e-4 and "Warm-started" in (pair / "MODEL_CARD.md").read_text()
+
+    config = json.loads((out / "drafter" / "config.json").read_text())
+    config["num_key_value_heads"] += 1
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text(json.dumps(config))
+    shutil.copy(out / "drafter" / "model.safetensors", tmp_path / "other")
+    run[run.index("--init-drafter") + 1] = str(tmp_path / "other")
+    proc = subprocess.run(run, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode != 0 and "num_key_value_heads" in proc.stderr and "target:" not in proc.stdout
+    proc = subprocess.run([sys.executable, SCRIPT, "--smoke", "--device", "cpu", "--out", str(tmp_path / "t"),
+                           "--stage", "target", "--init-drafter", str(pair / "drafter")],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode != 0 and "--init-drafter needs --stage drafter" in proc.stderr
 
 # ----------------------------------------------------------------------------------------------
 # the shipped pair (ddtree_numba/data/demo) and the committed statistics (figures/)

@@ -38,6 +38,13 @@ Step counts: ``--target-steps`` / ``--drafter-steps``, or, when left out, whatev
 ``--minutes`` budget: the first steps are timed (inside the warmup, whose learning rates do not
 depend on the total) and the total is fixed from them. The model card records the counts and the
 command that repeats the run with them.
+
+Warm start: ``--stage drafter --init-drafter DIR`` trains an exported drafter further (``DIR``: its
+config.json + model.safetensors, e.g. ``ddtree_numba/data/demo/drafter``) instead of a fresh one,
+usually with a lower ``--drafter-lr`` and a short ``--drafter-warmup``. Everything else is the
+drafter stage as above (same pool, anchors and held-out set for a given seed); the card records
+where DIR came from (from the ``demo.json`` beside it), the steps before and in this run, and the
+held-out metrics of DIR's weights before this run.
 """
 
 from __future__ import annotations
@@ -624,6 +631,77 @@ def drafter_config_dict(m, dc, layer_ids, n_target_layers):
     return d
 
 
+def _flat_config(d):
+    """A drafter config.json as one level of keys (``dflash_config.target_layer_ids``, ...)."""
+    inner = d.get("dflash_config")
+    inner = inner if isinstance(inner, dict) else {"": inner}
+    return {**{k: v for k, v in d.items() if k != "dflash_config"},
+            **{f"dflash_config.{k}".rstrip("."): v for k, v in inner.items()}}
+
+
+def read_init_drafter(directory, config, shapes):
+    """``--init-drafter DIR``'s weights as float32 tensors by name. DIR's config.json must be the one
+    this run would write (every field of ``drafter_config_dict``: the sizes, layers, heads, target
+    layers, block and vocabulary fix the tensors' shapes, the rest what they mean; ``dtype`` aside),
+    and its tensors exactly the module's, each of its shape. The export holds the drafter's own
+    parameters only (``DFlashDrafter.state_dict()``): its embedding and lm_head are the target's,
+    frozen, taken from the target as in a fresh run and never written, so a file that holds an
+    embedding or head of its own is refused (it would not be the drafter this script trains)."""
+    with open(os.path.join(directory, "config.json")) as f:
+        have = _flat_config(json.load(f))
+    want = _flat_config(json.loads(json.dumps(config)))          # tuples as lists, as in the file
+    for key, value in want.items():
+        if have.get(key, "missing") != value:
+            raise ValueError(f"{directory}/config.json has {key} = {have.get(key, 'missing')!r}, this run builds "
+                             f"{value!r}; give the flags DIR was trained with (--smoke, --drafter-layers)")
+    state = load_file(os.path.join(directory, "model.safetensors"))
+    missing, extra = sorted(set(shapes) - set(state)), sorted(set(state) - set(shapes))
+    if missing or extra:
+        raise ValueError(f"{directory}/model.safetensors is not this drafter's: "
+                         + "; ".join(f"{what} {names[:4]}{' ...' if len(names) > 4 else ''}"
+                                     for what, names in (("missing", missing), ("unexpected", extra)) if names)
+                         + ("; it uses the target's embedding and lm_head and stores none"
+                            if any("embed" in n or "lm_head" in n for n in extra) else ""))
+    for name, shape in shapes.items():
+        if tuple(state[name].shape) != shape:
+            raise ValueError(f"{directory}/model.safetensors: {name} has shape {tuple(state[name].shape)}, "
+                             f"this run builds {shape}")
+    return {name: t.float() for name, t in state.items()}     # bf16 (or fp16) on disk: exact in float32
+
+
+def init_provenance(directory, config):
+    """Where ``--init-drafter DIR`` comes from: the run that exported it, read from the ``demo.json``
+    beside DIR (the pair's card) when that card describes these weights (this config, DIR's size
+    on disk); else the path alone. Read before anything is written: DIR may be ``--out``'s drafter."""
+    info = dict(path=directory, card=None)
+    src = os.path.dirname(os.path.abspath(directory))
+    try:
+        with open(os.path.join(src, "demo.json")) as f:
+            meta = json.load(f)
+        dr = meta["training"]["drafter"]
+        if (_flat_config(meta["drafter"]["config"]) != _flat_config(json.loads(json.dumps(config)))
+                or meta["bytes"]["drafter"] != dir_bytes(directory)):
+            raise ValueError("the card beside DIR describes other weights")
+        info.update(card=os.path.join(src, "demo.json"), command=meta["command"],
+                    repeat_command=meta["repeat_command"], total_seconds=meta.get("total_seconds"),
+                    steps=dr["steps"], total_steps=dr.get("total_steps", dr["steps"]), seconds=dr["seconds"],
+                    lr=meta["preset"]["d_lr"], final_loss=dr["final_loss"],
+                    heldout=meta["eval"]["drafter"], target_heldout_loss=meta["eval"]["target_heldout_loss"],
+                    target_steps=meta["training"]["target"]["steps"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log(f"--init-drafter: no card for {directory} ({type(e).__name__}: {e}); recording the path alone")
+    return info
+
+
+def same_target(init, t_rec):
+    """Was ``init``'s drafter trained against this run's target? Its card's target must have this
+    one's step count and held-out loss (a float to the last bit: a fingerprint of the run). None: no
+    card to tell."""
+    if not init["card"]:
+        return None
+    return init["target_heldout_loss"] == t_rec["heldout_loss"] and init["target_steps"] == t_rec["training"]["steps"]
+
+
 def export_drafter(drafter, directory, dtype, config):
     os.makedirs(directory, exist_ok=True)
     tensors = {n: w.detach().to(dtype).contiguous().cpu() for n, w in drafter.state_dict().items()}
@@ -687,6 +765,29 @@ def _code_spans(commands):
     return ", then ".join(f"`{c}`" for c in commands.split(", then "))
 
 
+def _warm_start_line(dr):
+    """The card's account of ``--init-drafter`` (empty for a drafter trained from scratch)."""
+    ws = dr.get("warm_start")
+    if not ws:
+        return ""
+    if not ws["card"]:
+        src = "no card beside them, so how they were trained is not recorded"
+    else:
+        if ws["same_target"]:
+            by = "by the runs before this one in the command above"
+        else:
+            by = (f"by {_code_spans(ws['command'])}, against "
+                  + ("another target" if ws["same_target"] is False else "a target not compared with this one"))
+        lr = (f"lr {ws['lr']}" if ws["total_steps"] == ws["steps"] else f"the last {ws['steps']} at lr {ws['lr']}")
+        src = (f"{ws['total_steps']} steps {by} ({lr}; final training loss {ws['final_loss']:.4f}, "
+               f"held-out loss {ws['heldout']['loss']:.4f}, chain acceptance {ws['heldout']['chain_acceptance']})")
+    b = ws["heldout_before"]
+    return (f" Warm-started from the weights in `{ws['path']}`: {src}; this run: {dr['steps']} more steps in "
+            f"{dr['seconds']:.0f} s" + (f", {dr['total_steps']} in all" if dr.get("total_steps") else "")
+            + f". Those weights on this run's held-out set, before it: loss {b['loss']:.4f}, "
+            f"chain acceptance {b['chain_acceptance']}.")
+
+
 def model_card(meta):
     tm, dm = meta["target"], meta["drafter"]
     data = meta["data"]
@@ -743,8 +844,10 @@ def model_card(meta):
         f"{100 * meta['pool']['greedy_agreement']:.2f}% of tokens).",
         f"Training: {dr['steps']} steps of {meta['preset']['d_batch']} sequences x {meta['preset']['anchors']} random "
         f"anchors in the greedy part, block `[token, MASK x 15]`, cross-entropy on the 15 masked positions against "
-        f"the target's greedy tokens (AdamW, lr {meta['preset']['d_lr']}), {dr['seconds']:.0f} s. "
-        f"Final training loss (mean of the last {dr['final_loss_steps']} steps) {dr['final_loss']:.4f}.",
+        f"the target's greedy tokens (AdamW, lr {meta['preset']['d_lr']}, warmup {meta['preset']['d_warmup']}, "
+        f"cosine to 10%), {dr['seconds']:.0f} s. "
+        f"Final training loss (mean of the last {dr['final_loss_steps']} steps) {dr['final_loss']:.4f}."
+        + _warm_start_line(dr),
         f"Held out ({meta['pool']['heldout']} greedy continuations of held-out prefixes, {ev['drafter']['anchors']} anchors): "
         f"loss {ev['drafter']['loss']:.4f}; top-1 accuracy by depth {ev['drafter']['top1_by_depth']}; "
         f"DFlash chain acceptance length (1 + leading correct drafts) {ev['drafter']['chain_acceptance']}, "
@@ -804,13 +907,36 @@ def parse_args(argv=None):
                     help="hold out modules whose path's sha1 is 0 mod this (default 16, about 6%%)")
     ap.add_argument("--no-tests", action="store_true", help="leave the stdlib's test files out of training")
     ap.add_argument("--pool", type=int, default=None, help="greedy continuations for the drafter (preset default)")
+    ap.add_argument("--init-drafter", default=None, metavar="DIR",
+                    help="--stage drafter only: start from the drafter exported in DIR (config.json + "
+                         "model.safetensors, e.g. ddtree_numba/data/demo/drafter) instead of a fresh one")
+    ap.add_argument("--drafter-lr", type=float, default=None,
+                    help="the drafter's peak learning rate (default: the preset's, 1e-3; smoke 3e-3)")
+    ap.add_argument("--drafter-warmup", type=int, default=None,
+                    help="the drafter's warmup steps (default: the preset's, 200; smoke 4); with --minutes, "
+                         "steps 3 .. min(warmup, 30) - 1 are timed to fix the step count (30 or more: 27 timed)")
     ap.add_argument("--drafter-layers", default=None,
                     help="comma-separated target layers the drafter reads (default: 3 spread over 1 .. L-1)")
     ap.add_argument("--experts-impl", default=None,
                     help="transformers experts implementation (eager, grouped_mm, batched_mm; default: HF's choice)")
     ap.add_argument("--no-check", action="store_true", help="skip loading the export with the package")
     ap.add_argument("--quick-tokens", type=int, default=None, help="tokens generated by the check (default 64; smoke 12)")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.init_drafter is not None:
+        if args.stage != "drafter":
+            ap.error(f"--init-drafter needs --stage drafter (not --stage {args.stage}): it warm-starts the drafter "
+                     "of a target already trained in --out")
+        missing = [f for f in ("config.json", "model.safetensors")
+                   if not os.path.isfile(os.path.join(args.init_drafter, f))]
+        if missing:
+            ap.error(f"--init-drafter {args.init_drafter} has no {' and no '.join(missing)}")
+    if args.stage == "target" and (args.drafter_lr is not None or args.drafter_warmup is not None):
+        ap.error("--drafter-lr / --drafter-warmup: --stage target trains no drafter")
+    if args.drafter_lr is not None and not args.drafter_lr > 0:
+        ap.error(f"--drafter-lr must be > 0, got {args.drafter_lr}")
+    if args.drafter_warmup is not None and args.drafter_warmup < 0:
+        ap.error(f"--drafter-warmup must be >= 0, got {args.drafter_warmup}")
+    return args
 
 
 STAGE_FILE = "target_stage.json"        # what --stage target hands to --stage drafter
@@ -832,6 +958,10 @@ def _repeat_flags(args):
         flags.append(f"--pool {args.pool}")
     if args.drafter_layers:
         flags.append(f"--drafter-layers {args.drafter_layers}")
+    if args.drafter_lr is not None:
+        flags.append(f"--drafter-lr {args.drafter_lr:g}")
+    if args.drafter_warmup is not None:
+        flags.append(f"--drafter-warmup {args.drafter_warmup}")
     if args.experts_impl:
         flags.append(f"--experts-impl {args.experts_impl}")
     return flags
@@ -938,6 +1068,10 @@ def main(argv=None):
     p = dict(PRESETS[preset_name])
     if args.pool:
         p["pool"] = args.pool
+    if args.drafter_lr is not None:                          # the preset records what was used
+        p["d_lr"] = args.drafter_lr
+    if args.drafter_warmup is not None:
+        p["d_warmup"] = args.drafter_warmup
     if args.smoke:
         args.target_steps = args.target_steps or p["target_steps"]
         args.drafter_steps = args.drafter_steps or p["drafter_steps"]
@@ -961,10 +1095,28 @@ def main(argv=None):
         layer_ids = sorted({int(round(x)) for x in np.linspace(1, layers - 1, 3)}) if layers > 1 else [0]
     if not all(0 <= i < layers for i in layer_ids):
         raise SystemExit(f"--drafter-layers {layer_ids} outside the target's {layers} layers")
+    dc = p["drafter"]
+    m = tc["hidden_size"]
+    d_config = drafter_config_dict(m, dc, layer_ids, layers)
+    init = init_state = None
+    if args.init_drafter:
+        # checked and read before the target and the greedy pool (minutes on a GPU), so a wrong DIR
+        # fails at once, and before anything is written (DIR may be --out's own drafter)
+        with torch.device("meta"):                       # the shapes only: no memory, no random draws
+            shapes = {n: tuple(t.shape) for n, t in DFlashDrafter(m, len(layer_ids), **dc).state_dict().items()}
+        try:
+            init_state = read_init_drafter(args.init_drafter, d_config, shapes)
+        except ValueError as e:
+            raise SystemExit(f"--init-drafter: {e}") from None
+        init = init_provenance(args.init_drafter, d_config)
 
     # 1. target (trained here, or read back from --stage target's output)
     if args.stage == "drafter":
         target, (train, held), t_rec = load_stage_target(out, args, device)
+        if init is not None:
+            init["same_target"] = same_target(init, t_rec)
+            if init["same_target"] is False:
+                log(f"--init-drafter: {args.init_drafter} was trained against another target than {out}/target")
     else:
         share = 1.0 if args.stage == "target" else args.target_share
         target, (train, held), t_rec = target_stage(args, p, device, dtype, budget * share - 20.0 * (share == 1.0), argv)
@@ -998,15 +1150,23 @@ def main(argv=None):
         f"greedy agreement {pool_info['greedy_agreement']:.4f}")
 
     # 3. drafter
-    dc = p["drafter"]
-    m = tc["hidden_size"]
     torch.manual_seed(args.seed + 1)
     drafter = DFlashDrafter(m, len(layer_ids), **dc).to(device)
     log(f"drafter: {count_params(drafter) / 1e6:.2f} M parameters, reading target layers {layer_ids}")
+    if init is not None:
+        # the fresh drafter's random weights are all replaced (strict: every parameter, checked shapes);
+        # the seeds of the pool, anchors and held-out set are a fresh run's
+        drafter.load_state_dict(init_state, strict=True)
+        init["heldout_before"] = eval_drafter(drafter, target, eval_pool, layer_ids, p, args.seed, device)
+        log(f"drafter: warm start from {args.init_drafter} ({init.get('total_steps', '?')} steps before), "
+            f"held-out before this run {init['heldout_before']}")
     reserve = 20.0 if args.no_check else 90.0
     d_budget = budget - (time.perf_counter() - t_start) - reserve
     d_stats = train_drafter(drafter, target, pool, layer_ids, np.random.default_rng([args.seed, 4]), p, args,
                             device, max(d_budget, 30.0))
+    if init is not None:
+        d_stats["total_steps"] = init["total_steps"] + d_stats["steps"] if init["card"] else None
+        d_stats["warm_start"] = init
     # evaluate the drafter as stored
     round_weights(drafter, dtype, skip=lambda n: False)
     d_eval = eval_drafter(drafter, target, eval_pool, layer_ids, p, args.seed, device)
@@ -1014,7 +1174,6 @@ def main(argv=None):
 
     # 4. export (the target is already written)
     shutil.rmtree(os.path.join(out, "drafter"), ignore_errors=True)
-    d_config = drafter_config_dict(m, dc, layer_ids, layers)
     drafter_cpu = drafter.float().cpu()
     export_drafter(drafter_cpu, os.path.join(out, "drafter"), dtype, d_config)
     sizes = {k: dir_bytes(os.path.join(out, k)) for k in ("target", "drafter")}
@@ -1023,11 +1182,16 @@ def main(argv=None):
 
     d_repeat = " ".join(["python tools/train_demo.py", f"--device {args.device}", f"--seed {args.seed}"]
                         + ([f"--target-steps {t_rec['training']['steps']}"] if args.stage == "all" else ["--stage drafter"])
+                        + ([f"--init-drafter {args.init_drafter}"] if init else [])
                         + [f"--drafter-steps {d_stats['steps']}"] + _repeat_flags(args))
     staged = args.stage == "drafter"
+    # a warm start against the same target continues its card's runs: the commands chain theirs
+    chained = bool(init and init["same_target"])
     meta = dict(
-        command=(f"{t_rec['command']}, then {_command(argv)}" if staged else _command(argv)),
-        repeat_command=(f"{t_rec['repeat']} --stage target, then {d_repeat}" if staged else d_repeat),
+        command=(f"{init['command']}, then {_command(argv)}" if chained
+                 else f"{t_rec['command']}, then {_command(argv)}" if staged else _command(argv)),
+        repeat_command=(f"{init['repeat_command']}, then {d_repeat}" if chained
+                        else f"{t_rec['repeat']} --stage target, then {d_repeat}" if staged else d_repeat),
         date=time.strftime("%Y-%m-%d"), device=_device_name(device),
         torch=torch.__version__, transformers=transformers.__version__, seed=args.seed, smoke=args.smoke,
         export_dtype=args.dtype, preset={k: v for k, v in p.items() if k not in ("target", "drafter")},
@@ -1039,7 +1203,8 @@ def main(argv=None):
         eval=dict(target_heldout_loss=t_rec["heldout_loss"],
                   target_heldout_bits_per_byte=t_rec["heldout_loss"] / math.log(2), drafter=d_eval),
         bytes=sizes, check_skipped=args.no_check, target_stage_seconds=t_rec["seconds"])
-    prior_seconds = t_rec["seconds"] if staged else 0.0
+    prior_seconds = ((init["total_seconds"] or t_rec["seconds"] + init["seconds"]) if chained
+                     else t_rec["seconds"] if staged else 0.0)
 
     def write(meta):
         meta["total_seconds"] = round(prior_seconds + time.perf_counter() - t_start, 1)
