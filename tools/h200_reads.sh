@@ -2,7 +2,7 @@
 # The first-wave parameter reads (DDTREE_PARAMS_EARLY=first, PLANS §6), A/B on one machine (~9
 # minutes on a fresh one: each mode compiles every kernel it runs once, its own cache entry). Run
 # from the repo root with .whl and .commit carried; logs to $OUT/log.txt; nothing appended.
-#  1. the Moonlight verify (4 layers, 16 / 64 nodes, with the per-stage breakdown of one MoE layer)
+#  1. the Moonlight verify (4 layers, 1 / 16 / 64 nodes, with the per-stage breakdown of one MoE layer)
 #     in PDL 'wait' with no early reads (its mode), the first wave's, and every block's (+14 % at 64
 #     nodes on an H100: the cost the experiment looks for);
 #  2. the demo pair at budget 16 in 'trigger' with every block's reads (its mode) and the first wave's;
@@ -14,9 +14,9 @@ source tools/h200_env.sh
 {
 nvidia-smi --query-gpu=name --format=csv,noheader
 moonlight() {   # $1 early, $2 allowance, $3.. extra arguments
-  echo "== DDTREE_PDL=wait DDTREE_PARAMS_EARLY=$1: verify_forward.py --layers 4 --nodes 16 64"
+  echo "== DDTREE_PDL=wait DDTREE_PARAMS_EARLY=$1: verify_forward.py --layers 4 --nodes 1 16 64"
   DDTREE_PDL=wait DDTREE_PARAMS_EARLY=$1 timeout $(left $2) python3 benchmarks/verify_forward.py --layers 4 \
-    --nodes 16 64 --reps 5 --no-append "${@:3}" 2>&1 | grep -v Warn | grep "^| \|^###\|Error"
+    --nodes 1 16 64 --reps 5 --no-append "${@:3}" 2>&1 | grep -v Warn | grep "^| \|^###\|Error"
 }
 moonlight 0 140
 moonlight first 270
