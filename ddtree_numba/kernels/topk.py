@@ -11,8 +11,8 @@ of the row's G results, by the row's last block to finish (one launch) or by a m
    SLICE_RUN = 32 entries (a warp's coalesced load) b, b + G, b + 2G, ... (interleaved, so that a
    range of token ids, frequent tokens say, is dealt out over every slice), each thread UNROLL
    entries at a time (the loads, then the exps, in flight together). Its log-sum-exp pair: each
-   thread keeps an online (max, rest) in float64 over its entries, then a shared-memory tree
-   combines the threads'. Its min(cap, entries) largest entries, by *composite key*
+   thread keeps an online (max, rest) in float64 over its entries, then warp shuffles and the warps
+   in order combine the threads' (two barriers). Its min(cap, entries) largest entries, by *composite key*
    ``(ordered float bits << 32) | (2^32-1-id)`` (distinct, so ties in value go to the lower id for
    free): while reading for the log-sum-exp each thread keeps its few largest keys; a radix select
    over the kept keys' top two digits gives tau, with at least cap kept keys >= it, and the keys >=

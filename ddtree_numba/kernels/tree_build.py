@@ -696,7 +696,7 @@ def build_tree(lp, ids, budget, *, out=None, budget_device=None, stream=0, threa
 
 
 def build_trees(lp, ids, budget, *, out=None, budget_device=None, stream=0, threads=None, method=None):
-    """``build_tree`` for each sequence of a batch, in one launch (a block a sequence).
+    """``build_tree`` for each sequence of a batch, in one launch (a warp or a block a sequence).
 
     lp [S, L, K] float32 (rows descending), ids [S, L, K] int32, numpy or device. Returns S host
     ``Tree``s, each bit-identical to ``reference.build_tree`` of its sequence (the twin:
