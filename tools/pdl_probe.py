@@ -9,7 +9,11 @@ each kernel ``griddepcontrol.wait`` before its first read), ``trigger-first``
 on the GPU: a chain may run many kernels ahead), ``wait+trigger`` (the wait, then
 ``launch_dependents``: one kernel ahead, the package's DDTREE_PDL=trigger). Prints µs a kernel
 for each and checks every chain's result (a missing wait reads a row before it is written and
-fails the check).
+fails the check). ``barrier``: the same N steps in *one* launch, the blocks meeting at a software
+grid barrier between steps (an atomic counter; each step reads the next block's slice of the row
+before, so a barrier that let a block through early fails the check): what a step costs when a
+persistent kernel replaces the launches (PLANS §6, the drafter in one launch). Its blocks must all
+be resident at once (at most one an SM here, 256 threads).
 """
 
 from __future__ import annotations
@@ -44,6 +48,22 @@ def main():
             a[dst, i] = a[src, i] + 1.0
 
         return kernel
+
+    @cuda.jit
+    def barrier_steps(a, counter, steps):
+        """Step k: a[k + 1, this block's slice] = a[k, the next block's slice] + 1, then a grid
+        barrier (thread 0 of each block adds to the counter and spins until every block has)."""
+        b, t, W, B = cuda.blockIdx.x, cuda.threadIdx.x, cuda.blockDim.x, cuda.gridDim.x
+        for k in range(steps):
+            a[k + 1, b * W + t] = a[k, ((b + 1) % B) * W + t] + 1.0
+            cuda.threadfence()              # this block's writes visible before it arrives
+            cuda.syncthreads()
+            if t == 0:
+                cuda.atomic.add(counter, 0, 1)
+                while cuda.atomic.add(counter, 0, 0) < (k + 1) * B:   # an atomic read, in L2
+                    pass
+                cuda.threadfence()
+            cuda.syncthreads()
 
     wait, trigger = "griddepcontrol.wait;", "griddepcontrol.launch_dependents;"
     variants = (("plain", chain("plain", ""), False), ("pdl", chain("wait", wait), True),
@@ -93,6 +113,38 @@ def main():
                 stream.synchronize()
                 ok &= bool((got[n] == r + n).all())
             print(f"{blocks:>6} {name:>13} {np.median(times[2:]):>16.2f} {eager:>16.2f} {'yes' if ok else 'NO':>4}")
+        # the same steps in one launch, a grid barrier between them
+        a = cuda.to_device(np.zeros((n + 1, width), np.float32))
+        counter = cuda.to_device(np.zeros(1, np.int32))
+        stream = cuda.stream()
+
+        def enqueue_one(stream):
+            barrier_steps[blocks, 256, stream](a, counter, n)
+
+        counter.copy_to_device(np.zeros(1, np.int32), stream=stream)
+        enqueue_one(stream)
+        stream.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(args.reps):
+            counter.copy_to_device(np.zeros(1, np.int32), stream=stream)
+            enqueue_one(stream)
+        stream.synchronize()
+        eager = (time.perf_counter() - t0) / args.reps / n * 1e6
+        exe = capture_graph(enqueue_one, warm_up=False)
+        ok, times = True, []
+        start, stop = cuda.event(), cuda.event()
+        for r in range(args.reps + 2):
+            a.copy_to_device(np.full((n + 1, width), r, np.float32), stream=stream)
+            counter.copy_to_device(np.zeros(1, np.int32), stream=stream)
+            start.record(stream)
+            replay_graph(exe, stream)
+            stop.record(stream)
+            stop.synchronize()
+            times.append(cuda.event_elapsed_time(start, stop) * 1e3 / n)
+            got = a.copy_to_host(stream=stream)
+            stream.synchronize()
+            ok &= bool((got[n] == r + n).all())
+        print(f"{blocks:>6} {'barrier':>13} {np.median(times[2:]):>16.2f} {eager:>16.2f} {'yes' if ok else 'NO':>4}")
 
 
 if __name__ == "__main__":
