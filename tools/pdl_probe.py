@@ -76,66 +76,32 @@ def main():
         return real_config(programmatic_stream_serialization=True, **kw)
 
     n = args.kernels
-    print(f"{'blocks':>6} {'variant':>13} {'graph µs/kernel':>16} {'eager µs/kernel':>16} {'ok':>4}")
-    for blocks in args.blocks:
-        width = blocks * 256
-        for name, kernel, pdl in variants:
-            a = cuda.to_device(np.zeros((n + 1, width), np.float32))
+    zero = np.zeros(1, np.int32)
 
-            def enqueue(stream):
-                nd.LaunchConfig = pdl_config if pdl else real_config
-                try:
-                    for k in range(n):
-                        kernel[blocks, 256, stream](a, k, k + 1)
-                finally:
-                    nd.LaunchConfig = real_config
-
-            stream = cuda.stream()
-            enqueue(stream)
-            stream.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(args.reps):
-                enqueue(stream)
-            stream.synchronize()
-            eager = (time.perf_counter() - t0) / args.reps / n * 1e6
-            exe = capture_graph(enqueue, warm_up=False)
-            ok = True
-            start, stop = cuda.event(), cuda.event()
-            times = []
-            for r in range(args.reps + 2):
-                a.copy_to_device(np.full((n + 1, width), r, np.float32), stream=stream)
-                start.record(stream)
-                replay_graph(exe, stream)
-                stop.record(stream)
-                stop.synchronize()
-                times.append(cuda.event_elapsed_time(start, stop) * 1e3 / n)
-                got = a.copy_to_host(stream=stream)
-                stream.synchronize()
-                ok &= bool((got[n] == r + n).all())
-            print(f"{blocks:>6} {name:>13} {np.median(times[2:]):>16.2f} {eager:>16.2f} {'yes' if ok else 'NO':>4}")
-        # the same steps in one launch, a grid barrier between them
-        a = cuda.to_device(np.zeros((n + 1, width), np.float32))
-        counter = cuda.to_device(np.zeros(1, np.int32))
+    def measure(name, blocks, a, enqueue, counter=None):
+        """Time ``enqueue(stream)`` (the n steps over ``a``) eagerly, then captured and replayed,
+        ``counter`` (the barrier's) zeroed before each run; print µs a step and the check."""
         stream = cuda.stream()
 
-        def enqueue_one(stream):
-            barrier_steps[blocks, 256, stream](a, counter, n)
+        def run():
+            if counter is not None:
+                counter.copy_to_device(zero, stream=stream)
+            enqueue(stream)
 
-        counter.copy_to_device(np.zeros(1, np.int32), stream=stream)
-        enqueue_one(stream)
+        run()
         stream.synchronize()
         t0 = time.perf_counter()
         for _ in range(args.reps):
-            counter.copy_to_device(np.zeros(1, np.int32), stream=stream)
-            enqueue_one(stream)
+            run()
         stream.synchronize()
         eager = (time.perf_counter() - t0) / args.reps / n * 1e6
-        exe = capture_graph(enqueue_one, warm_up=False)
+        exe = capture_graph(enqueue, warm_up=False)
         ok, times = True, []
         start, stop = cuda.event(), cuda.event()
         for r in range(args.reps + 2):
-            a.copy_to_device(np.full((n + 1, width), r, np.float32), stream=stream)
-            counter.copy_to_device(np.zeros(1, np.int32), stream=stream)
+            a.copy_to_device(np.full(a.shape, r, np.float32), stream=stream)
+            if counter is not None:
+                counter.copy_to_device(zero, stream=stream)
             start.record(stream)
             replay_graph(exe, stream)
             stop.record(stream)
@@ -144,8 +110,27 @@ def main():
             got = a.copy_to_host(stream=stream)
             stream.synchronize()
             ok &= bool((got[n] == r + n).all())
-        print(f"{blocks:>6} {'barrier':>13} {np.median(times[2:]):>16.2f} {eager:>16.2f} {'yes' if ok else 'NO':>4}")
+        print(f"{blocks:>6} {name:>13} {np.median(times[2:]):>16.2f} {eager:>16.2f} {'yes' if ok else 'NO':>4}")
 
+    print(f"{'blocks':>6} {'variant':>13} {'graph µs/step':>16} {'eager µs/step':>16} {'ok':>4}")
+    for blocks in args.blocks:
+        width = blocks * 256
+        for name, kernel, pdl in variants:
+            a = cuda.to_device(np.zeros((n + 1, width), np.float32))
+
+            def enqueue(stream, a=a, kernel=kernel, pdl=pdl):
+                nd.LaunchConfig = pdl_config if pdl else real_config
+                try:
+                    for k in range(n):
+                        kernel[blocks, 256, stream](a, k, k + 1)
+                finally:
+                    nd.LaunchConfig = real_config
+
+            measure(name, blocks, a, enqueue)
+        # the same steps in one launch, a grid barrier between them
+        a = cuda.to_device(np.zeros((n + 1, width), np.float32))
+        counter = cuda.to_device(zero)
+        measure("barrier", blocks, a, lambda stream, a=a: barrier_steps[blocks, 256, stream](a, counter, n), counter)
 
 if __name__ == "__main__":
     main()
