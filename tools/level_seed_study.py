@@ -24,7 +24,7 @@ NOTES Next 1).
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import numpy as np
 
@@ -99,7 +99,10 @@ def levels(lp: np.ndarray, budget: int, tau: float) -> tuple[str, np.ndarray]:
 
 
 def main():
-    drafts = demo_drafts(int(sys.argv[1]) if len(sys.argv) > 1 else 6)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("prompts", type=int, nargs="?", default=6, help="demo prompts to draft from (default 6)")
+    drafts = demo_drafts(ap.parse_args().prompts)
     print("budget | selecting levels over the drafts: " + " / ".join(name for name, _ in FAMILIES)
           + " / the build's lazy seed (reference.build_tree_levels: family_seed's search at the first level"
           " that would select)")

@@ -23,6 +23,7 @@ spec_generate does, so the golden also covers the drafter's context cache.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 
@@ -103,6 +104,8 @@ class DFlash(nn.Module):
 
 
 def main():
+    argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()          # (--help only)
     torch.manual_seed(0)
     rng = np.random.default_rng(7)
     target_cfg = json.load(open(os.path.join(TARGET, "config.json")))

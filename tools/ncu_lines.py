@@ -5,13 +5,17 @@ profiling, so the SASS maps to Python lines):
     python tools/ncu_lines.py source.csv [top]
 """
 
+import argparse
 import csv
-import sys
 
 
 def main():
-    path = sys.argv[1]
-    top = int(sys.argv[2]) if len(sys.argv) > 2 else 25
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("path", help="the CSV that ncu wrote")
+    ap.add_argument("top", type=int, nargs="?", default=25, help="how many to print (default 25)")
+    args = ap.parse_args()
+    path, top = args.path, args.top
     with open(path, newline="") as f:
         rows = [r for r in csv.reader(f)]
     found = [i for i, r in enumerate(rows) if any("Sampling" in c for c in r)]

@@ -11,13 +11,17 @@ Python lines with tools/sass_lines.py (static, the same compiler output up to th
 """
 
 import collections
+import argparse
 import csv
-import sys
 
 
 def main():
-    path = sys.argv[1]
-    top = int(sys.argv[2]) if len(sys.argv) > 2 else 20
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("path", help="the CSV that ncu wrote")
+    ap.add_argument("top", type=int, nargs="?", default=20, help="how many to print (default 20)")
+    args = ap.parse_args()
+    path, top = args.path, args.top
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
     head_i = next((i for i, r in enumerate(rows) if r and r[0] == "Address"), None)

@@ -10,9 +10,9 @@ profile's shares weighted by each kernel's time.
 """
 
 import collections
+import argparse
 import csv
 import re
-import sys
 
 _STALL = re.compile(r"^smsp__average_warps?(?:_latency)?_issue_stalled_(\w+?)_per_(?:issue|warp)_active\.ratio$")
 
@@ -25,8 +25,12 @@ def _num(v):
 
 
 def main():
-    path = sys.argv[1]
-    top = int(sys.argv[2]) if len(sys.argv) > 2 else 30
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("path", help="the CSV that ncu wrote")
+    ap.add_argument("top", type=int, nargs="?", default=30, help="how many to print (default 30)")
+    args = ap.parse_args()
+    path, top = args.path, args.top
     with open(path, newline="") as f:
         rows = [r for r in csv.reader(f)]
     head_i = next((i for i, r in enumerate(rows) if "Kernel Name" in r), None)

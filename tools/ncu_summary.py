@@ -12,9 +12,9 @@ and tree launches before it are left out), with the aligned launches' totals fir
 each pair whose times differ by more than MIN_US (default 1). (Under ncu each kernel
 runs alone: small kernels read ~2-3 µs above their time inside a graph.)"""
 
+import argparse
 import csv
 import re
-import sys
 from collections import defaultdict
 
 # ncu picks the unit of each row's duration
@@ -72,8 +72,15 @@ def diff(path_a: str, path_b: str, min_us: float = 1.0) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--diff"]:
-        diff(sys.argv[2], sys.argv[3], *(float(v) for v in sys.argv[4:5]))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("files", nargs="+", metavar="FILE", help="ncu listings (with --diff: A B [MIN_US])")
+    ap.add_argument("--diff", action="store_true", help="A and B side by side, aligned from the end")
+    args = ap.parse_args()
+    if args.diff:
+        if not 2 <= len(args.files) <= 3:
+            ap.error("--diff takes A B [MIN_US]")
+        diff(args.files[0], args.files[1], *(float(v) for v in args.files[2:]))
     else:
-        for p in sys.argv[1:]:
+        for p in args.files:
             summarize(p)

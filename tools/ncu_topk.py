@@ -3,6 +3,7 @@
 kernel's own device time, without launch or graph costs. Runs each budget twice (the second is
 the warm one)."""
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -14,14 +15,22 @@ from tree_build import drafter_logits  # noqa: E402
 
 from ddtree_numba import kernels as kn  # noqa: E402
 
-L, V = 15, 163840
-dx = cuda.to_device(drafter_logits(np.random.default_rng(0), L, V))
-for budget in (16, 64, 256, 1024):
-    lpd, idd = cuda.device_array((L, budget), np.float32), cuda.device_array((L, budget), np.int32)
-    scr = kn.TopKScratch.allocate(L, V, budget)
-    bufs, sc = kn.TreeBuffers.allocate(budget), kn.LevelScratch.allocate(L, budget)
-    for _ in range(2):
-        print(f"budget {budget}", flush=True)
-        kn.topk_logprobs(dx, budget, out=(lpd, idd), scratch=scr)
-        kn.build_tree_levels(lpd, idd, budget, out=bufs, scratch=sc)
-        cuda.synchronize()
+
+def main():
+    argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()   # (--help only)
+    L, V = 15, 163840
+    dx = cuda.to_device(drafter_logits(np.random.default_rng(0), L, V))
+    for budget in (16, 64, 256, 1024):
+        lpd, idd = cuda.device_array((L, budget), np.float32), cuda.device_array((L, budget), np.int32)
+        scr = kn.TopKScratch.allocate(L, V, budget)
+        bufs, sc = kn.TreeBuffers.allocate(budget), kn.LevelScratch.allocate(L, budget)
+        for _ in range(2):
+            print(f"budget {budget}", flush=True)
+            kn.topk_logprobs(dx, budget, out=(lpd, idd), scratch=scr)
+            kn.build_tree_levels(lpd, idd, budget, out=bufs, scratch=sc)
+            cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()

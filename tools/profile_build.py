@@ -10,6 +10,7 @@ STAGE is ``levels`` (the level build), ``heap`` (the heap build) or ``topk`` (to
 the draft is ``benchmarks/tree_build.py``'s synthetic one (``drafter_logits``, seed 0, L 15).
 """
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -23,11 +24,13 @@ from ddtree_numba import kernels as kn  # noqa: E402
 
 
 def main():
-    stage = sys.argv[1] if len(sys.argv) > 1 else "levels"
-    V = int(sys.argv[2]) if len(sys.argv) > 2 else 163840
-    budget = int(sys.argv[3]) if len(sys.argv) > 3 else 64
-    if stage not in ("levels", "heap", "topk"):
-        raise ValueError(f"STAGE is levels, heap or topk, not {stage!r}")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("stage", nargs="?", default="levels", choices=("levels", "heap", "topk"))
+    ap.add_argument("V", type=int, nargs="?", default=163840, help="vocabulary (default 163840)")
+    ap.add_argument("budget", type=int, nargs="?", default=64, help="tree budget (default 64)")
+    args = ap.parse_args()
+    stage, V, budget = args.stage, args.V, args.budget
     L = 15
     d_x = cuda.to_device(drafter_logits(np.random.default_rng(0), L, V))
     k = min(budget, V)

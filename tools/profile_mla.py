@@ -6,6 +6,7 @@ in that order, after a warm-up that ncu skips:
     ncu -k regex:kernel --launch-skip 6 --launch-count 6 python tools/profile_mla.py [nodes]
 """
 
+import argparse
 import importlib
 import sys
 from pathlib import Path
@@ -18,7 +19,10 @@ from mla_stages import SHAPES, case_inputs  # noqa: E402
 
 
 def main():
-    nodes = int(sys.argv[1]) if len(sys.argv) > 1 else 256
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("nodes", type=int, nargs="?", default=256, help="tree nodes (default 256)")
+    nodes = ap.parse_args().nodes
     mla = importlib.import_module("ddtree_numba.kernels.mla")
     heads, latent, rope = SHAPES["moonlight"]
     a, kw = case_inputs(np.random.default_rng(0), heads, latent, rope, 1024, 1, nodes, False)

@@ -4,7 +4,7 @@ compiles), for Nsight Compute; four launches a pass (top-K partial, merge, level
     ncu -k regex:kernel --launch-skip 4 --launch-count 4 python tools/profile_tree.py [V] [budget ...]
 """
 
-import sys
+import argparse
 
 import numpy as np
 from numba import cuda
@@ -13,8 +13,12 @@ from ddtree_numba import kernels as kn
 
 
 def main():
-    V = int(sys.argv[1]) if len(sys.argv) > 1 else 163840
-    budgets = [int(b) for b in sys.argv[2:]] or [16, 1024]
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("V", type=int, nargs="?", default=163840, help="vocabulary (default 163840)")
+    ap.add_argument("budgets", type=int, nargs="*", default=[16, 1024], help="tree budgets (default 16 1024)")
+    args = ap.parse_args()
+    V, budgets = args.V, args.budgets
     L = 15
     rng = np.random.default_rng(0)
     x = rng.standard_normal((L, V)).astype(np.float32) * 2

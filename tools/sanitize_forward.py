@@ -3,8 +3,8 @@ then a batched forward (``forward_batch``) of three sequences in slots of one ca
 order and of different lengths, compacted too, for compute-sanitizer:
 python tools/sanitize_forward.py [case]."""
 
+import argparse
 import os
-import sys
 
 import numpy as np
 
@@ -12,7 +12,9 @@ import ddtree_numba as dd
 from ddtree_numba.model.target import Segment
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "tests", "data")
-case = sys.argv[1] if len(sys.argv) > 1 else "v3_noaux_tc"
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("case", nargs="?", default="v3_noaux_tc", help="a golden checkpoint under tests/data (default v3_noaux_tc)")
+case = ap.parse_args().case
 target = dd.load_target(os.path.join(DATA, case), backend="cuda")
 tree = np.load(os.path.join(DATA, case, "tree.npz"))
 cache = target.new_cache(32)

@@ -15,7 +15,7 @@ Exits non-zero if any result differs from its numpy twin (the attention: from it
 reference, within 1e-5).
 """
 
-import sys
+import argparse
 
 import numpy as np
 from numba import cuda
@@ -104,12 +104,19 @@ def demo_shapes(rng):
 
 
 def main():
-    if "--full" in sys.argv[1:]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    only = ap.add_mutually_exclusive_group()
+    only.add_argument("--full", action="store_true", help="only the issue-15 size")
+    only.add_argument("--capped-and-ties", action="store_true", help="only capped_and_ties")
+    only.add_argument("--demo-shapes", action="store_true", help="only demo_shapes")
+    args = ap.parse_args()
+    if args.full:
         raise SystemExit(0 if full_size() else 1)
     rng = np.random.default_rng(7)
-    if "--capped-and-ties" in sys.argv[1:]:
+    if args.capped_and_ties:
         raise SystemExit(0 if capped_and_ties(rng) else 1)
-    if "--demo-shapes" in sys.argv[1:]:
+    if args.demo_shapes:
         raise SystemExit(0 if demo_shapes(rng) else 1)
     L, V, budget = 15, 4096, 256
     logits = (rng.standard_normal((L, V)) * 2).astype(np.float32)

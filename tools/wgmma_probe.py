@@ -26,9 +26,9 @@ What this does not answer yet (it needs the H200):
 
 from __future__ import annotations
 
+import argparse
 import re
 import subprocess
-import sys
 import tempfile
 
 from llvmlite import ir
@@ -152,11 +152,15 @@ if bool(config.ENABLE_CUDASIM):      # the simulator's stand-ins for the inline 
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("ptxas", nargs="?", help="a CUDA 12.3+ ptxas to assemble the PTX with")
+    args = ap.parse_args()
     ptx, _ = cuda.compile_ptx(probe, "void(float32[:, ::1], uint32[:, ::1], uint64[::1])", cc=(9, 0, "a"))
     print([line for line in ptx.splitlines() if line.startswith(".target")])
     print([line.strip() for line in ptx.splitlines() if "wgmma" in line])
-    if len(sys.argv) > 1:
-        print("ptxas:", assemble_sm90a(ptx, sys.argv[1]))
+    if args.ptxas:
+        print("ptxas:", assemble_sm90a(ptx, args.ptxas))
 
 
 if __name__ == "__main__":
