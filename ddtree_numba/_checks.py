@@ -111,8 +111,10 @@ def check_build_inputs(lp, ids, budget) -> int:
         raise ValueError("lp contains NaN")
     if is_host(lp) and (lp > 0).any():
         raise ValueError("lp must be log-probabilities (<= 0)")
-    if is_host(lp) and lp.shape[1] > 1 and (np.diff(lp, axis=1) > 0).any():
+    if is_host(lp) and (lp[:, 1:] > lp[:, :-1]).any():         # (-inf entries compare without a warning)
         raise ValueError("lp rows must be sorted in descending order (as topk_logprobs returns)")
+    if is_host(ids) and ids.size and ids.min() < 0:
+        raise ValueError(f"ids must be token ids >= 0, got {int(ids.min())}")
     return budget
 
 
@@ -137,13 +139,22 @@ def is_real_number(value) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
 
 
+# Below this a float32 logit / T can overflow float64 (3.4e38 / 1e-270 > 1.8e308), and the draw
+# would compare infinities; 0 is greedy decoding.
+MIN_TEMPERATURE = 1e-250
+
+
 def check_temperature(temperature) -> float:
-    """A sampling temperature: a real number (not a bool or a string), finite, >= 0, as float."""
+    """A sampling temperature: a real number (not a bool or a string), finite, 0 (greedy) or at
+    least ``MIN_TEMPERATURE``, as float."""
     if not is_real_number(temperature):
         raise ValueError(f"temperature must be a number, got {temperature!r}")
     temperature = float(temperature)
     if not temperature >= 0.0 or not np.isfinite(temperature):
         raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
+    if 0.0 < temperature < MIN_TEMPERATURE:
+        raise ValueError(f"temperature {temperature} is below {MIN_TEMPERATURE}, where logits / temperature overflow "
+                         "float64; use 0 for greedy decoding")
     return temperature
 
 

@@ -393,6 +393,8 @@ def run_plot(args) -> int:
     bench = read(args.verify_bench, "--verify-bench")
     if bench is not None and not isinstance(bench, dict):
         raise _CliError(f"--verify-bench {args.verify_bench}: not a JSON object of nodes and ms")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise _CliError(f"--out {args.out} is a file, not a directory: give a directory for the figures")
     if os.path.isdir(args.out) and os.listdir(args.out) and not args.overwrite:
         raise _CliError(f"--out {args.out} is not empty (the committed figures/ is made this way): give "
                         "another directory, or --overwrite")

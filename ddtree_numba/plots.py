@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._checks import check_int
 from .stats import (acceptance_histogram, best_row, check_stats, depth_survival, launches_label, projected_tokens_per_s,
                     summary_rows)
 from .tree import Tree
@@ -412,6 +413,8 @@ def example_tree(example: dict, max_nodes: int | None = 24) -> tuple[Tree, list[
     parents = np.asarray(example["parents"], np.int64)
     keep = [int(k) for k in example["keep"]]
     n = parents.shape[0] - 1
+    if max_nodes is not None:
+        max_nodes = check_int("max_nodes", max_nodes, 0)
     chosen = set(range(n + 1)) if max_nodes is None else set(range(min(n, max_nodes) + 1)) | set(keep)
     order = sorted(chosen)
     new_id = {old: i for i, old in enumerate(order)}

@@ -25,7 +25,8 @@ import time
 
 import numpy as np
 
-from .decode import generate, generate_batch
+from ._checks import check_int
+from .decode import METHODS, generate, generate_batch
 from .model.loader import device_name
 
 SCHEMA = 1
@@ -53,12 +54,42 @@ def _example_records(res, budget, prompt_index, rounds) -> list[dict]:
 def _distinct_counts(name: str, values, allow_empty: bool = False) -> list:
     """``values`` as an ascending list of distinct integers >= 1, or a ``ValueError`` naming it."""
     values = list(values)
-    if (not values and not allow_empty) or any(not isinstance(v, (int, np.integer)) or v < 1 for v in values):
+    if (not values and not allow_empty) or any(not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_))
+                                               or v < 1 for v in values):
         raise ValueError(f"{name} must be a {'' if allow_empty else 'non-empty '}list of integers >= 1, "
                          f"got {values}")
     if len(set(values)) != len(values):
         raise ValueError(f"{name} must be distinct, got {values}")
     return sorted(int(v) for v in values)
+
+
+def _prompt_ids(prompts, vocab: int, who: str) -> tuple[list[dict], list[np.ndarray]]:
+    """A sweep's ``prompts`` (1-D token-id sequences, or dicts with ``"ids"``), every one checked
+    before any decoding (a ``ValueError`` naming the prompt): (the prompts as dicts, their ids as
+    int32 arrays)."""
+    if isinstance(prompts, (str, bytes, dict)) or not hasattr(prompts, "__iter__"):
+        raise ValueError(f"{who}: prompts must be a list of prompts, got {type(prompts).__name__}")
+    items = [p if isinstance(p, dict) else {"ids": p} for p in prompts]
+    if not items:
+        raise ValueError(f"{who} needs at least one prompt")
+    ids = []
+    for i, p in enumerate(items):
+        if "ids" not in p:
+            raise ValueError(f"{who}: prompt {i} is a dict without 'ids'")
+        if isinstance(p["ids"], (str, bytes)):
+            raise ValueError(f"{who}: prompt {i} must be token ids, got {type(p['ids']).__name__} (the demo pair is "
+                             "byte-level: list(text.encode()))")
+        raw = np.asarray(p["ids"])
+        if raw.ndim != 1 or raw.size == 0:
+            raise ValueError(f"{who}: prompt {i} must be a non-empty 1-D sequence of token ids, got shape {raw.shape}"
+                             + (" (prompts is a list of prompts, each a sequence of ids)" if raw.ndim == 0 else ""))
+        if raw.dtype == object or not np.issubdtype(raw.dtype, np.integer):
+            raise ValueError(f"{who}: prompt {i} holds non-integer token ids ({raw.dtype})")
+        if raw.min() < 0 or raw.max() >= vocab:
+            bad = int(raw[(raw < 0) | (raw >= vocab)][0])
+            raise ValueError(f"{who}: prompt {i} has token id {bad}, out of range [0, {vocab})")
+        ids.append(raw.astype(np.int32))
+    return items, ids
 
 
 def launches_label(stats: dict) -> str:
@@ -93,19 +124,11 @@ def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budget
     prompt list or a bad budget; an ``equals_ar`` False is recorded, not raised (see ``check``).
     """
     budgets = _distinct_counts("budgets", budgets)
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    items = [p if isinstance(p, dict) else {"ids": p} for p in prompts]
-    if not items:
-        raise ValueError("acceptance_sweep needs at least one prompt")
-    ids = []
-    for i, p in enumerate(items):
-        raw = np.asarray(p["ids"])
-        if raw.ndim != 1 or raw.size == 0:
-            raise ValueError(f"prompt {i} must be a non-empty 1-D sequence of token ids, got shape {raw.shape}")
-        if not np.issubdtype(raw.dtype, np.integer):
-            raise ValueError(f"prompt {i} holds non-integer token ids ({raw.dtype})")
-        ids.append(raw.astype(np.int32))
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
+    if example_budget is not None:
+        example_budget = check_int("example_budget", example_budget, 1)
+    example_rounds = check_int("example_rounds", example_rounds, 1)
+    items, ids = _prompt_ids(prompts, target.config.vocab_size, "acceptance_sweep")
 
     from tqdm import tqdm        # the plain bar: tqdm.auto warns in notebooks without ipywidgets
     plan = [("ar", None), ("dflash", None)] + [("ddtree", b) for b in budgets]
@@ -178,9 +201,8 @@ def batch_sweep(target, drafter, prompts, batches=(1, 4, 16, 64), max_new_tokens
     """
     batches = _distinct_counts("batches", batches)
     budgets = _distinct_counts("budgets", budgets, allow_empty=True)
-    ids = [np.asarray(p["ids"] if isinstance(p, dict) else p).astype(np.int32) for p in prompts]
-    if not ids:
-        raise ValueError("batch_sweep needs at least one prompt")
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
+    _, ids = _prompt_ids(prompts, target.config.vocab_size, "batch_sweep")
     moe = [i for i in range(target.config.num_hidden_layers) if target.config.is_moe_layer(i)]
     cuda = getattr(target, "backend", "numpy") == "cuda"
     warmup = cuda if warmup is None else bool(warmup)
@@ -293,9 +315,15 @@ def _configs(stats):
 def pooled_lengths(stats: dict, method: str, budget: int | None = None) -> np.ndarray:
     """Acceptance lengths of every round of every prompt for one configuration, [R] int.
     ``method`` "ddtree" needs its ``budget`` (one of ``stats["budgets"]``)."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if method == "ddtree" and budget not in stats["budgets"]:
         raise ValueError(f"ddtree needs one of the sweep's budgets {stats['budgets']}, got {budget}")
+    if method != "ddtree" and budget is not None:
+        raise ValueError(f"a budget is for ddtree only; {method} takes budget None, got {budget}")
     runs = _runs(stats, method, budget)
+    if not runs:
+        raise ValueError(f"the statistics hold no {method} runs")
     return np.asarray([a for r in runs for a in r["acceptance_lengths"]], np.int64)
 
 
@@ -349,6 +377,8 @@ def depth_survival(stats: dict, method: str, budget: int | None = None, depths: 
     (``reached`` [D]) and the rate at depth d given depth d-1 was accepted (``conditional`` [D],
     NaN where no round reached d-1)."""
     acc = pooled_lengths(stats, method, budget) - 1                     # accepted depths [R]
+    if depths is not None:
+        depths = check_int("depths", depths, 1)
     depths = depths or max(int(stats.get("block_size", 0)) - 1, int(acc.max(initial=0)), 1)
     d = np.arange(1, depths + 1)
     reached = np.array([(acc >= k).mean() if acc.size else 0.0 for k in d])
@@ -361,6 +391,8 @@ def depth_survival(stats: dict, method: str, budget: int | None = None, depths: 
 def acceptance_histogram(stats: dict, method: str, budget: int | None = None, max_length: int | None = None):
     """(lengths [1..Lmax], fraction of rounds with each acceptance length)."""
     lengths = pooled_lengths(stats, method, budget)
+    if max_length is not None:
+        max_length = check_int("max_length", max_length, 1)
     top = max_length or max(int(stats.get("block_size", 0)), int(lengths.max(initial=1)))
     edges = np.arange(1, top + 1)
     counts = np.array([(lengths == k).sum() for k in edges], np.float64)
@@ -387,6 +419,11 @@ def check_stats(stats, what: str = "statistics") -> dict:
                if k not in stats]
     if missing:
         raise ValueError(f"{what}: not a sweep's statistics (no {', '.join(missing)}; make it with `ddtree-numba sweep`)")
+    if not isinstance(stats["runs"], list) or not all(isinstance(r, dict) for r in stats["runs"]):
+        raise ValueError(f"{what}: 'runs' must be a list of run records (objects)")
+    if not isinstance(stats["budgets"], list) or not all(isinstance(b, int) and not isinstance(b, bool)
+                                                          for b in stats["budgets"]):
+        raise ValueError(f"{what}: 'budgets' must be a list of integers, got {stats['budgets']!r}")
     for r in stats["runs"]:
         absent = [k for k in ("method", "budget", "prompt", "acceptance_lengths", "num_tokens", "target_forwards",
                               "stage_times_s", "elapsed_s", "equals_ar") if k not in r]
@@ -406,9 +443,10 @@ def projected_tokens_per_s(stats: dict, verify_bench: dict) -> tuple[np.ndarray,
         ms = np.asarray(verify_bench["ms"], np.float64)
     except (KeyError, TypeError, ValueError):
         raise ValueError("verify_bench needs 'nodes' and 'ms' lists (benchmarks/verify_forward.py --json)") from None
-    if nodes.ndim != 1 or nodes.shape != ms.shape or nodes.size == 0 or (nodes < 2).any():
-        raise ValueError(f"verify_bench: 'nodes' (each >= 2) and 'ms' must be equal-length lists, "
-                         f"got {nodes.tolist()} and {ms.tolist()}")
+    if (nodes.ndim != 1 or nodes.shape != ms.shape or nodes.size == 0 or (nodes < 2).any()
+            or (nodes != np.round(nodes)).any() or not (np.isfinite(ms) & (ms > 0)).all()):
+        raise ValueError(f"verify_bench: 'nodes' (whole numbers >= 2) and 'ms' (finite, > 0) must be equal-length "
+                         f"lists, got {nodes.tolist()} and {ms.tolist()}")
     if not rows:
         raise ValueError("the statistics hold no ddtree runs")
     budgets = nodes - 1

@@ -281,3 +281,112 @@ def test_cli_plot_keeps_the_files_of_a_directory_that_has_some(capsys, tmp_path)
     rc, err = _cli(capsys, ["plot", stats, "--out", str(out)])
     assert rc == 2 and "is not empty" in err and "--overwrite" in err
     assert (out / "mine.png").read_bytes() == b"x"
+
+
+# -- the forty-fifth session's audit: silent or late answers that now name the problem --------------
+
+def test_a_drafter_loaded_for_another_target_is_refused(pair):
+    target, drafter = pair
+    other = random_target(ModelConfig.tiny(vocab_size=target.config.vocab_size, hidden_size=48), seed=3)
+    with pytest.raises(ValueError, match="drafter was loaded for another target"):
+        dd.generate(other, drafter, PROMPT, 2)
+    dd.generate(dd.load_target(TARGET), drafter, PROMPT, 2)     # the same checkpoint loaded twice: fine
+
+
+@pytest.mark.parametrize("target, words", [(None, "target must be a loaded model"),
+                                           (TARGET, "dd.load_target")])
+def test_a_path_or_none_where_a_target_belongs_is_named(pair, target, words):
+    with pytest.raises(ValueError, match=words):
+        dd.generate(target, pair[1], PROMPT, 2)
+    with pytest.raises(ValueError, match="dd.load_drafter"):
+        dd.generate(pair[0], DRAFTER, PROMPT, 2)
+
+
+@pytest.mark.parametrize("prompt", ["hello", b"hello"])
+def test_a_text_prompt_says_to_encode_it(pair, prompt):
+    with pytest.raises(ValueError, match=r"token ids.*list\(text.encode\(\)\)"):
+        dd.generate(*pair, prompt, 2)
+
+
+@pytest.mark.parametrize("kw, words", [(dict(graph="junk"), "graph must be"), (dict(trace="no"), "trace must be"),
+                                       (dict(allow_long_context=1), "allow_long_context must be"),
+                                       (dict(temperature=1e-300), "use 0 for greedy")])
+def test_generate_flags_are_checked(pair, kw, words):
+    with pytest.raises(ValueError, match=words):
+        dd.generate(*pair, PROMPT, 2, **kw)
+
+
+def test_sweeps_check_every_prompt_before_decoding(pair):
+    from ddtree_numba import stats
+    target, drafter = pair
+    vocab = target.config.vocab_size
+    for prompts, words in (([PROMPT, [vocab]], f"prompt 1 has token id {vocab}"),
+                           ([[1.5, 2.0]], "prompt 0 holds non-integer"),
+                           ([np.array([2**32 + 1, 2], np.int64)], "prompt 0 has token id 4294967297"),
+                           (list(PROMPT), "prompts is a list of prompts"),
+                           ([{"module": "m"}], "prompt 0 is a dict without 'ids'"),
+                           ("hello", "must be a list of prompts")):
+        for sweep in (stats.acceptance_sweep, stats.batch_sweep):
+            with pytest.raises(ValueError, match=words):
+                sweep(target, drafter, prompts, max_new_tokens=2, budgets=(2,))
+    with pytest.raises(ValueError, match="example_budget"):
+        stats.acceptance_sweep(target, drafter, [PROMPT], 2, budgets=(2,), example_budget=1.5)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        stats.batch_sweep(target, drafter, [PROMPT], max_new_tokens=0, budgets=(2,))
+    with pytest.raises(ValueError, match="budgets"):
+        stats.acceptance_sweep(target, drafter, [PROMPT], 2, budgets=(True,))
+
+
+def test_statistics_readers_refuse_what_is_not_in_the_sweep():
+    from ddtree_numba import stats
+    path = os.path.join(os.path.dirname(DATA), "..", "figures", "data", "sweep_numpy.json")
+    with open(path) as f:
+        sweep = json.load(f)
+    for call, words in ((lambda: stats.pooled_lengths(sweep, "DDTree", 64), "method must be one of"),
+                        (lambda: stats.pooled_lengths(sweep, "dflash", 64), "budget is for ddtree only"),
+                        (lambda: stats.depth_survival(sweep, "dflsh"), "method must be one of"),
+                        (lambda: stats.depth_survival(sweep, "dflash", depths=-2), "depths"),
+                        (lambda: stats.acceptance_histogram(sweep, "dflash", max_length=0), "max_length"),
+                        (lambda: stats.check_stats(dict(sweep, runs=None)), "'runs' must be a list"),
+                        (lambda: stats.check_stats(dict(sweep, budgets="16")), "'budgets' must be a list"),
+                        (lambda: stats.projected_tokens_per_s(sweep, {"nodes": [17, 65], "ms": [float("nan"), -2.0]}),
+                         "finite, > 0")):
+        with pytest.raises(ValueError, match=words):
+            call()
+
+
+def test_tree_inputs_refuse_negative_ids_and_take_minus_infinity_quietly():
+    from ddtree_numba import reference as ref
+    lp = np.array([[0.0, -1.0, -np.inf], [-0.5, -np.inf, -np.inf]], np.float32)
+    ids = np.array([[3, 1, 2], [0, 1, 2]], np.int32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                   # (np.diff of -inf entries warned)
+        ref.build_tree(lp, ids, 4)
+    with pytest.raises(ValueError, match="ids must be token ids >= 0"):
+        ref.build_tree(lp, -ids - 1, 4)
+
+
+def test_summary_file_plot_out_and_example_nodes_are_named(pair, capsys, tmp_path):
+    from ddtree_numba import plots
+    res = dd.generate(*pair, PROMPT, 2)
+    with pytest.raises(ValueError, match="file must be a writable stream"):
+        res.summary(file="stderr")
+    stats = os.path.join(os.path.dirname(DATA), "..", "figures", "data", "sweep_numpy.json")
+    (tmp_path / "f").write_text("x")
+    rc, err = _cli(capsys, ["plot", stats, "--out", str(tmp_path / "f")])
+    assert rc == 2 and "is a file, not a directory" in err
+    with open(stats) as f:
+        example = json.load(f)["examples"][0]
+    with pytest.raises(ValueError, match="max_nodes"):
+        plots.example_tree(example, max_nodes=-3)
+
+
+@pytest.mark.parametrize("kw, words", [(dict(hidden_size=32.5), "hidden_size must be an integer"),
+                                       (dict(vocab_size="96"), "vocab_size must be an integer"),
+                                       (dict(rope_theta=float("inf")), "rope_theta must be positive and finite"),
+                                       (dict(hidden=32), "no field hidden")])
+def test_config_presets_and_replace_check_types_as_config_json_does(kw, words):
+    with pytest.raises(ValueError, match=words):
+        ModelConfig.tiny(**kw)
+    with pytest.raises(ValueError, match=words):
+        ModelConfig.tiny().replace(**kw)

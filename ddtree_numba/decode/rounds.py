@@ -132,6 +132,8 @@ class GenerationResult:
                 f"\n  stages ({self.loop} loop; {CLOCK_WORDS[self.stage_clock]}): {stages}")
         if file is None:
             return text
+        if file != "stdout" and not callable(getattr(file, "write", None)):
+            raise ValueError(f"file must be a writable stream (sys.stderr, an open file), 'stdout' or None, got {file!r}")
         print(text, file=sys.stdout if file == "stdout" else file)
         return None
 
@@ -268,12 +270,23 @@ def check_generate_inputs(target, drafter, prompt_ids, max_new_tokens, method, b
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if method != "ar" and drafter is None:
         raise ValueError(f"method {method!r} needs a drafter")
+    for role, model, load in (("target", target, "dd.load_target(path)"),
+                              ("drafter", None if method == "ar" else drafter, "dd.load_drafter(path, target)")):
+        if (model is None and role == "target") or isinstance(model, (str, bytes, os.PathLike)):
+            raise ValueError(f"{role} must be a loaded model ({load}), got {model!r}")
     for role, model in (("target", target), ("drafter", None if method == "ar" else drafter)):
         if model is not None and getattr(model, "backend", None) not in ("numpy", "cuda"):
             raise ValueError(f"the {role} must declare backend 'numpy' or 'cuda' (model.protocols."
                              f"{role.capitalize()}), got {getattr(model, 'backend', None)!r}")
     cfg = target.config
+    bound = None if method == "ar" else getattr(drafter, "target", None)
+    if bound is not None and bound is not target and getattr(bound, "config", None) != cfg:
+        raise ValueError("the drafter was loaded for another target (its target's config differs from this one's): "
+                         "load it for this one, dd.load_drafter(path, target)")
     vocab = cfg.vocab_size
+    if isinstance(prompt_ids, (str, bytes)):
+        raise ValueError(f"prompt_ids must be token ids (a 1-D sequence of ints), got {type(prompt_ids).__name__}; "
+                         "the demo pair is byte-level: list(text.encode())")
     prompt = np.asarray(prompt_ids)
     if prompt.ndim != 1:
         raise ValueError(f"prompt_ids must be 1-D, got shape {prompt.shape}")

@@ -187,7 +187,12 @@ class ModelConfig:
         return d
 
     def replace(self, **changes) -> "ModelConfig":
-        cfg = dataclasses.replace(self, **changes)
+        """This config with ``changes``, their types checked as ``from_dict`` checks a config.json's."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ValueError(f"ModelConfig has no field {', '.join(unknown)}")
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        cfg = type(self)(**_coerce({**fields, **changes}))
         cfg.validate()
         return cfg
 
@@ -205,8 +210,8 @@ class ModelConfig:
             raise ValueError(f"qk_rope_head_dim must be even (rope rotates pairs), got {self.qk_rope_head_dim}")
         if self.rms_norm_eps < 0:
             raise ValueError(f"rms_norm_eps must be >= 0, got {self.rms_norm_eps}")
-        if self.rope_theta <= 0:
-            raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
+        if not 0 < self.rope_theta < float("inf"):
+            raise ValueError(f"rope_theta must be positive and finite, got {self.rope_theta}")
         if self.first_k_dense_replace < 0:
             raise ValueError(f"first_k_dense_replace must be >= 0, got {self.first_k_dense_replace}")
         if self.first_k_dense_replace > 0 and self.intermediate_size <= 0:
@@ -264,10 +269,7 @@ class ModelConfig:
             rms_norm_eps=1e-6, tie_word_embeddings=False, rope_interleave=True,
             max_position_embeddings=256, rope_theta=10000.0, rope_scaling=None,
         )
-        base.update(changes)
-        cfg = cls(**base)
-        cfg.validate()
-        return cfg
+        return cls(**base).replace(**changes)
 
 
 def read_config_json(path: str) -> dict:
