@@ -92,6 +92,13 @@ def _prompt_ids(prompts, vocab: int, who: str) -> tuple[list[dict], list[np.ndar
     return items, ids
 
 
+def _check_flags(**flags) -> None:
+    """Each of ``flags`` None, True or False (a string such as "no" is not False), else a ValueError."""
+    for name, value in flags.items():
+        if value is not None and not isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"{name} must be None, True or False, got {value!r}")
+
+
 def launches_label(stats: dict) -> str:
     """How a cuda sweep's rounds were launched, from its header's ``graph`` (``acceptance_sweep``),
     for captions: "eager launches", "one CUDA graph a stage, the stages timed apart" or "one CUDA
@@ -128,6 +135,9 @@ def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budget
     if example_budget is not None:
         example_budget = check_int("example_budget", example_budget, 1)
     example_rounds = check_int("example_rounds", example_rounds, 1)
+    _check_flags(progress=progress, warmup=warmup)
+    if graph not in (None, False, True, "stages"):
+        raise ValueError(f"graph must be None, False, True or 'stages', got {graph!r}")
     items, ids = _prompt_ids(prompts, target.config.vocab_size, "acceptance_sweep")
 
     from tqdm import tqdm        # the plain bar: tqdm.auto warns in notebooks without ipywidgets
@@ -202,6 +212,7 @@ def batch_sweep(target, drafter, prompts, batches=(1, 4, 16, 64), max_new_tokens
     batches = _distinct_counts("batches", batches)
     budgets = _distinct_counts("budgets", budgets, allow_empty=True)
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
+    _check_flags(progress=progress, warmup=warmup)
     _, ids = _prompt_ids(prompts, target.config.vocab_size, "batch_sweep")
     moe = [i for i in range(target.config.num_hidden_layers) if target.config.is_moe_layer(i)]
     cuda = getattr(target, "backend", "numpy") == "cuda"

@@ -335,6 +335,12 @@ def test_sweeps_check_every_prompt_before_decoding(pair):
         stats.batch_sweep(target, drafter, [PROMPT], max_new_tokens=0, budgets=(2,))
     with pytest.raises(ValueError, match="budgets"):
         stats.acceptance_sweep(target, drafter, [PROMPT], 2, budgets=(True,))
+    for kw, words in ((dict(progress="no"), "progress must be"), (dict(warmup=1), "warmup must be")):
+        for sweep in (stats.acceptance_sweep, stats.batch_sweep):
+            with pytest.raises(ValueError, match=words):
+                sweep(target, drafter, [PROMPT], max_new_tokens=2, budgets=(2,), **kw)
+    with pytest.raises(ValueError, match="graph must be"):
+        stats.acceptance_sweep(target, drafter, [PROMPT], 2, budgets=(2,), graph="junk")
 
 
 def test_statistics_readers_refuse_what_is_not_in_the_sweep():
