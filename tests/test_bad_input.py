@@ -309,6 +309,7 @@ def test_a_text_prompt_says_to_encode_it(pair, prompt):
 
 
 @pytest.mark.parametrize("kw, words", [(dict(graph="junk"), "graph must be"), (dict(trace="no"), "trace must be"),
+                                       (dict(graph=True), "is for the GPU-resident loop"),
                                        (dict(allow_long_context=1), "allow_long_context must be"),
                                        (dict(temperature=1e-300), "use 0 for greedy")])
 def test_generate_flags_are_checked(pair, kw, words):

@@ -56,7 +56,11 @@ def generate(target: Target, drafter: Drafter | None, prompt_ids, max_new_tokens
     with _progress_hook(progress, a.n_new, method) as hook:
         kw = dict(prompt=a.prompt, n_new=a.n_new, method=method, budget=a.budget, temperature=a.temperature,
                   seed=a.seed, stops=a.stops, max_tokens=a.max_tokens, progress=hook)
-        if a.n_new > 0 and not trace and device_loop_applies(target, drafter, method):
+        device = not trace and device_loop_applies(target, drafter, method)
+        if graph in (True, "stages") and not device:
+            raise ValueError(f"graph={graph!r} is for the GPU-resident loop: a cuda target with a cuda drafter (or none, "
+                             "for ar) and trace=False; this call runs the host loop")
+        if a.n_new > 0 and device:
             from .device import generate_device          # numba.cuda only where a device loop runs
             return generate_device(target, drafter, graph=graph, **kw)
         return generate_host(target, drafter, trace=trace, **kw)
