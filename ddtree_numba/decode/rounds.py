@@ -274,7 +274,6 @@ def check_generate_inputs(target, drafter, prompt_ids, max_new_tokens, method, b
                               ("drafter", None if method == "ar" else drafter, "dd.load_drafter(path, target)")):
         if (model is None and role == "target") or isinstance(model, (str, bytes, os.PathLike)):
             raise ValueError(f"{role} must be a loaded model ({load}), got {model!r}")
-    for role, model in (("target", target), ("drafter", None if method == "ar" else drafter)):
         if model is not None and getattr(model, "backend", None) not in ("numpy", "cuda"):
             raise ValueError(f"the {role} must declare backend 'numpy' or 'cuda' (model.protocols."
                              f"{role.capitalize()}), got {getattr(model, 'backend', None)!r}")
