@@ -58,6 +58,16 @@ def check_int(name, value, lo=None, hi=None):
     return int(value)
 
 
+def check_flag(name, value, allow_none=False):
+    """``value`` as a bool (True / False, a numpy bool too; None where ``allow_none``), else a
+    ``ValueError`` naming it: a string such as "no" is not False."""
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be {'None, ' if allow_none else ''}True or False, got {value!r}")
+    return bool(value)
+
+
 def check_logits_values(name, logits):
     """Host logits: no NaN, no +inf, and every row has a finite entry."""
     if not is_host(logits):

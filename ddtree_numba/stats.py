@@ -25,8 +25,8 @@ import time
 
 import numpy as np
 
-from ._checks import check_int
-from .decode import METHODS, generate, generate_batch
+from ._checks import check_flag, check_int
+from .decode import METHODS, check_graph, check_prompt_ids, generate, generate_batch
 from .model.loader import device_name
 
 SCHEMA = 1
@@ -76,27 +76,13 @@ def _prompt_ids(prompts, vocab: int, who: str) -> tuple[list[dict], list[np.ndar
     for i, p in enumerate(items):
         if "ids" not in p:
             raise ValueError(f"{who}: prompt {i} is a dict without 'ids'")
-        if isinstance(p["ids"], (str, bytes)):
-            raise ValueError(f"{who}: prompt {i} must be token ids, got {type(p['ids']).__name__} (the demo pair is "
-                             "byte-level: list(text.encode()))")
-        raw = np.asarray(p["ids"])
-        if raw.ndim != 1 or raw.size == 0:
-            raise ValueError(f"{who}: prompt {i} must be a non-empty 1-D sequence of token ids, got shape {raw.shape}"
-                             + (" (prompts is a list of prompts, each a sequence of ids)" if raw.ndim == 0 else ""))
-        if raw.dtype == object or not np.issubdtype(raw.dtype, np.integer):
-            raise ValueError(f"{who}: prompt {i} holds non-integer token ids ({raw.dtype})")
-        if raw.min() < 0 or raw.max() >= vocab:
-            bad = int(raw[(raw < 0) | (raw >= vocab)][0])
-            raise ValueError(f"{who}: prompt {i} has token id {bad}, out of range [0, {vocab})")
-        ids.append(raw.astype(np.int32))
+        if np.ndim(p["ids"]) == 0 and not isinstance(p["ids"], (str, bytes)):
+            raise ValueError(f"{who}: prompt {i} is a single id: prompts is a list of prompts, each a sequence of ids")
+        try:
+            ids.append(check_prompt_ids(p["ids"], vocab))           # generate's check of one prompt
+        except ValueError as err:
+            raise ValueError(f"{who}: prompt {i}: {err}") from None
     return items, ids
-
-
-def _check_flags(**flags) -> None:
-    """Each of ``flags`` None, True or False (a string such as "no" is not False), else a ValueError."""
-    for name, value in flags.items():
-        if value is not None and not isinstance(value, (bool, np.bool_)):
-            raise ValueError(f"{name} must be None, True or False, got {value!r}")
 
 
 def launches_label(stats: dict) -> str:
@@ -135,9 +121,9 @@ def acceptance_sweep(target, drafter, prompts, max_new_tokens: int = 128, budget
     if example_budget is not None:
         example_budget = check_int("example_budget", example_budget, 1)
     example_rounds = check_int("example_rounds", example_rounds, 1)
-    _check_flags(progress=progress, warmup=warmup)
-    if graph not in (None, False, True, "stages"):
-        raise ValueError(f"graph must be None, False, True or 'stages', got {graph!r}")
+    check_flag("progress", progress, allow_none=True)
+    check_flag("warmup", warmup, allow_none=True)
+    check_graph(graph)
     items, ids = _prompt_ids(prompts, target.config.vocab_size, "acceptance_sweep")
 
     from tqdm import tqdm        # the plain bar: tqdm.auto warns in notebooks without ipywidgets
@@ -212,7 +198,8 @@ def batch_sweep(target, drafter, prompts, batches=(1, 4, 16, 64), max_new_tokens
     batches = _distinct_counts("batches", batches)
     budgets = _distinct_counts("budgets", budgets, allow_empty=True)
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
-    _check_flags(progress=progress, warmup=warmup)
+    check_flag("progress", progress, allow_none=True)
+    check_flag("warmup", warmup, allow_none=True)
     _, ids = _prompt_ids(prompts, target.config.vocab_size, "batch_sweep")
     moe = [i for i in range(target.config.num_hidden_layers) if target.config.is_moe_layer(i)]
     cuda = getattr(target, "backend", "numpy") == "cuda"

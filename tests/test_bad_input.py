@@ -321,10 +321,11 @@ def test_sweeps_check_every_prompt_before_decoding(pair):
     from ddtree_numba import stats
     target, drafter = pair
     vocab = target.config.vocab_size
-    for prompts, words in (([PROMPT, [vocab]], f"prompt 1 has token id {vocab}"),
-                           ([[1.5, 2.0]], "prompt 0 holds non-integer"),
-                           ([np.array([2**32 + 1, 2], np.int64)], "prompt 0 has token id 4294967297"),
+    for prompts, words in (([PROMPT, [vocab]], f"prompt 1: prompt token id {vocab} is out of range"),
+                           ([[1.5, 2.0]], "prompt 0: prompt_ids must hold integers"),
+                           ([np.array([2**32 + 1, 2], np.int64)], "prompt 0: prompt token id 4294967297 is out of range"),
                            (list(PROMPT), "prompts is a list of prompts"),
+                           (["hello"], r"prompt 0: prompt_ids must be token ids.*list\(text.encode\(\)\)"),
                            ([{"module": "m"}], "prompt 0 is a dict without 'ids'"),
                            ("hello", "must be a list of prompts")):
         for sweep in (stats.acceptance_sweep, stats.batch_sweep):

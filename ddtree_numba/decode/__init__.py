@@ -5,8 +5,8 @@ together (``batch``)."""
 
 from .batch import BatchResult, BatchRound, generate_batch
 from .dispatch import device_loop_applies, generate
-from .rounds import (LOOPS, METHODS, STAGE_CLOCKS, STAGES, GenerationResult, RoundTrace, commit_tokens,
-                     round_seed)
+from .rounds import (GRAPH_MODES, LOOPS, METHODS, STAGE_CLOCKS, STAGES, GenerationResult, RoundTrace, check_graph,
+                     check_prompt_ids, commit_tokens, round_seed)
 
-__all__ = ["LOOPS", "METHODS", "STAGES", "STAGE_CLOCKS", "BatchResult", "BatchRound", "GenerationResult",
-           "RoundTrace", "commit_tokens", "device_loop_applies", "generate", "generate_batch", "round_seed"]
+__all__ = ["GRAPH_MODES", "LOOPS", "METHODS", "STAGES", "STAGE_CLOCKS", "BatchResult", "BatchRound", "GenerationResult",
+           "RoundTrace", "check_graph", "check_prompt_ids", "commit_tokens", "device_loop_applies", "generate", "generate_batch", "round_seed"]

@@ -31,7 +31,7 @@ from .. import kernels as kn
 from .._device import (cached, capture_graph, capture_graphs, ceil_div, destroy_graph, device_function,
                        grid_dependency_after, replay_graph)
 from ..model.protocols import DeviceDrafter, DeviceTarget
-from .rounds import STAGES, GenerationResult, RoundLog, round_seed
+from .rounds import STAGES, GenerationResult, RoundLog, check_graph, round_seed
 
 SIM = numba_config.ENABLE_CUDASIM
 THREADS = 128
@@ -530,8 +530,7 @@ def generate_device(target: DeviceTarget, drafter: DeviceDrafter | None, *, prom
     counts nor ``stage_times``.
     """
     t_start = time.perf_counter()
-    if graph not in (None, False, True, "stages"):
-        raise ValueError(f"graph must be None, False, True or 'stages', got {graph!r}")
+    check_graph(graph)
     can = capturable(drafter, method)
     if graph is None:
         graph = can

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-import numpy as np
-
+from .._checks import check_flag
 from ..model.protocols import Drafter, Target
 from .host import generate_host
-from .rounds import GenerationResult, check_generate_inputs
+from .rounds import GenerationResult, check_generate_inputs, check_graph
 
 
 def device_loop_applies(target: Target, drafter: Drafter | None, method: str) -> bool:
@@ -46,11 +45,9 @@ def generate(target: Target, drafter: Drafter | None, prompt_ids, max_new_tokens
     ``ddtree-numba sweep --stage-graphs``). Otherwise, and for ``trace=True`` (host trees per
     round), the host loop (``decode.host``) calls each stage.
     """
-    if graph not in (None, False, True, "stages"):
-        raise ValueError(f"graph must be None, False, True or 'stages', got {graph!r}")
-    for name, flag in (("trace", trace), ("allow_long_context", allow_long_context)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise ValueError(f"{name} must be True or False, got {flag!r}")
+    check_graph(graph)
+    check_flag("trace", trace)
+    check_flag("allow_long_context", allow_long_context)
     a = check_generate_inputs(target, drafter, prompt_ids, max_new_tokens, method, budget, temperature, seed,
                               max_tokens, stop_token_ids, allow_long_context)
     with _progress_hook(progress, a.n_new, method) as hook:

@@ -283,25 +283,7 @@ def check_generate_inputs(target, drafter, prompt_ids, max_new_tokens, method, b
         raise ValueError("the drafter was loaded for another target (its target's config differs from this one's): "
                          "load it for this one, dd.load_drafter(path, target)")
     vocab = cfg.vocab_size
-    if isinstance(prompt_ids, (str, bytes)):
-        raise ValueError(f"prompt_ids must be token ids (a 1-D sequence of ints), got {type(prompt_ids).__name__}; "
-                         "the demo pair is byte-level: list(text.encode())")
-    prompt = np.asarray(prompt_ids)
-    if prompt.ndim != 1:
-        raise ValueError(f"prompt_ids must be 1-D, got shape {prompt.shape}")
-    if prompt.shape[0] == 0:
-        raise ValueError("prompt_ids is empty: generation needs at least one prompt token")
-    if prompt.dtype == object and all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-                                      for v in prompt):            # (ints past int64, or an object array)
-        bad = next((int(v) for v in prompt if not 0 <= v < vocab), None)
-        if bad is not None:
-            raise ValueError(f"prompt token id {bad} is out of range [0, {vocab})")
-        prompt = prompt.astype(np.int64)
-    if not np.issubdtype(prompt.dtype, np.integer):
-        raise ValueError(f"prompt_ids must hold integers, got dtype {prompt.dtype}")
-    if prompt.min() < 0 or prompt.max() >= vocab:
-        bad = int(prompt[(prompt < 0) | (prompt >= vocab)][0])
-        raise ValueError(f"prompt token id {bad} is out of range [0, {vocab})")
+    prompt = check_prompt_ids(prompt_ids, vocab)
     if (isinstance(stop_token_ids, (str, bytes)) or not hasattr(stop_token_ids, "__iter__")
             or (isinstance(stop_token_ids, np.ndarray) and stop_token_ids.ndim != 1)):
         raise ValueError(f"stop_token_ids must be a sequence of token ids, got {stop_token_ids!r}")
@@ -338,4 +320,39 @@ def check_generate_inputs(target, drafter, prompt_ids, max_new_tokens, method, b
         raise ValueError(f"a prompt of {p}, {max_tokens} cache rows and a verify forward of {rows} rows need at least "
                          f"{need / 2**30:.1f} GiB; the {target.backend} backend has {have / 2**30:.1f} GiB available "
                          "(lower max_new_tokens or budget)")
-    return GenerateArgs(prompt.astype(np.int32), max_new_tokens, budget, temperature, seed, stops, max_tokens)
+    return GenerateArgs(prompt, max_new_tokens, budget, temperature, seed, stops, max_tokens)
+
+
+def check_prompt_ids(prompt_ids, vocab: int) -> np.ndarray:
+    """A prompt's token ids as int32 [P], or a ``ValueError`` naming what is wrong: text, not 1-D,
+    empty, not integers, an id outside [0, ``vocab``) (ids past int64 included)."""
+    if isinstance(prompt_ids, (str, bytes)):
+        raise ValueError(f"prompt_ids must be token ids (a 1-D sequence of ints), got {type(prompt_ids).__name__}; "
+                         "the demo pair is byte-level: list(text.encode())")
+    prompt = np.asarray(prompt_ids)
+    if prompt.ndim != 1:
+        raise ValueError(f"prompt_ids must be 1-D, got shape {prompt.shape}")
+    if prompt.shape[0] == 0:
+        raise ValueError("prompt_ids is empty: generation needs at least one prompt token")
+    if prompt.dtype == object and all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+                                      for v in prompt):            # (ints past int64, or an object array)
+        bad = next((int(v) for v in prompt if not 0 <= v < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is out of range [0, {vocab})")
+        prompt = prompt.astype(np.int64)
+    if not np.issubdtype(prompt.dtype, np.integer):
+        raise ValueError(f"prompt_ids must hold integers, got the non-integer dtype {prompt.dtype}")
+    if prompt.min() < 0 or prompt.max() >= vocab:
+        bad = int(prompt[(prompt < 0) | (prompt >= vocab)][0])
+        raise ValueError(f"prompt token id {bad} is out of range [0, {vocab})")
+    return prompt.astype(np.int32)
+
+
+GRAPH_MODES = (None, False, True, "stages")
+
+
+def check_graph(graph):
+    """``generate``'s ``graph``: one of ``GRAPH_MODES``, else a ``ValueError``."""
+    if graph not in GRAPH_MODES:
+        raise ValueError(f"graph must be None, False, True or 'stages', got {graph!r}")
+    return graph
