@@ -240,7 +240,7 @@ def append_rows(title: str, header: list[str], rows: list[list], note: str = "",
         append = False
         print("(the CUDA simulator: nothing appended to docs/PERFORMANCE.md or written to results/)")
     from ddtree_numba import _device                 # how the kernels were launched (the process's mode)
-    pdl = _device.PDL + {False: "", True: " + early reads", "first": " + early reads (first wave)"}[_device.PARAMS_EARLY]
+    pdl = _device.PDL + (" + early reads" if _device.PARAMS_EARLY else "")
     if append:
         device, commit_id = device or device_name(), commit_id or commit()
         date = date or datetime.date.today().isoformat()

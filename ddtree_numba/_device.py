@@ -443,8 +443,8 @@ _ENV_PDL = os.environ.get("DDTREE_PDL")
 _ENV_EARLY = os.environ.get("DDTREE_PARAMS_EARLY")
 if _ENV_PDL is not None and _ENV_PDL not in PDL_MODES:
     raise ValueError(f"DDTREE_PDL must be one of {PDL_MODES}, got {_ENV_PDL!r}")
-if _ENV_EARLY is not None and _ENV_EARLY not in ("0", "1", "first"):
-    raise ValueError(f"DDTREE_PARAMS_EARLY must be 0, 1 or first, got {_ENV_EARLY!r}")
+if _ENV_EARLY is not None and _ENV_EARLY not in ("0", "1"):
+    raise ValueError(f"DDTREE_PARAMS_EARLY must be 0 or 1, got {_ENV_EARLY!r}")
 
 # Whether grid_dependency_after reads the kernel's parameters before the wait: with PDL 'trigger'
 # (DDTREE_PARAMS_EARLY=1 / 0 forces it). Measured on an H100 (forty-third and forty-fourth
@@ -453,8 +453,10 @@ if _ENV_EARLY is not None and _ENV_EARLY not in ("0", "1", "first"):
 # 6,338** (the next kernel's blocks are placed while this one runs and take their misses then).
 # The Moonlight verify (4 layers, 16 / 64 nodes, ms): off 1.82 / 2.57, wait 1.78 / **2.51**, wait
 # with the reads 1.81 / 2.86, trigger 1.85 / 2.59, trigger with the reads 1.83 / 2.89. Hence the
-# mode per workload below. DDTREE_PARAMS_EARLY=first (an experiment, not yet measured: PLANS §6)
-# reads them in about one block an SM only (block index below the SM count).
+# mode per workload below. Reading them in the first wave's blocks only (block index below the SM
+# count; forty-sixth session, H100) took the verify's cost at 64 nodes away (2.85 -> 2.51 ms) but won
+# neither workload: the verify ~1 % behind no reads, the demo 1-2 % behind every block's (removed;
+# c280793 has it).
 LAUNCH_BOUND_HIDDEN = 1024
 
 
@@ -469,7 +471,7 @@ def pdl_mode_for(hidden_size: int | None, env_pdl: str | None = None, env_early:
         mode = env_pdl
     else:
         mode = "trigger" if hidden_size is not None and hidden_size <= LAUNCH_BOUND_HIDDEN else "wait"
-    early = {"0": False, "1": True, "first": "first"}[env_early] if env_early is not None else mode == "trigger"
+    early = env_early == "1" if env_early is not None else mode == "trigger"
     return mode, early
 
 
@@ -577,21 +579,7 @@ else:
         def codegen(context, builder, signature, args):
             mode, early = _fix_pdl_mode()
             wait = _WAIT_PTX[mode]
-            if not early:                   # the wait alone, as grid_dependency()
-                _emit_wait(builder, wait)
-            elif early == "first":
-                # (an experiment, PLANS §6) only blocks whose linear index is below the SM count,
-                # about one an SM, read early: a grid of many blocks that exit at once (a grouped GEMM
-                # sized for the most work items it could get) pays the reads in those blocks only
-                linear = builder.add(_sreg(builder, "ctaid.x"), builder.mul(_sreg(builder, "nctaid.x"), builder.add(
-                    _sreg(builder, "ctaid.y"), builder.mul(_sreg(builder, "nctaid.y"), _sreg(builder, "ctaid.z")))))
-                with builder.if_else(builder.icmp_unsigned("<", linear, _sreg(builder, "nsmid"))) as (first, rest):
-                    with first:
-                        _emit_wait(builder, wait, _parameter_word(context, builder, signature, args))
-                    with rest:
-                        _emit_wait(builder, wait)
-            else:
-                _emit_wait(builder, wait, _parameter_word(context, builder, signature, args))
+            _emit_wait(builder, wait, _parameter_word(context, builder, signature, args) if early else None)
             return context.get_dummy_value()
 
         return _types.void(params), codegen
@@ -627,10 +615,6 @@ else:
             words = [builder.xor(words[i], words[i + 1]) if i + 1 < len(words) else words[i]
                      for i in range(0, len(words), 2)]
         return words[0] if words else _ir.Constant(i64, 0)
-
-    def _sreg(builder, name):
-        """A PTX special register (``ctaid.x``, ``nsmid``, ...) as a uint32."""
-        return builder.call(_ir.InlineAsm(_ir.FunctionType(_ir.IntType(32), []), f"mov.u32 $0, %{name};", "=r"), [])
 
 
 def uses_pdl(dispatcher) -> bool:

@@ -169,7 +169,6 @@ def test_every_kernel_has_an_on_disk_cache_key_that_is_the_same_in_every_process
     (2048, "trigger", None, ("trigger", True)),
     (256, None, "0", ("trigger", False)),         # DDTREE_PARAMS_EARLY decides the reads
     (2048, "wait", "1", ("wait", True)),
-    (2048, "wait", "first", ("wait", "first")),   # the first-wave experiment
 ])
 def test_the_pdl_mode_follows_the_environment_then_the_target_size(hidden, env_pdl, env_early, mode):
     from ddtree_numba._device import pdl_mode_for
@@ -219,31 +218,6 @@ def test_the_first_target_sets_the_pdl_mode_and_a_compile_fixes_it(env, steps, e
     assert proc.stdout.startswith(expect), proc.stdout
     if not expect.endswith(" 0"):
         assert "kernels already run with PDL" in proc.stdout
-
-
-_FIRST_WAVE_PROBE = """
-from numba import cuda
-from ddtree_numba import _device as d
-
-def kernel(a, n):
-    d.grid_dependency_after((a, n))
-    a[0] = n
-
-print(cuda.compile_ptx(kernel, "void(int32[::1], int64)", cc=(9, 0))[0])
-"""
-
-
-def test_first_wave_reads_branch_on_the_block_index():
-    """DDTREE_PARAMS_EARLY=first: the parameter reads (a predicated nanosleep) and the wait in the
-    blocks below the SM count, the wait alone in the others (two waits, one nanosleep, %nsmid)."""
-    env = dict({k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"},
-               DDTREE_PDL="wait", DDTREE_PARAMS_EARLY="first")
-    proc = subprocess.run([sys.executable, "-c", _FIRST_WAVE_PROBE], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    ptx = proc.stdout
-    assert "%nsmid" in ptx and "%ctaid.y" in ptx and "%nctaid.y" in ptx
-    assert ptx.count("griddepcontrol.wait") == 2 and ptx.count("nanosleep.u32 1; griddepcontrol.wait") == 1
 
 
 def test_a_bad_pdl_setting_is_named_at_import():

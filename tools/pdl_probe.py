@@ -13,7 +13,11 @@ fails the check). ``barrier``: the same N steps in *one* launch, the blocks meet
 grid barrier between steps (an atomic counter; each step reads the next block's slice of the row
 before, so a barrier that let a block through early fails the check): what a step costs when a
 persistent kernel replaces the launches (PLANS §6, the drafter in one launch). Its blocks must all
-be resident at once (at most one an SM here, 256 threads).
+be resident at once (at most one an SM here, 256 threads). ``barrier-acq``: the same with the
+arrival a ``red.release.gpu`` and the spin on ``ld.acquire.gpu`` loads (no fence by every thread,
+no atomic read a poll). ``cluster``: up to 8 blocks launched as one thread-block cluster (sm_90),
+the steps separated by the hardware cluster barrier (``barrier.cluster.arrive.release`` /
+``wait.acquire``); printed for 8 blocks only, with the grid and cluster sizes the kernel saw.
 """
 
 from __future__ import annotations
@@ -64,6 +68,60 @@ def main():
                     pass
                 cuda.threadfence()
             cuda.syncthreads()
+
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    def _address(context, builder, ty, value):
+        return builder.ptrtoint(context.make_array(ty)(context, builder, value).data, ir.IntType(64))
+
+    @intrinsic
+    def red_release_add(typingctx, counter, value):
+        """``red.release.gpu.global.add.s32 [counter.data], value``"""
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ir.IntType(64), ir.IntType(32)]),
+                               "red.release.gpu.global.add.s32 [$0], $1;", "l,r,~{memory}", side_effect=True)
+            builder.call(asm, [_address(context, builder, sig.args[0], args[0]),
+                               context.cast(builder, args[1], sig.args[1], types.int32)])
+            return context.get_dummy_value()
+        return types.void(counter, value), codegen
+
+    @intrinsic
+    def ld_acquire(typingctx, counter):
+        """``ld.acquire.gpu.global.s32`` of counter[0]"""
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(ir.IntType(32), [ir.IntType(64)]),
+                               "ld.acquire.gpu.global.s32 $0, [$1];", "=r,l,~{memory}", side_effect=True)
+            return builder.call(asm, [_address(context, builder, sig.args[0], args[0])])
+        return types.int32(counter), codegen
+
+    @cuda.jit
+    def barrier_acq_steps(a, counter, steps):
+        """``barrier_steps`` with a release add and acquire loads (thread 0 of each block)."""
+        b, t, W, B = cuda.blockIdx.x, cuda.threadIdx.x, cuda.blockDim.x, cuda.gridDim.x
+        for k in range(steps):
+            a[k + 1, b * W + t] = a[k, ((b + 1) % B) * W + t] + 1.0
+            cuda.syncthreads()
+            if t == 0:
+                red_release_add(counter, 1)
+                while ld_acquire(counter) < (k + 1) * B:
+                    pass
+            cuda.syncthreads()
+
+    cluster_sync = ptx_intrinsic("probe_cluster_sync",
+                                 "barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;")
+
+    @cuda.jit
+    def cluster_steps(a, seen, steps):
+        """The steps in one launch of one cluster, the hardware cluster barrier between them;
+        seen[0] = the grid's blocks as the kernel sees them."""
+        b, t, W, B = cuda.blockIdx.x, cuda.threadIdx.x, cuda.blockDim.x, cuda.gridDim.x
+        if b == 0 and t == 0:
+            seen[0] = B
+        for k in range(steps):
+            a[k + 1, b * W + t] = a[k, ((b + 1) % B) * W + t] + 1.0
+            cluster_sync()
 
     wait, trigger = "griddepcontrol.wait;", "griddepcontrol.launch_dependents;"
     variants = (("plain", chain("plain", ""), False), ("pdl", chain("wait", wait), True),
@@ -131,6 +189,24 @@ def main():
         a = cuda.to_device(np.zeros((n + 1, width), np.float32))
         counter = cuda.to_device(zero)
         measure("barrier", blocks, a, lambda stream, a=a: barrier_steps[blocks, 256, stream](a, counter, n), counter)
+        a = cuda.to_device(np.zeros((n + 1, width), np.float32))
+        measure("barrier-acq", blocks, a, lambda stream, a=a: barrier_acq_steps[blocks, 256, stream](a, counter, n),
+                counter)
+        if blocks == 8:     # one cluster of 8 (cuda.core's LaunchConfig counts the grid in clusters)
+            a, seen = cuda.to_device(np.zeros((n + 1, width), np.float32)), cuda.to_device(zero)
+
+            def enqueue(stream, a=a, seen=seen):
+                nd.LaunchConfig = lambda grid, **kw: real_config(grid=1, cluster=blocks, **kw)
+                try:
+                    cluster_steps[blocks, 256, stream](a, seen, n)
+                finally:
+                    nd.LaunchConfig = real_config
+
+            try:
+                measure("cluster", blocks, a, enqueue)
+                print(f"       (the cluster kernel saw a grid of {int(seen.copy_to_host()[0])} blocks)")
+            except Exception as exc:    # a driver or cuda.core without clusters: say so, go on
+                print(f"       cluster launch failed: {type(exc).__name__}: {exc}")
 
 if __name__ == "__main__":
     main()
