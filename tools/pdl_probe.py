@@ -17,7 +17,9 @@ be resident at once (at most one an SM here, 256 threads). ``barrier-acq``: the 
 arrival a ``red.release.gpu`` and the spin on ``ld.acquire.gpu`` loads (no fence by every thread,
 no atomic read a poll). ``cluster``: up to 8 blocks launched as one thread-block cluster (sm_90),
 the steps separated by the hardware cluster barrier (``barrier.cluster.arrive.release`` /
-``wait.acquire``); printed for 8 blocks only, with the grid and cluster sizes the kernel saw.
+``wait.acquire``); ``cluster-dsmem``: the same with the rows in shared memory, each step reading
+the next block's through distributed shared memory; both for 8 blocks only, with the grid the
+kernel saw.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def main():
 
     from numba import cuda
     import numba.cuda.dispatcher as nd
+    from numba import float32
 
     from ddtree_numba._device import capture_graph, ptx_intrinsic, replay_graph
 
@@ -123,6 +126,36 @@ def main():
             a[k + 1, b * W + t] = a[k, ((b + 1) % B) * W + t] + 1.0
             cluster_sync()
 
+    @intrinsic
+    def ld_cluster(typingctx, buf, i, rank):
+        """buf[i] (a float32 shared array) of block ``rank`` of this cluster, through distributed
+        shared memory (``mapa`` + ``ld.shared::cluster``)."""
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, args[0])
+            idx = context.cast(builder, args[1], sig.args[1], types.intp)
+            ptr = builder.ptrtoint(builder.gep(ary.data, [idx]), ir.IntType(64))
+            asm = ir.InlineAsm(ir.FunctionType(ir.FloatType(), [ir.IntType(64), ir.IntType(32)]),
+                               "{ .reg .u64 sa; .reg .u32 s32, r32; cvta.to.shared.u64 sa, $1; cvt.u32.u64 s32, sa; "
+                               "mapa.shared::cluster.u32 r32, s32, $2; ld.shared::cluster.f32 $0, [r32]; }",
+                               "=f,l,r,~{memory}", side_effect=True)
+            return builder.call(asm, [ptr, context.cast(builder, args[2], sig.args[2], types.int32)])
+        return types.float32(buf, i, rank), codegen
+
+    @cuda.jit
+    def cluster_dsmem_steps(a, steps):
+        """``cluster_steps`` with the rows kept in shared memory: step k reads the next block's
+        slice from its shared memory (distributed shared memory), writes its own, then the cluster
+        barrier; the last row goes to a[steps] (a[0] read once)."""
+        b, t, W, B = cuda.blockIdx.x, cuda.threadIdx.x, cuda.blockDim.x, cuda.gridDim.x
+        buf = cuda.shared.array(512, float32)           # [2, W]: steps alternate halves
+        buf[t] = a[0, b * W + t]
+        cluster_sync()
+        for k in range(steps):
+            src, dst = (k % 2) * W, ((k + 1) % 2) * W
+            buf[dst + t] = ld_cluster(buf, src + t, (b + 1) % B) + 1.0
+            cluster_sync()
+        a[steps, b * W + t] = buf[(steps % 2) * W + t]
+
     wait, trigger = "griddepcontrol.wait;", "griddepcontrol.launch_dependents;"
     variants = (("plain", chain("plain", ""), False), ("pdl", chain("wait", wait), True),
                 ("trigger-first", chain("trigger_first", trigger + " " + wait), True),
@@ -202,11 +235,21 @@ def main():
                 finally:
                     nd.LaunchConfig = real_config
 
-            try:
-                measure("cluster", blocks, a, enqueue)
-                print(f"       (the cluster kernel saw a grid of {int(seen.copy_to_host()[0])} blocks)")
-            except Exception as exc:    # a driver or cuda.core without clusters: say so, go on
-                print(f"       cluster launch failed: {type(exc).__name__}: {exc}")
+            a2 = cuda.to_device(np.zeros((n + 1, width), np.float32))
+
+            def enqueue_dsmem(stream, a=a2):
+                nd.LaunchConfig = lambda grid, **kw: real_config(grid=1, cluster=blocks, **kw)
+                try:
+                    cluster_dsmem_steps[blocks, 256, stream](a, n)
+                finally:
+                    nd.LaunchConfig = real_config
+
+            for name, a_, enq in (("cluster", a, enqueue), ("cluster-dsmem", a2, enqueue_dsmem)):
+                try:
+                    measure(name, blocks, a_, enq)
+                except Exception as exc:    # a driver or cuda.core without clusters: say so, go on
+                    print(f"       {name} launch failed: {type(exc).__name__}: {exc}")
+            print(f"       (the cluster kernel saw a grid of {int(seen.copy_to_host()[0])} blocks)")
 
 if __name__ == "__main__":
     main()
