@@ -8,7 +8,9 @@ captured CUDA graph, replayed a few times; the table gives the mean µs a launch
 inside a graph included) at the demo pair's shapes: the drafter's GQA over 330 context keys + 16 block rows (8 query
 heads, 4 kv heads, head dim 32), and the target's and drafter's projections (the stacked ones
 too: the drafter's q | k | v, K 256 -> N 512; the target's q_a | kv_a, K 256 -> N 208) at the
-``--gemm-rows`` (17 and 1 by default; 33 and 65 are the verify rows of budgets 32 and 64).
+``--gemm-rows`` (17 and 1 by default; 33 and 65 are the verify rows of budgets 32 and 64). For
+the 256-output shapes at up to 32 rows also staged tiles that hold whole rows in one block (the
+question of PLANS §6's norm epilogue: is one block no slower than today's many?).
 The tables in kernels/gqa.py (``_gpu_tiles``: the split kernel's; ``_warp_tiles``: the warp
 kernel's, the default for the drafter) and kernels/linear.py hold the winners.
 """
@@ -106,7 +108,7 @@ def main():
         lambda c: dict(warp_tiles=c, method="warp"), tuple)
 
     # -- GEMMs (bf16 weights): the demo's K x N at --gemm-rows rows
-    Tl = linear._Tile
+    Tl, St = linear._Tile, linear._Staged
     buf = 1 << (max(args.gemm_rows) - 1).bit_length()        # the workspace's rows, a power of two
     for rows in cut(tuple(args.gemm_rows)) if "gemm" in args.only else ():
         n_rows = dev(np.array([rows], np.int32))
@@ -114,13 +116,26 @@ def main():
             x = dev(rng.standard_normal((buf, k), np.float32))
             w = dev((rng.standard_normal((n, k), np.float32).view(np.uint32) >> 16).astype(np.uint16))
             out = cuda.device_array((buf, n), np.float32)
-            chosen = linear._choose(rows, n, k, False, 1)
             res = []
-            for cand in cut([chosen] + [Tl(mt, rt, nw) for mt in (1, 2) for rt in (1, 2, 4) for nw in (1, 2, 4)
-                                        if 8 * rt < 2 * max(rows, 8) and nw <= max(1, k // 64)]):
-                if res and cand == chosen:
+            cands = [None] + [Tl(mt, rt, nw) for mt in (1, 2) for rt in (1, 2, 4) for nw in (1, 2, 4)
+                              if 8 * rt < 2 * max(rows, 8) and nw <= max(1, k // 64)]
+            if n == 256 and rows <= 32:
+                # whole rows in one block (a norm could be its epilogue, PLANS §6): staged tiles of
+                # 256 outputs, the rows in n8 tiles, no ring (a ring of 256 rows is past 48 KB)
+                cands += [St(wm, 1, 256 // (16 * wm), rt, 0) for wm in (4, 8) for rt in (2, 4)]
+            seen = set()
+            for cand in cut(cands):
+                # the tile the launch takes (a forced tile that does not fit is replaced: time it once)
+                cand = linear._plan(x, 0, w.reshape(1, n, k), None, buf, "bf16", cand).tile
+                if cand in seen:
                     continue
-                us = timed(lambda s: linear.enqueue_linear(x, w, out, n_rows, precision="bf16", tile=cand, stream=s), R)
+                seen.add(cand)
+                try:
+                    us = timed(lambda s: linear.enqueue_linear(x, w, out, n_rows, precision="bf16", tile=cand,
+                                                               stream=s), R)
+                except Exception as exc:     # a tile that does not fit this shape: say so, go on
+                    print(f"  {cand}: {type(exc).__name__}: {str(exc)[:80]}")
+                    continue
                 res.append((tuple(cand), us))
             print(f"GEMM {rows} rows, K {k} -> N {n}:")
             report("linear", res)
