@@ -47,12 +47,26 @@ def report(name, results):
         print(f"  {name:10s} {str(tiles):44s} {us:7.2f} µs  x{base / us:4.2f}{mark}")
 
 
+def _shape(text):
+    """K,N -> (K, N), positive integers."""
+    try:
+        k, n = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a shape is K,N (two integers), got {text!r}") from None
+    if k <= 0 or n <= 0:
+        raise argparse.ArgumentTypeError(f"K and N must be positive, got {text!r}")
+    return k, n
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--keys", type=int, default=330, help="cached / context keys (the demo's ~330)")
     ap.add_argument("--quick", action="store_true", help="two candidates a kernel, one shape (a smoke run)")
     ap.add_argument("--gemm-rows", type=int, nargs="+", default=[17, 1], help="the GEMMs' live rows")
+    ap.add_argument("--gemm-shapes", nargs="+", metavar="K,N", type=_shape,
+                    default=[(256, 768), (256, 128), (768, 256), (256, 264), (256, 512), (256, 208)],
+                    help="the GEMMs' K,N (default: every demo-pair projection)")
     ap.add_argument("--sequences", type=int, default=1,
                     help="GQA: this many sequences in one launch (the batched round's drafts), each --keys keys")
     ap.add_argument("--only", choices=["gqa", "gemm"], nargs="+", default=["gqa", "gemm"],
@@ -112,7 +126,7 @@ def main():
     buf = 1 << (max(args.gemm_rows) - 1).bit_length()        # the workspace's rows, a power of two
     for rows in cut(tuple(args.gemm_rows)) if "gemm" in args.only else ():
         n_rows = dev(np.array([rows], np.int32))
-        for k, n in cut(((256, 768), (256, 128), (768, 256), (256, 264), (256, 512), (256, 208))):
+        for k, n in cut(args.gemm_shapes):
             x = dev(rng.standard_normal((buf, k), np.float32))
             w = dev((rng.standard_normal((n, k), np.float32).view(np.uint32) >> 16).astype(np.uint16))
             out = cuda.device_array((buf, n), np.float32)
