@@ -152,7 +152,8 @@ def main():
                     continue
                 res.append((tuple(cand), us))
             print(f"GEMM {rows} rows, K {k} -> N {n}:")
-            report("linear", res)
+            if res:
+                report("linear", res)
 
 
 if __name__ == "__main__":
