@@ -226,27 +226,22 @@ def main():
         measure("barrier-acq", blocks, a, lambda stream, a=a: barrier_acq_steps[blocks, 256, stream](a, counter, n),
                 counter)
         if blocks == 8:     # one cluster of 8 (cuda.core's LaunchConfig counts the grid in clusters)
-            a, seen = cuda.to_device(np.zeros((n + 1, width), np.float32)), cuda.to_device(zero)
+            seen = cuda.to_device(zero)
 
-            def enqueue(stream, a=a, seen=seen):
-                nd.LaunchConfig = lambda grid, **kw: real_config(grid=1, cluster=blocks, **kw)
+            def in_one_cluster(kernel, *args):
+                """An enqueue(stream) of ``kernel[blocks, 256](*args)`` launched as one cluster."""
+                def enqueue(stream):
+                    nd.LaunchConfig = lambda grid, **kw: real_config(grid=1, cluster=blocks, **kw)
+                    try:
+                        kernel[blocks, 256, stream](*args)
+                    finally:
+                        nd.LaunchConfig = real_config
+                return enqueue
+
+            for name, kernel, extra in (("cluster", cluster_steps, (seen,)), ("cluster-dsmem", cluster_dsmem_steps, ())):
+                a = cuda.to_device(np.zeros((n + 1, width), np.float32))
                 try:
-                    cluster_steps[blocks, 256, stream](a, seen, n)
-                finally:
-                    nd.LaunchConfig = real_config
-
-            a2 = cuda.to_device(np.zeros((n + 1, width), np.float32))
-
-            def enqueue_dsmem(stream, a=a2):
-                nd.LaunchConfig = lambda grid, **kw: real_config(grid=1, cluster=blocks, **kw)
-                try:
-                    cluster_dsmem_steps[blocks, 256, stream](a, n)
-                finally:
-                    nd.LaunchConfig = real_config
-
-            for name, a_, enq in (("cluster", a, enqueue), ("cluster-dsmem", a2, enqueue_dsmem)):
-                try:
-                    measure(name, blocks, a_, enq)
+                    measure(name, blocks, a, in_one_cluster(kernel, a, *extra, n))
                 except Exception as exc:    # a driver or cuda.core without clusters: say so, go on
                     print(f"       {name} launch failed: {type(exc).__name__}: {exc}")
             print(f"       (the cluster kernel saw a grid of {int(seen.copy_to_host()[0])} blocks)")
