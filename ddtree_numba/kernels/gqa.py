@@ -49,7 +49,7 @@ from numba import config, cuda, float32
 
 from .._checks import check_array, is_real_number
 from .._device import (cached, ceil_div, device_function, float32_out, fma, grid_dependency_after, launcher_result,
-                       to_device)
+                       nonneg, to_device)
 from ._warp import FULL, WARP_OPS
 
 _SIM = bool(config.ENABLE_CUDASIM)
@@ -186,8 +186,10 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
         # not slices: a slice of each of seven arrays was ~400 instructions before the first load.
         grid_dependency_after((q_all, k_ctx_all, v_ctx_all, k_blk_all, v_blk_all, mask, meta, per_seq, n_rb, scale,
                                o_all, ml_all, out_all, arrive))
-        zq = cuda.blockIdx.z // n_rb
-        a0 = zq * per_seq
+        # (indices through nonneg: known >= 0, so no sign fix-ups in the loads' addresses)
+        bz = nonneg(cuda.blockIdx.z)
+        zq = nonneg(bz // n_rb)
+        a0 = nonneg(zq * per_seq)
         k_ctx = k_ctx_all[zq]
         v_ctx = v_ctx_all[zq]
         s = meta[zq, 0]
@@ -195,10 +197,10 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
         n_keys = s + t if has_blk else s
         Hq = q_all.shape[1] // DH
         rows = t * G
-        g = cuda.blockIdx.y
-        r0 = (cuda.blockIdx.z - zq * n_rb) * RM
-        key_lo = cuda.blockIdx.x * SPLIT
-        tid = cuda.threadIdx.x
+        g = nonneg(cuda.blockIdx.y)
+        r0 = (bz - zq * n_rb) * RM
+        key_lo = nonneg(cuda.blockIdx.x) * SPLIT
+        tid = nonneg(cuda.threadIdx.x)
         n_split = (n_keys + SPLIT - 1) // SPLIT
         if fuse and (n_keys == 0 or n_split > cuda.gridDim.x):
             # no key at all: NaN rows, as the twin. More keys than the grid was sized for (meta
@@ -265,9 +267,9 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
                             if EARLY_V:
                                 vval = v_ctx[j, g * DH + d]
                         else:
-                            val = k_blk_all[a0 + j - s, g * DH + d]
+                            val = k_blk_all[a0 + nonneg(j - s), g * DH + d]
                             if EARLY_V:
-                                vval = v_blk_all[a0 + j - s, g * DH + d]
+                                vval = v_blk_all[a0 + nonneg(j - s), g * DH + d]
                     kv[it] = val
                     vv[it] = vval
                 if key0 == key_lo and bt == 0:
@@ -318,7 +320,7 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
                         if j < s:
                             val = v_ctx[j, g * DH + d]
                         else:
-                            val = v_blk_all[a0 + j - s, g * DH + d]
+                            val = v_blk_all[a0 + nonneg(j - s), g * DH + d]
                     skv[kk * DH + d] = val
             pm = float32(NEG)
             for kk in range(ppart, KT, TPR):
@@ -487,8 +489,10 @@ def _gqa_warp_kernel(DH, RW, NW, KT, SPLIT, has_blk, G):
                ml_all, out_all):
         grid_dependency_after((q_all, k_ctx_all, v_ctx_all, k_blk_all, v_blk_all, meta, per_seq, n_rb, max_split,
                                scale, o_all, ml_all, out_all))
-        zq = cuda.blockIdx.y // n_rb
-        a0 = zq * per_seq
+        # (indices through nonneg: known >= 0, so no sign fix-ups in the loads' addresses)
+        by = nonneg(cuda.blockIdx.y)
+        zq = nonneg(by // n_rb)
+        a0 = nonneg(zq * per_seq)
         k_ctx = k_ctx_all[zq]
         v_ctx = v_ctx_all[zq]
         s = meta[zq, 0]
@@ -496,9 +500,9 @@ def _gqa_warp_kernel(DH, RW, NW, KT, SPLIT, has_blk, G):
         n_keys = s + t if has_blk else s
         Hq = q_all.shape[1] // DH
         rows = t * G
-        g = cuda.blockIdx.x
-        r0 = (cuda.blockIdx.y - zq * n_rb) * RW
-        tid = cuda.threadIdx.x
+        g = nonneg(cuda.blockIdx.x)
+        r0 = (by - zq * n_rb) * RW
+        tid = nonneg(cuda.threadIdx.x)
         if r0 >= rows:
             return                       # the whole block leaves together
         n_split = (n_keys + SPLIT - 1) // SPLIT
@@ -533,7 +537,7 @@ def _gqa_warp_kernel(DH, RW, NW, KT, SPLIT, has_blk, G):
                 for jd in range(DL):
                     o[u * DL + jd] = float32(0.0)
             for tile in range(TPS):
-                key0 = split * SPLIT + tile * KT
+                key0 = nonneg(split * SPLIT + tile * KT)
                 nk = min(KT, n_keys - key0) if split < n_split else 0   # <= 0: no key (the loop's end)
                 j = key0 + lane
                 for d in range(DH):
@@ -543,8 +547,9 @@ def _gqa_warp_kernel(DH, RW, NW, KT, SPLIT, has_blk, G):
                         for d in range(DH):
                             kreg[d] = k_ctx[j, g * DH + d]
                     else:
+                        jb = a0 + nonneg(j - s)
                         for d in range(DH):
-                            kreg[d] = k_blk_all[a0 + j - s, g * DH + d]
+                            kreg[d] = k_blk_all[jb, g * DH + d]
                 # the values, lane = dim: a tile wholly in the context or in the block picks its
                 # array once (one straddles them at most)
                 for kk in range(N_V):
@@ -556,11 +561,12 @@ def _gqa_warp_kernel(DH, RW, NW, KT, SPLIT, has_blk, G):
                             if kk < nk and (DH % W == 0 or d < DH):
                                 vreg[kk * DL + jd] = v_ctx[key0 + kk, g * DH + d]
                 elif key0 >= s:
+                    b0 = a0 + nonneg(key0 - s)
                     for kk in range(KT):
                         for jd in range(DL):
                             d = lane + W * jd
                             if kk < nk and (DH % W == 0 or d < DH):
-                                vreg[kk * DL + jd] = v_blk_all[a0 + key0 - s + kk, g * DH + d]
+                                vreg[kk * DL + jd] = v_blk_all[b0 + kk, g * DH + d]
                 else:
                     for kk in range(KT):
                         jj = key0 + kk
@@ -570,7 +576,7 @@ def _gqa_warp_kernel(DH, RW, NW, KT, SPLIT, has_blk, G):
                                 if jj < s:
                                     vreg[kk * DL + jd] = v_ctx[jj, g * DH + d]
                                 else:
-                                    vreg[kk * DL + jd] = v_blk_all[a0 + jj - s, g * DH + d]
+                                    vreg[kk * DL + jd] = v_blk_all[a0 + nonneg(jj - s), g * DH + d]
                 for u in range(RW):
                     acc[u] = float32(0.0)
                 for d in range(DH):              # one fma chain per score, d ascending
