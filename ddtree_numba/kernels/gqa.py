@@ -482,7 +482,9 @@ def _gqa_warp_kernel(DH, RW, NW, KT, SPLIT, has_blk, G):
             cuda.syncwarp()
 
     # Past 256 threads a block the registers must be capped to launch at all (the default 384: at
-    # most 170); up to it the compiler's own choice (178 at RW 4, NW 8; launch bounds of 256 made it 234)
+    # most 170); up to it the compiler's own choice (178 at RW 4, NW 8 before the indices went
+    # through nonneg; launch bounds of 256 made it 234). With nonneg the demo's tile (RW 1, NW 12)
+    # takes 139 (ptxas 13.0), where it took 168 with 64 bytes spilled
     @cached
     @(cuda.jit(launch_bounds=(NT,)) if not _SIM and NT > 256 else cuda.jit)
     def kernel(q_all, k_ctx_all, v_ctx_all, k_blk_all, v_blk_all, meta, per_seq, n_rb, max_split, scale, o_all,
