@@ -5,19 +5,12 @@ profiling, so the SASS maps to Python lines):
     python tools/ncu_lines.py source.csv [top]
 """
 
-import argparse
-import csv
+
+from ncu_summary import csv_command_line   # (a sibling: tools/ run as scripts)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("path", help="the CSV that ncu wrote")
-    ap.add_argument("top", type=int, nargs="?", default=25, help="how many to print (default 25)")
-    args = ap.parse_args()
-    path, top = args.path, args.top
-    with open(path, newline="") as f:
-        rows = [r for r in csv.reader(f)]
+    _, rows, top = csv_command_line(__doc__, 25)
     found = [i for i, r in enumerate(rows) if any("Sampling" in c for c in r)]
     if not found:
         print("no sampling column; the first rows:", rows[:3])

@@ -11,19 +11,12 @@ Python lines with tools/sass_lines.py (static, the same compiler output up to th
 """
 
 import collections
-import argparse
-import csv
+
+from ncu_summary import csv_command_line   # (a sibling: tools/ run as scripts)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("path", help="the CSV that ncu wrote")
-    ap.add_argument("top", type=int, nargs="?", default=20, help="how many to print (default 20)")
-    args = ap.parse_args()
-    path, top = args.path, args.top
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))
+    _, rows, top = csv_command_line(__doc__, 20)
     head_i = next((i for i, r in enumerate(rows) if r and r[0] == "Address"), None)
     if head_i is None:
         print("no Address column; the first rows:", rows[:3])

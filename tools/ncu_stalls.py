@@ -10,9 +10,9 @@ profile's shares weighted by each kernel's time.
 """
 
 import collections
-import argparse
-import csv
 import re
+
+from ncu_summary import csv_command_line   # (a sibling: tools/ run as scripts)
 
 _STALL = re.compile(r"^smsp__average_warps?(?:_latency)?_issue_stalled_(\w+?)_per_(?:issue|warp)_active\.ratio$")
 
@@ -25,14 +25,7 @@ def _num(v):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("path", help="the CSV that ncu wrote")
-    ap.add_argument("top", type=int, nargs="?", default=30, help="how many to print (default 30)")
-    args = ap.parse_args()
-    path, top = args.path, args.top
-    with open(path, newline="") as f:
-        rows = [r for r in csv.reader(f)]
+    path, rows, top = csv_command_line(__doc__, 30)
     head_i = next((i for i, r in enumerate(rows) if "Kernel Name" in r), None)
     if head_i is None:
         raise SystemExit(f"{path}: no 'Kernel Name' column")

@@ -21,6 +21,18 @@ from collections import defaultdict
 _US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
 
 
+def csv_command_line(doc: str, default_top: int) -> tuple[str, list[list[str]], int]:
+    """The command line of a tool that reads one ncu CSV (``ncu_lines``, ``ncu_sass``,
+    ``ncu_stalls``): ``PATH [TOP]``, ``doc`` its help. Returns (the path, the CSV's rows, top)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0], epilog=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("path", help="the CSV that ncu wrote")
+    ap.add_argument("top", type=int, nargs="?", default=default_top, help=f"how many to print (default {default_top})")
+    args = ap.parse_args()
+    with open(args.path, newline="") as f:
+        return args.path, list(csv.reader(f)), args.top
+
+
 def short(name: str) -> str:
     name = name.split("(")[0].replace("cudapy::", "").replace("ddtree_numba::", "")
     name = re.sub(r"\[abi:[^\]]*\]", "", name).replace("::<locals>", "").replace("_3clocals_3e", "")
