@@ -9,4 +9,5 @@ from .rounds import (GRAPH_MODES, LOOPS, METHODS, STAGE_CLOCKS, STAGES, Generati
                      check_prompt_ids, commit_tokens, round_seed)
 
 __all__ = ["GRAPH_MODES", "LOOPS", "METHODS", "STAGES", "STAGE_CLOCKS", "BatchResult", "BatchRound", "GenerationResult",
-           "RoundTrace", "check_graph", "check_prompt_ids", "commit_tokens", "device_loop_applies", "generate", "generate_batch", "round_seed"]
+           "RoundTrace", "check_graph", "check_prompt_ids", "commit_tokens", "device_loop_applies", "generate",
+           "generate_batch", "round_seed"]
