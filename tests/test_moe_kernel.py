@@ -157,12 +157,39 @@ def _distinct_ids(rng, T, E, K):
     return np.stack([rng.choice(E, K, replace=False) for _ in range(T)]).astype(np.int32)
 
 
-@pytest.mark.parametrize("n,item_rows", [(0, 8), (1, 8), (13, 16), (37, 8)])
-def test_counting_sort_invariants(rng, n, item_rows):
-    R, E, K = 37, 6, 3  # R > 32: more than one bitmap word
+@pytest.mark.parametrize("n,item_rows,scratch", [(0, 8, "shared"), (1, 8, "shared"), (13, 16, "shared"),
+                                                  (37, 8, "shared"), (37, 8, "global"), (1, 16, "global")])
+def test_counting_sort_invariants(rng, monkeypatch, n, item_rows, scratch):
+    """The counting sort against the twin's grouping, its bitmap and word prefixes in shared memory
+    (``moe.SORT_SHARED_WORDS`` or fewer words) or in the buffers' global scratch (more)."""
+    from ddtree_numba.kernels import moe
+    if scratch == "global":
+        monkeypatch.setattr(moe, "SORT_SHARED_WORDS", 0)
+    _check_counting_sort(rng, n, item_rows)
+
+
+@pytest.mark.parametrize("scratch", ["shared", "global"])
+def test_counting_sort_scan_by_warps(rng, monkeypatch, scratch):
+    """The sort's GPU branch (the per-thread totals scanned by warp shuffles, then the warps' totals
+    in order), which the simulator otherwise runs as a shared-memory scan: in emulated warps
+    (tests/warp_emulation.py) on a block of two warps, the same invariants. Experts past the
+    first warp's threads make the second warp's totals count."""
+    from warp_emulation import gpu_branch
+    from ddtree_numba.kernels import moe
+    monkeypatch.setattr(moe, "SORT_THREADS", 64)
+    if scratch == "global":
+        monkeypatch.setattr(moe, "SORT_SHARED_WORDS", 0)
+    with gpu_branch(monkeypatch, moe, "_sort_kernel"):
+        _check_counting_sort(rng, 37, 8, E=70)
+
+
+def _check_counting_sort(rng, n, item_rows, E=6):
+    R, K = 37, 3  # R > 32: more than one bitmap word
     # experts 0..4 only (expert 5 stays empty); expert 4 in every third row (a crowded one)
+    # (with E > 6, the rows also pick among the experts past 5, leaving some of them empty too)
+    top = 5 if E == 6 else E - 2
     ids = np.stack([np.append(rng.choice(4, K - 1, replace=False), 4) if r % 3 == 0
-                    else rng.choice(5, K, replace=False) for r in range(R)]).astype(np.int32)
+                    else rng.choice(top, K, replace=False) for r in range(R)]).astype(np.int32)
     w = rng.standard_normal((R, K)).astype(np.float32)
     bufs = MoEBuffers(R, E, K, 4, 4)
     bufs.token_slot.copy_to_device(np.full((R, K), -1, np.int32))

@@ -39,8 +39,9 @@ from numba import config, cuda, float32, int32, uint32
 
 from .._checks import check_array, check_int, check_precision
 from .._device import (SideStream, cached, ceil_div, device_function, float32_out, fma, grid_dependency_after,
-                       is_device, launcher_result, rows_device, to_device)
+                       is_device, launcher_result, nonneg, rows_device, to_device)
 from ..dtypes import STORAGE_DTYPES
+from ._warp import WARP_OPS, warp_inclusive_scan
 from ._widen import KINDS
 from ..reference.moe import work_item_capacity
 from .linear import (_TALL_SWIGLU, _grouped_tile, _rows_a_tile, _Staged, _enqueue_grouped_linear, enqueue_linear,
@@ -61,6 +62,9 @@ SORT_THREADS = 8 if SIM else 512      # the whole counting sort is one block
 # launches 18.1 / 18.7 / 19.4, one launch 18.1 / 18.8 / 19.6; 69c74fd, 6ee5d65.)
 COMBINE_THREADS = 16 if SIM else 128  # columns per block of the combine; grid y = rows
 E_MAX = 1024                          # routed experts the routing kernel holds in shared memory
+# bitmap words (E x ceil(R / 32)) the counting sort keeps in shared memory (with their prefixes:
+# 32 KB); past it (DeepSeek-V3's 256 experts from 513 rows) they live in the buffers' global scratch
+SORT_SHARED_WORDS = 4096
 
 SCORING_FUNCS = ("softmax", "sigmoid")
 TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
@@ -144,8 +148,10 @@ class MoEBuffers:
         self.logits = arr((R, E), np.float32)            # [R, E]    router logits
         self.topk_ids = arr((R, K), np.int32)            # [R, K]    chosen experts, best first
         self.topk_weights = arr((R, K), np.float32)      # [R, K]    their weights
-        self.bitmap = arr((E, W), np.uint32)             # [E, W]    bit r%32 of word r//32: token r chose e
-        self.word_prefix = arr((E, W), np.int32)         # [E, W]    tokens marked for e in words < w
+        # the sort's scratch past SORT_SHARED_WORDS (else it keeps them in shared memory), flat
+        # [E * W'] for the live rows' W' words: bit r%32 of word e W' + r//32: token r chose e
+        self.bitmap = arr(E * W, np.uint32)
+        self.word_prefix = arr(E * W, np.int32)          # tokens marked for e in its words < w
         self.offsets = arr(E + 1, np.int32)              # [E+1]     expert e's slots: offsets[e] .. offsets[e+1]
         self.slot_token = arr(R * K, np.int32)           # [R*K]     slot -> token row
         self.slot_weight = arr(R * K, np.float32)        # [R*K]     slot -> routing weight
@@ -198,6 +204,7 @@ def _route_kernel(threads):
         gscore = cuda.shared.array(E_MAX, float32)  # [G] group scores
         gkeep = cuda.shared.array(E_MAX, int32)     # [G] 1: group kept
         red = cuda.shared.array(T, float32)
+        chosen = cuda.shared.array(E_MAX, int32)    # [K] the picks, best first (thread 0 weighs them)
         neg_inf = float32(-math.inf)
 
         if scoring == 0:
@@ -278,17 +285,19 @@ def _route_kernel(threads):
                         break
             if rank < top_k:
                 topk_ids[r, rank] = e
-        cuda.syncthreads()  # the block's global writes of topk_ids are visible to thread 0
-
+                chosen[rank] = e
+        cuda.syncthreads()  # the picks are in
+        # (thread 0 reads them from shared memory: reading topk_ids back, each a dependent trip
+        # to L2 after the other threads' stores, was 2 top_k of them in a chain)
         if t == 0:
             denom = float32(1.0)
             if norm != 0:
                 wsum = float32(0.0)
                 for k in range(top_k):
-                    wsum = wsum + score[topk_ids[r, k]]
+                    wsum = wsum + score[chosen[k]]
                 denom = wsum + float32(1e-20)
             for k in range(top_k):
-                w = score[topk_ids[r, k]]
+                w = score[chosen[k]]
                 if norm != 0:
                     w = w / denom
                 topk_weights[r, k] = w * scale
@@ -297,14 +306,28 @@ def _route_kernel(threads):
 
 
 @functools.lru_cache(maxsize=None)
-def _sort_kernel(threads):
+def _sort_kernel(threads, in_shared=True):
     """One block: group the n * K slots of rows r < n_rows[0] by expert (tokens ascending).
 
-    topk_ids [R, K] int32, topk_weights [R, K] f32 -> bitmap / word_prefix [E, W] (scratch),
-    offsets [E+1], slot_token [R*K], slot_weight [R*K], token_slot [R, K] (ascending), items
-    [3*Y] (the work items of ``item_rows`` slots, ``reference.moe.expert_work_items``).
-    """
+    topk_ids [R, K] int32, topk_weights [R, K] f32 -> offsets [E+1], slot_token [R*K],
+    slot_weight [R*K], token_slot [R, K] (ascending), items [3*Y] (the work items of
+    ``item_rows`` slots, ``reference.moe.expert_work_items``). bitmap / word_prefix [E * W] are
+    flat scratch (W = ceil(R / 32) words a row of experts, n's first ceil(n / 32) of them used),
+    read only when ``in_shared`` is False; with it (E * W <= SORT_SHARED_WORDS) the bitmap and
+    its word prefixes live in shared memory instead.
+
+    Every value a thread needs again after a barrier stays on chip: the bitmap, its prefixes and
+    the offsets in shared memory, each row's slots ranked by its own expert ids (a slot's rank
+    among its row's is the number of the row's experts with a lower id, as slots ascend with
+    the expert), the scan of the per-thread totals by warp shuffles. (Before, every one of these
+    went through global memory and back, a dependent trip to L2 each: thread 0's insertion of
+    each slot into its row's list read back the list it had just stored, and the scan took 18
+    barriers.) The same integers in the same places: the output does not change."""
     T = threads
+    NWARP = max(1, T // 32)
+    SW = SORT_SHARED_WORDS if in_shared else 1
+    STARTS = E_MAX + 1
+    WARP = WARP_OPS and T % 32 == 0
 
     @cached
     @cuda.jit
@@ -312,21 +335,30 @@ def _sort_kernel(threads):
                slot_weight, token_slot, items, item_rows):
         grid_dependency_after((topk_ids, topk_weights, n_rows, bitmap, word_prefix, offsets, slot_token, slot_weight,
                                token_slot, items, item_rows))
-        t = cuda.threadIdx.x
-        n = n_rows[0]
+        t = nonneg(cuda.threadIdx.x)
+        n = nonneg(n_rows[0])
         K = topk_ids.shape[1]
-        E = bitmap.shape[0]
+        E = offsets.shape[0] - 1
         nw = (n + 31) // 32
-        tot = cuda.shared.array(T, int32)
+        tot = cuda.shared.array(T, int32)          # per-thread totals, scanned (the simulator's path)
         tot_items = cuda.shared.array(T, int32)
+        wtot = cuda.shared.array(32, int32)        # per-warp totals (the warp path)
+        wtot_items = cuda.shared.array(32, int32)
+        start = cuda.shared.array(STARTS, int32)   # start[e]: expert e's first slot
+        if in_shared:
+            bm = cuda.shared.array(SW, uint32)
+            wp = cuda.shared.array(SW, int32)
+        else:
+            bm = bitmap
+            wp = word_prefix
 
         for i in range(t, E * nw, T):  # clear the words live rows use
-            bitmap[i // nw, i % nw] = uint32(0)
+            bm[i] = uint32(0)
         cuda.syncthreads()  # cleared before anyone marks
-        for p in range(t, n * K, T):
-            rr = p // K
-            e = topk_ids[rr, p - rr * K]
-            cuda.atomic.or_(bitmap, (e, rr >> 5), uint32(1) << uint32(rr & 31))
+        for rr in range(t, n, T):      # one thread a row: its K marks
+            for k in range(K):
+                e = nonneg(topk_ids[rr, k])
+                cuda.atomic.or_(bm, e * nw + (rr >> 5), uint32(1) << uint32(rr & 31))
         cuda.syncthreads()  # every mark is in
 
         # per-expert counts and word prefixes; thread t owns the experts [e0, e1)
@@ -338,29 +370,49 @@ def _sort_kernel(threads):
         for e in range(e0, e1):
             c = 0
             for w in range(nw):
-                word_prefix[e, w] = c
-                c += cuda.popc(bitmap[e, w])
-            offsets[e + 1] = c  # the count for now; the running offset below
+                wp[e * nw + w] = c
+                c += cuda.popc(bm[e * nw + w])
+            start[e + 1] = c  # the count for now; the running offset below
             own += c
             own_items += (c + item_rows - 1) // item_rows
-        tot[t] = own
-        tot_items[t] = own_items
-        cuda.syncthreads()  # every thread's total is in
-        s = 1
-        while s < T:  # inclusive scans of tot and tot_items (Hillis-Steele)
-            v = tot[t - s] if t >= s else 0
-            vi = tot_items[t - s] if t >= s else 0
-            cuda.syncthreads()  # all reads of this step before its writes
-            tot[t] += v
-            tot_items[t] += vi
-            cuda.syncthreads()  # all writes before the next step's reads
-            s *= 2
-        base = tot[t] - own
-        y = tot_items[t] - own_items  # the first work item of this thread's experts
+        # inclusive scans of own and own_items over the threads, in thread order
+        if WARP:
+            warp = t >> 5
+            inc = warp_inclusive_scan(own)
+            inc_items = warp_inclusive_scan(own_items)
+            if t & 31 == 31:
+                wtot[warp] = inc
+                wtot_items[warp] = inc_items
+            cuda.syncthreads()  # every warp's total is in
+            all_items = 0
+            for j in range(NWARP):
+                if j < warp:
+                    inc += wtot[j]
+                    inc_items += wtot_items[j]
+                all_items += wtot_items[j]
+        else:
+            tot[t] = own
+            tot_items[t] = own_items
+            cuda.syncthreads()  # every thread's total is in
+            s = 1
+            while s < T:  # Hillis-Steele
+                v = tot[t - s] if t >= s else 0
+                vi = tot_items[t - s] if t >= s else 0
+                cuda.syncthreads()  # all reads of this step before its writes
+                tot[t] += v
+                tot_items[t] += vi
+                cuda.syncthreads()  # all writes before the next step's reads
+                s *= 2
+            inc = tot[t]
+            inc_items = tot_items[t]
+            all_items = tot_items[T - 1]
+        base = inc - own
+        y = inc_items - own_items  # the first work item of this thread's experts
         if t == 0:
             offsets[0] = 0
+            start[0] = 0
         for e in range(e0, e1):  # expert e's work items: its slots in runs of item_rows
-            c = offsets[e + 1]
+            c = start[e + 1]
             for first in range(base, base + c, item_rows):
                 items[3 * y] = e
                 items[3 * y + 1] = first
@@ -368,25 +420,26 @@ def _sort_kernel(threads):
                 y += 1
             base += c
             offsets[e + 1] = base
-        for i in range(tot_items[T - 1] + t, items.shape[0] // 3, T):  # the unused items: empty
+            start[e + 1] = base
+        for i in range(all_items + t, items.shape[0] // 3, T):  # the unused items: empty
             items[3 * i] = 0
             items[3 * i + 1] = 0
             items[3 * i + 2] = 0
-        cuda.syncthreads()  # offsets and prefixes are visible to the block
+        cuda.syncthreads()  # the starts and prefixes are visible to the block
 
         for rr in range(t, n, T):  # one thread per token row
             w = rr >> 5
             below = (uint32(1) << uint32(rr & 31)) - uint32(1)
             for k in range(K):
-                e = topk_ids[rr, k]
-                pos = offsets[e] + word_prefix[e, w] + cuda.popc(bitmap[e, w] & below)
+                e = nonneg(topk_ids[rr, k])
+                pos = start[e] + wp[e * nw + w] + cuda.popc(bm[e * nw + w] & below)
                 slot_token[pos] = rr
                 slot_weight[pos] = topk_weights[rr, k]
-                i = k  # insert pos into the row's ascending list
-                while i > 0 and token_slot[rr, i - 1] > pos:
-                    token_slot[rr, i] = token_slot[rr, i - 1]
-                    i -= 1
-                token_slot[rr, i] = pos
+                rank = 0  # the row's experts with a lower id (distinct ids): this slot's place in its row
+                for j in range(K):
+                    if topk_ids[rr, j] < e:
+                        rank += 1
+                token_slot[rr, rank] = pos
 
     return kernel
 
@@ -445,7 +498,8 @@ def _enqueue_moe_sort(topk_ids, topk_weights, bufs, n_rows, *, item_rows=8, offs
     if item_rows < 8 or item_rows % 8:
         raise ValueError(f"item_rows must be a positive multiple of 8 (an mma row tile), got {item_rows}")
     bufs.item_rows = item_rows
-    _sort_kernel(SORT_THREADS)[1, SORT_THREADS, stream](
+    in_shared = bufs.bitmap.size <= SORT_SHARED_WORDS
+    _sort_kernel(SORT_THREADS, in_shared)[1, SORT_THREADS, stream](
         topk_ids, topk_weights, n_rows, bufs.bitmap, bufs.word_prefix, bufs.offsets if offsets is None else offsets,
         bufs.slot_token, bufs.slot_weight, bufs.token_slot, bufs.items, item_rows)
 
