@@ -155,6 +155,20 @@ def test_follow_tree_bad_input_is_refused(rng, fn):
         fn(tree.parents, post)
 
 
+def test_follow_tree_kernel_refuses_trees_past_its_table():
+    """The GPU walk's table holds MAX_BUDGET nodes (every tree the package builds): bigger buffers
+    are refused by name, not walked past the table."""
+    from ddtree_numba.kernels.tree_build import MAX_BUDGET
+    bufs = kn.TreeBuffers.allocate(MAX_BUDGET + 1)
+    keep, info = cuda.device_array(MAX_BUDGET + 2, np.int32), cuda.device_array(2, np.int32)
+    with pytest.raises(ValueError, match="up to MAX_BUDGET = 1024 nodes"):
+        kn.follow_tree(bufs, np.zeros(MAX_BUDGET + 2, np.int32), out=(keep, info))
+    with pytest.raises(ValueError, match="up to MAX_BUDGET = 1024 nodes"):
+        kn.follow_trees(kn.TreeBatchBuffers.allocate(2, MAX_BUDGET + 1), cuda.to_device(np.zeros(8, np.int32)),
+                        cuda.to_device(np.zeros((2, 4), np.int32)),
+                        out=(cuda.device_array((2, MAX_BUDGET + 2), np.int32), cuda.device_array((2, 2), np.int32)))
+
+
 @pytest.mark.parametrize("fn", [ref.sample_post, kn.sample_post])
 def test_sample_post_bad_input_is_refused(fn):
     x = np.zeros((3, 4), np.float32)

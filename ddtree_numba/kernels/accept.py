@@ -16,13 +16,14 @@ from .._checks import check_array, check_follow_inputs, check_sample_inputs
 from ..tree import Tree
 from .._device import cached, check_threads, device_function, grid_dependency_after, is_device, to_device
 from .rope import _no_seqs    # an empty sequence table: one tree, post from row 0
-from .tree_build import TreeBuffers
+from .tree_build import MAX_BUDGET, TreeBuffers
 
 # Threads a block (a row to draw, a tree to walk). The results do not depend on it (the arg-max
 # keeps the lowest id on ties however the row is split; a node has at most one child that matches,
 # found by an atomic minimum), so the simulator, which runs a Python thread a CUDA thread, takes fewer.
 THREADS = 32 if config.ENABLE_CUDASIM else 256
 _NONE = 2**31 - 1
+CHILD_SLOTS = MAX_BUDGET + 1   # the walk's table: a tree of up to MAX_BUDGET nodes and its root
 
 
 @device_function
@@ -173,36 +174,40 @@ def _follow_tree_kernel(threads):
                     info[1] = 0
                 return
         n = n_nodes[b_]
-        cur = cuda.shared.array(1, int32)
-        nxt = cuda.shared.array(1, int32)
+        # child[c]: the least node j whose parent is c and whose token is the target's at c (the
+        # one the walk would take there), else _NONE; every node j tests itself at once, then
+        # thread 0 follows the pointers from the root. (The walk was a block-wide scan of the
+        # candidates at each step, four barriers and a read-back of info through global memory a
+        # step: a chain about as long as the accepted path times a few trips to L2.)
+        child = cuda.shared.array(CHILD_SLOTS, int32)
+        for c in range(t, n + 1, T):
+            child[c] = _NONE
+        cuda.syncthreads()  # no child recorded yet
+        for j in range(1 + t, n + 1, T):
+            p = parents[j]
+            if tokens[j - 1] == post_all[row0 + p]:
+                cuda.atomic.min(child, p, j)
+        cuda.syncthreads()  # every node has tested itself
         if t == 0:
-            cur[0] = 0
             keep[0] = 0
-            info[0] = 1
-        cuda.syncthreads()  # the walk starts at the root
-        while True:
-            c = cur[0]
-            if t == 0:
-                nxt[0] = _NONE
-            cuda.syncthreads()  # nxt is reset before anyone proposes
-            want = post_all[row0 + c]
-            for j in range(c + 1 + t, n + 1, T):  # children have larger ids than their parent
-                if parents[j] == c and tokens[j - 1] == want:
-                    cuda.atomic.min(nxt, 0, j)
-            cuda.syncthreads()  # the (unique) matching child, if any, is in nxt
-            j = nxt[0]
-            if j == _NONE:
-                break
-            cuda.syncthreads()  # everyone has read nxt and cur before thread 0 moves on
-            if t == 0:
-                cur[0] = j
-                keep[info[0]] = j
-                info[0] += 1
-            cuda.syncthreads()  # the step is recorded before the next reads cur
-        if t == 0:
+            c = 0
+            m = 1
+            j = child[0]
+            while j != _NONE:
+                keep[m] = j
+                m += 1
+                c = j
+                j = child[c]
+            info[0] = m
             info[1] = post_all[row0 + c]
 
     return kernel
+
+
+def _check_walk_capacity(cap: int) -> None:
+    if cap > MAX_BUDGET:
+        raise ValueError(f"the GPU walk takes trees of up to MAX_BUDGET = {MAX_BUDGET} nodes (every tree the "
+                         f"package builds), got {cap}")
 
 
 def follow_tree(tree, post, *, out=None, stream=0, threads=THREADS):
@@ -225,6 +230,7 @@ def follow_tree(tree, post, *, out=None, stream=0, threads=THREADS):
         n_nodes = to_device(np.array([cap], np.int32), stream)
     else:
         raise ValueError(f"tree must be a Tree or TreeBuffers, got {type(tree).__name__}")
+    _check_walk_capacity(cap)
     if out is None:
         keep = cuda.device_array(cap + 1, np.int32, stream=stream)
         info = cuda.device_array(2, np.int32, stream=stream)
@@ -253,6 +259,7 @@ def follow_trees(trees, post, seqs, *, out, stream=0, threads=THREADS):
     """
     threads = check_threads(threads)
     S, C = trees.trees, trees.capacity
+    _check_walk_capacity(C)
     keep, info = out
     check_array("seqs", seqs, 2, np.int32, shape=(S, 4))
     check_array("out[0]", keep, 2, np.int32, shape=(S, C + 1))

@@ -11,10 +11,13 @@ One MoE block (``enqueue_moe_block``), every step on the device, no host round t
    noaux_tc, group selection, top-K with ties to the lower id (a rank count: expert e is
    the r-th pick iff exactly r experts beat it under (value desc, id asc)), weights
    normalised and scaled exactly as the twin orders the float operations.
-3. counting sort (``_sort_kernel``, one block): a bitmap [E, ceil(R/32)] marks which tokens
+3. counting sort (``_sort_kernel``, one block): a bitmap [E, ceil(n/32)] marks which tokens
    chose each expert; per-expert popcounts give ``offsets [E+1]``; a slot's position is
    offsets[e] + (tokens < r marked for e), so tokens ascend inside an expert and the
-   result is the same for any thread count or timing (the only atomics are bit ORs).
+   result is the same for any thread count or timing (the only atomics are bit ORs). The
+   bitmap, its word prefixes and the offsets stay in shared memory (global scratch past
+   ``SORT_SHARED_WORDS`` words): a kernel this small is a chain of dependent steps, and a
+   trip through global memory is one of its longest links.
 4. grouped SwiGLU GEMM over the gathered token rows and grouped down GEMM
    (``linear._enqueue_grouped_linear``): a row of blocks for each work item, a run of an
    expert's slots as tall as the gate|up tile's rows, which the sort writes beside the offsets;
