@@ -37,10 +37,27 @@ def _compact_column(rows, start_n, keep, per_group, layer, c):
     if layer < rows.shape[0] and c < rows.shape[2]:
         g = layer // per_group
         start = start_n[g, 0]
-        for i in range(1, start_n[g, 1]):  # increasing i: every read precedes the writes that reach it
-            src = keep[g, i]
-            if src != i:
-                rows[layer, start + i, c] = rows[layer, start + src, c]
+        n = start_n[g, 1]
+        # increasing i, four rows read before any of them is written: a row read at step i is
+        # keep[i] >= i, and the writes before it reached rows below the four (a read of a row
+        # from L2 is the loop's long link, and four in flight take a quarter of the chain)
+        for i in range(1, n, 4):
+            s0 = keep[g, i]
+            s1 = keep[g, i + 1] if i + 1 < n else i + 1
+            s2 = keep[g, i + 2] if i + 2 < n else i + 2
+            s3 = keep[g, i + 3] if i + 3 < n else i + 3
+            v0 = rows[layer, start + s0, c]
+            v1 = rows[layer, start + s1, c] if s1 != i + 1 else v0
+            v2 = rows[layer, start + s2, c] if s2 != i + 2 else v0
+            v3 = rows[layer, start + s3, c] if s3 != i + 3 else v0
+            if s0 != i:
+                rows[layer, start + i, c] = v0
+            if s1 != i + 1:
+                rows[layer, start + i + 1, c] = v1
+            if s2 != i + 2:
+                rows[layer, start + i + 2, c] = v2
+            if s3 != i + 3:
+                rows[layer, start + i + 3, c] = v3
 
 
 @cached
