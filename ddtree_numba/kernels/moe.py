@@ -323,9 +323,9 @@ def _sort_kernel(threads, in_shared=True):
     the offsets in shared memory, each row's slots ranked by its own expert ids (a slot's rank
     among its row's is the number of the row's experts with a lower id, as slots ascend with
     the expert), the scan of the per-thread totals by warp shuffles. (Before, every one of these
-    went through global memory and back, a dependent trip to L2 each: thread 0's insertion of
-    each slot into its row's list read back the list it had just stored, and the scan took 18
-    barriers.) The same integers in the same places: the output does not change."""
+    went through global memory and back, a dependent trip to L2 each: a row's thread inserted
+    each of its slots into the row's list by reading back the list it had just stored, and the
+    scan took 18 barriers.) The same integers in the same places: the output does not change."""
     T = threads
     NWARP = max(1, T // 32)
     SW = SORT_SHARED_WORDS if in_shared else 1
