@@ -61,6 +61,29 @@ def test_rms_norm_matches_twin(rng, t, m):
     np.testing.assert_array_equal(d.copy_to_host(), got)
 
 
+@pytest.mark.parametrize("threads", [64, 256])
+def test_rms_norm_reduction_by_warps_has_the_trees_bits(rng, monkeypatch, threads):
+    """``_inv_rms``'s GPU branch (warp 0 pairs the partials as the tree's levels of stride >= 32
+    pair them, then xor shuffles of 16 .. 1) against the shared-memory tree at the same block size:
+    the same bits. In emulated warps (tests/warp_emulation.py); rows whose squares span many
+    magnitudes, so that another pairing would round differently."""
+    import importlib
+
+    from warp_emulation import gpu_branch
+    rn = importlib.import_module("ddtree_numba.kernels.rms_norm")
+    monkeypatch.setattr(rn, "THREADS", threads)
+    rn._rms_norm_kernel.cache_clear()
+    x = (rng.standard_normal((6, 700)) * np.exp(rng.uniform(-6, 6, (6, 700)))).astype(np.float32)
+    w = rng.standard_normal(700).astype(np.float32)
+    try:
+        tree = kn.rms_norm(x, w, 1e-6)
+    finally:
+        rn._rms_norm_kernel.cache_clear()
+    with gpu_branch(monkeypatch, rn, "_rms_norm_kernel"):
+        warps = kn.rms_norm(x, w, 1e-6)
+    np.testing.assert_array_equal(warps.view(np.uint32), tree.view(np.uint32))
+
+
 def test_rms_norm_enqueue_offsets_wide_input_and_live_rows(rng):
     m, n, R = 10, 4, 6
     x = rng.standard_normal((R, m + 3)).astype(np.float32)             # a [T, C+R]-style buffer

@@ -23,6 +23,7 @@ from numba import config, cuda, float32
 from .._checks import check_array, is_real_number
 from .._device import (cached, device_function, float32_out, fma, grid_dependency_after, launcher_result, rows_device,
                        to_device)
+from ._warp import WARP_OPS
 from .rope import _cos_sin, _dest_row, _dest_rows_args, _rotate
 
 # Threads per block (a power of two: the tree halves it). 256 covers hidden 2048 in 8 loads a
@@ -46,12 +47,35 @@ def _inv_rms(x, r, c0, m, eps, part, t, T):
         acc = fma(v, v, acc)
     part[t] = acc
     cuda.syncthreads()  # every partial is in
-    stride = T // 2
-    while stride > 0:
-        if t < stride:
-            part[t] = part[t] + part[t + stride]
-        cuda.syncthreads()  # this level of the tree is done before the next reads it
-        stride //= 2
+    if WARP_OPS and T >= 64:
+        # the same tree in two barriers: the tree's levels of stride >= 32 reach index l < 32 from
+        # the partials l + 32 k alone, so lane l of warp 0 pairs those as the tree pairs them;
+        # then xor shuffles of 16 .. 1, where each lane l < s (the ones the tree updates) takes
+        # lane l + s. The same additions of the same operands: the same bits as the loop below.
+        if t < 32:
+            vals = cuda.local.array(32, float32)
+            for k in range(T // 32):
+                vals[k] = part[t + 32 * k]
+            h = T // 64
+            while h > 0:
+                for k in range(h):
+                    vals[k] = vals[k] + vals[k + h]
+                h //= 2
+            sq = vals[0]
+            off = 16
+            while off > 0:
+                sq = sq + cuda.shfl_xor_sync(0xFFFFFFFF, sq, off)
+                off //= 2
+            if t == 0:
+                part[0] = sq
+        cuda.syncthreads()  # the sum is in part[0]
+    else:
+        stride = T // 2
+        while stride > 0:
+            if t < stride:
+                part[t] = part[t] + part[t + stride]
+            cuda.syncthreads()  # this level of the tree is done before the next reads it
+            stride //= 2
     # the twin's order: var = sum / M, inv = 1 / sqrt(var + eps), out = w * (x * inv)
     var = part[0] / float32(m)
     # float32() keeps the simulator (where math.sqrt returns a Python float) in float32
