@@ -65,22 +65,34 @@ def test_rms_norm_matches_twin(rng, t, m):
 def test_rms_norm_reduction_by_warps_has_the_trees_bits(rng, monkeypatch, threads):
     """``_inv_rms``'s GPU branch (warp 0 pairs the partials as the tree's levels of stride >= 32
     pair them, then xor shuffles of 16 .. 1) against the shared-memory tree at the same block size:
-    the same bits. In emulated warps (tests/warp_emulation.py); rows whose squares span many
+    the same bits. In emulated warps (tests/warp_emulation.py), or on a GPU both compiled (the
+    tree with ``WARP_OPS`` off, neither from the kernel cache); rows whose squares span many
     magnitudes, so that another pairing would round differently."""
     import importlib
 
+    from conftest import REAL_GPU
     from warp_emulation import gpu_branch
     rn = importlib.import_module("ddtree_numba.kernels.rms_norm")
     monkeypatch.setattr(rn, "THREADS", threads)
-    rn._rms_norm_kernel.cache_clear()
     x = (rng.standard_normal((6, 700)) * np.exp(rng.uniform(-6, 6, (6, 700)))).astype(np.float32)
     w = rng.standard_normal(700).astype(np.float32)
-    try:
-        tree = kn.rms_norm(x, w, 1e-6)
-    finally:
+
+    def norm(warp_ops):
+        monkeypatch.setattr(rn, "WARP_OPS", warp_ops)
         rn._rms_norm_kernel.cache_clear()
-    with gpu_branch(monkeypatch, rn, "_rms_norm_kernel"):
-        warps = kn.rms_norm(x, w, 1e-6)
+        try:
+            return kn.rms_norm(x, w, 1e-6)
+        finally:
+            rn._rms_norm_kernel.cache_clear()
+
+    if REAL_GPU:
+        from ddtree_numba import _device
+        monkeypatch.setattr(_device, "CACHE", False)   # (the disk cache keys not on WARP_OPS)
+        tree, warps = norm(False), norm(True)
+    else:
+        tree = norm(False)
+        with gpu_branch(monkeypatch, rn, "_rms_norm_kernel"):
+            warps = kn.rms_norm(x, w, 1e-6)
     np.testing.assert_array_equal(warps.view(np.uint32), tree.view(np.uint32))
 
 
