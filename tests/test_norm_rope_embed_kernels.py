@@ -66,8 +66,8 @@ def test_rms_norm_reduction_by_warps_has_the_trees_bits(rng, monkeypatch, thread
     """``_inv_rms``'s GPU branch (warp 0 pairs the partials as the tree's levels of stride >= 32
     pair them, then xor shuffles of 16 .. 1) against the shared-memory tree at the same block size:
     the same bits. In emulated warps (tests/warp_emulation.py), or on a GPU both compiled (the
-    tree with ``WARP_OPS`` off, neither from the kernel cache); rows whose squares span many
-    magnitudes, so that another pairing would round differently."""
+    tree's kernel built with ``WARP_OPS`` off); rows whose squares span many magnitudes, so that
+    another pairing would round differently."""
     import importlib
 
     from conftest import REAL_GPU
@@ -86,8 +86,6 @@ def test_rms_norm_reduction_by_warps_has_the_trees_bits(rng, monkeypatch, thread
             rn._rms_norm_kernel.cache_clear()
 
     if REAL_GPU:
-        from ddtree_numba import _device
-        monkeypatch.setattr(_device, "CACHE", False)   # (the disk cache keys not on WARP_OPS)
         tree, warps = norm(False), norm(True)
     else:
         tree = norm(False)

@@ -32,22 +32,30 @@ from .rope import _cos_sin, _dest_row, _dest_rows_args, _rotate
 THREADS = 2 if config.ENABLE_CUDASIM else 256
 
 
+def _warp_reduction(T: int) -> bool:
+    """Whether ``_inv_rms`` of T threads sums its tree in warp 0 (a GPU, T a multiple of 32 from
+    64); read when a kernel factory builds, so that a test can build the tree's kernel too."""
+    return WARP_OPS and T >= 64 and T % 32 == 0
+
+
 @device_function
-def _inv_rms(x, r, c0, m, eps, part, t, T):
+def _inv_rms(x, r, c0, m, eps, part, t, T, warp):
     """1 / sqrt(mean(x[r, c0 : c0 + m]^2) + eps) in float32, by the T threads of a block (t is
     this thread; ``part`` a shared float32 [T]): thread t sums x^2 over k = t, t + T, ... with an
     fma chain in ascending k, then a shared-memory tree halves the T partials. Every thread of
     the block must call it (it holds barriers); every thread gets the result. Shared with the
-    fused per-head norm below so that both give a head the same bits. (In the simulator it is a
-    plain function that must live in the module of the kernels calling it: the simulator swaps
-    ``cuda`` in the kernel's own module only.)"""
+    fused per-head norm below so that both give a head the same bits. ``warp``
+    (``_warp_reduction(T)``, a constant of the calling kernel's factory): the tree's levels in
+    warp 0, the same pairing, two barriers. (In the simulator it is a plain function that must
+    live in the module of the kernels calling it: the simulator swaps ``cuda`` in the kernel's own
+    module only.)"""
     acc = float32(0.0)
     for k in range(t, m, T):
         v = x[r, c0 + k]
         acc = fma(v, v, acc)
     part[t] = acc
     cuda.syncthreads()  # every partial is in
-    if WARP_OPS and T >= 64:
+    if warp:
         # the same tree in two barriers: the tree's levels of stride >= 32 reach index l < 32 from
         # the partials l + 32 k alone, so lane l of warp 0 pairs those as the tree pairs them;
         # then xor shuffles of 16 .. 1, where each lane l < s (the ones the tree updates) takes
@@ -88,6 +96,7 @@ def _rms_norm_kernel(threads, pair=False):
     ``weight`` into ``out``; with ``pair``, job 1 x[r, col1 : col1 + M1] with ``weight1`` into
     ``out1`` (two norms of one buffer in one launch: MLA's query and kv latents)."""
     T = threads
+    WARP = _warp_reduction(T)
 
     @cached
     @cuda.jit
@@ -108,7 +117,7 @@ def _rms_norm_kernel(threads, pair=False):
         if ro < 0:
             return  # a row of no sequence: the whole block leaves together
         M = w.shape[0]
-        inv = _inv_rms(x, r, c0, M, eps, part, t, T)
+        inv = _inv_rms(x, r, c0, M, eps, part, t, T, WARP)
         for k in range(t, M, T):
             dst[ro, k] = w[k] * (x[r, c0 + k] * inv)
 
@@ -123,6 +132,7 @@ def _qkv_norm_rope_kernel(threads):
     """Block (r, g): head g of row r of a stacked q | k | v projection, rows [0, B) the block's
     and rows [B, B + n) new context rows (``enqueue_qkv_norm_rope``)."""
     T = threads
+    WARP = _warp_reduction(T)
 
     @cached
     @cuda.jit
@@ -168,7 +178,7 @@ def _qkv_norm_rope_kernel(threads):
         c0 = g * dh
         if g < n_q + n_kv:              # a query or key head: normed, then rotated
             w = q_norm if g < n_q else k_norm
-            inv = _inv_rms(qkv, r, c0, dh, eps, part, t, T)
+            inv = _inv_rms(qkv, r, c0, dh, eps, part, t, T, WARP)
             for k in range(t, dh, T):
                 head[0, k] = w[k] * (qkv[r, c0 + k] * inv)      # rms_norm's expression
             cuda.syncthreads()          # the normed head is staged (and fully read) before writes
