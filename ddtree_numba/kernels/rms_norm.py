@@ -30,6 +30,9 @@ from .rope import _cos_sin, _dest_row, _dest_rows_args, _rotate
 # thread; the simulator runs every thread as a Python thread and every barrier costs it
 # milliseconds, so it gets two threads (one level of the tree).
 THREADS = 2 if config.ENABLE_CUDASIM else 256
+# entries of a row (and of the weights) a thread of the norm holds in registers from the start:
+# 8 x 256 covers hidden sizes to 2048 on a GPU; past them the rest is read where it is used
+ROW_REGISTERS = 8
 
 
 def _warp_reduction(T: int) -> bool:
@@ -53,6 +56,13 @@ def _inv_rms(x, r, c0, m, eps, part, t, T, warp):
     for k in range(t, m, T):
         v = x[r, c0 + k]
         acc = fma(v, v, acc)
+    return _inv_rms_of(acc, m, eps, part, t, T, warp)
+
+
+@device_function
+def _inv_rms_of(acc, m, eps, part, t, T, warp):
+    """``_inv_rms`` from each thread's fma chain ``acc``: the tree over the block, then the
+    inverse (every thread of the block must call it; every thread gets the result)."""
     part[t] = acc
     cuda.syncthreads()  # every partial is in
     if warp:
@@ -97,6 +107,7 @@ def _rms_norm_kernel(threads, pair=False):
     ``out1`` (two norms of one buffer in one launch: MLA's query and kv latents)."""
     T = threads
     WARP = _warp_reduction(T)
+    U = ROW_REGISTERS
 
     @cached
     @cuda.jit
@@ -105,20 +116,41 @@ def _rms_norm_kernel(threads, pair=False):
         grid_dependency_after((x, weight, eps, out, n_rows, col0, mode0, row0_0, seqs0, slot_rows0, layer_row0_0,
                                weight1, out1, col1, mode1, row0_1, seqs1, slot_rows1, layer_row0_1))
         r = cuda.blockIdx.x
+        t = cuda.threadIdx.x
+        second = pair and cuda.blockIdx.y == 1
+        w, dst, c0 = (weight1, out1, col1) if second else (weight, out, col0)
+        M = w.shape[0]
+        # this thread's first U entries of the row and of the weights, loaded before what they
+        # would otherwise wait on (the live-row test, the destination row, the reduction): one
+        # trip to memory, not three. The grid keeps r < x.shape[0]. (The same values in the same
+        # fma chain and products: the same bits.)
+        xs = cuda.local.array(U, float32)
+        ws = cuda.local.array(U, float32)
+        for u in range(U):
+            if t + u * T < M:
+                xs[u] = x[r, c0 + t + u * T]
+                ws[u] = w[t + u * T]
         if r >= n_rows[0]:
             return  # the whole block leaves together: no thread is left at a barrier
-        t = cuda.threadIdx.x
         part = cuda.shared.array(T, float32)
-        w, dst, c0 = weight, out, col0
-        ro = _dest_row(r, mode0, row0_0, seqs0, slot_rows0, layer_row0_0)
-        if pair and cuda.blockIdx.y == 1:
-            w, dst, c0 = weight1, out1, col1
+        if second:
             ro = _dest_row(r, mode1, row0_1, seqs1, slot_rows1, layer_row0_1)
+        else:
+            ro = _dest_row(r, mode0, row0_0, seqs0, slot_rows0, layer_row0_0)
         if ro < 0:
             return  # a row of no sequence: the whole block leaves together
-        M = w.shape[0]
-        inv = _inv_rms(x, r, c0, M, eps, part, t, T, WARP)
-        for k in range(t, M, T):
+        acc = float32(0.0)
+        for u in range(U):                      # ascending k, as _inv_rms: its chain's bits
+            if t + u * T < M:
+                acc = fma(xs[u], xs[u], acc)
+        for k in range(t + U * T, M, T):
+            v = x[r, c0 + k]
+            acc = fma(v, v, acc)
+        inv = _inv_rms_of(acc, M, eps, part, t, T, WARP)
+        for u in range(U):
+            if t + u * T < M:
+                dst[ro, t + u * T] = ws[u] * (xs[u] * inv)
+        for k in range(t + U * T, M, T):
             dst[ro, k] = w[k] * (x[r, c0 + k] * inv)
 
     return kernel
