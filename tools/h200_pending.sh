@@ -5,7 +5,7 @@
 # (0074d24: before the GQA kernels' non-negative indices, 6f34983, and this session's four small
 # kernels, 1ee63c2 / 48bcd51 / daadbb2). Logs to $OUT/log.txt; ~10 minutes; in order of worth, so
 # that a short device budget cuts the tail:
-#  1. the GPU tests of the changed kernels (GQA, compaction, MoE routing and sort, the tree walk) and
+#  1. the GPU tests of the changed kernels (GQA, compaction, the norms, MoE routing and sort, the walk) and
 #     of the decode loops (greedy ddtree == ar), in the demo's PDL mode;
 #  2. on an H200: tree_build.py --quick (the issue-15 results file is 21070de's) and the demo pair
 #     with the HF peer (issue 14's 5,000 tokens/s there; last 4,847 at 22aed85); results files and
@@ -18,7 +18,7 @@ source tools/h200_env.sh
 side() { local dir=$1 label=$2; shift 2; (cd "$dir" && PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/cache_$label "$@"); }
 {
 nvidia-smi --query-gpu=name --format=csv,noheader
-side . new env DDTREE_PDL=trigger timeout 200 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_gqa_kernel.py tests/test_compact.py \
+side . new env DDTREE_PDL=trigger timeout 200 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_gqa_kernel.py tests/test_compact.py tests/test_norm_rope_embed_kernels.py \
   tests/test_moe_kernel.py tests/test_accept.py tests/test_decode_cuda.py --tb=short 2>&1 \
   | grep -v Warn | tail -4
 echo "t=$(( $(date +%s) - T0 ))"
