@@ -3,7 +3,7 @@
 #   mkdir ab_old && git archive 0074d24 ddtree_numba benchmarks tools | tar -x -C ab_old \
 #     && rm -rf ab_old/ddtree_numba/data
 # (0074d24: before the GQA kernels' non-negative indices, 6f34983, and this session's four small
-# kernels, 1ee63c2 / 48bcd51 / daadbb2). Logs to $OUT/log.txt; ~10 minutes; in order of worth, so
+# kernels, 1ee63c2 / 48bcd51 / daadbb2 / de26143 / 039aa5e). Logs to $OUT/log.txt; ~10 minutes; in order of worth, so
 # that a short device budget cuts the tail:
 #  1. the GPU tests of the changed kernels (GQA, compaction, the norms, MoE routing and sort, the walk) and
 #     of the decode loops (greedy ddtree == ar), in the demo's PDL mode;
