@@ -42,8 +42,8 @@ def stored(rng, shape, kind):
     return (w.view(np.uint32) >> 16).astype(np.uint16)        # bf16 by truncation
 
 
-def yarn():
-    inv = ref.yarn_inv_freq(12, 10000.0, 40.0, 4096, beta_fast=32.0, beta_slow=1.0)
+def yarn(rdim=12):
+    inv = ref.yarn_inv_freq(rdim, 10000.0, 40.0, 4096, beta_fast=32.0, beta_slow=1.0)
     return inv, ref.yarn_attention_factor(40.0, 1.0, 0.707)
 
 
@@ -222,12 +222,14 @@ def test_rope_layouts_differ(rng):
     assert not np.allclose(kn.rope(x, cos, sin, True), kn.rope(x, cos, sin, False))
 
 
-@pytest.mark.parametrize("interleave", [True, False])
-def test_enqueue_rope_q_heads_into_contiguous_buffer(rng, interleave):
-    T, H, D, Rd, n = 5, 3, 3, 12, 4
+@pytest.mark.parametrize("interleave, Rd", [(True, 12), (False, 12), (True, 24)])
+def test_enqueue_rope_q_heads_into_contiguous_buffer(rng, interleave, Rd):
+    # Rd 24: more pairs (12) than the simulator's 8 threads, so a thread's later angles and pairs
+    # (not the ones the kernel loads at its start) are exercised too
+    T, H, D, n = 5, 3, 3, 4
     q = rng.standard_normal((T, H * (D + Rd))).astype(np.float32)     # heads of [nope | rope]
     positions = rng.integers(0, 4000, T).astype(np.int32)
-    inv, af = yarn()
+    inv, af = yarn(Rd)
     dst0 = np.full((T + 2, H * Rd), POISON, np.float32)
     d_dst = cuda.to_device(dst0)
     enqueue_rope(cuda.to_device(q), d_dst, cuda.to_device(positions), cuda.to_device(inv), i32(n), rdim=Rd,

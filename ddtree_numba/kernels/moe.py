@@ -68,6 +68,8 @@ E_MAX = 1024                          # routed experts the routing kernel holds 
 # bitmap words (E x ceil(R / 32)) the counting sort keeps in shared memory (with their prefixes:
 # 32 KB); past it (DeepSeek-V3's 256 experts from 513 rows) they live in the buffers' global scratch
 SORT_SHARED_WORDS = 4096
+ROW_SLOTS = 8                         # a row's expert picks the sort keeps in registers (K <= 8 in the
+                                      # checkpoints named; more are read from memory as before)
 
 SCORING_FUNCS = ("softmax", "sigmoid")
 TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
@@ -198,10 +200,15 @@ def _route_kernel(threads):
         grid_dependency_after((logits, bias, scoring, method, n_group, topk_group, top_k, norm, scale, n_rows,
                                topk_ids, topk_weights))
         r = cuda.blockIdx.x
-        if r >= n_rows[0]:  # the whole block leaves together, before any barrier
-            return
         t = cuda.threadIdx.x
         E = logits.shape[1]
+        # A thread's first logit and bias are loaded with n_rows, not after it: one trip to
+        # memory on the block's chain instead of two (three for noaux_tc's bias). The grid is the
+        # logits' rows, so row r exists whatever n_rows says.
+        x_first = logits[r, t] if t < E else float32(0.0)
+        b_first = bias[t] if t < bias.shape[0] else float32(0.0)
+        if r >= n_rows[0]:  # the whole block leaves together, before any barrier
+            return
         score = cuda.shared.array(E_MAX, float32)   # [E] scores (the weights come from these)
         choice = cuda.shared.array(E_MAX, float32)  # [E] what the top-K ranks (bias, group mask)
         gscore = cuda.shared.array(E_MAX, float32)  # [G] group scores
@@ -214,7 +221,7 @@ def _route_kernel(threads):
             # softmax: max, then exp and a sum in a fixed order (strided per thread, then a tree)
             mx = neg_inf
             for e in range(t, E, T):
-                mx = max(mx, logits[r, e])
+                mx = max(mx, x_first if e == t else logits[r, e])
             red[t] = mx
             cuda.syncthreads()  # every partial max is in
             s = T // 2
@@ -227,7 +234,7 @@ def _route_kernel(threads):
             cuda.syncthreads()  # everyone has the max before red is reused
             acc = float32(0.0)
             for e in range(t, E, T):
-                z = _expf(logits[r, e] - mx)
+                z = _expf((x_first if e == t else logits[r, e]) - mx)
                 score[e] = z
                 acc = acc + z
             red[t] = acc
@@ -243,9 +250,9 @@ def _route_kernel(threads):
                 score[e] = score[e] / total
         else:
             for e in range(t, E, T):
-                score[e] = float32(1.0) / (float32(1.0) + _expf(-logits[r, e]))
+                score[e] = float32(1.0) / (float32(1.0) + _expf(-(x_first if e == t else logits[r, e])))
         for e in range(t, E, T):
-            choice[e] = score[e] + bias[e] if method == 2 else score[e]
+            choice[e] = score[e] + (b_first if e == t else bias[e]) if method == 2 else score[e]
         cuda.syncthreads()  # scores and choices complete
 
         if method != 0:
@@ -339,8 +346,18 @@ def _sort_kernel(threads, in_shared=True):
         grid_dependency_after((topk_ids, topk_weights, n_rows, bitmap, word_prefix, offsets, slot_token, slot_weight,
                                token_slot, items, item_rows))
         t = nonneg(cuda.threadIdx.x)
-        n = nonneg(n_rows[0])
         K = topk_ids.shape[1]
+        # The thread's first row's expert ids and weights (row t: the first of both row loops
+        # below) are loaded with n_rows, not after it and the clearing barrier: one trip to memory
+        # on the block's chain where there were two. Row t exists when t < the ids' rows.
+        ids_first = cuda.local.array(ROW_SLOTS, int32)
+        w_first = cuda.local.array(ROW_SLOTS, float32)
+        if t < topk_ids.shape[0]:
+            for k in range(ROW_SLOTS):
+                if k < K:
+                    ids_first[k] = topk_ids[t, k]
+                    w_first[k] = topk_weights[t, k]
+        n = nonneg(n_rows[0])
         E = offsets.shape[0] - 1
         nw = (n + 31) // 32
         tot = cuda.shared.array(T, int32)          # per-thread totals, scanned (the simulator's path)
@@ -360,7 +377,7 @@ def _sort_kernel(threads, in_shared=True):
         cuda.syncthreads()  # cleared before anyone marks
         for rr in range(t, n, T):      # one thread a row: its K marks
             for k in range(K):
-                e = nonneg(topk_ids[rr, k])
+                e = nonneg(ids_first[k] if rr == t and k < ROW_SLOTS else topk_ids[rr, k])
                 cuda.atomic.or_(bm, e * nw + (rr >> 5), uint32(1) << uint32(rr & 31))
         cuda.syncthreads()  # every mark is in
 
@@ -433,14 +450,16 @@ def _sort_kernel(threads, in_shared=True):
         for rr in range(t, n, T):  # one thread per token row
             w = rr >> 5
             below = (uint32(1) << uint32(rr & 31)) - uint32(1)
+            own_row = rr == t
             for k in range(K):
-                e = nonneg(topk_ids[rr, k])
+                reg = own_row and k < ROW_SLOTS
+                e = nonneg(ids_first[k] if reg else topk_ids[rr, k])
                 pos = start[e] + wp[e * nw + w] + cuda.popc(bm[e * nw + w] & below)
                 slot_token[pos] = rr
-                slot_weight[pos] = topk_weights[rr, k]
+                slot_weight[pos] = w_first[k] if reg else topk_weights[rr, k]
                 rank = 0  # the row's experts with a lower id (distinct ids): this slot's place in its row
                 for j in range(K):
-                    if topk_ids[rr, j] < e:
+                    if (ids_first[j] if own_row and j < ROW_SLOTS else topk_ids[rr, j]) < e:
                         rank += 1
                 token_slot[rr, rank] = pos
 
