@@ -46,13 +46,20 @@ def _pair_cols(i, r2, interleave):
 
 
 @device_function
+def _store_rotated(dst, dr, ca, cb, a, b, c, s):
+    """dst[dr, ca], dst[dr, cb] = the pair (a, b) rotated by (c, s): the twin's formula. Every
+    rotation goes through here, so the compiler contracts its multiply-adds the same way in all."""
+    dst[dr, ca] = a * c - b * s
+    dst[dr, cb] = b * c + a * s
+
+
+@device_function
 def _rotate(src, sr, sc, dst, dr, dc, i, r2, interleave, c, s):
     """Rotate pair i of the rope vector at src[sr, sc:] into dst[dr, dc:] (the twin's formula)."""
     ia, ib = _pair_cols(i, r2, interleave)
     a = src[sr, sc + ia]
     b = src[sr, sc + ib]          # both read before either write: in place is safe
-    dst[dr, dc + ia] = a * c - b * s
-    dst[dr, dc + ib] = b * c + a * s
+    _store_rotated(dst, dr, dc + ia, dc + ib, a, b, c, s)
 
 
 class PoolRows(NamedTuple):
@@ -190,10 +197,7 @@ def _rope_kernel(src, src_col0, src_gs, dst, dst_col0, dst_gs, groups, rdim, pos
         i = p - g * r2
         if p == t:          # the pair loaded at the start (each thread owns whole pairs: in place is safe)
             ia, ib = _pair_cols(i, r2, interleave)
-            c = cs[i]
-            s = sn[i]
-            y[ro, yc + g * ys + ia] = a_first * c - b_first * s
-            y[ro, yc + g * ys + ib] = b_first * c + a_first * s
+            _store_rotated(y, ro, yc + g * ys + ia, yc + g * ys + ib, a_first, b_first, cs[i], sn[i])
         else:
             _rotate(x, r, xc + g * xs, y, ro, yc + g * ys, i, r2, interleave, cs[i], sn[i])
 
