@@ -224,8 +224,8 @@ def test_rope_layouts_differ(rng):
 
 @pytest.mark.parametrize("interleave, Rd", [(True, 12), (False, 12), (True, 24)])
 def test_enqueue_rope_q_heads_into_contiguous_buffer(rng, interleave, Rd):
-    # Rd 24: more pairs (12) than the simulator's 8 threads, so a thread's later angles and pairs
-    # (not the ones the kernel loads at its start) are exercised too
+    # Rd 24: more pairs (12) than the simulator's 8 threads, so a thread's second angle and pair
+    # are exercised too
     T, H, D, n = 5, 3, 3, 4
     q = rng.standard_normal((T, H * (D + Rd))).astype(np.float32)     # heads of [nope | rope]
     positions = rng.integers(0, 4000, T).astype(np.int32)

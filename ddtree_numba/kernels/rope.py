@@ -38,28 +38,18 @@ def _cos_sin(pos, inv_freq_i, attention_factor):
 
 
 @device_function
-def _pair_cols(i, r2, interleave):
-    """The two columns of pair i in a rope vector of ``r2`` pairs: (2i, 2i+1) or (i, i + r2)."""
-    if interleave:
-        return 2 * i, 2 * i + 1
-    return i, i + r2
-
-
-@device_function
-def _store_rotated(dst, dr, ca, cb, a, b, c, s):
-    """dst[dr, ca], dst[dr, cb] = the pair (a, b) rotated by (c, s): the twin's formula. Every
-    rotation goes through here, so the compiler contracts its multiply-adds the same way in all."""
-    dst[dr, ca] = a * c - b * s
-    dst[dr, cb] = b * c + a * s
-
-
-@device_function
 def _rotate(src, sr, sc, dst, dr, dc, i, r2, interleave, c, s):
     """Rotate pair i of the rope vector at src[sr, sc:] into dst[dr, dc:] (the twin's formula)."""
-    ia, ib = _pair_cols(i, r2, interleave)
+    if interleave:
+        ia = 2 * i
+        ib = ia + 1
+    else:
+        ia = i
+        ib = i + r2
     a = src[sr, sc + ia]
     b = src[sr, sc + ib]          # both read before either write: in place is safe
-    _store_rotated(dst, dr, dc + ia, dc + ib, a, b, c, s)
+    dst[dr, dc + ia] = a * c - b * s
+    dst[dr, dc + ib] = b * c + a * s
 
 
 class PoolRows(NamedTuple):
@@ -160,46 +150,30 @@ def _rope_kernel(src, src_col0, src_gs, dst, dst_col0, dst_gs, groups, rdim, pos
                            src1_col0, src1_gs, dst1, dst1_col0, dst1_gs, groups1, mode1, row0_1, seqs1, slot_rows1,
                            layer_row0_1))
     r = cuda.blockIdx.x
+    if r >= n_rows[0]:
+        return  # the whole block leaves together: no thread is left at the barrier
     t = cuda.threadIdx.x
     T = cuda.blockDim.x
     r2 = rdim // 2
     cs = cuda.shared.array(MAX_PAIRS, float32)
     sn = cuda.shared.array(MAX_PAIRS, float32)
+    pos = positions[r]
+    for i in range(t, r2, T):  # the row's angles once, shared by every group (head)
+        c, s = _cos_sin(pos, inv_freq[i], attention_factor)
+        cs[i] = c
+        sn[i] = s
+    cuda.syncthreads()  # the row's cos / sin are staged
     x, xc, xs, y, yc, ys, n_groups = src, src_col0, src_gs, dst, dst_col0, dst_gs, groups
     ro = _dest_row(r, mode0, row0_0, seqs0, slot_rows0, layer_row0_0)
     if cuda.blockIdx.y == 1:
         x, xc, xs, y, yc, ys, n_groups = src1, src1_col0, src1_gs, dst1, dst1_col0, dst1_gs, groups1
         ro = _dest_row(r, mode1, row0_1, seqs1, slot_rows1, layer_row0_1)
-    # Everything a thread's first pair needs is loaded here, with n_rows and the destination row:
-    # the position, its frequency, the pair's two source values. Loaded after the n_rows test and
-    # the angles' barrier, they were three dependent trips to memory on the block's chain, not one.
-    # (Row r, pair t: guarded by the arrays' own sizes, so a row past n_rows reads nothing outside.)
-    pos = positions[r] if r < positions.shape[0] else 0
-    freq_first = inv_freq[t] if t < r2 else float64(0.0)
-    a_first = float32(0.0)
-    b_first = float32(0.0)
-    if t < n_groups * r2 and r < x.shape[0]:
-        g = t // r2
-        ia, ib = _pair_cols(t - g * r2, r2, interleave)
-        a_first = x[r, xc + g * xs + ia]
-        b_first = x[r, xc + g * xs + ib]
-    if r >= n_rows[0]:
-        return  # the whole block leaves together: no thread is left at the barrier
-    for i in range(t, r2, T):  # the row's angles once, shared by every group (head)
-        c, s = _cos_sin(pos, freq_first if i == t else inv_freq[i], attention_factor)
-        cs[i] = c
-        sn[i] = s
-    cuda.syncthreads()  # the row's cos / sin are staged
     if ro < 0:
         return              # a row of no sequence (past the barrier: every thread leaves)
     for p in range(t, n_groups * r2, T):
         g = p // r2
         i = p - g * r2
-        if p == t:          # the pair loaded at the start (each thread owns whole pairs: in place is safe)
-            ia, ib = _pair_cols(i, r2, interleave)
-            _store_rotated(y, ro, yc + g * ys + ia, yc + g * ys + ib, a_first, b_first, cs[i], sn[i])
-        else:
-            _rotate(x, r, xc + g * xs, y, ro, yc + g * ys, i, r2, interleave, cs[i], sn[i])
+        _rotate(x, r, xc + g * xs, y, ro, yc + g * ys, i, r2, interleave, cs[i], sn[i])
 
 
 # -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
