@@ -68,6 +68,7 @@ E_MAX = 1024                          # routed experts the routing kernel holds 
 # bitmap words (E x ceil(R / 32)) the counting sort keeps in shared memory (with their prefixes:
 # 32 KB); past it (DeepSeek-V3's 256 experts from 513 rows) they live in the buffers' global scratch
 SORT_SHARED_WORDS = 4096
+EARLY_ROWS = 4 if SIM else 32         # the sort's threads that load their row's picks at the start
 ROW_SLOTS = 8                         # a row's expert picks the sort keeps in registers (K <= 8 in the
                                       # checkpoints named; more are read from memory as before)
 
@@ -349,10 +350,11 @@ def _sort_kernel(threads, in_shared=True):
         K = topk_ids.shape[1]
         # The thread's first row's expert ids and weights (row t: the first of both row loops
         # below) are loaded with n_rows, not after it and the clearing barrier: one trip to memory
-        # on the block's chain where there were two. Row t exists when t < the ids' rows.
+        # on the block's chain where there were two. Only the first warp's (rows past 32 load as
+        # before): n is not known yet, and the buffers' other rows are mostly past it.
         ids_first = cuda.local.array(ROW_SLOTS, int32)
         w_first = cuda.local.array(ROW_SLOTS, float32)
-        if t < topk_ids.shape[0]:
+        if t < EARLY_ROWS and t < topk_ids.shape[0]:
             for k in range(ROW_SLOTS):
                 if k < K:
                     ids_first[k] = topk_ids[t, k]
@@ -377,7 +379,7 @@ def _sort_kernel(threads, in_shared=True):
         cuda.syncthreads()  # cleared before anyone marks
         for rr in range(t, n, T):      # one thread a row: its K marks
             for k in range(K):
-                e = nonneg(ids_first[k] if rr == t and k < ROW_SLOTS else topk_ids[rr, k])
+                e = nonneg(ids_first[k] if rr == t and t < EARLY_ROWS and k < ROW_SLOTS else topk_ids[rr, k])
                 cuda.atomic.or_(bm, e * nw + (rr >> 5), uint32(1) << uint32(rr & 31))
         cuda.syncthreads()  # every mark is in
 
@@ -450,7 +452,7 @@ def _sort_kernel(threads, in_shared=True):
         for rr in range(t, n, T):  # one thread per token row
             w = rr >> 5
             below = (uint32(1) << uint32(rr & 31)) - uint32(1)
-            own_row = rr == t
+            own_row = rr == t and t < EARLY_ROWS
             for k in range(K):
                 reg = own_row and k < ROW_SLOTS
                 e = nonneg(ids_first[k] if reg else topk_ids[rr, k])
