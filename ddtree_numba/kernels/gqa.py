@@ -106,6 +106,13 @@ def _early_v(dh, cfg) -> bool:
     return 4 * _smem_floats(dh, cfg, True) <= _SMEM_MAX
 
 
+# A row's first COMBINE_SPLITS partials are loaded at once, before the merge's arithmetic: its
+# loads wait on nothing, so they are one trip to memory. In a loop over a run-time count each
+# load waited behind the previous step's exp and fma chain, a dependent trip to L2 per split
+# (11 at the demo drafter's ~330 keys). Splits past these are read in the loop as before.
+COMBINE_SPLITS = 4 if _SIM else 16
+
+
 @device_function
 def _combine(o_part, ml_part, out, a0, row, d, Hq, n_split):
     """out of query row ``row`` (= i * Hq + h) of the run of rows from a0 (out row a0 + i, partial
@@ -114,16 +121,32 @@ def _combine(o_part, ml_part, out, a0, row, d, Hq, n_split):
     DH = o_part.shape[2]
     i = row // Hq
     pr = a0 * Hq + row
+    m_first = cuda.local.array(COMBINE_SPLITS, float32)   # the first splits' (m, l, o), loaded at once
+    l_first = cuda.local.array(COMBINE_SPLITS, float32)
+    o_first = cuda.local.array(COMBINE_SPLITS, float32)
+    for c in range(COMBINE_SPLITS):
+        if c < n_split:
+            m_first[c] = ml_part[c, pr, 0]
+            l_first[c] = ml_part[c, pr, 1]
+            o_first[c] = o_part[c, pr, d]
     big = float32(-math.inf)
-    for c in range(n_split):
+    for c in range(COMBINE_SPLITS):
+        if c < n_split:
+            big = max(big, m_first[c])
+    for c in range(COMBINE_SPLITS, n_split):
         big = max(big, ml_part[c, pr, 0])
     if big == float32(-math.inf):                          # the row sees no key: NaN, as the twin
         out[a0 + i, (row - i * Hq) * DH + d] = float32(math.nan)
         return
     lsum = float32(0.0)
     acc = float32(0.0)
-    for c in range(n_split):
-        w = float32(math.exp(ml_part[c, pr, 0] - big))    # 1 for a single split: exact
+    for c in range(COMBINE_SPLITS):                        # splits ascending: the first ones,
+        if c < n_split:
+            w = float32(math.exp(m_first[c] - big))        # 1 for a single split: exact
+            lsum = fma(l_first[c], w, lsum)
+            acc = fma(o_first[c], w, acc)
+    for c in range(COMBINE_SPLITS, n_split):               # then the rest
+        w = float32(math.exp(ml_part[c, pr, 0] - big))
         lsum = fma(ml_part[c, pr, 1], w, lsum)
         acc = fma(o_part[c, pr, d], w, acc)
     out[a0 + i, (row - i * Hq) * DH + d] = acc / lsum
