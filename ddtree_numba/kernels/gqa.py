@@ -369,7 +369,9 @@ def _gqa_split_kernel(DH, RM, KT, TM, TN, NT, TX2, SPLIT, has_blk, has_mask, fus
             cuda.syncthreads()  # p, the rescales and the new maxima are in
             for m in range(TM2):
                 al = salpha[ty2 + TY2 * m]
-                lsum[m] = lsum[m] * al
+                # (a written fma with +0: rounded here, as the product, never fused by ptxas into
+                # the first key's add below, so every kernel and copy of this loop gets these bits)
+                lsum[m] = fma(lsum[m], al, float32(0.0))
                 for j in range(TN2):
                     o[m * TN2 + j] = o[m * TN2 + j] * al
             for kk in range(nk):                 # ascending keys; padded keys never enter
@@ -645,7 +647,7 @@ def _gqa_warp_kernel(DH, RW, NW, KT, SPLIT, has_blk, G):
                 warp_sync()                      # p is in
                 if nk > 0:
                     for u in range(RW):
-                        lrow[u] = lrow[u] * alpha[u]
+                        lrow[u] = fma(lrow[u], alpha[u], float32(0.0))   # (as the split kernel's lsum)
                         for jd in range(DL):
                             o[u * DL + jd] = o[u * DL + jd] * alpha[u]
                     for kk in range(KT):         # ascending keys; padded keys never enter
