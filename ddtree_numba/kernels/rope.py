@@ -42,9 +42,10 @@ def _rotate(src, sr, sc, dst, dr, dc, i, r2, interleave, c, s):
     """Rotate pair i of the rope vector at src[sr, sc:] into dst[dr, dc:]: the twin's formula
     (a c - b s, b c + a s) with its multiply-adds fused explicitly, fma(a, c, -(b s)) and
     fma(b, c, a s). Written as ``a * c - b * s``, the PTX leaves the subtraction's fusing to ptxas,
-    which picked a different product in a different kernel (the forty-eighth session: a rope
-    kernel 1 ulp off the table kernel on 13-17 % of outputs, H100); every kernel that rotates
-    goes through here, so they all round the same way."""
+    free to pick either product, per kernel: the likely cause of a rope kernel 1 ulp off the
+    table kernel on 13-17 % of outputs (forty-eighth session, H100; the local ptxas fused both
+    alike, the GPU's did not). Every kernel that rotates goes through here, so they all round the
+    same way."""
     if interleave:
         ia = 2 * i
         ib = ia + 1
