@@ -175,6 +175,32 @@ def test_fused_merge_gives_the_two_launch_bits_and_resets_its_counters(rng):
     np.testing.assert_array_equal(run(True, 9).view(np.uint32), run(False, 9).view(np.uint32))
 
 
+def test_fuse_merge_knob_picks_the_merge_launch_for_one_sequence(rng, monkeypatch):
+    """``gqa.FUSE_MERGE`` = False: a launch that does not say ``fuse`` merges in a launch of its own
+    (the merge kernel is launched; with the default True it is not), with the fused launch's bits."""
+    from ddtree_numba.kernels import gqa
+    tq, t, hq, hkv, dh, s_cap = 6, 5, 6, 2, 8, 23
+    _, args, blk, scratch = _context_launch(rng, tq, hq, hkv, dh, s_cap)
+    meta = cuda.to_device(np.array([s_cap, t], np.int32))
+    merges = []
+    real = gqa._gqa_combine_kernel
+
+    class Spy:
+        def __getitem__(self, config):
+            merges.append(config)
+            return real[config]
+
+    monkeypatch.setattr(gqa, "_gqa_combine_kernel", Spy())
+    got = {}
+    for knob in (True, False):
+        monkeypatch.setattr(gqa, "FUSE_MERGE", knob)
+        d_out = cuda.to_device(np.full((tq, hq * dh), POISON, np.float32))
+        enqueue_gqa_attention(*args, d_out, meta=meta, scale=0.3, scratch=scratch, **blk)
+        got[knob] = d_out.copy_to_host()
+        assert len(merges) == (0 if knob else 1)
+    np.testing.assert_array_equal(got[True].view(np.uint32), got[False].view(np.uint32))
+
+
 def test_fused_merge_over_many_splits(rng):
     """A context of many splits (more than the threads a row, on the simulator's tiles and a GPU's
     alike, ending inside a split): the fused merge gives the merge launch's bits, for a row block

@@ -12,7 +12,7 @@
 #     with the HF peer (issue 14's 5,000 tokens/s there; last 4,847 at 22aed85); results files and
 #     PERFORMANCE.md to $OUT;
 #  3. on an H100: the whole draft with the attention forced to the fused split kernel, the split
-#     kernel + its merge launch, the warp kernel (tools/gqa_keys.py at a63815b: split + merge
+#     kernel + its merge launch, the warp kernel, and whole rounds with gqa.FUSE_MERGE False (both ways) (tools/gqa_keys.py at a63815b: split + merge
 #     1.4-2.8 µs a launch faster than the fused split, the demo's default at one sequence); the GQA
 #     kernels per side; the MoE block per side, and its sort with the bitmap in global scratch
 #     (a63815b: the shared-memory sort 0.4-0.8 µs slower than 0074d24's); the demo round per side.
@@ -34,6 +34,12 @@ else
   for keys in 330 48; do
     echo "== draft_ab $keys keys"
     side . new timeout 60 python3 tools/draft_ab.py --keys $keys --rounds 8 2>&1 | grep -v Warn | tail -5
+    echo "t=$(( $(date +%s) - T0 ))"
+  done
+  for way in knob a-knob; do      # the fused merge against its own launch in whole rounds, both ways
+    echo "== round_ab --$way FUSE_MERGE=False"
+    side . new timeout 120 python3 tools/round_ab.py --$way ddtree_numba.kernels.gqa.FUSE_MERGE=False --passes 5 \
+      2>&1 | grep -v Warn | tail -4
     echo "t=$(( $(date +%s) - T0 ))"
   done
   for label in new old; do

@@ -437,6 +437,12 @@ WARP_MAX_DH = 64                     # larger heads keep the split kernel (a lan
 # 8 it is ~11 µs a round faster (round_ab --batch 8 both ways: 929.6 against 940.8, 927.4 against
 # 938.3 µs).
 WARP_FROM_SEQUENCES = 2
+# One sequence's launches without ``fuse``: True merges the splits in their last block (one
+# launch), False in a merge launch of its own (the same bits). The forty-eighth session's H100
+# call timed one launch each way in a graph (tools/gqa_keys.py): the two launches 1.4-2.8 µs
+# faster at 48 / 330 / 1,000 keys; whole drafts and rounds not yet (tools/draft_ab.py, and
+# tools/round_ab.py --knob ddtree_numba.kernels.gqa.FUSE_MERGE=False both ways), so the default stays.
+FUSE_MERGE = True
 
 
 def _check_warp_tiles(wt, dh: int, kt: int) -> None:
@@ -723,7 +729,7 @@ class GQAScratch:
 # -- the device tier (device arrays only, no checks, no allocation; docs/DESIGN.md §3) ----------
 
 def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=None, v_blk=None, mask=None,
-                          tiles=None, fuse=True, method=None, warp_tiles=None, stream=0):
+                          tiles=None, fuse=None, method=None, warp_tiles=None, stream=0):
     """out[i, h*Dh:(h+1)*Dh] = softmax_j(scale * q[i, h] . key_j) @ value_j for i < t, over the
     keys j: context rows [0, s) of k_ctx / v_ctx, then block rows [0, t) of k_blk / v_blk
     (none when k_blk is None); group h // (Hq / Hkv). Rows i >= t of out are not written.
@@ -739,8 +745,9 @@ def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=N
     sequence, and q / k_blk / v_blk / out in S equal runs of Tq / S rows, run z sequence z's; no
     mask, the fused merge. Each sequence's bits are those of its own launch.
     ``tiles`` overrides ``_tiles`` (tools/tune_tiles.py); its KT and SPLIT must be ``_tiles``'s,
-    which fix the bits and the scratch's splits. ``fuse`` (default): one launch, the splits merged
-    by their last block; False: the merge in a launch of its own (the same bits).
+    which fix the bits and the scratch's splits. ``fuse`` True: one launch, the splits merged
+    by their last block; False: the merge in a launch of its own (the same bits); None (default):
+    ``FUSE_MERGE`` for one sequence, True for a batch.
     ``method``: "warp" (``_gqa_warp_kernel``: a block's warps take every split of its rows, then
     the block merges them; no mask, the fused merge, Dh <= ``WARP_MAX_DH``), "split" (the split
     blocks), or None: "warp" wherever it applies to WARP_FROM_SEQUENCES sequences or more (faster
@@ -751,6 +758,8 @@ def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=N
     if method not in (None, "warp", "split"):
         raise ValueError(f"method must be None, 'warp' or 'split', got {method!r}")
     batched = k_ctx.ndim == 3
+    if fuse is None:
+        fuse = True if batched else FUSE_MERGE
     if batched:
         if mask is not None or not fuse:
             raise ValueError("a batch of sequences (k_ctx [S, S_cap, W]) takes no mask and the fused merge only")

@@ -35,7 +35,7 @@ def gqa_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
 
 
 def enqueue_gqa_attention(q, k_ctx, v_ctx, out, *, meta, scale, scratch, k_blk=None, v_blk=None, mask=None,
-                          tiles=None, fuse=True, method=None, warp_tiles=None, stream=0) -> None:
+                          tiles=None, fuse=None, method=None, warp_tiles=None, stream=0) -> None:
     """Twin of ``kernels.gqa.enqueue_gqa_attention`` (its signature and docstring; numpy arrays, and
     the kernel's ``GQAScratch`` of which only the head dim, scratch.o.shape[2], is read, as the
     kernel reads it): out[:t] = ``gqa_attention`` of q[:t] over the keys context rows [0, s) of
