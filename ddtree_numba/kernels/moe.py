@@ -378,8 +378,9 @@ def _sort_kernel(threads, in_shared=True):
             bm[i] = uint32(0)
         cuda.syncthreads()  # cleared before anyone marks
         for rr in range(t, n, T):      # one thread a row: its K marks
+            own_row = rr == t and t < EARLY_ROWS     # its picks are in ids_first / w_first
             for k in range(K):
-                e = nonneg(ids_first[k] if rr == t and t < EARLY_ROWS and k < ROW_SLOTS else topk_ids[rr, k])
+                e = nonneg(ids_first[k] if own_row and k < ROW_SLOTS else topk_ids[rr, k])
                 cuda.atomic.or_(bm, e * nw + (rr >> 5), uint32(1) << uint32(rr & 31))
         cuda.syncthreads()  # every mark is in
 
@@ -452,7 +453,7 @@ def _sort_kernel(threads, in_shared=True):
         for rr in range(t, n, T):  # one thread per token row
             w = rr >> 5
             below = (uint32(1) << uint32(rr & 31)) - uint32(1)
-            own_row = rr == t and t < EARLY_ROWS
+            own_row = rr == t and t < EARLY_ROWS     # as in the marks above
             for k in range(K):
                 reg = own_row and k < ROW_SLOTS
                 e = nonneg(ids_first[k] if reg else topk_ids[rr, k])
