@@ -161,9 +161,8 @@ SIGNATURES = {
             tile[4] == 0 or (kind, precision) == ("bf16", "bf16"))],
     "moe._route_kernel": [((128,), f"void({F32_2}, float32[::1], int64, int64, int64, int64, int64, int64, "
                                    f"float32, {I32_1}, {I32_2}, {F32_2})")],
-    "moe._sort_kernel": [((512, in_shared), f"void({I32_2}, {F32_2}, {I32_1}, uint32[::1], {I32_1}, {I32_1}, "
-                                             f"{I32_1}, float32[::1], {I32_2}, {I32_1}, int64)")
-                         for in_shared in (True, False)],
+    "moe._sort_kernel": [((512,), f"void({I32_2}, {F32_2}, {I32_1}, {U32_2}, {I32_2}, {I32_1}, {I32_1}, "
+                                  f"float32[::1], {I32_2}, {I32_1}, int64)")],
     "moe._combine_kernel": [((shared, residual), f"void({F32_2}, float32[::1], {I32_2}, {F32_2}, {F32_2}, {I32_1})")
                             for shared in (False, True) for residual in (False, True)],
     # the latent cache: one sequence's [1, S, C] (contiguous), or a pool's layer [slots, S, C] (strided slots)

@@ -14,8 +14,9 @@
 #  3. on an H100: the whole draft with the attention forced to the fused split kernel, the split
 #     kernel + its merge launch, the warp kernel, and whole rounds with gqa.FUSE_MERGE False (both ways) (tools/gqa_keys.py at a63815b: split + merge
 #     1.4-2.8 µs a launch faster than the fused split, the demo's default at one sequence); the GQA
-#     kernels per side; the MoE block per side, and its sort with the bitmap in global scratch
-#     (a63815b: the shared-memory sort 0.4-0.8 µs slower than 0074d24's); the demo round per side.
+#     kernels per side; the MoE block per side (ab_old has the shared-memory sort, 0.4-0.8 µs
+#     slower than 0074d24's at a63815b; the forty-ninth session returned to 0074d24's sort, so
+#     this says whether the return holds); the demo round per side.
 source tools/h200_env.sh
 [ -d ab_old/ddtree_numba/data ] || cp -r ddtree_numba/data ab_old/ddtree_numba/
 side() { local dir=$1 label=$2; shift 2; (cd "$dir" && PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/cache_$label "$@"); }
@@ -54,11 +55,6 @@ else
     side $dir $label timeout 60 python3 tools/moe_stages.py --rows 1 17 65 --repeat 20 2>&1 | grep -v Warn | grep '^|' | head -5
     echo "t=$(( $(date +%s) - T0 ))"
   done
-  echo "== moe_stages new, the sort's bitmap in global scratch"
-  side . new timeout 60 python3 -c "import sys, runpy; import ddtree_numba.kernels.moe as m; m.SORT_SHARED_WORDS = 0; \
-sys.argv = ['moe_stages.py', '--rows', '1', '17', '65', '--repeat', '20']; runpy.run_path('tools/moe_stages.py', run_name='__main__')" \
-    2>&1 | grep -v Warn | grep '^|' | head -5
-  echo "t=$(( $(date +%s) - T0 ))"
   for label in old new; do
     echo "== round $label"
     dir=$([ $label = old ] && echo ab_old || echo .)

@@ -11,13 +11,10 @@ One MoE block (``enqueue_moe_block``), every step on the device, no host round t
    noaux_tc, group selection, top-K with ties to the lower id (a rank count: expert e is
    the r-th pick iff exactly r experts beat it under (value desc, id asc)), weights
    normalised and scaled exactly as the twin orders the float operations.
-3. counting sort (``_sort_kernel``, one block): a bitmap [E, ceil(n/32)] marks which tokens
+3. counting sort (``_sort_kernel``, one block): a bitmap [E, ceil(R/32)] marks which tokens
    chose each expert; per-expert popcounts give ``offsets [E+1]``; a slot's position is
    offsets[e] + (tokens < r marked for e), so tokens ascend inside an expert and the
-   result is the same for any thread count or timing (the only atomics are bit ORs). The
-   bitmap, its word prefixes and the offsets stay in shared memory (global scratch past
-   ``SORT_SHARED_WORDS`` words): a kernel this small is a chain of dependent steps, and a
-   trip through global memory is one of its longest links.
+   result is the same for any thread count or timing (the only atomics are bit ORs).
 4. grouped SwiGLU GEMM over the gathered token rows and grouped down GEMM
    (``linear._enqueue_grouped_linear``): a row of blocks for each work item, a run of an
    expert's slots as tall as the gate|up tile's rows, which the sort writes beside the offsets;
@@ -42,9 +39,8 @@ from numba import config, cuda, float32, int32, uint32
 
 from .._checks import check_array, check_int, check_precision
 from .._device import (SideStream, cached, ceil_div, device_function, float32_out, fma, grid_dependency_after,
-                       is_device, launcher_result, nonneg, rows_device, to_device)
+                       is_device, launcher_result, rows_device, to_device)
 from ..dtypes import STORAGE_DTYPES
-from ._warp import WARP_OPS, warp_inclusive_scan
 from ._widen import KINDS
 from ..reference.moe import work_item_capacity
 from .linear import (_TALL_SWIGLU, _grouped_tile, _rows_a_tile, _Staged, _enqueue_grouped_linear, enqueue_linear,
@@ -65,12 +61,6 @@ SORT_THREADS = 8 if SIM else 512      # the whole counting sort is one block
 # launches 18.1 / 18.7 / 19.4, one launch 18.1 / 18.8 / 19.6; 69c74fd, 6ee5d65.)
 COMBINE_THREADS = 16 if SIM else 128  # columns per block of the combine; grid y = rows
 E_MAX = 1024                          # routed experts the routing kernel holds in shared memory
-# bitmap words (E x ceil(R / 32)) the counting sort keeps in shared memory (with their prefixes:
-# 32 KB); past it (DeepSeek-V3's 256 experts from 513 rows) they live in the buffers' global scratch
-SORT_SHARED_WORDS = 4096
-EARLY_ROWS = 4 if SIM else 32         # the sort's threads that load their row's picks at the start
-ROW_SLOTS = 8                         # a row's expert picks the sort keeps in registers (K <= 8 in the
-                                      # checkpoints named; more are read from memory as before)
 
 SCORING_FUNCS = ("softmax", "sigmoid")
 TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
@@ -154,10 +144,8 @@ class MoEBuffers:
         self.logits = arr((R, E), np.float32)            # [R, E]    router logits
         self.topk_ids = arr((R, K), np.int32)            # [R, K]    chosen experts, best first
         self.topk_weights = arr((R, K), np.float32)      # [R, K]    their weights
-        # the sort's scratch past SORT_SHARED_WORDS (else it keeps them in shared memory), flat
-        # [E * W'] for the live rows' W' words: bit r%32 of word e W' + r//32: token r chose e
-        self.bitmap = arr(E * W, np.uint32)
-        self.word_prefix = arr(E * W, np.int32)          # tokens marked for e in its words < w
+        self.bitmap = arr((E, W), np.uint32)             # [E, W]    bit r%32 of word r//32: token r chose e
+        self.word_prefix = arr((E, W), np.int32)         # [E, W]    tokens marked for e in words < w
         self.offsets = arr(E + 1, np.int32)              # [E+1]     expert e's slots: offsets[e] .. offsets[e+1]
         self.slot_token = arr(R * K, np.int32)           # [R*K]     slot -> token row
         self.slot_weight = arr(R * K, np.float32)        # [R*K]     slot -> routing weight
@@ -317,28 +305,14 @@ def _route_kernel(threads):
 
 
 @functools.lru_cache(maxsize=None)
-def _sort_kernel(threads, in_shared=True):
+def _sort_kernel(threads):
     """One block: group the n * K slots of rows r < n_rows[0] by expert (tokens ascending).
 
-    topk_ids [R, K] int32, topk_weights [R, K] f32 -> offsets [E+1], slot_token [R*K],
-    slot_weight [R*K], token_slot [R, K] (ascending), items [3*Y] (the work items of
-    ``item_rows`` slots, ``reference.moe.expert_work_items``). bitmap / word_prefix [E * W] are
-    flat scratch (W = ceil(R / 32) words a row of experts, n's first ceil(n / 32) of them used),
-    read only when ``in_shared`` is False; with it (E * W <= SORT_SHARED_WORDS) the bitmap and
-    its word prefixes live in shared memory instead.
-
-    Every value a thread needs again after a barrier stays on chip: the bitmap, its prefixes and
-    the offsets in shared memory, each row's slots ranked by its own expert ids (a slot's rank
-    among its row's is the number of the row's experts with a lower id, as slots ascend with
-    the expert), the scan of the per-thread totals by warp shuffles. (Before, every one of these
-    went through global memory and back, a dependent trip to L2 each: a row's thread inserted
-    each of its slots into the row's list by reading back the list it had just stored, and the
-    scan took 18 barriers.) The same integers in the same places: the output does not change."""
+    topk_ids [R, K] int32, topk_weights [R, K] f32 -> bitmap / word_prefix [E, W] (scratch),
+    offsets [E+1], slot_token [R*K], slot_weight [R*K], token_slot [R, K] (ascending), items
+    [3*Y] (the work items of ``item_rows`` slots, ``reference.moe.expert_work_items``).
+    """
     T = threads
-    NWARP = max(1, T // 32)
-    SW = SORT_SHARED_WORDS if in_shared else 1
-    STARTS = E_MAX + 1
-    WARP = WARP_OPS and T % 32 == 0
 
     @cached
     @cuda.jit
@@ -346,42 +320,21 @@ def _sort_kernel(threads, in_shared=True):
                slot_weight, token_slot, items, item_rows):
         grid_dependency_after((topk_ids, topk_weights, n_rows, bitmap, word_prefix, offsets, slot_token, slot_weight,
                                token_slot, items, item_rows))
-        t = nonneg(cuda.threadIdx.x)
+        t = cuda.threadIdx.x
+        n = n_rows[0]
         K = topk_ids.shape[1]
-        # The thread's first row's expert ids and weights (row t: the first of both row loops
-        # below) are loaded with n_rows, not after it and the clearing barrier: one trip to memory
-        # on the block's chain where there were two. Only the first warp's (rows past 32 load as
-        # before): n is not known yet, and the buffers' other rows are mostly past it.
-        ids_first = cuda.local.array(ROW_SLOTS, int32)
-        w_first = cuda.local.array(ROW_SLOTS, float32)
-        if t < EARLY_ROWS and t < topk_ids.shape[0]:
-            for k in range(ROW_SLOTS):
-                if k < K:
-                    ids_first[k] = topk_ids[t, k]
-                    w_first[k] = topk_weights[t, k]
-        n = nonneg(n_rows[0])
-        E = offsets.shape[0] - 1
+        E = bitmap.shape[0]
         nw = (n + 31) // 32
-        tot = cuda.shared.array(T, int32)          # per-thread totals, scanned (the simulator's path)
+        tot = cuda.shared.array(T, int32)
         tot_items = cuda.shared.array(T, int32)
-        wtot = cuda.shared.array(32, int32)        # per-warp totals (the warp path)
-        wtot_items = cuda.shared.array(32, int32)
-        start = cuda.shared.array(STARTS, int32)   # start[e]: expert e's first slot
-        if in_shared:
-            bm = cuda.shared.array(SW, uint32)
-            wp = cuda.shared.array(SW, int32)
-        else:
-            bm = bitmap
-            wp = word_prefix
 
         for i in range(t, E * nw, T):  # clear the words live rows use
-            bm[i] = uint32(0)
+            bitmap[i // nw, i % nw] = uint32(0)
         cuda.syncthreads()  # cleared before anyone marks
-        for rr in range(t, n, T):      # one thread a row: its K marks
-            own_row = rr == t and t < EARLY_ROWS     # its picks are in ids_first / w_first
-            for k in range(K):
-                e = nonneg(ids_first[k] if own_row and k < ROW_SLOTS else topk_ids[rr, k])
-                cuda.atomic.or_(bm, e * nw + (rr >> 5), uint32(1) << uint32(rr & 31))
+        for p in range(t, n * K, T):
+            rr = p // K
+            e = topk_ids[rr, p - rr * K]
+            cuda.atomic.or_(bitmap, (e, rr >> 5), uint32(1) << uint32(rr & 31))
         cuda.syncthreads()  # every mark is in
 
         # per-expert counts and word prefixes; thread t owns the experts [e0, e1)
@@ -393,49 +346,29 @@ def _sort_kernel(threads, in_shared=True):
         for e in range(e0, e1):
             c = 0
             for w in range(nw):
-                wp[e * nw + w] = c
-                c += cuda.popc(bm[e * nw + w])
-            start[e + 1] = c  # the count for now; the running offset below
+                word_prefix[e, w] = c
+                c += cuda.popc(bitmap[e, w])
+            offsets[e + 1] = c  # the count for now; the running offset below
             own += c
             own_items += (c + item_rows - 1) // item_rows
-        # inclusive scans of own and own_items over the threads, in thread order
-        if WARP:
-            warp = t >> 5
-            inc = warp_inclusive_scan(own)
-            inc_items = warp_inclusive_scan(own_items)
-            if t & 31 == 31:
-                wtot[warp] = inc
-                wtot_items[warp] = inc_items
-            cuda.syncthreads()  # every warp's total is in
-            all_items = 0
-            for j in range(NWARP):
-                if j < warp:
-                    inc += wtot[j]
-                    inc_items += wtot_items[j]
-                all_items += wtot_items[j]
-        else:
-            tot[t] = own
-            tot_items[t] = own_items
-            cuda.syncthreads()  # every thread's total is in
-            s = 1
-            while s < T:  # Hillis-Steele
-                v = tot[t - s] if t >= s else 0
-                vi = tot_items[t - s] if t >= s else 0
-                cuda.syncthreads()  # all reads of this step before its writes
-                tot[t] += v
-                tot_items[t] += vi
-                cuda.syncthreads()  # all writes before the next step's reads
-                s *= 2
-            inc = tot[t]
-            inc_items = tot_items[t]
-            all_items = tot_items[T - 1]
-        base = inc - own
-        y = inc_items - own_items  # the first work item of this thread's experts
+        tot[t] = own
+        tot_items[t] = own_items
+        cuda.syncthreads()  # every thread's total is in
+        s = 1
+        while s < T:  # inclusive scans of tot and tot_items (Hillis-Steele)
+            v = tot[t - s] if t >= s else 0
+            vi = tot_items[t - s] if t >= s else 0
+            cuda.syncthreads()  # all reads of this step before its writes
+            tot[t] += v
+            tot_items[t] += vi
+            cuda.syncthreads()  # all writes before the next step's reads
+            s *= 2
+        base = tot[t] - own
+        y = tot_items[t] - own_items  # the first work item of this thread's experts
         if t == 0:
             offsets[0] = 0
-            start[0] = 0
         for e in range(e0, e1):  # expert e's work items: its slots in runs of item_rows
-            c = start[e + 1]
+            c = offsets[e + 1]
             for first in range(base, base + c, item_rows):
                 items[3 * y] = e
                 items[3 * y + 1] = first
@@ -443,28 +376,25 @@ def _sort_kernel(threads, in_shared=True):
                 y += 1
             base += c
             offsets[e + 1] = base
-            start[e + 1] = base
-        for i in range(all_items + t, items.shape[0] // 3, T):  # the unused items: empty
+        for i in range(tot_items[T - 1] + t, items.shape[0] // 3, T):  # the unused items: empty
             items[3 * i] = 0
             items[3 * i + 1] = 0
             items[3 * i + 2] = 0
-        cuda.syncthreads()  # the starts and prefixes are visible to the block
+        cuda.syncthreads()  # offsets and prefixes are visible to the block
 
         for rr in range(t, n, T):  # one thread per token row
             w = rr >> 5
             below = (uint32(1) << uint32(rr & 31)) - uint32(1)
-            own_row = rr == t and t < EARLY_ROWS     # as in the marks above
             for k in range(K):
-                reg = own_row and k < ROW_SLOTS
-                e = nonneg(ids_first[k] if reg else topk_ids[rr, k])
-                pos = start[e] + wp[e * nw + w] + cuda.popc(bm[e * nw + w] & below)
+                e = topk_ids[rr, k]
+                pos = offsets[e] + word_prefix[e, w] + cuda.popc(bitmap[e, w] & below)
                 slot_token[pos] = rr
-                slot_weight[pos] = w_first[k] if reg else topk_weights[rr, k]
-                rank = 0  # the row's experts with a lower id (distinct ids): this slot's place in its row
-                for j in range(K):
-                    if (ids_first[j] if own_row and j < ROW_SLOTS else topk_ids[rr, j]) < e:
-                        rank += 1
-                token_slot[rr, rank] = pos
+                slot_weight[pos] = topk_weights[rr, k]
+                i = k  # insert pos into the row's ascending list
+                while i > 0 and token_slot[rr, i - 1] > pos:
+                    token_slot[rr, i] = token_slot[rr, i - 1]
+                    i -= 1
+                token_slot[rr, i] = pos
 
     return kernel
 
@@ -523,8 +453,7 @@ def _enqueue_moe_sort(topk_ids, topk_weights, bufs, n_rows, *, item_rows=8, offs
     if item_rows < 8 or item_rows % 8:
         raise ValueError(f"item_rows must be a positive multiple of 8 (an mma row tile), got {item_rows}")
     bufs.item_rows = item_rows
-    in_shared = bufs.bitmap.size <= SORT_SHARED_WORDS
-    _sort_kernel(SORT_THREADS, in_shared)[1, SORT_THREADS, stream](
+    _sort_kernel(SORT_THREADS)[1, SORT_THREADS, stream](
         topk_ids, topk_weights, n_rows, bufs.bitmap, bufs.word_prefix, bufs.offsets if offsets is None else offsets,
         bufs.slot_token, bufs.slot_weight, bufs.token_slot, bufs.items, item_rows)
 
