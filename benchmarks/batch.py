@@ -67,7 +67,8 @@ def demo_acceptance(budgets) -> dict:
     missing = [b for b in budgets if b not in have]
     if missing:
         raise ValueError(f"{path} has no ddtree row at budget(s) {missing} (it has {sorted(have)}): "
-                         "choose --budgets among them")
+                         "choose --budgets among them, or run benchmarks/demo_pair.py (its default budgets "
+                         "include 4 and 8) on the GPU first")
     return {b: have[b] for b in budgets}
 
 

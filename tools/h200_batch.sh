@@ -14,6 +14,9 @@
 #    Next 4; the table to hold it to in docs/PERFORMANCE.md).
 # PART=moonlight (~9 minutes): benchmarks/batch.py at the Moonlight-16B-A3B shape, whole batched
 #    rounds (results/batch.json, PERFORMANCE.md), then the verify alone at batch 16 in the same run.
+#    BATCHES / BUDGETS (default "1 4 16 64" / "16 64") choose the rows, e.g. BATCHES="1 16"
+#    BUDGETS="4 8 16": small trees at batch 16 (PLANS §4); budgets other than 16..1024 need a
+#    results/demo_pair.json with rows at them (benchmarks/demo_pair.py's defaults include 4 and 8).
 source tools/h200_env.sh
 {
 if [ "${PART:-demo}" = gap ]; then
@@ -35,7 +38,7 @@ echo "tests done $(( $(date +%s) - T0 ))"
 timeout $(left 560) python3 -m ddtree_numba.cli sweep --backend cuda --batch 1 4 16 --budgets 16 --max-new-tokens 128 \
   --out "$OUT/batch_demo.json" 2>&1 | grep -v Warn | tail -12
 else
-timeout $(left 440) python3 benchmarks/batch.py --batches 1 4 16 64 2>&1 | grep -v Warn | tail -22
+timeout $(left 440) python3 benchmarks/batch.py --batches ${BATCHES:-1 4 16 64} --budgets ${BUDGETS:-16 64} 2>&1 | grep -v Warn | tail -22
 echo "rounds done $(( $(date +%s) - T0 ))"
 timeout $(left 580) python3 benchmarks/batch.py --verify-only --batches 16 --budgets 16 --no-append 2>&1 | grep -v Warn | tail -5
 fi
