@@ -29,7 +29,7 @@ echo "t=$(( $(date +%s) - T0 ))"
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   timeout 130 python3 benchmarks/tree_build.py --quick 2>&1 | grep -v Warn | tail -8
   echo "t=$(( $(date +%s) - T0 ))"
-  timeout $(left 585) python3 benchmarks/demo_pair.py --budgets 16 32 64 --peer 2>&1 | grep -v Warn | grep "^| \|^###"
+  timeout $(left 585) python3 benchmarks/demo_pair.py --budgets 4 8 16 32 64 --peer 2>&1 | grep -v Warn | grep "^| \|^###"
   cp benchmarks/results/tree_build.json benchmarks/results/demo_pair.json docs/PERFORMANCE.md "$OUT/" 2>/dev/null
 else
   for keys in 330 48; do
