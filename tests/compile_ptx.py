@@ -92,10 +92,10 @@ SIGNATURES = {
         f"void({I32_1}, {I32_2}, {I32_1}, {I32_1}, {I32_2}, float32[:, :, ::1], {I32_1}, {I32_1}, {F32_2}, boolean)"],
     # -- the drafter's glue (model/cuda_drafter.py) --
     "model.cuda_drafter._draft_batch_meta_kernel": [
-        f"void({I32_2}, {I32_1}, {I32_1}, int64, int64, int64, {I32_1}, {I32_2}, {I32_2}, {I32_1})"],
-    "model.cuda_drafter._block_tails_kernel": [f"void({F32_2}, int64, {F32_2})"],
+        f"void({I32_2}, {I32_1}, {I32_1}, int64, int64, int64, int64, {I32_1}, {I32_2}, {I32_2}, {I32_1})"],
+    "model.cuda_drafter._block_tails_kernel": [f"void({F32_2}, int64, int64, {F32_2})"],
     "model.cuda_drafter._draft_meta_kernel": [
-        f"void({I32_1}, {I32_1}, {I32_1}, int64, int64, int64, boolean, {I32_1}, {I32_1})"],
+        f"void({I32_1}, {I32_1}, {I32_1}, int64, int64, int64, boolean, int64, {I32_1}, {I32_1})"],
     # -- the forward (model) kernels --
     # a destination row rule a job: (mode, row0, sequence table, slot rows, layer row0); rope.PoolRows
     "rms_norm._rms_norm_kernel": [

@@ -149,15 +149,16 @@ def test_draft_meta_from_device_sizes():
     n, bonus = cuda.to_device(np.array([3], np.int32)), cuda.to_device(np.array([42], np.int32))
     ids, meta = (cuda.to_device(np.full(k, -7, np.int32)) for k in (4, 6))
 
-    def draft_meta(status, n, bonus, capacity, n_cap, mask_id, write_block=True):
+    def draft_meta(status, n, bonus, capacity, n_cap, mask_id, write_block=True, depths=3):
         cuda_drafter._draft_meta_kernel[1, cuda_drafter.META_THREADS](
-            status, n, bonus, capacity, n_cap, mask_id, write_block, ids, meta)
+            status, n, bonus, capacity, n_cap, mask_id, write_block, depths, ids, meta)
     draft_meta(status, n, bonus, 12, 6, 95)        # capacity 12, n_cap 6
     np.testing.assert_array_equal(status.copy_to_host(), [8, 0])
-    np.testing.assert_array_equal(meta.copy_to_host(), [5, 3, 8, 4, 3, 7])   # (s0, n, s0+n, B, B-1, B+n)
+    np.testing.assert_array_equal(meta.copy_to_host(), [5, 3, 8, 4, 3, 7])   # (s0, n, s0+n, B, D, B+n)
     np.testing.assert_array_equal(ids.copy_to_host(), [42, 95, 95, 95])
-    draft_meta(status, n, bonus, 12, 6, 95, write_block=False)
+    draft_meta(status, n, bonus, 12, 6, 95, write_block=False, depths=2)
     np.testing.assert_array_equal(status.copy_to_host(), [11, 0])
+    np.testing.assert_array_equal(meta.copy_to_host(), [8, 3, 11, 4, 2, 7])   # lm_head's rows: D = 2
     for bad_n, cap in ((2, 12), (7, 40), (-1, 40)):                      # past capacity, past n_cap
         ids.copy_to_device(np.arange(4, dtype=np.int32))
         n.copy_to_device(np.array([bad_n], np.int32))
@@ -207,6 +208,35 @@ def test_a_batch_of_drafts_in_one_forward_gives_each_slot_its_own_drafts_bits():
     dev.draft_batch_device(view, cuda.to_device(np.array([2, 3, 1], np.int32)), cuda.to_device(np.zeros(S, np.int32)),
                            pool)
     assert pool.overflowed.tolist() == [False, True, True] and pool.lengths.tolist() == [2, 0, 0]
+
+
+def test_a_draft_of_fewer_depths_gives_the_first_rows_of_the_whole_draft():
+    """``depths=D`` (the decode loops' min(L, budget)): lm_head over the first D positions only,
+    bit for bit the first D rows of the whole draft, for one draft and for a batch of drafts
+    (slot z's D rows at [z D, (z + 1) D)); a depth outside [1, L] is refused by name."""
+    path = os.path.join(DATA, "v3_released")
+    dev_t = dd.load_target(path, backend="cuda", precision="fp32")
+    dev = random_drafter(dev_t, num_hidden_layers=1, block_size=4, num_attention_heads=6, num_key_value_heads=2,
+                         head_dim=4, intermediate_size=24, seed=7)
+    assert dev.partial_depths
+    rng = np.random.default_rng(4)
+    y, m, L, S = len(dev.target_layer_ids), dev.config.hidden_size, dev.block_size - 1, 2
+    bits = lambda a: a.copy_to_host().view(np.uint32)                # noqa: E731
+    i32 = lambda *v: cuda.to_device(np.array(v, np.int32))           # noqa: E731
+    feats = cuda.to_device(rng.standard_normal((3, y * m)).astype(np.float32))
+    whole = dev.draft_device(feats, i32(3), i32(11), dev.new_cache(8))
+    part = dev.draft_device(feats, i32(3), i32(11), dev.new_cache(8), depths=2)
+    assert part.shape == (2, 96)
+    np.testing.assert_array_equal(bits(part), bits(whole)[:2])
+    whole = dev.draft_batch_device(feats, i32(2, 1), i32(5, 60), dev.new_pool(S, 8)).copy_to_host()
+    part = dev.draft_batch_device(feats, i32(2, 1), i32(5, 60), dev.new_pool(S, 8), depths=1)
+    assert part.shape == (S, 96)
+    np.testing.assert_array_equal(bits(part), whole[::L].view(np.uint32))
+    for bad in (0, L + 1, 1.5):
+        with pytest.raises(ValueError, match="depths"):
+            dev.draft_device(feats, i32(3), i32(11), dev.new_cache(8), depths=bad)
+        with pytest.raises(ValueError, match="depths"):
+            dev.draft_batch_device(feats, i32(2, 1), i32(5, 60), dev.new_pool(S, 8), depths=bad)
 
 
 def test_the_drafters_device_prefill_then_narrow_drafts_give_one_drafts_bits():

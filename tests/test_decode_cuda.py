@@ -251,12 +251,16 @@ def test_a_kept_configuration_serves_the_next_call_from_a_clean_state():
     for p, res in calls(None, (1, 0), method="ar", temperature=0.7, seed=11):
         want = dd.generate(host, None, p, 3, method="ar", temperature=0.7, seed=11)
         np.testing.assert_array_equal(res.tokens, want.tokens)
-    d_host, d_gpu = random_drafter(host, block_size=4, seed=3), random_drafter(gpu, block_size=4, seed=3)
+    # block 6 (L = 5 depths) at budget 3: the device round asks the drafter for 3 depths only
+    # (decode.device.tree_depths), the host loop reads 3 of its 5 rows: the same trees
+    d_host, d_gpu = random_drafter(host, block_size=6, seed=3), random_drafter(gpu, block_size=6, seed=3)
     for p, res in calls(d_gpu, (1, 0), method="ddtree", budget=3, max_tokens=8):
         want = dd.generate(host, d_host, p, 3, method="ddtree", budget=3, max_tokens=8)
         np.testing.assert_array_equal(res.tokens, dd.generate(host, None, p, 3, method="ar").tokens)
         np.testing.assert_array_equal(res.tree_sizes, want.tree_sizes)
+        np.testing.assert_array_equal(res.acceptance_lengths, want.acceptance_lengths)
         assert want.tree_sizes.min() < 3, want.tree_sizes       # the cache's end did clip the trees
+    assert {r.lp.shape[0] for r in device._ROUNDS[gpu].values() if r.method == "ddtree"} == {3}
 
 
 def test_rounds_launched_ahead_commit_the_tokens_of_one_at_a_time(monkeypatch):
@@ -380,7 +384,7 @@ def test_the_gpu_resident_batch_draws_at_t_above_0_what_each_sequence_draws_alon
     for p, res in zip(prompts, batch):
         assert res.loop == "device"
         np.testing.assert_array_equal(res.tokens, dd.generate(host, None, p, 3, method="ar", **kw).tokens)
-    drafter = random_drafter(gpu, block_size=4, seed=3)
+    drafter = random_drafter(gpu, block_size=6, seed=3)       # L = 5: the packed draft of 3 depths a slot
     batch = dd.generate_batch(gpu, drafter, prompts, 4, method="ddtree", budget=3, **kw)
     for p, res in zip(prompts, batch):
         solo = dd.generate(gpu, drafter, p, 4, method="ddtree", budget=3, **kw)

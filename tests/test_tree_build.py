@@ -160,6 +160,24 @@ def test_twin_invariants(L, V, budget, seed, ties):
     check_invariants(tree, lp, ids)
 
 
+@settings(max_examples=60, deadline=None)
+@given(L=st.integers(2, 8), V=st.integers(1, 6), budget=st.integers(1, 7),
+       seed=st.integers(0, 2**32 - 1), ties=st.booleans())
+def test_a_tree_of_budget_b_needs_only_the_first_b_depths(L, V, budget, seed, ties):
+    """The decode loops read only min(L, budget) rows of a draft (``decode.device.tree_depths``):
+    a node at depth d is popped after its d - 1 ancestors, so a tree of budget b holds no node
+    deeper than b, and the rows past b change nothing, ties included. Both builds, against the
+    tree of every row."""
+    rng = np.random.default_rng(seed)
+    lp, ids = _draft(rng, L, V, min(budget, V), "ties" if ties else "normal")
+    whole = ref.build_tree(lp, ids, budget)
+    assert whole.num_nodes == 0 or whole.depths.max() <= budget
+    for build in (ref.build_tree, ref.build_tree_levels):
+        part = build(lp[:budget], ids[:budget], budget)
+        for name in ("tokens", "depths", "parents", "ranks", "scores"):
+            np.testing.assert_array_equal(getattr(part, name), getattr(whole, name), err_msg=name)
+
+
 @pytest.mark.kernels
 @pytest.mark.parametrize("kind", ["normal", "ties"])
 def test_kernel_matches_twin_bit_for_bit(rng, kind):

@@ -259,11 +259,20 @@ def _pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+def tree_depths(block_size: int, cap: int) -> int:
+    """The draft depths a round reads, min(L, cap) (L = block_size - 1; cap the tree's nodes, L
+    for ``dflash``'s chain): a best-first tree of cap nodes holds none deeper than cap, since a
+    node at depth d is popped after its d - 1 ancestors (docs/DESIGN.md §1), so the logits of
+    depths past it are never read: the same tree from the first min(L, cap) rows, and a drafter
+    with ``partial_depths`` skips the rest."""
+    return min(block_size - 1, cap)
+
+
 def accepted_rows_max(block_size: int, cap: int) -> int:
-    """The most rows a round accepts: a path of min(L, cap) tree nodes (L = block_size - 1 draft
-    depths, cap the budget) and its root. A drafter with a device prefill drafts over no more
-    context rows than these, so its launches are sized for them."""
-    return min(block_size - 1, cap) + 1
+    """The most rows a round accepts: a path of min(L, cap) tree nodes (``tree_depths``; L =
+    block_size - 1 draft depths, cap the budget) and its root. A drafter with a device prefill
+    drafts over no more context rows than these, so its launches are sized for them."""
+    return tree_depths(block_size, cap) + 1
 
 
 class DeviceRound:
@@ -318,7 +327,11 @@ class DeviceRound:
         self.prefill_posts = {}              # prefill workspace rows -> its draws' buffer [T] int32
         self.level_scratch = None            # the level build's, from LEVEL_BUILD_FROM nodes
         if method != "ar":
-            L, V = drafter.block_size - 1, cfg.vocab_size
+            # the depths a tree can reach (a node at depth d comes after its d - 1 ancestors in pop
+            # order): the drafter's logits and the top-K over those rows only
+            L, V = tree_depths(drafter.block_size, cap), cfg.vocab_size
+            self.depths = L
+            self.draft_kw = {"depths": L} if getattr(drafter, "partial_depths", False) else {}
             self.dcache = drafter.new_cache(capacity)
             self.draft_rows = cuda.to_device(np.array([L], np.int32))   # every draft's L rows
             self.features = cuda.device_array((feature_rows, len(self.layers) * cfg.hidden_size), np.float32)
@@ -415,7 +428,7 @@ class DeviceRound:
             kn.enqueue_round_seed(self.seed, self.state[1:2], self.round_seed, stream=stream)
         if self.method != "ar":
             logits_d = self.drafter.draft_device(self.draft_features, self.n_ctx, self.bonus, self.dcache,
-                                                 stream=stream)
+                                                 stream=stream, **self.draft_kw)[:self.depths]
             mark("draft")
             kn.topk_logprobs(logits_d, self.K, out=(self.lp, self.ids), scratch=self.topk_scratch, stream=stream)
             mark("topk")

@@ -44,7 +44,7 @@ from .. import kernels as kn
 from .._device import cached, capture_graph, ceil_div, destroy_graph, grid_dependency_after, replay_graph
 from ..model.cuda_target import unique_experts
 from .device import (DRAFTER_BIT, LEVEL_BUILD_FROM, TARGET_BIT, THREADS, _check_finite, _nonfinite_kernel, _pow2,
-                     accepted_rows_max, gather_feature)
+                     accepted_rows_max, gather_feature, tree_depths)
 from .rounds import round_seed
 
 
@@ -315,11 +315,14 @@ class BatchDeviceRound:
         self.held = ()                       # scratch the graph points at
         self.dcaches, self.dpool, self.level_scratch = [], None, None
         # one drafter forward for every slot where the drafter has it (a pool of context caches,
-        # the slots' new context rows packed), else a draft a slot (its own cache and F rows)
-        self.packed = method != "ar" and hasattr(drafter, "draft_batch_device")
+        # the slots' new context rows packed; its logits come a tree's depths a slot, so it must
+        # take ``depths``), else a draft a slot (its own cache and F rows)
+        self.packed = (method != "ar" and hasattr(drafter, "draft_batch_device")
+                       and getattr(drafter, "partial_depths", False))
         self.F = feature_rows
         if method != "ar":
-            L, V = drafter.block_size - 1, cfg.vocab_size
+            L, V = tree_depths(drafter.block_size, cap), cfg.vocab_size   # the depths a tree can reach
+            self.draft_kw = {"depths": L} if getattr(drafter, "partial_depths", False) else {}
             if self.packed:
                 self.dpool = drafter.new_pool(S, capacity)
             else:
@@ -454,14 +457,15 @@ class BatchDeviceRound:
             L = self.lp.shape[1]
             if self.packed:         # every slot's draft in one forward, their top-K in one launch
                 logits_d = self.drafter.draft_batch_device(self.features[:self.packed_draft_rows], self.n_ctx,
-                                                           self.bonus, self.dpool, stream=stream)
+                                                           self.bonus, self.dpool, stream=stream, **self.draft_kw)
                 kn.topk_logprobs(logits_d, self.K, out=(self.lp.reshape(S * L, self.K), self.ids.reshape(S * L, self.K)),
                                  scratch=self.topk_scratch, stream=stream)
             else:
                 F = self.F
                 for z in range(S):
                     logits_d = self.drafter.draft_device(self.features[z * F:(z + 1) * F], self.n_ctx[z:z + 1],
-                                                         self.bonus[z:z + 1], self.dcaches[z], stream=stream)
+                                                         self.bonus[z:z + 1], self.dcaches[z], stream=stream,
+                                                         **self.draft_kw)[:L]
                     kn.topk_logprobs(logits_d, self.K, out=(self.lp[z], self.ids[z]), scratch=self.topk_scratch,
                                      stream=stream)
             if self.level_scratch is None:

@@ -54,8 +54,10 @@ def _draft_tree(drafter, pending, bonus, dcache, method, budget, vocab, free, ti
         logits_d = drafter.draft(pending, bonus, dcache)                    # [L, V]
     log.drafter_forwards += 1
     chain = method == "dflash"
+    if not chain:                       # a tree of budget nodes reaches no depth past budget
+        logits_d = logits_d[:budget]    # (decode.device.tree_depths): the same tree from these rows
     with timer("topk"):
-        lp, ids = topk_logprobs(logits_d, 1 if chain else min(budget, vocab))  # [L, K]
+        lp, ids = topk_logprobs(logits_d, 1 if chain else min(budget, vocab))  # [min(L, budget), K]
     with timer("build"):
         return build_tree(lp, ids, min(logits_d.shape[0] if chain else budget, free - 1))
 

@@ -48,15 +48,16 @@ META_THREADS = 8 if numba_config.ENABLE_CUDASIM else 128    # the draft-meta ker
 
 @cached
 @cuda.jit
-def _draft_meta_kernel(status, n_in, bonus, capacity, n_cap, mask_id, write_block, ids, meta):
+def _draft_meta_kernel(status, n_in, bonus, capacity, n_cap, mask_id, write_block, depths, ids, meta):
     """The drafter's per-draft sizes, from device values only (a captured graph replays it).
 
     status [2] int32 = (cache length s0, overflow flag), n_in [1] int32 = n new context rows
     (0 <= n <= n_cap, s0 + n <= capacity, else n is taken as 0 and status[1] set to 1), bonus
-    [1] int32. Writes ids [B] = (bonus, mask_id, ...) if ``write_block``, meta [6] = (s0, n,
-    s0 + n, B, B - 1, B + n) and advances status[0] to s0 + n. One block.
+    [1] int32, depths D (1 <= D <= B - 1: the rows lm_head computes). Writes ids [B] = (bonus,
+    mask_id, ...) if ``write_block``, meta [6] = (s0, n, s0 + n, B, D, B + n) and advances
+    status[0] to s0 + n. One block.
     """
-    grid_dependency_after((status, n_in, bonus, capacity, n_cap, mask_id, write_block, ids, meta))   # PDL (_device.py)
+    grid_dependency_after((status, n_in, bonus, capacity, n_cap, mask_id, write_block, depths, ids, meta))   # PDL (_device.py)
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
     s0 = status[0]
@@ -74,7 +75,7 @@ def _draft_meta_kernel(status, n_in, bonus, capacity, n_cap, mask_id, write_bloc
         meta[1] = n
         meta[2] = s0 + n
         meta[3] = nb
-        meta[4] = nb - 1
+        meta[4] = depths
         meta[5] = nb + n
         status[0] = s0 + n
         if not ok:
@@ -83,16 +84,17 @@ def _draft_meta_kernel(status, n_in, bonus, capacity, n_cap, mask_id, write_bloc
 
 @cached
 @cuda.jit
-def _draft_batch_meta_kernel(status, n_in, bonus, capacity, n_cap, mask_id, ids, seq_meta, att, meta):
+def _draft_batch_meta_kernel(status, n_in, bonus, capacity, n_cap, mask_id, depths, ids, seq_meta, att, meta):
     """The sizes of S drafts in one forward (``CudaDrafter.draft_batch_device``), from device
     values. status [S, 2] int32 = (cache length s0, overflow flag) a sequence, n_in [S] int32 its
     new context rows n, bonus [S] int32. Its context rows sit at c0 = the sum of n_in of the
     sequences before it (as the producer packed them); they are taken if 0 <= n, c0 + n <= n_cap
     (they lie inside the features) and s0 + n <= capacity, else n is taken as 0 and its overflow
-    flag set. Writes ids [S B] (each block: bonus, mask_id, ...), seq_meta [S, 4] = (s0, n, c0,
-    B), att [S, 2] = (s0 + n, B), meta [6] = (0, the rows after the last sequence's, at most n_cap,
-    _, S B, S (B - 1), S B + those rows), and advances each s0 by its n. One block."""
-    grid_dependency_after((status, n_in, bonus, capacity, n_cap, mask_id, ids, seq_meta, att, meta))
+    flag set. depths D (1 <= D <= B - 1): the rows a sequence's lm_head computes. Writes ids [S B]
+    (each block: bonus, mask_id, ...), seq_meta [S, 4] = (s0, n, c0, B), att [S, 2] = (s0 + n, B),
+    meta [6] = (0, the rows after the last sequence's, at most n_cap, _, S B, S D, S B + those
+    rows), and advances each s0 by its n. One block."""
+    grid_dependency_after((status, n_in, bonus, capacity, n_cap, mask_id, depths, ids, seq_meta, att, meta))
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
     S = status.shape[0]
@@ -122,20 +124,21 @@ def _draft_batch_meta_kernel(status, n_in, bonus, capacity, n_cap, mask_id, ids,
         meta[1] = c0
         meta[2] = 0
         meta[3] = S * nb
-        meta[4] = S * (nb - 1)
+        meta[4] = S * depths
         meta[5] = S * nb + c0
 
 
 @cached
 @cuda.jit
-def _block_tails_kernel(x, nb, tail):
-    """tail[z (B - 1) + j - 1] = x[z B + j] for j = 1 .. B - 1: every block's rows after its bonus
-    (the positions a draft predicts), packed for one lm_head launch."""
-    grid_dependency_after((x, nb, tail))   # PDL: nothing before it touches global memory (_device.py)
+def _block_tails_kernel(x, nb, depths, tail):
+    """tail[z D + j - 1] = x[z B + j] for j = 1 .. D (D = depths <= B - 1): every block's first D
+    rows after its bonus (the positions whose logits a draft gives), packed for one lm_head
+    launch; tail's rows past S D are left as they are."""
+    grid_dependency_after((x, nb, depths, tail))   # PDL: nothing before it touches global memory (_device.py)
     r, c = cuda.grid(2)
-    if r < tail.shape[0] and c < tail.shape[1]:
-        z = r // (nb - 1)
-        tail[r, c] = x[z * nb + 1 + r - z * (nb - 1), c]
+    if r < (x.shape[0] // nb) * depths and r < tail.shape[0] and c < tail.shape[1]:
+        z = r // depths
+        tail[r, c] = x[z * nb + 1 + r - z * depths, c]
 
 
 @dataclass
@@ -335,6 +338,7 @@ class CudaDrafter:
 
     backend = "cuda"
     capturable = True       # draft_device allocates and syncs nothing after its first call
+    partial_depths = True   # draft_device / draft_batch_device take depths (lm_head over fewer rows)
 
     def __init__(self, cfg: DrafterConfig, weights: dict[str, np.ndarray], target,
                  weight_dtype: str = "float32"):
@@ -453,9 +457,10 @@ class CudaDrafter:
         return logits
 
     # -- device API (the GPU-resident decode loop) ---------------------------------------------
-    def draft_device(self, features, n, bonus, cache: DeviceDrafterCache, *, graph: bool = False,
-                     stream=0):
-        """Enqueue one draft from device inputs; returns the device logits [B-1, V] float32.
+    def draft_device(self, features, n, bonus, cache: DeviceDrafterCache, *, depths: int | None = None,
+                     graph: bool = False, stream=0):
+        """Enqueue one draft from device inputs; returns the device logits [D, V] float32 of the
+        block's first D = ``depths`` positions after the bonus (default all B - 1: L).
 
         features [Nf, Y*M] float32 device (rows [0, n) are the new context rows: the target's
         hidden states at ``target_layer_ids`` of the newly committed tokens, concatenated in
@@ -468,6 +473,13 @@ class CudaDrafter:
         the attention scratch, so the call can be captured in a larger CUDA graph. ``graph``:
         replay a CUDA graph of this draft captured on the first call with these same arrays (a
         real GPU only); same bits.
+
+        ``depths`` (1 <= D <= B - 1): lm_head runs over the first D positions only, bit for bit
+        the first D rows of the whole draft (the layers still run over the whole block: its
+        attention is not causal). A DDTree of budget b never holds a node deeper than b (a node
+        at depth d comes after its d - 1 ancestors in pop order), so the decode loops ask for
+        min(L, b): at the Moonlight shape lm_head over 15 rows x 163840 outputs is the draft's
+        largest GEMM. ``partial_depths`` (True) says that this drafter takes ``depths``.
         """
         y, m = len(self.config.target_layer_ids), self.config.hidden_size
         check_array("features", features, 2, np.float32, shape=(None, y * m))
@@ -477,14 +489,15 @@ class CudaDrafter:
             raise ValueError("draft_device takes device arrays (features, n, bonus)")
         if not isinstance(cache, DeviceDrafterCache):
             raise ValueError(f"cache must be a DeviceDrafterCache from new_cache(), got {type(cache).__name__}")
+        D = self._check_depths(depths)
         ws = self.workspace(features.shape[0])
         self._prepare(ws, cache)
         if not graph:
-            self._enqueue_draft(ws, features, n, bonus, cache, stream=stream)
-            return ws.logits
+            self._enqueue_draft(ws, features, n, bonus, cache, depths=D, stream=stream)
+            return ws.logits if D == ws.logits.shape[0] else ws.logits[:D]    # (the buffer itself when whole)
         if numba_config.ENABLE_CUDASIM:
             raise ValueError("graph=True needs a real GPU: the CUDA simulator cannot capture graphs")
-        key = (id(features), id(n), id(bonus), id(cache))
+        key = (id(features), id(n), id(bonus), id(cache), D)
         entry = ws.graphs.get(key)
         if entry is None:
             saved = cuda.device_array(2, np.int32)
@@ -497,7 +510,7 @@ class CudaDrafter:
                 calls.append(s)
                 if first:
                     saved.copy_to_device(cache.status, stream=s)
-                self._enqueue_draft(ws, features, n, bonus, cache, stream=s)
+                self._enqueue_draft(ws, features, n, bonus, cache, depths=D, stream=s)
                 if first:
                     cache.status.copy_to_device(saved, stream=s)
 
@@ -505,7 +518,12 @@ class CudaDrafter:
             # the graph holds raw pointers: keep the arrays alive as long as it is replayed
             entry = ws.graphs[key] = (exe, (features, n, bonus, cache))
         replay_graph(entry[0], stream)
-        return ws.logits
+        return ws.logits if D == ws.logits.shape[0] else ws.logits[:D]    # (the buffer itself when whole)
+
+    def _check_depths(self, depths) -> int:
+        """``depths`` as an int in [1, B - 1] (None: B - 1), or a ValueError naming it."""
+        L = self.block_size - 1
+        return L if depths is None else check_int("depths", depths, 1, L)
 
     def prefill_device(self, features, n, cache: DeviceDrafterCache, *, stream=0) -> None:
         """The drafter's prefill on the device: ``cache`` emptied, then the context rows [0, n)
@@ -574,9 +592,11 @@ class CudaDrafter:
                 scratch=kn.GQAScratch(S * B, Hq, Dh, pool.capacity + B))
         return self._workspaces[key]
 
-    def draft_batch_device(self, features, n, bonus, pool: DeviceDrafterPool, *, stream=0):
+    def draft_batch_device(self, features, n, bonus, pool: DeviceDrafterPool, *, depths: int | None = None,
+                           stream=0):
         """Enqueue the drafts of every slot of ``pool`` in one forward; returns the device logits
-        [S (B-1), V] float32, slot z's L = B - 1 rows at [z L, (z + 1) L).
+        [S D, V] float32, slot z's D rows at [z D, (z + 1) D) (D = ``depths``, as
+        ``draft_device``'s; default L = B - 1).
 
         features [Nf, Y*M] float32 device: the new context rows of every slot packed in slot
         order (slot z's n[z] rows after the rows of the slots before it), n [S] int32 device,
@@ -586,7 +606,7 @@ class CudaDrafter:
         alone, and the fused norm + RoPE and the attention take a table of the slots. No sync, no
         allocation after the first call (capturable)."""
         self._check_batch_inputs(features, n, bonus, pool)
-        return self._enqueue_batch_draft(features, n, bonus, pool, stream)
+        return self._enqueue_batch_draft(features, n, bonus, pool, stream, depths=self._check_depths(depths))
 
     def _check_batch_inputs(self, features, n, bonus, pool) -> None:
         """``draft_batch_device``'s arguments, or a ``ValueError`` naming the first wrong one."""
@@ -600,25 +620,26 @@ class CudaDrafter:
             raise ValueError("draft_batch_device takes device arrays (features, n, bonus)")
 
     def _enqueue_batch_draft(self, features, n, bonus, pool: DeviceDrafterPool, stream,
-                             context_only: bool = False):
-        """``draft_batch_device``'s launches (its checked arguments) -> the logits; with
+                             context_only: bool = False, depths: int | None = None):
+        """``draft_batch_device``'s launches (its checked arguments) -> the logits [S D, V]; with
         ``context_only``, every slot's context rows into its cache and nothing after
         (``_enqueue_layers``) -> None."""
         cfg, target, m = self.config, self.target, self.config.hidden_size
         ws = self.batch_workspace(pool, features.shape[0])
         S, B = pool.slots, ws.block
+        D = B - 1 if depths is None else depths
         eps, gemm = cfg.rms_norm_eps, target.gemm_args
         _draft_batch_meta_kernel[1, META_THREADS, stream](
-            pool.status, n, bonus, int(pool.capacity), int(features.shape[0]), int(cfg.mask_token_id), ws.ids,
+            pool.status, n, bonus, int(pool.capacity), int(features.shape[0]), int(cfg.mask_token_id), D, ws.ids,
             ws.seq_meta, ws.att, ws.meta)
         self._enqueue_layers(ws, features, S * B, lambda i: (pool.k[i], pool.v[i]), ws.seq_meta, ws.att, stream,
                              context_only)
         if context_only:
             return None
-        _block_tails_kernel[(ceil_div(ws.tail.shape[0], 4), ceil_div(m, 64)), (4, 64), stream](ws.x, B, ws.tail)
+        _block_tails_kernel[(ceil_div(S * D, 4), ceil_div(m, 64)), (4, 64), stream](ws.x, B, D, ws.tail)
         kn.enqueue_linear(ws.tail, target.lm_head, ws.logits, ws.n_logits, norm=(self.norm, eps, ws.tail_h),
                           **gemm, stream=stream)
-        return ws.logits
+        return ws.logits if S * D == ws.logits.shape[0] else ws.logits[:S * D]
 
     def prepare(self, rows: int, cache: DeviceDrafterCache) -> DrafterWorkspace:
         """Allocate now what drafts of up to ``rows`` context rows into ``cache`` need (the
@@ -642,11 +663,11 @@ class CudaDrafter:
 
     def _enqueue_draft(self, ws: DrafterWorkspace, features, n, bonus, cache: DeviceDrafterCache, *,
                        write_block: bool = True, logits: bool = True, context_only: bool = False,
-                       stream=0) -> None:
+                       depths: int | None = None, stream=0) -> None:
         """Enqueue the whole draft: sizes, context rows into the cache, the block's layers, then
-        with ``logits`` lm_head over the final norm of rows 1.. (``ws.logits``; ``ws.h`` is then
-        scratch), else the final norm (``ws.h``). ``context_only``: the context rows into the
-        cache and nothing after (``_enqueue_layers``)."""
+        with ``logits`` lm_head over the final norm of rows 1 .. D (``ws.logits[:D]``, D =
+        ``depths``, default B - 1; ``ws.h`` is then scratch), else the final norm (``ws.h``).
+        ``context_only``: the context rows into the cache and nothing after (``_enqueue_layers``)."""
         cfg, target = self.config, self.target
         eps = cfg.rms_norm_eps
         if not context_only:                  # (the attention's scratch: no attention without the block)
@@ -655,7 +676,7 @@ class CudaDrafter:
         gemm = target.gemm_args          # the target's precision and tile for every projection
         _draft_meta_kernel[1, META_THREADS, stream](
             cache.status, n, bonus, int(cache.capacity), int(nf), int(cfg.mask_token_id), bool(write_block),
-            ws.ids, ws.meta)
+            ws.block - 1 if depths is None else depths, ws.ids, ws.meta)
         self._enqueue_layers(ws, features, ws.block, lambda i: (cache.k[i], cache.v[i]), ws.meta, ws.att_meta,
                              stream, context_only)
         if context_only:

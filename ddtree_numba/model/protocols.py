@@ -110,4 +110,7 @@ class DeviceDrafter(Drafter, Protocol):
         ``prefill_device(features, n, cache, *, stream)``: the cache emptied, the rows [0, n)
         appended, n set to 0, all on the device, so that the rounds' drafts take a feature view
         of a round's rows only (``prefill_batch_device(features, n, bonus, pool, *, stream)``
-        for ``draft_batch_device``)."""
+        for ``draft_batch_device``). A drafter whose ``partial_depths`` is True takes
+        ``depths=D`` here (and in ``draft_batch_device``) and returns only the first D rows'
+        logits [D, V]; the loops ask for the depths a tree of their budget can reach,
+        min(L, budget), and read only those rows of any drafter's logits."""
