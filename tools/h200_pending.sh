@@ -6,8 +6,9 @@
 # partials loaded at once, the MoE routing's and sort's first inputs loaded with n_rows; and
 # draft_ab's split+merge side). Logs to $OUT/log.txt; ~9 minutes; in order of worth, so that a
 # short device budget cuts the tail:
-#  1. the GPU tests of the changed kernels (GQA, MoE, the norms and rope) and of the decode loops
-#     (greedy ddtree == ar), in the demo's PDL mode;
+#  1. the GPU tests of the changed kernels (GQA, MoE, the norms and rope), of the drafter (the
+#     forty-ninth session's drafts of fewer depths) and of the decode loops (greedy ddtree == ar),
+#     in the demo's PDL mode;
 #  2. on an H200: tree_build.py --quick (the issue-15 results file is 21070de's) and the demo pair
 #     with the HF peer (issue 14's 5,000 tokens/s there; last 4,847 at 22aed85); results files and
 #     PERFORMANCE.md to $OUT;
@@ -23,7 +24,7 @@ side() { local dir=$1 label=$2; shift 2; (cd "$dir" && PYTHONPATH=/tmp/site:$PWD
 {
 nvidia-smi --query-gpu=name --format=csv,noheader
 side . new env DDTREE_PDL=trigger timeout 200 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_gqa_kernel.py \
-  tests/test_norm_rope_embed_kernels.py tests/test_moe_kernel.py tests/test_decode_cuda.py -rf --tb=short 2>&1 \
+  tests/test_norm_rope_embed_kernels.py tests/test_moe_kernel.py tests/test_decode_cuda.py tests/test_cuda_drafter.py -rf --tb=short 2>&1 \
   | grep -v Warn | grep -E "^FAILED|passed|failed|Max abs" | head -12
 echo "t=$(( $(date +%s) - T0 ))"
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
