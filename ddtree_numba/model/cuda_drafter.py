@@ -248,7 +248,7 @@ class BatchDrafterWorkspace:
     sequences: int
     rows: int
     block: int
-    meta: object                # [6] int32 (0, n all, _, S B, S (B - 1), S B + n all)
+    meta: object                # [6] int32 (0, n all, _, S B, S D, S B + n all): D the depths drafted
     seq_meta: object            # [S, 4] int32
     att: object                 # [S, 2] int32
     ids: object                 # [S B] int32
@@ -260,9 +260,9 @@ class BatchDrafterWorkspace:
     h: object                   # [S B, M]
     o: object                   # [S B, Hq*Dh]
     act: object                 # [S B, I]
-    tail: object                # [S (B - 1), M] every block's rows after its bonus
+    tail: object                # [S (B - 1), M] every block's first D rows after its bonus, packed
     tail_h: object              # [S (B - 1), M] their final norm (lm_head's input)
-    logits: object              # [S (B - 1), V]: sequence z's L rows at [z L, (z + 1) L)
+    logits: object              # [S (B - 1), V]: sequence z's D rows at [z D, (z + 1) D)
     scratch: object             # GQAScratch for S B queries, S_cap + B keys a sequence
 
     def __post_init__(self):
@@ -278,8 +278,9 @@ class DrafterWorkspace:
     """Every device buffer one draft needs, for up to ``rows`` new context rows and ``block``
     block rows; a draft allocates nothing.
 
-    ``meta`` (written on the device by ``_draft_meta_kernel``) = (s0, n, s0 + n, B, B - 1,
-    B + n): its one-element slices are the live row counts of the kernels.
+    ``meta`` (written on the device by ``_draft_meta_kernel``) = (s0, n, s0 + n, B, D, B + n), D
+    the depths drafted (B - 1 unless a draft asks for fewer): its one-element slices are the live
+    row counts of the kernels.
 
     A layer's attention input is one buffer, ``xin`` = [the block's normed rows; the new
     context rows], so that one GEMM projects both (``qkv``): the block rows need q, k and v,
@@ -309,7 +310,7 @@ class DrafterWorkspace:
         self.n_ctx = self.meta[1:2]           # n
         self.att_meta = self.meta[2:4]        # (s0 + n, B): the attention's (s, t)
         self.n_blk = self.meta[3:4]           # B
-        self.n_logits = self.meta[4:5]        # B - 1
+        self.n_logits = self.meta[4:5]        # D: lm_head's rows (B - 1 by default)
         self.n_xin = self.meta[5:6]           # B + n: the live rows of xin and qkv
         self.h_tail = self.h[1:]              # [B-1, M] the positions after the bonus
         self.x_tail = self.x[1:]
@@ -637,8 +638,10 @@ class CudaDrafter:
         if context_only:
             return None
         _block_tails_kernel[(ceil_div(S * D, 4), ceil_div(m, 64)), (4, 64), stream](ws.x, B, D, ws.tail)
-        kn.enqueue_linear(ws.tail, target.lm_head, ws.logits, ws.n_logits, norm=(self.norm, eps, ws.tail_h),
-                          **gemm, stream=stream)
+        # views of S D rows: the GEMM's tile and grid are planned for the rows it computes (the
+        # bits do not depend on the tile, docs/DESIGN.md §4)
+        kn.enqueue_linear(ws.tail[:S * D], target.lm_head, ws.logits[:S * D], ws.n_logits,
+                          norm=(self.norm, eps, ws.tail_h[:S * D]), **gemm, stream=stream)
         return ws.logits if S * D == ws.logits.shape[0] else ws.logits[:S * D]
 
     def prepare(self, rows: int, cache: DeviceDrafterCache) -> DrafterWorkspace:
@@ -682,8 +685,9 @@ class CudaDrafter:
         if context_only:
             return
         if logits and ws.block > 1:               # the final norm of the tails into h_tail, then lm_head
-            kn.enqueue_linear(ws.x_tail, target.lm_head, ws.logits, ws.n_logits, norm=(self.norm, eps, ws.h_tail),
-                              **gemm, stream=stream)
+            D = ws.block - 1 if depths is None else depths     # (views of D rows: the GEMM planned for them)
+            kn.enqueue_linear(ws.x_tail[:D], target.lm_head, ws.logits[:D], ws.n_logits,
+                              norm=(self.norm, eps, ws.h_tail[:D]), **gemm, stream=stream)
         else:
             kn.enqueue_rms_norm(ws.x, self.norm, eps, ws.h, ws.n_blk, stream=stream)
 
