@@ -268,6 +268,13 @@ def tree_depths(block_size: int, cap: int) -> int:
     return min(block_size - 1, cap)
 
 
+def depths_kwargs(drafter, depths: int) -> dict:
+    """The keyword a drafter's ``draft_device`` / ``draft_batch_device`` takes to draft ``depths``
+    rows only: ``{"depths": depths}`` where it has ``partial_depths``, else none (its logits give
+    all L rows; the loops read the first ``depths``)."""
+    return {"depths": depths} if getattr(drafter, "partial_depths", False) else {}
+
+
 def accepted_rows_max(block_size: int, cap: int) -> int:
     """The most rows a round accepts: a path of min(L, cap) tree nodes (``tree_depths``; L =
     block_size - 1 draft depths, cap the budget) and its root. A drafter with a device prefill
@@ -330,8 +337,7 @@ class DeviceRound:
             # the depths a tree can reach (a node at depth d comes after its d - 1 ancestors in pop
             # order): the drafter's logits and the top-K over those rows only
             L, V = tree_depths(drafter.block_size, cap), cfg.vocab_size
-            self.depths = L
-            self.draft_kw = {"depths": L} if getattr(drafter, "partial_depths", False) else {}
+            self.draft_kw = depths_kwargs(drafter, L)
             self.dcache = drafter.new_cache(capacity)
             self.draft_rows = cuda.to_device(np.array([L], np.int32))   # every draft's L rows
             self.features = cuda.device_array((feature_rows, len(self.layers) * cfg.hidden_size), np.float32)
@@ -428,7 +434,7 @@ class DeviceRound:
             kn.enqueue_round_seed(self.seed, self.state[1:2], self.round_seed, stream=stream)
         if self.method != "ar":
             logits_d = self.drafter.draft_device(self.draft_features, self.n_ctx, self.bonus, self.dcache,
-                                                 stream=stream, **self.draft_kw)[:self.depths]
+                                                 stream=stream, **self.draft_kw)[:self.lp.shape[0]]
             mark("draft")
             kn.topk_logprobs(logits_d, self.K, out=(self.lp, self.ids), scratch=self.topk_scratch, stream=stream)
             mark("topk")

@@ -44,7 +44,7 @@ from .. import kernels as kn
 from .._device import cached, capture_graph, ceil_div, destroy_graph, grid_dependency_after, replay_graph
 from ..model.cuda_target import unique_experts
 from .device import (DRAFTER_BIT, LEVEL_BUILD_FROM, TARGET_BIT, THREADS, _check_finite, _nonfinite_kernel, _pow2,
-                     accepted_rows_max, gather_feature, tree_depths)
+                     accepted_rows_max, depths_kwargs, gather_feature, tree_depths)
 from .rounds import round_seed
 
 
@@ -322,7 +322,7 @@ class BatchDeviceRound:
         self.F = feature_rows
         if method != "ar":
             L, V = tree_depths(drafter.block_size, cap), cfg.vocab_size   # the depths a tree can reach
-            self.draft_kw = {"depths": L} if getattr(drafter, "partial_depths", False) else {}
+            self.draft_kw = depths_kwargs(drafter, L)
             if self.packed:
                 self.dpool = drafter.new_pool(S, capacity)
             else:

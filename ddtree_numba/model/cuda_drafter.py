@@ -237,6 +237,12 @@ class DeviceDrafterPool:
         self.status.copy_to_device(self._empty, stream=stream)
 
 
+def _first_rows(buf, n: int):
+    """buf's first n rows: the buffer itself when that is all of it (a draft of every depth returns
+    its workspace's logits, as before depths existed), else a view."""
+    return buf if n == buf.shape[0] else buf[:n]
+
+
 @dataclass
 class BatchDrafterWorkspace:
     """Every device buffer S drafts in one forward need (``draft_batch_device``): block rows S B
@@ -495,7 +501,7 @@ class CudaDrafter:
         self._prepare(ws, cache)
         if not graph:
             self._enqueue_draft(ws, features, n, bonus, cache, depths=D, stream=stream)
-            return ws.logits if D == ws.logits.shape[0] else ws.logits[:D]    # (the buffer itself when whole)
+            return _first_rows(ws.logits, D)
         if numba_config.ENABLE_CUDASIM:
             raise ValueError("graph=True needs a real GPU: the CUDA simulator cannot capture graphs")
         key = (id(features), id(n), id(bonus), id(cache), D)
@@ -519,7 +525,7 @@ class CudaDrafter:
             # the graph holds raw pointers: keep the arrays alive as long as it is replayed
             entry = ws.graphs[key] = (exe, (features, n, bonus, cache))
         replay_graph(entry[0], stream)
-        return ws.logits if D == ws.logits.shape[0] else ws.logits[:D]    # (the buffer itself when whole)
+        return _first_rows(ws.logits, D)
 
     def _check_depths(self, depths) -> int:
         """``depths`` as an int in [1, B - 1] (None: B - 1), or a ValueError naming it."""
@@ -642,7 +648,7 @@ class CudaDrafter:
         # bits do not depend on the tile, docs/DESIGN.md §4)
         kn.enqueue_linear(ws.tail[:S * D], target.lm_head, ws.logits[:S * D], ws.n_logits,
                           norm=(self.norm, eps, ws.tail_h[:S * D]), **gemm, stream=stream)
-        return ws.logits if S * D == ws.logits.shape[0] else ws.logits[:S * D]
+        return _first_rows(ws.logits, S * D)
 
     def prepare(self, rows: int, cache: DeviceDrafterCache) -> DrafterWorkspace:
         """Allocate now what drafts of up to ``rows`` context rows into ``cache`` need (the
@@ -673,19 +679,20 @@ class CudaDrafter:
         ``context_only``: the context rows into the cache and nothing after (``_enqueue_layers``)."""
         cfg, target = self.config, self.target
         eps = cfg.rms_norm_eps
+        D = ws.block - 1 if depths is None else depths
         if not context_only:                  # (the attention's scratch: no attention without the block)
             self._prepare(ws, cache)
         nf = features.shape[0]
         gemm = target.gemm_args          # the target's precision and tile for every projection
         _draft_meta_kernel[1, META_THREADS, stream](
             cache.status, n, bonus, int(cache.capacity), int(nf), int(cfg.mask_token_id), bool(write_block),
-            ws.block - 1 if depths is None else depths, ws.ids, ws.meta)
+            D, ws.ids, ws.meta)
         self._enqueue_layers(ws, features, ws.block, lambda i: (cache.k[i], cache.v[i]), ws.meta, ws.att_meta,
                              stream, context_only)
         if context_only:
             return
         if logits and ws.block > 1:               # the final norm of the tails into h_tail, then lm_head
-            D = ws.block - 1 if depths is None else depths     # (views of D rows: the GEMM planned for them)
+            # (views of D rows: the GEMM's launch planned for the rows it computes)
             kn.enqueue_linear(ws.x_tail[:D], target.lm_head, ws.logits[:D], ws.n_logits,
                               norm=(self.norm, eps, ws.h_tail[:D]), **gemm, stream=stream)
         else:
